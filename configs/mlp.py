@@ -1,0 +1,21 @@
+"""A small MLP classifier on synthetic, learnable data, with Adam.
+
+  python -m launcher --config=configs/mlp.py
+  python -m launcher --config=configs/mlp.py --local_processes=2 --local_devices=4
+"""
+
+from configs import base
+
+
+def get_config():
+  config = base.get_config()
+  config.workload = 'runtime.workloads.mlp:train_and_evaluate'
+  config.features = 16
+  config.hidden = 64
+  config.num_classes = 4
+  config.num_examples = 8192
+  config.global_batch_size = 512
+  config.steps = 300
+  config.log_every = 50
+  config.learning_rate = 0.01
+  return config

@@ -1,0 +1,188 @@
+"""The launcher's command line.
+
+  python -m launcher --config=configs/linear_regression.py [--workdir=DIR]
+  python -m launcher --config=configs/mlp.py --local_processes=2 --local_devices=4
+
+Without --local_processes the job runs in this process, which joins a
+multi-process job when the coordinator flags are given or the cluster is one
+JAX detects. With --local_processes=N the launcher starts and supervises a
+pod of N such processes on this machine.
+"""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_dict
+from ml_collections import config_flags
+
+from launcher import distributed
+from launcher import exit_codes
+from launcher import workload
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Config file, PATH[:ARG]; --config.KEY=VALUE overrides.',
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Where the job writes; default workdirs/<config name>.')
+_LOCAL_DEVICES = flags.DEFINE_integer(
+    'local_devices', None,
+    'Run on this many emulated CPU devices per process, whatever the machine '
+    'has. Default: the machine\'s devices (8 emulated ones for a single '
+    'process without an accelerator); in a local pod, 8 // N each.')
+_LOCAL_PROCESSES = flags.DEFINE_integer(
+    'local_processes', None,
+    'Start a pod of N processes on this machine, joined by a coordinator on '
+    '127.0.0.1, and supervise them.')
+_COORDINATOR_ADDRESS = flags.DEFINE_string(
+    'coordinator_address', None,
+    'HOST:PORT of process 0\'s coordinator. With --local_processes: the '
+    'loopback port to use instead of a free one.')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None,
+                                      'Processes in the job.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None,
+                                   'This process, in [0, num_processes).')
+_COORDINATOR_BIND_ADDRESS = flags.DEFINE_string(
+    'coordinator_bind_address', None,
+    'HOST:PORT the coordinator listens on; default every interface.')
+_INITIALIZATION_TIMEOUT = flags.DEFINE_integer(
+    'initialization_timeout', 300,
+    'Seconds to wait for every process to join the job.')
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    'heartbeat_timeout', 100,
+    'Seconds of silence after which JAX declares a process dead.')
+_STALL_TIMEOUT = flags.DEFINE_float(
+    'stall_timeout', 600,
+    'Local pod: fail the job when no rank completes a step for this many '
+    'seconds after the first step; 0 disables.')
+_FIRST_STEP_TIMEOUT = flags.DEFINE_float(
+    'first_step_timeout', 1800,
+    'Local pod: fail the job when no rank completes its first step (start-up '
+    'and compilation) within this many seconds; 0 disables.')
+_KILL_GRACE = flags.DEFINE_float(
+    'kill_grace', 5,
+    'Local pod: seconds between SIGTERM and SIGKILL when tearing down.')
+_DRY_RUN = flags.DEFINE_bool(
+    'dry_run', False, 'Print what each process would run, and start nothing.')
+_LOG_ALL_RANKS = flags.DEFINE_bool(
+    'log_all_ranks', False, 'Show INFO logs of every rank, not only rank 0.')
+
+# Flags that a local pod sets for its ranks itself.
+POD_FLAGS = ('local_processes', 'coordinator_address', 'num_processes',
+             'process_id', 'coordinator_bind_address', 'workdir',
+             'local_devices', 'dry_run')
+
+
+def _fail(message: str) -> None:
+  print(f'launcher: error: {message}', file=sys.stderr)
+  sys.exit(exit_codes.CONFIG_ERROR)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """Parses flags and the config, turning any mistake into one error line."""
+  try:
+    rest = flags.FLAGS(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    # absl reports unknown flags; ml_collections raises KeyError or
+    # AttributeError for an unknown config key, ValueError for a bad value.
+    detail = str(e).strip().splitlines()[0] if str(e).strip() else ''
+    _fail(f'bad flags or config: {type(e).__name__}: {detail}')
+  if _CONFIG.value is None:
+    _fail('--config is required, for example '
+          '--config=configs/linear_regression.py')
+  try:
+    if not isinstance(_CONFIG.value, config_dict.ConfigDict):
+      raise TypeError(f'get_config() returned {type(_CONFIG.value).__name__}')
+  except Exception as e:  # pylint: disable=broad-except
+    # A config file that fails to load raises on first access.
+    _fail(f'cannot load --config={flags.FLAGS["config"].config_filename}: '
+          f'{type(e).__name__}: {e}')
+  return rest
+
+
+def config_name() -> str:
+  """'linear_regression' for --config=configs/linear_regression.py:ARG."""
+  path = config_flags.get_config_filename(flags.FLAGS['config'])
+  name = os.path.splitext(os.path.basename(path.split(':')[0]))[0]
+  arg = path.partition(':')[2]
+  return f'{name}_{arg}' if arg else name
+
+
+def pod_passthrough_args(argv: list[str]) -> list[str]:
+  """The command-line arguments a local pod hands on to each rank.
+
+  Drops the flags the pod sets per rank, in both the `--flag=v` and the
+  `--flag v` spelling.
+  """
+  out, skip_next = [], False
+  for arg in argv:
+    if skip_next:
+      skip_next = False
+      continue
+    name = arg.lstrip('-').split('=', 1)[0] if arg.startswith('-') else ''
+    base = name[2:] if name.startswith('no') and name[2:] in POD_FLAGS else name
+    if base in POD_FLAGS:
+      takes_value = not flags.FLAGS[base].boolean
+      skip_next = takes_value and '=' not in arg
+      continue
+    out.append(arg)
+  return out
+
+
+def distributed_options() -> distributed.Options:
+  return distributed.Options(
+      coordinator_address=_COORDINATOR_ADDRESS.value,
+      num_processes=_NUM_PROCESSES.value,
+      process_id=_PROCESS_ID.value,
+      coordinator_bind_address=_COORDINATOR_BIND_ADDRESS.value,
+      initialization_timeout=_INITIALIZATION_TIMEOUT.value,
+      heartbeat_timeout=_HEARTBEAT_TIMEOUT.value)
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) > 1:
+    _fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value')
+  config = _CONFIG.value
+  workdir = os.path.abspath(_WORKDIR.value or
+                            os.path.join('workdirs', config_name()))
+  try:
+    workload.parse(config.get('workload'))
+  except workload.ConfigError as e:
+    _fail(str(e))
+
+  if _LOCAL_PROCESSES.value is not None:
+    from launcher import local_pod  # pylint: disable=g-import-not-at-top
+    for name in ('num_processes', 'process_id', 'coordinator_bind_address'):
+      if flags.FLAGS[name].present:
+        _fail(f'--{name} is chosen by the launcher with --local_processes; '
+              'drop it')
+    num_processes = _LOCAL_PROCESSES.value
+    topology = config.get('topology') or {}
+    pod = local_pod.Pod(
+        num_processes=num_processes,
+        local_devices=(_LOCAL_DEVICES.value or topology.get('local_devices') or
+                       max(1, 8 // max(num_processes, 1))),
+        workdir=workdir,
+        rank_args=pod_passthrough_args(sys.argv[1:]),
+        coordinator_address=_COORDINATOR_ADDRESS.value,
+        stall_timeout=_STALL_TIMEOUT.value,
+        first_step_timeout=_FIRST_STEP_TIMEOUT.value,
+        kill_grace=_KILL_GRACE.value,
+        log_all_ranks=_LOG_ALL_RANKS.value)
+    if _DRY_RUN.value:
+      return pod.print_plan()
+    return pod.run()
+
+  from launcher import process  # pylint: disable=g-import-not-at-top
+  if _DRY_RUN.value:
+    return process.print_plan(sys.argv, distributed_options(),
+                              _LOCAL_DEVICES.value)
+  return process.run(config, workdir, process.Options(
+      distributed=distributed_options(),
+      local_devices=_LOCAL_DEVICES.value,
+      log_all_ranks=_LOG_ALL_RANKS.value))
+
+
+def run() -> None:
+  app.run(main, flags_parser=parse_flags)

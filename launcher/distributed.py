@@ -1,0 +1,221 @@
+"""Starting JAX's distributed system in this process, or deciding not to.
+
+`plan` decides how from the flags and the environment; `initialize` checks
+what JAX itself would only report by crashing (a coordinator port in use makes
+the coordinator segfault, an unreachable coordinator aborts the process after
+the timeout) and then calls `jax.distributed.initialize`.
+"""
+
+import dataclasses
+import errno
+import os
+import socket
+import time
+from typing import Mapping, MutableMapping, Optional
+
+from absl import logging
+
+from launcher import cluster
+
+EXPLICIT = 'explicit'  # All of coordinator, count and id given.
+DETECT = 'detect'      # None given, on a cluster JAX configures itself.
+SINGLE = 'single'      # None given, no cluster: one process, no coordinator.
+
+_PROXY_VARS = ('http_proxy', 'https_proxy', 'grpc_proxy', 'all_proxy',
+               'HTTP_PROXY', 'HTTPS_PROXY', 'GRPC_PROXY', 'ALL_PROXY')
+
+
+class DistributedInitError(RuntimeError):
+  """jax.distributed could not start; the message says why and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The launcher's distributed flags.
+
+  Attributes:
+    coordinator_address: 'HOST:PORT' of process 0's coordinator service.
+    num_processes: processes in the job.
+    process_id: this process, in [0, num_processes).
+    coordinator_bind_address: 'HOST:PORT' the coordinator listens on; None
+      lets JAX listen on every interface, as a real cluster needs.
+    initialization_timeout: seconds to wait for every process to join.
+    heartbeat_timeout: seconds after which JAX declares a silent process dead.
+  """
+  coordinator_address: Optional[str] = None
+  num_processes: Optional[int] = None
+  process_id: Optional[int] = None
+  coordinator_bind_address: Optional[str] = None
+  initialization_timeout: int = 300
+  heartbeat_timeout: int = 100
+
+
+def split_address(address: str, flag: str = '--coordinator_address'
+                  ) -> tuple[str, int]:
+  """'host:port' or '[v6]:port' -> (host, port)."""
+  host, sep, port = address.rpartition(':')
+  if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    raise DistributedInitError(
+        f'{flag}={address!r} is not HOST:PORT (for example 10.0.0.2:8476)')
+  return host.strip('[]'), int(port)
+
+
+def plan(options: Options, env: Optional[Mapping[str, str]] = None) -> str:
+  """Chooses how this process joins the job: EXPLICIT, DETECT or SINGLE.
+
+  Raises:
+    DistributedInitError: when only some of the three flags are given, or
+      they contradict each other.
+  """
+  given = {
+      '--coordinator_address': options.coordinator_address,
+      '--num_processes': options.num_processes,
+      '--process_id': options.process_id,
+  }
+  missing = [k for k, v in given.items() if v is None]
+  if len(missing) == 3:
+    return DETECT if cluster.detect(env) else SINGLE
+  if missing:
+    present = ', '.join(f'{k}={v}' for k, v in given.items() if v is not None)
+    raise DistributedInitError(
+        f'{present} given without {" and ".join(missing)}: pass all three, or '
+        'none of them on a cluster JAX detects (Cloud TPU, SLURM, Open MPI, '
+        'Kubernetes) or on a single machine.')
+  split_address(options.coordinator_address)
+  if options.num_processes < 1:
+    raise DistributedInitError(
+        f'--num_processes={options.num_processes}; it must be at least 1')
+  if not 0 <= options.process_id < options.num_processes:
+    raise DistributedInitError(
+        f'--process_id={options.process_id} is outside [0, '
+        f'{options.num_processes}) for --num_processes={options.num_processes}')
+  return EXPLICIT
+
+
+def proxy_warnings(coordinator_host: Optional[str],
+                   env: Mapping[str, str]) -> list[str]:
+  """Says which proxy variables could route the coordinator's gRPC traffic.
+
+  gRPC honours http(s)_proxy, grpc_proxy and no_proxy; a proxy that cannot
+  reach the coordinator makes initialisation hang until its timeout.
+  """
+  set_vars = [k for k in _PROXY_VARS if env.get(k)]
+  if not set_vars:
+    return []
+  exempt = [h.strip() for h in
+            (env.get('no_proxy', '') + ',' + env.get('NO_PROXY', '')).split(',')
+            if h.strip()]
+  if coordinator_host and (coordinator_host in exempt or '*' in exempt):
+    return []
+  target = coordinator_host or 'the coordinator'
+  return [f'proxy variables {", ".join(set_vars)} are set and {target} is not '
+          'in no_proxy: jax.distributed.initialize may hang until its '
+          'timeout. The launcher adds the coordinator host to no_proxy for '
+          'this process; unset them if initialisation still hangs.']
+
+
+def exempt_from_proxy(hosts: list[str], env: MutableMapping[str, str]) -> None:
+  """Adds hosts to no_proxy and NO_PROXY in `env`, keeping what is there."""
+  for key in ('no_proxy', 'NO_PROXY'):
+    current = [h for h in env.get(key, '').split(',') if h]
+    env[key] = ','.join(current + [h for h in hosts if h not in current])
+
+
+def _check_port_free(bind_address: str) -> None:
+  host, port = split_address(bind_address, '--coordinator_bind_address')
+  family = socket.AF_INET6 if ':' in host else socket.AF_INET
+  with socket.socket(family, socket.SOCK_STREAM) as s:
+    # As gRPC does: reuse a port in TIME_WAIT, but not one with a listener.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      s.bind((host, port))
+    except OSError as e:
+      if e.errno == errno.EADDRINUSE:
+        raise DistributedInitError(
+            f'the coordinator port {port} on {host or "every interface"} is '
+            'already in use by another program, so process 0 cannot start '
+            'the coordinator there. Choose a free port in '
+            '--coordinator_address (or stop the program holding it).') from e
+      raise DistributedInitError(
+          f'cannot bind the coordinator to {bind_address}: {e}') from e
+
+
+def _wait_for_coordinator(host: str, port: int, timeout_s: float) -> None:
+  deadline = time.monotonic() + timeout_s
+  last_error = None
+  while time.monotonic() < deadline:
+    try:
+      with socket.create_connection((host, port), timeout=2):
+        return
+    except OSError as e:
+      last_error = e
+      time.sleep(0.2)
+  raise DistributedInitError(
+      f'no coordinator answered at {host}:{port} within {timeout_s:g} s '
+      f'(--initialization_timeout); last error: {last_error}. Check that '
+      'process 0 is running and that --coordinator_address names its host '
+      'and port as the other processes can reach it.')
+
+
+def check_jax_untouched() -> None:
+  """Raises DistributedInitError if JAX's backend is already initialised."""
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  if xla_bridge.backends_are_initialized():
+    raise DistributedInitError(
+        'JAX was used before jax.distributed.initialize: its backend is '
+        'already initialised, so this process cannot join a multi-process '
+        'job (and emulated device counts no longer apply). Something ran JAX '
+        'code while the config or a module imported by it was loaded, for '
+        'example jax.devices() or jnp.zeros() at import time; move that code '
+        'into the workload function.')
+
+
+def initialize(mode: str, options: Options) -> None:
+  """Starts jax.distributed as `mode` says; must run before any JAX work.
+
+  Args:
+    mode: from `plan`.
+    options: the launcher's flags.
+
+  Raises:
+    DistributedInitError: when JAX was used before this call, the coordinator
+      port is taken, the coordinator cannot be reached in time, or JAX itself
+      refuses.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  check_jax_untouched()
+  if mode == SINGLE:
+    return
+  if mode == EXPLICIT:
+    host, port = split_address(options.coordinator_address)
+    if options.process_id == 0:
+      _check_port_free(options.coordinator_bind_address or f'0.0.0.0:{port}')
+    else:
+      _wait_for_coordinator(host, port, options.initialization_timeout)
+  kwargs = {}
+  if mode == EXPLICIT:
+    kwargs = dict(coordinator_address=options.coordinator_address,
+                  num_processes=options.num_processes,
+                  process_id=options.process_id,
+                  coordinator_bind_address=options.coordinator_bind_address)
+  logging.info('jax.distributed.initialize(%s)', ', '.join(
+      f'{k}={v!r}' for k, v in kwargs.items()) or 'detected from the cluster')
+  try:
+    jax.distributed.initialize(
+        initialization_timeout=options.initialization_timeout,
+        heartbeat_timeout_seconds=options.heartbeat_timeout,
+        **kwargs)
+  except Exception as e:  # JAX raises several types; name them all the same.
+    raise DistributedInitError(
+        f'jax.distributed.initialize failed ({mode}): '
+        f'{type(e).__name__}: {e}') from e
+
+
+def prepare_environment(coordinator_address: Optional[str],
+                        env: MutableMapping[str, str] = os.environ) -> None:
+  """Warns about proxies and exempts the coordinator host from them."""
+  host = split_address(coordinator_address)[0] if coordinator_address else None
+  for warning in proxy_warnings(host, env):
+    logging.warning('%s', warning)
+  if host and any(env.get(k) for k in _PROXY_VARS):
+    exempt_from_proxy([host], env)

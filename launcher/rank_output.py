@@ -1,0 +1,89 @@
+"""How a rank's output reads: a `[rank i/N]` prefix and who shows INFO lines.
+
+In a local pod the launcher reads every rank's output and adds the prefix
+itself (it also catches what C++ code writes). A process started by a cluster
+(one per host) prefixes its own Python output instead.
+"""
+
+import io
+import re
+import sys
+from typing import TextIO
+
+from absl import logging
+
+# Set by a local-pod launcher for its ranks: it prefixes, files and filters
+# their output itself.
+SUPERVISED_ENV = 'PODRUN_SUPERVISED'
+
+# absl and glog headers: a level letter, then MMDD.
+_LOG_HEADER = re.compile(r'^([IWEF])\d{4} ')
+
+
+def prefix(process_index: int, process_count: int) -> str:
+  return f'[rank {process_index}/{process_count}] '
+
+
+class PrefixedStream(io.TextIOBase):
+  """A text stream that writes `prefix` at the start of every line."""
+
+  def __init__(self, stream: TextIO, line_prefix: str):
+    self._stream = stream
+    self._prefix = line_prefix
+    self._at_line_start = True
+
+  def write(self, text: str) -> int:
+    out = []
+    for piece in text.splitlines(keepends=True):
+      if self._at_line_start:
+        out.append(self._prefix)
+      out.append(piece)
+      self._at_line_start = piece.endswith('\n')
+    self._stream.write(''.join(out))
+    return len(text)
+
+  def flush(self) -> None:
+    self._stream.flush()
+
+  def fileno(self) -> int:
+    return self._stream.fileno()
+
+  def isatty(self) -> bool:
+    return self._stream.isatty()
+
+
+def setup(process_index: int, process_count: int, supervised: bool,
+          log_all_ranks: bool) -> None:
+  """Prefixes this process's output and quiets INFO logs on ranks > 0.
+
+  Args:
+    process_index: this process.
+    process_count: processes in the job.
+    supervised: a local-pod launcher reads this output; it prefixes lines and
+      filters the console itself, so the rank logs everything unprefixed.
+    log_all_ranks: keep INFO logs of every rank.
+  """
+  if supervised or process_count == 1:
+    return
+  line_prefix = prefix(process_index, process_count)
+  sys.stdout = PrefixedStream(sys.stdout, line_prefix)
+  sys.stderr = PrefixedStream(sys.stderr, line_prefix)
+  # absl's handler kept the stream it was created with.
+  logging.get_absl_handler().python_handler.stream = sys.stderr
+  if process_index > 0 and not log_all_ranks:
+    logging.set_verbosity(logging.WARNING)
+
+
+def shown_on_console(process_index: int, stream: str, line: str,
+                     log_all_ranks: bool) -> bool:
+  """Whether the local-pod launcher echoes a rank's line on its console.
+
+  Rank 0 is shown in full; other ranks show what they write to stderr
+  (warnings, errors, tracebacks) except INFO log lines.
+  """
+  if process_index == 0 or log_all_ranks:
+    return True
+  if stream != 'stderr':
+    return False
+  header = _LOG_HEADER.match(line)
+  return not (header and header.group(1) == 'I')

@@ -1,0 +1,114 @@
+"""Which examples each step uses, on every process, without talking to others.
+
+The job reads a stream of example ids: epoch e is a permutation of
+[0, num_examples) drawn from (seed, e), and the epochs follow one another. Step
+s (0-based) takes stream positions [s * G, (s + 1) * G) as its global batch
+(G = global batch size); process p then takes its slice of those (see
+`sharding.process_slice`). So:
+
+- every process computes the same global batch for the same step, with no
+  communication, whatever the number of processes or devices;
+- within each epoch every example is used exactly once: a remainder of fewer
+  than G examples at the end of an epoch is not dropped but starts the next
+  global batch, which then also holds the first examples of the next epoch
+  (chosen so that no example appears twice in that batch);
+- the position in the stream is the step number alone, so a job that resumes
+  at step s continues with exactly the examples it would have seen.
+"""
+
+import functools
+
+import numpy as np
+
+from runtime import sharding
+
+
+def _tail_length(epoch: int, num_examples: int, global_batch_size: int) -> int:
+  """How many examples of `epoch` open the batch that ends in epoch + 1."""
+  return ((epoch + 1) * num_examples) % global_batch_size
+
+
+@functools.lru_cache(maxsize=8)
+def _permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
+  return np.random.default_rng([seed, epoch]).permutation(num_examples)
+
+
+@functools.lru_cache(maxsize=4)
+def epoch_order(seed: int, epoch: int, num_examples: int,
+                global_batch_size: int, shuffle: bool = True) -> np.ndarray:
+  """The order of example ids in one epoch: (num_examples,) int64.
+
+  A shuffled epoch is a permutation drawn from (seed, epoch), adjusted so that
+  the global batch it shares with the previous epoch holds no example twice:
+  any of the previous epoch's last examples that land in this epoch's first
+  positions swap places with examples from the middle of this epoch. The last
+  positions of an epoch are never moved, so each epoch depends on the one
+  before only through that epoch's unadjusted permutation.
+  """
+  if not shuffle:
+    return np.arange(num_examples, dtype=np.int64)
+  order = _permutation(seed, epoch, num_examples).astype(np.int64)
+  previous_tail = (_tail_length(epoch - 1, num_examples, global_batch_size)
+                   if epoch > 0 else 0)
+  if previous_tail:
+    head = global_batch_size - previous_tail
+    last = _permutation(seed, epoch - 1, num_examples)[-previous_tail:]
+    middle_end = num_examples - _tail_length(epoch, num_examples,
+                                             global_batch_size)
+    clash = np.flatnonzero(np.isin(order[:head], last))
+    free = head + np.flatnonzero(~np.isin(order[head:middle_end], last))
+    if len(free) < len(clash):
+      raise ValueError(
+          f'{num_examples} examples are too few for global batches of '
+          f'{global_batch_size} without repeating an example within a batch; '
+          'use at least two global batches of examples, or config.shuffle='
+          'False.')
+    free = free[:len(clash)]
+    order[clash], order[free] = order[free], order[clash].copy()
+  order.setflags(write=False)
+  return order
+
+
+def global_batch_ids(step: int, global_batch_size: int, num_examples: int,
+                     seed: int, shuffle: bool = True) -> np.ndarray:
+  """Example ids of one step's global batch, all distinct.
+
+  Args:
+    step: 0-based step number.
+    global_batch_size: G, at most num_examples.
+    num_examples: size of the data set.
+    seed: the shuffling seed; epoch e uses (seed, e).
+    shuffle: False reads the examples in order, epoch after epoch.
+
+  Returns:
+    (G,) int64 ids; a batch may straddle two epochs.
+
+  Example:
+    >>> global_batch_ids(2, 4, 10, seed=0, shuffle=False)
+    array([8, 9, 0, 1])
+  """
+  if not 0 < global_batch_size <= num_examples:
+    raise ValueError(f'global batch size {global_batch_size} must be between '
+                     f'1 and the {num_examples} examples of the data set')
+  positions = step * global_batch_size + np.arange(global_batch_size)
+  epochs = positions // num_examples
+  offsets = positions % num_examples
+  ids = np.empty(global_batch_size, np.int64)
+  for epoch in np.unique(epochs):
+    here = epochs == epoch
+    ids[here] = epoch_order(seed, int(epoch), num_examples, global_batch_size,
+                            shuffle)[offsets[here]]
+  return ids
+
+
+def process_batch_ids(step: int, global_batch_size: int, num_examples: int,
+                      seed: int, process_index: int, process_count: int,
+                      shuffle: bool = True) -> np.ndarray:
+  """The ids of one step's global batch that this process loads.
+
+  Returns:
+    (G / process_count,) int64 ids, disjoint from every other process's.
+  """
+  ids = global_batch_ids(step, global_batch_size, num_examples, seed, shuffle)
+  return ids[sharding.process_slice(global_batch_size, process_index,
+                                    process_count)]

@@ -1,0 +1,171 @@
+"""The pod a job expects, the pod JAX reports, and the check between them.
+
+A topology is described by four factors: how many processes joined, which one
+this is, how many devices each process drives and on which platform. A job
+states what it expects in `config.topology` (and the launcher adds what its
+flags imply); `check` compares that with `current()` and names every factor
+that disagrees in one error, so a user fixes all of them in one go.
+"""
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+import jax
+
+
+class TopologyMismatchError(RuntimeError):
+  """The running pod is not the pod the config or the flags describe."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """What JAX reports about the running job, from the view of one process."""
+  process_index: int
+  process_count: int
+  local_device_count: int
+  global_device_count: int
+  platform: str
+  device_kind: str
+
+  def describe(self) -> str:
+    return (f'process {self.process_index} of {self.process_count}, '
+            f'{self.local_device_count} local x {self.process_count} processes'
+            f' = {self.global_device_count} {self.platform} devices '
+            f'({self.device_kind})')
+
+  def as_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Expectation:
+  """One factor the job insists on, and where the insistence comes from.
+
+  Attributes:
+    factor: one of 'num_processes', 'process_index', 'local_devices',
+      'platform'.
+    value: the expected value.
+    source: what set it, as the user would write it, for example
+      'config.topology.num_processes' or '--local_processes'.
+  """
+  factor: str
+  value: Any
+  source: str
+
+
+_ACTUAL = {
+    'num_processes': lambda t: t.process_count,
+    'process_index': lambda t: t.process_index,
+    'local_devices': lambda t: t.local_device_count,
+    'platform': lambda t: t.platform,
+}
+
+_WHAT = {
+    'num_processes': 'processes joined the job',
+    'process_index': 'is this process\'s index',
+    'local_devices': 'devices are attached to this process',
+    'platform': 'is the platform JAX runs on',
+}
+
+
+def current() -> Topology:
+  """Reads the topology of the running job from JAX.
+
+  Example:
+    >>> topology.current().global_device_count
+    8
+  """
+  local = jax.local_devices()
+  return Topology(
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+      local_device_count=len(local),
+      global_device_count=jax.device_count(),
+      platform=local[0].platform,
+      device_kind=local[0].device_kind,
+  )
+
+
+def expectations(config_topology: Any, **flag_values: Any) -> list[Expectation]:
+  """Collects what the config and the launcher's flags expect of the pod.
+
+  Args:
+    config_topology: `config.topology`, with optional fields num_processes,
+      local_devices and platform; None means "whatever is there".
+    **flag_values: factor=(value, flag_name) pairs from the launcher, for
+      example num_processes=(2, '--local_processes'); None values are skipped.
+
+  Returns:
+    The expectations, config first.
+
+  Raises:
+    TopologyMismatchError: when the config and a flag already disagree.
+  """
+  found = []
+  for factor in ('num_processes', 'local_devices', 'platform'):
+    value = config_topology.get(factor) if config_topology is not None else None
+    if factor == 'platform':
+      value = platform_of(value)
+    if value is not None:
+      found.append(Expectation(factor, value, f'config.topology.{factor}'))
+  for factor, (value, flag) in flag_values.items():
+    if factor not in _ACTUAL:
+      raise ValueError(f'unknown topology factor {factor!r}')
+    if value is not None:
+      found.append(Expectation(factor, value, flag))
+  conflicts = [
+      f'{a.source}={a.value} but {b.source}={b.value}'
+      for i, a in enumerate(found) for b in found[i + 1:]
+      if a.factor == b.factor and a.value != b.value
+  ]
+  if conflicts:
+    raise TopologyMismatchError(
+        'the config and the launcher flags describe different pods: ' +
+        '; '.join(conflicts) + '. Make them agree, or leave the config field '
+        'None to accept whatever the launcher starts.')
+  return found
+
+
+def check(expected: Sequence[Expectation], actual: Topology) -> None:
+  """Stops the job when the running pod differs from the expected one.
+
+  Every disagreeing factor is named, with the expected value, its source and
+  what JAX reports. Uneven pods (processes with different device counts) are
+  refused too, since the runtime splits every batch evenly.
+
+  Args:
+    expected: from `expectations`.
+    actual: from `current()`.
+
+  Raises:
+    TopologyMismatchError: listing every factor that disagrees.
+  """
+  problems = []
+  for e in expected:
+    got = _ACTUAL[e.factor](actual)
+    if got != e.value:
+      problems.append(f'{e.factor}: {e.source} expects {e.value}, but {got} '
+                      f'{_WHAT[e.factor]}')
+  if actual.global_device_count != (actual.process_count *
+                                    actual.local_device_count):
+    problems.append(
+        f'uneven pod: {actual.global_device_count} devices in all, but '
+        f'{actual.process_count} processes x {actual.local_device_count} '
+        f'local devices = {actual.process_count * actual.local_device_count};'
+        ' every process must drive the same number of devices')
+  if problems:
+    raise TopologyMismatchError(
+        f'topology mismatch ({len(problems)} '
+        f'factor{"s" if len(problems) > 1 else ""}):\n  - ' +
+        '\n  - '.join(problems) +
+        f'\nRunning pod: {actual.describe()}.\nChange config.topology or the '
+        'launch (--local_processes, --local_devices, --num_processes, the '
+        'cluster allocation) so that they agree.')
+
+
+def platform_of(name: Optional[str]) -> Optional[str]:
+  """Normalises a platform name as JAX spells it ('GPU' and 'cuda' -> 'gpu')."""
+  if name is None:
+    return None
+  name = name.lower()
+  return 'gpu' if name in ('cuda', 'rocm') else name

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Runs a job with the launcher; with no --config, the default job: the linear
+# regression, on this machine's accelerators or on 8 emulated CPU devices.
+#   scripts/run.sh
+#   scripts/run.sh --config=configs/mlp.py --local_processes=2
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+args=("$@")
+case " ${args[*]-} " in
+  *" --config="*) ;;
+  *) args=(--config=configs/linear_regression.py "${args[@]}") ;;
+esac
+exec "$venv/bin/python" -m launcher "${args[@]}"

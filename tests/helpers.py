@@ -1,0 +1,118 @@
+"""Running the launcher in a subprocess from a test, and cleaning up after it.
+
+Every process a test starts gets its own process group and a timeout; on
+timeout or failure the whole group is killed by its id.
+"""
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from typing import Optional
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PROBE_CONFIG = 'tests/workloads/probe_config.py'
+
+
+def launcher_env(**extra: str) -> dict[str, str]:
+  """The environment a user's shell would give the launcher: no test XLA_FLAGS."""
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')}
+  env['PYTHONPATH'] = os.pathsep.join(
+      [str(REPO)] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep)
+                     if p])
+  env.update(extra)
+  return env
+
+
+@dataclasses.dataclass
+class Result:
+  returncode: int
+  stdout: str
+  stderr: str
+  elapsed: float
+
+  @property
+  def output(self) -> str:
+    return self.stdout + self.stderr
+
+
+def start_launcher(args: list[str], cwd=REPO, env=None) -> subprocess.Popen:
+  return subprocess.Popen(
+      [sys.executable, '-m', 'launcher', *args], cwd=cwd,
+      env=env or launcher_env(), stdin=subprocess.DEVNULL,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+  try:
+    os.killpg(proc.pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+
+
+def finish(proc: subprocess.Popen, timeout: float, started: float) -> Result:
+  """Waits for a started launcher; kills its group and fails on timeout."""
+  try:
+    out, err = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    kill_group(proc)
+    out, err = proc.communicate()
+    raise AssertionError(f'the launcher ran past {timeout} s; its output:\n'
+                         f'{out[-3000:]}\n{err[-3000:]}') from None
+  return Result(proc.returncode, out, err, time.monotonic() - started)
+
+
+def run_launcher(args: list[str], timeout: float = 120, cwd=REPO,
+                 env=None) -> Result:
+  """Runs `python -m launcher ARGS` to the end (or the timeout)."""
+  started = time.monotonic()
+  return finish(start_launcher(args, cwd, env), timeout, started)
+
+
+def read_json(path) -> dict:
+  with open(path) as f:
+    return json.load(f)
+
+
+def job_processes(workdir) -> list[int]:
+  """Pids of live processes that belong to the local pod run in `workdir`.
+
+  A rank and anything it started carry the job's id in their environment.
+  """
+  job_id = read_json(pathlib.Path(workdir) / 'logs' / 'job.json')['job_id']
+  marker = f'PODRUN_JOB_ID={job_id}'.encode()
+  alive = []
+  for entry in os.listdir('/proc'):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f'/proc/{entry}/environ', 'rb') as f:
+        if marker in f.read().split(b'\0'):
+          alive.append(int(entry))
+    except OSError:
+      continue
+  return alive
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.1) -> bool:
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if predicate():
+      return True
+    time.sleep(interval)
+  return predicate()
+
+
+def rank_pids(workdir) -> dict[int, int]:
+  job = read_json(pathlib.Path(workdir) / 'logs' / 'job.json')
+  return {r['rank']: r['pid'] for r in job['ranks']}
+
+
+def first_line_with(text: str, needle: str) -> Optional[str]:
+  return next((l for l in text.splitlines() if needle in l), None)

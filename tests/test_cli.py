@@ -1,0 +1,133 @@
+"""`python -m launcher` end to end, in a subprocess, as a user runs it."""
+
+import numpy as np
+import pytest
+
+from tests import helpers
+
+pytestmark = pytest.mark.timeout(180)
+
+LINEAR = 'configs/linear_regression.py'
+
+
+def _one_error_line(result: helpers.Result) -> str:
+  assert 'Traceback' not in result.stderr, result.stderr
+  lines = [l for l in result.stderr.splitlines() if 'error' in l.lower()]
+  assert len(lines) == 1, result.stderr
+  return lines[0]
+
+
+def test_default_job_learns_the_true_weights(tmp_path):
+  result = helpers.run_launcher([f'--config={LINEAR}', f'--workdir={tmp_path}'])
+  assert result.returncode == 0, result.output
+  summary = helpers.read_json(tmp_path / 'summary.json')
+  assert summary['device_count'] == 8 and summary['process_count'] == 1
+  assert summary['steps'] == 200 and summary['global_batch_size'] == 256
+  res = summary['results']
+  np.testing.assert_allclose(res['learned_weight'], res['true_weight'],
+                             atol=0.02)
+  assert abs(res['learned_bias'] - res['true_bias']) < 0.02
+  assert summary['final_metrics']['loss'] < 0.02  # noise_std**2 = 0.01
+  rank = helpers.read_json(tmp_path / 'ranks' / 'rank_0.json')
+  assert rank['fingerprint'] == res['fingerprint']
+  assert 'topology: process 0 of 1, 8 local x 1 processes' in result.stderr
+
+
+def test_overrides_and_local_devices(tmp_path):
+  result = helpers.run_launcher([
+      f'--config={LINEAR}', f'--workdir={tmp_path}', '--config.steps=7',
+      '--config.global_batch_size=64', '--config.log_every=7',
+      '--local_devices=4'])
+  assert result.returncode == 0, result.output
+  summary = helpers.read_json(tmp_path / 'summary.json')
+  assert (summary['steps'], summary['global_batch_size'],
+          summary['device_count']) == (7, 64, 4)
+  assert helpers.read_json(tmp_path / 'ranks' / 'rank_0.json')['steps'] == 7
+
+
+@pytest.mark.parametrize('override, expected', [
+    ('--config.no_such_key=1', 'no_such_key'),
+    ('--config.steps=abc', 'abc'),
+    ('--no_such_flag=1', 'no_such_flag'),
+])
+def test_bad_config_is_one_line_and_exit_2(tmp_path, override, expected):
+  result = helpers.run_launcher([f'--config={LINEAR}', f'--workdir={tmp_path}',
+                                 override], timeout=60)
+  assert result.returncode == 2
+  line = _one_error_line(result)
+  assert line.startswith('launcher: error:') and expected in line
+
+
+def test_missing_and_unimportable_workloads(tmp_path):
+  config = tmp_path / 'no_workload.py'
+  config.write_text('from configs import base\n\n'
+                    'def get_config():\n  return base.get_config()\n')
+  result = helpers.run_launcher([f'--config={config}'], timeout=60)
+  assert result.returncode == 2
+  assert 'names no workload' in _one_error_line(result)
+
+  result = helpers.run_launcher(
+      [f'--config={LINEAR}', f'--workdir={tmp_path}',
+       '--config.workload=no_such_module:main'], timeout=60)
+  assert result.returncode == 2
+  assert "cannot import the workload module 'no_such_module'" in (
+      result.stderr)
+
+
+def test_a_user_module_outside_the_package_runs(tmp_path):
+  (tmp_path / 'my_experiment.py').write_text(
+      'import jax\n\n'
+      'def run(config, workdir):\n'
+      '  return {"devices": jax.device_count(), "steps": config.steps}\n')
+  result = helpers.run_launcher(
+      [f'--config={helpers.REPO / LINEAR}', '--workdir=out',
+       '--config.workload=my_experiment:run'], cwd=tmp_path)
+  assert result.returncode == 0, result.output
+  summary = helpers.read_json(tmp_path / 'out' / 'summary.json')
+  assert summary['results'] == {'devices': 8, 'steps': 200}
+
+
+def test_dot_product_and_its_misaligned_case(tmp_path):
+  ok = helpers.run_launcher(['--config=configs/dot_product.py',
+                             f'--workdir={tmp_path}',
+                             '--config.num_pairs=800000'])
+  assert ok.returncode == 0, ok.output
+  results = helpers.read_json(tmp_path / 'summary.json')['results']
+  assert results['equal'] and results['pmap_output_shape'] == [8, 100000]
+
+  bad = helpers.run_launcher(['--config=configs/dot_product.py',
+                              f'--workdir={tmp_path}',
+                              '--config.num_pairs=800000',
+                              '--config.reshape=False'])
+  assert bad.returncode == 2
+  assert 'must have size 8 (the local device count), not 800000' in bad.stderr
+  assert 'Reshape it to (8, 100000, 3)' in bad.stderr
+
+
+def test_jax_touched_while_loading_the_config(tmp_path):
+  config = tmp_path / 'eager.py'
+  config.write_text('import jax\nfrom configs import linear_regression\n'
+                    'jax.devices()\n\n'
+                    'def get_config():\n'
+                    '  return linear_regression.get_config()\n')
+  result = helpers.run_launcher([f'--config={config}',
+                                 f'--workdir={tmp_path}'], timeout=60)
+  assert result.returncode == 4
+  assert 'JAX was used before jax.distributed.initialize' in result.stderr
+
+
+def test_partial_coordinator_flags(tmp_path):
+  result = helpers.run_launcher([f'--config={LINEAR}', f'--workdir={tmp_path}',
+                                 '--num_processes=2'], timeout=60)
+  assert result.returncode == 4
+  assert ('--num_processes=2 given without --coordinator_address and '
+          '--process_id') in result.stderr
+
+
+def test_dry_run_starts_nothing(tmp_path):
+  result = helpers.run_launcher([f'--config={LINEAR}', f'--workdir={tmp_path}',
+                                 '--dry_run'], timeout=60)
+  assert result.returncode == 0
+  assert 'this process would run:' in result.stdout
+  assert 'not started (one process, no coordinator)' in result.stdout
+  assert not (tmp_path / 'summary.json').exists()

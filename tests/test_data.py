@@ -1,0 +1,41 @@
+import numpy as np
+
+from runtime import data
+
+
+def test_every_process_sees_a_disjoint_part_and_together_the_global_batch():
+  for step in range(5):
+    global_ids = data.global_batch_ids(step, 48, 1000, seed=3)
+    parts = [data.process_batch_ids(step, 48, 1000, 3, p, 4) for p in range(4)]
+    np.testing.assert_array_equal(np.concatenate(parts), global_ids)
+    assert len(set(np.concatenate(parts).tolist())) == 48
+
+
+def test_each_epoch_uses_every_example_exactly_once():
+  # 10 examples, batches of 4: the remainder of each epoch starts the next
+  # batch instead of being dropped.
+  stream = np.concatenate(
+      [data.global_batch_ids(s, 4, 10, seed=1) for s in range(10)])
+  for epoch in range(4):
+    assert sorted(stream[epoch * 10:(epoch + 1) * 10].tolist()) == list(
+        range(10))
+  # Epochs are shuffled differently.
+  assert stream[:10].tolist() != stream[10:20].tolist()
+
+
+def test_no_batch_repeats_an_example_even_across_an_epoch_boundary():
+  for num_examples, batch in ((10, 4), (1000, 256), (97, 48), (12, 6)):
+    for step in range(60):
+      ids = data.global_batch_ids(step, batch, num_examples, seed=5)
+      assert len(set(ids.tolist())) == batch, (num_examples, batch, step)
+
+
+def test_order_depends_on_seed_and_step_only():
+  a = data.global_batch_ids(7, 32, 500, seed=0)
+  np.testing.assert_array_equal(a, data.global_batch_ids(7, 32, 500, seed=0))
+  assert not np.array_equal(a, data.global_batch_ids(7, 32, 500, seed=1))
+
+
+def test_unshuffled_reads_in_order():
+  np.testing.assert_array_equal(
+      data.global_batch_ids(2, 4, 10, seed=0, shuffle=False), [8, 9, 0, 1])

@@ -1,0 +1,34 @@
+import io
+
+from launcher import cli
+from launcher import rank_output
+
+
+def test_prefixed_stream_prefixes_every_line_once():
+  out = io.StringIO()
+  stream = rank_output.PrefixedStream(out, '[rank 1/4] ')
+  stream.write('a\nb')
+  stream.write('c\n\nd\n')
+  assert out.getvalue() == '[rank 1/4] a\n[rank 1/4] bc\n[rank 1/4] \n[rank 1/4] d\n'
+
+
+def test_console_filter():
+  info = 'I1129 19:42:10.4 1 x.py:1] step 5'
+  warning = 'W1129 19:42:10.4 1 x.py:1] careful'
+  assert rank_output.shown_on_console(0, 'stdout', 'anything', False)
+  assert rank_output.shown_on_console(0, 'stderr', info, False)
+  assert not rank_output.shown_on_console(1, 'stderr', info, False)
+  assert rank_output.shown_on_console(1, 'stderr', warning, False)
+  assert rank_output.shown_on_console(1, 'stderr', 'Traceback (most', False)
+  assert not rank_output.shown_on_console(1, 'stdout', 'print()', False)
+  assert rank_output.shown_on_console(1, 'stderr', info, True)
+
+
+def test_pod_passthrough_drops_the_flags_the_pod_sets():
+  cli.parse_flags(['launcher', '--config=configs/linear_regression.py'])
+  args = ['--config=configs/linear_regression.py', '--config.steps=5',
+          '--local_processes', '2', '--local_devices=4', '--dry_run',
+          '--workdir', '/tmp/x', '--stall_timeout=9', '--nodry_run']
+  assert cli.pod_passthrough_args(args) == [
+      '--config=configs/linear_regression.py', '--config.steps=5',
+      '--stall_timeout=9']

@@ -1,0 +1,98 @@
+"""Data-parallel training on 8 devices equals full-batch descent on one."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from configs import linear_regression as linear_regression_config
+from configs import mlp as mlp_config
+from runtime import fingerprint
+from runtime import train
+from runtime.workloads import linear_regression
+from runtime.workloads import mlp
+from tests.reference import single_device_descent
+
+
+def assert_trees_close(a, b, rtol, atol):
+  jax.tree_util.tree_map(
+      lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=atol), a, b)
+
+
+def test_linear_regression_on_8_devices_equals_one_device(tmp_path):
+  assert jax.device_count() == 8
+  config = linear_regression_config.get_config()
+  config.steps = 40
+  task, dataset = linear_regression.make_task(config)
+  result = train.train(config, str(tmp_path), task)
+  assert_trees_close(result['params'], single_device_descent(config, task),
+                     rtol=1e-5, atol=1e-6)
+  assert np.abs(result['params']['weight'] - dataset['true_weight']).max() < 0.05
+
+
+def test_mlp_on_8_devices_equals_one_device(tmp_path):
+  assert jax.device_count() == 8
+  config = mlp_config.get_config()
+  config.steps = 25
+  task, _ = mlp.make_task(config)
+  result = train.train(config, str(tmp_path), task)
+  assert_trees_close(result['params'], single_device_descent(config, task),
+                     rtol=2e-4, atol=2e-5)
+
+
+def test_steps_in_flight_do_not_change_the_result(tmp_path):
+  config = linear_regression_config.get_config()
+  config.steps = 12
+  task, _ = linear_regression.make_task(config)
+  one = train.train(config, str(tmp_path / 'one'), task)
+  config.max_steps_in_flight = 3
+  three = train.train(config, str(tmp_path / 'three'), task)
+  assert one['fingerprint'] == three['fingerprint']
+
+
+def test_metrics_and_rank_files(tmp_path):
+  config = linear_regression_config.get_config()
+  config.steps = 30
+  config.log_every = 10
+  task, _ = linear_regression.make_task(config)
+  result = train.train(config, str(tmp_path), task)
+  with open(tmp_path / 'metrics.jsonl') as f:
+    records = [json.loads(line) for line in f]
+  assert [r['step'] for r in records] == [10, 20, 30]
+  for r in records:
+    assert {'loss', 'steps_per_sec', 'examples_per_sec'} <= set(r)
+    assert r['examples_per_sec'] == pytest.approx(r['steps_per_sec'] * 256)
+  with open(tmp_path / 'ranks' / 'rank_0.json') as f:
+    rank = json.load(f)
+  assert rank['process_index'] == 0 and len(rank['local_devices']) == 8
+  assert rank['fingerprint'] == fingerprint.fingerprint(result['params'])
+
+
+def test_non_finite_loss_names_the_step(tmp_path):
+  config = linear_regression_config.get_config()
+  config.steps = 10
+  task, _ = linear_regression.make_task(config)
+  calls = []
+
+  def poisoned(ids):
+    calls.append(1)
+    batch = task.load_examples(ids)
+    if len(calls) == 5:  # The batch of step 5.
+      batch['y'] = np.full_like(batch['y'], np.nan)
+    return batch
+
+  bad = train.Task(task.params, task.loss_fn, task.optimizer, poisoned,
+                   task.num_examples)
+  with pytest.raises(train.NonFiniteLossError, match='nan at step 5;'):
+    train.train(config, str(tmp_path), bad)
+
+
+def test_indivisible_batch_is_refused(tmp_path):
+  config = linear_regression_config.get_config()
+  config.global_batch_size = 100
+  task, _ = linear_regression.make_task(config)
+  with pytest.raises(ValueError, match='global batch size 100'):
+    train.train(config, str(tmp_path), task)
+  assert not os.path.exists(tmp_path / 'metrics.jsonl')

@@ -1,0 +1,58 @@
+"""A linear-regression workload that tests can make misbehave or report.
+
+Config fields (see probe_config.py): `fail_rank` at `fail_step` (the step
+whose batch is being loaded, 0-based) exits with `fail_code`, raises, or
+sleeps forever, as `fail_mode` says; `fail_mode='sleep'` pauses
+for `fail_seconds` and goes on; `record_ids` saves which example ids
+each rank loaded to WORKDIR/ids/rank_<i>.npy, shape (steps, ids per rank).
+"""
+
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+from runtime import train
+from runtime.workloads import linear_regression
+
+
+def _misbehave(config) -> None:
+  if config.fail_mode == 'exit':
+    print(f'probe: exiting at {time.time():.6f}', flush=True)
+    sys.exit(config.fail_code)
+  if config.fail_mode == 'raise':
+    raise RuntimeError(f'probe: rank {jax.process_index()} raises on purpose')
+  if config.fail_mode == 'hang':
+    time.sleep(3600)
+  if config.fail_mode == 'sleep':
+    time.sleep(config.fail_seconds)
+    return
+  raise ValueError(f'unknown fail_mode {config.fail_mode!r}')
+
+
+def train_and_evaluate(config, workdir):
+  task, dataset = linear_regression.make_task(config)
+  seen = []
+  load = task.load_examples
+
+  def load_examples(ids):
+    if (jax.process_index() == config.fail_rank and
+        len(seen) == config.fail_step):
+      _misbehave(config)
+    seen.append(np.array(ids))
+    return load(ids)
+
+  result = train.train(
+      config, workdir, train.Task(task.params, task.loss_fn, task.optimizer,
+                                  load_examples, task.num_examples))
+  if config.record_ids:
+    os.makedirs(os.path.join(workdir, 'ids'), exist_ok=True)
+    np.save(os.path.join(workdir, 'ids', f'rank_{jax.process_index()}.npy'),
+            np.stack(seen))
+  return {'final_metrics': result['final_metrics'],
+          'fingerprint': result['fingerprint'],
+          'learned_weight': result['params']['weight'],
+          'learned_bias': result['params']['bias'],
+          'true_weight': dataset['true_weight']}

@@ -1,0 +1,21 @@
+"""The linear regression, run by tests/workloads/probe.py.
+
+  python -m launcher --config=tests/workloads/probe_config.py --local_processes=2 \
+      --config.fail_rank=1 --config.fail_step=3
+"""
+
+from configs import linear_regression
+
+
+def get_config():
+  config = linear_regression.get_config()
+  config.workload = 'tests.workloads.probe:train_and_evaluate'
+  config.steps = 20
+  config.log_every = 5
+  config.fail_rank = -1
+  config.fail_step = 3
+  config.fail_mode = 'exit'
+  config.fail_code = 7
+  config.fail_seconds = 0.0
+  config.record_ids = False
+  return config
