@@ -88,12 +88,17 @@ def _run(config, workdir: str, options: Options, supervised: bool) -> None:
   distributed.check_jax_untouched()
   devices.configure(options.local_devices,
                     multi_process=mode != distributed.SINGLE)
+  if mode == distributed.EXPLICIT:  # The rank is known: prefix from here on.
+    rank_output.setup(options.distributed.process_id,
+                      options.distributed.num_processes, supervised,
+                      options.log_all_ranks)
   distributed.prepare_environment(options.distributed.coordinator_address)
   distributed.initialize(mode, options.distributed)
 
   actual = topology.current()
-  rank_output.setup(actual.process_index, actual.process_count, supervised,
-                    options.log_all_ranks)
+  if mode == distributed.DETECT:
+    rank_output.setup(actual.process_index, actual.process_count, supervised,
+                      options.log_all_ranks)
   topology.check(expected, actual)
   if actual.process_index == 0:
     logging.info('topology: %s', actual.describe())

@@ -174,3 +174,15 @@ def test_topology_mismatch_found_after_initialisation(tmp_path):
   assert 'platform: config.topology.platform expects tpu, but cpu' in (
       result.stderr)
   _assert_no_survivors(tmp_path)
+
+
+def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
+  proc = helpers.start_launcher([PROBE, f'--workdir={tmp_path}',
+                                 '--local_processes=2', LONG])
+  try:
+    _wait_until_stepping(tmp_path, proc)
+    os.kill(proc.pid, signal.SIGKILL)  # No chance to clean up.
+    proc.communicate(timeout=30)
+  finally:
+    helpers.kill_group(proc)
+  _assert_no_survivors(tmp_path)

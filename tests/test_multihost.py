@@ -1,0 +1,52 @@
+"""Processes started one per "host", as a cluster starts them: no local pod.
+
+Each process is `python -m launcher` with explicit coordinator flags; it
+prefixes its own output with `[rank i/N]` and only rank 0 logs INFO lines.
+"""
+
+import socket
+import time
+
+import pytest
+
+from tests import helpers
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_two_hosts_with_explicit_coordinator_flags(tmp_path):
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  address = f'127.0.0.1:{port}'
+  started = time.monotonic()
+  procs = [
+      helpers.start_launcher([
+          '--config=configs/linear_regression.py', f'--workdir={tmp_path}',
+          '--config.steps=30', '--local_devices=4',
+          f'--coordinator_address={address}',
+          f'--coordinator_bind_address={address}', '--num_processes=2',
+          f'--process_id={i}', '--initialization_timeout=60'])
+      for i in range(2)
+  ]
+  try:
+    results = [helpers.finish(p, 120, started) for p in procs]
+  finally:
+    for p in procs:
+      helpers.kill_group(p)
+  for r in results:
+    assert r.returncode == 0, r.output
+  rank0, rank1 = results
+  assert '[rank 0/2] I' in rank0.stderr and 'step 30/30' in rank0.stderr
+  # Every line a rank prints carries its prefix (C++ log lines from XLA are
+  # written below Python and are not prefixed).
+  python_lines = [l for l in rank0.stderr.splitlines()
+                  if '.py:' in l and not l.startswith('[rank 0/2] ')]
+  assert not python_lines, python_lines
+  assert not any(l.startswith('[rank 1/2] I') for l in
+                 rank1.stderr.splitlines()), rank1.stderr
+  prints = [helpers.read_json(tmp_path / 'ranks' / f'rank_{i}.json')
+            for i in range(2)]
+  assert prints[0]['fingerprint'] == prints[1]['fingerprint']
+  summary = helpers.read_json(tmp_path / 'summary.json')
+  assert (summary['process_count'], summary['device_count']) == (2, 8)
