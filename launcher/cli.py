@@ -140,6 +140,32 @@ def distributed_options() -> distributed.Options:
       heartbeat_timeout=_HEARTBEAT_TIMEOUT.value)
 
 
+def _make_pod(config, workdir: str):
+  """The local pod that --local_processes asks for."""
+  from launcher import local_pod  # pylint: disable=g-import-not-at-top
+  for name in ('num_processes', 'process_id', 'coordinator_bind_address'):
+    if flags.FLAGS[name].present:
+      _fail(f'--{name} is chosen by the launcher with --local_processes; '
+            'drop it')
+  num_processes = _LOCAL_PROCESSES.value
+  topology = config.get('topology') or {}
+  local_devices = (_LOCAL_DEVICES.value or topology.get('local_devices') or
+                   max(1, 8 // max(num_processes, 1)))
+  try:
+    return local_pod.Pod(
+        num_processes=num_processes,
+        local_devices=local_devices,
+        workdir=workdir,
+        rank_args=pod_passthrough_args(sys.argv[1:]),
+        coordinator_address=_COORDINATOR_ADDRESS.value,
+        stall_timeout=_STALL_TIMEOUT.value,
+        first_step_timeout=_FIRST_STEP_TIMEOUT.value,
+        kill_grace=_KILL_GRACE.value,
+        log_all_ranks=_LOG_ALL_RANKS.value)
+  except ValueError as e:
+    _fail(str(e))
+
+
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value')
@@ -152,27 +178,8 @@ def main(argv: list[str]) -> int:
     _fail(str(e))
 
   if _LOCAL_PROCESSES.value is not None:
-    from launcher import local_pod  # pylint: disable=g-import-not-at-top
-    for name in ('num_processes', 'process_id', 'coordinator_bind_address'):
-      if flags.FLAGS[name].present:
-        _fail(f'--{name} is chosen by the launcher with --local_processes; '
-              'drop it')
-    num_processes = _LOCAL_PROCESSES.value
-    topology = config.get('topology') or {}
-    pod = local_pod.Pod(
-        num_processes=num_processes,
-        local_devices=(_LOCAL_DEVICES.value or topology.get('local_devices') or
-                       max(1, 8 // max(num_processes, 1))),
-        workdir=workdir,
-        rank_args=pod_passthrough_args(sys.argv[1:]),
-        coordinator_address=_COORDINATOR_ADDRESS.value,
-        stall_timeout=_STALL_TIMEOUT.value,
-        first_step_timeout=_FIRST_STEP_TIMEOUT.value,
-        kill_grace=_KILL_GRACE.value,
-        log_all_ranks=_LOG_ALL_RANKS.value)
-    if _DRY_RUN.value:
-      return pod.print_plan()
-    return pod.run()
+    pod = _make_pod(config, workdir)
+    return pod.print_plan() if _DRY_RUN.value else pod.run()
 
   from launcher import process  # pylint: disable=g-import-not-at-top
   if _DRY_RUN.value:

@@ -99,6 +99,9 @@ class _Cause:
 class Pod:
   """N local processes, each one host of the job.
 
+  Raises ValueError for a process count below 1 or a coordinator address
+  that is not on loopback.
+
   Example:
     >>> Pod(num_processes=2, local_devices=4, workdir='/tmp/w',
     ...     rank_args=['--config=configs/linear_regression.py']).run()
@@ -110,15 +113,14 @@ class Pod:
                stall_timeout: float = 600, first_step_timeout: float = 1800,
                kill_grace: float = 5, log_all_ranks: bool = False):
     if num_processes < 1:
-      raise SystemExit(f'launcher: error: --local_processes={num_processes}; '
-                       'it must be at least 1')
+      raise ValueError(f'--local_processes={num_processes}; it must be at '
+                       'least 1')
     if coordinator_address:
       host, _, port = coordinator_address.rpartition(':')
       if not _is_loopback(host.strip('[]')) or not port.isdigit():
-        raise SystemExit(
-            f'launcher: error: --coordinator_address={coordinator_address}: a '
-            'local pod binds its coordinator to loopback only; use '
-            '127.0.0.1:PORT')
+        raise ValueError(
+            f'--coordinator_address={coordinator_address}: a local pod binds '
+            'its coordinator to loopback only; use 127.0.0.1:PORT')
     else:
       coordinator_address = f'127.0.0.1:{free_loopback_port()}'
     self.num_processes = num_processes

@@ -115,5 +115,5 @@ def test_a_local_pod_refuses_a_non_loopback_coordinator(tmp_path):
   result = helpers.run_launcher(
       [f'--config={LINEAR}', f'--workdir={tmp_path}', '--local_processes=2',
        '--coordinator_address=10.0.0.1:1234', '--dry_run'], timeout=60)
-  assert result.returncode != 0
+  assert result.returncode == 2
   assert 'loopback only' in result.stderr
