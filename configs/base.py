@@ -17,6 +17,25 @@ def get_config() -> config_dict.ConfigDict:
   # Dispatched steps allowed to be unfinished; None: 1 on CPU, 2 elsewhere.
   config.max_steps_in_flight = config_dict.placeholder(int)
 
+  # Checkpoints (runtime/checkpoint.py): every checkpoint_every steps (0: only
+  # at the end and on preemption), the newest keep_checkpoints kept, written
+  # while training goes on. checkpoint_dir '' means WORKDIR/checkpoints; on a
+  # multi-host job it must be storage every host shares (e.g. gs://...).
+  config.checkpointing = True
+  config.checkpoint_every = 1000
+  config.keep_checkpoints = 3
+  config.checkpoint_dir = ''
+  config.async_checkpointing = True
+  # Resume from the latest checkpoint in checkpoint_dir; False starts afresh
+  # and refuses a directory that already holds checkpoints.
+  config.restore = True
+  # Config fields besides checkpoint.RUN_CONTROL_FIELDS that may differ from
+  # the checkpoint's when resuming.
+  config.restore_may_change = ()
+  # Exit codes besides 75 (preempted) that the launcher's --max_restarts
+  # retries; added to --retry_exit_codes.
+  config.retry_exit_codes = ()
+
   # The pod the job expects; None accepts whatever is there.
   config.topology = config_dict.ConfigDict()
   config.topology.num_processes = config_dict.placeholder(int)

@@ -63,6 +63,22 @@ _FIRST_STEP_TIMEOUT = flags.DEFINE_float(
 _KILL_GRACE = flags.DEFINE_float(
     'kill_grace', 5,
     'Local pod: seconds between SIGTERM and SIGKILL when tearing down.')
+_PREEMPTION_GRACE = flags.DEFINE_float(
+    'preemption_grace', 120,
+    'Local pod: seconds the ranks get, after a preemption notice, to save a '
+    'checkpoint and exit before they are killed.')
+_MAX_RESTARTS = flags.DEFINE_integer(
+    'max_restarts', 0,
+    'Local pod: start the whole job again, resuming from its checkpoint, up '
+    'to this many times after a preemption or a retryable exit code.')
+_RESTART_BACKOFF = flags.DEFINE_float(
+    'restart_backoff', 1.0,
+    'Seconds before the first restart; doubled for each further one, at most '
+    '60.')
+_RETRY_EXIT_CODES = flags.DEFINE_list(
+    'retry_exit_codes', [],
+    'Exit codes besides 75 (preempted) that --max_restarts retries, e.g. '
+    '137,124; added to config.retry_exit_codes. 0, 1, 2, 3 and 5 never are.')
 _DRY_RUN = flags.DEFINE_bool(
     'dry_run', False, 'Print what each process would run, and start nothing.')
 _LOG_ALL_RANKS = flags.DEFINE_bool(
@@ -71,7 +87,8 @@ _LOG_ALL_RANKS = flags.DEFINE_bool(
 # Flags that a local pod sets for its ranks itself.
 POD_FLAGS = ('local_processes', 'coordinator_address', 'num_processes',
              'process_id', 'coordinator_bind_address', 'workdir',
-             'local_devices', 'dry_run')
+             'local_devices', 'dry_run', 'max_restarts', 'restart_backoff',
+             'retry_exit_codes', 'preemption_grace')
 
 
 def _fail(message: str) -> None:
@@ -140,7 +157,7 @@ def distributed_options() -> distributed.Options:
       heartbeat_timeout=_HEARTBEAT_TIMEOUT.value)
 
 
-def _make_pod(config, workdir: str):
+def _make_pod(config, workdir: str, job_id=None, attempt: int = 1):
   """The local pod that --local_processes asks for."""
   from launcher import local_pod  # pylint: disable=g-import-not-at-top
   for name in ('num_processes', 'process_id', 'coordinator_bind_address'):
@@ -161,9 +178,22 @@ def _make_pod(config, workdir: str):
         stall_timeout=_STALL_TIMEOUT.value,
         first_step_timeout=_FIRST_STEP_TIMEOUT.value,
         kill_grace=_KILL_GRACE.value,
-        log_all_ranks=_LOG_ALL_RANKS.value)
+        log_all_ranks=_LOG_ALL_RANKS.value,
+        preemption_grace=_PREEMPTION_GRACE.value,
+        job_id=job_id,
+        attempt=attempt)
   except ValueError as e:
     _fail(str(e))
+
+
+def _retryable_exit_codes(config) -> tuple[int, ...]:
+  from launcher import restart  # pylint: disable=g-import-not-at-top
+  try:
+    codes = [int(c) for c in _RETRY_EXIT_CODES.value]
+    codes += [int(c) for c in config.get('retry_exit_codes', ()) or ()]
+    return restart.check_retryable(codes)
+  except ValueError as e:
+    _fail(f'--retry_exit_codes / config.retry_exit_codes: {e}')
 
 
 def main(argv: list[str]) -> int:
@@ -179,7 +209,22 @@ def main(argv: list[str]) -> int:
 
   if _LOCAL_PROCESSES.value is not None:
     pod = _make_pod(config, workdir)
-    return pod.print_plan() if _DRY_RUN.value else pod.run()
+    if _DRY_RUN.value:
+      return pod.print_plan()
+    from launcher import restart  # pylint: disable=g-import-not-at-top
+    retryable = _retryable_exit_codes(config)
+    return restart.run(
+        lambda attempt: pod if attempt == 1 else _make_pod(
+            config, workdir, job_id=pod.job_id, attempt=attempt),
+        max_restarts=_MAX_RESTARTS.value,
+        first_backoff_s=_RESTART_BACKOFF.value, retryable=retryable,
+        logs_dir=pod.logs_dir)
+  if _MAX_RESTARTS.value:
+    _fail('--max_restarts needs --local_processes: on a cluster every host '
+          'must restart together, which is the scheduler\'s job (for example '
+          'SLURM --requeue, a Kubernetes Job\'s backoffLimit); the job then '
+          'resumes from its checkpoint by itself. On one machine use '
+          '--local_processes=1 or more.')
 
   from launcher import process  # pylint: disable=g-import-not-at-top
   if _DRY_RUN.value:

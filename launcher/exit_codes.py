@@ -15,13 +15,24 @@ TOPOLOGY_MISMATCH = 3
 # jax.distributed could not start: port in use, coordinator unreachable,
 # JAX touched before initialisation.
 DISTRIBUTED_INIT_FAILED = 4
+# A checkpoint that does not fit the run (config or shapes differ), or a
+# checkpoint directory that the processes of the job do not all share.
+CHECKPOINT_ERROR = 5
+# Preempted: every process saved a checkpoint of the same step and stopped.
+# Run the same command again to resume (as EX_TEMPFAIL: try again later).
+PREEMPTED = 75
 # The hang watchdog fired: no rank completed a step for --stall_timeout
 # seconds (or its first step within --first_step_timeout). As timeout(1).
 STALLED = 124
-# The launcher itself got SIGINT or SIGTERM: 128 + the signal, as a shell.
+# The launcher itself got SIGINT (or SIGTERM that did not end in a clean
+# preemption): 128 + the signal, as a shell.
 SIGNAL_BASE = 128
 
 
 def from_returncode(returncode: int) -> int:
   """Popen's returncode (negative for a signal) as a shell's exit status."""
   return SIGNAL_BASE - returncode if returncode < 0 else returncode
+
+
+# A user's own mistake: the same run fails the same way again.
+NEVER_RETRIED = (OK, FAILED, CONFIG_ERROR, TOPOLOGY_MISMATCH, CHECKPOINT_ERROR)

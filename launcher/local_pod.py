@@ -8,9 +8,14 @@ with a `[rank i/N]` prefix, and ends the whole job as soon as one rank fails,
 stalls or the launcher is told to stop:
 
 - the first rank to exit non-zero is the cause; every other rank's process
-  group gets SIGTERM, then SIGKILL after --kill_grace seconds; the launcher
+  group gets SIGINT, then SIGKILL after --kill_grace seconds; the launcher
   exits with the cause's own exit code;
-- SIGINT or SIGTERM to the launcher is forwarded to every rank, then the same
+- a preemption is not a failure: SIGTERM to the launcher is forwarded to
+  every rank as a preemption notice (as is SIGTERM to one rank, through
+  JAX), the ranks save a checkpoint and exit with exit_codes.PREEMPTED, and
+  the launcher waits up to --preemption_grace seconds for all of them before
+  it kills the rest; when all saved, it exits with PREEMPTED too;
+- SIGINT to the launcher is forwarded to every rank, then the failure
   teardown follows; the exit code is 128 + the signal;
 - when no rank completes a step for --stall_timeout seconds (or its first
   step within --first_step_timeout), every rank dumps its Python stacks into
@@ -90,7 +95,7 @@ class _Rank:
 @dataclasses.dataclass(frozen=True)
 class _Cause:
   """Why the job ended early: a failed rank, a stall or a signal."""
-  kind: str  # 'rank', 'stall' or 'signal'
+  kind: str  # 'rank', 'stall', 'signal', 'preempted' or 'grace'
   rank: Optional[_Rank] = None
   signum: Optional[int] = None
   message: str = ''
@@ -111,7 +116,9 @@ class Pod:
   def __init__(self, num_processes: int, local_devices: int, workdir: str,
                rank_args: list[str], coordinator_address: Optional[str] = None,
                stall_timeout: float = 600, first_step_timeout: float = 1800,
-               kill_grace: float = 5, log_all_ranks: bool = False):
+               kill_grace: float = 5, log_all_ranks: bool = False,
+               preemption_grace: float = 120, job_id: Optional[str] = None,
+               attempt: int = 1):
     if num_processes < 1:
       raise ValueError(f'--local_processes={num_processes}; it must be at '
                        'least 1')
@@ -132,7 +139,11 @@ class Pod:
     self.first_step_timeout = first_step_timeout
     self.kill_grace = kill_grace
     self.log_all_ranks = log_all_ranks
-    self.job_id = uuid.uuid4().hex
+    self.preemption_grace = preemption_grace
+    # Restarts of a job share its id, so that its processes are found by it.
+    self.job_id = job_id or uuid.uuid4().hex
+    self.attempt = attempt
+    self.launcher_signalled = False
     self._ranks = [self._plan_rank(i, rank_args) for i in range(num_processes)]
     self._changed = threading.Event()
     self._signals = []
@@ -210,7 +221,10 @@ class Pod:
     threads = []
     try:
       for rank in self._ranks:
-        rank.log_file = open(rank.log_path, 'wb')
+        # A restarted job appends to the logs of the attempts before it.
+        rank.log_file = open(rank.log_path, 'ab' if self.attempt > 1 else 'wb')
+        if self.attempt > 1:
+          rank.log_file.write(f'===== attempt {self.attempt} =====\n'.encode())
         env = {**os.environ, **rank.env,
                progress.PROGRESS_FD_ENV: str(progress_write)}
         rank.popen = subprocess.Popen(
@@ -242,6 +256,7 @@ class Pod:
   def _write_job_file(self) -> None:
     job = {
         'job_id': self.job_id,
+        'attempt': self.attempt,
         'coordinator_address': self.coordinator_address,
         'launcher_pid': os.getpid(),
         'ranks': [{'rank': r.index, 'pid': r.popen.pid,
@@ -286,23 +301,49 @@ class Pod:
   def _on_signal(self, signum, frame) -> None:
     del frame
     self._signals.append(signum)
+    self.launcher_signalled = True
     self._changed.set()
 
   def _watch(self, started: float) -> Optional[_Cause]:
     """Waits until the job ends or must be ended; returns why, or None."""
+    grace_deadline = None  # Set once a preemption has begun.
     while True:
-      failed = [r for r in self._ranks if r.exit_code not in (None, 0)]
+      now = time.monotonic()
+      exited = [r for r in self._ranks if r.exit_code is not None]
+      failed = [r for r in exited
+                if r.exit_code not in (0, exit_codes.PREEMPTED)]
+      preempted = [r for r in exited if r.exit_code == exit_codes.PREEMPTED]
       if failed:
         return _Cause('rank', rank=min(failed, key=lambda r: r.exited_at))
-      if all(r.exit_code == 0 for r in self._ranks):
-        return None
+      if len(exited) == len(self._ranks):
+        return _Cause('preempted') if preempted else None
       if self._signals:
-        return _Cause('signal', signum=self._signals[0])
-      stall = self._stall_message(time.monotonic() - started)
-      if stall:
-        return _Cause('stall', message=stall)
+        if self._signals[0] != signal.SIGTERM or len(self._signals) > 1:
+          return _Cause('signal', signum=self._signals[0])
+        if grace_deadline is None:
+          self._forward(signal.SIGTERM)
+      if (self._signals or preempted) and grace_deadline is None:
+        grace_deadline = now + self.preemption_grace
+      if grace_deadline is not None:
+        if now > grace_deadline:
+          late = ', '.join(self._name(r) for r in self._ranks
+                           if r.exit_code is None)
+          return _Cause('grace', message=(
+              f'{late} did not save and exit within --preemption_grace='
+              f'{self.preemption_grace:g} s of the preemption notice'))
+      else:
+        stall = self._stall_message(now - started)
+        if stall:
+          return _Cause('stall', message=stall)
       self._changed.wait(0.1)
       self._changed.clear()
+
+  def _forward(self, signum: int) -> None:
+    now = time.monotonic()
+    for rank in self._ranks:
+      if rank.exit_code is None:
+        rank.signalled_at = now
+        self._kill_group(rank, signum)
 
   def _stall_message(self, elapsed: float) -> str:
     if self._last_advance is None:
@@ -333,14 +374,16 @@ class Pod:
       pass
 
   def _teardown(self, cause: Optional[_Cause]) -> None:
-    """Stops every rank still running: a signal, a grace period, SIGKILL."""
-    first = cause.signum if cause and cause.kind == 'signal' else signal.SIGTERM
-    now = time.monotonic()
-    for rank in self._ranks:
-      if rank.exit_code is None:
-        rank.signalled_at = now
-        self._kill_group(rank, first)
-    deadline = now + self.kill_grace
+    """Stops every rank still running: a signal, a grace period, SIGKILL.
+
+    The signal is SIGINT, not SIGTERM: SIGTERM asks a rank to save a
+    checkpoint, which cannot succeed once one of its peers is gone.
+    """
+    first = cause.signum if cause and cause.kind == 'signal' else signal.SIGINT
+    if cause and cause.kind == 'grace':
+      first = signal.SIGKILL
+    self._forward(first)
+    deadline = time.monotonic() + self.kill_grace
     while (any(r.exit_code is None for r in self._ranks) and
            time.monotonic() < deadline and len(self._signals) < 2):
       self._changed.wait(0.1)
@@ -373,6 +416,20 @@ class Pod:
                 f'start. Last lines of {root.log_path}:\n' +
                 '\n'.join(f'  | {l}' for l in self._tail(root)))
       self._describe_others(root)
+    elif cause.kind == 'preempted':
+      code = exit_codes.PREEMPTED
+      notice = ('SIGTERM to the launcher' if self._signals else
+                'a preemption notice to a rank')
+      self._say(f'preempted by {notice}: every rank saved a checkpoint and '
+                f'exited with code {code}, {elapsed:.1f} s after start. Run '
+                'the same command again to resume (or use --max_restarts).')
+    elif cause.kind == 'grace':
+      code = (exit_codes.SIGNAL_BASE + signal.SIGTERM if self._signals
+              else exit_codes.PREEMPTED)
+      self._say(f'the preemption did not complete: {cause.message}; killed '
+                'them. The next start resumes from the last complete '
+                'checkpoint.')
+      self._describe_others(None)
     elif cause.kind == 'stall':
       code = exit_codes.STALLED
       self._say(f'the job stalled: {cause.message}. Every rank\'s Python '

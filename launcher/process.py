@@ -23,8 +23,10 @@ from launcher import distributed
 from launcher import exit_codes
 from launcher import rank_output
 from launcher import workload
+from runtime import checkpoint
 from runtime import metrics
 from runtime import parallel
+from runtime import preemption
 from runtime import sharding
 from runtime import topology
 
@@ -34,6 +36,8 @@ _KNOWN_ERRORS = (
     (parallel.DeviceAxisError, exit_codes.CONFIG_ERROR),
     (topology.TopologyMismatchError, exit_codes.TOPOLOGY_MISMATCH),
     (distributed.DistributedInitError, exit_codes.DISTRIBUTED_INIT_FAILED),
+    (checkpoint.CheckpointError, exit_codes.CHECKPOINT_ERROR),
+    (preemption.Preempted, exit_codes.PREEMPTED),
 )
 
 
@@ -102,7 +106,10 @@ def _run(config, workdir: str, options: Options, supervised: bool) -> None:
   topology.check(expected, actual)
   if actual.process_index == 0:
     logging.info('topology: %s', actual.describe())
-  signal.signal(signal.SIGTERM, _terminate)
+  if mode == distributed.SINGLE:
+    # With jax.distributed, SIGTERM is JAX's preemption notice, which the
+    # training loop turns into a checkpoint and exit_codes.PREEMPTED.
+    signal.signal(signal.SIGTERM, _terminate)
 
   run_workload = workload.resolve(config.workload)
   os.makedirs(workdir, exist_ok=True)
@@ -147,6 +154,8 @@ def run(config, workdir: str, options: Options) -> int:
     if code is None:
       traceback.print_exc()
       code = exit_codes.FAILED
+    elif code == exit_codes.PREEMPTED:
+      logging.warning('%s', e)
     else:
       logging.error('%s', e)
   if code != exit_codes.OK:

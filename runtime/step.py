@@ -18,17 +18,27 @@ import optax
 DATA_AXIS = 'devices'
 
 # loss_fn(params, batch) -> (scalar loss, dict of scalar metrics), for one
-# device's share of the batch.
-LossFn = Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]]
+# device's share of the batch; with rng, loss_fn(params, batch, rng).
+LossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
 
 
 class TrainState(NamedTuple):
+  """Everything the next step depends on besides its batch.
+
+  Attributes:
+    params: the model's parameters.
+    opt_state: the optimiser's state.
+    rng: a raw uint32[2] PRNG key, split once per step, so a resumed run
+      draws the same random numbers as one that never stopped.
+  """
   params: Any
   opt_state: Any
+  rng: Any
 
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
-                    axis_name: str = DATA_AXIS) -> Callable:
+                    axis_name: str = DATA_AXIS, uses_rng: bool = False
+                    ) -> Callable:
   """Builds the pmap'd step `(state, batch) -> (state, metrics)`.
 
   Each device computes the loss and gradients of its share of the batch; the
@@ -41,6 +51,8 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     loss_fn: `(params, batch) -> (loss, metrics)` for one device's examples.
     optimizer: an optax transformation.
     axis_name: the pmap axis name.
+    uses_rng: pass loss_fn a third argument, a PRNG key that differs per
+      device and per step (for dropout and the like).
 
   Returns:
     step(state, batch) with state a replicated `TrainState` and batch leaves of
@@ -53,13 +65,17 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     >>> state, metrics = step(state, split_for_devices(batch, 8))
   """
   def step(state: TrainState, batch: Any):
+    rng, step_rng = jax.random.split(state.rng)
+    extra = ()
+    if uses_rng:
+      extra = (jax.random.fold_in(step_rng, lax.axis_index(axis_name)),)
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params, batch)
+        state.params, batch, *extra)
     grads = lax.pmean(grads, axis_name)
     metrics = lax.pmean({**metrics, 'loss': loss}, axis_name)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    return TrainState(params, opt_state), metrics
+    return TrainState(params, opt_state, rng), metrics
 
   return jax.pmap(step, axis_name=axis_name, in_axes=(None, 0),
                   out_axes=(None, None), donate_argnums=(0,))
@@ -79,7 +95,11 @@ def replicate(tree: Any) -> Any:
   return jax.device_put(tree, sharding)
 
 
-def init_state(params: Any, optimizer: optax.GradientTransformation
-               ) -> TrainState:
-  """Fresh optimiser state for `params`, replicated on every local device."""
-  return replicate(TrainState(params, optimizer.init(params)))
+def init_state(params: Any, optimizer: optax.GradientTransformation,
+               seed: int = 0) -> TrainState:
+  """Fresh optimiser state and RNG key for `params`, on host (numpy).
+
+  Pass the result to `replicate` to train with it.
+  """
+  rng = np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32)
+  return jax.device_get(TrainState(params, optimizer.init(params), rng))

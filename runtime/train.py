@@ -11,15 +11,19 @@ import collections
 import dataclasses
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
+from absl import logging
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 import optax
 
+from runtime import checkpoint
 from runtime import data
 from runtime import fingerprint as fingerprint_lib
 from runtime import metrics as metrics_lib
+from runtime import preemption
 from runtime import progress
 from runtime import sharding
 from runtime import step as step_lib
@@ -42,12 +46,15 @@ class Task:
     load_examples: `ids -> batch`; ids is an (n,) int64 array of example ids,
       batch a pytree of numpy arrays with leading dim n, in the order of ids.
     num_examples: how many examples the data set holds.
+    loss_uses_rng: call loss_fn(params, batch, rng) with a PRNG key that
+      differs per device and per step.
   """
   params: Any
   loss_fn: step_lib.LossFn
   optimizer: optax.GradientTransformation
   load_examples: Callable[[np.ndarray], Any]
   num_examples: int
+  loss_uses_rng: bool = False
 
 
 def max_steps_in_flight(config, platform: str) -> int:
@@ -76,39 +83,120 @@ def _check_finite(step: int, metrics: dict[str, float]) -> None:
 
 
 class _Window:
-  """Means of the metrics and the speed since the last log line."""
+  """Means of the metrics since the last log line, and the speed.
+
+  The speed leaves out the first step of a run (start-up and compilation):
+  it counts the steps completed after that one.
+  """
 
   def __init__(self):
+    self.timing_start = None
     self.reset(time.perf_counter())
 
   def reset(self, now: float) -> None:
     self.start, self.steps, self.sums = now, 0, collections.defaultdict(float)
+    self.timed_steps = 0
 
-  def add(self, metrics: dict[str, float]) -> None:
+  def add(self, metrics: dict[str, float], now: float) -> None:
     self.steps += 1
     for k, v in metrics.items():
       self.sums[k] += v
+    if self.timing_start is None:
+      self.timing_start = self.start = now
+    else:
+      self.timed_steps += 1
 
   def means(self) -> dict[str, float]:
     return {k: v / self.steps for k, v in self.sums.items()}
 
+  def steps_per_sec(self, now: float) -> Optional[float]:
+    if not self.timed_steps:
+      return None
+    return self.timed_steps / max(now - self.start, 1e-9)
+
+
+def _open_checkpoints(config, workdir: str) -> Optional[checkpoint.Checkpoints]:
+  if not config.get('checkpointing', True):
+    return None
+  path = checkpoint.directory(config, workdir)
+  checkpoint.check_shared(path)
+  return checkpoint.Checkpoints(
+      path, every=config.get('checkpoint_every', 0) or 0,
+      keep=config.get('keep_checkpoints', 3),
+      async_save=config.get('async_checkpointing', True))
+
+
+def _restore(ckpt: checkpoint.Checkpoints, config, state: step_lib.TrainState
+             ) -> tuple[int, step_lib.TrainState]:
+  """The state to start from: the latest checkpoint's, or `state` at step 0."""
+  if not config.get('restore', True):
+    if ckpt.all_steps():
+      raise checkpoint.CheckpointError(
+          f'config.restore=False, but {ckpt.path} already holds the '
+          f'checkpoints of steps {ckpt.all_steps()}. Use a new --workdir (or '
+          'config.checkpoint_dir) to start afresh, or drop '
+          '--config.restore=False to resume.')
+    return 0, state
+  restored = ckpt.restore_latest(config, state)
+  if restored is None:
+    return 0, state
+  step, saved_state, meta = restored
+  expected = checkpoint.data_position(step, config.global_batch_size,
+                                      meta['data']['num_examples'])
+  if {k: meta['data'][k] for k in expected} != expected:
+    raise checkpoint.CheckpointError(
+        f'the checkpoint of step {step} in {ckpt.path} records the data '
+        f'stream at {meta["data"]}, but step {step} with global batch '
+        f'{config.global_batch_size} is at {expected}')
+  return step, step_lib.TrainState(*saved_state)
+
+
+def _meta(config, topo, task: Task, step: int, state, reason: str
+          ) -> dict[str, Any]:
+  return {
+      'step': step,
+      'reason': reason,
+      'data': {**checkpoint.data_position(step, config.global_batch_size,
+                                          task.num_examples),
+               'num_examples': task.num_examples,
+               'seed': config.seed},
+      'config': checkpoint.trajectory_config(config),
+      'state': checkpoint.describe_state(state),
+      'saved_by': {'process_count': topo.process_count,
+                   'device_count': topo.global_device_count,
+                   'platform': topo.platform,
+                   'jax_version': jax.__version__},
+  }
+
 
 def train(config, workdir: str, task: Task) -> dict[str, Any]:
-  """Trains `task` for `config.steps` steps on every device of the job.
+  """Trains `task` to step `config.steps` on every device of the job.
+
+  Resumes from the latest checkpoint in the run's checkpoint directory when
+  there is one (config.restore, default True), saves every
+  config.checkpoint_every steps and at the end, and on a preemption notice
+  saves the step every process agreed on and raises `Preempted`.
 
   Args:
     config: reads steps, global_batch_size, seed, log_every and optionally
-      shuffle (default True) and max_steps_in_flight.
-    workdir: where metrics.jsonl (process 0) and ranks/rank_<i>.json go.
+      shuffle (default True), max_steps_in_flight, checkpointing (default
+      True), checkpoint_every, keep_checkpoints, checkpoint_dir, restore,
+      async_checkpointing, restore_may_change.
+    workdir: where metrics.jsonl (process 0), ranks/rank_<i>.json and, by
+      default, checkpoints/ go.
     task: the model and data.
 
   Returns:
-    {'final_metrics': metrics of the last step, 'fingerprint': of the final
-     parameters, 'params': the final parameters as host numpy arrays}.
+    {'final_metrics': metrics of the last step run here, 'fingerprint': of the
+     final parameters, 'params': the final parameters as host numpy arrays,
+     'start_step': the step this run started from}.
 
   Raises:
     BatchSizeError: when the global batch does not divide over the devices.
     NonFiniteLossError: naming the step whose loss is not finite.
+    CheckpointError: when the checkpoint cannot be used, or its directory is
+      not shared by every process.
+    Preempted: after saving, on a preemption notice.
   """
   topo = topology_lib.current()
   global_batch = config.global_batch_size
@@ -118,11 +206,20 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
   shuffle = config.get('shuffle', True)
   is_chief = topo.process_index == 0
 
-  step_fn = step_lib.make_train_step(task.loss_fn, task.optimizer)
-  state = step_lib.init_state(task.params, task.optimizer)
-  writer = metrics_lib.MetricsWriter(workdir, is_chief)
+  step_fn = step_lib.make_train_step(task.loss_fn, task.optimizer,
+                                     uses_rng=task.loss_uses_rng)
+  state = step_lib.init_state(task.params, task.optimizer, config.seed)
+  ckpt = _open_checkpoints(config, workdir)
+  start = 0
+  if ckpt is not None:
+    start, state = _restore(ckpt, config, state)
+  state = step_lib.replicate(state)
+  writer = metrics_lib.MetricsWriter(workdir, is_chief,
+                                     resume_step=start or None)
+  resumed = f', resuming at step {start}' if start else ''
   writer.log(f'training {config.steps} steps, global batch {global_batch}, '
-             f'{in_flight_limit} step(s) in flight, on {topo.describe()}')
+             f'{in_flight_limit} step(s) in flight, on {topo.describe()}'
+             f'{resumed}')
 
   def load(step: int):
     ids = data.process_batch_ids(step, global_batch, task.num_examples,
@@ -142,36 +239,65 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
     _check_finite(done_step, last)
     progress.report(done_step, topo.process_index,
                     force=done_step == config.steps)
-    if done_step == 1:
-      window.reset(time.perf_counter())  # Leave compilation out of speeds.
-      return
-    window.add(last)
+    window.add(last, time.perf_counter())
     if done_step % config.log_every == 0 or done_step == config.steps:
       log_window(done_step)
 
   def log_window(done_step: int) -> None:
     now = time.perf_counter()
-    steps_per_sec = window.steps / max(now - window.start, 1e-9)
-    record = {
-        **window.means(),
-        'steps_per_sec': steps_per_sec,
-        'examples_per_sec': steps_per_sec * global_batch,
-    }
+    record = window.means()
+    steps_per_sec = window.steps_per_sec(now)
+    if steps_per_sec is not None:
+      record['steps_per_sec'] = steps_per_sec
+      record['examples_per_sec'] = steps_per_sec * global_batch
     writer.write(done_step, record)
-    eta = (config.steps - done_step) / max(steps_per_sec, 1e-9)
+    eta = ('' if steps_per_sec is None else ' eta=' + metrics_lib.format_duration(
+        (config.steps - done_step) / max(steps_per_sec, 1e-9)))
     shown = ' '.join(f'{k}={v:.6g}' for k, v in record.items())
-    writer.log(f'step {done_step}/{config.steps} {shown} '
-               f'eta={metrics_lib.format_duration(eta)}')
+    writer.log(f'step {done_step}/{config.steps} {shown}{eta}')
     window.reset(now)
 
-  try:
-    for step in range(config.steps):
-      state, step_metrics = step_fn(state, load(step))
-      in_flight.append((step + 1, step_metrics))
-      while len(in_flight) >= in_flight_limit:
-        retire()
+  def drain() -> None:
     while in_flight:
       retire()
+
+  def save(step: int, reason: str) -> None:
+    host_state = jax.device_get(state)
+    ckpt.save(step, host_state,
+              _meta(config, topo, task, step, host_state, reason))
+
+  try:
+    with preemption.Notice() as notice:
+      for count, step in enumerate(range(start, config.steps), 1):
+        state, step_metrics = step_fn(state, load(step))
+        in_flight.append((step + 1, step_metrics))
+        while len(in_flight) >= in_flight_limit:
+          retire()
+        stop = notice.reached(count) and step + 1 < config.steps
+        if stop:
+          logging.warning('preemption notice: every process saves step %d '
+                          'and stops', step + 1)
+          drain()
+          if window.steps:
+            log_window(step + 1)  # Keep the metrics of the window so far.
+          if ckpt is not None:
+            save(step + 1, 'preemption')
+            ckpt.wait()
+          _sync_processes('podrun_preempted')
+          raise preemption.Preempted(step + 1)
+        if ckpt is not None and ckpt.due(step + 1) and step + 1 < config.steps:
+          save(step + 1, 'periodic')
+      drain()
+    if ckpt is not None:
+      if start < config.steps:
+        save(config.steps, 'final')
+      ckpt.close()
+  except BaseException:
+    # Another process may be gone: waiting for a save that needs all of them
+    # could hang. A single process still finishes the saves it started.
+    if ckpt is not None and jax.process_count() == 1:
+      ckpt.close()
+    raise
   finally:
     writer.close()
 
@@ -183,6 +309,14 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
           'process_count': topo.process_count,
           'local_devices': [str(d) for d in jax.local_devices()],
           'steps': config.steps,
+          'start_step': start,
           'fingerprint': fingerprint,
       })
-  return {'final_metrics': last, 'fingerprint': fingerprint, 'params': params}
+  return {'final_metrics': last, 'fingerprint': fingerprint, 'params': params,
+          'start_step': start}
+
+
+def _sync_processes(name: str) -> None:
+  """Waits until every process gets here; no-op in a single process."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)

@@ -4,7 +4,10 @@ Config fields (see probe_config.py): `fail_rank` at `fail_step` (the step
 whose batch is being loaded, 0-based) exits with `fail_code`, raises, or
 sleeps forever, as `fail_mode` says; `fail_mode='sleep'` pauses
 for `fail_seconds` and goes on; `record_ids` saves which example ids
-each rank loaded to WORKDIR/ids/rank_<i>.npy, shape (steps, ids per rank).
+each rank loaded to WORKDIR/ids/rank_<i>.npy, shape (steps, ids per rank);
+`ballast_floats` adds an untrained parameter of that many random floats, to make
+checkpoints big enough to be caught mid-save; `per_rank_checkpoint_dir` gives
+each rank a checkpoint directory of its own, as host-local disks would.
 """
 
 import os
@@ -44,8 +47,16 @@ def train_and_evaluate(config, workdir):
     seen.append(np.array(ids))
     return load(ids)
 
+  params = dict(task.params)
+  if config.ballast_floats:
+    # Random, so that compression does not shrink it away.
+    params['ballast'] = np.random.default_rng(7).standard_normal(
+        config.ballast_floats, np.float32)
+  if config.per_rank_checkpoint_dir:
+    config.checkpoint_dir = os.path.join(
+        workdir, f'checkpoints_rank_{jax.process_index()}')
   result = train.train(
-      config, workdir, train.Task(task.params, task.loss_fn, task.optimizer,
+      config, workdir, train.Task(params, task.loss_fn, task.optimizer,
                                   load_examples, task.num_examples))
   if config.record_ids:
     os.makedirs(os.path.join(workdir, 'ids'), exist_ok=True)

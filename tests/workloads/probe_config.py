@@ -18,4 +18,10 @@ def get_config():
   config.fail_code = 7
   config.fail_seconds = 0.0
   config.record_ids = False
+  config.ballast_floats = 0
+  config.per_rank_checkpoint_dir = False
+  # How the probe misbehaves is not part of what it computes.
+  config.restore_may_change = ('fail_rank', 'fail_step', 'fail_mode',
+                               'fail_code', 'fail_seconds', 'record_ids',
+                               'per_rank_checkpoint_dir')
   return config

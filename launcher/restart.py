@@ -1,0 +1,140 @@
+"""Restarting a whole local pod after a preemption (--max_restarts).
+
+A preempted job saved a checkpoint of the step all its ranks agreed on, so
+starting the same job again resumes exactly there. Other failures are retried
+only when their exit code is marked retryable (--retry_exit_codes or
+config.retry_exit_codes); a user's own mistake (exit_codes.NEVER_RETRIED) is
+never retried, since it would fail the same way again. Each restart waits a
+back-off that doubles from --restart_backoff up to a minute.
+"""
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+from typing import Callable, Iterable
+
+from launcher import exit_codes
+
+MAX_BACKOFF_S = 60.0
+
+
+def check_retryable(codes: Iterable[int]) -> tuple[int, ...]:
+  """Validates exit codes marked retryable.
+
+  Raises:
+    ValueError: for a code that is never retried, naming it.
+  """
+  codes = tuple(sorted(set(int(c) for c in codes)))
+  refused = [c for c in codes if c in exit_codes.NEVER_RETRIED]
+  if refused:
+    raise ValueError(
+        f'exit code(s) {refused} cannot be retried: 0 is success, and 1 (an '
+        'uncaught exception), 2 (a config error), 3 (a topology mismatch) and '
+        '5 (a checkpoint that does not fit) would fail the same way again')
+  return codes
+
+
+@dataclasses.dataclass
+class Tally:
+  """How the attempts of a job ended."""
+  preemptions: int = 0
+  failures: int = 0
+  restarts: int = 0
+
+  def describe(self) -> str:
+    return (f'{self.restarts} restart(s): {self.preemptions} preemption(s), '
+            f'{self.failures} retryable failure(s)')
+
+
+def kind_of(code: int, retryable: tuple[int, ...]) -> str:
+  """'ok', 'preempted', 'retryable' or 'final' for an attempt's exit code."""
+  if code == exit_codes.OK:
+    return 'ok'
+  if code == exit_codes.PREEMPTED:
+    return 'preempted'
+  if code in retryable and code not in exit_codes.NEVER_RETRIED:
+    return 'retryable'
+  return 'final'
+
+
+def backoff_s(first: float, restart_number: int) -> float:
+  """The wait before restart number `restart_number` (1, 2, ...)."""
+  return min(first * 2 ** (restart_number - 1), MAX_BACKOFF_S)
+
+
+def _say(message: str) -> None:
+  print(f'[launcher] {message}', file=sys.stderr, flush=True)
+
+
+def _sleep_unless_signalled(seconds: float) -> bool:
+  """Sleeps; returns False when SIGINT or SIGTERM came meanwhile."""
+  signalled = []
+  handlers = {s: signal.signal(s, lambda n, f: signalled.append(n))
+              for s in (signal.SIGINT, signal.SIGTERM)}
+  try:
+    deadline = time.monotonic() + seconds
+    while not signalled and time.monotonic() < deadline:
+      time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+  finally:
+    for s, h in handlers.items():
+      signal.signal(s, h)
+  return not signalled
+
+
+def run(start_pod: Callable[[int], 'object'], max_restarts: int,
+        first_backoff_s: float, retryable: tuple[int, ...],
+        logs_dir: str) -> int:
+  """Runs pods until one ends for good; returns the last one's exit code.
+
+  Args:
+    start_pod: attempt number (1, 2, ...) -> a `local_pod.Pod` to run.
+    max_restarts: how many times to start the job again at most.
+    first_backoff_s: the wait before the first restart.
+    retryable: exit codes besides PREEMPTED that are retried.
+    logs_dir: where attempts.jsonl records each attempt's end.
+
+  A pod whose launcher itself got SIGINT or SIGTERM is not restarted: that
+  stop came from whoever runs the launcher.
+  """
+  tally = Tally()
+  attempt = 1
+  while True:
+    pod = start_pod(attempt)
+    started = time.time()
+    code = pod.run()
+    kind = kind_of(code, retryable)
+    _record(logs_dir, {'attempt': attempt, 'exit_code': code, 'kind': kind,
+                       'started': started, 'ended': time.time(),
+                       'launcher_signalled': pod.launcher_signalled})
+    if kind == 'ok' or kind == 'final' or pod.launcher_signalled:
+      break
+    if kind == 'preempted':
+      tally.preemptions += 1
+    else:
+      tally.failures += 1
+    if tally.restarts >= max_restarts:
+      _say(f'not restarting: --max_restarts={max_restarts} used up')
+      break
+    tally.restarts += 1
+    wait = backoff_s(first_backoff_s, tally.restarts)
+    what = ('a preemption' if kind == 'preempted'
+            else f'retryable exit code {code}')
+    _say(f'restart {tally.restarts}/{max_restarts} after {what} in {wait:g} '
+         f's; so far {tally.preemptions} preemption(s) and {tally.failures} '
+         'retryable failure(s)')
+    if not _sleep_unless_signalled(wait):
+      _say('stopped while waiting to restart')
+      break
+    attempt += 1
+  if max_restarts:
+    _say(f'job ended with exit code {code} after {tally.describe()}')
+  return code
+
+
+def _record(logs_dir: str, entry: dict) -> None:
+  os.makedirs(logs_dir, exist_ok=True)
+  with open(os.path.join(logs_dir, 'attempts.jsonl'), 'a') as f:
+    f.write(json.dumps(entry) + '\n')

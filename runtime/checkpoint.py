@@ -1,0 +1,280 @@
+"""Checkpoints of a training run, through orbax-checkpoint's CheckpointManager.
+
+A checkpoint of step s holds what step s + 1 depends on: the parameters, the
+optimiser state and the RNG key (item 'state', host arrays that process 0
+writes), and a JSON item 'meta' with the step, the data-stream position, the
+config that decides the trajectory and the shapes of the state. Resuming from
+it gives, on CPU, bit-identical results to a run that never stopped.
+
+Orbax writes each step into a temporary directory and renames it when every
+process is done, so a save cut short by SIGKILL is never taken for a
+checkpoint: `latest_step` skips it and the next start removes it.
+
+The saved arrays carry no device axis (the step keeps its state replicated
+without one), so a checkpoint written by 1 process x 8 devices restores on
+2 processes x 4 devices, or any other data-parallel topology.
+"""
+
+import logging as stdlib_logging
+import os
+import uuid
+from typing import Any, Optional
+
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+import orbax.checkpoint as ocp
+
+# Config fields that may change between a run and the run that resumes it:
+# they decide how long and how the job runs, not what it computes.
+RUN_CONTROL_FIELDS = (
+    'steps', 'log_every', 'checkpoint_every', 'keep_checkpoints',
+    'checkpoint_dir', 'restore', 'async_checkpointing', 'checkpointing',
+    'restore_may_change', 'max_steps_in_flight', 'topology', 'eval_every',
+    'retry_exit_codes')
+
+_SHARED_CHECK_DIR = '.shared_check'
+
+
+class CheckpointError(Exception):
+  """A checkpoint that cannot be used here, or a directory that cannot hold
+  the job's checkpoints."""
+
+
+def directory(config, workdir: str) -> str:
+  """Where the run's checkpoints go: config.checkpoint_dir or WORKDIR/checkpoints.
+
+  Example:
+    >>> directory(config, '/tmp/w')  # config.checkpoint_dir == ''
+    '/tmp/w/checkpoints'
+  """
+  configured = config.get('checkpoint_dir') or ''
+  return configured if configured else os.path.join(workdir, 'checkpoints')
+
+
+def _flatten(value: Any, prefix: str = '') -> dict[str, Any]:
+  if hasattr(value, 'items'):
+    out = {}
+    for k, v in value.items():
+      out.update(_flatten(v, f'{prefix}{k}.'))
+    return out
+  if isinstance(value, tuple):
+    value = list(value)
+  return {prefix[:-1]: value}
+
+
+def trajectory_config(config) -> dict[str, Any]:
+  """The config fields a checkpoint must agree on, flattened to 'a.b' keys.
+
+  Leaves out RUN_CONTROL_FIELDS and the fields listed in
+  config.restore_may_change.
+  """
+  skip = set(RUN_CONTROL_FIELDS) | set(config.get('restore_may_change', ()))
+  flat = _flatten(config.to_dict())
+  return {k: v for k, v in sorted(flat.items())
+          if k not in skip and k.split('.')[0] not in skip}
+
+
+def describe_state(state: Any) -> list[list[Any]]:
+  """[[path, shape, dtype], ...] of every array of `state`, in tree order."""
+  leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+  return [[jax.tree_util.keystr(path), list(np.shape(leaf)),
+           str(np.asarray(leaf).dtype if not hasattr(leaf, 'dtype')
+               else leaf.dtype)] for path, leaf in leaves]
+
+
+def data_position(step: int, global_batch_size: int,
+                  num_examples: int) -> dict[str, int]:
+  """Where the example stream stands after `step` steps (see data.py)."""
+  consumed = step * global_batch_size
+  return {'examples_consumed': consumed,
+          'epoch': consumed // num_examples,
+          'examples_into_epoch': consumed % num_examples}
+
+
+def check_restorable(meta: dict[str, Any], config, state: Any, path: str
+                     ) -> None:
+  """Refuses a checkpoint whose config or state shapes differ from this run's.
+
+  Args:
+    meta: the checkpoint's 'meta' item.
+    config: this run's config.
+    state: this run's freshly initialised state (arrays or shape structs).
+    path: the checkpoint, for the message.
+
+  Raises:
+    CheckpointError: naming every field and array that disagrees, with both
+      values.
+  """
+  problems = []
+  saved, now = meta['config'], trajectory_config(config)
+  for key in sorted(set(saved) | set(now)):
+    if saved.get(key, '<absent>') != now.get(key, '<absent>'):
+      problems.append(f'config.{key}: checkpoint {saved.get(key, "<absent>")!r}'
+                      f', this run {now.get(key, "<absent>")!r}')
+  saved_arrays = {p: (s, d) for p, s, d in meta['state']}
+  now_arrays = {p: (s, d) for p, s, d in describe_state(state)}
+  for key in sorted(set(saved_arrays) | set(now_arrays)):
+    a, b = saved_arrays.get(key), now_arrays.get(key)
+    if a != b:
+      show = lambda v: 'absent' if v is None else f'shape {tuple(v[0])} {v[1]}'
+      problems.append(f'state{key}: checkpoint {show(a)}, this run {show(b)}')
+  if problems:
+    raise CheckpointError(
+        f'cannot resume from {path}; it was made by a different run:\n  ' +
+        '\n  '.join(problems) + '\nPoint --workdir (or config.checkpoint_dir) '
+        'at a new directory to start afresh, or undo the change. Fields that '
+        'may change on resume: ' + ', '.join(RUN_CONTROL_FIELDS) +
+        ', and those in config.restore_may_change.')
+
+
+def check_shared(path: str) -> None:
+  """Checks that every process of the job sees the same checkpoint directory.
+
+  Process 0 writes a marker with a fresh token; every process then looks for
+  it. A directory on each host's own disk (a local path on a multi-host
+  pod) fails here, on every process at once, instead of later as a hang or
+  as per-host fragments of checkpoints. Single-process jobs pass at once.
+
+  Raises:
+    CheckpointError: naming the processes that cannot see the marker.
+  """
+  if jax.process_count() == 1:
+    return
+  token = int(uuid.uuid4().int % (2**31))
+  token = int(multihost_utils.broadcast_one_to_all(np.int32(token)))
+  marker = os.path.join(path, _SHARED_CHECK_DIR, f'{token}')
+  if jax.process_index() == 0:
+    os.makedirs(os.path.dirname(marker), exist_ok=True)
+    with open(marker, 'w') as f:
+      f.write(str(token))
+  multihost_utils.sync_global_devices(f'podrun_shared_check_written_{token}')
+  try:
+    with open(marker) as f:
+      sees = f.read() == str(token)
+  except OSError:
+    sees = False
+  seen = multihost_utils.process_allgather(np.array(sees))
+  multihost_utils.sync_global_devices(f'podrun_shared_check_read_{token}')
+  if jax.process_index() == 0:
+    os.remove(marker)
+  blind = [i for i, ok in enumerate(np.asarray(seen).reshape(-1)) if not ok]
+  if blind:
+    raise CheckpointError(
+        f'the checkpoint directory {path} is not shared: process(es) '
+        f'{blind} of {jax.process_count()} cannot see the file {marker} that '
+        'process 0 wrote there. Every process of a multi-process job must '
+        'write to the same storage: use a shared file system or a bucket '
+        '(for example --workdir=gs://BUCKET/run or '
+        '--config.checkpoint_dir=gs://BUCKET/run/checkpoints on a TPU pod).')
+
+
+class _Manager(ocp.CheckpointManager):
+  """A CheckpointManager that leaves preemption decisions to the training loop.
+
+  Orbax would otherwise call JAX's preemption sync point with the global step
+  number from inside `save`, while the loop calls it with its own counter;
+  the sync protocol needs one consistent counter per process.
+  """
+
+  def reached_preemption(self, step: int) -> bool:
+    del step
+    return False
+
+
+class Checkpoints:
+  """The run's checkpoint directory: save every N steps, keep K, restore.
+
+  Example:
+    >>> ckpt = Checkpoints('/tmp/w/checkpoints', every=100, keep=3)
+    >>> restored = ckpt.restore_latest(config, state)  # None on a fresh start
+    >>> ckpt.save(100, state, meta)                     # returns at once
+    >>> ckpt.close()                                    # waits for the disk
+  """
+
+  def __init__(self, path: str, every: int, keep: int,
+               async_save: bool = True):
+    if keep < 1:
+      raise ValueError(f'config.keep_checkpoints={keep}; keep at least 1')
+    self.path = path
+    self.every = every
+    self._manager = _Manager(
+        path,
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, cleanup_tmp_directories=True,
+            enable_async_checkpointing=async_save),
+        item_names=('state', 'meta'))
+
+  def latest_step(self) -> Optional[int]:
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self._manager.all_steps())
+
+  def due(self, step: int) -> bool:
+    """Whether `step` is one of the periodic checkpoint steps."""
+    return self.every > 0 and step % self.every == 0
+
+  def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    """Starts saving `state` (host arrays) as step `step`; returns at once.
+
+    Does nothing when `step` is already saved.
+    """
+    if step in self._manager.all_steps():
+      return
+    self._manager.save(
+        step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                      meta=ocp.args.JsonSave(meta)),
+        force=True)
+
+  def restore_latest(self, config, like: Any
+                     ) -> Optional[tuple[int, Any, dict[str, Any]]]:
+    """Restores the newest complete checkpoint, if there is one.
+
+    Args:
+      config: this run's config, checked against the checkpoint's.
+      like: this run's initial state; gives the tree structure, shapes and
+        dtypes to restore into.
+
+    Returns:
+      (step, state as host arrays, meta), or None when there is no checkpoint.
+
+    Raises:
+      CheckpointError: when the checkpoint does not fit this run.
+    """
+    step = self._manager.latest_step()
+    if step is None:
+      return None
+    step_path = os.path.join(self.path, str(step))
+    meta = self._manager.restore(
+        step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    check_restorable(meta, config, like, step_path)
+    target = jax.tree.map(np.asarray, like)
+    restored = self._manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+    logging.info('restored %s (step %d)', step_path, step)
+    return step, restored.state, meta
+
+  def wait(self) -> None:
+    """Blocks until every started save is complete on disk."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+class _QuietOrbax(stdlib_logging.Filter):
+  """Drops orbax's INFO lines (dozens per save); keeps its warnings.
+
+  Run with --verbosity=1 to see them.
+  """
+
+  def filter(self, record: stdlib_logging.LogRecord) -> bool:
+    return (record.levelno >= stdlib_logging.WARNING or
+            f'{os.sep}orbax{os.sep}' not in record.pathname or
+            logging.get_verbosity() > logging.INFO)
+
+
+stdlib_logging.getLogger('absl').addFilter(_QuietOrbax())

@@ -1,0 +1,152 @@
+"""Checkpoints in one process of 8 devices: exact resume, refusals, metrics."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from configs import linear_regression as linear_regression_config
+from configs import mlp as mlp_config
+from runtime import checkpoint
+from runtime import metrics
+from runtime import train
+from runtime.workloads import linear_regression
+from runtime.workloads import mlp
+
+
+def _config(steps, **fields):
+  config = mlp_config.get_config()
+  config.steps = steps
+  config.log_every = 1
+  config.checkpoint_every = 4
+  config.keep_checkpoints = 2
+  config.update(fields)
+  return config
+
+
+def _train(config, workdir):
+  task, _ = mlp.make_task(config)
+  return train.train(config, str(workdir), task)
+
+
+def _records(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_resume_is_exact_on_8_devices(tmp_path):
+  assert jax.device_count() == 8
+  # Adam: the optimiser state (moments, step count) must come back too.
+  straight = _train(_config(14), tmp_path / 'straight')
+  first = _train(_config(7), tmp_path / 'resumed')
+  resumed = _train(_config(14), tmp_path / 'resumed')
+  assert first['start_step'] == 0 and resumed['start_step'] == 7
+  assert resumed['fingerprint'] == straight['fingerprint']
+  # One record per step, none missing or repeated, and the same numbers.
+  straight_records = _records(tmp_path / 'straight')
+  resumed_records = _records(tmp_path / 'resumed')
+  assert [r['step'] for r in resumed_records] == list(range(1, 15))
+  assert ([r['loss'] for r in resumed_records] ==
+          [r['loss'] for r in straight_records])
+  assert checkpoint.Checkpoints(str(tmp_path / 'resumed' / 'checkpoints'),
+                                every=4, keep=2).all_steps() == [12, 14]
+
+
+def test_the_rng_key_is_saved_and_restored(tmp_path):
+  config = _config(6)
+  result = _train(config, tmp_path)
+  ckpt = checkpoint.Checkpoints(str(tmp_path / 'checkpoints'), every=4, keep=2)
+  like = train.step_lib.init_state(*_params_and_optimizer(config), config.seed)
+  step, state, meta = ckpt.restore_latest(config, like)
+  ckpt.close()
+  assert step == 6 and meta['step'] == 6 and meta['reason'] == 'final'
+  # Six splits of the seed's key, as the step does them.
+  key = jax.random.key(config.seed)
+  for _ in range(6):
+    key, _ = jax.random.split(key)
+  np.testing.assert_array_equal(state.rng, jax.random.key_data(key))
+  assert meta['data'] == {'examples_consumed': 6 * config.global_batch_size,
+                          'epoch': 6 * config.global_batch_size //
+                                   config.num_examples,
+                          'examples_into_epoch': 6 * config.global_batch_size
+                                                 % config.num_examples,
+                          'num_examples': config.num_examples,
+                          'seed': config.seed}
+  assert result['start_step'] == 0
+
+
+def _params_and_optimizer(config):
+  task, _ = mlp.make_task(config)
+  return task.params, task.optimizer
+
+
+def test_a_finished_run_is_not_trained_again(tmp_path):
+  done = _train(_config(5), tmp_path)
+  again = _train(_config(5), tmp_path)
+  assert again['start_step'] == 5
+  assert again['fingerprint'] == done['fingerprint']
+
+
+def test_restore_refuses_a_different_config_and_names_both_values(tmp_path):
+  _train(_config(4), tmp_path)
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    _train(_config(8, learning_rate=0.5, global_batch_size=128), tmp_path)
+  message = str(e.value)
+  assert 'config.learning_rate: checkpoint 0.01, this run 0.5' in message, (
+      message)
+  assert 'config.global_batch_size: checkpoint 512, this run 128' in message
+  assert str(tmp_path / 'checkpoints' / '4') in message
+
+
+def test_restore_refuses_other_shapes_and_names_the_arrays(tmp_path):
+  config = linear_regression_config.get_config()
+  config.steps = 3
+  train.train(config, str(tmp_path),
+              linear_regression.make_task(config)[0])
+  config.features = 5
+  config.steps = 6
+  config.restore_may_change = ('features',)
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    train.train(config, str(tmp_path),
+                linear_regression.make_task(config)[0])
+  assert ("state.params['weight']: checkpoint shape (3,) float32, this run "
+          'shape (5,) float32') in str(e.value), str(e.value)
+
+
+def test_changing_run_control_fields_is_allowed(tmp_path):
+  _train(_config(4), tmp_path)
+  resumed = _train(_config(6, log_every=3, checkpoint_every=5,
+                            keep_checkpoints=1, max_steps_in_flight=2),
+                   tmp_path)
+  assert resumed['start_step'] == 4
+
+
+def test_restore_false_refuses_a_directory_with_checkpoints(tmp_path):
+  _train(_config(4), tmp_path)
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=r'config.restore=False, but .* holds the '
+                           r'checkpoints of steps \[4\]'):
+    _train(_config(4, restore=False), tmp_path)
+
+
+def test_checkpointing_can_be_turned_off(tmp_path):
+  _train(_config(4, checkpointing=False), tmp_path)
+  assert not (tmp_path / 'checkpoints').exists()
+
+
+def test_keep_records_up_to_drops_later_and_torn_lines(tmp_path):
+  path = tmp_path / 'metrics.jsonl'
+  path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"ste')
+  assert metrics.keep_records_up_to(str(path), 2) == 2
+  assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
+
+
+def test_trajectory_config_leaves_out_run_control_fields():
+  config = _config(10, restore_may_change=('hidden',))
+  flat = checkpoint.trajectory_config(config)
+  assert 'learning_rate' in flat and 'seed' in flat
+  for key in ('steps', 'log_every', 'checkpoint_every', 'topology.platform',
+              'hidden'):
+    assert key not in flat

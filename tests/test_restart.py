@@ -1,0 +1,70 @@
+"""The restart policy: what is retried, how it is counted, how long it waits."""
+
+import pytest
+
+from launcher import exit_codes
+from launcher import restart
+
+
+def test_preemption_is_always_retryable_and_user_errors_never():
+  assert restart.kind_of(exit_codes.PREEMPTED, ()) == 'preempted'
+  assert restart.kind_of(0, ()) == 'ok'
+  assert restart.kind_of(137, (137,)) == 'retryable'
+  assert restart.kind_of(137, ()) == 'final'
+  for code in (exit_codes.FAILED, exit_codes.CONFIG_ERROR,
+               exit_codes.TOPOLOGY_MISMATCH, exit_codes.CHECKPOINT_ERROR):
+    assert restart.kind_of(code, (code,)) == 'final'
+
+
+def test_check_retryable_refuses_user_error_codes():
+  assert restart.check_retryable(['137', 124, 137]) == (124, 137)
+  with pytest.raises(ValueError, match=r'exit code\(s\) \[2, 5\] cannot be '
+                                       'retried'):
+    restart.check_retryable([2, 5, 124])
+
+
+def test_backoff_doubles_up_to_a_minute():
+  assert [restart.backoff_s(1.0, n) for n in (1, 2, 3, 4)] == [1, 2, 4, 8]
+  assert restart.backoff_s(1.0, 30) == restart.MAX_BACKOFF_S
+
+
+class _FakePod:
+
+  def __init__(self, code, signalled=False):
+    self.code, self.launcher_signalled = code, signalled
+
+  def run(self):
+    return self.code
+
+
+def test_run_counts_preemptions_and_failures_apart(tmp_path, capsys):
+  codes = iter([exit_codes.PREEMPTED, 137, exit_codes.PREEMPTED, 0])
+  code = restart.run(lambda attempt: _FakePod(next(codes)), max_restarts=5,
+                     first_backoff_s=0, retryable=(137,),
+                     logs_dir=str(tmp_path))
+  assert code == 0
+  assert ('after 3 restart(s): 2 preemption(s), 1 retryable failure(s)'
+          in capsys.readouterr().err)
+  assert len((tmp_path / 'attempts.jsonl').read_text().splitlines()) == 4
+
+
+def test_run_stops_when_restarts_are_used_up(tmp_path, capsys):
+  code = restart.run(lambda attempt: _FakePod(exit_codes.PREEMPTED),
+                     max_restarts=2, first_backoff_s=0, retryable=(),
+                     logs_dir=str(tmp_path))
+  assert code == exit_codes.PREEMPTED
+  err = capsys.readouterr().err
+  assert 'not restarting: --max_restarts=2 used up' in err
+  assert 'after 2 restart(s): 3 preemption(s)' in err
+
+
+def test_a_signalled_launcher_is_not_restarted(tmp_path):
+  pods = []
+
+  def start(attempt):
+    pods.append(attempt)
+    return _FakePod(exit_codes.PREEMPTED, signalled=True)
+
+  assert restart.run(start, max_restarts=3, first_backoff_s=0, retryable=(),
+                     logs_dir=str(tmp_path)) == exit_codes.PREEMPTED
+  assert pods == [1]
