@@ -24,6 +24,7 @@ from launcher import exit_codes
 from launcher import rank_output
 from launcher import workload
 from runtime import checkpoint
+from runtime import idx
 from runtime import metrics
 from runtime import parallel
 from runtime import preemption
@@ -37,6 +38,7 @@ _KNOWN_ERRORS = (
     (topology.TopologyMismatchError, exit_codes.TOPOLOGY_MISMATCH),
     (distributed.DistributedInitError, exit_codes.DISTRIBUTED_INIT_FAILED),
     (checkpoint.CheckpointError, exit_codes.CHECKPOINT_ERROR),
+    (idx.IdxError, exit_codes.CONFIG_ERROR),
     (preemption.Preempted, exit_codes.PREEMPTED),
 )
 

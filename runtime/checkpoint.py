@@ -21,6 +21,7 @@ import uuid
 from typing import Any, Optional
 
 from absl import logging
+from etils import epath
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
@@ -32,7 +33,7 @@ RUN_CONTROL_FIELDS = (
     'steps', 'log_every', 'checkpoint_every', 'keep_checkpoints',
     'checkpoint_dir', 'restore', 'async_checkpointing', 'checkpointing',
     'restore_may_change', 'max_steps_in_flight', 'topology', 'eval_every',
-    'retry_exit_codes')
+    'retry_exit_codes', 'eval_batch_size')
 
 _SHARED_CHECK_DIR = '.shared_check'
 
@@ -144,21 +145,20 @@ def check_shared(path: str) -> None:
     return
   token = int(uuid.uuid4().int % (2**31))
   token = int(multihost_utils.broadcast_one_to_all(np.int32(token)))
-  marker = os.path.join(path, _SHARED_CHECK_DIR, f'{token}')
+  # epath, as orbax uses, so that gs:// and other remote paths work too.
+  marker = epath.Path(path) / _SHARED_CHECK_DIR / str(token)
   if jax.process_index() == 0:
-    os.makedirs(os.path.dirname(marker), exist_ok=True)
-    with open(marker, 'w') as f:
-      f.write(str(token))
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(str(token))
   multihost_utils.sync_global_devices(f'podrun_shared_check_written_{token}')
   try:
-    with open(marker) as f:
-      sees = f.read() == str(token)
-  except OSError:
+    sees = marker.read_text() == str(token)
+  except (OSError, FileNotFoundError):
     sees = False
   seen = multihost_utils.process_allgather(np.array(sees))
   multihost_utils.sync_global_devices(f'podrun_shared_check_read_{token}')
   if jax.process_index() == 0:
-    os.remove(marker)
+    marker.unlink()
   blind = [i for i, ok in enumerate(np.asarray(seen).reshape(-1)) if not ok]
   if blind:
     raise CheckpointError(
@@ -166,8 +166,8 @@ def check_shared(path: str) -> None:
         f'{blind} of {jax.process_count()} cannot see the file {marker} that '
         'process 0 wrote there. Every process of a multi-process job must '
         'write to the same storage: use a shared file system or a bucket '
-        '(for example --workdir=gs://BUCKET/run or '
-        '--config.checkpoint_dir=gs://BUCKET/run/checkpoints on a TPU pod).')
+        '(for example --config.checkpoint_dir=gs://BUCKET/RUN/checkpoints on '
+        'a TPU pod).')
 
 
 class _Manager(ocp.CheckpointManager):

@@ -48,6 +48,9 @@ class Task:
     num_examples: how many examples the data set holds.
     loss_uses_rng: call loss_fn(params, batch, rng) with a PRNG key that
       differs per device and per step.
+    evaluate: optional `params -> {name: value}`, run on every process every
+      config.eval_every steps and at the end, with the replicated parameters
+      (see runtime/evaluate.py); its results go to metrics.jsonl as eval_*.
   """
   params: Any
   loss_fn: step_lib.LossFn
@@ -55,6 +58,7 @@ class Task:
   load_examples: Callable[[np.ndarray], Any]
   num_examples: int
   loss_uses_rng: bool = False
+  evaluate: Optional[Callable[[Any], dict[str, float]]] = None
 
 
 def max_steps_in_flight(config, platform: str) -> int:
@@ -231,6 +235,18 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
   in_flight = collections.deque()
   window = _Window()
   last = {}
+  last_eval = {}
+  eval_every = config.get('eval_every', 0) or 0
+
+  def run_eval(done_step: int) -> None:
+    nonlocal last_eval
+    drain()
+    started = time.perf_counter()
+    last_eval = {f'eval_{k}': v for k, v in task.evaluate(state.params).items()}
+    record = {**last_eval, 'eval_seconds': time.perf_counter() - started}
+    writer.write(done_step, record)
+    writer.log(f'eval at step {done_step}: ' + ' '.join(
+        f'{k}={v:.6g}' for k, v in record.items()))
 
   def retire() -> None:
     nonlocal last
@@ -287,7 +303,12 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
           raise preemption.Preempted(step + 1)
         if ckpt is not None and ckpt.due(step + 1) and step + 1 < config.steps:
           save(step + 1, 'periodic')
+        if (task.evaluate is not None and eval_every and
+            (step + 1) % eval_every == 0 and step + 1 < config.steps):
+          run_eval(step + 1)
       drain()
+      if task.evaluate is not None:
+        run_eval(config.steps)
     if ckpt is not None:
       if start < config.steps:
         save(config.steps, 'final')
@@ -313,7 +334,7 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
           'fingerprint': fingerprint,
       })
   return {'final_metrics': last, 'fingerprint': fingerprint, 'params': params,
-          'start_step': start}
+          'start_step': start, 'eval_metrics': last_eval}
 
 
 def _sync_processes(name: str) -> None:

@@ -1,0 +1,24 @@
+"""MNIST, an MLP (784-512-512-10) trained data-parallel with Adam.
+
+  python scripts/fetch_mnist.py --data_dir=data/mnist
+  python -m launcher --config=configs/mnist.py
+  python -m launcher --config=configs/mnist.py --local_processes=2 --local_devices=4
+"""
+
+from configs import base
+
+
+def get_config():
+  config = base.get_config()
+  config.workload = 'runtime.workloads.mnist:train_and_evaluate'
+  config.data_dir = 'data/mnist'
+  config.hidden_sizes = (512, 512)
+  config.global_batch_size = 256
+  # 60,000 examples / 256 = 234.4 steps an epoch: 10 epochs.
+  config.steps = 2344
+  config.learning_rate = 1e-3
+  config.log_every = 100
+  config.eval_every = 500
+  config.eval_batch_size = 1024
+  config.checkpoint_every = 500
+  return config

@@ -1,0 +1,139 @@
+"""MNIST digits, an MLP classifier trained data-parallel with Adam.
+
+Reads the four standard IDX files (gzipped or not) from `config.data_dir`;
+nothing is downloaded at run time (scripts/fetch_mnist.py fetches them).
+Evaluates on the whole test split every `config.eval_every` steps and at the
+end, exactly: every test example once (runtime/evaluate.py).
+"""
+
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from runtime import evaluate
+from runtime import idx
+from runtime import train
+
+FILES = {
+    'train_images': 'train-images-idx3-ubyte',
+    'train_labels': 'train-labels-idx1-ubyte',
+    'test_images': 't10k-images-idx3-ubyte',
+    'test_labels': 't10k-labels-idx1-ubyte',
+}
+NUM_CLASSES = 10
+
+
+def _find(data_dir: str, name: str) -> str:
+  for candidate in (name, name + '.gz'):
+    path = os.path.join(data_dir, candidate)
+    if os.path.exists(path):
+      return path
+  raise idx.IdxError(
+      f'{os.path.join(data_dir, name)}[.gz]: no such file. Put the MNIST IDX '
+      f'files in config.data_dir={data_dir!r}, for example with '
+      f'`python scripts/fetch_mnist.py --data_dir={data_dir}`.')
+
+
+def _split(data_dir: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+  images_path = _find(data_dir, FILES[f'{split}_images'])
+  labels_path = _find(data_dir, FILES[f'{split}_labels'])
+  images, labels = idx.read(images_path), idx.read(labels_path)
+  if images.ndim != 3 or images.dtype != np.uint8:
+    raise idx.IdxError(f'{images_path}: expected uint8 images (n, rows, '
+                       f'cols), found {images.dtype} {images.shape}')
+  if labels.ndim != 1 or labels.dtype != np.uint8:
+    raise idx.IdxError(f'{labels_path}: expected uint8 labels (n,), found '
+                       f'{labels.dtype} {labels.shape}')
+  if len(images) != len(labels):
+    raise idx.IdxError(f'{images_path} holds {len(images)} images but '
+                       f'{labels_path} holds {len(labels)} labels')
+  if labels.size and labels.max() >= NUM_CLASSES:
+    raise idx.IdxError(f'{labels_path}: label {labels.max()} is not a digit')
+  return images, labels
+
+
+def load(data_dir: str) -> dict[str, np.ndarray]:
+  """The four arrays: train/test images (n, rows * cols) float32 in [0, 1]
+  and labels (n,) int32.
+
+  Raises:
+    IdxError: naming the file that is missing or malformed.
+  """
+  out = {}
+  for split in ('train', 'test'):
+    images, labels = _split(data_dir, split)
+    out[f'{split}_images'] = (images.reshape(len(images), -1)
+                              .astype(np.float32) / 255.0)
+    out[f'{split}_labels'] = labels.astype(np.int32)
+  return out
+
+
+def init_params(config, num_features: int) -> dict[str, Any]:
+  """Glorot-scaled weights and zero biases: features -> hidden... -> 10."""
+  rng = np.random.default_rng([config.seed, 1])
+  sizes = (num_features, *config.hidden_sizes, NUM_CLASSES)
+  return {
+      f'layer_{i}': {
+          'w': (rng.normal(size=(m, n)) * np.sqrt(2.0 / (m + n))).astype(
+              np.float32),
+          'b': np.zeros(n, np.float32),
+      } for i, (m, n) in enumerate(zip(sizes[:-1], sizes[1:]))
+  }
+
+
+def logits_fn(params, images: jnp.ndarray) -> jnp.ndarray:
+  """(n, features) -> (n, 10), ReLU between layers."""
+  x = images
+  layers = [params[f'layer_{i}'] for i in range(len(params))]
+  for layer in layers[:-1]:
+    x = jax.nn.relu(x @ layer['w'] + layer['b'])
+  return x @ layers[-1]['w'] + layers[-1]['b']
+
+
+def loss_fn(params, batch) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
+  """Mean cross-entropy and accuracy of one device's examples."""
+  logits = logits_fn(params, batch['image'])
+  loss = optax.softmax_cross_entropy_with_integer_labels(
+      logits, batch['label']).mean()
+  return loss, {'accuracy': jnp.mean(jnp.argmax(logits, -1) == batch['label'])}
+
+
+def example_metrics(params, batch) -> dict[str, jnp.ndarray]:
+  """Per-example loss and correctness, (n,) each, for evaluation."""
+  logits = logits_fn(params, batch['image'])
+  return {
+      'loss': optax.softmax_cross_entropy_with_integer_labels(
+          logits, batch['label']),
+      'accuracy': (jnp.argmax(logits, -1) == batch['label']).astype(
+          jnp.float32),
+  }
+
+
+def make_task(config, dataset: dict[str, np.ndarray]) -> train.Task:
+  def loader(split):
+    images, labels = dataset[f'{split}_images'], dataset[f'{split}_labels']
+    return lambda ids: {'image': images[ids], 'label': labels[ids]}
+
+  num_test = len(dataset['test_labels'])
+  return train.Task(
+      params=init_params(config, dataset['train_images'].shape[1]),
+      loss_fn=loss_fn,
+      optimizer=optax.adam(config.learning_rate),
+      load_examples=loader('train'),
+      num_examples=len(dataset['train_labels']),
+      evaluate=lambda params: evaluate.evaluate(
+          params, example_metrics, loader('test'), num_test,
+          config.eval_batch_size))
+
+
+def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
+  """Trains on the train split; returns the exact test-split metrics."""
+  dataset = load(config.data_dir)
+  result = train.train(config, workdir, make_task(config, dataset))
+  return {'final_metrics': result['final_metrics'],
+          'fingerprint': result['fingerprint'],
+          'test': result['eval_metrics']}

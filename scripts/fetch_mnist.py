@@ -1,0 +1,45 @@
+"""Fetches the four MNIST IDX files (gzipped) into a directory, for users with
+internet access; the job itself never downloads anything.
+
+  python scripts/fetch_mnist.py [--data_dir=data/mnist] [--mirror=URL]
+
+Each file is checked after download: it must parse as IDX with the shape
+MNIST has (60,000 or 10,000 images of 28 x 28, as many labels).
+"""
+
+import argparse
+import os
+import sys
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from runtime import idx  # pylint: disable=g-import-not-at-top
+from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top
+
+MIRROR = 'https://storage.googleapis.com/cvdf-datasets/mnist/'
+SHAPES = {'train_images': (60000, 28, 28), 'train_labels': (60000,),
+          'test_images': (10000, 28, 28), 'test_labels': (10000,)}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--data_dir', default='data/mnist')
+  parser.add_argument('--mirror', default=MIRROR)
+  args = parser.parse_args()
+  os.makedirs(args.data_dir, exist_ok=True)
+  for key, name in mnist.FILES.items():
+    path = os.path.join(args.data_dir, name + '.gz')
+    if not os.path.exists(path):
+      url = args.mirror.rstrip('/') + '/' + name + '.gz'
+      print(f'fetching {url}')
+      urllib.request.urlretrieve(url, path + '.part')
+      os.replace(path + '.part', path)
+    shape = idx.read(path).shape
+    if shape != SHAPES[key]:
+      sys.exit(f'{path}: shape {shape}, MNIST has {SHAPES[key]}')
+    print(f'{path}: {shape} ok')
+
+
+if __name__ == '__main__':
+  main()
