@@ -81,8 +81,7 @@ def describe_state(state: Any) -> list[list[Any]]:
   """[[path, shape, dtype], ...] of every array of `state`, in tree order."""
   leaves = jax.tree_util.tree_flatten_with_path(state)[0]
   return [[jax.tree_util.keystr(path), list(np.shape(leaf)),
-           str(np.asarray(leaf).dtype if not hasattr(leaf, 'dtype')
-               else leaf.dtype)] for path, leaf in leaves]
+           str(np.result_type(leaf))] for path, leaf in leaves]
 
 
 def data_position(step: int, global_batch_size: int,
@@ -255,6 +254,10 @@ class Checkpoints:
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
     logging.info('restored %s (step %d)', step_path, step)
     return step, restored.state, meta
+
+  def saving(self) -> bool:
+    """Whether a started save is still being written."""
+    return self._manager.is_saving_in_progress()
 
   def wait(self) -> None:
     """Blocks until every started save is complete on disk."""

@@ -66,15 +66,15 @@ def make_eval_step(metric_fn: MetricFn,
   """
   def step(params, batch, mask):
     values = metric_fn(params, batch)
-    sums = {k: jnp_sum(v * mask) for k, v in values.items()}
-    sums['num_examples'] = jnp_sum(mask)
+    sums = {k: _sum(v * mask) for k, v in values.items()}
+    sums['num_examples'] = _sum(mask)
     return lax.psum(sums, axis_name)
 
   return jax.pmap(step, axis_name=axis_name, in_axes=(None, 0, 0),
                   out_axes=None)
 
 
-def jnp_sum(x):
+def _sum(x):
   return x.astype(np.float32).sum()
 
 

@@ -62,7 +62,7 @@ def _measure(task, step_fn, state, batches, async_save, directory,
   ckpt.save(1, host_state, {'step': 1})
   blocking_s = time.perf_counter() - t
   during, i = [], 0
-  while ckpt._manager.is_saving_in_progress():  # pylint: disable=protected-access
+  while ckpt.saving():
     t = time.perf_counter()
     state = run_step(state, i)
     during.append(time.perf_counter() - t)

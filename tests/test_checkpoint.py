@@ -150,3 +150,15 @@ def test_trajectory_config_leaves_out_run_control_fields():
   for key in ('steps', 'log_every', 'checkpoint_every', 'topology.platform',
               'hidden'):
     assert key not in flat
+
+
+def test_restore_refuses_a_data_set_of_another_size(tmp_path):
+  config = _config(4)
+  task, _ = mlp.make_task(config)
+  train.train(config, str(tmp_path), task)
+  smaller = train.Task(task.params, task.loss_fn, task.optimizer,
+                       task.load_examples, task.num_examples - 1)
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=r'made on 8192 training examples; this run has '
+                           '8191'):
+    train.train(_config(8), str(tmp_path), smaller)
