@@ -16,6 +16,11 @@ def get_config() -> config_dict.ConfigDict:
   config.shuffle = True
   # Dispatched steps allowed to be unfinished; None: 1 on CPU, 2 elsewhere.
   config.max_steps_in_flight = config_dict.placeholder(int)
+  # 'pmap', or 'shard_map' (jit + jax.shard_map over a mesh of all devices):
+  # the same step, the same pmean (runtime/parallelism.py).
+  config.parallelism = 'pmap'
+  # Batches read and copied to the devices ahead of the step that needs them.
+  config.prefetch = 2
 
   # Checkpoints (runtime/checkpoint.py): every checkpoint_every steps (0: only
   # at the end and on preemption), the newest keep_checkpoints kept, written
@@ -42,4 +47,8 @@ def get_config() -> config_dict.ConfigDict:
   config.topology.local_devices = config_dict.placeholder(int)
   # 'cpu', 'gpu' or 'tpu'.
   config.topology.platform = config_dict.placeholder(str)
+  # A Cloud TPU slice such as 'v4-32': implies the platform, the processes
+  # and the devices per process (launcher/tpu_accelerators.py), and
+  # scripts/launch_tpu_pod.sh checks the pod against it before launching.
+  config.topology.accelerator_type = config_dict.placeholder(str)
   return config

@@ -3,6 +3,7 @@
   python scripts/fetch_mnist.py --data_dir=data/mnist
   python -m launcher --config=configs/mnist.py
   python -m launcher --config=configs/mnist.py --local_processes=2 --local_devices=4
+  python -m launcher --config=configs/mnist.py --config.parallelism=shard_map
 """
 
 from configs import base

@@ -17,6 +17,7 @@ from absl import flags
 from ml_collections import config_dict
 from ml_collections import config_flags
 
+from launcher import cluster
 from launcher import distributed
 from launcher import exit_codes
 from launcher import workload
@@ -148,11 +149,21 @@ def pod_passthrough_args(argv: list[str]) -> list[str]:
 
 
 def distributed_options() -> distributed.Options:
+  """The distributed flags; a flag not given falls back to PODRUN_* variables.
+
+  See `cluster.explicit_options` for the variables.
+  """
+  try:
+    from_env = cluster.explicit_options()
+  except cluster.ClusterEnvError as e:
+    _fail(str(e))
+  values = {}
+  for flag in ('coordinator_address', 'num_processes', 'process_id',
+               'coordinator_bind_address'):
+    values[flag] = (flags.FLAGS[flag].value if flags.FLAGS[flag].present
+                    else from_env.get(flag, (flags.FLAGS[flag].value,))[0])
   return distributed.Options(
-      coordinator_address=_COORDINATOR_ADDRESS.value,
-      num_processes=_NUM_PROCESSES.value,
-      process_id=_PROCESS_ID.value,
-      coordinator_bind_address=_COORDINATOR_BIND_ADDRESS.value,
+      **values,
       initialization_timeout=_INITIALIZATION_TIMEOUT.value,
       heartbeat_timeout=_HEARTBEAT_TIMEOUT.value)
 

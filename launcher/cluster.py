@@ -6,9 +6,20 @@ launcher can decide, without network traffic and without touching JAX,
 whether to let JAX detect the coordinator, process count and process id.
 """
 
+import dataclasses
 import importlib.util
 import os
 from typing import Mapping, Optional
+
+# Variables a scheduler can set to hand each process its place in the job,
+# for the launcher's --coordinator_address, --num_processes, --process_id and
+# --coordinator_bind_address (flags win). A Kubernetes indexed Job gives the
+# process id as JOB_COMPLETION_INDEX.
+ENV_COORDINATOR_ADDRESS = 'PODRUN_COORDINATOR_ADDRESS'
+ENV_NUM_PROCESSES = 'PODRUN_NUM_PROCESSES'
+ENV_PROCESS_ID = 'PODRUN_PROCESS_ID'
+ENV_COORDINATOR_BIND_ADDRESS = 'PODRUN_COORDINATOR_BIND_ADDRESS'
+_K8S_INDEX = 'JOB_COMPLETION_INDEX'
 
 
 def _slurm(env: Mapping[str, str]) -> bool:
@@ -64,3 +75,120 @@ def detect(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
       return name
   return None
 
+
+
+class ClusterEnvError(ValueError):
+  """A cluster variable holds something that is not what it should be."""
+
+
+def _int(env: Mapping[str, str], name: str) -> Optional[int]:
+  value = env.get(name)
+  if value is None or value == '':
+    return None
+  try:
+    return int(value)
+  except ValueError:
+    raise ClusterEnvError(f'{name}={value!r} is not an integer') from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Place:
+  """Where the environment puts this process: (id, count) and who said so.
+
+  Attributes:
+    process_id: this process's index, or None when the environment is silent.
+    num_processes: processes in the job, or None.
+    id_source: the variable process_id came from.
+    count_source: the variable num_processes came from.
+  """
+  process_id: Optional[int]
+  num_processes: Optional[int]
+  id_source: str = ''
+  count_source: str = ''
+
+
+# (cluster, id variable, count variable), read in this order.
+_PLACES = (
+    ('podrun', ENV_PROCESS_ID, ENV_NUM_PROCESSES),
+    ('slurm', 'SLURM_PROCID', 'SLURM_NTASKS'),
+    ('open_mpi', 'OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE'),
+    ('kubernetes', _K8S_INDEX, None),
+    ('gke_tpu', 'TPU_WORKER_ID', None),
+)
+
+
+def place(env: Optional[Mapping[str, str]] = None) -> Place:
+  """This process's index and the process count as the scheduler set them.
+
+  Reads, in order, PODRUN_PROCESS_ID / PODRUN_NUM_PROCESSES, SLURM
+  (SLURM_PROCID / SLURM_NTASKS), Open MPI (OMPI_COMM_WORLD_RANK /
+  OMPI_COMM_WORLD_SIZE), a Kubernetes indexed Job (JOB_COMPLETION_INDEX) and
+  GKE TPU (TPU_WORKER_ID, and the count of TPU_WORKER_HOSTNAMES). The
+  launcher names ranks in its logs and checks the running pod with these.
+
+  Raises:
+    ClusterEnvError: naming a variable that is not an integer, or an id
+      outside [0, count).
+
+  Example:
+    >>> place({'SLURM_PROCID': '3', 'SLURM_NTASKS': '4'})
+    Place(process_id=3, num_processes=4, id_source='SLURM_PROCID', ...)
+  """
+  env = os.environ if env is None else env
+  for _, id_var, count_var in _PLACES:
+    process_id = _int(env, id_var)
+    if process_id is None:
+      continue
+    count, count_source = (_int(env, count_var), count_var) if count_var else (
+        None, '')
+    if id_var == 'TPU_WORKER_ID' and (_int(env, 'MEGASCALE_NUM_SLICES') or
+                                      1) > 1:
+      # Several slices: JAX numbers processes across them; the worker id
+      # is only the place within one slice.
+      return Place(None, None)
+    if id_var == 'TPU_WORKER_ID' and env.get('TPU_WORKER_HOSTNAMES'):
+      count = len(env['TPU_WORKER_HOSTNAMES'].split(','))
+      count_source = 'TPU_WORKER_HOSTNAMES'
+    if id_var == _K8S_INDEX:
+      count, count_source = _int(env, ENV_NUM_PROCESSES), ENV_NUM_PROCESSES
+    if count is None:
+      count_source = ''
+    if process_id < 0 or (count is not None and process_id >= count):
+      raise ClusterEnvError(
+          f'{id_var}={process_id} is outside [0, {count_source}={count})'
+          if count is not None else f'{id_var}={process_id} is negative')
+    return Place(process_id, count, id_var, count_source)
+  return Place(None, None)
+
+
+def explicit_options(env: Optional[Mapping[str, str]] = None
+                     ) -> dict[str, tuple[object, str]]:
+  """What PODRUN_* (and JOB_COMPLETION_INDEX) say of the launcher's flags.
+
+  Returns:
+    {flag name: (value, variable)} for coordinator_address, num_processes,
+    process_id and coordinator_bind_address, holding only those set.
+
+  Example:
+    >>> explicit_options({'PODRUN_COORDINATOR_ADDRESS': 'job-0.svc:8476',
+    ...                   'PODRUN_NUM_PROCESSES': '4',
+    ...                   'JOB_COMPLETION_INDEX': '2'})['process_id']
+    (2, 'JOB_COMPLETION_INDEX')
+  """
+  env = os.environ if env is None else env
+  found = {}
+  for flag, var in (('coordinator_address', ENV_COORDINATOR_ADDRESS),
+                    ('coordinator_bind_address',
+                     ENV_COORDINATOR_BIND_ADDRESS)):
+    if env.get(var):
+      found[flag] = (env[var], var)
+  for flag, var in (('num_processes', ENV_NUM_PROCESSES),
+                    ('process_id', ENV_PROCESS_ID)):
+    value = _int(env, var)
+    if value is not None:
+      found[flag] = (value, var)
+  index = _int(env, _K8S_INDEX)
+  if 'process_id' not in found and index is not None and (
+      ENV_COORDINATOR_ADDRESS in env):
+    found['process_id'] = (index, _K8S_INDEX)
+  return found

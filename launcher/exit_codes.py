@@ -18,6 +18,9 @@ DISTRIBUTED_INIT_FAILED = 4
 # A checkpoint that does not fit the run (config or shapes differ), or a
 # checkpoint directory that the processes of the job do not all share.
 CHECKPOINT_ERROR = 5
+# scripts/launch_tpu_pod.sh: the Cloud TPU pod is not READY and HEALTHY in
+# time, or is preempted or terminated and must be recreated.
+POD_UNAVAILABLE = 6
 # Preempted: every process saved a checkpoint of the same step and stopped.
 # Run the same command again to resume (as EX_TEMPFAIL: try again later).
 PREEMPTED = 75

@@ -18,10 +18,12 @@ from typing import Any, Optional
 
 from absl import logging
 
+from launcher import cluster
 from launcher import devices
 from launcher import distributed
 from launcher import exit_codes
 from launcher import rank_output
+from launcher import tpu_accelerators
 from launcher import workload
 from runtime import checkpoint
 from runtime import idx
@@ -33,6 +35,7 @@ from runtime import topology
 
 _KNOWN_ERRORS = (
     (workload.ConfigError, exit_codes.CONFIG_ERROR),
+    (cluster.ClusterEnvError, exit_codes.CONFIG_ERROR),
     (sharding.BatchSizeError, exit_codes.CONFIG_ERROR),
     (parallel.DeviceAxisError, exit_codes.CONFIG_ERROR),
     (topology.TopologyMismatchError, exit_codes.TOPOLOGY_MISMATCH),
@@ -82,27 +85,49 @@ def _summary(config, topo: topology.Topology, results: dict[str, Any]
   }
 
 
+def _implied_by_accelerator(config) -> list[topology.Expectation]:
+  """What config.topology.accelerator_type says of the pod, if it is set."""
+  name = (config.get('topology') or {}).get('accelerator_type')
+  if not name:
+    return []
+  try:
+    slice_ = tpu_accelerators.slice_topology(name)
+  except tpu_accelerators.AcceleratorTypeError as e:
+    raise workload.ConfigError(f'config.topology.accelerator_type: {e}')
+  source = f'config.topology.accelerator_type={name}'
+  return [topology.Expectation('platform', 'tpu', source),
+          topology.Expectation('num_processes', slice_.hosts, source),
+          topology.Expectation('local_devices', slice_.devices_per_host,
+                               source)]
+
+
 def _run(config, workdir: str, options: Options, supervised: bool) -> None:
   mode = distributed.plan(options.distributed)
+  # On a cluster JAX configures itself, the scheduler's variables say what
+  # JAX should find; a disagreement is named with the variable.
+  place = (cluster.place() if mode == distributed.DETECT else
+           cluster.Place(options.distributed.process_id,
+                         options.distributed.num_processes, '--process_id',
+                         '--local_processes' if supervised else
+                         '--num_processes'))
   expected = topology.expectations(
-      config.get('topology'),
-      num_processes=(options.distributed.num_processes,
-                     '--local_processes' if supervised else '--num_processes'),
-      process_index=(options.distributed.process_id, '--process_id'),
+      config.get('topology'), implied=_implied_by_accelerator(config),
+      num_processes=(place.num_processes, place.count_source),
+      process_index=(place.process_id, place.id_source),
       local_devices=(options.local_devices, '--local_devices'))
   workload.parse(config.get('workload'))
   distributed.check_jax_untouched()
   devices.configure(options.local_devices,
                     multi_process=mode != distributed.SINGLE)
-  if mode == distributed.EXPLICIT:  # The rank is known: prefix from here on.
-    rank_output.setup(options.distributed.process_id,
-                      options.distributed.num_processes, supervised,
+  if place.process_id is not None and place.num_processes is not None:
+    # The rank is known: prefix from here on.
+    rank_output.setup(place.process_id, place.num_processes, supervised,
                       options.log_all_ranks)
   distributed.prepare_environment(options.distributed.coordinator_address)
   distributed.initialize(mode, options.distributed)
 
   actual = topology.current()
-  if mode == distributed.DETECT:
+  if mode == distributed.DETECT and place.num_processes is None:
     rank_output.setup(actual.process_index, actual.process_count, supervised,
                       options.log_all_ranks)
   topology.check(expected, actual)

@@ -33,7 +33,7 @@ RUN_CONTROL_FIELDS = (
     'steps', 'log_every', 'checkpoint_every', 'keep_checkpoints',
     'checkpoint_dir', 'restore', 'async_checkpointing', 'checkpointing',
     'restore_may_change', 'max_steps_in_flight', 'topology', 'eval_every',
-    'retry_exit_codes', 'eval_batch_size')
+    'retry_exit_codes', 'eval_batch_size', 'parallelism', 'prefetch')
 
 _SHARED_CHECK_DIR = '.shared_check'
 

@@ -17,8 +17,8 @@ import jax
 from jax import lax
 import numpy as np
 
+from runtime import parallelism as parallelism_lib
 from runtime import sharding
-from runtime import step as step_lib
 
 # metric_fn(params, batch) -> {name: (n,) per-example values}, on one device.
 MetricFn = Callable[[Any, Any], dict[str, jax.Array]]
@@ -57,21 +57,22 @@ def num_eval_steps(num_examples: int, global_batch_size: int) -> int:
 
 @functools.lru_cache(maxsize=8)
 def make_eval_step(metric_fn: MetricFn,
-                   axis_name: str = step_lib.DATA_AXIS) -> Callable:
-  """The pmap'd `(params, batch, mask) -> sums` over every device.
+                   parallelism: str = parallelism_lib.PMAP) -> Callable:
+  """The data-parallel `(params, batch, mask) -> sums` over every device.
 
-  params are replicated (in_axes=None); batch and mask leaves have a leading
-  local-device axis. Returns {name: masked sum} plus {'num_examples': count},
-  psummed over `axis_name` and so the same everywhere.
+  params are replicated; batch and mask are placed with
+  `parallelism.put_batch`. Returns {name: masked sum} plus
+  {'num_examples': count}, psummed over every device and so the same
+  everywhere.
   """
   def step(params, batch, mask):
     values = metric_fn(params, batch)
     sums = {k: _sum(v * mask) for k, v in values.items()}
     sums['num_examples'] = _sum(mask)
-    return lax.psum(sums, axis_name)
+    return lax.psum(sums, parallelism_lib.DATA_AXIS)
 
-  return jax.pmap(step, axis_name=axis_name, in_axes=(None, 0, 0),
-                  out_axes=None)
+  return parallelism_lib.map_over_devices(step, parallelism,
+                                          in_axes=(None, 0, 0), out_axes=None)
 
 
 def _sum(x):
@@ -80,7 +81,8 @@ def _sum(x):
 
 def evaluate(params: Any, metric_fn: MetricFn,
              load_examples: Callable[[np.ndarray], Any], num_examples: int,
-             global_batch_size: int) -> dict[str, float]:
+             global_batch_size: int,
+             parallelism: str = parallelism_lib.PMAP) -> dict[str, float]:
   """Scores every example once; returns example-weighted means.
 
   Args:
@@ -89,6 +91,7 @@ def evaluate(params: Any, metric_fn: MetricFn,
     load_examples: ids -> batch (numpy, leading dim = len(ids)).
     num_examples: size of the evaluation set.
     global_batch_size: examples per eval step; must divide over the devices.
+    parallelism: "pmap" or "shard_map", as the parameters were placed.
 
   Returns:
     {name: sum over examples / num_examples, ..., 'num_examples': int}.
@@ -101,15 +104,15 @@ def evaluate(params: Any, metric_fn: MetricFn,
   local_devices = jax.local_device_count()
   sharding.per_device_batch_size(global_batch_size, process_count,
                                  local_devices)
-  step = make_eval_step(metric_fn)
+  step = make_eval_step(metric_fn, parallelism)
   totals = None
   for ids, mask in eval_batches(num_examples, global_batch_size,
                                 process_index, process_count):
-    sums = step(params,
-                sharding.split_for_devices(load_examples(ids), local_devices),
-                sharding.split_for_devices(mask, local_devices))
+    sums = step(params, *parallelism_lib.put_batch((load_examples(ids), mask),
+                                                   parallelism))
     # float64 on host: float32 would lose counts beyond 2**24 examples.
-    sums = {k: np.float64(v) for k, v in jax.device_get(sums).items()}
+    sums = {k: np.float64(v)
+            for k, v in parallelism_lib.to_host(sums).items()}
     totals = sums if totals is None else {k: totals[k] + sums[k]
                                           for k in totals}
   count = int(round(totals.pop('num_examples')))

@@ -1,10 +1,11 @@
-"""The data-parallel update step: one pmap over every device of every process.
+"""The data-parallel update step over every device of every process.
 
-Parameters and optimiser state are passed with `in_axes=None` and returned with
-`out_axes=None`: they are replicated arrays without a stacked device axis, the
-same on every device (the `pmean` makes the update identical everywhere, and
-`out_axes=None` has JAX check that the outputs do not vary over the axis).
-Batches carry a leading local-device axis (see `sharding.split_for_devices`).
+Parameters and optimiser state are replicated arrays without a stacked device
+axis, the same on every device: the `pmean` makes the update identical
+everywhere. The step runs as a pmap (the default) or as jit(shard_map) over a
+mesh of all devices (`runtime/parallelism.py`); it is the same per-device
+function either way. Place its batches with `parallelism.put_batch` and its
+state with `replicate`.
 """
 
 from typing import Any, Callable, NamedTuple
@@ -14,8 +15,10 @@ from jax import lax
 import numpy as np
 import optax
 
-# The pmap axis that spans every device of every process.
-DATA_AXIS = 'devices'
+from runtime import parallelism as parallelism_lib
+
+# The mesh / pmap axis that spans every device of every process.
+DATA_AXIS = parallelism_lib.DATA_AXIS
 
 # loss_fn(params, batch) -> (scalar loss, dict of scalar metrics), for one
 # device's share of the batch; with rng, loss_fn(params, batch, rng).
@@ -37,12 +40,12 @@ class TrainState(NamedTuple):
 
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
-                    axis_name: str = DATA_AXIS, uses_rng: bool = False
-                    ) -> Callable:
-  """Builds the pmap'd step `(state, batch) -> (state, metrics)`.
+                    uses_rng: bool = False,
+                    parallelism: str = parallelism_lib.PMAP) -> Callable:
+  """Builds the data-parallel step `(state, batch) -> (state, metrics)`.
 
   Each device computes the loss and gradients of its share of the batch; the
-  gradients and metrics are averaged with `lax.pmean` over `axis_name`, which
+  gradients and metrics are averaged with `lax.pmean` over `devices`, which
   spans all devices of all processes, and every device applies the same
   optimiser update. Since every device holds the same number of examples, the
   mean of the per-device means is the mean over the global batch.
@@ -50,20 +53,22 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   Args:
     loss_fn: `(params, batch) -> (loss, metrics)` for one device's examples.
     optimizer: an optax transformation.
-    axis_name: the pmap axis name.
     uses_rng: pass loss_fn a third argument, a PRNG key that differs per
       device and per step (for dropout and the like).
+    parallelism: "pmap" or "shard_map".
 
   Returns:
-    step(state, batch) with state a replicated `TrainState` and batch leaves of
-    shape (local_devices, per_device_batch, ...); returns the new replicated
-    state and a dict of replicated scalar metrics that includes 'loss'. The
-    input state is donated.
+    step(state, batch) with state a replicated `TrainState` and batch as
+    `parallelism.put_batch` places it (pmap: leaves (local_devices,
+    per_device_batch, ...); shard_map: global (global_batch, ...)); returns
+    the new replicated state and a dict of replicated scalar metrics that
+    includes 'loss'. The input state is donated.
 
   Example:
     >>> step = make_train_step(loss_fn, optax.sgd(0.1))
-    >>> state, metrics = step(state, split_for_devices(batch, 8))
+    >>> state, metrics = step(state, put_batch(batch, 'pmap'))
   """
+  axis_name = DATA_AXIS
   def step(state: TrainState, batch: Any):
     rng, step_rng = jax.random.split(state.rng)
     extra = ()
@@ -77,22 +82,21 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     params = optax.apply_updates(state.params, updates)
     return TrainState(params, opt_state, rng), metrics
 
-  return jax.pmap(step, axis_name=axis_name, in_axes=(None, 0),
-                  out_axes=(None, None), donate_argnums=(0,))
+  return parallelism_lib.map_over_devices(
+      step, parallelism, in_axes=(None, 0), out_axes=(None, None),
+      donate_argnums=(0,))
 
 
-def replicate(tree: Any) -> Any:
-  """Places a pytree on every local device, the layout the step returns.
+def replicate(tree: Any, parallelism: str = parallelism_lib.PMAP) -> Any:
+  """Places a pytree on the devices it is replicated over, as the step keeps it.
 
   Starting from this layout, rather than from single-device arrays, saves one
   recompilation of the step after its first call.
 
   Example:
-    >>> state = replicate(TrainState(params, optimizer.init(params)))
+    >>> state = replicate(init_state(params, optimizer))
   """
-  mesh = jax.sharding.Mesh(np.array(jax.local_devices()), (DATA_AXIS,))
-  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  return jax.device_put(tree, sharding)
+  return parallelism_lib.replicate(tree, parallelism)
 
 
 def init_state(params: Any, optimizer: optax.GradientTransformation,

@@ -86,12 +86,15 @@ def current() -> Topology:
   )
 
 
-def expectations(config_topology: Any, **flag_values: Any) -> list[Expectation]:
+def expectations(config_topology: Any, implied: Sequence[Expectation] = (),
+                 **flag_values: Any) -> list[Expectation]:
   """Collects what the config and the launcher's flags expect of the pod.
 
   Args:
     config_topology: `config.topology`, with optional fields num_processes,
       local_devices and platform; None means "whatever is there".
+    implied: expectations the launcher derived, for example from
+      config.topology.accelerator_type.
     **flag_values: factor=(value, flag_name) pairs from the launcher, for
       example num_processes=(2, '--local_processes'); None values are skipped.
 
@@ -108,6 +111,7 @@ def expectations(config_topology: Any, **flag_values: Any) -> list[Expectation]:
       value = platform_of(value)
     if value is not None:
       found.append(Expectation(factor, value, f'config.topology.{factor}'))
+  found.extend(implied)
   for factor, (value, flag) in flag_values.items():
     if factor not in _ACTUAL:
       raise ValueError(f'unknown topology factor {factor!r}')

@@ -1,10 +1,11 @@
 """The data-parallel training loop that every training workload runs.
 
 A workload describes its model and data as a `Task`; `train` does the rest:
-splits each step's global batch among processes and devices, runs the pmap'd
-step, keeps the number of steps in flight bounded, checks the loss, logs and
-writes metrics, reports progress to the launcher and fingerprints the final
-parameters on every process.
+splits each step's global batch among processes and devices, prepares the
+next batches while a step runs, runs the data-parallel step (pmap or
+jit(shard_map), `config.parallelism`), keeps the number of steps in flight
+bounded, checks the loss, logs and writes metrics, reports progress to the
+launcher and fingerprints the final parameters on every process.
 """
 
 import collections
@@ -23,6 +24,8 @@ from runtime import checkpoint
 from runtime import data
 from runtime import fingerprint as fingerprint_lib
 from runtime import metrics as metrics_lib
+from runtime import parallelism as parallelism_lib
+from runtime import prefetch
 from runtime import preemption
 from runtime import progress
 from runtime import sharding
@@ -50,7 +53,8 @@ class Task:
       differs per device and per step.
     evaluate: optional `params -> {name: value}`, run on every process every
       config.eval_every steps and at the end, with the replicated parameters
-      (see runtime/evaluate.py); its results go to metrics.jsonl as eval_*.
+      placed for config.parallelism (see runtime/evaluate.py); its results go
+      to metrics.jsonl as eval_*.
   """
   params: Any
   loss_fn: step_lib.LossFn
@@ -87,10 +91,10 @@ def _check_finite(step: int, metrics: dict[str, float]) -> None:
 
 
 class _Window:
-  """Means of the metrics since the last log line, and the speed.
+  """Means of the metrics since the last log line, the speed, the input wait.
 
-  The speed leaves out the first step of a run (start-up and compilation):
-  it counts the steps completed after that one.
+  The speed and the input wait leave out the first step of a run (start-up
+  and compilation): they count from the end of that step.
   """
 
   def __init__(self):
@@ -99,7 +103,11 @@ class _Window:
 
   def reset(self, now: float) -> None:
     self.start, self.steps, self.sums = now, 0, collections.defaultdict(float)
-    self.timed_steps = 0
+    self.timed_steps, self.input_wait_s = 0, 0.0
+
+  def waited(self, seconds: float) -> None:
+    if self.timing:
+      self.input_wait_s += seconds
 
   def add(self, metrics: dict[str, float], now: float) -> None:
     self.steps += 1
@@ -117,6 +125,11 @@ class _Window:
     if not self.timed_steps:
       return None
     return self.timed_steps / max(now - self.start, 1e-9)
+
+  def input_wait_fraction(self, now: float) -> Optional[float]:
+    if not self.timed_steps:
+      return None
+    return self.input_wait_s / max(now - self.start, 1e-9)
 
 
 def _open_checkpoints(config, workdir: str) -> Optional[checkpoint.Checkpoints]:
@@ -184,7 +197,9 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
 
   Args:
     config: reads steps, global_batch_size, seed, log_every and optionally
-      shuffle (default True), max_steps_in_flight, checkpointing (default
+      parallelism ("pmap", default, or "shard_map"), prefetch (batches
+      prepared ahead, default 2), shuffle (default True),
+      max_steps_in_flight, checkpointing (default
       True), checkpoint_every, keep_checkpoints, checkpoint_dir, restore,
       async_checkpointing, restore_may_change.
     workdir: where metrics.jsonl (process 0), ranks/rank_<i>.json and, by
@@ -210,28 +225,29 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
   in_flight_limit = max_steps_in_flight(config, topo.platform)
   shuffle = config.get('shuffle', True)
   is_chief = topo.process_index == 0
+  parallelism = parallelism_lib.of(config)
 
   step_fn = step_lib.make_train_step(task.loss_fn, task.optimizer,
-                                     uses_rng=task.loss_uses_rng)
+                                     uses_rng=task.loss_uses_rng,
+                                     parallelism=parallelism)
   state = step_lib.init_state(task.params, task.optimizer, config.seed)
   ckpt = _open_checkpoints(config, workdir)
   start = 0
   if ckpt is not None:
     start, state = _restore(ckpt, config, state, task.num_examples)
-  state = step_lib.replicate(state)
+  state = step_lib.replicate(state, parallelism)
   writer = metrics_lib.MetricsWriter(workdir, is_chief,
                                      resume_step=start or None)
   resumed = f', resuming at step {start}' if start else ''
   writer.log(f'training {config.steps} steps, global batch {global_batch}, '
-             f'{in_flight_limit} step(s) in flight, on {topo.describe()}'
-             f'{resumed}')
+             f'{parallelism}, {in_flight_limit} step(s) in flight, on '
+             f'{topo.describe()}{resumed}')
 
   def load(step: int):
     ids = data.process_batch_ids(step, global_batch, task.num_examples,
                                  config.seed, topo.process_index,
                                  topo.process_count, shuffle)
-    return sharding.split_for_devices(task.load_examples(ids),
-                                      topo.local_device_count)
+    return parallelism_lib.put_batch(task.load_examples(ids), parallelism)
 
   in_flight = collections.deque()
   window = _Window()
@@ -252,7 +268,8 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
   def retire() -> None:
     nonlocal last
     done_step, pending = in_flight.popleft()
-    last = {k: float(v) for k, v in jax.device_get(pending).items()}
+    last = {k: float(v)
+            for k, v in parallelism_lib.to_host(pending).items()}
     _check_finite(done_step, last)
     progress.report(done_step, topo.process_index,
                     force=done_step == config.steps)
@@ -267,6 +284,7 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
     if steps_per_sec is not None:
       record['steps_per_sec'] = steps_per_sec
       record['examples_per_sec'] = steps_per_sec * global_batch
+      record['input_wait_fraction'] = window.input_wait_fraction(now)
     writer.write(done_step, record)
     eta = ('' if steps_per_sec is None else ' eta=' + metrics_lib.format_duration(
         (config.steps - done_step) / max(steps_per_sec, 1e-9)))
@@ -279,14 +297,18 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
       retire()
 
   def save(step: int, reason: str) -> None:
-    host_state = jax.device_get(state)
+    host_state = parallelism_lib.to_host(state)
     ckpt.save(step, host_state,
               _meta(config, topo, task, step, host_state, reason))
 
   try:
-    with preemption.Notice() as notice:
+    with preemption.Notice() as notice, prefetch.Prefetcher(
+        load, range(start, config.steps),
+        size=config.get('prefetch', 2)) as batches:
       for count, step in enumerate(range(start, config.steps), 1):
-        state, step_metrics = step_fn(state, load(step))
+        batch, waited_s = batches.next(step)
+        window.waited(waited_s)
+        state, step_metrics = step_fn(state, batch)
         in_flight.append((step + 1, step_metrics))
         while len(in_flight) >= in_flight_limit:
           retire()
@@ -323,7 +345,7 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
   finally:
     writer.close()
 
-  params = jax.device_get(state.params)
+  params = parallelism_lib.to_host(state.params)
   fingerprint = fingerprint_lib.fingerprint(params)
   metrics_lib.write_json(
       os.path.join(workdir, 'ranks', f'rank_{topo.process_index}.json'), {

@@ -80,21 +80,31 @@ def read_json(path) -> dict:
     return json.load(f)
 
 
+def read_jsonl(path) -> list[dict]:
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
 def job_processes(workdir) -> list[int]:
   """Pids of live processes that belong to the local pod run in `workdir`.
 
   A rank and anything it started carry the job's id in their environment.
   """
   job_id = read_json(pathlib.Path(workdir) / 'logs' / 'job.json')['job_id']
-  marker = f'PODRUN_JOB_ID={job_id}'.encode()
+  return processes_with_env(f'PODRUN_JOB_ID={job_id}')
+
+
+def processes_with_env(entry: str) -> list[int]:
+  """Pids of live processes (not this one) whose environment holds `entry`."""
+  marker = entry.encode()
   alive = []
-  for entry in os.listdir('/proc'):
-    if not entry.isdigit():
+  for pid in os.listdir('/proc'):
+    if not pid.isdigit() or int(pid) == os.getpid():
       continue
     try:
-      with open(f'/proc/{entry}/environ', 'rb') as f:
+      with open(f'/proc/{pid}/environ', 'rb') as f:
         if marker in f.read().split(b'\0'):
-          alive.append(int(entry))
+          alive.append(int(pid))
     except OSError:
       continue
   return alive

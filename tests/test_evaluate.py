@@ -9,7 +9,6 @@ from runtime import evaluate
 from runtime import step as step_lib
 from runtime import train
 from runtime.workloads import mnist
-from tests import mnist_files
 
 
 @pytest.mark.parametrize('process_count', [1, 2, 4])
@@ -38,7 +37,7 @@ def _numpy_logits(params, images):
 
 def test_10001_examples_match_a_numpy_reference(tmp_path):
   assert jax.device_count() == 8
-  mnist_files.write(str(tmp_path), num_train=16, num_test=10001)
+  mnist.write_synthetic(str(tmp_path), num_train=16, num_test=10001)
   data = mnist.load(str(tmp_path))
   config = mnist_config.get_config()
   config.hidden_sizes = (32,)
@@ -60,7 +59,7 @@ def test_10001_examples_match_a_numpy_reference(tmp_path):
 
 
 def test_mnist_learns_generated_digits(tmp_path):
-  mnist_files.write(str(tmp_path / 'data'), num_train=4096, num_test=1001)
+  mnist.write_synthetic(str(tmp_path / 'data'), num_train=4096, num_test=1001)
   config = mnist_config.get_config()
   config.data_dir = str(tmp_path / 'data')
   config.hidden_sizes = (64,)
@@ -76,7 +75,7 @@ def test_mnist_learns_generated_digits(tmp_path):
 @pytest.mark.timeout(180)
 def test_mnist_on_2x4_matches_1x8(tmp_path):
   from tests import helpers  # pylint: disable=g-import-not-at-top
-  mnist_files.write(str(tmp_path / 'data'), num_train=2048, num_test=1001)
+  mnist.write_synthetic(str(tmp_path / 'data'), num_train=2048, num_test=1001)
   args = ['--config=configs/mnist.py', f'--config.data_dir={tmp_path}/data',
           '--config.hidden_sizes=(32,)', '--config.steps=20',
           '--config.eval_every=10', '--config.eval_batch_size=128']

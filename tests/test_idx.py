@@ -7,7 +7,6 @@ import pytest
 
 from runtime import idx
 from runtime.workloads import mnist
-from tests import mnist_files
 
 
 @pytest.mark.parametrize('name', ['images-idx3-ubyte', 'images-idx3-ubyte.gz'])
@@ -73,7 +72,7 @@ def test_broken_gzip(tmp_path):
 def test_mnist_loads_plain_or_gzipped_files(tmp_path):
   for gzipped in (True, False):
     data_dir = tmp_path / str(gzipped)
-    written = mnist_files.write(str(data_dir), num_train=64, num_test=33,
+    written = mnist.write_synthetic(str(data_dir), num_train=64, num_test=33,
                                 gzipped=gzipped)
     data = mnist.load(str(data_dir))
     assert data['train_images'].shape == (64, 784)
@@ -86,7 +85,7 @@ def test_mnist_loads_plain_or_gzipped_files(tmp_path):
 
 
 def test_mnist_names_a_missing_file_and_the_fetch_script(tmp_path):
-  mnist_files.write(str(tmp_path), num_train=8, num_test=8)
+  mnist.write_synthetic(str(tmp_path), num_train=8, num_test=8)
   (tmp_path / 't10k-labels-idx1-ubyte.gz').unlink()
   with pytest.raises(idx.IdxError, match=r't10k-labels-idx1-ubyte\[.gz\]: no '
                                          'such file.*scripts/fetch_mnist.py'):
@@ -94,7 +93,7 @@ def test_mnist_names_a_missing_file_and_the_fetch_script(tmp_path):
 
 
 def test_mnist_names_images_and_labels_that_disagree(tmp_path):
-  mnist_files.write(str(tmp_path), num_train=8, num_test=8)
+  mnist.write_synthetic(str(tmp_path), num_train=8, num_test=8)
   idx.write(str(tmp_path / 'train-labels-idx1-ubyte.gz'),
             np.zeros(7, np.uint8))
   with pytest.raises(idx.IdxError, match='holds 8 images but .* holds 7 '

@@ -7,7 +7,8 @@ for `fail_seconds` and goes on; `record_ids` saves which example ids
 each rank loaded to WORKDIR/ids/rank_<i>.npy, shape (steps, ids per rank);
 `ballast_floats` adds an untrained parameter of that many random floats, to make
 checkpoints big enough to be caught mid-save; `per_rank_checkpoint_dir` gives
-each rank a checkpoint directory of its own, as host-local disks would.
+each rank a checkpoint directory of its own, as host-local disks would;
+`fail_once` misbehaves only in the first run in a workdir.
 """
 
 import os
@@ -40,9 +41,14 @@ def train_and_evaluate(config, workdir):
   seen = []
   load = task.load_examples
 
+  once_marker = os.path.join(workdir, f'probe_failed_rank_{config.fail_rank}')
+
   def load_examples(ids):
     if (jax.process_index() == config.fail_rank and
-        len(seen) == config.fail_step):
+        len(seen) == config.fail_step and
+        not (config.fail_once and os.path.exists(once_marker))):
+      if config.fail_once:
+        open(once_marker, 'w').close()
       _misbehave(config)
     seen.append(np.array(ids))
     return load(ids)

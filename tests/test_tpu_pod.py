@@ -1,0 +1,216 @@
+"""Accelerator table, preflight against a fake TPU API, code bundle."""
+
+import hashlib
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from launcher import exit_codes
+from launcher import tpu_accelerators
+from launcher import tpu_pod
+from tests import helpers
+
+
+@pytest.mark.parametrize('name, chips, hosts, devices_per_host', [
+    ('v2-8', 4, 1, 8),
+    ('v3-32', 16, 4, 8),
+    ('v3-2048', 1024, 256, 8),
+    ('v4-8', 4, 1, 4),
+    ('v4-32', 16, 4, 4),
+    ('v5p-8', 4, 1, 4),
+    ('v5p-128', 64, 16, 4),
+    ('v5litepod-1', 1, 1, 1),
+    ('v5litepod-8', 8, 1, 8),
+    ('v5litepod-16', 16, 4, 4),
+    ('v5e-256', 256, 64, 4),
+    ('v6e-8', 8, 1, 8),
+    ('V6E-64', 64, 16, 4),
+])
+def test_slice_topology(name, chips, hosts, devices_per_host):
+  t = tpu_accelerators.slice_topology(name)
+  assert (t.chips, t.hosts, t.devices_per_host) == (chips, hosts,
+                                                    devices_per_host)
+  assert t.devices == hosts * devices_per_host
+
+
+@pytest.mark.parametrize('name, message', [
+    ('v4', 'is not GENERATION-SIZE'),
+    ('v7x-8', "unknown generation 'v7x'; known: v2, v3, v4, v5p"),
+    ('v3-16', 'v3 slices have 8, 32, 64, 128, 256, 512, 1024, 2048 cores, '
+              'not 16'),
+    ('v4-12', 'multiples of 8 from 8 to 4096 cores, not 12'),
+    ('v6e-2', 'v6e slices have 1, 4, 8, 16, 32, 64, 128, 256 chips, not 2'),
+])
+def test_unknown_accelerator_types_say_what_exists(name, message):
+  with pytest.raises(tpu_accelerators.AcceleratorTypeError, match=message):
+    tpu_accelerators.slice_topology(name)
+
+
+class FakeTpuApi:
+  """The part of the TPU API service Client uses: nodes().get().execute().
+
+  Each get() returns the next of `nodes` (the last one repeats).
+  """
+
+  def __init__(self, *responses):
+    self.responses, self.names = list(responses), []
+
+  def projects(self):
+    return self
+
+  def locations(self):
+    return self
+
+  def nodes(self):
+    return self
+
+  def get(self, name):
+    self.names.append(name)
+    response = (self.responses.pop(0) if len(self.responses) > 1 else
+                self.responses[0])
+    return type('Request', (), {'execute': lambda _: dict(response)})()
+
+
+def node(state='READY', health='HEALTHY', accelerator_type='v4-16',
+         workers=2):
+  return {'state': state, 'health': health,
+          'acceleratorType': accelerator_type,
+          'networkEndpoints': [{'ipAddress': f'10.0.0.{i}', 'port': 8470}
+                               for i in range(workers)]}
+
+
+def client(*nodes):
+  import cloud_tpu_client  # pylint: disable=g-import-not-at-top
+  return cloud_tpu_client.Client(tpu='my-pod', zone='us-central2-b',
+                                 project='proj', service=FakeTpuApi(*nodes))
+
+
+def run_preflight(c, expected=None, timeout_s=60):
+  clock = [0.0]
+  waits = []
+
+  def sleep(s):
+    waits.append(s)
+    clock[0] += s
+  info = tpu_pod.preflight(c, expected, timeout_s, interval_s=10, sleep=sleep,
+                           clock=lambda: clock[0], log=lambda m: None)
+  return info, waits
+
+
+def test_healthy_pod_passes():
+  c = client(node())
+  info, waits = run_preflight(c, expected='v4-16')
+  assert waits == []
+  assert (info.accelerator_type, info.workers) == ('v4-16', 2)
+  assert info.endpoints == ('10.0.0.0:8470', '10.0.0.1:8470')
+  assert info.expected.devices_per_host == 4
+  assert c._service.names[0] == (  # pylint: disable=protected-access
+      'projects/proj/locations/us-central2-b/nodes/my-pod')
+
+
+def test_unhealthy_then_healthy_waits():
+  c = client(node(state='CREATING', health=None),
+             node(state='CREATING', health=None),
+             node(health='UNHEALTHY_MAINTENANCE'),
+             node(health='UNHEALTHY_MAINTENANCE'), node())
+  info, waits = run_preflight(c)
+  assert waits == [10, 10] and info.health == 'HEALTHY'
+
+
+def test_never_healthy_times_out_naming_state_and_health():
+  with pytest.raises(tpu_pod.PodUnavailableError,
+                     match='state=READY health=UNHEALTHY_TENSORFLOW after 30 s'):
+    run_preflight(client(node(health='UNHEALTHY_TENSORFLOW')), timeout_s=30)
+
+
+@pytest.mark.parametrize('state', ['PREEMPTED', 'TERMINATED'])
+def test_preempted_pod_fails_at_once_and_is_not_recoverable(state):
+  c = client(node(state=state, health=None))
+  with pytest.raises(tpu_pod.PodUnavailableError,
+                     match=f'my-pod is {state}: it will not come back'):
+    run_preflight(c)
+  ok, why = tpu_pod.recoverable(c)
+  assert not ok and f'state={state}' in why
+
+
+def test_ready_pod_is_recoverable():
+  assert tpu_pod.recoverable(client(node()))[0]
+
+
+def test_wrong_accelerator_type_names_both_sides():
+  with pytest.raises(tpu_pod.PodMismatchError) as e:
+    run_preflight(client(node(accelerator_type='v4-32', workers=4)),
+                  expected='v4-16')
+  assert ('config.topology.accelerator_type expects v4-16, but TPU my-pod is '
+          'v4-32') in str(e.value)
+  assert 'Nothing was started' in str(e.value)
+
+
+def test_wrong_worker_count_names_both_sides():
+  with pytest.raises(tpu_pod.PodMismatchError) as e:
+    run_preflight(client(node(accelerator_type='v4-32', workers=3)))
+  assert 'v4-32 has 4 host(s)' in str(e.value)
+  assert 'lists 3 worker endpoint(s)' in str(e.value)
+
+
+def test_both_problems_in_one_error():
+  with pytest.raises(tpu_pod.PodMismatchError, match='2 problem'):
+    run_preflight(client(node(accelerator_type='v4-32', workers=3)),
+                  expected='v5p-8')
+
+
+def test_expected_type_comes_from_the_config_and_its_override(tmp_path):
+  config = tmp_path / 'tpu_config.py'
+  config.write_text(
+      'from configs import linear_regression\n'
+      'def get_config():\n'
+      '  c = linear_regression.get_config()\n'
+      '  c.topology.accelerator_type = "v4-16"\n'
+      '  return c\n')
+  assert tpu_pod.expected_accelerator_type([f'--config={config}']) == 'v4-16'
+  assert tpu_pod.expected_accelerator_type(
+      [f'--config={config}',
+       '--config.topology.accelerator_type=v4-32']) == 'v4-32'
+  assert tpu_pod.expected_accelerator_type(
+      ['--config=configs/linear_regression.py']) is None
+
+
+def test_bundle_is_reproducible_and_honours_gitignore(tmp_path):
+  repo = tmp_path / 'repo'
+  repo.mkdir()
+  subprocess.run(['git', 'init', '-q', str(repo)], check=True)
+  (repo / '.gitignore').write_text('data/\n*.log\n')
+  (repo / 'a.py').write_text('print(1)\n')
+  (repo / 'data').mkdir()
+  (repo / 'data' / 'big.bin').write_bytes(b'x' * 100)
+  (repo / 'run.log').write_text('noise')
+  (repo / 'sub').mkdir()
+  (repo / 'sub' / 'b.sh').write_text('echo hi\n')
+  (repo / 'sub' / 'b.sh').chmod(0o755)
+  first = tpu_pod.bundle(str(tmp_path / 'one.tar.gz'), str(repo))
+  second = tpu_pod.bundle(str(tmp_path / 'two.tar.gz'), str(repo))
+  assert first == second == hashlib.sha256(
+      (tmp_path / 'one.tar.gz').read_bytes()).hexdigest()
+  with tarfile.open(tmp_path / 'one.tar.gz') as tar:
+    members = {m.name: m for m in tar.getmembers()}
+  assert sorted(members) == ['.gitignore', 'a.py', 'sub/b.sh']
+  assert members['sub/b.sh'].mode == 0o755
+  (repo / 'a.py').write_text('print(2)\n')
+  assert tpu_pod.bundle(str(tmp_path / 'three.tar.gz'), str(repo)) != first
+
+
+def test_cli_preflight_exit_codes_without_a_reachable_api(tmp_path):
+  # No credentials and no network here: the client cannot read the pod, and
+  # the helper says so with POD_UNAVAILABLE rather than a traceback.
+  result = subprocess.run(
+      [sys.executable, '-m', 'launcher.tpu_pod', 'preflight', '--tpu=x',
+       '--zone=z', '--project=p', '--wait_healthy=0', '--',
+       '--config=configs/linear_regression.py'],
+      cwd=helpers.REPO, capture_output=True, text=True, timeout=120,
+      env=helpers.launcher_env(GOOGLE_APPLICATION_CREDENTIALS=str(
+          tmp_path / 'none.json'), TPU_API_DISCOVERY_URL='http://127.0.0.1:9/'))
+  assert result.returncode == exit_codes.POD_UNAVAILABLE, result.stderr
+  assert 'tpu_pod: error:' in result.stderr
+  assert 'Traceback' not in result.stderr
