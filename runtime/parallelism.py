@@ -121,6 +121,7 @@ def put_batch(tree: Any, parallelism: str) -> Any:
   Raises:
     BatchSizeError: when n does not split over the local devices.
   """
+  # Split on both paths: the same divisibility check, the same message.
   local = sharding.split_for_devices(tree, jax.local_device_count())
   if check(parallelism) == PMAP:
     return jax.device_put(local, NamedSharding(_local_mesh(),

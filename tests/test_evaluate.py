@@ -7,7 +7,6 @@ import pytest
 from configs import mnist as mnist_config
 from runtime import evaluate
 from runtime import step as step_lib
-from runtime import train
 from runtime.workloads import mnist
 
 
