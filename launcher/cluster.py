@@ -107,13 +107,22 @@ class Place:
   count_source: str = ''
 
 
-# (cluster, id variable, count variable), read in this order.
+def _count(var: str):
+  return lambda env: (_int(env, var), var)
+
+
+def _tpu_worker_count(env: Mapping[str, str]):
+  hosts = env.get('TPU_WORKER_HOSTNAMES')
+  return (len(hosts.split(',')) if hosts else None), 'TPU_WORKER_HOSTNAMES'
+
+
+# (id variable, env -> (process count or None, its variable)), in this order.
 _PLACES = (
-    ('podrun', ENV_PROCESS_ID, ENV_NUM_PROCESSES),
-    ('slurm', 'SLURM_PROCID', 'SLURM_NTASKS'),
-    ('open_mpi', 'OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE'),
-    ('kubernetes', _K8S_INDEX, None),
-    ('gke_tpu', 'TPU_WORKER_ID', None),
+    (ENV_PROCESS_ID, _count(ENV_NUM_PROCESSES)),
+    ('SLURM_PROCID', _count('SLURM_NTASKS')),
+    ('OMPI_COMM_WORLD_RANK', _count('OMPI_COMM_WORLD_SIZE')),
+    (_K8S_INDEX, _count(ENV_NUM_PROCESSES)),
+    ('TPU_WORKER_ID', _tpu_worker_count),
 )
 
 
@@ -135,22 +144,16 @@ def place(env: Optional[Mapping[str, str]] = None) -> Place:
     Place(process_id=3, num_processes=4, id_source='SLURM_PROCID', ...)
   """
   env = os.environ if env is None else env
-  for _, id_var, count_var in _PLACES:
+  for id_var, read_count in _PLACES:
     process_id = _int(env, id_var)
     if process_id is None:
       continue
-    count, count_source = (_int(env, count_var), count_var) if count_var else (
-        None, '')
     if id_var == 'TPU_WORKER_ID' and (_int(env, 'MEGASCALE_NUM_SLICES') or
                                       1) > 1:
       # Several slices: JAX numbers processes across them; the worker id
       # is only the place within one slice.
       return Place(None, None)
-    if id_var == 'TPU_WORKER_ID' and env.get('TPU_WORKER_HOSTNAMES'):
-      count = len(env['TPU_WORKER_HOSTNAMES'].split(','))
-      count_source = 'TPU_WORKER_HOSTNAMES'
-    if id_var == _K8S_INDEX:
-      count, count_source = _int(env, ENV_NUM_PROCESSES), ENV_NUM_PROCESSES
+    count, count_source = read_count(env)
     if count is None:
       count_source = ''
     if process_id < 0 or (count is not None and process_id >= count):

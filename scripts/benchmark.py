@@ -57,7 +57,6 @@ def _mnist_config(args):
 
 def _bare_examples_per_sec(config, task) -> float:
   """The hand-written loop: same step, same batches, nothing else."""
-  import jax  # pylint: disable=g-import-not-at-top
   from runtime import data  # pylint: disable=g-import-not-at-top
   from runtime import parallelism  # pylint: disable=g-import-not-at-top
   from runtime import step as step_lib  # pylint: disable=g-import-not-at-top
@@ -75,7 +74,6 @@ def _bare_examples_per_sec(config, task) -> float:
     if started is None:
       started = time.perf_counter()
   elapsed = time.perf_counter() - started
-  del jax
   return (config.steps - 1) * config.global_batch_size / elapsed
 
 
