@@ -18,7 +18,7 @@ from ml_collections import config_dict
 from ml_collections import config_flags
 
 from launcher import cluster
-from launcher import distributed
+from launcher.rank import distributed
 from launcher import exit_codes
 from launcher import workload
 
@@ -50,17 +50,33 @@ _COORDINATOR_BIND_ADDRESS = flags.DEFINE_string(
 _INITIALIZATION_TIMEOUT = flags.DEFINE_integer(
     'initialization_timeout', 300,
     'Seconds to wait for every process to join the job.')
-_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
-    'heartbeat_timeout', 100,
-    'Seconds of silence after which JAX declares a process dead.')
+_HEARTBEAT_TIMEOUT = flags.DEFINE_float(
+    'heartbeat_timeout', 15,
+    'Seconds without a heartbeat after which a process of the job is taken '
+    'for lost: every other process names it and exits 10.')
 _STALL_TIMEOUT = flags.DEFINE_float(
     'stall_timeout', 600,
-    'Local pod: fail the job when no rank completes a step for this many '
-    'seconds after the first step; 0 disables.')
+    'Every rank: end the job (stacks dumped, exit 124) when no step completes '
+    'for this many seconds after the first step; 0 disables.')
 _FIRST_STEP_TIMEOUT = flags.DEFINE_float(
     'first_step_timeout', 1800,
-    'Local pod: fail the job when no rank completes its first step (start-up '
-    'and compilation) within this many seconds; 0 disables.')
+    'Every rank: end the job (stacks dumped, exit 124) when the first step '
+    '(start-up and compilation) does not complete within this many seconds; '
+    '0 disables.')
+_BARRIER_TIMEOUT = flags.DEFINE_float(
+    'barrier_timeout', 300,
+    'Seconds any cross-process wait (checkpoint directory check, preemption '
+    'save, end of run, shutdown) may take before it names the missing '
+    'ranks and exits 124.')
+_SUPERVISION = flags.DEFINE_bool(
+    'supervision', True,
+    'Every rank watches the job through the coordination service: failure '
+    'broadcast, lost processes, the hang watchdog, stragglers, the workdir '
+    'lease. --nosupervision turns it off (for measuring its cost).')
+_LEASE_TIMEOUT = flags.DEFINE_float(
+    'lease_timeout', 60,
+    'Seconds after which another job\'s lease on the workdir, not renewed '
+    'since, is taken for the lease of a dead job and taken over.')
 _KILL_GRACE = flags.DEFINE_float(
     'kill_grace', 5,
     'Local pod: seconds between SIGTERM and SIGKILL when tearing down.')
@@ -79,7 +95,8 @@ _RESTART_BACKOFF = flags.DEFINE_float(
 _RETRY_EXIT_CODES = flags.DEFINE_list(
     'retry_exit_codes', [],
     'Exit codes besides 75 (preempted) that --max_restarts retries, e.g. '
-    '137,124; added to config.retry_exit_codes. 0, 1, 2, 3 and 5 never are.')
+    '137,124; added to config.retry_exit_codes. 0, 1, 2, 3, 5 and 11 never '
+    'are.')
 _DRY_RUN = flags.DEFINE_bool(
     'dry_run', False, 'Print what each process would run, and start nothing.')
 _LOG_ALL_RANKS = flags.DEFINE_bool(
@@ -165,7 +182,8 @@ def distributed_options() -> distributed.Options:
   return distributed.Options(
       **values,
       initialization_timeout=_INITIALIZATION_TIMEOUT.value,
-      heartbeat_timeout=_HEARTBEAT_TIMEOUT.value)
+      heartbeat_timeout=_HEARTBEAT_TIMEOUT.value,
+      shutdown_timeout=_BARRIER_TIMEOUT.value)
 
 
 def _make_pod(config, workdir: str, job_id=None, attempt: int = 1):
@@ -237,14 +255,22 @@ def main(argv: list[str]) -> int:
           'resumes from its checkpoint by itself. On one machine use '
           '--local_processes=1 or more.')
 
-  from launcher import process  # pylint: disable=g-import-not-at-top
+  from launcher.rank import process  # pylint: disable=g-import-not-at-top
   if _DRY_RUN.value:
     return process.print_plan(sys.argv, distributed_options(),
                               _LOCAL_DEVICES.value)
+  from launcher.rank import supervisor  # pylint: disable=g-import-not-at-top
   return process.run(config, workdir, process.Options(
       distributed=distributed_options(),
       local_devices=_LOCAL_DEVICES.value,
-      log_all_ranks=_LOG_ALL_RANKS.value))
+      log_all_ranks=_LOG_ALL_RANKS.value,
+      supervision=supervisor.Options(
+          heartbeat_timeout=_HEARTBEAT_TIMEOUT.value,
+          stall_timeout=_STALL_TIMEOUT.value,
+          first_step_timeout=_FIRST_STEP_TIMEOUT.value,
+          barrier_timeout=_BARRIER_TIMEOUT.value,
+          enabled=_SUPERVISION.value),
+      lease_timeout=_LEASE_TIMEOUT.value))
 
 
 def run() -> None:

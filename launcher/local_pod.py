@@ -38,7 +38,7 @@ import time
 import uuid
 from typing import Optional
 
-from launcher import distributed
+from launcher.rank import distributed
 from launcher import exit_codes
 from launcher import rank_output
 from runtime import progress
@@ -47,6 +47,10 @@ JOB_ID_ENV = 'PODRUN_JOB_ID'
 _LOOPBACK_HOSTS = ('127.0.0.1', 'localhost', '::1')
 _TAIL_LINES = 20
 _STACK_DUMP_WAIT_S = 2.0
+_CAUSE_GRACE_S = 5.0
+# The ranks' own watchdog (launcher/rank/supervisor.py) fires at the
+# timeouts; the pod's fires this much later, for a rank too stuck for that.
+_WATCHDOG_BACKSTOP_S = 15.0
 
 
 def _is_loopback(host: str) -> bool:
@@ -313,8 +317,10 @@ class Pod:
       failed = [r for r in exited
                 if r.exit_code not in (0, exit_codes.PREEMPTED)]
       preempted = [r for r in exited if r.exit_code == exit_codes.PREEMPTED]
-      if failed:
-        return _Cause('rank', rank=min(failed, key=lambda r: r.exited_at))
+      root = self._root_cause(failed, now, all_exited=len(exited) == len(
+          self._ranks))
+      if root is not None:
+        return _Cause('rank', rank=root)
       if len(exited) == len(self._ranks):
         return _Cause('preempted') if preempted else None
       if self._signals:
@@ -338,6 +344,24 @@ class Pod:
       self._changed.wait(0.1)
       self._changed.clear()
 
+  def _root_cause(self, failed: list[_Rank], now: float,
+                  all_exited: bool) -> Optional[_Rank]:
+    """The rank whose failure ended the job, once it is known.
+
+    A rank that stopped because another failed (exit_codes.PEER_FAILED) may
+    exit before the cause does (process 0 waits until the others have read
+    its cause), so such exits alone wait a moment for the cause.
+    """
+    if not failed:
+      return None
+    causes = [r for r in failed if r.exit_code != exit_codes.PEER_FAILED]
+    if causes:
+      return min(causes, key=lambda r: r.exited_at)
+    first = min(failed, key=lambda r: r.exited_at)
+    if all_exited or now - first.exited_at > _CAUSE_GRACE_S:
+      return first
+    return None
+
   def _forward(self, signum: int) -> None:
     now = time.monotonic()
     for rank in self._ranks:
@@ -346,16 +370,20 @@ class Pod:
         self._kill_group(rank, signum)
 
   def _stall_message(self, elapsed: float) -> str:
+    backstop = _WATCHDOG_BACKSTOP_S
     if self._last_advance is None:
-      if 0 < self.first_step_timeout < elapsed:
+      if 0 < self.first_step_timeout < elapsed - backstop:
         return (f'no rank completed its first step within '
-                f'{self.first_step_timeout:g} s (--first_step_timeout)')
+                f'{self.first_step_timeout:g} s (--first_step_timeout), and '
+                f'the ranks\' own watchdogs did not end them {backstop:g} s '
+                'later')
       return ''
     idle = time.monotonic() - self._last_advance
-    if 0 < self.stall_timeout < idle:
+    if 0 < self.stall_timeout < idle - backstop:
       steps = ', '.join(f'rank {r.index}: {r.step}' for r in self._ranks)
       return (f'no rank completed a step for {idle:.0f} s (--stall_timeout='
-              f'{self.stall_timeout:g}); last completed steps: {steps}')
+              f'{self.stall_timeout:g}, and the ranks\' own watchdogs did not '
+              f'end them {backstop:g} s later); last completed steps: {steps}')
     return ''
 
   def _dump_stacks(self) -> None:
@@ -411,9 +439,11 @@ class Pod:
     if cause.kind == 'rank':
       root = cause.rank
       code = root.exit_code
-      self._say(f'{self._name(root)} failed first, with exit code {code}'
-                f'{_signal_name(code)}, {root.exited_at - started:.1f} s after '
-                f'start. Last lines of {root.log_path}:\n' +
+      what = ('the job stalled: the hang watchdog of ' if code ==
+              exit_codes.STALLED else '')
+      self._say(f'{what}{self._name(root)} failed first, with exit code '
+                f'{code}{_signal_name(code)}, {root.exited_at - started:.1f} '
+                f's after start. Last lines of {root.log_path}:\n' +
                 '\n'.join(f'  | {l}' for l in self._tail(root)))
       self._describe_others(root)
     elif cause.kind == 'preempted':

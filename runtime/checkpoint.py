@@ -23,9 +23,10 @@ from typing import Any, Optional
 from absl import logging
 from etils import epath
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
+
+from runtime import coordination
 
 # Config fields that may change between a run and the run that resumes it:
 # they decide how long and how the job runs, not what it computes.
@@ -136,37 +137,57 @@ def check_shared(path: str) -> None:
   it. A directory on each host's own disk (a local path on a multi-host
   pod) fails here, on every process at once, instead of later as a hang or
   as per-host fragments of checkpoints. Single-process jobs pass at once.
+  Every wait is bounded (--barrier_timeout) and names who did not come.
 
   Raises:
     CheckpointError: naming the processes that cannot see the marker.
+    coordination.BarrierTimeout: naming the processes that did not answer.
   """
-  if jax.process_count() == 1:
+  job = coordination.current()
+  if job is None or job.process_count == 1:
     return
-  token = int(uuid.uuid4().int % (2**31))
-  token = int(multihost_utils.broadcast_one_to_all(np.int32(token)))
-  # epath, as orbax uses, so that gs:// and other remote paths work too.
-  marker = epath.Path(path) / _SHARED_CHECK_DIR / str(token)
-  if jax.process_index() == 0:
+  name = f'podrun/shared_check/{_next_check_number()}'
+  if job.process_id == 0:
+    token = uuid.uuid4().hex
+    # epath, as orbax uses, so that gs:// and other remote paths work too.
+    marker = epath.Path(path) / _SHARED_CHECK_DIR / token
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(str(token))
-  multihost_utils.sync_global_devices(f'podrun_shared_check_written_{token}')
+    marker.write_text(token)
+    job.set(f'{name}/token', token)
+  else:
+    token = job.wait(f'{name}/token', coordination.default_timeout())
+    if token is None:
+      raise coordination.BarrierTimeout(f'{name}/token', [0],
+                                        coordination.default_timeout(),
+                                        job.process_count)
+    marker = epath.Path(path) / _SHARED_CHECK_DIR / token
   try:
-    sees = marker.read_text() == str(token)
+    sees = marker.read_text() == token
   except (OSError, FileNotFoundError):
     sees = False
-  seen = multihost_utils.process_allgather(np.array(sees))
-  multihost_utils.sync_global_devices(f'podrun_shared_check_read_{token}')
-  if jax.process_index() == 0:
+  job.set(f'{name}/sees/{job.process_id}', '1' if sees else '0')
+  job.barrier(f'{name}/read')
+  if job.process_id == 0:
     marker.unlink()
-  blind = [i for i, ok in enumerate(np.asarray(seen).reshape(-1)) if not ok]
+  blind = sorted(int(k.rsplit('/', 1)[1])
+                 for k, v in job.directory(f'{name}/sees').items() if v != '1')
   if blind:
     raise CheckpointError(
         f'the checkpoint directory {path} is not shared: process(es) '
-        f'{blind} of {jax.process_count()} cannot see the file {marker} that '
+        f'{blind} of {job.process_count} cannot see the file {marker} that '
         'process 0 wrote there. Every process of a multi-process job must '
         'write to the same storage: use a shared file system or a bucket '
         '(for example --config.checkpoint_dir=gs://BUCKET/RUN/checkpoints on '
         'a TPU pod).')
+
+
+_check_count = 0
+
+
+def _next_check_number() -> int:
+  global _check_count
+  _check_count += 1
+  return _check_count
 
 
 class _Manager(ocp.CheckpointManager):

@@ -1,53 +1,147 @@
-"""Tells a supervising launcher how far this process has got.
+"""How far this process has got: the one call a training loop makes per step.
 
-The local-pod launcher passes a pipe in PODRUN_PROGRESS_FD; its hang watchdog
-counts time from the last step any rank completed. Without a supervisor this
-module does nothing. Reports are throttled, so a fast loop costs at most one
-small write a second.
+`report(step)` says that `step` is complete here. Every rank's supervisor
+(launcher/rank/supervisor.py) reads it for its hang watchdog, its straggler
+check and summary.json; a local-pod launcher also gets it through the pipe in
+PODRUN_PROGRESS_FD. `runtime.train` calls it; a workload that runs a loop of
+its own must call it once per step too, or the watchdog takes the job for
+stalled after --first_step_timeout.
+
+Example (a loop of one's own):
+  >>> for step in range(1, steps + 1):
+  ...   state = my_step(state, batch)
+  ...   progress.report(step)
 """
 
+import collections
+import dataclasses
 import os
+import threading
 import time
+from typing import Optional
+
+import numpy as np
 
 PROGRESS_FD_ENV = 'PODRUN_PROGRESS_FD'
 _MIN_INTERVAL_S = 1.0
+_RECENT_STEPS = 100
 
 
-class _Reporter:
+@dataclasses.dataclass
+class Snapshot:
+  """What this process has done, as of one moment.
+
+  Attributes:
+    done_step: the last step reported complete, or None before the first.
+    done_at: time.monotonic() of that report.
+    begun_step: the last step this process started (it had its batch and
+      dispatched the step), or None.
+    step_seconds: recent intervals between completed steps.
+    own_seconds: recent per-step time this process spent on its own before
+      it could start a step (waiting for its input, dispatching), i.e. the
+      part of a step that peers wait for when this process is slow.
+  """
+  done_step: Optional[int]
+  done_at: Optional[float]
+  begun_step: Optional[int]
+  step_seconds: list[float]
+  own_seconds: list[float]
+
+
+class _Progress:
 
   def __init__(self):
+    self.lock = threading.Lock()
+    self.done_step = self.done_at = self.begun_step = None
+    self.step_seconds = collections.deque(maxlen=_RECENT_STEPS)
+    self.own_seconds = collections.deque(maxlen=_RECENT_STEPS)
     fd = os.environ.get(PROGRESS_FD_ENV)
-    self._fd = int(fd) if fd else None
-    self._last_time = None
+    self.fd = int(fd) if fd else None
+    self.last_write = None
 
-  def report(self, step: int, process_index: int, force: bool) -> None:
-    if self._fd is None:
-      return
+  def report(self, step: int, process_index: Optional[int],
+             force: bool) -> None:
     now = time.monotonic()
-    if (not force and self._last_time is not None and
-        now - self._last_time < _MIN_INTERVAL_S):
+    with self.lock:
+      if self.done_at is not None and step > (self.done_step or 0):
+        self.step_seconds.append((now - self.done_at) /
+                                 (step - self.done_step))
+      self.done_step, self.done_at = step, now
+    self._write_pipe(step, process_index, force, now)
+
+  def _write_pipe(self, step: int, process_index: Optional[int], force: bool,
+                  now: float) -> None:
+    if self.fd is None:
       return
-    self._last_time = now
+    if (not force and self.last_write is not None and
+        now - self.last_write < _MIN_INTERVAL_S):
+      return
+    self.last_write = now
+    if process_index is None:
+      import jax  # pylint: disable=g-import-not-at-top
+      process_index = jax.process_index()
     try:
       # One write below PIPE_BUF is atomic, so ranks may share the pipe.
-      os.write(self._fd, f'{process_index} {step}\n'.encode())
+      os.write(self.fd, f'{process_index} {step}\n'.encode())
     except OSError:
-      self._fd = None  # The supervisor is gone; keep training.
+      self.fd = None  # The supervisor is gone; keep training.
+
+  def begin(self, step: int, own_seconds: float) -> None:
+    with self.lock:
+      if self.begun_step is not None:  # The first includes compilation.
+        self.own_seconds.append(own_seconds)
+      self.begun_step = step
+
+  def snapshot(self) -> Snapshot:
+    with self.lock:
+      return Snapshot(self.done_step, self.done_at, self.begun_step,
+                      list(self.step_seconds), list(self.own_seconds))
 
 
-_reporter = None
+_progress = _Progress()
 
 
-def report(step: int, process_index: int, force: bool = False) -> None:
-  """Reports that `step` is complete on this process.
+def report(step: int, process_index: Optional[int] = None,
+           force: bool = False) -> None:
+  """Reports that `step` (counted from 1) is complete on this process.
 
-  Reports come at most once a second unless `force` is set (for the last
-  step, so that the watchdog's clock stops where the work stops).
+  Cheap enough for every step: the supervisor reads it from memory, and the
+  local-pod pipe gets at most one write a second unless `force` is set (for
+  the last step, so that the watchdog's clock stops where the work stops).
+
+  Args:
+    step: the number of the step just completed; steps only go up.
+    process_index: this process; read from JAX when not given.
+    force: write to the local-pod pipe even within the second.
 
   Example:
-    >>> progress.report(step, jax.process_index())
+    >>> progress.report(step)
   """
-  global _reporter
-  if _reporter is None:
-    _reporter = _Reporter()
-  _reporter.report(step, process_index, force)
+  _progress.report(step, process_index, force)
+
+
+def begin(step: int, own_seconds: float = 0.0) -> None:
+  """Says that this process has started `step`, after `own_seconds` of its own
+  work (input wait, dispatch). Optional: it lets a hang or a straggler be
+  pinned on the process that others wait for."""
+  _progress.begin(step, own_seconds)
+
+
+def snapshot() -> Snapshot:
+  """A copy of this process's progress, safe to read from any thread."""
+  return _progress.snapshot()
+
+
+def summarize(seconds: list[float]) -> dict[str, Optional[float]]:
+  """{'median', 'p99', 'count'} of a list of durations (None when empty)."""
+  if not seconds:
+    return {'median': None, 'p99': None, 'count': 0}
+  values = np.asarray(seconds, np.float64)
+  return {'median': float(np.median(values)),
+          'p99': float(np.percentile(values, 99)), 'count': len(seconds)}
+
+
+def reset_for_tests() -> None:
+  """Forgets every report (tests run several loops in one process)."""
+  global _progress
+  _progress = _Progress()

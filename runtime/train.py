@@ -16,11 +16,11 @@ from typing import Any, Callable, Optional
 
 from absl import logging
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
 import optax
 
 from runtime import checkpoint
+from runtime import coordination
 from runtime import data
 from runtime import fingerprint as fingerprint_lib
 from runtime import metrics as metrics_lib
@@ -308,7 +308,10 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
       for count, step in enumerate(range(start, config.steps), 1):
         batch, waited_s = batches.next(step)
         window.waited(waited_s)
+        dispatch_started = time.perf_counter()
         state, step_metrics = step_fn(state, batch)
+        progress.begin(step + 1, waited_s + time.perf_counter() -
+                       dispatch_started)
         in_flight.append((step + 1, step_metrics))
         while len(in_flight) >= in_flight_limit:
           retire()
@@ -322,7 +325,7 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
           if ckpt is not None:
             save(step + 1, 'preemption')
             ckpt.wait()
-          _sync_processes('podrun_preempted')
+          _sync_processes('podrun/preempted')
           raise preemption.Preempted(step + 1)
         if ckpt is not None and ckpt.due(step + 1) and step + 1 < config.steps:
           save(step + 1, 'periodic')
@@ -361,6 +364,7 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
 
 
 def _sync_processes(name: str) -> None:
-  """Waits until every process gets here; no-op in a single process."""
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)
+  """Waits (bounded) until every process gets here; no-op in one process."""
+  job = coordination.current()
+  if job is not None and job.process_count > 1:
+    job.barrier(name)

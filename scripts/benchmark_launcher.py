@@ -1,10 +1,16 @@
-"""Measures the local-pod launcher's costs against doing without it.
+"""Measures the launcher's start-up, how fast faults end a job, and what
+supervision costs.
 
 - start-up: wall time from starting 2 processes x 4 devices to the end of a
   one-step job, with the launcher against scripts/bare_distributed.py run by
   hand (alternated, several rounds, medians);
-- failure to exit: from the moment a rank exits with code 7 at step 3 to the
-  moment the launcher has torn the job down and exited.
+- detection latency: for each fault (rank 1 exits 7, raises, is SIGKILLed,
+  hangs in its input), from the fault to the exit of the last process of
+  the job, in cluster mode (2 processes started by hand with explicit
+  coordinator flags, nothing supervising them) and in a local pod (2
+  processes); --heartbeat_timeout=5 and --stall_timeout=5;
+- supervision cost: training steps/s of the MLP in cluster mode with the
+  per-rank supervision on and off (--nosupervision), alternated.
 
   python scripts/benchmark_launcher.py [--rounds=5] [--out=FILE.json]
 """
@@ -13,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import socket
 import statistics
 import subprocess
@@ -21,6 +28,16 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROBE = '--config=tests/workloads/probe_config.py'
+HEARTBEAT_S = 5
+STALL_S = 5
+# Each fault: the probe flags that cause it (None: SIGKILL from outside).
+FAULTS = {
+    'crash_exit_7': ['--config.fail_mode=exit', '--config.fail_code=7'],
+    'exception': ['--config.fail_mode=raise'],
+    'lost_sigkill': None,
+    'hung_input': ['--config.fail_mode=hang'],
+}
 
 
 def _env():
@@ -59,19 +76,97 @@ def time_launcher(workdir, processes=2):
   return time.perf_counter() - start
 
 
-def time_failure_to_exit(workdir):
-  result = subprocess.run(
-      [sys.executable, '-m', 'launcher',
-       '--config=tests/workloads/probe_config.py', f'--workdir={workdir}',
-       '--local_processes=2', '--config.steps=1000000',
-       '--config.fail_rank=1', '--config.fail_step=3',
-       '--config.fail_code=7'],
-      cwd=REPO, env=_env(), timeout=300, capture_output=True, text=True)
-  exited = time.time()
-  assert result.returncode == 7, result.stderr[-2000:]
-  with open(os.path.join(workdir, 'logs', 'rank_1.log')) as f:
-    failed = float(re.search(r'probe: exiting at ([\d.]+)', f.read()).group(1))
-  return exited - failed
+def _start(args, workdir, log_name):
+  log = open(os.path.join(workdir, log_name), 'w+')
+  proc = subprocess.Popen(
+      [sys.executable, '-u', '-m', 'launcher', *args, f'--workdir={workdir}'],
+      cwd=REPO, env=_env(), stdin=subprocess.DEVNULL, stdout=log,
+      stderr=subprocess.STDOUT, start_new_session=True)
+  return proc, log
+
+
+def _cluster(args, workdir, processes=2):
+  address = f'127.0.0.1:{_free_port()}'
+  return [_start([*args, '--local_devices=1',
+                  f'--coordinator_address={address}',
+                  f'--coordinator_bind_address={address}',
+                  f'--num_processes={processes}', f'--process_id={i}'],
+                 workdir, f'rank_{i}.out') for i in range(processes)]
+
+
+def _wait_all(procs, timeout=120):
+  """Waits for every process; returns the wall time of the last exit."""
+  deadline = time.monotonic() + timeout
+  last = None
+  while any(p.poll() is None for p, _ in procs):
+    if time.monotonic() > deadline:
+      for p, _ in procs:
+        os.killpg(p.pid, signal.SIGKILL)
+      raise RuntimeError('a job outlived the benchmark\'s timeout')
+    time.sleep(0.01)
+    last = time.time()
+  for _, log in procs:
+    log.close()
+  return last or time.time()
+
+
+def _wait_for_step(path, step=10, timeout=90):
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if os.path.exists(path) and f'step {step}/' in open(path).read():
+      return
+    time.sleep(0.05)
+  raise RuntimeError(f'no step {step} in {path}')
+
+
+def detection_latency(fault, mode, workdir):
+  """Seconds from `fault` on rank 1 to the exit of the job's last process."""
+  os.makedirs(workdir)
+  args = [PROBE, '--config.steps=1000000', '--config.checkpointing=False',
+          f'--heartbeat_timeout={HEARTBEAT_S}', f'--stall_timeout={STALL_S}']
+  if FAULTS[fault] is not None:
+    args += ['--config.fail_rank=1', '--config.fail_step=30', *FAULTS[fault]]
+  if mode == 'cluster':
+    procs = _cluster(args, workdir)
+    rank_1_output = os.path.join(workdir, 'rank_1.out')
+    rank_0_output = os.path.join(workdir, 'rank_0.out')
+  else:
+    procs = [_start([*args, '--local_processes=2', '--local_devices=1'],
+                    workdir, 'launcher.out')]
+    rank_1_output = os.path.join(workdir, 'logs', 'rank_1.log')
+    rank_0_output = os.path.join(workdir, 'logs', 'rank_0.log')
+  if FAULTS[fault] is None:
+    _wait_for_step(rank_0_output)
+    if mode == 'cluster':
+      victim = procs[1][0].pid
+    else:
+      with open(os.path.join(workdir, 'logs', 'job.json')) as f:
+        victim = json.load(f)['ranks'][1]['pid']
+    fault_at = time.time()
+    os.kill(victim, signal.SIGKILL)
+    ended = _wait_all(procs)
+  else:
+    ended = _wait_all(procs)
+    with open(rank_1_output) as f:
+      fault_at = float(re.search(r'probe: \w+ at ([\d.]+)', f.read()).group(1))
+  return ended - fault_at
+
+
+def steps_per_sec(supervision, workdir):
+  """Median steps/s of an MLP run in cluster mode, 2 processes."""
+  os.makedirs(workdir)
+  args = ['--config=configs/mlp.py', '--config.steps=600',
+          '--config.log_every=50', '--config.checkpointing=False',
+          '--supervision' if supervision else '--nosupervision']
+  _wait_all(_cluster(args, workdir), timeout=300)
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rates = [json.loads(l).get('steps_per_sec') for l in f]
+  return statistics.median([r for r in rates if r])
+
+
+def _spread(values):
+  return {'median': statistics.median(values), 'max': max(values),
+          'min': min(values), 'all': values}
 
 
 def main():
@@ -79,20 +174,35 @@ def main():
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--out', default='', help='Also write the JSON here.')
   args = parser.parse_args()
-  bare, launched, failure = [], [], []
+  bare, launched = [], []
+  latency = {f'{m}/{f}': [] for m in ('cluster', 'local_pod') for f in FAULTS}
+  with_sup, without_sup = [], []
   with tempfile.TemporaryDirectory() as tmp:
     for i in range(args.rounds):
       bare.append(time_bare())
       launched.append(time_launcher(os.path.join(tmp, f'run{i}')))
-      failure.append(time_failure_to_exit(os.path.join(tmp, f'fail{i}')))
+      for key in latency:
+        mode, fault = key.split('/')
+        latency[key].append(detection_latency(
+            fault, mode, os.path.join(tmp, f'{mode}_{fault}_{i}')))
+      # Alternate the order so that neither side always runs first.
+      for supervision in ((True, False) if i % 2 == 0 else (False, True)):
+        rate = steps_per_sec(supervision, os.path.join(
+            tmp, f'rate_{supervision}_{i}'))
+        (with_sup if supervision else without_sup).append(rate)
+  ratios = [a / b for a, b in zip(with_sup, without_sup)]
   report = {
       'rounds': args.rounds,
+      'heartbeat_timeout_s': HEARTBEAT_S,
+      'stall_timeout_s': STALL_S,
       'bare_2x4_one_step_s': statistics.median(bare),
       'launcher_2x4_one_step_s': statistics.median(launched),
-      'launcher_overhead_s': statistics.median(launched) - statistics.median(bare),
-      'failure_to_exit_s': statistics.median(failure),
-      'failure_to_exit_max_s': max(failure),
-      'all': {'bare': bare, 'launcher': launched, 'failure_to_exit': failure},
+      'launcher_overhead_s': statistics.median(launched) - statistics.median(
+          bare),
+      'detection_latency_s': {k: _spread(v) for k, v in latency.items()},
+      'supervised_vs_unsupervised_steps_per_sec': _spread(ratios),
+      'steps_per_sec': {'supervised': with_sup, 'unsupervised': without_sup},
+      'all': {'bare': bare, 'launcher': launched},
   }
   print(json.dumps(report, indent=2))
   if args.out:

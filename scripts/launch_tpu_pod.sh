@@ -169,7 +169,7 @@ interrupted() {
 run_attempt() {  # Sets attempt_code.
   local attempt="$1" fifo="$log_dir/.output" line worker rest code
   declare -A exits=() started=()
-  first_code='' stop_pid=''
+  first_code='' stop_pid='' peer_failed=''
   rm -f "$fifo"; mkfifo "$fifo" || die "cannot make $fifo"
   "${run_cmd[@]}" >"$fifo" 2>&1 </dev/null &
   gcloud_pid=$!
@@ -184,7 +184,10 @@ run_attempt() {  # Sets attempt_code.
       if [[ "$rest" =~ ^podrun:\ exit\ ([0-9]+)$ ]]; then
         code="${BASH_REMATCH[1]}"
         exits[$worker]="$code"
-        if [ "$code" != 0 ] && [ -z "$first_code" ]; then
+        # 10: the worker stopped because another failed; that one is the cause.
+        if [ "$code" = 10 ]; then
+          peer_failed=1
+        elif [ "$code" != 0 ] && [ -z "$first_code" ]; then
           first_code="$code"
           note "worker $worker exited $code first"
           stop_workers
@@ -198,6 +201,10 @@ run_attempt() {  # Sets attempt_code.
   wait "$gcloud_pid"; local gcloud_code=$?
   gcloud_pid=''
   rm -f "$fifo"
+  if [ -z "$first_code" ] && [ -n "$peer_failed" ]; then
+    first_code=10
+    stop_workers
+  fi
   local reported="${#exits[@]}"
   if [ -z "$first_code" ] && { [ "$gcloud_code" != 0 ] ||
        { [ -n "$workers" ] && [ "$reported" != "$workers" ]; }; }; then

@@ -58,6 +58,8 @@ run() {
     shift
   done
   [ "${1:-}" = "--" ] && shift
+  # Every attempt of this job shares its workdir lease (launcher/rank/lease.py).
+  export PODRUN_JOB_ID="$job_id"
   local worker code_file
   worker="$(worker_id)"
   mkdir -p "$run_dir"

@@ -1,7 +1,7 @@
 import pytest
 
 from launcher import cluster
-from launcher import distributed
+from launcher.rank import distributed
 
 
 def _options(**kwargs):

@@ -38,8 +38,9 @@ def test_a_rank_that_exits_7_ends_the_job_with_7(tmp_path):
        '--config.fail_mode=exit', '--config.fail_code=7'])
   assert result.returncode == 7, result.output
   assert 'rank 1/2 failed first, with exit code 7' in result.stderr
-  assert "rank 0/2: stopped by the launcher" in result.stderr
-  assert "a consequence of rank 1/2's failure, not a cause" in result.stderr
+  # Rank 0 stops, by itself (exit 10) or by the launcher, whichever is first.
+  rank_0 = helpers.first_line_with(result.stderr, '[launcher] rank 0/2:')
+  assert "a consequence of rank 1/2's failure, not a cause" in rank_0, rank_0
   # JAX alone would notice only after its 100 s heartbeat timeout.
   assert result.elapsed < 60
   _assert_no_survivors(tmp_path)
@@ -99,11 +100,29 @@ def test_the_watchdog_ends_a_stalled_job_with_stacks_in_the_logs(tmp_path):
        '--config.fail_rank=1', '--config.fail_step=3',
        '--config.fail_mode=hang', '--stall_timeout=5'])
   assert result.returncode == exit_codes.STALLED, result.output
-  assert 'the job stalled: no rank completed a step for' in result.stderr
+  # The ranks' own watchdogs fire first; the launcher reports it.
+  assert 'the job stalled: the hang watchdog of rank' in result.stderr
   hung = (tmp_path / 'logs' / 'rank_1.log').read_text()
   waiting = (tmp_path / 'logs' / 'rank_0.log').read_text()
   assert 'most recent call first' in hung and '_misbehave' in hung
   assert 'most recent call first' in waiting
+  assert 'laggards: rank 1 on' in waiting
+  _assert_no_survivors(tmp_path)
+
+
+def test_the_launchers_watchdog_is_a_backstop(tmp_path):
+  # Without the ranks' own supervision the launcher's watchdog fires,
+  # 15 s after --stall_timeout.
+  result = helpers.run_launcher(
+      [PROBE, f'--workdir={tmp_path}', '--local_processes=2', LONG,
+       '--config.fail_rank=1', '--config.fail_step=3',
+       '--config.fail_mode=hang', '--stall_timeout=2', '--nosupervision'])
+  assert result.returncode == exit_codes.STALLED, result.output
+  assert 'the job stalled: no rank completed a step for' in result.stderr
+  assert "the ranks' own watchdogs did not end them 15 s later" in (
+      result.stderr)
+  hung = (tmp_path / 'logs' / 'rank_1.log').read_text()
+  assert 'most recent call first' in hung and '_misbehave' in hung
   _assert_no_survivors(tmp_path)
 
 
@@ -124,7 +143,9 @@ def test_first_step_timeout(tmp_path):
        '--config.fail_rank=0', '--config.fail_step=0',
        '--config.fail_mode=hang', '--first_step_timeout=8'])
   assert result.returncode == exit_codes.STALLED, result.output
-  assert 'no rank completed its first step within 8 s' in result.stderr
+  assert 'the job stalled: the hang watchdog of rank' in result.stderr
+  assert 'no first step completed within 8 s (--first_step_timeout)' in (
+      result.stderr)
   _assert_no_survivors(tmp_path)
 
 

@@ -9,6 +9,7 @@ covers with a fake service, so these runs pass --skip_preflight.
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -130,6 +131,9 @@ def test_a_failing_worker_stops_the_others(tmp_path):
   assert result.returncode == 7, result.output
   assert 'worker 1 exited 7 first' in result.stderr
   assert 'podrun: exit 7' in pod.log(1)
+  # Worker 0 learnt the cause from worker 1 itself and stopped with 10.
+  assert re.search(r'rank 1 on \S+ failed first: exit 7 \(SystemExit\(7\)\)',
+                   pod.log(0)), pod.log(0)
   # Worker 0 was stopped through its process group, not left to time out.
   assert (pod.logs / 'stop.log').exists()
   assert 'podrun: exit' in pod.log(0)

@@ -3,7 +3,8 @@
 Config fields (see probe_config.py): `fail_rank` at `fail_step` (the step
 whose batch is being loaded, 0-based) exits with `fail_code`, raises, or
 sleeps forever, as `fail_mode` says; `fail_mode='sleep'` pauses
-for `fail_seconds` and goes on; `record_ids` saves which example ids
+for `fail_seconds` and goes on; `fail_mode='slow'` pauses that long at every
+step from `fail_step` on (a straggler); `record_ids` saves which example ids
 each rank loaded to WORKDIR/ids/rank_<i>.npy, shape (steps, ids per rank);
 `ballast_floats` adds an untrained parameter of that many random floats, to make
 checkpoints big enough to be caught mid-save; `per_rank_checkpoint_dir` gives
@@ -23,14 +24,14 @@ from runtime.workloads import linear_regression
 
 
 def _misbehave(config) -> None:
+  print(f'probe: {config.fail_mode} at {time.time():.6f}', flush=True)
   if config.fail_mode == 'exit':
-    print(f'probe: exiting at {time.time():.6f}', flush=True)
     sys.exit(config.fail_code)
   if config.fail_mode == 'raise':
     raise RuntimeError(f'probe: rank {jax.process_index()} raises on purpose')
   if config.fail_mode == 'hang':
     time.sleep(3600)
-  if config.fail_mode == 'sleep':
+  if config.fail_mode in ('sleep', 'slow'):
     time.sleep(config.fail_seconds)
     return
   raise ValueError(f'unknown fail_mode {config.fail_mode!r}')
@@ -44,7 +45,10 @@ def train_and_evaluate(config, workdir):
   once_marker = os.path.join(workdir, f'probe_failed_rank_{config.fail_rank}')
 
   def load_examples(ids):
-    if (jax.process_index() == config.fail_rank and
+    if config.fail_mode == 'slow' and jax.process_index() == config.fail_rank:
+      if len(seen) >= config.fail_step:
+        time.sleep(config.fail_seconds)
+    elif (jax.process_index() == config.fail_rank and
         len(seen) == config.fail_step and
         not (config.fail_once and os.path.exists(once_marker))):
       if config.fail_once:

@@ -1,5 +1,5 @@
-"""Running the job in this process: devices, jax.distributed, the topology
-check, then the workload.
+"""Running the job in this process: devices, jax.distributed, supervision,
+the topology check, the workdir lease, then the workload.
 
 This is what every rank runs, whether a cluster started it (one process per
 host) or a local-pod launcher did. The order matters: device options and
@@ -14,18 +14,23 @@ import shlex
 import signal
 import sys
 import traceback
+import uuid
 from typing import Any, Optional
 
 from absl import logging
 
 from launcher import cluster
-from launcher import devices
-from launcher import distributed
 from launcher import exit_codes
 from launcher import rank_output
 from launcher import tpu_accelerators
 from launcher import workload
+from launcher.rank import devices
+from launcher.rank import distributed
+from launcher.rank import lease as lease_lib
+from launcher.rank import roll_call
+from launcher.rank import supervisor as supervisor_lib
 from runtime import checkpoint
+from runtime import coordination
 from runtime import idx
 from runtime import metrics
 from runtime import parallel
@@ -43,21 +48,35 @@ _KNOWN_ERRORS = (
     (checkpoint.CheckpointError, exit_codes.CHECKPOINT_ERROR),
     (idx.IdxError, exit_codes.CONFIG_ERROR),
     (preemption.Preempted, exit_codes.PREEMPTED),
+    (lease_lib.WorkdirBusyError, exit_codes.WORKDIR_BUSY),
+    (coordination.BarrierTimeout, exit_codes.STALLED),
 )
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-  """How this process joins the job.
+  """How this process joins the job and is supervised.
 
   Attributes:
     distributed: the coordinator flags.
     local_devices: --local_devices, emulated CPU devices for this process.
     log_all_ranks: show INFO logs of every rank, not only of rank 0.
+    supervision: heartbeat, stall and barrier timeouts (supervisor.py).
+    lease_timeout: seconds after which another job's unrenewed lease on the
+      workdir is taken over (lease.py).
   """
   distributed: distributed.Options
   local_devices: Optional[int] = None
   log_all_ranks: bool = False
+  supervision: supervisor_lib.Options = supervisor_lib.Options()
+  lease_timeout: float = 60
+
+
+@dataclasses.dataclass
+class _Running:
+  """What the failure path needs of a run in progress."""
+  supervisor: Optional[supervisor_lib.Supervisor] = None
+  lease: Optional[lease_lib.Lease] = None
 
 
 def _terminate(signum, frame):
@@ -66,8 +85,8 @@ def _terminate(signum, frame):
   raise SystemExit(exit_codes.SIGNAL_BASE + signum)
 
 
-def _summary(config, topo: topology.Topology, results: dict[str, Any]
-             ) -> dict[str, Any]:
+def _summary(config, topo: topology.Topology, results: dict[str, Any],
+             ranks: list[dict[str, Any]]) -> dict[str, Any]:
   results = dict(results)
   final_metrics = results.pop('final_metrics', None)
   results.pop('params', None)
@@ -81,6 +100,7 @@ def _summary(config, topo: topology.Topology, results: dict[str, Any]
       'platform': topo.platform,
       'device_kind': topo.device_kind,
       'final_metrics': final_metrics,
+      'ranks': ranks,
       'results': results,
   }
 
@@ -101,7 +121,9 @@ def _implied_by_accelerator(config) -> list[topology.Expectation]:
                                source)]
 
 
-def _run(config, workdir: str, options: Options, supervised: bool) -> None:
+def _join(config, workdir: str, options: Options, supervised: bool
+          ) -> tuple[str, list[topology.Expectation]]:
+  """Devices and jax.distributed; returns the mode and what the pod must be."""
   mode = distributed.plan(options.distributed)
   # On a cluster JAX configures itself, the scheduler's variables say what
   # JAX should find; a disagreement is named with the variable.
@@ -124,12 +146,71 @@ def _run(config, workdir: str, options: Options, supervised: bool) -> None:
     rank_output.setup(place.process_id, place.num_processes, supervised,
                       options.log_all_ranks)
   distributed.prepare_environment(options.distributed.coordinator_address)
-  distributed.initialize(mode, options.distributed)
-
-  actual = topology.current()
+  roll = None
+  if mode != distributed.SINGLE and place.process_id is not None:
+    roll = roll_call.RollCall(
+        workdir, options.distributed.coordinator_address or '',
+        place.process_id, place.num_processes)
+  distributed.initialize(mode, options.distributed, roll)
   if mode == distributed.DETECT and place.num_processes is None:
-    rank_output.setup(actual.process_index, actual.process_count, supervised,
+    import jax  # pylint: disable=g-import-not-at-top
+    rank_output.setup(jax.process_index(), jax.process_count(), supervised,
                       options.log_all_ranks)
+  return mode, expected
+
+
+def _job_id() -> str:
+  """This job's identity for its lease; restarts of one job share it."""
+  if os.environ.get('PODRUN_JOB_ID'):
+    return os.environ['PODRUN_JOB_ID']
+  if os.environ.get('SLURM_JOB_ID'):
+    return f'slurm-{os.environ["SLURM_JOB_ID"]}'
+  return uuid.uuid4().hex
+
+
+def _take_lease(config, workdir: str, options: Options,
+                supervisor: supervisor_lib.Supervisor
+                ) -> Optional[lease_lib.Lease]:
+  """Process 0 leases the workdir (and checkpoint directory) for the job.
+
+  Raises:
+    WorkdirBusyError: on every process, when another job holds a lease.
+  """
+  job = supervisor.job
+  directories = [workdir]
+  if config.get('checkpointing', True):
+    directories.append(checkpoint.directory(config, workdir))
+  lease, refusal = None, ''
+  if job is None or job.process_id == 0:
+    lease = lease_lib.Lease(
+        directories, _job_id(), stale_after_s=options.lease_timeout,
+        on_lost=lambda m: supervisor.abort(exit_codes.WORKDIR_BUSY, m))
+    try:
+      lease.acquire()
+    except lease_lib.WorkdirBusyError as e:
+      lease, refusal = None, str(e)
+    if job is not None:
+      job.set('podrun/lease', refusal or 'ok')
+  else:
+    answer = job.wait('podrun/lease', options.supervision.barrier_timeout)
+    if answer is None:
+      raise coordination.BarrierTimeout('podrun/lease', [0],
+                                        options.supervision.barrier_timeout,
+                                        job.process_count)
+    refusal = '' if answer == 'ok' else answer
+  if refusal:
+    raise lease_lib.WorkdirBusyError(refusal)
+  return lease
+
+
+def _run(config, workdir: str, options: Options, supervised: bool,
+         running: _Running) -> None:
+  mode, expected = _join(config, workdir, options, supervised)
+  coordination.set_default_timeout(options.supervision.barrier_timeout)
+  running.supervisor = supervisor_lib.Supervisor(coordination.current(),
+                                                 options.supervision)
+  running.supervisor.start()
+  actual = topology.current()
   topology.check(expected, actual)
   if actual.process_index == 0:
     logging.info('topology: %s', actual.describe())
@@ -137,23 +218,53 @@ def _run(config, workdir: str, options: Options, supervised: bool) -> None:
     # With jax.distributed, SIGTERM is JAX's preemption notice, which the
     # training loop turns into a checkpoint and exit_codes.PREEMPTED.
     signal.signal(signal.SIGTERM, _terminate)
-
+  if options.supervision.enabled:
+    running.lease = _take_lease(config, workdir, options, running.supervisor)
   run_workload = workload.resolve(config.workload)
   os.makedirs(workdir, exist_ok=True)
   results = run_workload(config, workdir) or {}
+  _finish(config, workdir, actual, results, running.supervisor)
+
+
+def _finish(config, workdir: str, actual: topology.Topology,
+            results: dict[str, Any],
+            supervisor: supervisor_lib.Supervisor) -> None:
+  """Waits (bounded) for every process, then process 0 writes summary.json."""
+  supervisor.finishing()
+  supervisor.publish_final()
+  if supervisor.job is not None:
+    supervisor.job.barrier('podrun/end_of_run')
   if actual.process_index == 0:
-    summary = _summary(config, actual, results)
+    ranks = (supervisor_lib.rank_stats(supervisor.job)
+             if supervisor.options.enabled else [])
+    summary = _summary(config, actual, results, ranks)
     metrics.write_json(os.path.join(workdir, 'summary.json'), summary)
     logging.info('results: %s', metrics.to_json(summary['results']))
     logging.info('wrote %s', os.path.join(workdir, 'summary.json'))
+  supervisor.stop()
+
+
+def _exit_code_of(error: BaseException) -> tuple[int, bool, str]:
+  """(exit code, whether it may be another process's fault, one-line summary)."""
+  if isinstance(error, SystemExit):
+    code = error.code if isinstance(error.code, int) else (
+        0 if error.code is None else 1)
+    return code, True, f'SystemExit({error.code!r})'
+  if isinstance(error, KeyboardInterrupt):
+    return exit_codes.SIGNAL_BASE + signal.SIGINT, False, 'KeyboardInterrupt'
+  summary = supervisor_lib.first_line(error)
+  code = next((c for t, c in _KNOWN_ERRORS if isinstance(error, t)), None)
+  if code is None:
+    return exit_codes.FAILED, True, summary
+  return code, False, summary
 
 
 def run(config, workdir: str, options: Options) -> int:
   """Runs the job in this process and returns its exit code.
 
-  A failing process of a multi-process job leaves at once, without JAX's
-  shutdown barrier, which would wait for the very processes that are now
-  stuck waiting for this one.
+  A failing process publishes its cause to the others (supervisor.py) and
+  leaves at once, without JAX's shutdown barrier, which would wait for the
+  very processes that are now stuck waiting for this one.
 
   Args:
     config: the job's ConfigDict.
@@ -167,31 +278,41 @@ def run(config, workdir: str, options: Options) -> int:
   faulthandler.enable()
   # The local pod's hang watchdog asks for every thread's stack this way.
   faulthandler.register(signal.SIGUSR1, all_threads=True)
+  running = _Running()
   code = exit_codes.OK
   try:
-    _run(config, workdir, options, supervised)
-  except SystemExit as e:
-    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    _run(config, workdir, options, supervised, running)
+  except BaseException as e:  # pylint: disable=broad-except
+    code, may_be_consequence, summary = _exit_code_of(e)
+    own_code = code
+    if code not in (exit_codes.OK, exit_codes.PREEMPTED) and running.supervisor:
+      code = running.supervisor.fail(code, summary, may_be_consequence)
+    _log_failure(e, own_code, consequence=code == exit_codes.PEER_FAILED)
+  finally:
+    if running.lease is not None:
+      running.lease.release()
+  if code != exit_codes.OK and coordination.current() is not None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+  return code
+
+
+def _log_failure(error: BaseException, code: int, consequence: bool) -> None:
+  if consequence:
+    logging.error('this process\'s own error, a consequence of that failure:'
+                  ' %s', supervisor_lib.first_line(error))
+  elif isinstance(error, SystemExit):
     if code:
       logging.error('exiting with code %d (SystemExit)', code)
-  except KeyboardInterrupt:
-    code = exit_codes.SIGNAL_BASE + signal.SIGINT
-  except Exception as e:  # pylint: disable=broad-except
-    code = next((c for t, c in _KNOWN_ERRORS if isinstance(e, t)), None)
-    if code is None:
-      traceback.print_exc()
-      code = exit_codes.FAILED
-    elif code == exit_codes.PREEMPTED:
-      logging.warning('%s', e)
-    else:
-      logging.error('%s', e)
-  if code != exit_codes.OK:
-    from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
-    if jax_distributed.global_state.client is not None:
-      sys.stdout.flush()
-      sys.stderr.flush()
-      os._exit(code)  # pylint: disable=protected-access
-  return code
+  elif isinstance(error, KeyboardInterrupt):
+    pass
+  elif code == exit_codes.FAILED:
+    traceback.print_exception(error)
+  elif code == exit_codes.PREEMPTED:
+    logging.warning('%s', error)
+  else:
+    logging.error('%s', error)
 
 
 def print_plan(argv: list[str], options: distributed.Options,

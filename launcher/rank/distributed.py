@@ -16,10 +16,16 @@ from typing import Mapping, MutableMapping, Optional
 from absl import logging
 
 from launcher import cluster
+from launcher.rank import roll_call
 
 EXPLICIT = 'explicit'  # All of coordinator, count and id given.
 DETECT = 'detect'      # None given, on a cluster JAX configures itself.
 SINGLE = 'single'      # None given, no cluster: one process, no coordinator.
+
+# JAX's own heartbeat timeout exceeds --heartbeat_timeout by this much, so
+# that the supervisor, which names the lost process and exits with
+# exit_codes.PEER_FAILED, acts first.
+JAX_HEARTBEAT_MARGIN_S = 30
 
 _PROXY_VARS = ('http_proxy', 'https_proxy', 'grpc_proxy', 'all_proxy',
                'HTTP_PROXY', 'HTTPS_PROXY', 'GRPC_PROXY', 'ALL_PROXY')
@@ -40,14 +46,20 @@ class Options:
     coordinator_bind_address: 'HOST:PORT' the coordinator listens on; None
       lets JAX listen on every interface, as a real cluster needs.
     initialization_timeout: seconds to wait for every process to join.
-    heartbeat_timeout: seconds after which JAX declares a silent process dead.
+    heartbeat_timeout: seconds of silence after which the project's own
+      supervision (supervisor.py) declares a process lost; JAX's heartbeat,
+      which aborts every process without saying much, is set
+      JAX_HEARTBEAT_MARGIN_S later as a backstop.
+    shutdown_timeout: seconds JAX's shutdown barrier waits at exit for the
+      other processes.
   """
   coordinator_address: Optional[str] = None
   num_processes: Optional[int] = None
   process_id: Optional[int] = None
   coordinator_bind_address: Optional[str] = None
   initialization_timeout: int = 300
-  heartbeat_timeout: int = 100
+  heartbeat_timeout: float = 15
+  shutdown_timeout: float = 300
 
 
 def split_address(address: str, flag: str = '--coordinator_address'
@@ -159,8 +171,8 @@ def _wait_for_coordinator(host: str, port: int, timeout_s: float) -> None:
 
 def check_jax_untouched() -> None:
   """Raises DistributedInitError if JAX's backend is already initialised."""
-  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
-  if xla_bridge.backends_are_initialized():
+  from runtime import coordination  # pylint: disable=g-import-not-at-top
+  if coordination.backend_started():
     raise DistributedInitError(
         'JAX was used before jax.distributed.initialize: its backend is '
         'already initialised, so this process cannot join a multi-process '
@@ -170,12 +182,14 @@ def check_jax_untouched() -> None:
         'into the workload function.')
 
 
-def initialize(mode: str, options: Options) -> None:
+def initialize(mode: str, options: Options,
+               roll: Optional[roll_call.RollCall] = None) -> None:
   """Starts jax.distributed as `mode` says; must run before any JAX work.
 
   Args:
     mode: from `plan`.
     options: the launcher's flags.
+    roll: the job's roll call, to name the processes that never join.
 
   Raises:
     DistributedInitError: when JAX was used before this call, the coordinator
@@ -201,10 +215,15 @@ def initialize(mode: str, options: Options) -> None:
   logging.info('jax.distributed.initialize(%s)', ', '.join(
       f'{k}={v!r}' for k, v in kwargs.items()) or 'detected from the cluster')
   try:
-    jax.distributed.initialize(
-        initialization_timeout=options.initialization_timeout,
-        heartbeat_timeout_seconds=options.heartbeat_timeout,
-        **kwargs)
+    with roll_call.Watch(roll, options.initialization_timeout):
+      # JAX's own timeout, which aborts without naming anyone, comes later.
+      jax.distributed.initialize(
+          initialization_timeout=int(options.initialization_timeout +
+                                     JAX_HEARTBEAT_MARGIN_S),
+          heartbeat_timeout_seconds=int(options.heartbeat_timeout +
+                                        JAX_HEARTBEAT_MARGIN_S),
+          shutdown_timeout_seconds=int(options.shutdown_timeout),
+          **kwargs)
   except Exception as e:  # JAX raises several types; name them all the same.
     raise DistributedInitError(
         f'jax.distributed.initialize failed ({mode}): '

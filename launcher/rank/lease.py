@@ -1,0 +1,224 @@
+"""One job per workdir: a lease file that the running job keeps renewing.
+
+Two jobs writing one checkpoint directory destroy each other's checkpoints
+(orbax's temporary directories collide, a resume reads a half-written step).
+A requeued SLURM job, a retried Kubernetes pod or a second terminal does
+exactly that. So process 0 of a job takes a lease, `.podrun_lease.json`, in
+its workdir and in its checkpoint directory before anything is written, and
+renews it every few seconds:
+
+- a lease held by another job and renewed recently stops the new job before
+  it touches anything, naming the holder (host, pid, job id, since when);
+- a lease not renewed for `stale_after_s` (its holder died without
+  releasing it), or whose holder's process no longer runs on this very
+  host, is taken over with a warning;
+- a lease of the same job id (a restart of this very job) is taken over at
+  once;
+- a clean exit releases it.
+
+Creation is exclusive on a local or shared POSIX file system (O_EXCL). On
+object stores (gs://, through etils.epath as orbax uses) a write cannot be
+exclusive, so the taker writes, waits a moment and reads back: of two
+takers, the one whose token is not there any more backs off.
+"""
+
+import dataclasses
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Callable, Optional
+
+from absl import logging
+from etils import epath
+
+LEASE_FILE = '.podrun_lease.json'
+_SETTLE_S = 1.0
+
+
+class WorkdirBusyError(RuntimeError):
+  """Another live job holds the lease on a directory this job would use."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+  """Who holds a lease. Times are seconds since the epoch."""
+  job_id: str
+  host: str
+  pid: int
+  since: float
+  renewed: float
+  token: str
+
+  def describe(self) -> str:
+    return (f'job {self.job_id} (host {self.host}, pid {self.pid}, since '
+            f'{_utc(self.since)}, last renewed {_utc(self.renewed)})')
+
+
+def _utc(t: float) -> str:
+  return time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t))
+
+
+def _launcher_alive(pid: int) -> bool:
+  """Whether `pid` runs a launcher on this host (a recycled pid does not)."""
+  if pid == os.getpid():
+    return True
+  try:
+    with open(f'/proc/{pid}/cmdline', 'rb') as f:
+      return b'launcher' in f.read()
+  except OSError:
+    return False
+
+
+def _is_local(path: str) -> bool:
+  return '://' not in path
+
+
+def _read(path: epath.Path) -> Optional[Holder]:
+  try:
+    return Holder(**json.loads(path.read_text()))
+  except (FileNotFoundError, OSError, ValueError, TypeError):
+    return None
+
+
+def _create_exclusive(path: epath.Path, holder: Holder) -> bool:
+  """Creates the lease file on a POSIX file system; False if it exists."""
+  try:
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+  except FileExistsError:
+    return False
+  with os.fdopen(fd, 'w') as f:
+    f.write(json.dumps(dataclasses.asdict(holder)))
+  return True
+
+
+def _write(path: epath.Path, holder: Holder) -> None:
+  """Replaces the lease file whole, so that readers never see half of it."""
+  text = json.dumps(dataclasses.asdict(holder))
+  if not _is_local(str(path)):
+    path.write_text(text)
+    return
+  tmp = f'{path}.tmp{os.getpid()}'
+  with open(tmp, 'w') as f:
+    f.write(text)
+  os.replace(tmp, str(path))
+
+
+class Lease:
+  """The leases of one job on its directories.
+
+  Example:
+    >>> lease = Lease(['/runs/a', '/runs/a/checkpoints'], job_id='x')
+    >>> lease.acquire()   # raises WorkdirBusyError when another job holds one
+    >>> ...
+    >>> lease.release()
+  """
+
+  def __init__(self, directories: list[str], job_id: str,
+               stale_after_s: float = 60, renew_every_s: float = 10,
+               on_lost: Optional[Callable[[str], None]] = None,
+               clock: Callable[[], float] = time.time):
+    self.paths = [epath.Path(d) / LEASE_FILE for d in dict.fromkeys(directories)]
+    self.stale_after_s = stale_after_s
+    self.renew_every_s = renew_every_s
+    self._on_lost = on_lost
+    self._clock = clock
+    now = clock()
+    self.holder = Holder(job_id, socket.gethostname(), os.getpid(), now, now,
+                         uuid.uuid4().hex)
+    self._held: list[epath.Path] = []
+    self._stop = threading.Event()
+    self._thread = None
+
+  def acquire(self) -> None:
+    """Takes every lease, or none.
+
+    Raises:
+      WorkdirBusyError: naming the directory and the job that holds it.
+    """
+    try:
+      for path in self.paths:
+        self._take(path)
+        self._held.append(path)
+    except BaseException:
+      self.release()
+      raise
+    self._thread = threading.Thread(target=self._renew_loop, daemon=True,
+                                    name='podrun-lease')
+    self._thread.start()
+
+  def _take(self, path: epath.Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    local = _is_local(str(path))
+    if local and _create_exclusive(path, self.holder):
+      return
+    current = _read(path)
+    if current is not None:
+      self._check_takeover(path, current)
+    _write(path, self.holder)
+    # Of two jobs taking the same lease at once, the later write wins: let
+    # it land, then look whose token is there.
+    time.sleep(_SETTLE_S if not local else _SETTLE_S / 5)
+    current = _read(path)
+    if current is None or current.token != self.holder.token:
+      raise WorkdirBusyError(
+          f'{path.parent} was taken by '
+          f'{current.describe() if current else "another job"} at the same '
+          'moment; this job stops without touching it.')
+
+  def _check_takeover(self, path: epath.Path, current: Holder) -> None:
+    age = self._clock() - current.renewed
+    if current.job_id == self.holder.job_id:
+      logging.info('taking over the lease on %s from an earlier attempt of '
+                   'job %s', path.parent, current.job_id)
+      return
+    if current.host == self.holder.host and not _launcher_alive(current.pid):
+      logging.warning('taking over the lease on %s from %s: its process no '
+                      'longer runs on this host', path.parent,
+                      current.describe())
+      return
+    if age <= self.stale_after_s:
+      raise WorkdirBusyError(
+          f'{path.parent} is in use by {current.describe()}, renewed '
+          f'{age:.0f} s ago. Two jobs on one workdir or checkpoint directory '
+          'would overwrite each other\'s checkpoints, so this job stops '
+          'before touching anything. Wait for that job to end, stop it, or '
+          'use another --workdir (or config.checkpoint_dir). A lease not '
+          f'renewed for {self.stale_after_s:g} s (--lease_timeout) is taken '
+          f'over; delete {path} only if you are sure that job is gone.')
+    logging.warning('taking over the lease on %s from %s: not renewed for '
+                    '%.0f s (--lease_timeout=%g), so that job is taken for '
+                    'dead', path.parent, current.describe(), age,
+                    self.stale_after_s)
+
+  def _renew_loop(self) -> None:
+    while not self._stop.wait(self.renew_every_s):
+      for path in list(self._held):
+        current = _read(path)
+        if current is None or current.token != self.holder.token:
+          taker = current.describe() if current else 'someone (it is gone)'
+          message = (f'lost the lease on {path.parent} to {taker}; this job '
+                     'stops so that the two jobs do not both write there')
+          logging.error('%s', message)
+          self._held.remove(path)
+          if self._on_lost is not None:
+            self._on_lost(message)
+          return
+        self.holder = dataclasses.replace(self.holder, renewed=self._clock())
+        _write(path, self.holder)
+
+  def release(self) -> None:
+    """Stops renewing and removes the leases this job still holds."""
+    self._stop.set()
+    if self._thread is not None and self._thread is not threading.current_thread():
+      self._thread.join(timeout=5)
+    for path in self._held:
+      current = _read(path)
+      if current is not None and current.token == self.holder.token:
+        try:
+          path.unlink()
+        except (FileNotFoundError, OSError):
+          pass
+    self._held = []

@@ -1,0 +1,199 @@
+"""Supervision without a local pod: processes started by hand, as on a cluster.
+
+Each test starts 2 or 3 `python -m launcher` processes with explicit
+coordinator flags (tests/cluster.py), makes one misbehave, and checks what
+every process does on its own: which exit code, how fast, what its log
+names. Nothing supervises them from outside; every test checks that no
+process of the job survives.
+"""
+
+import json
+import re
+import signal
+import time
+
+import pytest
+
+from launcher import exit_codes
+from tests import cluster
+from tests import helpers
+
+pytestmark = pytest.mark.timeout(180)
+
+PROBE = f'--config={helpers.PROBE_CONFIG}'
+LONG = '--config.steps=1000000'
+NO_CKPT = '--config.checkpointing=False'
+# Divides over 3 processes x 1 device (and 2).
+BATCH = '--config.global_batch_size=240'
+
+
+def _fault_time(output: str, mode: str) -> float:
+  return float(re.search(rf'probe: {mode} at ([\d.]+)', output).group(1))
+
+
+def test_an_exception_on_rank_1_is_named_on_every_rank(tmp_path):
+  with cluster.Cluster(tmp_path, 3, [PROBE, LONG, NO_CKPT, BATCH,
+                                     '--config.fail_rank=1',
+                                     '--config.fail_step=30',
+                                     '--config.fail_mode=raise']) as job:
+    exits = job.wait(timeout=120)
+  assert exits[1].code == exit_codes.FAILED, exits[1].output
+  fault = _fault_time(exits[1].output, 'raise')
+  for rank in (0, 2):
+    assert exits[rank].code == exit_codes.PEER_FAILED, exits[rank].output
+    assert exits[rank].at - fault < 2, (rank, exits[rank].at - fault)
+    line = helpers.first_line_with(exits[rank].output, 'failed first')
+    assert line is not None, exits[rank].output
+    assert re.search(r'rank 1 on \S+ failed first: exit 1 \(RuntimeError: '
+                     r'probe: rank 1 raises on purpose\)', line), line
+  # The failing rank's own traceback is in its own log.
+  assert 'RuntimeError: probe: rank 1 raises on purpose' in exits[1].output
+
+
+def test_a_rank_that_exits_7_keeps_its_code_and_rank_0_names_it(tmp_path):
+  with cluster.Cluster(tmp_path, 2, [PROBE, LONG, NO_CKPT,
+                                     '--config.fail_rank=1',
+                                     '--config.fail_step=30',
+                                     '--config.fail_code=7']) as job:
+    exits = job.wait(timeout=120)
+  assert exits[1].code == 7, exits[1].output
+  assert exits[0].code == exit_codes.PEER_FAILED, exits[0].output
+  assert 'failed first: exit 7' in exits[0].output
+  assert exits[0].at - _fault_time(exits[1].output, 'exit') < 2
+
+
+def test_a_sigkilled_rank_is_named_as_lost(tmp_path):
+  with cluster.Cluster(tmp_path, 2, [PROBE, LONG, NO_CKPT,
+                                     '--heartbeat_timeout=5']) as job:
+    job.wait_until_stepping()
+    killed = job.signal(1, signal.SIGKILL)
+    exits = job.wait(timeout=60)
+  assert exits[1].code == -signal.SIGKILL
+  assert exits[0].code == exit_codes.PEER_FAILED, exits[0].output
+  assert exits[0].at - killed < 5 + 5, exits[0].at - killed
+  assert re.search(r'rank 1 on \S+ was lost: no heartbeat for \d+ s '
+                   r'\(--heartbeat_timeout=5\)', exits[0].output), (
+                       exits[0].output)
+
+
+def test_a_hung_input_stops_every_rank_with_stacks_and_names_it(tmp_path):
+  with cluster.Cluster(tmp_path, 2, [PROBE, LONG, NO_CKPT,
+                                     '--config.fail_rank=1',
+                                     '--config.fail_step=30',
+                                     '--config.fail_mode=hang',
+                                     '--stall_timeout=5']) as job:
+    exits = job.wait(timeout=90)
+  fault = _fault_time(exits[1].output, 'hang')
+  for rank in (0, 1):
+    out = exits[rank].output
+    assert exits[rank].code == exit_codes.STALLED, out
+    assert exits[rank].at - fault < 5 + 10, exits[rank].at - fault
+    assert 'most recent call first' in out, out  # Every thread's stack.
+  assert '_misbehave' in exits[1].output  # Rank 1's stack shows where.
+  laggards = helpers.first_line_with(exits[0].output, 'laggards:')
+  assert laggards is not None and 'laggards: rank 1 on' in laggards, (
+      exits[0].output)
+  assert 'the job stalled' in laggards
+
+
+def test_a_hang_before_the_first_step(tmp_path):
+  with cluster.Cluster(tmp_path, 2, [PROBE, LONG, NO_CKPT,
+                                     '--config.fail_rank=1',
+                                     '--config.fail_step=0',
+                                     '--config.fail_mode=hang',
+                                     '--first_step_timeout=8']) as job:
+    exits = job.wait(timeout=90)
+  for rank in (0, 1):
+    assert exits[rank].code == exit_codes.STALLED, exits[rank].output
+    assert 'most recent call first' in exits[rank].output
+  assert 'no first step completed within 8 s (--first_step_timeout)' in (
+      exits[0].output + exits[1].output)
+  assert 'laggards: rank 1 on' in exits[0].output, exits[0].output
+
+
+def test_a_rank_that_never_joins_is_named(tmp_path):
+  with cluster.Cluster(tmp_path, 3, ['--config=configs/linear_regression.py',
+                                     '--initialization_timeout=5'],
+                       start=[0, 1]) as job:
+    exits = job.wait(timeout=60)
+  for rank in (0, 1):
+    assert exits[rank].code == exit_codes.DISTRIBUTED_INIT_FAILED, (
+        exits[rank].output)
+    assert ('the job did not form within 5 s (--initialization_timeout): '
+            'rank 2 of 3 never joined') in exits[rank].output
+
+
+def test_a_preemption_with_a_dead_rank_ends_in_a_bounded_wait(tmp_path):
+  with cluster.Cluster(tmp_path, 3, [PROBE, LONG, BATCH,
+                                     '--heartbeat_timeout=5',
+                                     '--config.checkpoint_every=0']) as job:
+    job.wait_until_stepping()
+    killed = job.signal(2, signal.SIGKILL)
+    job.signal(0, signal.SIGTERM)  # A preemption notice, rank 2 gone.
+    exits = job.wait(timeout=60)
+  for rank in (0, 1):
+    assert exits[rank].code == exit_codes.PEER_FAILED, exits[rank].output
+    assert exits[rank].at - killed < 5 + 5
+    assert re.search(r'rank 2 on \S+ was lost', exits[rank].output), (
+        exits[rank].output)
+
+
+def test_stragglers_are_warned_about_and_step_times_summarised(tmp_path):
+  with cluster.Cluster(tmp_path, 2, [PROBE, '--config.steps=40',
+                                     '--config.log_every=10', NO_CKPT,
+                                     '--config.fail_rank=1',
+                                     '--config.fail_step=5',
+                                     '--config.fail_mode=slow',
+                                     '--config.fail_seconds=0.1']) as job:
+    exits = job.wait(timeout=120)
+  assert [e.code for e in exits.values()] == [0, 0], exits[0].output
+  warning = helpers.first_line_with(exits[0].output, 'straggler:')
+  assert warning is not None, exits[0].output
+  assert re.search(r'straggler: rank 1 on \S+ spends 0\.\d+ s of its own '
+                   r'per step', warning), warning
+  ranks = helpers.read_json(tmp_path / 'summary.json')['ranks']
+  assert [r['rank'] for r in ranks] == [0, 1]
+  for r in ranks:
+    assert r['step_time_median_s'] > 0.09, ranks  # Everyone waits for rank 1.
+    assert r['step_time_p99_s'] >= r['step_time_median_s']
+  assert ranks[1]['own_time_median_s'] > 0.09 > ranks[0]['own_time_median_s']
+
+
+def _run_probe(workdir, *args, timeout=120):
+  return helpers.run_launcher([PROBE, f'--workdir={workdir}', *args],
+                              timeout=timeout)
+
+
+def test_a_second_job_on_a_busy_workdir_is_refused(tmp_path):
+  undisturbed = _run_probe(tmp_path / 'alone', '--config.steps=40')
+  assert undisturbed.returncode == 0, undisturbed.output
+  busy = tmp_path / 'busy'
+  # The first job pauses 6 s at step 20, holding its lease.
+  with cluster.Cluster(busy, 2, [PROBE, '--config.steps=40',
+                                 '--config.fail_rank=0',
+                                 '--config.fail_step=20',
+                                 '--config.fail_mode=sleep',
+                                 '--config.fail_seconds=6']) as first:
+    first.wait_until_stepping(step=20)
+    second = _run_probe(busy, '--config.steps=40', timeout=60)
+    exits = first.wait(timeout=120)
+  assert second.returncode == exit_codes.WORKDIR_BUSY, second.output
+  assert re.search(r'is in use by job \S+ \(host \S+, pid \d+, since ',
+                   second.output), second.output
+  assert [e.code for e in exits.values()] == [0, 0], exits[0].output
+  fingerprint = lambda d: helpers.read_json(d / 'ranks' / 'rank_0.json')[
+      'fingerprint']
+  assert fingerprint(busy) == fingerprint(tmp_path / 'alone')
+  assert not (busy / '.podrun_lease.json').exists()  # Released at the end.
+
+
+def test_a_stale_lease_is_taken_over(tmp_path):
+  tmp_path.mkdir(exist_ok=True)
+  stale = {'job_id': 'gone', 'host': 'elsewhere', 'pid': 1,
+           'since': time.time() - 600, 'renewed': time.time() - 120,
+           'token': 'x'}
+  (tmp_path / '.podrun_lease.json').write_text(json.dumps(stale))
+  result = _run_probe(tmp_path, '--config.steps=10', '--lease_timeout=60')
+  assert result.returncode == 0, result.output
+  assert 'taking over the lease on' in result.output
+  assert 'job gone (host elsewhere, pid 1' in result.output
