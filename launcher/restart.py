@@ -86,15 +86,18 @@ def _sleep_unless_signalled(seconds: float) -> bool:
 
 def run(start_pod: Callable[[int], 'object'], max_restarts: int,
         first_backoff_s: float, retryable: tuple[int, ...],
-        logs_dir: str) -> int:
+        logs_dir: str, say: Callable[[str], None] = _say) -> int:
   """Runs pods until one ends for good; returns the last one's exit code.
 
   Args:
-    start_pod: attempt number (1, 2, ...) -> a `local_pod.Pod` to run.
+    start_pod: attempt number (1, 2, ...) -> a `local_pod.Pod` (or a TPU
+      pod's `pod_driver.Attempt`) to run: anything with `run() -> exit code`
+      and `launcher_signalled`.
     max_restarts: how many times to start the job again at most.
     first_backoff_s: the wait before the first restart.
     retryable: exit codes besides PREEMPTED that are retried.
     logs_dir: where attempts.jsonl records each attempt's end.
+    say: how to tell the user.
 
   A pod whose launcher itself got SIGINT or SIGTERM is not restarted: that
   stop came from whoever runs the launcher.
@@ -116,21 +119,21 @@ def run(start_pod: Callable[[int], 'object'], max_restarts: int,
     else:
       tally.failures += 1
     if tally.restarts >= max_restarts:
-      _say(f'not restarting: --max_restarts={max_restarts} used up')
+      say(f'not restarting: --max_restarts={max_restarts} used up')
       break
     tally.restarts += 1
     wait = backoff_s(first_backoff_s, tally.restarts)
     what = ('a preemption' if kind == 'preempted'
             else f'retryable exit code {code}')
-    _say(f'restart {tally.restarts}/{max_restarts} after {what} in {wait:g} '
+    say(f'restart {tally.restarts}/{max_restarts} after {what} in {wait:g} '
          f's; so far {tally.preemptions} preemption(s) and {tally.failures} '
          'retryable failure(s)')
     if not _sleep_unless_signalled(wait):
-      _say('stopped while waiting to restart')
+      say('stopped while waiting to restart')
       break
     attempt += 1
   if max_restarts:
-    _say(f'job ended with exit code {code} after {tally.describe()}')
+    say(f'job ended with exit code {code} after {tally.describe()}')
   return code
 
 

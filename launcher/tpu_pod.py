@@ -2,6 +2,7 @@
 
 scripts/launch_tpu_pod.sh calls this module on the machine it runs on:
 
+  python -m launcher.tpu_pod launch <the script's flags> -- <launcher flags>
   python -m launcher.tpu_pod preflight --tpu=NAME --zone=ZONE [--project=P]
       [--wait_healthy=600] -- <launcher flags>
   python -m launcher.tpu_pod recoverable --tpu=NAME --zone=ZONE [--project=P]
@@ -213,7 +214,24 @@ def expected_accelerator_type(launcher_args: Sequence[str]) -> Optional[str]:
   return topology.get('accelerator_type')
 
 
+def explain_api_error(tpu: str, error: Exception) -> str:
+  """One message for a failure to read the pod through the Cloud TPU API."""
+  if 'DefaultCredentialsError' in type(error).__name__ or (
+      'default credentials' in str(error).lower()):
+    return (f'cannot read TPU {tpu} through the Cloud TPU API: no '
+            'Application Default Credentials. Run `gcloud auth '
+            'application-default login` on this machine (a logged-in gcloud '
+            'is not enough), or skip this check with --skip_preflight.')
+  if isinstance(error, PodUnavailableError):
+    return str(error)
+  return (f'cannot read TPU {tpu} through the Cloud TPU API: '
+          f'{type(error).__name__}: {error}')
+
+
 def _main(argv: list[str]) -> int:
+  if argv[:1] == ['launch']:
+    from launcher import pod_driver  # pylint: disable=g-import-not-at-top
+    return pod_driver.main(argv[1:])
   import argparse  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(prog='python -m launcher.tpu_pod')
   sub = parser.add_subparsers(dest='command', required=True)
@@ -252,10 +270,8 @@ def _main(argv: list[str]) -> int:
   except Exception as e:  # pylint: disable=broad-except
     # Credentials, network and API errors come in many types; all mean the
     # pod cannot be read, so nothing is launched.
-    detail = str(e) if isinstance(e, PodUnavailableError) else (
-        f'cannot read TPU {args.tpu} through the Cloud TPU API: '
-        f'{type(e).__name__}: {e}')
-    print(f'tpu_pod: error: {detail}', file=sys.stderr)
+    print(f'tpu_pod: error: {explain_api_error(args.tpu, e)}',
+          file=sys.stderr)
     return exit_codes.POD_UNAVAILABLE
   print(json.dumps(info.as_dict()))
   return exit_codes.OK

@@ -2,14 +2,18 @@
 
 tests/fake_gcloud/gcloud stands in for gcloud: each worker is a directory
 that serves as its home and a local process per ssh call; the workers meet on
-127.0.0.1. The preflight needs the Cloud TPU API, which tests/test_tpu_pod.py
-covers with a fake service, so these runs pass --skip_preflight.
+127.0.0.1. It behaves as the Cloud SDK and OpenSSH do (see its docstring):
+the command is re-parsed by a fresh remote bash, ssh reads its stdin, an
+exit of 255 is run again, a killed client leaves its remote side running.
+The preflight needs the Cloud TPU API, which tests/test_tpu_pod.py covers
+with a fake service, so these runs pass --skip_preflight.
 """
 
 import json
 import os
 import pathlib
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -36,7 +40,7 @@ def _free_port() -> int:
 class FakePod:
   """The environment and paths of one emulated pod."""
 
-  def __init__(self, tmp_path: pathlib.Path, workers: int = 2):
+  def __init__(self, tmp_path: pathlib.Path, workers: int = 2, **env):
     self.root = tmp_path / 'pod'
     self.logs = tmp_path / 'logs'
     self.calls = tmp_path / 'gcloud_calls.jsonl'
@@ -44,22 +48,24 @@ class FakePod:
     self.env = helpers.launcher_env(
         PATH=f'{FAKE_BIN}{os.pathsep}{os.environ["PATH"]}',
         FAKE_TPU_POD_ROOT=str(self.root), FAKE_TPU_WORKERS=str(workers),
-        FAKE_TPU_NAME='fake-pod',
+        FAKE_TPU_NAME='fake-pod', FAKE_TPU_ACCELERATOR_TYPE=f'v4-{8 * workers}',
         FAKE_TPU_COORDINATOR_PORT=str(_free_port()),
-        FAKE_GCLOUD_CALLS=str(self.calls),
-        PODRUN_LOCAL_PYTHON=sys.executable)
+        FAKE_TPU_WORKER_PATH=f'{os.path.dirname(sys.executable)}:/usr/bin:/bin',
+        FAKE_GCLOUD_CALLS=str(self.calls), FAKE_GCLOUD_RETRY_S='1',
+        PODRUN_LOCAL_PYTHON=sys.executable, **env)
 
-  def args(self, *script_args, job_id='test-job'):
+  def args(self, *script_args, job_id='test-job', python=sys.executable):
     return [SCRIPT, '--tpu=fake-pod', '--zone=zone-a', '--project=proj',
-            '--skip_preflight', f'--worker_python={sys.executable}',
+            '--skip_preflight', f'--worker_python={python}',
             f'--log_dir={self.logs}', f'--job_id={job_id}', '--stop_grace=5',
             *script_args]
 
   def start(self, *script_args, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(self.args(*script_args, **kwargs),
                             cwd=helpers.REPO, env=self.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
 
   def run(self, *script_args, timeout=200, **kwargs) -> helpers.Result:
     started = time.monotonic()
@@ -68,10 +74,9 @@ class FakePod:
       return helpers.finish(proc, timeout, started)
     finally:
       helpers.kill_group(proc)
-      self.kill_leftovers()
 
   def processes(self) -> list[int]:
-    """Live processes of this pod (they carry its root in their environment)."""
+    """Live processes on the pod's workers (their environment names it)."""
     return helpers.processes_with_env(f'FAKE_TPU_POD_ROOT={self.root}')
 
   def kill_leftovers(self) -> None:
@@ -84,95 +89,255 @@ class FakePod:
   def log(self, worker: int) -> str:
     return (self.logs / f'worker_{worker}.log').read_text()
 
+  def job_log(self, worker: int, job_id: str = 'test-job-a1') -> str:
+    """What the job itself wrote on the worker."""
+    return (self.root / f'worker_{worker}' / 'podrun' / 'jobs' / job_id /
+            'log').read_text()
+
   def gcloud_calls(self) -> list[list[str]]:
     return [json.loads(l) for l in self.calls.read_text().splitlines()]
 
 
+@pytest.fixture
+def pod(tmp_path):
+  fake = FakePod(tmp_path)
+  yield fake
+  leftovers = fake.processes()
+  fake.kill_leftovers()
+  assert not leftovers, f'processes left on the pod: {leftovers}'
+
+
+def _job_lines(log: str) -> list[str]:
+  """A worker_W.log without the driver's headers and podrun lines."""
+  return [l for l in log.splitlines()
+          if not l.startswith(('===== attempt', 'podrun: '))]
+
+
 LINEAR = ['--config=configs/linear_regression.py', '--config.steps=30',
           '--local_devices=4']
+PROBE = [f'--config={helpers.PROBE_CONFIG}', '--local_devices=4']
 
 
-def test_runs_the_job_on_every_emulated_worker(tmp_path):
-  pod = FakePod(tmp_path)
+def test_runs_the_job_on_every_emulated_worker(pod, tmp_path):
   workdir = tmp_path / 'work'
   result = pod.run('--', *LINEAR, f'--workdir={workdir}')
   assert result.returncode == 0, result.output
-  assert not pod.processes()
   for w in range(2):
     log = pod.log(w)
     assert log.startswith('===== attempt 1 of job test-job =====')
     assert log.rstrip().endswith('podrun: exit 0')
     assert f'[worker {w}] ' in result.stdout
+    # Every line the job wrote reached the log, once.
+    assert _job_lines(log) == _job_lines(pod.job_log(w))
   assert 'step 30/30' in pod.log(0)
   prints = [helpers.read_json(workdir / 'ranks' / f'rank_{i}.json')
             for i in range(2)]
   assert prints[0]['fingerprint'] == prints[1]['fingerprint']
   summary = helpers.read_json(workdir / 'summary.json')
   assert (summary['process_count'], summary['device_count']) == (2, 8)
-  verbs = [(c[3], next(a for a in c if a.startswith('--worker')))
-           for c in pod.gcloud_calls()]
-  assert verbs == [('scp', '--worker=all'), ('ssh', '--worker=all'),
-                   ('ssh', '--worker=all')]
-  # Every worker got the same code, named by its hash.
+  verbs = [c[3] for c in pod.gcloud_calls()]
+  assert verbs == ['describe', 'ssh', 'scp', 'ssh', 'ssh']  # ssh: check,
+  # set-up, run. Every worker got the same code, named by its hash.
   code_dirs = [sorted((pod.root / f'worker_{w}' / 'podrun').glob('code-*'))
                for w in range(2)]
   assert len(code_dirs[0]) == 1 and code_dirs[0][0].name == code_dirs[1][0].name
-  assert (code_dirs[0][0] / '.podrun-ready').exists()
   assert not (code_dirs[0][0] / '.venv').exists()  # --worker_python
+  assert sorted(os.listdir(pod.logs)) == [
+      'attempts.jsonl', 'code.tar.gz', 'gcloud.log', 'worker_0.log',
+      'worker_1.log']
 
 
-def test_a_failing_worker_stops_the_others(tmp_path):
-  pod = FakePod(tmp_path)
+def test_a_failing_worker_stops_the_others_and_every_line_arrives(pod,
+                                                                   tmp_path):
   result = pod.run(
-      '--', f'--config={helpers.PROBE_CONFIG}', '--config.steps=100000',
-      '--config.fail_rank=1', '--config.fail_step=5', '--config.fail_code=7',
-      '--local_devices=4', '--config.checkpointing=False',
-      f'--workdir={tmp_path / "work"}')
+      '--', *PROBE, '--config.steps=100000', '--config.fail_rank=1',
+      '--config.fail_step=40', '--config.fail_code=7', '--config.log_every=1',
+      '--config.checkpointing=False', f'--workdir={tmp_path / "work"}')
   assert result.returncode == 7, result.output
   assert 'worker 1 exited 7 first' in result.stderr
-  assert 'podrun: exit 7' in pod.log(1)
+  assert pod.log(1).rstrip().endswith('podrun: exit 7')
   # Worker 0 learnt the cause from worker 1 itself and stopped with 10.
+  assert pod.log(0).rstrip().endswith('podrun: exit 10'), pod.log(0)[-2000:]
   assert re.search(r'rank 1 on \S+ failed first: exit 7 \(SystemExit\(7\)\)',
                    pod.log(0)), pod.log(0)
-  # Worker 0 was stopped through its process group, not left to time out.
-  assert (pod.logs / 'stop.log').exists()
-  assert 'podrun: exit' in pod.log(0)
-  assert not pod.processes()
+  for w in range(2):  # Nothing lost after the failure, nothing twice.
+    assert _job_lines(pod.log(w)) == _job_lines(pod.job_log(w))
+    assert f'[worker {w}] podrun: exit' in result.stdout
 
 
-def test_ctrl_c_stops_every_worker(tmp_path):
-  pod = FakePod(tmp_path)
-  started = time.monotonic()
-  proc = pod.start('--', f'--config={helpers.PROBE_CONFIG}',
-                   '--config.steps=100000', '--config.log_every=1',
-                   '--local_devices=4', '--config.checkpointing=False',
+def test_a_worker_exiting_255_is_not_run_again(pod, tmp_path):
+  result = pod.run(
+      '--', *PROBE, '--config.steps=100000', '--config.fail_rank=1',
+      '--config.fail_step=5', '--config.fail_code=255',
+      '--config.checkpointing=False', f'--workdir={tmp_path / "work"}')
+  assert result.returncode == 255, result.output
+  assert pod.log(1).rstrip().endswith('podrun: exit 255')
+  assert 'connection to worker' not in result.stderr  # gcloud did not rerun.
+  for w in range(2):
+    assert pod.job_log(w).count('podrun: starting job test-job-a1') == 1
+
+
+def test_a_dropped_connection_reattaches_and_the_job_goes_on(tmp_path):
+  pod = FakePod(tmp_path, FAKE_SSH_DROP='1:4: run ')
+  try:
+    result = pod.run(
+        '--', *PROBE, '--config.steps=40', '--config.fail_rank=0',
+        '--config.fail_step=10', '--config.fail_mode=sleep',
+        '--config.fail_seconds=8', '--config.checkpointing=False',
+        f'--workdir={tmp_path / "work"}')
+  finally:
+    pod.kill_leftovers()
+  assert result.returncode == 0, result.output
+  assert 'connection to worker 1 lost (255); retrying' in result.stderr
+  log = pod.log(1)
+  assert 'already runs here: following it' in log
+  assert _job_lines(log) == _job_lines(pod.job_log(1))  # Once each.
+  assert pod.job_log(1).count('podrun: starting job test-job-a1') == 1
+
+
+def test_a_sigkilled_launching_side_leaves_nothing_running(pod, tmp_path):
+  proc = pod.start('--orphan_timeout=5', '--', *PROBE, '--config.steps=100000',
+                   '--config.log_every=1', f'--workdir={tmp_path / "work"}')
+  try:
+    assert helpers.wait_for(
+        lambda: (pod.logs / 'worker_0.log').exists() and
+        'step 2/' in pod.log(0), 120), 'the job never got going'
+    os.killpg(proc.pid, signal.SIGKILL)  # The laptop, gone: gcloud and ssh.
+    proc.wait()
+    assert pod.processes(), 'the job should outlive its ssh sessions a while'
+    # 5 s without a follower, then SIGTERM, and SIGKILL 5 s later at most.
+    assert helpers.wait_for(lambda: not pod.processes(), 40), pod.processes()
+  finally:
+    helpers.kill_group(proc)
+  job_dir = pod.root / 'worker_0' / 'podrun' / 'jobs' / 'test-job-a1'
+  assert 'the launching side is gone' in (job_dir / 'log').read_text()
+  assert (job_dir / 'exit').exists()
+
+
+def test_a_launch_over_a_running_job_names_it_or_replaces_it(pod, tmp_path):
+  first = pod.start('--', *PROBE, '--config.steps=100000',
+                    '--config.log_every=1', '--config.checkpointing=False',
+                    f'--workdir={tmp_path / "first"}', job_id='first')
+  try:
+    assert helpers.wait_for(
+        lambda: (pod.logs / 'worker_0.log').exists() and
+        'step 2/' in pod.log(0), 120), 'the first job never got going'
+    refused = pod.run('--', *LINEAR, f'--workdir={tmp_path / "second"}',
+                      job_id='second')
+    assert refused.returncode == 11, refused.output
+    assert 'job(s) first-a1 (since' in refused.stdout
+    assert 'launch with --replace to stop them first' in refused.stdout
+    replaced = pod.run('--replace', '--', *LINEAR,
+                       f'--workdir={tmp_path / "second"}', job_id='second')
+    assert replaced.returncode == 0, replaced.output
+    assert '--replace: stopping job first-a1' in replaced.stdout
+    helpers.finish(first, 60, time.monotonic())
+  finally:
+    helpers.kill_group(first)
+
+
+def test_a_pod_jax_cannot_form_stops_with_3(tmp_path):
+  # No cluster for JAX to find: each worker would be "process 0 of 1".
+  pod = FakePod(tmp_path, FAKE_TPU_NO_CLUSTER='1')
+  try:
+    result = pod.run('--', *LINEAR, f'--workdir={tmp_path / "work"}')
+  finally:
+    pod.kill_leftovers()
+  assert result.returncode == exit_codes.TOPOLOGY_MISMATCH, result.output
+  assert ("num_processes: the TPU pod's 2 workers (PODRUN_EXPECTED_PROCESSES,"
+          ' from scripts/launch_tpu_pod.sh) expects 2, but 1 processes joined'
+          ' the job') in pod.log(0)
+  assert not (tmp_path / 'work' / 'summary.json').exists()
+
+
+def test_a_worker_with_python_3_10_fails_at_once_naming_it(tmp_path):
+  old = tmp_path / 'old_python'
+  old.mkdir()
+  (old / 'python3').write_text('#!/bin/sh\necho 3.10\n')
+  (old / 'python3').chmod(0o755)
+  pod = FakePod(tmp_path, FAKE_TPU_WORKER_PATH_1=str(old))
+  result = pod.run('--', *LINEAR, python='')
+  assert result.returncode == exit_codes.CONFIG_ERROR, result.output
+  assert 'worker 1: found ' + str(old / 'python3') + '=3.10' in result.stderr
+  assert 'python3.11 python3.11-venv' in result.stderr
+  assert 'worker 0: found' not in result.stderr
+  assert [c[3] for c in pod.gcloud_calls()] == ['describe', 'ssh']  # No copy.
+  assert result.elapsed < 30
+
+
+def test_sigterm_stops_every_worker_and_exits_143(pod, tmp_path):
+  proc = pod.start('--', *PROBE, '--config.steps=100000',
+                   '--config.log_every=1', '--config.checkpointing=False',
                    f'--workdir={tmp_path / "work"}')
+  started = time.monotonic()
+  try:
+    assert helpers.wait_for(
+        lambda: (pod.logs / 'worker_0.log').exists() and
+        'step 2/' in pod.log(0), 120), 'the job never got going'
+    os.kill(proc.pid, signal.SIGTERM)
+    result = helpers.finish(proc, 60, started)
+  finally:
+    helpers.kill_group(proc)
+  assert result.returncode == 143, result.output
+  assert 'got SIGTERM: stopping job test-job on every worker' in result.stderr
+  assert helpers.wait_for(lambda: not pod.processes(), 20), pod.processes()
+  assert all(n.endswith(('.log', '.jsonl', '.tar.gz'))
+             for n in os.listdir(pod.logs)), os.listdir(pod.logs)
+
+
+def test_ctrl_c_stops_every_worker(pod, tmp_path):
+  proc = pod.start('--', *PROBE, '--config.steps=100000',
+                   '--config.log_every=1', '--config.checkpointing=False',
+                   f'--workdir={tmp_path / "work"}')
+  started = time.monotonic()
   try:
     assert helpers.wait_for(
         lambda: (pod.logs / 'worker_0.log').exists() and
         'step 2/' in pod.log(0), 120), 'the job never got going'
     os.kill(proc.pid, signal.SIGINT)
     result = helpers.finish(proc, 60, started)
-    assert result.returncode == 130, result.output
-    assert 'interrupted' in result.stderr
-    assert helpers.wait_for(lambda: not pod.processes(), 20), (
-        pod.processes())
   finally:
     helpers.kill_group(proc)
-    pod.kill_leftovers()
+  assert result.returncode == 130, result.output
+  assert 'got SIGINT: stopping job' in result.stderr
+  assert helpers.wait_for(lambda: not pod.processes(), 20), pod.processes()
 
 
-def test_a_preempted_run_is_relaunched(tmp_path):
-  pod = FakePod(tmp_path)
+def test_status_and_stop(pod, tmp_path):
+  proc = pod.start('--', *PROBE, '--config.steps=100000',
+                   '--config.log_every=1', '--config.checkpointing=False',
+                   f'--workdir={tmp_path / "work"}', job_id='long')
+  try:
+    assert helpers.wait_for(
+        lambda: (pod.logs / 'worker_0.log').exists() and
+        'step 2/' in pod.log(0), 120), 'the job never got going'
+    status = pod.run('--status', job_id='')
+    assert status.returncode == 0, status.output
+    for w in range(2):
+      assert f'[worker {w}] podrun: job long-a1: running since' in (
+          status.stdout)
+    stopped = pod.run('--stop=long', job_id='')
+    assert stopped.returncode == 0, stopped.output
+    for w in range(2):
+      assert f'[worker {w}] podrun: job long-a1 stopped' in stopped.stdout
+    launcher = helpers.finish(proc, 60, time.monotonic())
+    assert launcher.returncode != 0
+    status = pod.run('--status', job_id='')
+    assert '[worker 0] podrun: job long-a1: finished with exit code' in (
+        status.stdout)
+  finally:
+    helpers.kill_group(proc)
+
+
+def test_a_preempted_run_is_relaunched(pod, tmp_path):
   workdir = tmp_path / 'work'
   result = pod.run(
-      '--max_restarts=1', '--', f'--config={helpers.PROBE_CONFIG}',
+      '--max_restarts=1', '--', *PROBE,
       '--config.steps=30', '--config.fail_rank=1', '--config.fail_step=12',
       '--config.fail_code=75', '--config.fail_once=True',
-      '--config.checkpoint_every=5', '--local_devices=4',
-      f'--workdir={workdir}')
+      '--config.checkpoint_every=5', f'--workdir={workdir}')
   assert result.returncode == 0, result.output
-  assert 'relaunching (attempt 2 of 2) after exit code 75' in result.stderr
+  assert 'restart 1/1 after a preemption' in result.stderr
   assert '===== attempt 2 of job test-job =====' in pod.log(0)
   assert helpers.read_json(workdir / 'ranks' / 'rank_0.json')[
       'start_step'] == 10
@@ -183,16 +348,11 @@ HOSTILE = ['--config.note=a b "c" \'d\'', '$HOME', '`touch PWNED1`',
            '\\n', '&& touch PWNED4 ||', '']
 
 
-def test_hostile_arguments_arrive_unchanged_and_unexecuted(tmp_path):
-  pod = FakePod(tmp_path)
+def test_hostile_arguments_arrive_unchanged_and_unexecuted(pod, tmp_path):
   note = 'x $(touch PWNED5) `touch PWNED6` "; touch PWNED7'
-  args = pod.args('--env', f'NOTE={note}', '--', *HOSTILE)
-  args[args.index(f'--worker_python={sys.executable}')] = (
-      f'--worker_python={FAKE_BIN / "record_args"}')
-  result = subprocess.run(args, cwd=helpers.REPO, env=pod.env,
-                          capture_output=True, text=True, timeout=120,
-                          check=False)
-  assert result.returncode == 0, result.stdout + result.stderr
+  result = pod.run('--env', f'NOTE={note}', '--', *HOSTILE,
+                   python=str(FAKE_BIN / 'record_args'), timeout=120)
+  assert result.returncode == 0, result.output
   for w in range(2):
     home = pod.root / f'worker_{w}'
     received = (home / 'args.bin').read_bytes().split(b'\0')[:-1]
@@ -203,59 +363,37 @@ def test_hostile_arguments_arrive_unchanged_and_unexecuted(tmp_path):
   assert not list(helpers.REPO.glob('PWNED*'))
 
 
-def test_dry_run_prints_the_exact_commands_and_runs_none(tmp_path):
-  pod = FakePod(tmp_path)
-  args = pod.args('--dry_run', '--env', 'A=b c', '--', *LINEAR,
-                  '--config.note=x y')
-  args.remove('--skip_preflight')
-  args[args.index(f'--worker_python={sys.executable}')] = (
-      '--worker_python=/opt/py thon/bin/python')
-  result = subprocess.run(args, cwd=helpers.REPO, env=pod.env,
-                          capture_output=True, text=True, timeout=120,
-                          check=False)
+def test_dry_run_prints_every_command_and_runs_none(pod):
+  result = subprocess.run(
+      pod.args('--dry_run', '--env', 'A=b c', '--', *LINEAR,
+               '--config.note=x y', python='/opt/py thon/bin/python'),
+      cwd=helpers.REPO, env=pod.env, capture_output=True, text=True,
+      timeout=120, check=False)
   assert result.returncode == 0, result.stderr
   assert not pod.calls.exists() and not pod.root.exists()
   lines = result.stdout.splitlines()
-  code_hash = lines[0].split('code sha256 ')[1].split(',')[0]
-  short = code_hash[:16]
-  logs = pod.logs
-  expected = [
-      f'# job test-job, code sha256 {code_hash}, logs in {logs}',
-      '# preflight: python -m launcher.tpu_pod preflight --tpu=fake-pod '
-      '--zone=zone-a --project=proj --wait_healthy=600 -- '
-      '--config=configs/linear_regression.py --config.steps=30 '
-      '--local_devices=4 --config.note=x\\ y',
-      f'gcloud compute tpus tpu-vm scp {logs}/code.tar.gz '
-      f'fake-pod:podrun-{short}.tar.gz --worker=all --zone=zone-a '
-      '--project=proj',
-      'gcloud compute tpus tpu-vm ssh fake-pod --worker=all --zone=zone-a '
-      '--project=proj --command=set\\ -e\\;\\ d=\\"\\$HOME/podrun/code-'
-      f'{short}\\"\\;\\ if\\ \\[\\ \\!\\ -f\\ \\"\\$d/.podrun-ready\\"\\ '
-      '\\]\\;\\ then\\ rm\\ -rf\\ \\"\\$d\\"\\;\\ mkdir\\ -p\\ \\"\\$d\\"\\;'
-      '\\ tar\\ -xzf\\ \\"\\$HOME/podrun-'
-      f'{short}.tar.gz\\"\\ -C\\ \\"\\$d\\"\\;\\ touch\\ '
-      '\\"\\$d/.podrun-ready\\"\\;\\ fi',
-      'gcloud compute tpus tpu-vm ssh fake-pod --worker=all --zone=zone-a '
-      '--project=proj --command=cd\\ \\"\\$HOME/podrun/code-'
-      f'{short}\\"\\ \\&\\&\\ exec\\ bash\\ scripts/tpu_worker.sh\\ run\\ '
-      'test-job\\ /opt/py\\\\\\ thon/bin/python\\ A=b\\\\\\ c\\ --\\ '
-      '--config=configs/linear_regression.py\\ --config.steps=30\\ '
-      '--local_devices=4\\ --config.note=x\\\\\\ y',
-      '# on a failure or Ctrl-C:',
-      'gcloud compute tpus tpu-vm ssh fake-pod --worker=all --zone=zone-a '
-      '--project=proj --command=bash\\ \\"\\$HOME/podrun/code-'
-      f'{short}/scripts/tpu_worker.sh\\"\\ stop\\ test-job\\ 5',
-  ]
-  assert lines == expected
+  assert lines[0] == f'# job test-job, logs in {pod.logs}'
+  assert lines[1] == ('gcloud compute tpus tpu-vm describe --zone=zone-a '
+                      '--project=proj fake-pod --format=json')
+  run = next(l for l in lines if ' run test-job-a1 ' in l)
+  words = shlex.split(shlex.split(run)[-1].split('=', 1)[1])
+  assert words[words.index('run'):] == [
+      'run', 'test-job-a1', '--python=/opt/py thon/bin/python',
+      '--expected_processes=<workers from describe>', '--stop_grace=5',
+      '--orphan_timeout=30', '--env=PODRUN_JOB_ID=test-job', '--env=A=b c',
+      '--', *LINEAR,
+      '--config.note=x y']
+  assert lines[-2] == '# on a failure, Ctrl-C or SIGTERM:'
+  assert 'tpu_worker.py" stop test-job-a1 --grace=5' in lines[-1]
 
 
-def test_bad_arguments_exit_2_naming_them(tmp_path):
-  pod = FakePod(tmp_path)
+def test_bad_arguments_exit_2_naming_them(pod):
   for args, message in (
-      ([SCRIPT, '--zone=z', '--', *LINEAR], '--tpu=NAME is required'),
+      ([SCRIPT, '--zone=z', '--', *LINEAR], 'the following arguments are '
+       'required: --tpu'),
       ([SCRIPT, '--tpu=t', '--zone=z'], 'give the launcher flags after --'),
       ([SCRIPT, '--tpu=t', '--zone=z', '--frobnicate', '--', *LINEAR],
-       'unknown argument: --frobnicate'),
+       'unrecognized arguments: --frobnicate'),
       ([SCRIPT, '--tpu=t', '--zone=z', '--env', 'A B=c', '--', *LINEAR],
        'expected KEY=VALUE with KEY a variable name'),
   ):

@@ -214,3 +214,13 @@ def test_cli_preflight_exit_codes_without_a_reachable_api(tmp_path):
   assert result.returncode == exit_codes.POD_UNAVAILABLE, result.stderr
   assert 'tpu_pod: error:' in result.stderr
   assert 'Traceback' not in result.stderr
+
+
+def test_missing_application_default_credentials_say_what_to_run():
+  class DefaultCredentialsError(Exception):
+    pass
+  message = tpu_pod.explain_api_error(
+      'my-pod', DefaultCredentialsError('Could not automatically determine '
+                                        'credentials.'))
+  assert 'Run `gcloud auth application-default login`' in message
+  assert 'my-pod' in message

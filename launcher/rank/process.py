@@ -38,6 +38,9 @@ from runtime import preemption
 from runtime import sharding
 from runtime import topology
 
+# Set by the TPU pod driver on every worker: how many processes must join.
+EXPECTED_PROCESSES_ENV = 'PODRUN_EXPECTED_PROCESSES'
+
 _KNOWN_ERRORS = (
     (workload.ConfigError, exit_codes.CONFIG_ERROR),
     (cluster.ClusterEnvError, exit_codes.CONFIG_ERROR),
@@ -121,6 +124,21 @@ def _implied_by_accelerator(config) -> list[topology.Expectation]:
                                source)]
 
 
+def _implied_by_pod_launch() -> list[topology.Expectation]:
+  """The worker count scripts/launch_tpu_pod.sh read from the pod, if any.
+
+  A worker whose JAX does not find the pod (no libtpu, say) would otherwise
+  run a job of its own, "process 0 of 1", beside the others.
+  """
+  count = os.environ.get(EXPECTED_PROCESSES_ENV)
+  if not count:
+    return []
+  return [topology.Expectation(
+      'num_processes', int(count),
+      f'the TPU pod\'s {count} workers ({EXPECTED_PROCESSES_ENV}, from '
+      'scripts/launch_tpu_pod.sh)')]
+
+
 def _join(config, workdir: str, options: Options, supervised: bool
           ) -> tuple[str, list[topology.Expectation]]:
   """Devices and jax.distributed; returns the mode and what the pod must be."""
@@ -133,7 +151,8 @@ def _join(config, workdir: str, options: Options, supervised: bool
                          '--local_processes' if supervised else
                          '--num_processes'))
   expected = topology.expectations(
-      config.get('topology'), implied=_implied_by_accelerator(config),
+      config.get('topology'),
+      implied=_implied_by_accelerator(config) + _implied_by_pod_launch(),
       num_processes=(place.num_processes, place.count_source),
       process_index=(place.process_id, place.id_source),
       local_devices=(options.local_devices, '--local_devices'))

@@ -1,0 +1,369 @@
+"""The worker half of scripts/launch_tpu_pod.sh, on each TPU VM of a pod.
+
+Standalone on purpose: it imports nothing from this project and runs on the
+worker's system Python (3.8 or newer, which every TPU VM image has), since
+the job's own interpreter may not exist yet. The driver copies it to
+~/podrun/tpu_worker.py and calls it over `gcloud ... ssh --worker=all`:
+
+  python3 ~/podrun/tpu_worker.py run JOB_ID --python=PY [--env=K=V ...]
+      [--expected_processes=N] [--replace] [--stop_grace=60]
+      [--orphan_timeout=30] -- <launcher flags>
+  python3 ~/podrun/tpu_worker.py stop (JOB_ID | --all) [--grace=60]
+  python3 ~/podrun/tpu_worker.py status
+
+`run` is idempotent: gcloud runs a command again on a worker whose ssh
+exited 255 (a dropped connection), so a `run` for a job that already runs
+here attaches to it, and one for a job that finished reports its recorded
+exit code. The job itself is started by a detached keeper process, in a
+process group of its own, with its output in ~/podrun/jobs/JOB_ID/log; the
+`run` process only follows that log. Every line goes out as
+`[worker W #N] text` (N counts the job's lines from 1, so that the driver
+keeps each line once across reconnections), then `[worker W] podrun: exit
+CODE`.
+
+No orphans: ssh gives the remote side no signal when the launching machine
+goes away, only a broken pipe on its output. The follower prints a
+keepalive every few seconds and touches ~/podrun/jobs/JOB_ID/attached while
+its output works; the keeper stops the job (SIGTERM, so it saves a
+checkpoint, then SIGKILL after --stop_grace) when nobody has been attached
+for --orphan_timeout seconds.
+
+A worker command never exits 255, which gcloud would take for a dropped
+connection and run again: a job's exit code 255 leaves `run` as 254 (the
+`podrun: exit 255` line still tells the truth).
+"""
+
+import argparse
+import fcntl
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+JOBS_DIR = os.path.join(os.path.expanduser('~'), 'podrun', 'jobs')
+# Exit codes of `run` itself (the launcher's own are passed through).
+BUSY = 11          # Another podrun job runs on this worker.
+NOT_RUN = 2        # A bad command line.
+_KEEPALIVE_S = 5.0
+_POLL_S = 0.05
+
+
+def worker_id() -> str:
+  """This worker's index in the pod: emulation and GKE variables, else the
+  TPU VM's metadata server, else '?'."""
+  for name in ('PODRUN_PROCESS_ID', 'TPU_WORKER_ID'):
+    if os.environ.get(name):
+      return os.environ[name]
+  request = urllib.request.Request(
+      'http://metadata.google.internal/computeMetadata/v1/instance/'
+      'attributes/agent-worker-number', headers={'Metadata-Flavor': 'Google'})
+  try:
+    with urllib.request.urlopen(request, timeout=3) as response:
+      return response.read().decode().strip()
+  except OSError:
+    return '?'
+
+
+class Job:
+  """The files of one job on this worker."""
+
+  def __init__(self, job_id: str):
+    self.id = job_id
+    self.dir = os.path.join(JOBS_DIR, job_id)
+
+  def path(self, name: str) -> str:
+    return os.path.join(self.dir, name)
+
+  def read(self, name: str):
+    try:
+      with open(self.path(name)) as f:
+        return f.read().strip()
+    except OSError:
+      return None
+
+  def write(self, name: str, text: str) -> None:
+    tmp = self.path(name + '.tmp')
+    with open(tmp, 'w') as f:
+      f.write(text)
+    os.replace(tmp, self.path(name))
+
+  def exit_code(self):
+    code = self.read('exit')
+    return None if code is None else int(code)
+
+  def pgid(self):
+    pgid = self.read('pgid')
+    return int(pgid) if pgid and pgid.isdigit() else None
+
+  def running(self) -> bool:
+    pgid = self.pgid()
+    if pgid is None:  # Being started: the keeper writes the group soon.
+      started = self.read('starting')
+      return (started is not None and self.exit_code() is None and
+              time.time() - float(started) < 60)
+    try:
+      os.killpg(pgid, 0)
+    except ProcessLookupError:
+      return False
+    except PermissionError:
+      return True
+    return self.exit_code() is None
+
+  def touch_attached(self) -> None:
+    with open(self.path('attached'), 'a'):
+      os.utime(self.path('attached'))
+
+  def attached_age(self) -> float:
+    try:
+      return time.time() - os.stat(self.path('attached')).st_mtime
+    except OSError:
+      return float('inf')
+
+
+def base_id(job_id: str) -> str:
+  """'run7' for 'run7-a2': the driver names each attempt JOB-aN."""
+  return re.sub(r'-a\d+$', '', job_id)
+
+
+def all_jobs():
+  try:
+    names = sorted(os.listdir(JOBS_DIR))
+  except OSError:
+    return []
+  return [Job(n) for n in names if os.path.isdir(os.path.join(JOBS_DIR, n))]
+
+
+def stop_group(pgid: int, grace: float) -> bool:
+  """SIGTERM to the group (the job saves), SIGKILL after grace; True if it
+  had to be killed."""
+  try:
+    os.killpg(pgid, signal.SIGTERM)
+  except ProcessLookupError:
+    return False
+  deadline = time.monotonic() + grace
+  while time.monotonic() < deadline:
+    try:
+      os.killpg(pgid, 0)
+    except ProcessLookupError:
+      return False
+    time.sleep(0.1)
+  try:
+    os.killpg(pgid, signal.SIGKILL)
+  except ProcessLookupError:
+    return False
+  return True
+
+
+def keep(args) -> int:
+  """The detached keeper: starts the job, records its end, stops orphans."""
+  job = Job(args.job_id)
+  env = dict(os.environ)
+  for pair in args.env:
+    key, _, value = pair.partition('=')
+    env[key] = value
+  env.setdefault('PODRUN_JOB_ID', base_id(job.id))
+  if args.expected_processes:
+    env['PODRUN_EXPECTED_PROCESSES'] = str(args.expected_processes)
+  with open(job.path('log'), 'ab') as log:
+    log.write(f'podrun: starting job {job.id}: {args.python} -m launcher '
+              f'{" ".join(args.launcher_args)}\n'.encode())
+    log.flush()
+    proc = subprocess.Popen(
+        [args.python, '-u', '-m', 'launcher', *args.launcher_args],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        env=env, start_new_session=True)
+  job.write('pgid', str(proc.pid))
+  stopped_for = ''
+  while proc.poll() is None:
+    if not stopped_for and job.attached_age() > args.orphan_timeout:
+      stopped_for = (f'podrun: nobody has followed job {job.id} for '
+                     f'{args.orphan_timeout:g} s (the launching side is '
+                     'gone): stopping it (SIGTERM, then SIGKILL after '
+                     f'{args.stop_grace:g} s)')
+      with open(job.path('log'), 'a') as log:
+        log.write(stopped_for + '\n')
+      stop_group(proc.pid, args.stop_grace)
+    time.sleep(0.2)
+  code = proc.returncode
+  job.write('exit', str(128 - code if code < 0 else code))
+  return 0
+
+
+def _start(job: Job, args) -> None:
+  os.makedirs(job.dir, exist_ok=True)
+  job.write('starting', str(time.time()))
+  job.write('command', json.dumps(args.launcher_args))
+  job.touch_attached()
+  keeper = [sys.executable, os.path.abspath(__file__), 'keep', job.id,
+            f'--python={args.python}', f'--stop_grace={args.stop_grace}',
+            f'--orphan_timeout={args.orphan_timeout}',
+            f'--expected_processes={args.expected_processes}',
+            *[f'--env={e}' for e in args.env], '--', *args.launcher_args]
+  subprocess.Popen(keeper, stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   start_new_session=True, cwd=os.getcwd())
+
+
+def _others_running(job: Job):
+  return [j for j in all_jobs() if j.id != job.id and j.running()]
+
+
+def _earlier_attempts(job: Job, others):
+  return [j for j in others if base_id(j.id) == base_id(job.id)]
+
+
+def run(args) -> int:
+  job = Job(args.job_id)
+  worker = worker_id()
+  os.makedirs(JOBS_DIR, exist_ok=True)
+  with open(os.path.join(JOBS_DIR, '.lock'), 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # Two runs of one job start it once.
+    if job.exit_code() is None and not job.running():
+      others = _others_running(job)
+      earlier = _earlier_attempts(job, others)
+      others = [j for j in others if j not in earlier]
+      for old in earlier:  # A restart supersedes its own earlier attempt.
+        if old.pgid() is not None:
+          stop_group(old.pgid(), args.stop_grace)
+      if others and not args.replace:
+        names = ', '.join(f'{j.id} (since {_since(j)})' for j in others)
+        print(f'[worker {worker}] podrun: job(s) {names} still run(s) on '
+              'this worker; stop them with --stop, or launch with '
+              '--replace to stop them first', flush=True)
+        print(f'[worker {worker}] podrun: exit {BUSY}', flush=True)
+        return BUSY
+      for other in others:
+        print(f'[worker {worker}] podrun: --replace: stopping job {other.id}',
+              flush=True)
+        if other.pgid() is not None:
+          stop_group(other.pgid(), args.stop_grace)
+      _start(job, args)
+    elif job.running():
+      print(f'[worker {worker}] podrun: job {job.id} already runs here: '
+            'following it', flush=True)
+  return follow(job, worker)
+
+
+def _since(job: Job) -> str:
+  started = job.read('starting')
+  return time.strftime('%Y-%m-%d %H:%M:%S UTC',
+                       time.gmtime(float(started))) if started else '?'
+
+
+def follow(job: Job, worker: str) -> int:
+  """Prints the job's log from its first line, numbered, until it ends."""
+  number, last_alive, offset, partial = 0, time.monotonic(), 0, b''
+  signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # A gone reader ends us.
+  while True:
+    code = job.exit_code()
+    chunk = b''
+    try:
+      with open(job.path('log'), 'rb') as f:
+        f.seek(offset)
+        chunk = f.read()
+    except OSError:
+      pass
+    offset += len(chunk)
+    lines = (partial + chunk).split(b'\n')
+    partial = lines.pop()
+    out = sys.stdout.buffer
+    for line in lines:
+      number += 1
+      out.write(f'[worker {worker} #{number}] '.encode() + line + b'\n')
+    now = time.monotonic()
+    if now - last_alive > _KEEPALIVE_S:
+      out.write(f'[worker {worker}] podrun: alive\n'.encode())
+      last_alive = now
+    out.flush()  # Raises, or SIGPIPE kills us, once ssh is gone.
+    job.touch_attached()
+    if code is not None and not chunk:
+      if partial:
+        number += 1
+        out.write(f'[worker {worker} #{number}] '.encode() + partial + b'\n')
+      out.write(f'[worker {worker}] podrun: exit {code}\n'.encode())
+      out.flush()
+      return 254 if code == 255 else code
+    time.sleep(_POLL_S if chunk else 0.2)
+
+
+def stop(args) -> int:
+  jobs = [j for j in all_jobs()
+          if args.all or args.job_id in (j.id, base_id(j.id))]
+  if not jobs and not args.all:
+    jobs = [Job(args.job_id)]
+  worker = worker_id()
+  for job in jobs:
+    if not job.running():
+      if not args.all:
+        print(f'[worker {worker}] podrun: job {job.id} is not running here')
+      continue
+    if job.pgid() is None:
+      continue
+    killed = stop_group(job.pgid(), args.grace)
+    how = f'killed after {args.grace:g} s' if killed else 'stopped'
+    print(f'[worker {worker}] podrun: job {job.id} {how}', flush=True)
+  return 0
+
+
+def status(args) -> int:
+  del args
+  worker = worker_id()
+  jobs = all_jobs()
+  if not jobs:
+    print(f'[worker {worker}] podrun: no jobs')
+  for job in jobs:
+    if job.running():
+      state = f'running since {_since(job)} (process group {job.pgid()})'
+    elif job.exit_code() is not None:
+      state = f'finished with exit code {job.exit_code()}'
+    else:
+      state = 'never started'
+    print(f'[worker {worker}] podrun: job {job.id}: {state}')
+  return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog='tpu_worker.py')
+  sub = parser.add_subparsers(dest='command', required=True)
+  for name in ('run', 'keep'):
+    p = sub.add_parser(name)
+    p.add_argument('job_id')
+    p.add_argument('--python', required=True)
+    p.add_argument('--env', action='append', default=[])
+    p.add_argument('--expected_processes', type=int, default=0)
+    p.add_argument('--replace', action='store_true')
+    p.add_argument('--stop_grace', type=float, default=60)
+    p.add_argument('--orphan_timeout', type=float, default=30)
+  p = sub.add_parser('stop')
+  p.add_argument('job_id', nargs='?')
+  p.add_argument('--all', action='store_true')
+  p.add_argument('--grace', type=float, default=60)
+  sub.add_parser('status')
+  return parser
+
+
+def main(argv) -> int:
+  launcher_args = []
+  if '--' in argv:
+    argv, launcher_args = argv[:argv.index('--')], argv[argv.index('--') + 1:]
+  args = _parser().parse_args(argv)
+  args.launcher_args = launcher_args
+  for pair in getattr(args, 'env', []):
+    key = pair.partition('=')[0]
+    if not key.isidentifier() or '=' not in pair:
+      print(f'tpu_worker.py: --env {pair}: expected KEY=VALUE with KEY a '
+            'variable name', file=sys.stderr)
+      return NOT_RUN
+  if args.command == 'stop' and not (args.all or args.job_id):
+    print('tpu_worker.py: stop needs a JOB_ID or --all', file=sys.stderr)
+    return NOT_RUN
+  return {'run': run, 'keep': keep, 'stop': stop, 'status': status}[
+      args.command](args)
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))
