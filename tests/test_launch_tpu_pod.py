@@ -118,6 +118,19 @@ LINEAR = ['--config=configs/linear_regression.py', '--config.steps=30',
 PROBE = [f'--config={helpers.PROBE_CONFIG}', '--local_devices=4']
 
 
+def _start_long_job(pod, tmp_path, *script_args, job_id='test-job'):
+  """Starts a job that runs until stopped; returns once it is stepping."""
+  proc = pod.start(*script_args, '--', *PROBE, '--config.steps=100000',
+                   '--config.log_every=1', '--config.checkpointing=False',
+                   f'--workdir={tmp_path / job_id}', job_id=job_id)
+  if not helpers.wait_for(
+      lambda: (pod.logs / 'worker_0.log').exists() and
+      'step 2/' in pod.log(0), 120):
+    helpers.kill_group(proc)
+    raise AssertionError('the job never got going')
+  return proc
+
+
 def test_runs_the_job_on_every_emulated_worker(pod, tmp_path):
   workdir = tmp_path / 'work'
   result = pod.run('--', *LINEAR, f'--workdir={workdir}')
@@ -196,12 +209,8 @@ def test_a_dropped_connection_reattaches_and_the_job_goes_on(tmp_path):
 
 
 def test_a_sigkilled_launching_side_leaves_nothing_running(pod, tmp_path):
-  proc = pod.start('--orphan_timeout=5', '--', *PROBE, '--config.steps=100000',
-                   '--config.log_every=1', f'--workdir={tmp_path / "work"}')
+  proc = _start_long_job(pod, tmp_path, '--orphan_timeout=5')
   try:
-    assert helpers.wait_for(
-        lambda: (pod.logs / 'worker_0.log').exists() and
-        'step 2/' in pod.log(0), 120), 'the job never got going'
     os.killpg(proc.pid, signal.SIGKILL)  # The laptop, gone: gcloud and ssh.
     proc.wait()
     assert pod.processes(), 'the job should outlive its ssh sessions a while'
@@ -215,13 +224,8 @@ def test_a_sigkilled_launching_side_leaves_nothing_running(pod, tmp_path):
 
 
 def test_a_launch_over_a_running_job_names_it_or_replaces_it(pod, tmp_path):
-  first = pod.start('--', *PROBE, '--config.steps=100000',
-                    '--config.log_every=1', '--config.checkpointing=False',
-                    f'--workdir={tmp_path / "first"}', job_id='first')
+  first = _start_long_job(pod, tmp_path, job_id='first')
   try:
-    assert helpers.wait_for(
-        lambda: (pod.logs / 'worker_0.log').exists() and
-        'step 2/' in pod.log(0), 120), 'the first job never got going'
     refused = pod.run('--', *LINEAR, f'--workdir={tmp_path / "second"}',
                       job_id='second')
     assert refused.returncode == 11, refused.output
@@ -266,14 +270,9 @@ def test_a_worker_with_python_3_10_fails_at_once_naming_it(tmp_path):
 
 
 def test_sigterm_stops_every_worker_and_exits_143(pod, tmp_path):
-  proc = pod.start('--', *PROBE, '--config.steps=100000',
-                   '--config.log_every=1', '--config.checkpointing=False',
-                   f'--workdir={tmp_path / "work"}')
+  proc = _start_long_job(pod, tmp_path)
   started = time.monotonic()
   try:
-    assert helpers.wait_for(
-        lambda: (pod.logs / 'worker_0.log').exists() and
-        'step 2/' in pod.log(0), 120), 'the job never got going'
     os.kill(proc.pid, signal.SIGTERM)
     result = helpers.finish(proc, 60, started)
   finally:
@@ -286,14 +285,9 @@ def test_sigterm_stops_every_worker_and_exits_143(pod, tmp_path):
 
 
 def test_ctrl_c_stops_every_worker(pod, tmp_path):
-  proc = pod.start('--', *PROBE, '--config.steps=100000',
-                   '--config.log_every=1', '--config.checkpointing=False',
-                   f'--workdir={tmp_path / "work"}')
+  proc = _start_long_job(pod, tmp_path)
   started = time.monotonic()
   try:
-    assert helpers.wait_for(
-        lambda: (pod.logs / 'worker_0.log').exists() and
-        'step 2/' in pod.log(0), 120), 'the job never got going'
     os.kill(proc.pid, signal.SIGINT)
     result = helpers.finish(proc, 60, started)
   finally:
@@ -304,13 +298,8 @@ def test_ctrl_c_stops_every_worker(pod, tmp_path):
 
 
 def test_status_and_stop(pod, tmp_path):
-  proc = pod.start('--', *PROBE, '--config.steps=100000',
-                   '--config.log_every=1', '--config.checkpointing=False',
-                   f'--workdir={tmp_path / "work"}', job_id='long')
+  proc = _start_long_job(pod, tmp_path, job_id='long')
   try:
-    assert helpers.wait_for(
-        lambda: (pod.logs / 'worker_0.log').exists() and
-        'step 2/' in pod.log(0), 120), 'the job never got going'
     status = pod.run('--status', job_id='')
     assert status.returncode == 0, status.output
     for w in range(2):
