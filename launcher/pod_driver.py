@@ -29,6 +29,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Optional
@@ -432,14 +433,16 @@ class Launch:
                             gcloud_log)
     self.say('worker Python: ' + ', '.join(
         f'worker {w}: {p}' for w, p in sorted(pythons.items())))
-    code_hash = tpu_pod.bundle(self.path('code.tar.gz'))
-    short = code_hash[:16]
-    self.say(f'copying the code (sha256 {code_hash}) to every worker')
-    if _run(self.gcloud.scp(self.path('code.tar.gz'),
-                            f'podrun-{short}.tar.gz'), gcloud_log).returncode:
-      raise LaunchError(f'gcloud scp failed; see {gcloud_log}. With an '
-                        'ssh-agent running, add the key gcloud uses: '
-                        '`ssh-add ~/.ssh/google_compute_engine`.')
+    with tempfile.TemporaryDirectory() as tmp:  # LOG_DIR holds only logs.
+      bundle = os.path.join(tmp, 'code.tar.gz')
+      code_hash = tpu_pod.bundle(bundle)
+      short = code_hash[:16]
+      self.say(f'copying the code (sha256 {code_hash}) to every worker')
+      if _run(self.gcloud.scp(bundle, f'podrun-{short}.tar.gz'),
+              gcloud_log).returncode:
+        raise LaunchError(f'gcloud scp failed; see {gcloud_log}. With an '
+                          'ssh-agent running, add the key gcloud uses: '
+                          '`ssh-add ~/.ssh/google_compute_engine`.')
     self.say('setting up every worker (the first time for this version: '
              'installs the project)')
     if _run(self.gcloud.ssh(setup_command(short, self.options.worker_python)),
@@ -504,8 +507,7 @@ def print_plan(launch: Launch) -> int:
           'config.topology.accelerator_type')
   print(shlex.join(gcloud.ssh(_PYTHON_PROBE.replace(
       'FIND', find_python(options.worker_python)))))
-  print(shlex.join(gcloud.scp(launch.path('code.tar.gz'),
-                              f'podrun-{short}.tar.gz')))
+  print(shlex.join(gcloud.scp('<tmp>/code.tar.gz', f'podrun-{short}.tar.gz')))
   print(shlex.join(gcloud.ssh(setup_command(short, options.worker_python))))
   print(shlex.join(gcloud.ssh(run_command(
       short, launch.job_id, options.worker_python, options.env,

@@ -156,8 +156,7 @@ def test_runs_the_job_on_every_emulated_worker(pod, tmp_path):
   assert len(code_dirs[0]) == 1 and code_dirs[0][0].name == code_dirs[1][0].name
   assert not (code_dirs[0][0] / '.venv').exists()  # --worker_python
   assert sorted(os.listdir(pod.logs)) == [
-      'attempts.jsonl', 'code.tar.gz', 'gcloud.log', 'worker_0.log',
-      'worker_1.log']
+      'attempts.jsonl', 'gcloud.log', 'worker_0.log', 'worker_1.log']
 
 
 def test_a_failing_worker_stops_the_others_and_every_line_arrives(pod,
@@ -280,7 +279,7 @@ def test_sigterm_stops_every_worker_and_exits_143(pod, tmp_path):
   assert result.returncode == 143, result.output
   assert 'got SIGTERM: stopping job test-job on every worker' in result.stderr
   assert helpers.wait_for(lambda: not pod.processes(), 20), pod.processes()
-  assert all(n.endswith(('.log', '.jsonl', '.tar.gz'))
+  assert all(n.endswith(('.log', '.jsonl'))
              for n in os.listdir(pod.logs)), os.listdir(pod.logs)
 
 
