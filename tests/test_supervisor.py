@@ -5,6 +5,7 @@ import threading
 import pytest
 
 from launcher import exit_codes
+from launcher.rank import peers
 from launcher.rank import supervisor
 from runtime import progress
 
@@ -15,28 +16,28 @@ def _record(begun, done=None, host='h', own=None, step=None, count=20):
 
 
 def test_cause_lines_name_rank_host_and_code():
-  failed = supervisor.Cause('failed', 1, 'host-b', 7, 'ValueError: bad')
+  failed = peers.Cause('failed', 1, 'host-b', 7, 'ValueError: bad')
   assert failed.describe() == ('rank 1 on host-b failed first: exit 7 '
                                '(ValueError: bad)')
-  lost = supervisor.Cause('lost', 2, 'host-c', summary='no heartbeat for 16 s')
+  lost = peers.Cause('lost', 2, 'host-c', summary='no heartbeat for 16 s')
   assert lost.describe() == 'rank 2 on host-c was lost: no heartbeat for 16 s'
-  assert supervisor.Cause.from_json(failed.to_json()) == failed
+  assert peers.Cause.from_json(failed.to_json()) == failed
 
 
 def test_the_rank_that_did_not_start_the_step_is_the_laggard():
   records = {0: _record(13, 12, 'a'), 1: _record(12, 12, 'b'),
              2: _record(13, 12, 'c')}
-  assert supervisor.describe_laggards(records, 3) == (
+  assert peers.describe_laggards(records, 3) == (
       'laggards: rank 1 on b (started step 12, while rank 0 started step 13)')
 
 
 def test_no_laggard_when_all_started_the_same_step_and_silent_ranks_named():
   records = {0: _record(5, 5), 1: _record(5, 5)}
-  assert supervisor.describe_laggards(records, 3) == (
+  assert peers.describe_laggards(records, 3) == (
       'no rank is behind: every rank started step 5; no heartbeat ever from '
       'rank 2')
   # Before any step, a rank that never started one is behind.
-  assert supervisor.describe_laggards(
+  assert peers.describe_laggards(
       {0: _record(1), 1: _record(None, host='x')}, 2).startswith(
           'laggards: rank 1 on x (started step 0')
 
@@ -45,14 +46,14 @@ def test_straggler_needs_both_the_ratio_and_a_share_of_the_step():
   slow = {0: _record(1, own=0.001, step=0.1), 1: _record(1, own=0.09,
                                                          step=0.1),
           2: _record(1, own=0.002, step=0.1)}
-  warnings = supervisor.straggler_warnings(slow)
+  warnings = peers.straggler_warnings(slow)
   assert [rank for rank, _ in warnings] == [1]
   assert 'straggler: rank 1 on h spends 0.090 s of its own per step' in (
       warnings[0][1])
   # 3x the others, but 0.2 ms of a 100 ms step: noise, not a straggler.
   tiny = {0: _record(1, own=0.0001, step=0.1), 1: _record(1, own=0.0003,
                                                           step=0.1)}
-  assert supervisor.straggler_warnings(tiny) == []
+  assert peers.straggler_warnings(tiny) == []
 
 
 def test_a_transport_error_waits_for_the_peers_cause():
@@ -103,7 +104,7 @@ def test_a_silent_peer_is_declared_lost_and_everyone_exits_10():
   sup.start()
   assert done.wait(10), 'rank 1 was never declared lost'
   sup.stop()
-  cause = supervisor.Cause.from_json(job.store[supervisor.END_KEY])
+  cause = peers.Cause.from_json(job.store[supervisor.END_KEY])
   assert (cause.kind, cause.rank) == ('lost', 1)
   assert exited == [exit_codes.PEER_FAILED]
 
@@ -120,7 +121,7 @@ def test_the_own_watchdog_publishes_a_stall_and_dumps_stacks():
   sup.start()
   assert done.wait(10)
   sup.stop()
-  cause = supervisor.Cause.from_json(job.store[supervisor.END_KEY])
+  cause = peers.Cause.from_json(job.store[supervisor.END_KEY])
   assert (cause.kind, cause.rank) == ('stalled', 1)
   assert 'no first step completed within 1 s' in cause.summary
   assert exited == [exit_codes.STALLED] and dumped == [True]
@@ -131,11 +132,11 @@ def test_fail_keeps_its_code_unless_another_failed_first(first_is_consequence):
   job = _FakeJob(process_id=1, process_count=2)
   sup = supervisor.Supervisor(job, supervisor.Options(), host='h1')
   if first_is_consequence:
-    job.set(supervisor.END_KEY, supervisor.Cause(
+    job.set(supervisor.END_KEY, peers.Cause(
         'failed', 0, 'h0', 7, 'SystemExit(7)').to_json())
     assert sup.fail(1, 'RuntimeError: x', may_be_consequence=True) == (
         exit_codes.PEER_FAILED)
   else:
     assert sup.fail(3, 'TopologyMismatchError: x',
                     may_be_consequence=False) == 3
-    assert supervisor.Cause.from_json(job.store[supervisor.END_KEY]).code == 3
+    assert peers.Cause.from_json(job.store[supervisor.END_KEY]).code == 3

@@ -120,7 +120,8 @@ class Lease:
                stale_after_s: float = 60, renew_every_s: float = 10,
                on_lost: Optional[Callable[[str], None]] = None,
                clock: Callable[[], float] = time.time):
-    self.paths = [epath.Path(d) / LEASE_FILE for d in dict.fromkeys(directories)]
+    self.paths = [epath.Path(d) / LEASE_FILE
+                  for d in dict.fromkeys(directories)]
     self.stale_after_s = stale_after_s
     self.renew_every_s = renew_every_s
     self._on_lost = on_lost
@@ -212,7 +213,7 @@ class Lease:
   def release(self) -> None:
     """Stops renewing and removes the leases this job still holds."""
     self._stop.set()
-    if self._thread is not None and self._thread is not threading.current_thread():
+    if self._thread not in (None, threading.current_thread()):
       self._thread.join(timeout=5)
     for path in self._held:
       current = _read(path)

@@ -27,6 +27,7 @@ from launcher import workload
 from launcher.rank import devices
 from launcher.rank import distributed
 from launcher.rank import lease as lease_lib
+from launcher.rank import peers as peers_lib
 from launcher.rank import roll_call
 from launcher.rank import supervisor as supervisor_lib
 from runtime import checkpoint
@@ -254,7 +255,7 @@ def _finish(config, workdir: str, actual: topology.Topology,
   if supervisor.job is not None:
     supervisor.job.barrier('podrun/end_of_run')
   if actual.process_index == 0:
-    ranks = (supervisor_lib.rank_stats(supervisor.job)
+    ranks = (peers_lib.rank_stats(supervisor.job)
              if supervisor.options.enabled else [])
     summary = _summary(config, actual, results, ranks)
     metrics.write_json(os.path.join(workdir, 'summary.json'), summary)
@@ -264,14 +265,14 @@ def _finish(config, workdir: str, actual: topology.Topology,
 
 
 def _exit_code_of(error: BaseException) -> tuple[int, bool, str]:
-  """(exit code, whether it may be another process's fault, one-line summary)."""
+  """(exit code, whether another process may be at fault, one-line summary)."""
   if isinstance(error, SystemExit):
     code = error.code if isinstance(error.code, int) else (
         0 if error.code is None else 1)
     return code, True, f'SystemExit({error.code!r})'
   if isinstance(error, KeyboardInterrupt):
     return exit_codes.SIGNAL_BASE + signal.SIGINT, False, 'KeyboardInterrupt'
-  summary = supervisor_lib.first_line(error)
+  summary = peers_lib.first_line(error)
   code = next((c for t, c in _KNOWN_ERRORS if isinstance(error, t)), None)
   if code is None:
     return exit_codes.FAILED, True, summary
@@ -320,7 +321,7 @@ def run(config, workdir: str, options: Options) -> int:
 def _log_failure(error: BaseException, code: int, consequence: bool) -> None:
   if consequence:
     logging.error('this process\'s own error, a consequence of that failure:'
-                  ' %s', supervisor_lib.first_line(error))
+                  ' %s', peers_lib.first_line(error))
   elif isinstance(error, SystemExit):
     if code:
       logging.error('exiting with code %d (SystemExit)', code)

@@ -126,4 +126,5 @@ class Watch:
     logging.error('%s', self.message())
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(exit_codes.DISTRIBUTED_INIT_FAILED)  # pylint: disable=protected-access
+    os._exit(  # pylint: disable=protected-access
+        exit_codes.DISTRIBUTED_INIT_FAILED)

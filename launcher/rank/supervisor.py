@@ -27,30 +27,24 @@ waits (briefly) until the others have read it before it exits.
 
 import dataclasses
 import faulthandler
-import json
 import os
 import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from absl import logging
-import numpy as np
 
 from launcher import exit_codes
+from launcher.rank import peers as peers_lib
 from runtime import coordination
 from runtime import progress
 
 END_KEY = 'podrun/end'
 ACK_DIR = 'podrun/ack'
-BEAT_DIR = 'podrun/beat'
 _TICK_S = 0.5
-_BEAT_EVERY_S = 1.0
 _ACK_WAIT_S = 3.0
-_STRAGGLER_RATIO = 1.5
-_STRAGGLER_MIN_STEPS = 10
-_STRAGGLER_WARN_EVERY_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,42 +64,6 @@ class Options:
   first_step_timeout: float = 1800
   barrier_timeout: float = 300
   enabled: bool = True
-
-
-@dataclasses.dataclass(frozen=True)
-class Cause:
-  """Why a job ends early, as published under END_KEY.
-
-  Attributes:
-    kind: 'failed' (a process failed), 'lost' (a process went silent) or
-      'stalled' (the watchdog fired).
-    rank: the process the cause is pinned on.
-    host: its host name.
-    code: its exit code, for 'failed'.
-    summary: one line: the exception, or what was seen.
-  """
-  kind: str
-  rank: int
-  host: str
-  code: Optional[int] = None
-  summary: str = ''
-
-  def to_json(self) -> str:
-    return json.dumps(dataclasses.asdict(self))
-
-  @classmethod
-  def from_json(cls, text: str) -> 'Cause':
-    return cls(**json.loads(text))
-
-  def describe(self) -> str:
-    """'rank 1 on HOST failed first: exit 7 (ValueError: ...)' and the like."""
-    where = f'rank {self.rank} on {self.host}'
-    if self.kind == 'failed':
-      detail = f' ({self.summary})' if self.summary else ''
-      return f'{where} failed first: exit {self.code}{detail}'
-    if self.kind == 'lost':
-      return f'{where} was lost: {self.summary}'
-    return f'{where} stalled: {self.summary}'
 
 
 def _flush_and_exit(code: int) -> None:
@@ -146,7 +104,7 @@ class Supervisor:
     self._thread = None
     self._beats = 0
     self._last_contact = time.monotonic()
-    self._peers = _Peers(self)
+    self._peers = peers_lib.Peers(self)
 
   def start(self) -> None:
     if not self.options.enabled:
@@ -166,7 +124,7 @@ class Supervisor:
       return
     logging.error('stopping with exit code %d: %s', code, summary)
     self._wait_for_acks(self.publish(
-        Cause('failed', self.rank, self.host, code, summary)))
+        peers_lib.Cause('failed', self.rank, self.host, code, summary)))
     self._exit_process(code)
 
   def publish_final(self) -> None:
@@ -191,12 +149,12 @@ class Supervisor:
         return
       now = time.monotonic()
       if now >= next_beat:
-        next_beat = now + _BEAT_EVERY_S
+        next_beat = now + peers_lib.BEAT_EVERY_S
         found = self._check(now)
         if found is not None:
           self.publish(found)
 
-  def _poll_end(self) -> Optional[Cause]:
+  def _poll_end(self) -> Optional[peers_lib.Cause]:
     if self.job is None:
       self._stop.wait(_TICK_S)
       return None
@@ -206,16 +164,16 @@ class Supervisor:
       # The coordinator (process 0) does not answer.
       silent = time.monotonic() - self._last_contact
       if silent > self.options.heartbeat_timeout:
-        return Cause('lost', 0, _coordinator_host(), summary=(
+        return peers_lib.Cause('lost', 0, _coordinator_host(), summary=(
             f'the coordinator (process 0) did not answer for {silent:.0f} s '
             f'(--heartbeat_timeout={self.options.heartbeat_timeout:g}); last '
-            f'error: {first_line(e)}'))
+            f'error: {peers_lib.first_line(e)}'))
       self._stop.wait(_TICK_S)
       return None
     self._last_contact = time.monotonic()
-    return Cause.from_json(text) if text else None
+    return peers_lib.Cause.from_json(text) if text else None
 
-  def _check(self, now: float) -> Optional[Cause]:
+  def _check(self, now: float) -> Optional[peers_lib.Cause]:
     """The once-a-second duties; returns a cause to publish, if any."""
     snapshot = progress.snapshot()
     if self.job is not None:
@@ -231,36 +189,36 @@ class Supervisor:
     return self._check_stall(snapshot, now)
 
   def _check_stall(self, snapshot: progress.Snapshot,
-                   now: float) -> Optional[Cause]:
+                   now: float) -> Optional[peers_lib.Cause]:
     if snapshot.done_step is None:
       waited = now - self._started_at
       limit = self.options.first_step_timeout
       if 0 < limit < waited:
-        return Cause('stalled', self.rank, self.host, summary=(
+        return peers_lib.Cause('stalled', self.rank, self.host, summary=(
             f'no first step completed within {limit:g} s '
             '(--first_step_timeout)'))
       return None
     idle = now - snapshot.done_at
     limit = self.options.stall_timeout
     if 0 < limit < idle:
-      return Cause('stalled', self.rank, self.host, summary=(
+      return peers_lib.Cause('stalled', self.rank, self.host, summary=(
           f'no step completed for {idle:.0f} s after step '
           f'{snapshot.done_step} (--stall_timeout={limit:g})'))
     return None
 
   # Ending the process.
 
-  def publish(self, cause: Cause) -> Cause:
+  def publish(self, cause: peers_lib.Cause) -> peers_lib.Cause:
     """Publishes `cause` unless another is there; returns the one that won."""
     if self.job is None:
       return cause
     try:
       if self.job.set(END_KEY, cause.to_json()):
         return cause
-      return Cause.from_json(self.job.get(END_KEY))
+      return peers_lib.Cause.from_json(self.job.get(END_KEY))
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('could not publish the end of the job (%s): %s',
-                      cause.describe(), first_line(e))
+                      cause.describe(), peers_lib.first_line(e))
       return cause
 
   def fail(self, code: int, summary: str, may_be_consequence: bool) -> int:
@@ -287,7 +245,8 @@ class Supervisor:
         self._ack()
         self._wait_for_acks(earlier)
         return exit_codes.PEER_FAILED
-    won = self.publish(Cause('failed', self.rank, self.host, code, summary))
+    won = self.publish(
+        peers_lib.Cause('failed', self.rank, self.host, code, summary))
     if won.rank != self.rank and may_be_consequence:
       logging.error('%s; this process stops too.', won.describe())
       self._ack()
@@ -296,14 +255,14 @@ class Supervisor:
     self._wait_for_acks(won)
     return code
 
-  def _wait_for_end(self, timeout_s: float) -> Optional[Cause]:
+  def _wait_for_end(self, timeout_s: float) -> Optional[peers_lib.Cause]:
     try:
       text = self.job.wait(END_KEY, timeout_s)
     except Exception:  # pylint: disable=broad-except
       return None
-    return Cause.from_json(text) if text else None
+    return peers_lib.Cause.from_json(text) if text else None
 
-  def _end_for(self, cause: Cause) -> None:
+  def _end_for(self, cause: peers_lib.Cause) -> None:
     """The watcher saw `cause`: end this process accordingly."""
     if cause.rank == self.rank and cause.kind == 'failed':
       return  # Our own failure: the main thread is on its way out.
@@ -315,7 +274,8 @@ class Supervisor:
     if cause.kind == 'stalled':
       code = exit_codes.STALLED
       self._dump_stacks()
-      time.sleep(_BEAT_EVERY_S * 1.5)  # Let every process publish its state.
+      # Let every process publish its state first.
+      time.sleep(peers_lib.BEAT_EVERY_S * 1.5)
       logging.error('the job stalled: %s. %s. Every process dumps its '
                     'stacks into its log and exits %d.', cause.describe(),
                     self._peers.describe_laggards(), code)
@@ -333,7 +293,7 @@ class Supervisor:
     except Exception:  # pylint: disable=broad-except
       pass
 
-  def _wait_for_acks(self, cause: Optional[Cause] = None) -> None:
+  def _wait_for_acks(self, cause: Optional[peers_lib.Cause] = None) -> None:
     """Process 0 keeps the service up until the others have seen the end.
 
     The process the cause names is not waited for: it failed or is gone.
@@ -354,166 +314,6 @@ class Supervisor:
       time.sleep(0.02)
 
 
-class _Peers:
-  """Process 0's view of the other processes, from their heartbeats."""
-
-  def __init__(self, supervisor: Supervisor):
-    self.supervisor = supervisor
-    self.last_change: dict[int, tuple[int, float]] = {}
-    self.last_check = None
-    self.warned_at: dict[int, float] = {}
-
-  def publish_own(self, snapshot: progress.Snapshot, beat: int) -> None:
-    s = self.supervisor
-    record = {'beat': beat, 'host': s.host, 'pid': os.getpid(),
-              'done': snapshot.done_step, 'begun': snapshot.begun_step,
-              'step': progress.summarize(snapshot.step_seconds),
-              'own': progress.summarize(snapshot.own_seconds)}
-    try:
-      s.job.set(f'{BEAT_DIR}/{s.rank}', json.dumps(record), overwrite=True)
-    except Exception:  # pylint: disable=broad-except
-      pass  # _poll_end notices a coordinator that stays silent.
-
-  def records(self) -> dict[int, dict[str, Any]]:
-    out = {}
-    for key, value in self.supervisor.job.directory(BEAT_DIR).items():
-      out[int(key.rsplit('/', 1)[1])] = json.loads(value)
-    return out
-
-  def find_lost(self, now: float) -> Optional[Cause]:
-    s = self.supervisor
-    starved_after = max(s.options.heartbeat_timeout / 2, 3 * _BEAT_EVERY_S)
-    if self.last_check is not None and now - self.last_check > starved_after:
-      # This thread itself was starved (a long GIL hold): forgive everyone.
-      self.last_change = {}
-    self.last_check = now
-    try:
-      records = self.records()
-    except Exception:  # pylint: disable=broad-except
-      return None
-    for rank in range(1, s.job.process_count):
-      record = records.get(rank, {'beat': None, 'host': '?'})
-      seen = self.last_change.get(rank)
-      if seen is None or seen[0] != record['beat']:
-        self.last_change[rank] = (record['beat'], now)
-        continue
-      silent = now - seen[1]
-      if silent > s.options.heartbeat_timeout:
-        return Cause('lost', rank, record.get('host', '?'), summary=(
-            f'no heartbeat for {silent:.0f} s (--heartbeat_timeout='
-            f'{s.options.heartbeat_timeout:g}); its last completed step was '
-            f'{record.get("done")}'))
-    return None
-
-  def warn_stragglers(self, now: float) -> None:
-    try:
-      records = self.records()
-    except Exception:  # pylint: disable=broad-except
-      return
-    for line in straggler_warnings(records):
-      rank = line[0]
-      if now - self.warned_at.get(rank, -1e9) >= _STRAGGLER_WARN_EVERY_S:
-        self.warned_at[rank] = now
-        logging.warning('%s', line[1])
-
-  def describe_laggards(self) -> str:
-    try:
-      records = self.records()
-    except Exception as e:  # pylint: disable=broad-except
-      return f'the laggards are unknown: {first_line(e)}'
-    return describe_laggards(records, self.supervisor.job.process_count)
-
-
-def describe_laggards(records: dict[int, dict[str, Any]],
-                      process_count: int) -> str:
-  """Names the processes the others wait for, from their last heartbeats.
-
-  A process that has not started the step the furthest process started is
-  behind: it is stuck before the step (its input, its own code), and the
-  others wait for it inside the step's collectives.
-
-  Args:
-    records: {rank: heartbeat record with 'begun', 'done' and 'host'}.
-    process_count: processes in the job.
-
-  Example:
-    >>> describe_laggards({0: {'begun': 13, 'done': 12, 'host': 'a'},
-    ...                    1: {'begun': 12, 'done': 12, 'host': 'b'}}, 2)
-    'laggards: rank 1 on b (started step 12, while rank 0 started step 13)'
-  """
-  silent = [r for r in range(process_count) if r not in records]
-  begun = {r: rec.get('begun') or 0 for r, rec in records.items()}
-  parts = []
-  if begun:
-    furthest = max(begun.values())
-    ahead = min(r for r, b in begun.items() if b == furthest)
-    behind = sorted(r for r, b in begun.items() if b < furthest)
-    if behind:
-      parts.append('laggards: ' + ', '.join(
-          f'rank {r} on {records[r].get("host", "?")} (started step '
-          f'{begun[r]}, while rank {ahead} started step {furthest})'
-          for r in behind))
-    else:
-      parts.append(f'no rank is behind: every rank started step {furthest}')
-  if silent:
-    parts.append('no heartbeat ever from ' +
-                 ', '.join(f'rank {r}' for r in silent))
-  return '; '.join(parts)
-
-
-def straggler_warnings(records: dict[int, dict[str, Any]]
-                       ) -> list[tuple[int, str]]:
-  """(rank, warning) for each process much slower on its own than the rest.
-
-  A process's own time per step is what it spends before it can start the
-  step (input, dispatch); the others wait that long in the step's
-  collectives. A rank is a straggler when its recent median is over 1.5x
-  the median of the other ranks' and the difference is a noticeable share
-  (5 %) of the step time. Ranks with fewer than 10 steps are left out.
-
-  Example:
-    >>> fast = {'own': {'median': 0.001, 'count': 50}, 'step': {'median': 0.1}}
-    >>> slow = {'own': {'median': 0.1, 'count': 50}, 'step': {'median': 0.1}}
-    >>> straggler_warnings({0: fast, 1: slow})[0][0]
-    1
-  """
-  own = {r: rec['own']['median'] for r, rec in records.items()
-         if (rec.get('own') or {}).get('count', 0) >= _STRAGGLER_MIN_STEPS}
-  steps = [rec['step']['median'] for rec in records.values()
-           if (rec.get('step') or {}).get('median') is not None]
-  if len(own) < 2 or not steps:
-    return []
-  step_time = float(np.median(steps))
-  out = []
-  for rank, value in sorted(own.items()):
-    others = float(np.median([v for r, v in own.items() if r != rank]))
-    if value > _STRAGGLER_RATIO * others and value - others > 0.05 * step_time:
-      out.append((rank, (
-          f'straggler: rank {rank} on {records[rank].get("host", "?")} '
-          f'spends {value:.3f} s of its own per step (input, dispatch), '
-          f'{value / max(others, 1e-9):.1f}x the {others:.3f} s of the other '
-          f'{len(own) - 1} rank(s) (median); every step of the job waits for '
-          f'it (step time {step_time:.3f} s)')))
-  return out
-
-
-def rank_stats(job: Optional[coordination.Job]) -> list[dict[str, Any]]:
-  """Each process's step-time median and p99, for summary.json."""
-  if job is None:
-    snapshot = progress.snapshot()
-    records = {0: {'host': socket.gethostname(),
-                   'step': progress.summarize(snapshot.step_seconds),
-                   'own': progress.summarize(snapshot.own_seconds)}}
-  else:
-    records = {int(k.rsplit('/', 1)[1]): json.loads(v)
-               for k, v in job.directory(BEAT_DIR).items()}
-  return [{'rank': r, 'host': rec.get('host'),
-           'step_time_median_s': rec.get('step', {}).get('median'),
-           'step_time_p99_s': rec.get('step', {}).get('p99'),
-           'own_time_median_s': rec.get('own', {}).get('median')}
-          for r, rec in sorted(records.items())]
-
-
 def _consequence_wait_s(summary: str, options: Options) -> float:
   """How long a failing process waits for another's cause before its own.
 
@@ -524,15 +324,9 @@ def _consequence_wait_s(summary: str, options: Options) -> float:
   transport = ('Gloo', 'Connection reset', 'Connection closed', 'UNAVAILABLE',
                'Socket closed', 'Broken pipe')
   if any(word in summary for word in transport):
-    return options.heartbeat_timeout + 2 * _BEAT_EVERY_S
+    return options.heartbeat_timeout + 2 * peers_lib.BEAT_EVERY_S
   return 0.3
 
 
 def _coordinator_host() -> str:
   return coordination.coordinator_address().rpartition(':')[0] or '?'
-
-
-def first_line(error: BaseException) -> str:
-  """'ValueError: the first line of its message'."""
-  text = str(error).strip().splitlines()
-  return f'{type(error).__name__}: {text[0] if text else ""}'.rstrip(': ')

@@ -1,0 +1,183 @@
+"""The shell commands the TPU pod driver runs on every worker.
+
+Each is a string for `gcloud ... ssh --worker=all --command=...`, which the
+worker's login shell (bash) parses again, so every word that comes from the
+user is quoted with shlex. The worker half is launcher/tpu_worker.py, copied
+to ~/podrun/tpu_worker.py by the set-up command.
+
+Example:
+  >>> stop_command('run7-a1', grace=60)
+  'python3 "$HOME/podrun/tpu_worker.py" stop run7-a1 --grace=60'
+"""
+
+import dataclasses
+import re
+import shlex
+import subprocess
+from typing import Optional
+
+from launcher import exit_codes
+
+WORKER_SCRIPT = '$HOME/podrun/tpu_worker.py'
+
+
+@dataclasses.dataclass
+class Gcloud:
+  """The gcloud commands of one pod. Every call gets /dev/null as stdin:
+  each ssh client reads its stdin, and would eat whatever it is given."""
+  tpu: str
+  zone: str
+  project: str = ''
+
+  def base(self, verb: str) -> list[str]:
+    where = [f'--zone={self.zone}'] + (
+        [f'--project={self.project}'] if self.project else [])
+    return ['gcloud', 'compute', 'tpus', 'tpu-vm', verb, *where]
+
+  def ssh(self, command: str, worker: str = 'all') -> list[str]:
+    return [*self.base('ssh'), self.tpu, f'--worker={worker}',
+            f'--command={command}']
+
+  def scp(self, source: str, dest: str) -> list[str]:
+    return [*self.base('scp'), source, f'{self.tpu}:{dest}', '--worker=all']
+
+  def describe(self) -> list[str]:
+    return [*self.base('describe'), self.tpu, '--format=json']
+
+
+def run_logged(command: list[str], log_path: str
+               ) -> subprocess.CompletedProcess:
+  """Runs a gcloud command to the end, its output appended to log_path."""
+  with open(log_path, 'a') as log:
+    log.write(f'$ {shlex.join(command)}\n')
+    log.flush()
+    return subprocess.run(command, stdin=subprocess.DEVNULL, stdout=log,
+                          stderr=subprocess.STDOUT, check=False)
+
+
+class LaunchError(Exception):
+  """The launch cannot go on; carries the exit code."""
+
+  def __init__(self, message: str, code: int = exit_codes.CONFIG_ERROR):
+    super().__init__(message)
+    self.code = code
+
+
+# Sets $py, on a worker, to the first candidate that can run the job: 3.11+
+# with its venv module. $found lists what was tried.
+_FIND_PYTHON = r'''py=''; found=''
+for p in CANDIDATES; do
+  path="$(command -v "$p" 2>/dev/null)" || continue
+  v="$("$path" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" || continue
+  ok="$("$path" -c 'import sys, venv, ensurepip; print(int(sys.version_info >= (3, 11)))' 2>/dev/null || echo novenv)"
+  found="$found $path=$v"; [ "$ok" = novenv ] && found="$found(no venv module)"
+  if [ "$ok" = 1 ]; then py="$path"; break; fi
+done'''
+# Prints one line per worker: `[worker W] podrun-python: ok|missing ...`.
+PYTHON_PROBE = r'''w="${PODRUN_PROCESS_ID:-${TPU_WORKER_ID:-$(curl -sf -m 3 -H 'Metadata-Flavor: Google' http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number 2>/dev/null || echo '?')}}"
+FIND
+if [ -n "$py" ]; then echo "[worker $w] podrun-python: ok $py"; else echo "[worker $w] podrun-python: missing${found:- (no python3 at all)}"; fi'''
+_DEFAULT_CANDIDATES = ('python3.13', 'python3.12', 'python3.11', 'python3')
+
+
+def find_python(worker_python: str) -> str:
+  """The shell snippet that sets $py on a worker (see _FIND_PYTHON)."""
+  candidates = (shlex.quote(worker_python) if worker_python else
+                ' '.join(_DEFAULT_CANDIDATES))
+  return _FIND_PYTHON.replace('CANDIDATES', candidates)
+
+
+def check_pythons(gcloud: Gcloud, worker_python: str, log_path: str
+                  ) -> dict[str, str]:
+  """{worker: interpreter path} that can run the job, on every worker.
+
+  Raises:
+    LaunchError: naming each worker without one, what it found and the fix.
+  """
+  probe = PYTHON_PROBE.replace('FIND', find_python(worker_python))
+  result = subprocess.run(gcloud.ssh(probe), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, check=False)
+  with open(log_path, 'a') as log:
+    log.write(f'$ (python check)\n{result.stdout}{result.stderr}')
+  found, problems = {}, []
+  for line in result.stdout.splitlines():
+    match = re.match(r'^\[worker (\S+)\] podrun-python: (ok|missing) ?(.*)$',
+                     line)
+    if not match:
+      continue
+    worker, status, detail = match.groups()
+    if status == 'ok':
+      found[worker] = detail.split()[0]
+    else:
+      problems.append(f'worker {worker}: found {detail.strip() or "nothing"}')
+  if problems or not found:
+    raise LaunchError(
+        'no worker Python can run the job (JAX 0.10 needs Python 3.11 or '
+        'newer, with its venv module):\n  ' + '\n  '.join(
+            problems or [result.stderr.strip()[-500:]]) +
+        '\nFix: install one on every worker (for example `sudo apt-get '
+        'install -y python3.11 python3.11-venv`, from the deadsnakes PPA on '
+        'Ubuntu 22.04) or name it with --worker_python=PATH. Nothing was '
+        'copied or started.', exit_codes.CONFIG_ERROR)
+  return found
+
+
+def setup_command(short_hash: str, worker_python: str) -> str:
+  """Unpacks the code and, once per pyproject.toml, installs ~/podrun/venv."""
+  code = f'$HOME/podrun/code-{short_hash}'
+  steps = [
+      'set -e', f'd="{code}"', 'mkdir -p "$HOME/podrun"',
+      'if [ ! -f "$d/.podrun-ready" ]; then rm -rf "$d"; mkdir -p "$d"; '
+      f'tar -xzf "$HOME/podrun-{short_hash}.tar.gz" -C "$d"; '
+      'touch "$d/.podrun-ready"; fi',
+      f'cp "$d/launcher/tpu_worker.py" "{WORKER_SCRIPT}"',
+  ]
+  if not worker_python:
+    # One environment for every version of the code, reinstalled only when
+    # pyproject.toml changes.
+    steps += [
+        find_python(''),
+        'v="$HOME/podrun/venv"',
+        's="$v/.podrun-$(sha256sum "$d/pyproject.toml" | cut -c1-16)"',
+        'if [ ! -f "$s" ]; then rm -rf "$v"; "$py" -m venv "$v"; '
+        '"$v/bin/pip" install -q --upgrade pip; '
+        '"$v/bin/pip" install -q "$d[tpu]"; touch "$s"; fi',
+    ]
+  return '; '.join(steps)
+
+
+def attempt_id(job_id: str, attempt) -> str:
+  """The name of one attempt of a job on the workers (tpu_worker.base_id)."""
+  return f'{job_id}-a{attempt}'
+
+
+def run_command(short_hash: str, job_id: str, worker_python: str,
+                envs: list[str], launcher_args: list[str], workers: int,
+                options, attempt=1) -> str:
+  """The command every worker runs: tpu_worker.py run, every word quoted.
+
+  Every attempt is a job of its own on the workers, JOB_ID-aN, so that a
+  restart starts afresh while a rerun of the same command attaches; they
+  share the workdir lease through PODRUN_JOB_ID.
+  """
+  python = (shlex.quote(worker_python) if worker_python else
+            '"$HOME/podrun/venv/bin/python"')
+  words = [f'--expected_processes={workers}',
+           f'--stop_grace={options.stop_grace:g}',
+           f'--orphan_timeout={options.orphan_timeout:g}']
+  if options.replace:
+    words.append('--replace')
+  words += [f'--env={e}' for e in [f'PODRUN_JOB_ID={job_id}', *envs]]
+  return (f'cd "$HOME/podrun/code-{short_hash}" && exec python3 '
+          f'"{WORKER_SCRIPT}" run '
+          f'{shlex.quote(attempt_id(job_id, attempt))} --python={python} ' +
+          shlex.join(words + ['--', *launcher_args]))
+
+
+def stop_command(job_id: Optional[str], grace: float) -> str:
+  target = shlex.quote(job_id) if job_id else '--all'
+  return f'python3 "{WORKER_SCRIPT}" stop {target} --grace={grace:g}'
+
+
+def status_command() -> str:
+  return f'python3 "{WORKER_SCRIPT}" status'

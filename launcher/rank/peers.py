@@ -1,0 +1,230 @@
+"""What the processes of a job know of each other, through their heartbeats.
+
+Every process publishes, once a second, a heartbeat record under
+`podrun/beat/RANK` in the coordination service: its host, its last started
+and completed steps, and its recent step times. From these, process 0
+finds lost processes and stragglers, and every process names the laggards
+of a stalled job. The functions on records are pure, so they are tested
+without processes (tests/test_supervisor.py).
+"""
+
+import dataclasses
+import json
+import os
+import socket
+from typing import Any, Optional
+
+from absl import logging
+import numpy as np
+
+from runtime import coordination
+from runtime import progress
+
+BEAT_DIR = 'podrun/beat'
+_STRAGGLER_RATIO = 1.5
+_STRAGGLER_MIN_STEPS = 10
+_STRAGGLER_WARN_EVERY_S = 60.0
+# Seconds between two heartbeats of a process.
+BEAT_EVERY_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+  """Why a job ends early, as published under END_KEY.
+
+  Attributes:
+    kind: 'failed' (a process failed), 'lost' (a process went silent) or
+      'stalled' (the watchdog fired).
+    rank: the process the cause is pinned on.
+    host: its host name.
+    code: its exit code, for 'failed'.
+    summary: one line: the exception, or what was seen.
+  """
+  kind: str
+  rank: int
+  host: str
+  code: Optional[int] = None
+  summary: str = ''
+
+  def to_json(self) -> str:
+    return json.dumps(dataclasses.asdict(self))
+
+  @classmethod
+  def from_json(cls, text: str) -> 'Cause':
+    return cls(**json.loads(text))
+
+  def describe(self) -> str:
+    """'rank 1 on HOST failed first: exit 7 (ValueError: ...)' and the like."""
+    where = f'rank {self.rank} on {self.host}'
+    if self.kind == 'failed':
+      detail = f' ({self.summary})' if self.summary else ''
+      return f'{where} failed first: exit {self.code}{detail}'
+    if self.kind == 'lost':
+      return f'{where} was lost: {self.summary}'
+    return f'{where} stalled: {self.summary}'
+
+
+class Peers:
+  """Process 0's view of the other processes, from their heartbeats."""
+
+  def __init__(self, supervisor):
+    self.supervisor = supervisor
+    self.last_change: dict[int, tuple[int, float]] = {}
+    self.last_check = None
+    self.warned_at: dict[int, float] = {}
+
+  def publish_own(self, snapshot: progress.Snapshot, beat: int) -> None:
+    s = self.supervisor
+    record = {'beat': beat, 'host': s.host, 'pid': os.getpid(),
+              'done': snapshot.done_step, 'begun': snapshot.begun_step,
+              'step': progress.summarize(snapshot.step_seconds),
+              'own': progress.summarize(snapshot.own_seconds)}
+    try:
+      s.job.set(f'{BEAT_DIR}/{s.rank}', json.dumps(record), overwrite=True)
+    except Exception:  # pylint: disable=broad-except
+      pass  # _poll_end notices a coordinator that stays silent.
+
+  def records(self) -> dict[int, dict[str, Any]]:
+    out = {}
+    for key, value in self.supervisor.job.directory(BEAT_DIR).items():
+      out[int(key.rsplit('/', 1)[1])] = json.loads(value)
+    return out
+
+  def find_lost(self, now: float) -> Optional[Cause]:
+    s = self.supervisor
+    starved_after = max(s.options.heartbeat_timeout / 2, 3 * BEAT_EVERY_S)
+    if self.last_check is not None and now - self.last_check > starved_after:
+      # This thread itself was starved (a long GIL hold): forgive everyone.
+      self.last_change = {}
+    self.last_check = now
+    try:
+      records = self.records()
+    except Exception:  # pylint: disable=broad-except
+      return None
+    for rank in range(1, s.job.process_count):
+      record = records.get(rank, {'beat': None, 'host': '?'})
+      seen = self.last_change.get(rank)
+      if seen is None or seen[0] != record['beat']:
+        self.last_change[rank] = (record['beat'], now)
+        continue
+      silent = now - seen[1]
+      if silent > s.options.heartbeat_timeout:
+        return Cause('lost', rank, record.get('host', '?'), summary=(
+            f'no heartbeat for {silent:.0f} s (--heartbeat_timeout='
+            f'{s.options.heartbeat_timeout:g}); its last completed step was '
+            f'{record.get("done")}'))
+    return None
+
+  def warn_stragglers(self, now: float) -> None:
+    try:
+      records = self.records()
+    except Exception:  # pylint: disable=broad-except
+      return
+    for line in straggler_warnings(records):
+      rank = line[0]
+      if now - self.warned_at.get(rank, -1e9) >= _STRAGGLER_WARN_EVERY_S:
+        self.warned_at[rank] = now
+        logging.warning('%s', line[1])
+
+  def describe_laggards(self) -> str:
+    try:
+      records = self.records()
+    except Exception as e:  # pylint: disable=broad-except
+      return f'the laggards are unknown: {first_line(e)}'
+    return describe_laggards(records, self.supervisor.job.process_count)
+
+
+def describe_laggards(records: dict[int, dict[str, Any]],
+                      process_count: int) -> str:
+  """Names the processes the others wait for, from their last heartbeats.
+
+  A process that has not started the step the furthest process started is
+  behind: it is stuck before the step (its input, its own code), and the
+  others wait for it inside the step's collectives.
+
+  Args:
+    records: {rank: heartbeat record with 'begun', 'done' and 'host'}.
+    process_count: processes in the job.
+
+  Example:
+    >>> describe_laggards({0: {'begun': 13, 'done': 12, 'host': 'a'},
+    ...                    1: {'begun': 12, 'done': 12, 'host': 'b'}}, 2)
+    'laggards: rank 1 on b (started step 12, while rank 0 started step 13)'
+  """
+  silent = [r for r in range(process_count) if r not in records]
+  begun = {r: rec.get('begun') or 0 for r, rec in records.items()}
+  parts = []
+  if begun:
+    furthest = max(begun.values())
+    ahead = min(r for r, b in begun.items() if b == furthest)
+    behind = sorted(r for r, b in begun.items() if b < furthest)
+    if behind:
+      parts.append('laggards: ' + ', '.join(
+          f'rank {r} on {records[r].get("host", "?")} (started step '
+          f'{begun[r]}, while rank {ahead} started step {furthest})'
+          for r in behind))
+    else:
+      parts.append(f'no rank is behind: every rank started step {furthest}')
+  if silent:
+    parts.append('no heartbeat ever from ' +
+                 ', '.join(f'rank {r}' for r in silent))
+  return '; '.join(parts)
+
+
+def straggler_warnings(records: dict[int, dict[str, Any]]
+                       ) -> list[tuple[int, str]]:
+  """(rank, warning) for each process much slower on its own than the rest.
+
+  A process's own time per step is what it spends before it can start the
+  step (input, dispatch); the others wait that long in the step's
+  collectives. A rank is a straggler when its recent median is over 1.5x
+  the median of the other ranks' and the difference is a noticeable share
+  (5 %) of the step time. Ranks with fewer than 10 steps are left out.
+
+  Example:
+    >>> fast = {'own': {'median': 0.001, 'count': 50}, 'step': {'median': 0.1}}
+    >>> slow = {'own': {'median': 0.1, 'count': 50}, 'step': {'median': 0.1}}
+    >>> straggler_warnings({0: fast, 1: slow})[0][0]
+    1
+  """
+  own = {r: rec['own']['median'] for r, rec in records.items()
+         if (rec.get('own') or {}).get('count', 0) >= _STRAGGLER_MIN_STEPS}
+  steps = [rec['step']['median'] for rec in records.values()
+           if (rec.get('step') or {}).get('median') is not None]
+  if len(own) < 2 or not steps:
+    return []
+  step_time = float(np.median(steps))
+  out = []
+  for rank, value in sorted(own.items()):
+    others = float(np.median([v for r, v in own.items() if r != rank]))
+    if value > _STRAGGLER_RATIO * others and value - others > 0.05 * step_time:
+      out.append((rank, (
+          f'straggler: rank {rank} on {records[rank].get("host", "?")} '
+          f'spends {value:.3f} s of its own per step (input, dispatch), '
+          f'{value / max(others, 1e-9):.1f}x the {others:.3f} s of the other '
+          f'{len(own) - 1} rank(s) (median); every step of the job waits for '
+          f'it (step time {step_time:.3f} s)')))
+  return out
+
+
+def rank_stats(job: Optional[coordination.Job]) -> list[dict[str, Any]]:
+  """Each process's step-time median and p99, for summary.json."""
+  if job is None:
+    snapshot = progress.snapshot()
+    records = {0: {'host': socket.gethostname(),
+                   'step': progress.summarize(snapshot.step_seconds),
+                   'own': progress.summarize(snapshot.own_seconds)}}
+  else:
+    records = {int(k.rsplit('/', 1)[1]): json.loads(v)
+               for k, v in job.directory(BEAT_DIR).items()}
+  return [{'rank': r, 'host': rec.get('host'),
+           'step_time_median_s': rec.get('step', {}).get('median'),
+           'step_time_p99_s': rec.get('step', {}).get('p99'),
+           'own_time_median_s': rec.get('own', {}).get('median')}
+          for r, rec in sorted(records.items())]
+
+
+def first_line(error: BaseException) -> str:
+  """'ValueError: the first line of its message'."""
+  text = str(error).strip().splitlines()
+  return f'{type(error).__name__}: {text[0] if text else ""}'.rstrip(': ')
