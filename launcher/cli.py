@@ -9,6 +9,7 @@ JAX detects. With --local_processes=N the launcher starts and supervises a
 pod of N such processes on this machine.
 """
 
+import json
 import os
 import sys
 
@@ -73,6 +74,10 @@ _SUPERVISION = flags.DEFINE_bool(
     'Every rank watches the job through the coordination service: failure '
     'broadcast, lost processes, the hang watchdog, stragglers, the workdir '
     'lease. --nosupervision turns it off (for measuring its cost).')
+_COMPILATION_CACHE_DIR = flags.DEFINE_string(
+    'compilation_cache_dir', None,
+    'JAX\'s persistent compilation cache, which every attempt of the job '
+    'must reach; default WORKDIR/compilation_cache, \'\' turns it off.')
 _LEASE_TIMEOUT = flags.DEFINE_float(
     'lease_timeout', 60,
     'Seconds after which another job\'s lease on the workdir, not renewed '
@@ -225,6 +230,27 @@ def _retryable_exit_codes(config) -> tuple[int, ...]:
     _fail(f'--retry_exit_codes / config.retry_exit_codes: {e}')
 
 
+def _report_goodput(workdir: str) -> None:
+  """Rolls up the job's ledgers with the launcher's view of its attempts."""
+  from runtime import goodput  # pylint: disable=g-import-not-at-top
+  result = goodput.write_rollup(workdir)
+  if result['goodput'] is None:
+    return
+  path = os.path.join(workdir, 'summary.json')
+  if os.path.exists(path):
+    with open(path) as f:
+      summary = json.load(f)
+    summary['goodput'] = goodput.summary(result)
+    with open(path + '.tmp', 'w') as f:
+      json.dump(summary, f, indent=2, sort_keys=True)
+    os.replace(path + '.tmp', path)
+  print(f'[launcher] goodput {result["goodput"]:.3f}: '
+        f'{result["parts"]["productive"]:.1f} s of productive steps in '
+        f'{result["wall_s"]:.1f} s over {len(result["attempts"])} '
+        f'attempt(s); scripts/goodput.py {workdir} shows where the rest '
+        'went', file=sys.stderr, flush=True)
+
+
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value')
@@ -242,12 +268,14 @@ def main(argv: list[str]) -> int:
       return pod.print_plan()
     from launcher import restart  # pylint: disable=g-import-not-at-top
     retryable = _retryable_exit_codes(config)
-    return restart.run(
+    code = restart.run(
         lambda attempt: pod if attempt == 1 else _make_pod(
             config, workdir, job_id=pod.job_id, attempt=attempt),
         max_restarts=_MAX_RESTARTS.value,
         first_backoff_s=_RESTART_BACKOFF.value, retryable=retryable,
         logs_dir=pod.logs_dir)
+    _report_goodput(workdir)
+    return code
   if _MAX_RESTARTS.value:
     _fail('--max_restarts needs --local_processes: on a cluster every host '
           'must restart together, which is the scheduler\'s job (for example '
@@ -270,7 +298,8 @@ def main(argv: list[str]) -> int:
           first_step_timeout=_FIRST_STEP_TIMEOUT.value,
           barrier_timeout=_BARRIER_TIMEOUT.value,
           enabled=_SUPERVISION.value),
-      lease_timeout=_LEASE_TIMEOUT.value))
+      lease_timeout=_LEASE_TIMEOUT.value,
+      compilation_cache_dir=_COMPILATION_CACHE_DIR.value))
 
 
 def run() -> None:

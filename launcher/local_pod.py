@@ -41,6 +41,7 @@ from typing import Optional
 from launcher.rank import distributed
 from launcher import exit_codes
 from launcher import rank_output
+from runtime import goodput
 from runtime import progress
 
 JOB_ID_ENV = 'PODRUN_JOB_ID'
@@ -147,6 +148,8 @@ class Pod:
     # Restarts of a job share its id, so that its processes are found by it.
     self.job_id = job_id or uuid.uuid4().hex
     self.attempt = attempt
+    # The goodput ledgers of this attempt (runtime/goodput.py).
+    self.attempt_name = f'{self.job_id[:12]}-a{attempt}'
     self.launcher_signalled = False
     self._ranks = [self._plan_rank(i, rank_args) for i in range(num_processes)]
     self._changed = threading.Event()
@@ -163,7 +166,7 @@ class Pod:
                f'--num_processes={self.num_processes}',
                f'--process_id={index}']
     env = {'PYTHONUNBUFFERED': '1', rank_output.SUPERVISED_ENV: '1',
-           JOB_ID_ENV: self.job_id}
+           JOB_ID_ENV: self.job_id, goodput.ATTEMPT_ENV: self.attempt_name}
     if distributed.proxy_warnings('127.0.0.1', os.environ):
       exempt = {k: os.environ[k] for k in ('no_proxy', 'NO_PROXY')
                 if k in os.environ}

@@ -167,7 +167,9 @@ def run_command(short_hash: str, job_id: str, worker_python: str,
            f'--orphan_timeout={options.orphan_timeout:g}']
   if options.replace:
     words.append('--replace')
-  words += [f'--env={e}' for e in [f'PODRUN_JOB_ID={job_id}', *envs]]
+  words += [f'--env={e}' for e in [
+      f'PODRUN_JOB_ID={job_id}',
+      f'PODRUN_ATTEMPT={attempt_id(job_id, attempt)}', *envs]]
   return (f'cd "$HOME/podrun/code-{short_hash}" && exec python3 '
           f'"{WORKER_SCRIPT}" run '
           f'{shlex.quote(attempt_id(job_id, attempt))} --python={python} ' +

@@ -104,12 +104,15 @@ def run(start_pod: Callable[[int], 'object'], max_restarts: int,
   """
   tally = Tally()
   attempt = 1
+  launcher_started = _process_start()
   while True:
     pod = start_pod(attempt)
     started = time.time()
     code = pod.run()
     kind = kind_of(code, retryable)
     _record(logs_dir, {'attempt': attempt, 'exit_code': code, 'kind': kind,
+                       'name': getattr(pod, 'attempt_name', None),
+                       'launcher_started': launcher_started,
                        'started': started, 'ended': time.time(),
                        'launcher_signalled': pod.launcher_signalled})
     if kind == 'ok' or kind == 'final' or pod.launcher_signalled:
@@ -135,6 +138,12 @@ def run(start_pod: Callable[[int], 'object'], max_restarts: int,
   if max_restarts:
     say(f'job ended with exit code {code} after {tally.describe()}')
   return code
+
+
+def _process_start() -> float:
+  """When this launcher process started (the job's wall clock starts there)."""
+  from runtime import goodput  # pylint: disable=g-import-not-at-top
+  return goodput.process_start_time()
 
 
 def _record(logs_dir: str, entry: dict) -> None:

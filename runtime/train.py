@@ -23,6 +23,7 @@ from runtime import checkpoint
 from runtime import coordination
 from runtime import data
 from runtime import fingerprint as fingerprint_lib
+from runtime import goodput
 from runtime import metrics as metrics_lib
 from runtime import parallelism as parallelism_lib
 from runtime import prefetch
@@ -231,10 +232,12 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
                                      uses_rng=task.loss_uses_rng,
                                      parallelism=parallelism)
   state = step_lib.init_state(task.params, task.optimizer, config.seed)
-  ckpt = _open_checkpoints(config, workdir)
-  start = 0
-  if ckpt is not None:
-    start, state = _restore(ckpt, config, state, task.num_examples)
+  ledger = goodput.current()
+  with ledger.timing('checkpoint_restore'):
+    ckpt = _open_checkpoints(config, workdir)
+    start = 0
+    if ckpt is not None:
+      start, state = _restore(ckpt, config, state, task.num_examples)
   state = step_lib.replicate(state, parallelism)
   writer = metrics_lib.MetricsWriter(workdir, is_chief,
                                      resume_step=start or None)
@@ -251,6 +254,7 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
 
   in_flight = collections.deque()
   window = _Window()
+  clock = goodput.StepClock(ledger, goodput.steps_done_before(ledger))
   last = {}
   last_eval = {}
   eval_every = config.get('eval_every', 0) or 0
@@ -259,7 +263,9 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
     nonlocal last_eval
     drain()
     started = time.perf_counter()
-    last_eval = {f'eval_{k}': v for k, v in task.evaluate(state.params).items()}
+    with clock.timing('evaluation'):
+      last_eval = {f'eval_{k}': v
+                   for k, v in task.evaluate(state.params).items()}
     record = {**last_eval, 'eval_seconds': time.perf_counter() - started}
     writer.write(done_step, record)
     writer.log(f'eval at step {done_step}: ' + ' '.join(
@@ -271,6 +277,7 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
     last = {k: float(v)
             for k, v in parallelism_lib.to_host(pending).items()}
     _check_finite(done_step, last)
+    clock.step_done(done_step)
     progress.report(done_step, topo.process_index,
                     force=done_step == config.steps)
     window.add(last, time.perf_counter())
@@ -297,9 +304,10 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
       retire()
 
   def save(step: int, reason: str) -> None:
-    host_state = parallelism_lib.to_host(state)
-    ckpt.save(step, host_state,
-              _meta(config, topo, task, step, host_state, reason))
+    with clock.timing('checkpoint_blocking'):
+      host_state = parallelism_lib.to_host(state)
+      ckpt.save(step, host_state,
+                _meta(config, topo, task, step, host_state, reason))
 
   try:
     with preemption.Notice() as notice, prefetch.Prefetcher(
@@ -308,6 +316,7 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
       for count, step in enumerate(range(start, config.steps), 1):
         batch, waited_s = batches.next(step)
         window.waited(waited_s)
+        clock.take('input_wait', waited_s)
         dispatch_started = time.perf_counter()
         state, step_metrics = step_fn(state, batch)
         progress.begin(step + 1, waited_s + time.perf_counter() -
@@ -322,10 +331,11 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
           drain()
           if window.steps:
             log_window(step + 1)  # Keep the metrics of the window so far.
-          if ckpt is not None:
-            save(step + 1, 'preemption')
-            ckpt.wait()
-          _sync_processes('podrun/preempted')
+          with clock.timing('preemption_save'):
+            if ckpt is not None:
+              save(step + 1, 'preemption')
+              ckpt.wait()
+            _sync_processes('podrun/preempted')
           raise preemption.Preempted(step + 1)
         if ckpt is not None and ckpt.due(step + 1) and step + 1 < config.steps:
           save(step + 1, 'periodic')
@@ -338,7 +348,8 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
     if ckpt is not None:
       if start < config.steps:
         save(config.steps, 'final')
-      ckpt.close()
+      with clock.timing('checkpoint_blocking'):
+        ckpt.close()
   except BaseException:
     # Another process may be gone: waiting for a save that needs all of them
     # could hang. A single process still finishes the saves it started.
@@ -346,6 +357,7 @@ def train(config, workdir: str, task: Task) -> dict[str, Any]:
       ckpt.close()
     raise
   finally:
+    clock.close()
     writer.close()
 
   params = parallelism_lib.to_host(state.params)

@@ -78,7 +78,8 @@ class Peers:
     record = {'beat': beat, 'host': s.host, 'pid': os.getpid(),
               'done': snapshot.done_step, 'begun': snapshot.begun_step,
               'step': progress.summarize(snapshot.step_seconds),
-              'own': progress.summarize(snapshot.own_seconds)}
+              'own': progress.summarize(snapshot.own_seconds),
+              'supervisor_cpu_s': s.cpu_s}
     try:
       s.job.set(f'{BEAT_DIR}/{s.rank}', json.dumps(record), overwrite=True)
     except Exception:  # pylint: disable=broad-except
@@ -220,7 +221,8 @@ def rank_stats(job: Optional[coordination.Job]) -> list[dict[str, Any]]:
   return [{'rank': r, 'host': rec.get('host'),
            'step_time_median_s': rec.get('step', {}).get('median'),
            'step_time_p99_s': rec.get('step', {}).get('p99'),
-           'own_time_median_s': rec.get('own', {}).get('median')}
+           'own_time_median_s': rec.get('own', {}).get('median'),
+           'supervisor_cpu_s': rec.get('supervisor_cpu_s')}
           for r, rec in sorted(records.items())]
 
 

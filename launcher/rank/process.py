@@ -13,6 +13,7 @@ import os
 import shlex
 import signal
 import sys
+import time
 import traceback
 import uuid
 from typing import Any, Optional
@@ -32,6 +33,7 @@ from launcher.rank import roll_call
 from launcher.rank import supervisor as supervisor_lib
 from runtime import checkpoint
 from runtime import coordination
+from runtime import goodput
 from runtime import idx
 from runtime import metrics
 from runtime import parallel
@@ -68,12 +70,15 @@ class Options:
     supervision: heartbeat, stall and barrier timeouts (supervisor.py).
     lease_timeout: seconds after which another job's unrenewed lease on the
       workdir is taken over (lease.py).
+    compilation_cache_dir: JAX's persistent compilation cache; None means
+      WORKDIR/compilation_cache, '' none.
   """
   distributed: distributed.Options
   local_devices: Optional[int] = None
   log_all_ranks: bool = False
   supervision: supervisor_lib.Options = supervisor_lib.Options()
   lease_timeout: float = 60
+  compilation_cache_dir: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -81,6 +86,7 @@ class _Running:
   """What the failure path needs of a run in progress."""
   supervisor: Optional[supervisor_lib.Supervisor] = None
   lease: Optional[lease_lib.Lease] = None
+  ledger: goodput.Ledger = dataclasses.field(default_factory=goodput.Ledger)
 
 
 def _terminate(signum, frame):
@@ -171,7 +177,10 @@ def _join(config, workdir: str, options: Options, supervised: bool
     roll = roll_call.RollCall(
         workdir, options.distributed.coordinator_address or '',
         place.process_id, place.num_processes)
-  distributed.initialize(mode, options.distributed, roll)
+  ledger = goodput.current()
+  ledger.add('startup', time.time() - ledger.started)
+  with ledger.timing('distributed_init'):
+    distributed.initialize(mode, options.distributed, roll)
   if mode == distributed.DETECT and place.num_processes is None:
     import jax  # pylint: disable=g-import-not-at-top
     rank_output.setup(jax.process_index(), jax.process_count(), supervised,
@@ -231,6 +240,9 @@ def _run(config, workdir: str, options: Options, supervised: bool,
                                                  options.supervision)
   running.supervisor.start()
   actual = topology.current()
+  _open_ledger(running.ledger, workdir, running.supervisor.job,
+               actual.process_index)
+  _use_compilation_cache(options.compilation_cache_dir, workdir)
   topology.check(expected, actual)
   if actual.process_index == 0:
     logging.info('topology: %s', actual.describe())
@@ -243,21 +255,78 @@ def _run(config, workdir: str, options: Options, supervised: bool,
   run_workload = workload.resolve(config.workload)
   os.makedirs(workdir, exist_ok=True)
   results = run_workload(config, workdir) or {}
-  _finish(config, workdir, actual, results, running.supervisor)
+  _finish(config, workdir, actual, results, running.supervisor,
+          running.ledger)
+
+
+def _attempt_name(job: Optional[coordination.Job]) -> str:
+  """One name for this attempt on every process: the launcher's, else made
+  by process 0 and shared through the coordination service."""
+  if os.environ.get(goodput.ATTEMPT_ENV):
+    return os.environ[goodput.ATTEMPT_ENV]
+  made = time.strftime('%Y%m%d-%H%M%S-', time.gmtime()) + uuid.uuid4().hex[:8]
+  if job is None:
+    return made
+  if job.process_id == 0:
+    job.set('podrun/attempt', made)
+    return made
+  return job.wait('podrun/attempt', coordination.default_timeout()) or made
+
+
+def _open_ledger(ledger: goodput.Ledger, workdir: str,
+                 job: Optional[coordination.Job], process_index: int) -> None:
+  """Starts writing this process's goodput ledger and counting compilation."""
+  import jax  # pylint: disable=g-import-not-at-top
+  goodput.open_ledger(ledger, workdir, _attempt_name(job), process_index)
+
+  def on_duration(event: str, duration: float, **kwargs) -> None:
+    del kwargs
+    if event.startswith('/jax/core/compile/') or event == (
+        '/jax/compilation_cache/cache_retrieval_time_sec'):
+      goodput.on_compile(duration)
+
+  def on_event(event: str, **kwargs) -> None:
+    del kwargs
+    if event == '/jax/compilation_cache/cache_hits':
+      ledger.note(compile_cache_hits=ledger.notes.get(
+          'compile_cache_hits', 0) + 1)
+
+  jax.monitoring.register_event_duration_secs_listener(on_duration)
+  jax.monitoring.register_event_listener(on_event)
+
+
+def _use_compilation_cache(directory: Optional[str], workdir: str) -> None:
+  """JAX's persistent compilation cache, so that a restart skips compiling.
+
+  Every attempt of the job reaches it: WORKDIR/compilation_cache unless
+  --compilation_cache_dir names another place (a gs:// path works where JAX
+  supports it); '' turns it off.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  if directory == '':
+    return
+  path = directory or os.path.join(workdir, 'compilation_cache')
+  jax.config.update('jax_compilation_cache_dir', path)
+  # Cache every program: on a restart even short compilations add up.
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 
 
 def _finish(config, workdir: str, actual: topology.Topology,
             results: dict[str, Any],
-            supervisor: supervisor_lib.Supervisor) -> None:
+            supervisor: supervisor_lib.Supervisor,
+            ledger: goodput.Ledger) -> None:
   """Waits (bounded) for every process, then process 0 writes summary.json."""
   supervisor.finishing()
   supervisor.publish_final()
   if supervisor.job is not None:
     supervisor.job.barrier('podrun/end_of_run')
+  ledger.flush(final=True)
   if actual.process_index == 0:
     ranks = (peers_lib.rank_stats(supervisor.job)
              if supervisor.options.enabled else [])
     summary = _summary(config, actual, results, ranks)
+    summary['goodput'] = goodput.summary(goodput.write_rollup(workdir))
     metrics.write_json(os.path.join(workdir, 'summary.json'), summary)
     logging.info('results: %s', metrics.to_json(summary['results']))
     logging.info('wrote %s', os.path.join(workdir, 'summary.json'))
@@ -299,6 +368,7 @@ def run(config, workdir: str, options: Options) -> int:
   # The local pod's hang watchdog asks for every thread's stack this way.
   faulthandler.register(signal.SIGUSR1, all_threads=True)
   running = _Running()
+  goodput.use(running.ledger)
   code = exit_codes.OK
   try:
     _run(config, workdir, options, supervised, running)
@@ -309,6 +379,7 @@ def run(config, workdir: str, options: Options) -> int:
       code = running.supervisor.fail(code, summary, may_be_consequence)
     _log_failure(e, own_code, consequence=code == exit_codes.PEER_FAILED)
   finally:
+    running.ledger.flush(final=True)
     if running.lease is not None:
       running.lease.release()
   if code != exit_codes.OK and coordination.current() is not None:

@@ -39,6 +39,7 @@ from absl import logging
 from launcher import exit_codes
 from launcher.rank import peers as peers_lib
 from runtime import coordination
+from runtime import goodput
 from runtime import progress
 
 END_KEY = 'podrun/end'
@@ -67,6 +68,8 @@ class Options:
 
 
 def _flush_and_exit(code: int) -> None:
+  goodput.current().note(exit_code=code)
+  goodput.current().flush(final=True)
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()
@@ -103,6 +106,7 @@ class Supervisor:
     self._started_at = time.monotonic()
     self._thread = None
     self._beats = 0
+    self.cpu_s = 0.0
     self._last_contact = time.monotonic()
     self._peers = peers_lib.Peers(self)
 
@@ -176,6 +180,7 @@ class Supervisor:
   def _check(self, now: float) -> Optional[peers_lib.Cause]:
     """The once-a-second duties; returns a cause to publish, if any."""
     snapshot = progress.snapshot()
+    self.cpu_s = time.thread_time()  # What watching has cost this process.
     if self.job is not None:
       self._beats += 1
       self._peers.publish_own(snapshot, self._beats)

@@ -1,0 +1,355 @@
+"""Where a job's wall-clock time went: a ledger per process and attempt.
+
+Every process of every attempt keeps a `Ledger` of seconds per category and
+rewrites it, whole, to WORKDIR/goodput/ATTEMPT/rank_<i>.json every few
+seconds and when it ends. `rollup` then reads every attempt's ledgers (and
+the launcher's WORKDIR/logs/attempts.jsonl, when a launcher restarted the
+job) and accounts for the job's whole wall time:
+
+- per process: `startup` (process start, imports, config, devices),
+  `distributed_init`, `checkpoint_restore`, `compile` (the first step of an
+  attempt, and steps much slower than the median, which recompile),
+  `productive` (every other step), `recomputed` (steps an earlier attempt
+  had already trained: lost work), `input_wait`, `checkpoint_blocking`,
+  `evaluation`, `preemption_save`, and `other` (the rest of the process's
+  life: building the task, writing results);
+- per job: `unrecorded` (the end of an attempt that was killed before it
+  could write its ledger: its last seconds are lost, not dropped),
+  `launch_overhead` (the launcher starting and reaping the processes) and
+  `restart_backoff` (nothing running between two attempts).
+
+Goodput = productive / wall time. Nothing here imports JAX: the launcher
+rolls up without it.
+
+Example:
+  >>> ledger = Ledger(process_start=time.time())
+  >>> with ledger.timing('checkpoint_restore'):
+  ...   restore()
+  >>> rollup('/runs/mnist')['goodput']
+  0.93
+"""
+
+import contextlib
+import glob
+import json
+import os
+import threading
+import time
+from typing import Any, Iterator, Optional
+
+PROCESS_PARTS = ('startup', 'distributed_init', 'checkpoint_restore',
+                 'compile', 'productive', 'recomputed', 'input_wait',
+                 'checkpoint_blocking', 'evaluation', 'preemption_save',
+                 'other')
+JOB_PARTS = ('unrecorded', 'launch_overhead', 'restart_backoff')
+LEDGER_DIR = 'goodput'
+ATTEMPT_ENV = 'PODRUN_ATTEMPT'
+_FLUSH_EVERY_S = 2.0
+
+
+def process_start_time() -> float:
+  """Wall time at which this process started (Linux), else now."""
+  try:
+    with open('/proc/self/stat') as f:
+      ticks = int(f.read().rsplit(')', 1)[1].split()[19])
+    with open('/proc/uptime') as f:
+      uptime = float(f.read().split()[0])
+    # /proc/stat's boot time is whole seconds; the uptime is finer.
+    return time.time() - (uptime - ticks / os.sysconf('SC_CLK_TCK'))
+  except (OSError, ValueError, IndexError):
+    return time.time()
+
+
+class Ledger:
+  """Seconds per category for one process of one attempt.
+
+  Categories are PROCESS_PARTS; 'other' is never added to: it is whatever
+  of the process's life the others do not cover.
+  """
+
+  def __init__(self, process_start: Optional[float] = None):
+    self.started = process_start if process_start else process_start_time()
+    self.parts = {p: 0.0 for p in PROCESS_PARTS if p != 'other'}
+    self.notes: dict[str, Any] = {}
+    self.path: Optional[str] = None
+    self._lock = threading.Lock()
+    self._last_flush = 0.0
+
+  def add(self, category: str, seconds: float) -> None:
+    if category not in self.parts:
+      raise ValueError(f'unknown goodput category {category!r}; one of '
+                       f'{", ".join(self.parts)}')
+    with self._lock:
+      self.parts[category] += max(0.0, seconds)
+
+  @contextlib.contextmanager
+  def timing(self, category: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.add(category, time.perf_counter() - started)
+
+  def note(self, **values: Any) -> None:
+    with self._lock:
+      self.notes.update(values)
+
+  def record(self, final: bool) -> dict[str, Any]:
+    now = time.time()
+    with self._lock:
+      parts = dict(self.parts)
+      notes = dict(self.notes)
+    parts['other'] = max(0.0, now - self.started - sum(parts.values()))
+    return {'started': self.started, 'updated': now, 'final': final,
+            'parts': parts, 'notes': notes}
+
+  def flush(self, final: bool = False, force: bool = False) -> None:
+    """Rewrites the ledger file; at most every 2 s unless final or forced."""
+    if self.path is None:
+      return
+    now = time.monotonic()
+    if not (final or force) and now - self._last_flush < _FLUSH_EVERY_S:
+      return
+    self._last_flush = now
+    tmp = f'{self.path}.tmp{os.getpid()}'
+    try:
+      os.makedirs(os.path.dirname(self.path), exist_ok=True)
+      with open(tmp, 'w') as f:
+        json.dump(self.record(final), f)
+      os.replace(tmp, self.path)
+    except OSError:
+      pass  # A ledger must never stop a job.
+
+
+_current = Ledger(process_start=time.time())
+
+
+def current() -> Ledger:
+  """This process's ledger (one that writes nowhere until `open_ledger`)."""
+  return _current
+
+
+def use(ledger: Ledger) -> None:
+  """Makes `ledger` this process's, before it has a file to write to."""
+  global _current
+  _current = ledger
+
+
+def open_ledger(ledger: Ledger, workdir: str, attempt: str,
+                process_index: int) -> None:
+  """Makes `ledger` this process's, writing to WORKDIR/goodput/ATTEMPT."""
+  global _current
+  ledger.path = os.path.join(workdir, LEDGER_DIR, attempt,
+                             f'rank_{process_index}.json')
+  ledger.note(attempt=attempt, process_index=process_index)
+  _current = ledger
+  ledger.flush(force=True)
+
+
+def steps_done_before(ledger: Ledger) -> int:
+  """The furthest step an earlier attempt of the job completed on this
+  process (0 when the ledger writes nowhere)."""
+  if ledger.path is None:
+    return 0
+  mine = os.path.basename(ledger.path)
+  this_attempt = os.path.dirname(ledger.path)
+  furthest = 0
+  for path in glob.glob(os.path.join(os.path.dirname(this_attempt), '*',
+                                     mine)):
+    if os.path.dirname(path) == this_attempt:
+      continue
+    try:
+      with open(path) as f:
+        furthest = max(furthest, json.load(f)['notes'].get('last_step') or 0)
+    except (OSError, ValueError, KeyError):
+      continue
+  return furthest
+
+
+def _read_ledgers(workdir: str) -> dict[str, dict[int, dict[str, Any]]]:
+  """{attempt: {rank: ledger record}}."""
+  out: dict[str, dict[int, dict[str, Any]]] = {}
+  for path in glob.glob(os.path.join(workdir, LEDGER_DIR, '*', 'rank_*.json')):
+    try:
+      with open(path) as f:
+        record = json.load(f)
+    except (OSError, ValueError):
+      continue
+    attempt = os.path.basename(os.path.dirname(path))
+    rank = int(os.path.basename(path)[len('rank_'):-len('.json')])
+    out.setdefault(attempt, {})[rank] = record
+  return out
+
+
+def _launcher_attempts(workdir: str) -> list[dict[str, Any]]:
+  path = os.path.join(workdir, 'logs', 'attempts.jsonl')
+  try:
+    with open(path) as f:
+      return [json.loads(l) for l in f if l.strip()]
+  except (OSError, ValueError):
+    return []
+
+
+def rollup(workdir: str) -> dict[str, Any]:
+  """Accounts for the job's wall time, attempt by attempt.
+
+  The job runs from its first attempt's start (the launcher's, else the
+  earliest process start) to its last attempt's end (the launcher's, else
+  the last ledger update). Each attempt is seen through process 0's ledger;
+  the time between attempts, and the unrecorded end of a killed attempt, are
+  parts of their own.
+
+  Returns:
+    {'wall_s', 'goodput', 'parts': {category: seconds}, 'attempts': [...],
+     'ranks': {attempt: {rank: parts}}}; empty parts when nothing was
+    recorded.
+  """
+  ledgers = _read_ledgers(workdir)
+  launched = _launcher_attempts(workdir)
+  order = sorted(ledgers, key=lambda a: _chief(ledgers[a])['started'])
+  by_name = {a.get('name'): a for a in launched if a.get('name')}
+  attempts, previous_end = [], None
+  job_start = None
+  if launched:
+    job_start = launched[0].get('launcher_started') or launched[0]['started']
+  for number, name in enumerate(order, 1):
+    chief = _chief(ledgers[name])
+    launch = by_name.get(name)
+    attempts.append(_attempt_record(number, name, chief, launch,
+                                    previous_end))
+    previous_end = attempts[-1]['ended']
+    if job_start is None:
+      job_start = chief['started']
+  if not attempts:
+    return {'wall_s': 0.0, 'goodput': None, 'parts': {}, 'attempts': [],
+            'ranks': {}}
+  first_gap = attempts[0]['started'] - job_start
+  attempts[0]['parts']['launch_overhead'] += max(0.0, first_gap)
+  wall = attempts[-1]['ended'] - job_start
+  parts = {p: sum(a['parts'][p] for a in attempts)
+           for p in PROCESS_PARTS + JOB_PARTS}
+  return {'wall_s': wall,
+          'goodput': parts['productive'] / wall if wall > 0 else None,
+          'parts': parts, 'attempts': attempts,
+          'ranks': {name: {r: rec['parts'] for r, rec in sorted(
+              ledgers[name].items())} for name in order}}
+
+
+def _chief(ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
+  """Process 0's ledger, through which the job sees an attempt."""
+  return ranks.get(0) or ranks[min(ranks)]
+
+
+def _attempt_record(number: int, name: str, chief: dict[str, Any],
+                    launch: Optional[dict[str, Any]],
+                    previous_end: Optional[float]) -> dict[str, Any]:
+  parts = {p: 0.0 for p in PROCESS_PARTS + JOB_PARTS}
+  parts.update(chief['parts'])
+  started = chief['started']
+  ended = chief['updated']
+  if launch is not None:
+    # The launcher saw the attempt from before the process started to after
+    # it ended: that is launch overhead, or the process's unrecorded end.
+    ended = max(ended, launch['ended'])
+    late = ended - chief['updated']
+    parts['launch_overhead' if chief['final'] else 'unrecorded'] += late
+    parts['launch_overhead'] += max(0.0, started - launch['started'])
+    started = min(started, launch['started'])
+  if previous_end is not None:
+    parts['restart_backoff'] += max(0.0, started - previous_end)
+    started = previous_end
+  return {'attempt': number, 'name': name, 'started': started,
+          'ended': ended, 'wall_s': ended - started, 'final': chief['final'],
+          'exit_code': (launch or {}).get('exit_code'),
+          'notes': chief['notes'], 'parts': parts}
+
+
+def write_rollup(workdir: str) -> dict[str, Any]:
+  """Writes WORKDIR/goodput.jsonl (one line per attempt) and returns the
+  roll-up (see `rollup`)."""
+  result = rollup(workdir)
+  path = os.path.join(workdir, 'goodput.jsonl')
+  tmp = f'{path}.tmp{os.getpid()}'
+  with open(tmp, 'w') as f:
+    for attempt in result['attempts']:
+      f.write(json.dumps({**attempt, 'ranks': result['ranks'][
+          attempt['name']]}) + '\n')
+  os.replace(tmp, path)
+  return result
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+  """The part of a roll-up that goes into summary.json."""
+  return {'wall_s': result['wall_s'], 'goodput': result['goodput'],
+          'parts': result['parts'], 'attempts': len(result['attempts'])}
+
+
+class StepClock:
+  """Splits the training loop's time among the ledger's categories.
+
+  Each completed step's share of the loop (the time since the previous one,
+  less what was taken out meanwhile: compilation, input wait, checkpoints,
+  evaluation) goes to 'recomputed' when an earlier attempt had already
+  trained that step, else to 'productive'.
+
+  Example:
+    >>> clock = StepClock(current(), steps_done_before=120)
+    >>> clock.take('input_wait', waited_s)
+    >>> clock.step_done(step)
+  """
+
+  def __init__(self, ledger: Ledger, steps_done_before: int):
+    global _clock
+    self.ledger = ledger
+    self.steps_done_before = steps_done_before
+    self.recomputed_steps = 0
+    self._mark = time.perf_counter()
+    self._taken = 0.0
+    self._lock = threading.Lock()
+    _clock = self
+
+  def take(self, category: str, seconds: float) -> None:
+    self.ledger.add(category, seconds)
+    with self._lock:
+      self._taken += seconds
+
+  @contextlib.contextmanager
+  def timing(self, category: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.take(category, time.perf_counter() - started)
+
+  def step_done(self, step: int) -> None:
+    now = time.perf_counter()
+    with self._lock:
+      share = now - self._mark - self._taken
+      self._mark, self._taken = now, 0.0
+    if 'first_step_wall' not in self.ledger.notes:
+      self.ledger.note(first_step_wall=time.time())
+    if step <= self.steps_done_before:
+      self.recomputed_steps += 1
+      self.ledger.add('recomputed', share)
+      self.ledger.note(recomputed_steps=self.recomputed_steps)
+    else:
+      self.ledger.add('productive', share)
+    self.ledger.note(last_step=step)
+    self.ledger.flush()
+
+  def close(self) -> None:
+    global _clock
+    if _clock is self:
+      _clock = None
+
+
+_clock: Optional[StepClock] = None
+
+
+def on_compile(seconds: float) -> None:
+  """Counts compilation time, out of the running step's share if any."""
+  clock = _clock
+  if clock is not None:
+    clock.take('compile', seconds)
+  else:
+    _current.add('compile', seconds)

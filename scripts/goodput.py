@@ -1,0 +1,101 @@
+"""Where a job's time went: the goodput ledger as a table and a picture.
+
+  python scripts/goodput.py WORKDIR [--out=WORKDIR/goodput.png]
+
+Reads the ledgers every process of every attempt wrote under
+WORKDIR/goodput/ (and the launcher's WORKDIR/logs/attempts.jsonl), rolls
+them up (runtime/goodput.py), rewrites WORKDIR/goodput.jsonl, prints one row
+per attempt and one per process of each attempt (seconds per category), and
+draws a stacked bar per attempt with every kind of lost time named.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from runtime import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+PARTS = goodput.PROCESS_PARTS + goodput.JOB_PARTS
+_SHORT = {'distributed_init': 'dist_init', 'checkpoint_restore': 'restore',
+          'checkpoint_blocking': 'ckpt_block', 'preemption_save': 'preempt',
+          'launch_overhead': 'launch', 'restart_backoff': 'backoff',
+          'input_wait': 'input', 'evaluation': 'eval',
+          'recomputed': 'recomputed', 'unrecorded': 'unrecorded'}
+
+
+def table(rows: list[tuple[str, dict[str, float]]], first: str) -> str:
+  """Fixed-width text: one row per (label, parts), a column per category."""
+  names = [_SHORT.get(p, p) for p in PARTS]
+  widths = [max(len(n), 8) for n in names]
+  head = f'{first:<14}' + ''.join(f'{n:>{w + 1}}' for n, w in zip(names,
+                                                                   widths))
+  lines = [head + f'{"total":>9}']
+  for label, parts in rows:
+    values = [parts.get(p, 0.0) for p in PARTS]
+    lines.append(f'{label:<14}' + ''.join(
+        f'{v:>{w + 1}.2f}' for v, w in zip(values, widths)) +
+                 f'{sum(values):>9.2f}')
+  return '\n'.join(lines)
+
+
+def plot(result: dict, out: str) -> None:
+  """A stacked bar of seconds per attempt, one colour per category."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  attempts = result['attempts']
+  labels = [f'{a["attempt"]}\n(exit {a["exit_code"]})'
+            if a['exit_code'] is not None else str(a['attempt'])
+            for a in attempts]
+  fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(attempts) + 3), 5))
+  bottom = [0.0] * len(attempts)
+  colours = plt.get_cmap('tab20').colors
+  for i, part in enumerate(PARTS):
+    values = [a['parts'].get(part, 0.0) for a in attempts]
+    if not any(values):
+      continue
+    colour = 'tab:green' if part == 'productive' else colours[i % 20]
+    ax.bar(labels, values, bottom=bottom, label=part, color=colour)
+    bottom = [b + v for b, v in zip(bottom, values)]
+  ax.set_xlabel('attempt')
+  ax.set_ylabel('seconds')
+  ax.set_title(f'goodput {result["goodput"]:.3f} of {result["wall_s"]:.1f} s '
+               f'wall time')
+  ax.legend(loc='center left', bbox_to_anchor=(1.0, 0.5), fontsize=8)
+  fig.tight_layout()
+  fig.savefig(out, dpi=110)
+  plt.close(fig)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser()
+  parser.add_argument('workdir')
+  parser.add_argument('--out', default='', help='PNG; default '
+                      'WORKDIR/goodput.png')
+  args = parser.parse_args(argv)
+  result = goodput.write_rollup(args.workdir)
+  if not result['attempts']:
+    print(f'no goodput ledgers under {args.workdir}/goodput', file=sys.stderr)
+    return 2
+  print(f'wall time {result["wall_s"]:.2f} s, goodput '
+        f'{result["goodput"]:.3f} (productive steps / wall time), '
+        f'{len(result["attempts"])} attempt(s)\n')
+  print(table([(f'attempt {a["attempt"]}', a['parts'])
+               for a in result['attempts']] + [('job', result['parts'])],
+              'seconds'))
+  print('\nper process (each process\'s own ledger):')
+  rows = []
+  for a in result['attempts']:
+    for rank, parts in result['ranks'][a['name']].items():
+      rows.append((f'a{a["attempt"]} rank {rank}', parts))
+  print(table(rows, 'seconds'))
+  out = args.out or os.path.join(args.workdir, 'goodput.png')
+  plot(result, out)
+  print(f'\nwrote {out}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
