@@ -368,7 +368,8 @@ def test_dry_run_prints_every_command_and_runs_none(pod):
   assert words[words.index('run'):] == [
       'run', 'test-job-a1', '--python=/opt/py thon/bin/python',
       '--expected_processes=<workers from describe>', '--stop_grace=5',
-      '--orphan_timeout=30', '--env=PODRUN_JOB_ID=test-job', '--env=A=b c',
+      '--orphan_timeout=30', '--env=PODRUN_JOB_ID=test-job',
+      '--env=PODRUN_ATTEMPT=test-job-a1', '--env=A=b c',
       '--', *LINEAR,
       '--config.note=x y']
   assert lines[-2] == '# on a failure, Ctrl-C or SIGTERM:'
