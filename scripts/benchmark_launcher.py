@@ -168,7 +168,7 @@ def steps_per_sec(supervision, workdir):
   with open(os.path.join(workdir, 'summary.json')) as f:
     ranks = json.load(f)['ranks']
   cpu = [r.get('supervisor_cpu_s') or 0.0 for r in ranks]
-  return 100 * len(timed) / seconds, max(cpu) / seconds
+  return 100 * len(timed) / seconds, max(cpu, default=0.0) / seconds
 
 
 def _spread(values):
