@@ -76,7 +76,7 @@ done'''
 # Prints one line per worker: `[worker W] podrun-python: ok|missing ...`.
 PYTHON_PROBE = r'''w="${PODRUN_PROCESS_ID:-${TPU_WORKER_ID:-$(curl -sf -m 3 -H 'Metadata-Flavor: Google' http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number 2>/dev/null || echo '?')}}"
 FIND
-if [ -n "$py" ]; then echo "[worker $w] podrun-python: ok $py"; else echo "[worker $w] podrun-python: missing${found:- (no python3 at all)}"; fi'''
+if [ -n "$py" ]; then echo "[worker $w] podrun-python: ok $py"; else echo "[worker $w] podrun-python: missing${found:- nothing}"; fi'''
 _DEFAULT_CANDIDATES = ('python3.13', 'python3.12', 'python3.11', 'python3')
 
 
@@ -115,11 +115,27 @@ def check_pythons(gcloud: Gcloud, worker_python: str, log_path: str
         'no worker Python can run the job (JAX 0.10 needs Python 3.11 or '
         'newer, with its venv module):\n  ' + '\n  '.join(
             problems or [result.stderr.strip()[-500:]]) +
-        '\nFix: install one on every worker (for example `sudo apt-get '
-        'install -y python3.11 python3.11-venv`, from the deadsnakes PPA on '
-        'Ubuntu 22.04) or name it with --worker_python=PATH. Nothing was '
-        'copied or started.', exit_codes.CONFIG_ERROR)
+        '\nFix: launch with --provision_python, which installs python3.11 '
+        'and python3.11-venv from the deadsnakes PPA with sudo apt-get on '
+        'the workers that lack them, or install an interpreter yourself, or '
+        'name one with --worker_python=PATH. Nothing was copied or started.',
+        exit_codes.CONFIG_ERROR)
   return found
+
+
+# Installs Python 3.11 with venv where no usable interpreter is found
+# (Ubuntu 22.04 TPU images: python3 is 3.10); does nothing elsewhere.
+_PROVISION = r'''FIND
+if [ -z "$py" ]; then
+  sudo add-apt-repository -y ppa:deadsnakes/ppa >/dev/null
+  sudo apt-get update -q >/dev/null
+  sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3.11 python3.11-venv >/dev/null
+fi'''
+
+
+def provision_command(worker_python: str) -> str:
+  """Installs python3.11 (deadsnakes) on every worker that needs one."""
+  return _PROVISION.replace('FIND', find_python(worker_python))
 
 
 def setup_command(short_hash: str, worker_python: str) -> str:

@@ -135,8 +135,18 @@ class Launch:
     self.workers, kind = pod_workers(self.gcloud, gcloud_log)
     self.say(f'TPU {self.options.tpu}: {kind}, {self.workers} worker(s)')
     self.preflight()
-    pythons = pod_commands.check_pythons(
-        self.gcloud, self.options.worker_python, gcloud_log)
+    try:
+      pythons = pod_commands.check_pythons(
+          self.gcloud, self.options.worker_python, gcloud_log)
+    except LaunchError:
+      if not self.options.provision_python:
+        raise
+      self.say('installing Python 3.11 on the workers that lack it '
+               '(--provision_python)')
+      pod_commands.run_logged(self.gcloud.ssh(pod_commands.provision_command(
+          self.options.worker_python)), gcloud_log)
+      pythons = pod_commands.check_pythons(
+          self.gcloud, self.options.worker_python, gcloud_log)
     self.say('worker Python: ' + ', '.join(
         f'worker {w}: {p}' for w, p in sorted(pythons.items())))
     with tempfile.TemporaryDirectory() as tmp:  # LOG_DIR holds only logs.
@@ -185,6 +195,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
   add('--job_id', default='')
   add('--skip_preflight', action='store_true')
   add('--replace', action='store_true')
+  add('--provision_python', action='store_true')
   add('--dry_run', action='store_true')
   add('--stop', nargs='?', const='all', default=None, metavar='JOB_ID')
   add('--status', action='store_true')

@@ -5,8 +5,8 @@
 #       [--workdir=DIR] [--env KEY=VALUE ...] [--max_restarts=N]
 #       [--retry_exit_codes=C,...] [--wait_healthy=SECONDS]
 #       [--stop_grace=SECONDS] [--orphan_timeout=SECONDS]
-#       [--worker_python=PATH] [--log_dir=DIR] [--job_id=ID]
-#       [--skip_preflight] [--replace] [--dry_run]
+#       [--worker_python=PATH] [--provision_python] [--log_dir=DIR]
+#       [--job_id=ID] [--skip_preflight] [--replace] [--dry_run]
 #       -- <launcher flags>
 #   scripts/launch_tpu_pod.sh --tpu=NAME --zone=ZONE --status
 #   scripts/launch_tpu_pod.sh --tpu=NAME --zone=ZONE --stop[=JOB_ID]
@@ -21,7 +21,8 @@
 #    config.topology.accelerator_type; needs `gcloud auth
 #    application-default login`).
 # 2. Checks each worker's Python (3.11+ with venv; python3.13 ... python3,
-#    or --worker_python) before copying anything.
+#    or --worker_python) before copying anything; --provision_python
+#    installs python3.11 (deadsnakes PPA, sudo apt-get) where none is found.
 # 3. Copies the project (one tarball named by its SHA-256) to every worker
 #    and, once per version of pyproject.toml, installs it in ~/podrun/venv
 #    with the TPU extra (skipped with --worker_python).
@@ -44,7 +45,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 case " $* " in
-  *" -h "*|*" --help "*) sed -n '2,39p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *" -h "*|*" --help "*) sed -n '2,44p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 # This machine's Python with the project installed (scripts/env.sh makes
 # .venv the first time); PODRUN_LOCAL_PYTHON names another.

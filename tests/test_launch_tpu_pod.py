@@ -14,6 +14,7 @@ import os
 import pathlib
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -262,10 +263,60 @@ def test_a_worker_with_python_3_10_fails_at_once_naming_it(tmp_path):
   result = pod.run('--', *LINEAR, python='')
   assert result.returncode == exit_codes.CONFIG_ERROR, result.output
   assert 'worker 1: found ' + str(old / 'python3') + '=3.10' in result.stderr
-  assert 'python3.11 python3.11-venv' in result.stderr
+  assert 'launch with --provision_python' in result.stderr
   assert 'worker 0: found' not in result.stderr
   assert [c[3] for c in pod.gcloud_calls()] == ['describe', 'ssh']  # No copy.
   assert result.elapsed < 30
+
+
+def _worker_without_python_3_11(tmp_path) -> str:
+  """A worker PATH as on Ubuntu 22.04: python3 says 3.10, no python3.11, and
+  sudo, add-apt-repository and apt-get that install python3.11 the way the
+  deadsnakes PPA would (here: a script that runs this interpreter)."""
+  bin_dir, tools = tmp_path / 'worker1_bin', tmp_path / 'worker1_tools'
+  bin_dir.mkdir()
+  tools.mkdir()
+  for tool in ('bash', 'sh', 'tar', 'gzip', 'mkdir', 'cp', 'touch', 'rm',
+               'cat', 'ln', 'sed', 'grep', 'cut', 'sha256sum', 'env', 'chmod'):
+    found = shutil.which(tool)
+    if found:
+      (tools / tool).symlink_to(found)
+  scripts = {
+      # Says 3.10 to the Python check, runs tpu_worker.py all the same.
+      'python3': f'#!/bin/sh\nif [ "$1" = "-c" ]; then echo 3.10; exit 0; '
+                 f'fi\nexec {sys.executable} "$@"\n',
+      'sudo': '#!/bin/sh\nexec env "$@"\n',
+      'add-apt-repository': '#!/bin/sh\necho "$*" >> "$HOME/apt.log"\n',
+      'apt-get': f'#!/bin/sh\necho "$*" >> "$HOME/apt.log"\ncase "$*" in '
+                 f'*"install"*python3.11*) printf \'#!/bin/sh\\nexec %s '
+                 f'"$@"\\n\' {sys.executable} > {bin_dir}/python3.11; '
+                 f'chmod +x {bin_dir}/python3.11 ;; esac\n',
+  }
+  for name, text in scripts.items():
+    (bin_dir / name).write_text(text)
+    (bin_dir / name).chmod(0o755)
+  return f'{bin_dir}:{tools}'
+
+
+def test_provision_python_installs_it_where_missing(tmp_path):
+  pod = FakePod(tmp_path,
+                FAKE_TPU_WORKER_PATH_1=_worker_without_python_3_11(tmp_path))
+  try:
+    refused = pod.run('--', *LINEAR, python='python3.11')
+    assert refused.returncode == exit_codes.CONFIG_ERROR, refused.output
+    assert 'worker 1: found nothing' in refused.stderr
+    assert '--provision_python' in refused.stderr
+    result = pod.run('--provision_python', '--', *LINEAR,
+                     f'--workdir={tmp_path / "work"}', python='python3.11')
+  finally:
+    pod.kill_leftovers()
+  assert result.returncode == 0, result.output
+  assert 'installing Python 3.11 on the workers that lack it' in result.stderr
+  apt = (pod.root / 'worker_1' / 'apt.log').read_text()
+  assert '-y ppa:deadsnakes/ppa' in apt
+  assert 'install -y -q python3.11 python3.11-venv' in apt
+  assert not (pod.root / 'worker_0' / 'apt.log').exists()  # It had one.
+  assert 'step 30/30' in pod.log(0)
 
 
 def test_sigterm_stops_every_worker_and_exits_143(pod, tmp_path):
