@@ -149,6 +149,17 @@ def test_first_step_timeout(tmp_path):
   _assert_no_survivors(tmp_path)
 
 
+def test_a_single_process_has_its_watchdog_too(tmp_path):
+  result = helpers.run_launcher(
+      [PROBE, f'--workdir={tmp_path}', LONG, '--config.fail_rank=0',
+       '--config.fail_step=0', '--config.fail_mode=hang',
+       '--first_step_timeout=4'])
+  assert result.returncode == exit_codes.STALLED, result.output
+  assert 'no first step completed within 4 s' in result.stderr
+  assert 'most recent call first' in result.stderr and '_misbehave' in (
+      result.stderr)
+
+
 def test_coordinator_port_in_use(tmp_path):
   with socket.socket() as holder:
     holder.bind(('127.0.0.1', 0))

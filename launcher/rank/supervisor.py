@@ -156,7 +156,10 @@ class Supervisor:
         next_beat = now + peers_lib.BEAT_EVERY_S
         found = self._check(now)
         if found is not None:
-          self.publish(found)
+          won = self.publish(found)
+          if self.job is None:  # Nobody to tell: end here.
+            self._end_for(won)
+            return
 
   def _poll_end(self) -> Optional[peers_lib.Cause]:
     if self.job is None:
@@ -279,11 +282,14 @@ class Supervisor:
     if cause.kind == 'stalled':
       code = exit_codes.STALLED
       self._dump_stacks()
-      # Let every process publish its state first.
-      time.sleep(peers_lib.BEAT_EVERY_S * 1.5)
+      laggards = 'A single process'
+      if self.job is not None:
+        # Let every process publish its state first.
+        time.sleep(peers_lib.BEAT_EVERY_S * 1.5)
+        laggards = self._peers.describe_laggards()
       logging.error('the job stalled: %s. %s. Every process dumps its '
                     'stacks into its log and exits %d.', cause.describe(),
-                    self._peers.describe_laggards(), code)
+                    laggards, code)
     else:
       code = exit_codes.PEER_FAILED
       logging.error('%s; this process stops too (exit %d).',
