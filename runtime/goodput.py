@@ -60,6 +60,15 @@ def process_start_time() -> float:
     return time.time()
 
 
+@contextlib.contextmanager
+def _timed(record) -> Iterator[None]:
+  started = time.perf_counter()
+  try:
+    yield
+  finally:
+    record(time.perf_counter() - started)
+
+
 class Ledger:
   """Seconds per category for one process of one attempt.
 
@@ -82,13 +91,9 @@ class Ledger:
     with self._lock:
       self.parts[category] += max(0.0, seconds)
 
-  @contextlib.contextmanager
-  def timing(self, category: str) -> Iterator[None]:
-    started = time.perf_counter()
-    try:
-      yield
-    finally:
-      self.add(category, time.perf_counter() - started)
+  def timing(self, category: str):
+    """A context manager that adds its duration to `category`."""
+    return _timed(lambda seconds: self.add(category, seconds))
 
   def note(self, **values: Any) -> None:
     with self._lock:
@@ -313,13 +318,9 @@ class StepClock:
     with self._lock:
       self._taken += seconds
 
-  @contextlib.contextmanager
-  def timing(self, category: str) -> Iterator[None]:
-    started = time.perf_counter()
-    try:
-      yield
-    finally:
-      self.take(category, time.perf_counter() - started)
+  def timing(self, category: str):
+    """A context manager that takes its duration out as `category`."""
+    return _timed(lambda seconds: self.take(category, seconds))
 
   def step_done(self, step: int) -> None:
     now = time.perf_counter()
