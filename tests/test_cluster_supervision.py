@@ -168,12 +168,13 @@ def test_a_second_job_on_a_busy_workdir_is_refused(tmp_path):
   undisturbed = _run_probe(tmp_path / 'alone', '--config.steps=40')
   assert undisturbed.returncode == 0, undisturbed.output
   busy = tmp_path / 'busy'
-  # The first job pauses 6 s at step 20, holding its lease.
+  # The first job pauses 12 s at step 20, holding its lease, while the
+  # second starts.
   with cluster.Cluster(busy, 2, [PROBE, '--config.steps=40',
                                  '--config.fail_rank=0',
                                  '--config.fail_step=20',
                                  '--config.fail_mode=sleep',
-                                 '--config.fail_seconds=6']) as first:
+                                 '--config.fail_seconds=12']) as first:
     first.wait_until_stepping(step=20)
     second = _run_probe(busy, '--config.steps=40', timeout=60)
     exits = first.wait(timeout=120)

@@ -66,14 +66,15 @@ def test_a_restart_is_accounted_for_and_recomputed_steps_counted(tmp_path):
        '--config.checkpoint_every=5', '--config.fail_rank=1',
        '--config.fail_step=12', '--config.fail_code=7',
        '--config.fail_once=True', '--retry_exit_codes=7',
-       '--max_restarts=1', '--restart_backoff=2'], timeout=180)
+       '--max_restarts=1', '--restart_backoff=5'], timeout=180)
   wall = time.time() - started
   assert result.returncode == 0, result.output
   rollup = helpers.read_json(tmp_path / 'summary.json')['goodput']
   assert rollup['attempts'] == 2
   assert abs(sum(rollup['parts'].values()) - rollup['wall_s']) < 1e-6
   assert abs(rollup['wall_s'] - wall) < 0.01 * wall, (rollup['wall_s'], wall)
-  assert rollup['parts']['restart_backoff'] >= 2.0
+  # The 5 s back-off, on the wall clock (which NTP may slew a little).
+  assert rollup['parts']['restart_backoff'] > 4.9
   attempts = [json.loads(l) for l in
               (tmp_path / 'goodput.jsonl').read_text().splitlines()]
   first_log, second_log = _attempt_lines(
