@@ -126,18 +126,28 @@ def parse_flags(argv: list[str]) -> list[str]:
   except Exception as e:  # pylint: disable=broad-except
     # absl reports unknown flags; ml_collections raises KeyError or
     # AttributeError for an unknown config key, ValueError for a bad value.
-    detail = str(e).strip().splitlines()[0] if str(e).strip() else ''
+    lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
+    detail = lines[0] if lines else ''
+    if detail.endswith(':') and len(lines) > 1:
+      detail += ' ' + lines[-1]  # The config file's own error comes last.
     _fail(f'bad flags or config: {type(e).__name__}: {detail}')
   if _CONFIG.value is None:
     _fail('--config is required, for example '
           '--config=configs/linear_regression.py')
+  filename = flags.FLAGS['config'].config_filename
+  path = filename.split(':')[0]
+  if not os.path.isfile(path):
+    _fail(f'--config={filename}: no such file {path!r} (from '
+          f'{os.getcwd()}); the configs are in configs/, for example '
+          '--config=configs/linear_regression.py')
   try:
-    if not isinstance(_CONFIG.value, config_dict.ConfigDict):
-      raise TypeError(f'get_config() returned {type(_CONFIG.value).__name__}')
+    config = _CONFIG.value
+    if not isinstance(config, config_dict.ConfigDict):
+      # ml_collections keeps the loading error; any access raises it.
+      getattr(config, 'workload')
+      raise TypeError(f'get_config() returned {type(config).__name__}')
   except Exception as e:  # pylint: disable=broad-except
-    # A config file that fails to load raises on first access.
-    _fail(f'cannot load --config={flags.FLAGS["config"].config_filename}: '
-          f'{type(e).__name__}: {e}')
+    _fail(f'cannot load --config={filename}: {type(e).__name__}: {e}')
   return rest
 
 

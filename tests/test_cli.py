@@ -58,6 +58,20 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path, override, expected):
   assert line.startswith('launcher: error:') and expected in line
 
 
+def test_a_missing_or_broken_config_file_says_so(tmp_path):
+  missing = helpers.run_launcher(['--config=configs/no_such_config.py',
+                                  f'--workdir={tmp_path}'], timeout=60)
+  assert missing.returncode == 2
+  assert ("--config=configs/no_such_config.py: no such file "
+          "'configs/no_such_config.py'") in _one_error_line(missing)
+  broken = tmp_path / 'broken.py'
+  broken.write_text('def get_config():\n  raise ValueError("broken here")\n')
+  result = helpers.run_launcher([f'--config={broken}',
+                                 f'--workdir={tmp_path}'], timeout=60)
+  assert result.returncode == 2
+  assert 'ValueError: broken here' in _one_error_line(result)
+
+
 def test_missing_and_unimportable_workloads(tmp_path):
   config = tmp_path / 'no_workload.py'
   config.write_text('from configs import base\n\n'
