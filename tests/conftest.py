@@ -12,6 +12,28 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
+# Test tiers (pytest -m): `unit` needs neither devices nor processes,
+# `devices` runs in this process on its 8 emulated devices, `processes`
+# starts launcher processes. Tests that start processes in a file of another
+# tier carry @pytest.mark.processes themselves.
+_PROCESS_FILES = ('test_cli.py', 'test_gang.py', 'test_local_pod.py',
+                  'test_multihost.py', 'test_preemption.py',
+                  'test_launch_tpu_pod.py', 'test_cluster_supervision.py')
+_DEVICE_FILES = ('test_train.py', 'test_checkpoint.py', 'test_parallel.py',
+                 'test_parallelism.py', 'test_evaluate.py')
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  for item in items:
+    if item.get_closest_marker('processes'):
+      continue
+    name = item.path.name
+    tier = ('processes' if name in _PROCESS_FILES else
+            'devices' if name in _DEVICE_FILES else 'unit')
+    item.add_marker(getattr(pytest.mark, tier))
+
+
 def pytest_configure(config):
   del config
   count = jax.device_count()

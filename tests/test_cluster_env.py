@@ -84,6 +84,7 @@ def _two_processes(tmp_path, env_of, extra_args=()):
       helpers.kill_group(p)
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(200)
 def test_srun_style_job_is_detected_by_jax(tmp_path):
   port = _free_port()
@@ -103,6 +104,7 @@ def test_srun_style_job_is_detected_by_jax(tmp_path):
   assert helpers.read_json(tmp_path / 'summary.json')['device_count'] == 8
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(200)
 def test_kubernetes_style_job_from_the_environment(tmp_path):
   address = f'127.0.0.1:{_free_port()}'
@@ -116,6 +118,7 @@ def test_kubernetes_style_job_from_the_environment(tmp_path):
   assert helpers.read_json(tmp_path / 'summary.json')['process_count'] == 2
 
 
+@pytest.mark.processes
 def test_accelerator_type_names_every_factor_on_the_wrong_machine(tmp_path):
   result = helpers.run_launcher(
       ['--config=configs/linear_regression.py', f'--workdir={tmp_path}',
@@ -130,6 +133,7 @@ def test_accelerator_type_names_every_factor_on_the_wrong_machine(tmp_path):
     assert factor in result.stderr
 
 
+@pytest.mark.processes
 def test_unknown_accelerator_type_is_a_config_error(tmp_path):
   result = helpers.run_launcher(
       ['--config=configs/linear_regression.py', f'--workdir={tmp_path}',

@@ -72,6 +72,7 @@ def test_mnist_learns_generated_digits(tmp_path):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.processes
 def test_mnist_on_2x4_matches_1x8(tmp_path):
   from tests import helpers  # pylint: disable=g-import-not-at-top
   mnist.write_synthetic(str(tmp_path / 'data'), num_train=2048, num_test=1001)

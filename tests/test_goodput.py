@@ -55,6 +55,7 @@ def _attempt_lines(log: str) -> list[str]:
   return log.split('===== attempt 2 =====')
 
 
+@pytest.mark.processes
 def test_a_restart_is_accounted_for_and_recomputed_steps_counted(tmp_path):
   # Rank 1 fails with a retryable 7 while step 13 is loaded; the restart
   # resumes from the checkpoint of step 10 and trains again what attempt 1
@@ -93,6 +94,7 @@ def test_a_restart_is_accounted_for_and_recomputed_steps_counted(tmp_path):
   assert sorted(per_rank) == ['0', '1']
 
 
+@pytest.mark.processes
 def test_a_sigkilled_attempt_is_counted_as_lost_not_dropped(tmp_path):
   proc = helpers.start_launcher(
       [PROBE, f'--workdir={tmp_path}', '--local_processes=2',

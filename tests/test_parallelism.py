@@ -141,6 +141,7 @@ def test_input_wait_is_a_logged_fraction(tmp_path):
     assert 0.0 <= r['input_wait_fraction'] < 1.0
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize('workload', ['linear_regression', 'mnist'])
 def test_pmap_and_shard_map_agree_on_2x4(tmp_path, workload):
