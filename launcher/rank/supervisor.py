@@ -204,7 +204,8 @@ class Supervisor:
       if 0 < limit < waited:
         return peers_lib.Cause('stalled', self.rank, self.host, summary=(
             f'no first step completed within {limit:g} s '
-            '(--first_step_timeout)'))
+            '(--first_step_timeout); a workload that runs a loop of its own '
+            'must report each step with runtime.progress.report(step)'))
       return None
     idle = now - snapshot.done_at
     limit = self.options.stall_timeout
