@@ -46,6 +46,7 @@ END_KEY = 'podrun/end'
 ACK_DIR = 'podrun/ack'
 _TICK_S = 0.5
 _ACK_WAIT_S = 3.0
+_AFTER_ACKS_S = 0.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +68,8 @@ class Options:
   enabled: bool = True
 
 
-def _flush_and_exit(code: int) -> None:
+def _flush(code: int) -> None:
+  """Writes out what this process has to say before it exits with `code`."""
   goodput.current().note(exit_code=code)
   goodput.current().flush(final=True)
   for stream in (sys.stdout, sys.stderr):
@@ -75,6 +77,10 @@ def _flush_and_exit(code: int) -> None:
       stream.flush()
     except (OSError, ValueError):
       pass
+
+
+def _flush_and_exit(code: int) -> None:
+  _flush(code)
   os._exit(code)  # pylint: disable=protected-access
 
 
@@ -295,6 +301,9 @@ class Supervisor:
       code = exit_codes.PEER_FAILED
       logging.error('%s; this process stops too (exit %d).',
                     cause.describe(), code)
+    # Everything written first: once process 0 has every ack it exits, and
+    # its coordination service with it, which JAX makes fatal to the others.
+    _flush(code)
     self._ack()
     self._wait_for_acks(cause)
     self._exit_process(code)
@@ -308,13 +317,15 @@ class Supervisor:
   def _wait_for_acks(self, cause: Optional[peers_lib.Cause] = None) -> None:
     """Process 0 keeps the service up until the others have seen the end.
 
-    The process the cause names is not waited for: it failed or is gone.
+    The process a failure or a loss names is not waited for: it is on its
+    way out, or gone. (A stalled one ends like everyone else.)
     """
     if self.rank != 0 or self.job is None:
       return
     expected = set(range(1, self.job.process_count))
-    if cause is not None:
+    if cause is not None and cause.kind in ('failed', 'lost'):
       expected.discard(cause.rank)
+    waited_for = bool(expected)
     deadline = time.monotonic() + _ACK_WAIT_S
     while expected and time.monotonic() < deadline:
       try:
@@ -324,6 +335,8 @@ class Supervisor:
         return
       expected -= acked
       time.sleep(0.02)
+    if waited_for:
+      time.sleep(_AFTER_ACKS_S)  # Let the others' own exits land first.
 
 
 def _consequence_wait_s(summary: str, options: Options) -> float:
