@@ -246,14 +246,13 @@ def _report_goodput(workdir: str) -> None:
   result = goodput.write_rollup(workdir)
   if result['goodput'] is None:
     return
+  from runtime import metrics  # pylint: disable=g-import-not-at-top
   path = os.path.join(workdir, 'summary.json')
   if os.path.exists(path):
     with open(path) as f:
       summary = json.load(f)
     summary['goodput'] = goodput.summary(result)
-    with open(path + '.tmp', 'w') as f:
-      json.dump(summary, f, indent=2, sort_keys=True)
-    os.replace(path + '.tmp', path)
+    metrics.write_json(path, summary)
   print(f'[launcher] goodput {result["goodput"]:.3f}: '
         f'{result["parts"]["productive"]:.1f} s of productive steps in '
         f'{result["wall_s"]:.1f} s over {len(result["attempts"])} '

@@ -37,6 +37,8 @@ import threading
 import time
 from typing import Any, Iterator, Optional
 
+from runtime import metrics
+
 PROCESS_PARTS = ('startup', 'distributed_init', 'checkpoint_restore',
                  'compile', 'productive', 'recomputed', 'input_wait',
                  'checkpoint_blocking', 'evaluation', 'preemption_save',
@@ -116,12 +118,8 @@ class Ledger:
     if not (final or force) and now - self._last_flush < _FLUSH_EVERY_S:
       return
     self._last_flush = now
-    tmp = f'{self.path}.tmp{os.getpid()}'
     try:
-      os.makedirs(os.path.dirname(self.path), exist_ok=True)
-      with open(tmp, 'w') as f:
-        json.dump(self.record(final), f)
-      os.replace(tmp, self.path)
+      metrics.write_json(self.path, self.record(final))
     except OSError:
       pass  # A ledger must never stop a job.
 
