@@ -1,19 +1,37 @@
-"""Fields every job config has; the other configs start from `get_config()`."""
+"""Every field the runtime reads, with its default; the other configs start
+from `get_config()` and change a few.
+
+The sections `model`, `optimizer` and `data`, with `workload`, `seed` and
+`global_batch_size`, decide what a run computes: a resumed run must agree
+with its checkpoint on them (runtime/checkpoint.py TRAJECTORY_SECTIONS). A
+workload puts its own fields there. Every other field only steers the run
+and may change between a run and its resumption.
+"""
 
 from ml_collections import config_dict
 
 
 def get_config() -> config_dict.ConfigDict:
   config = config_dict.ConfigDict()
+  # What the run computes.
   # 'package.module:function', called as function(config, workdir).
   config.workload = config_dict.placeholder(str)
   config.seed = 0
-  config.steps = 100
   config.global_batch_size = 256
-  config.log_every = 10
-  config.learning_rate = 0.1
+  config.model = config_dict.ConfigDict()
+  config.optimizer = config_dict.ConfigDict()
+  config.optimizer.learning_rate = 0.1
+  config.data = config_dict.ConfigDict()
   # Reshuffle the data every epoch (see runtime/data.py).
-  config.shuffle = True
+  config.data.shuffle = True
+
+  # How the run goes.
+  config.steps = 100
+  config.log_every = 10
+  # Evaluate every eval_every steps (0: only at the end), in global batches
+  # of eval_batch_size examples; only workloads that evaluate read these.
+  config.eval_every = 0
+  config.eval_batch_size = 1024
   # Dispatched steps allowed to be unfinished; None: 1 on CPU, 2 elsewhere.
   config.max_steps_in_flight = config_dict.placeholder(int)
   # 'pmap', or 'shard_map' (jit + jax.shard_map over a mesh of all devices):
@@ -21,6 +39,13 @@ def get_config() -> config_dict.ConfigDict:
   config.parallelism = 'pmap'
   # Batches read and copied to the devices ahead of the step that needs them.
   config.prefetch = 2
+  # TensorBoard event files in WORKDIR/tensorboard besides metrics.jsonl.
+  config.tensorboard = True
+  # A profiler trace of steps start_step + 1 .. start_step + num_steps into
+  # WORKDIR/tensorboard (0 steps: none).
+  config.profile = config_dict.ConfigDict()
+  config.profile.start_step = 10
+  config.profile.num_steps = 0
 
   # Checkpoints (runtime/checkpoint.py): every checkpoint_every steps (0: only
   # at the end and on preemption), the newest keep_checkpoints kept, written
@@ -34,8 +59,8 @@ def get_config() -> config_dict.ConfigDict:
   # Resume from the latest checkpoint in checkpoint_dir; False starts afresh
   # and refuses a directory that already holds checkpoints.
   config.restore = True
-  # Config fields besides checkpoint.RUN_CONTROL_FIELDS that may differ from
-  # the checkpoint's when resuming.
+  # Fields (or whole sections) of model, optimizer, data, ... that may differ
+  # from the checkpoint's when resuming, e.g. ('optimizer.learning_rate',).
   config.restore_may_change = ()
   # Exit codes besides 75 (preempted) that the launcher's --max_restarts
   # retries; added to --retry_exit_codes.

@@ -10,11 +10,11 @@ from configs import base
 def get_config():
   config = base.get_config()
   config.workload = 'runtime.workloads.linear_regression:train_and_evaluate'
-  config.features = 3
-  config.num_examples = 4096
-  config.noise_std = 0.1
+  config.data.features = 3
+  config.data.num_examples = 4096
+  config.data.noise_std = 0.1
+  config.optimizer.learning_rate = 0.1
   config.global_batch_size = 256
   config.steps = 200
   config.log_every = 20
-  config.learning_rate = 0.1
   return config

@@ -10,12 +10,12 @@ from configs import base
 def get_config():
   config = base.get_config()
   config.workload = 'runtime.workloads.mlp:train_and_evaluate'
-  config.features = 16
-  config.hidden = 64
-  config.num_classes = 4
-  config.num_examples = 8192
+  config.data.features = 16
+  config.data.num_classes = 4
+  config.data.num_examples = 8192
+  config.model.hidden = 64
+  config.optimizer.learning_rate = 0.01
   config.global_batch_size = 512
   config.steps = 300
   config.log_every = 50
-  config.learning_rate = 0.01
   return config

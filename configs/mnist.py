@@ -12,12 +12,13 @@ from configs import base
 def get_config():
   config = base.get_config()
   config.workload = 'runtime.workloads.mnist:train_and_evaluate'
+  # A path: it may move between a run and its resumption.
   config.data_dir = 'data/mnist'
-  config.hidden_sizes = (512, 512)
+  config.model.hidden_sizes = (512, 512)
+  config.optimizer.learning_rate = 1e-3
   config.global_batch_size = 256
   # 60,000 examples / 256 = 234.4 steps an epoch: 10 epochs.
   config.steps = 2344
-  config.learning_rate = 1e-3
   config.log_every = 100
   config.eval_every = 500
   config.eval_batch_size = 1024

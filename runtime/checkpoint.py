@@ -28,13 +28,12 @@ import orbax.checkpoint as ocp
 
 from runtime import coordination
 
-# Config fields that may change between a run and the run that resumes it:
-# they decide how long and how the job runs, not what it computes.
-RUN_CONTROL_FIELDS = (
-    'steps', 'log_every', 'checkpoint_every', 'keep_checkpoints',
-    'checkpoint_dir', 'restore', 'async_checkpointing', 'checkpointing',
-    'restore_may_change', 'max_steps_in_flight', 'topology', 'eval_every',
-    'retry_exit_codes', 'eval_batch_size', 'parallelism', 'prefetch')
+# The config sections that decide what a run computes. A resumed run must
+# agree with its checkpoint on these (but for config.restore_may_change);
+# every other field only steers the run (its length, logging, checkpoint
+# cadence, topology, paths) and may change, with no list to keep up.
+TRAJECTORY_SECTIONS = ('workload', 'seed', 'global_batch_size', 'model',
+                       'optimizer', 'data')
 
 _SHARED_CHECK_DIR = '.shared_check'
 
@@ -51,7 +50,7 @@ def directory(config, workdir: str) -> str:
     >>> directory(config, '/tmp/w')  # config.checkpoint_dir == ''
     '/tmp/w/checkpoints'
   """
-  configured = config.get('checkpoint_dir') or ''
+  configured = config.checkpoint_dir
   return configured if configured else os.path.join(workdir, 'checkpoints')
 
 
@@ -69,13 +68,15 @@ def _flatten(value: Any, prefix: str = '') -> dict[str, Any]:
 def trajectory_config(config) -> dict[str, Any]:
   """The config fields a checkpoint must agree on, flattened to 'a.b' keys.
 
-  Leaves out RUN_CONTROL_FIELDS and the fields listed in
-  config.restore_may_change.
+  Every field of TRAJECTORY_SECTIONS but those config.restore_may_change
+  names (a field, or a whole section).
   """
-  skip = set(RUN_CONTROL_FIELDS) | set(config.get('restore_may_change', ()))
-  flat = _flatten(config.to_dict())
+  allowed = set(config.restore_may_change)
+  sections = {k: v for k, v in config.to_dict().items()
+              if k in TRAJECTORY_SECTIONS}
+  flat = _flatten(sections)
   return {k: v for k, v in sorted(flat.items())
-          if k not in skip and k.split('.')[0] not in skip}
+          if not any(k == a or k.startswith(a + '.') for a in allowed)}
 
 
 def describe_state(state: Any) -> list[list[Any]]:
@@ -125,9 +126,10 @@ def check_restorable(meta: dict[str, Any], config, state: Any, path: str
     raise CheckpointError(
         f'cannot resume from {path}; it was made by a different run:\n  ' +
         '\n  '.join(problems) + '\nPoint --workdir (or config.checkpoint_dir) '
-        'at a new directory to start afresh, or undo the change. Fields that '
-        'may change on resume: ' + ', '.join(RUN_CONTROL_FIELDS) +
-        ', and those in config.restore_may_change.')
+        'at a new directory to start afresh, or undo the change. The sections '
+        + ', '.join(TRAJECTORY_SECTIONS) + ' decide the trajectory; list a '
+        'field of them in config.restore_may_change to allow a change '
+        'anyway. Every other field may change on resume.')
 
 
 def check_shared(path: str) -> None:
@@ -287,6 +289,77 @@ class Checkpoints:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def open_for(config, workdir: str) -> Checkpoints:
+  """The run's Checkpoints, after checking every process shares the directory.
+
+  Args:
+    config: reads checkpoint_dir, checkpoint_every, keep_checkpoints and
+      async_checkpointing.
+    workdir: the default parent of the directory.
+  """
+  path = directory(config, workdir)
+  check_shared(path)
+  return Checkpoints(path, every=config.checkpoint_every,
+                     keep=config.keep_checkpoints,
+                     async_save=config.async_checkpointing)
+
+
+def restore_or_start(ckpt: Checkpoints, config, state: Any, num_examples: int
+                     ) -> tuple[int, Any]:
+  """(step, state) to start from: the latest checkpoint's, or (0, `state`).
+
+  Args:
+    ckpt: the run's checkpoint directory.
+    config: reads restore; its trajectory sections are checked against the
+      checkpoint's.
+    state: the freshly initialised TrainState (host arrays).
+    num_examples: the size of the training data.
+
+  Raises:
+    CheckpointError: when config.restore is False but checkpoints exist, or
+      when the checkpoint was made by a different run or on other data.
+  """
+  if not config.restore:
+    if ckpt.all_steps():
+      raise CheckpointError(
+          f'config.restore=False, but {ckpt.path} already holds the '
+          f'checkpoints of steps {ckpt.all_steps()}. Use a new --workdir (or '
+          'config.checkpoint_dir) to start afresh, or drop '
+          '--config.restore=False to resume.')
+    return 0, state
+  restored = ckpt.restore_latest(config, state)
+  if restored is None:
+    return 0, state
+  step, saved_state, meta = restored
+  # The stream position is the step's only on the same data set; the config
+  # need not name its size (MNIST reads it from files).
+  if meta['data']['num_examples'] != num_examples:
+    raise CheckpointError(
+        f'the checkpoint of step {step} in {ckpt.path} was made on '
+        f'{meta["data"]["num_examples"]} training examples; this run has '
+        f'{num_examples}. Resume on the same data, or start afresh in a new '
+        '--workdir.')
+  return step, type(state)(*saved_state)
+
+
+def describe_run(config, topo, num_examples: int, step: int, state: Any,
+                 reason: str) -> dict[str, Any]:
+  """The 'meta' item of the checkpoint of `step`: what resuming checks."""
+  return {
+      'step': step,
+      'reason': reason,
+      'data': {**data_position(step, config.global_batch_size, num_examples),
+               'num_examples': num_examples,
+               'seed': config.seed},
+      'config': trajectory_config(config),
+      'state': describe_state(state),
+      'saved_by': {'process_count': topo.process_count,
+                   'device_count': topo.global_device_count,
+                   'platform': topo.platform,
+                   'jax_version': jax.__version__},
+  }
 
 
 class _QuietOrbax(stdlib_logging.Filter):

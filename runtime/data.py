@@ -18,6 +18,7 @@ s (0-based) takes stream positions [s * G, (s + 1) * G) as its global batch
 
 import functools
 
+import jax
 import numpy as np
 
 from runtime import sharding
@@ -61,7 +62,7 @@ def epoch_order(seed: int, epoch: int, num_examples: int,
       raise ValueError(
           f'{num_examples} examples are too few for global batches of '
           f'{global_batch_size} without repeating an example within a batch; '
-          'use at least two global batches of examples, or config.shuffle='
+          'use at least two global batches of examples, or config.data.shuffle='
           'False.')
     free = free[:len(clash)]
     order[clash], order[free] = order[free], order[clash].copy()
@@ -112,3 +113,51 @@ def process_batch_ids(step: int, global_batch_size: int, num_examples: int,
   ids = global_batch_ids(step, global_batch_size, num_examples, seed, shuffle)
   return ids[sharding.process_slice(global_batch_size, process_index,
                                     process_count)]
+
+
+class ArraySource:
+  """A data source over in-memory arrays that share their leading dim.
+
+  `source[i]` is one example, `source.read_batch(ids)` many at once with one
+  fancy index per array (what the loop calls).
+
+  Example:
+    >>> source = ArraySource(image=images, label=labels)  # (n, ...) each
+    >>> source.read_batch(np.array([3, 1]))['label'].shape
+    (2,)
+  """
+
+  def __init__(self, **arrays: np.ndarray):
+    sizes = {name: len(a) for name, a in arrays.items()}
+    if len(set(sizes.values())) != 1:
+      raise ValueError(f'ArraySource arrays differ in length: {sizes}')
+    self.arrays = arrays
+    self._size = next(iter(sizes.values()))
+
+  def __len__(self) -> int:
+    return self._size
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    return {name: a[index] for name, a in self.arrays.items()}
+
+  def read_batch(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+    return {name: a[ids] for name, a in self.arrays.items()}
+
+
+def read_batch(source, ids: np.ndarray):
+  """The examples `ids` of a data source, stacked along a new leading dim.
+
+  Args:
+    source: anything with `__len__` and `__getitem__(int) -> example` (a
+      pytree of arrays), such as a grain `MapDataset`; one with a
+      `read_batch(ids)` method of its own is asked for the whole batch.
+    ids: (n,) int64 example ids.
+
+  Returns:
+    The batch: each leaf (n, ...), in the order of ids.
+  """
+  reader = getattr(source, 'read_batch', None)
+  if reader is not None:
+    return reader(ids)
+  examples = [source[int(i)] for i in ids]
+  return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *examples)

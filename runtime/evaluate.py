@@ -17,6 +17,7 @@ import jax
 from jax import lax
 import numpy as np
 
+from runtime import data as data_lib
 from runtime import parallelism as parallelism_lib
 from runtime import sharding
 
@@ -57,7 +58,7 @@ def num_eval_steps(num_examples: int, global_batch_size: int) -> int:
 
 @functools.lru_cache(maxsize=8)
 def make_eval_step(metric_fn: MetricFn,
-                   parallelism: str = parallelism_lib.PMAP) -> Callable:
+                   parallelism: parallelism_lib.Parallelism) -> Callable:
   """The data-parallel `(params, batch, mask) -> sums` over every device.
 
   params are replicated; batch and mask are placed with
@@ -71,33 +72,32 @@ def make_eval_step(metric_fn: MetricFn,
     sums['num_examples'] = _sum(mask)
     return lax.psum(sums, parallelism_lib.DATA_AXIS)
 
-  return parallelism_lib.map_over_devices(step, parallelism,
-                                          in_axes=(None, 0, 0), out_axes=None)
+  return parallelism.map(step, in_axes=(None, 0, 0), out_axes=None)
 
 
 def _sum(x):
   return x.astype(np.float32).sum()
 
 
-def evaluate(params: Any, metric_fn: MetricFn,
-             load_examples: Callable[[np.ndarray], Any], num_examples: int,
+def evaluate(params: Any, metric_fn: MetricFn, source: Any,
              global_batch_size: int,
-             parallelism: str = parallelism_lib.PMAP) -> dict[str, float]:
+             parallelism: parallelism_lib.Parallelism) -> dict[str, float]:
   """Scores every example once; returns example-weighted means.
 
   Args:
-    params: replicated parameters (as the training step keeps them).
+    params: replicated parameters, or any replicated pytree that metric_fn
+      takes first (as the training step keeps them).
     metric_fn: per-example metrics of one device's batch.
-    load_examples: ids -> batch (numpy, leading dim = len(ids)).
-    num_examples: size of the evaluation set.
+    source: the evaluation set, a data source as `runtime.data.read_batch`
+      reads one.
     global_batch_size: examples per eval step; must divide over the devices.
-    parallelism: "pmap" or "shard_map", as the parameters were placed.
+    parallelism: as the parameters were placed.
 
   Returns:
     {name: sum over examples / num_examples, ..., 'num_examples': int}.
 
   Example:
-    >>> evaluate(state.params, metric_fn, load_test, 10001, 512)
+    >>> evaluate(state.params, metric_fn, test_source, 512, parallelism.PMAP)
     {'accuracy': 0.97..., 'loss': 0.09..., 'num_examples': 10001}
   """
   process_index, process_count = jax.process_index(), jax.process_count()
@@ -105,14 +105,14 @@ def evaluate(params: Any, metric_fn: MetricFn,
   sharding.per_device_batch_size(global_batch_size, process_count,
                                  local_devices)
   step = make_eval_step(metric_fn, parallelism)
+  num_examples = len(source)
   totals = None
   for ids, mask in eval_batches(num_examples, global_batch_size,
                                 process_index, process_count):
-    sums = step(params, *parallelism_lib.put_batch((load_examples(ids), mask),
-                                                   parallelism))
+    batch = data_lib.read_batch(source, ids)
+    sums = step(params, *parallelism.put_batch((batch, mask)))
     # float64 on host: float32 would lose counts beyond 2**24 examples.
-    sums = {k: np.float64(v)
-            for k, v in parallelism_lib.to_host(sums).items()}
+    sums = {k: np.float64(v) for k, v in parallelism.to_host(sums).items()}
     totals = sums if totals is None else {k: totals[k] + sums[k]
                                           for k in totals}
   count = int(round(totals.pop('num_examples')))

@@ -1,17 +1,22 @@
-"""Where a run's numbers go: the log, WORKDIR/metrics.jsonl and summary files.
+"""Where a run's numbers go: the log, WORKDIR/metrics.jsonl, TensorBoard event
+files in WORKDIR/tensorboard and summary files.
 
 Only process 0 writes job-wide files (metrics.jsonl, summary.json); every
 process writes its own ranks/rank_<i>.json, so that all of them can be
 compared afterwards.
 """
 
+import collections
 import json
 import math
 import os
+import time
 from typing import Any, Optional
 
 from absl import logging
 import numpy as np
+
+from runtime import tensorboard
 
 
 def to_json(value: Any) -> Any:
@@ -74,8 +79,9 @@ def keep_records_up_to(path: str, step: int) -> int:
 class MetricsWriter:
   """Logs metrics and appends them to WORKDIR/metrics.jsonl on process 0.
 
-  A fresh run starts the file anew; a run resumed at step s keeps the records
-  up to s and appends after them.
+  Every number also goes to TensorBoard event files (runtime/tensorboard.py)
+  unless `tensorboard` is False. A fresh run starts the file anew; a run
+  resumed at step s keeps the records up to s and appends after them.
 
   Example:
     >>> writer = MetricsWriter(workdir, is_chief=jax.process_index() == 0)
@@ -83,9 +89,12 @@ class MetricsWriter:
   """
 
   def __init__(self, workdir: str, is_chief: bool,
-               resume_step: Optional[int] = None):
+               resume_step: Optional[int] = None, tensorboard_events=True):
     self.is_chief = is_chief
     self._file = None
+    self._events = None
+    if is_chief and tensorboard_events:
+      self._events = tensorboard.EventWriter(workdir, resume_step)
     if is_chief:
       os.makedirs(workdir, exist_ok=True)
       path = os.path.join(workdir, 'metrics.jsonl')
@@ -102,9 +111,11 @@ class MetricsWriter:
   def write(self, step: int, metrics: dict[str, Any]) -> None:
     if not self.is_chief:
       return
-    record = {'step': step, **to_json(metrics)}
-    self._file.write(json.dumps(record) + '\n')
+    values = to_json(metrics)
+    self._file.write(json.dumps({'step': step, **values}) + '\n')
     self._file.flush()
+    if self._events is not None:
+      self._events.scalars(step, values)
 
   def log(self, message: str) -> None:
     if self.is_chief:
@@ -114,3 +125,48 @@ class MetricsWriter:
     if self._file is not None:
       self._file.close()
       self._file = None
+    if self._events is not None:
+      self._events.close()
+      self._events = None
+
+
+class Window:
+  """Means of the metrics since the last log line, the speed, the input wait.
+
+  The speed and the input wait leave out the first step of a run (start-up
+  and compilation): they count from the end of that step.
+  """
+
+  def __init__(self):
+    self.timing = False
+    self.reset(time.perf_counter())
+
+  def reset(self, now: float) -> None:
+    self.start, self.steps, self.sums = now, 0, collections.defaultdict(float)
+    self.timed_steps, self.input_wait_s = 0, 0.0
+
+  def waited(self, seconds: float) -> None:
+    if self.timing:
+      self.input_wait_s += seconds
+
+  def add(self, metrics: dict[str, float], now: float) -> None:
+    self.steps += 1
+    for k, v in metrics.items():
+      self.sums[k] += v
+    if self.timing:
+      self.timed_steps += 1
+    else:  # The run's first step: time from its end.
+      self.timing, self.start = True, now
+
+  def means(self) -> dict[str, float]:
+    return {k: v / self.steps for k, v in self.sums.items()}
+
+  def rates(self, now: float, global_batch_size: int) -> dict[str, float]:
+    """steps_per_sec, examples_per_sec, input_wait_fraction; {} before a
+    timed step."""
+    if not self.timed_steps:
+      return {}
+    elapsed = max(now - self.start, 1e-9)
+    return {'steps_per_sec': self.timed_steps / elapsed,
+            'examples_per_sec': self.timed_steps / elapsed * global_batch_size,
+            'input_wait_fraction': self.input_wait_s / elapsed}

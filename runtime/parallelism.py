@@ -1,12 +1,12 @@
-"""pmap or jit(shard_map): the same per-device function, two ways to run it.
+"""pmap or jit(shard_map): one object, chosen once, that runs a per-device function.
 
-`config.parallelism` picks one; everything else in the runtime goes through the
-functions here, so a step written once runs both ways:
+`of(config)` turns `config.parallelism` into a `Parallelism`; everything else
+in the runtime calls its four methods, so a step written once runs both ways:
 
-- "pmap" (the default): `jax.pmap` over the axis `devices`. Replicated
+- `PMAP` (the default): `jax.pmap` over the axis `devices`. Replicated
   arguments are host-local arrays on this process's devices; mapped ones carry
   a leading local-device axis, (local_devices, n / local_devices, ...).
-- "shard_map": `jax.jit` of `jax.shard_map` over a one-dimensional mesh, axis
+- `SHARD_MAP`: `jax.jit` of `jax.shard_map` over a one-dimensional mesh, axis
   `devices`, of every device of every process. Replicated arguments are global
   arrays with `PartitionSpec()` and no device axis; mapped ones are global
   arrays of the whole global batch, (global_batch, ...), split along dim 0,
@@ -28,22 +28,6 @@ from runtime import sharding
 
 # The mesh / pmap axis that spans every device of every process.
 DATA_AXIS = 'devices'
-PMAP = 'pmap'
-SHARD_MAP = 'shard_map'
-CHOICES = (PMAP, SHARD_MAP)
-
-
-def check(parallelism: str) -> str:
-  """Returns `parallelism` if it is one of CHOICES, else says what is."""
-  if parallelism not in CHOICES:
-    raise ValueError(f'config.parallelism={parallelism!r}; choose one of '
-                     f'{", ".join(repr(c) for c in CHOICES)}')
-  return parallelism
-
-
-def of(config) -> str:
-  """config.parallelism, "pmap" when the config does not say."""
-  return check(config.get('parallelism', PMAP))
 
 
 @functools.lru_cache(maxsize=None)
@@ -69,102 +53,147 @@ def _spec(axis: Optional[int]) -> PartitionSpec:
   return PartitionSpec() if axis is None else PartitionSpec(DATA_AXIS)
 
 
-def map_over_devices(fn: Callable, parallelism: str,
-                     in_axes: Sequence[Optional[int]], out_axes: Any,
-                     donate_argnums: tuple[int, ...] = ()) -> Callable:
-  """Runs `fn` once per device of the job, collectives over `devices`.
-
-  Args:
-    fn: the per-device function.
-    parallelism: "pmap" or "shard_map".
-    in_axes: per positional argument, 0 (mapped: split over devices) or None
-      (replicated).
-    out_axes: 0 or None, or a pytree prefix of the outputs of them.
-    donate_argnums: arguments whose buffers the call may reuse.
-
-  Returns:
-    The mapped function. Feed it data placed with `put_batch` and `replicate`
-    for the same `parallelism`.
+class Parallelism:
+  """How the job's devices run one per-device function. Stateless; compare
+  and hash by name.
 
   Example:
-    >>> step = map_over_devices(step_fn, 'shard_map', (None, 0), (None, None),
-    ...                         donate_argnums=(0,))
+    >>> par = parallelism.of(config)
+    >>> step = par.map(step_fn, in_axes=(None, 0), out_axes=(None, None))
+    >>> state, metrics = step(par.replicate(state), par.put_batch(batch))
+    >>> par.to_host(metrics)
   """
-  if check(parallelism) == PMAP:
+  name = ''
+
+  def map(self, fn: Callable, in_axes: Sequence[Optional[int]],
+          out_axes: Any, donate_argnums: tuple[int, ...] = ()) -> Callable:
+    """Runs `fn` once per device of the job, collectives over `devices`.
+
+    Args:
+      fn: the per-device function.
+      in_axes: per positional argument, 0 (mapped: split over devices) or
+        None (replicated).
+      out_axes: 0 or None, or a pytree prefix of the outputs of them.
+      donate_argnums: arguments whose buffers the call may reuse.
+
+    Returns:
+      The mapped function; feed it `put_batch` and `replicate` placements.
+    """
+    raise NotImplementedError
+
+  def put_batch(self, tree: Any) -> Any:
+    """Places this process's rows of a mapped argument on the devices.
+
+    Args:
+      tree: pytree of numpy arrays, each (n, ...) with n this process's share
+        of the global batch, the same n on every process.
+
+    Returns:
+      pmap: leaves (local_devices, n / local_devices, ...) on the local
+      devices. shard_map: global (n * process_count, ...) arrays split over
+      the global mesh.
+
+    Raises:
+      BatchSizeError: when n does not split over the local devices.
+    """
+    raise NotImplementedError
+
+  def replicate(self, tree: Any) -> Any:
+    """Places a pytree of host values, whole, on every device it spans."""
+    raise NotImplementedError
+
+  def to_host(self, tree: Any) -> Any:
+    """Numpy copies of replicated (or fully addressable) arrays.
+
+    A replicated global array spans devices of other processes, so it is read
+    from one of this process's copies.
+    """
+    def read(x):
+      if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        if not x.is_fully_replicated:
+          raise ValueError(f'an array sharded as {x.sharding} is not '
+                           'replicated; this process holds only part of it')
+        return np.asarray(x.addressable_data(0))
+      return np.asarray(jax.device_get(x))
+    return jax.tree_util.tree_map(read, tree)
+
+  def __repr__(self) -> str:
+    return self.name
+
+  def __eq__(self, other) -> bool:
+    return isinstance(other, Parallelism) and other.name == self.name
+
+  def __hash__(self) -> int:
+    return hash(self.name)
+
+
+class _Pmap(Parallelism):
+  """`jax.pmap`: host-local arrays with a leading local-device axis."""
+  name = 'pmap'
+
+  def map(self, fn, in_axes, out_axes, donate_argnums=()):
     return jax.pmap(fn, axis_name=DATA_AXIS, in_axes=tuple(in_axes),
                     out_axes=out_axes, donate_argnums=donate_argnums)
-  out_specs = jax.tree_util.tree_map(_spec, out_axes,
-                                     is_leaf=lambda x: x is None)
-  # check_vma=False gives pmap's semantics, which the step is written for.
-  # With the check on, JAX tracks that the parameters are replicated, so the
-  # gradient with respect to them comes out already summed over the devices,
-  # and the step's own pmean would then leave it device_count times too big.
-  mapped = jax.shard_map(fn, mesh=global_mesh(),
-                         in_specs=tuple(_spec(a) for a in in_axes),
-                         out_specs=out_specs, check_vma=False)
-  return jax.jit(mapped, donate_argnums=donate_argnums)
 
-
-def put_batch(tree: Any, parallelism: str) -> Any:
-  """Places this process's rows of a mapped argument on its devices.
-
-  Args:
-    tree: pytree of numpy arrays, each (n, ...) with n = this process's share
-      of the global batch, the same n on every process.
-    parallelism: "pmap" or "shard_map".
-
-  Returns:
-    pmap: each leaf (local_devices, n / local_devices, ...) on the local
-    devices. shard_map: each leaf a global (n * process_count, ...) array
-    split over the global mesh.
-
-  Raises:
-    BatchSizeError: when n does not split over the local devices.
-  """
-  # Split on both paths: the same divisibility check, the same message.
-  local = sharding.split_for_devices(tree, jax.local_device_count())
-  if check(parallelism) == PMAP:
+  def put_batch(self, tree):
+    local = sharding.split_for_devices(tree, jax.local_device_count())
     return jax.device_put(local, NamedSharding(_local_mesh(),
                                                PartitionSpec(DATA_AXIS)))
-  placement = NamedSharding(global_mesh(), PartitionSpec(DATA_AXIS))
 
-  def assemble(x):
-    rows = sharding.merge_devices(x)
-    global_shape = (rows.shape[0] * jax.process_count(),) + rows.shape[1:]
-    return jax.make_array_from_process_local_data(placement, rows,
-                                                  global_shape)
-  return jax.tree_util.tree_map(assemble, local)
-
-
-def replicate(tree: Any, parallelism: str = PMAP) -> Any:
-  """Places a pytree, whole, on every device it is replicated over.
-
-  pmap: this process's devices, the layout a pmap with out_axes=None returns
-  (starting from it saves a recompilation). shard_map: every device of the
-  job, from the same host values on every process.
-
-  Example:
-    >>> state = replicate(init_state(params, optimizer), 'shard_map')
-  """
-  if check(parallelism) == PMAP:
+  def replicate(self, tree):
+    # The layout pmap's out_axes=None gives back: no recompile after step 1.
     return jax.device_put(tree, NamedSharding(_local_mesh(), PartitionSpec()))
-  placement = NamedSharding(global_mesh(), PartitionSpec())
-  return jax.tree_util.tree_map(
-      lambda x: jax.make_array_from_process_local_data(placement,
-                                                       np.asarray(x)), tree)
 
 
-def to_host(tree: Any) -> Any:
-  """Numpy copies of replicated (or fully addressable) arrays.
+class _ShardMap(Parallelism):
+  """`jax.jit(jax.shard_map)` over the global mesh: global arrays."""
+  name = 'shard_map'
 
-  A replicated global array spans devices of other processes, so it is read
-  from one of this process's copies.
-  """
-  def read(x):
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      if not x.is_fully_replicated:
-        raise ValueError(f'an array sharded as {x.sharding} is not '
-                         'replicated; this process holds only part of it')
-      return np.asarray(x.addressable_data(0))
-    return np.asarray(jax.device_get(x))
-  return jax.tree_util.tree_map(read, tree)
+  def map(self, fn, in_axes, out_axes, donate_argnums=()):
+    out_specs = jax.tree_util.tree_map(_spec, out_axes,
+                                       is_leaf=lambda x: x is None)
+    # check_vma=False gives pmap's semantics, which the step is written for.
+    # With the check on, JAX tracks that the parameters are replicated, so the
+    # gradient with respect to them comes out already summed over the
+    # devices, and the step's own pmean would leave it device_count too big.
+    mapped = jax.shard_map(fn, mesh=global_mesh(),
+                           in_specs=tuple(_spec(a) for a in in_axes),
+                           out_specs=out_specs, check_vma=False)
+    return jax.jit(mapped, donate_argnums=donate_argnums)
+
+  def put_batch(self, tree):
+    # Split first anyway: the same divisibility check and message as pmap.
+    local = sharding.split_for_devices(tree, jax.local_device_count())
+    placement = NamedSharding(global_mesh(), PartitionSpec(DATA_AXIS))
+
+    def assemble(x):
+      rows = sharding.merge_devices(x)
+      global_shape = (rows.shape[0] * jax.process_count(),) + rows.shape[1:]
+      return jax.make_array_from_process_local_data(placement, rows,
+                                                    global_shape)
+    return jax.tree_util.tree_map(assemble, local)
+
+  def replicate(self, tree):
+    placement = NamedSharding(global_mesh(), PartitionSpec())
+    return jax.tree_util.tree_map(
+        lambda x: jax.make_array_from_process_local_data(placement,
+                                                         np.asarray(x)), tree)
+
+
+PMAP = _Pmap()
+SHARD_MAP = _ShardMap()
+CHOICES = (PMAP, SHARD_MAP)
+
+
+def named(name: str) -> Parallelism:
+  """The Parallelism called `name`, or an error that lists the choices."""
+  for choice in CHOICES:
+    if choice.name == name:
+      return choice
+  raise ValueError(f'config.parallelism={name!r}; choose one of '
+                   f'{", ".join(repr(c.name) for c in CHOICES)}')
+
+
+def of(config) -> Parallelism:
+  """The Parallelism that config.parallelism names."""
+  return named(config.parallelism)

@@ -2,16 +2,18 @@
 
   python scripts/benchmark.py [--rounds=5] [--steps=200] [--out=benchmark.json]
 
-MNIST MLP (configs/mnist.py: 784-512-512-10, Adam, global batch 256), on
+MNIST MLP (configs/mnist.py: 784-512-512-10, Adam, global batch 256) and
+the Flax CNN (configs/mnist_cnn.py: BatchNorm, dropout, model state), on
 `config.data_dir` when the real files are there, else on synthetic files of
 the same shapes. All figures are examples per second after compilation (the
 first step of each run is left out), and every ratio is the median over
 `--rounds` rounds whose runs alternate, so slow drift of the machine cancels:
 
-- runtime_vs_bare: `runtime.train` (pmap, prefetch, metrics, progress) over a
-  minimal hand-written loop that reads each batch, places it on the devices
-  and runs the same pmap step, blocking on each step as the runtime does on
-  CPU, in the same process;
+- runtime_vs_bare: `runtime.train` (pmap, prefetch, its hooks: metrics,
+  TensorBoard, preemption agreement, progress) over a minimal hand-written
+  loop that reads each batch, places it on the devices and runs the same pmap
+  step, blocking on each step as the runtime does on CPU, in the same
+  process; cnn_runtime_vs_bare the same for the CNN (--cnn_steps a run);
 - shard_map_vs_pmap: `runtime.train` with config.parallelism="shard_map" over
   the same with "pmap";
 - input_wait_fraction: the share of the runtime's step time spent waiting for
@@ -37,7 +39,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 TARGETS = {
-    'runtime_vs_bare': ('>=', 0.97),
+    'runtime_vs_bare': ('>=', 0.98),
+    'cnn_runtime_vs_bare': ('>=', 0.98),
     'input_wait_fraction': ('<', 0.02),
     'shard_map_vs_pmap': ('>=', 1.0),
     'shard_map_vs_pmap_2x4': ('>=', 1.0),
@@ -55,20 +58,33 @@ def _mnist_config(args):
   return config
 
 
+def _cnn_config(args):
+  from configs import mnist_cnn as cnn_config  # pylint: disable=g-import-not-at-top
+  config = cnn_config.get_config()
+  config.data_dir = args.data_dir
+  config.steps = config.log_every = args.cnn_steps
+  config.eval_every = 0
+  config.checkpointing = False
+  return config
+
+
 def _bare_examples_per_sec(config, task) -> float:
   """The hand-written loop: same step, same batches, nothing else."""
   from runtime import data  # pylint: disable=g-import-not-at-top
   from runtime import parallelism  # pylint: disable=g-import-not-at-top
   from runtime import step as step_lib  # pylint: disable=g-import-not-at-top
 
-  step_fn = step_lib.make_train_step(task.loss_fn, task.optimizer)
-  state = step_lib.replicate(step_lib.init_state(task.params, task.optimizer,
-                                                 config.seed))
+  par = parallelism.PMAP
+  step_fn = step_lib.make_train_step(
+      task.loss_fn, task.optimizer, par, uses_rng=task.loss_uses_rng,
+      has_model_state=task.model_state is not None)
+  state = par.replicate(step_lib.init_state(task.params, task.optimizer,
+                                            config.seed, task.model_state))
   started = None
   for step in range(config.steps):
     ids = data.process_batch_ids(step, config.global_batch_size,
-                                 task.num_examples, config.seed, 0, 1)
-    batch = parallelism.put_batch(task.load_examples(ids), 'pmap')
+                                 len(task.data), config.seed, 0, 1)
+    batch = par.put_batch(data.read_batch(task.data, ids))
     state, metrics = step_fn(state, batch)
     float(metrics['loss'])  # One step in flight, as on CPU it must be.
     if started is None:
@@ -96,11 +112,15 @@ def in_process(args) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   from absl import logging  # pylint: disable=g-import-not-at-top
   from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top
+  from runtime.workloads import mnist_cnn  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)
 
   config = _mnist_config(args)
-  task = dataclasses.replace(
-      mnist.make_task(config, mnist.load(config.data_dir)), evaluate=None)
+  dataset = mnist.load(config.data_dir)
+  task = dataclasses.replace(mnist.make_task(config, dataset), evaluate=None)
+  cnn_config = _cnn_config(args)
+  cnn_task = dataclasses.replace(mnist_cnn.make_task(cnn_config, dataset),
+                                 evaluate=None)
   rounds = []
   with tempfile.TemporaryDirectory() as tmp:
     for r in range(args.rounds):
@@ -111,6 +131,10 @@ def in_process(args) -> dict:
                                            os.path.join(tmp, f'pmap{r}')),
           'shard_map': lambda r=r: _runtime_run(
               config, task, 'shard_map', os.path.join(tmp, f'shard_map{r}')),
+          'cnn_bare': lambda: {'examples_per_sec':
+                               _bare_examples_per_sec(cnn_config, cnn_task)},
+          'cnn_pmap': lambda r=r: _runtime_run(
+              cnn_config, cnn_task, 'pmap', os.path.join(tmp, f'cnn{r}')),
       }
       order = list(runs) if r % 2 == 0 else list(reversed(runs))
       rounds.append({name: runs[name]() for name in order})
@@ -179,6 +203,7 @@ def summarize(inproc: dict, launched: list[dict], args, data: str) -> dict:
   flat = [{k: v['examples_per_sec'] for k, v in r.items()} for r in rounds]
   result = {
       'runtime_vs_bare': ratio('pmap', 'bare', flat),
+      'cnn_runtime_vs_bare': ratio('cnn_pmap', 'cnn_bare', flat),
       'shard_map_vs_pmap': ratio('shard_map', 'pmap', flat),
       'input_wait_fraction': _median(
           [r['pmap']['input_wait_fraction'] for r in rounds]),
@@ -188,6 +213,8 @@ def summarize(inproc: dict, launched: list[dict], args, data: str) -> dict:
           'bare_pmap': _median(speeds('bare')),
           'runtime_pmap': _median(speeds('pmap')),
           'runtime_shard_map': _median(speeds('shard_map')),
+          'cnn_bare_pmap': _median(speeds('cnn_bare')),
+          'cnn_runtime_pmap': _median(speeds('cnn_pmap')),
           'launcher_1x8': _median([r['1x8'] for r in launched]),
           'launcher_2x4': _median([r['2x4'] for r in launched]),
           'launcher_2x4_shard_map': _median([r['2x4_shard_map']
@@ -198,7 +225,8 @@ def summarize(inproc: dict, launched: list[dict], args, data: str) -> dict:
       'ratio_ranges': ranges,
       'rounds': {'in_process': rounds, 'launcher': launched},
       'workload': 'configs/mnist.py (MLP 784-512-512-10, Adam, global batch '
-                  f'256), {args.steps} steps per run, {data} data',
+                  f'256), {args.steps} steps per run; configs/mnist_cnn.py, '
+                  f'{args.cnn_steps} steps per run; {data} data',
       'jax_version': inproc['jax_version'],
       'device_kind': inproc['device_kind'],
       'platform': inproc['platform'],
@@ -218,6 +246,8 @@ def main() -> int:
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--steps', type=int, default=200,
                       help='steps per run (the first is left out)')
+  parser.add_argument('--cnn_steps', type=int, default=40,
+                      help='steps per CNN run (the first is left out)')
   parser.add_argument('--data_dir', default=os.path.join(REPO, 'data/mnist'),
                       help='MNIST IDX files; synthetic ones are written to a '
                            'temporary directory when these are missing')
@@ -244,7 +274,7 @@ def main() -> int:
     child = subprocess.run(
         [sys.executable, os.path.abspath(__file__), '--_in_process',
          f'--rounds={args.rounds}', f'--steps={args.steps}',
-         f'--data_dir={args.data_dir}'],
+         f'--cnn_steps={args.cnn_steps}', f'--data_dir={args.data_dir}'],
         cwd=REPO, stdout=subprocess.PIPE, text=True,
         timeout=args.timeout * args.rounds, check=True)
     inproc = json.loads(child.stdout)

@@ -35,6 +35,7 @@ from configs import mlp as mlp_config  # pylint: disable=g-import-not-at-top
 from runtime import checkpoint  # pylint: disable=g-import-not-at-top
 from runtime import data  # pylint: disable=g-import-not-at-top
 from runtime import fingerprint  # pylint: disable=g-import-not-at-top
+from runtime import parallelism  # pylint: disable=g-import-not-at-top
 from runtime import sharding  # pylint: disable=g-import-not-at-top
 from runtime import step as step_lib  # pylint: disable=g-import-not-at-top
 from runtime.workloads import mlp  # pylint: disable=g-import-not-at-top
@@ -83,18 +84,20 @@ def main():
   args = parser.parse_args()
 
   config = mlp_config.get_config()
-  config.features, config.hidden = args.features, args.hidden
-  config.num_examples = 4 * args.global_batch_size
+  config.data.features, config.model.hidden = args.features, args.hidden
+  config.data.num_examples = 4 * args.global_batch_size
   config.global_batch_size = args.global_batch_size
   task, _ = mlp.make_task(config)
   num_params = fingerprint.fingerprint(task.params)['num_params']
-  step_fn = step_lib.make_train_step(task.loss_fn, task.optimizer)
-  state = step_lib.replicate(
+  step_fn = step_lib.make_train_step(task.loss_fn, task.optimizer,
+                                     parallelism.PMAP)
+  state = parallelism.PMAP.replicate(
       step_lib.init_state(task.params, task.optimizer, config.seed))
   count = jax.local_device_count()
-  batches = [sharding.split_for_devices(task.load_examples(
-      data.process_batch_ids(s, config.global_batch_size, config.num_examples,
-                             config.seed, 0, 1, True)), count)
+  batches = [sharding.split_for_devices(task.data.read_batch(
+      data.process_batch_ids(s, config.global_batch_size,
+                             config.data.num_examples, config.seed, 0, 1,
+                             True)), count)
              for s in range(4)]
   state, _ = step_fn(state, batches[0])  # Compile.
 

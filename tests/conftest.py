@@ -20,7 +20,8 @@ _PROCESS_FILES = ('test_cli.py', 'test_gang.py', 'test_local_pod.py',
                   'test_multihost.py', 'test_preemption.py',
                   'test_launch_tpu_pod.py', 'test_cluster_supervision.py')
 _DEVICE_FILES = ('test_train.py', 'test_checkpoint.py', 'test_parallel.py',
-                 'test_parallelism.py', 'test_evaluate.py')
+                 'test_parallelism.py', 'test_evaluate.py', 'test_mnist_cnn.py',
+                 'test_hooks.py', 'test_tensorboard.py')
 
 
 def pytest_collection_modifyitems(config, items):

@@ -24,8 +24,8 @@ def single_device_descent(config, task):
 
   for step in range(config.steps):
     ids = data.global_batch_ids(step, config.global_batch_size,
-                                task.num_examples, config.seed,
-                                config.get('shuffle', True))
-    batch = jax.device_put(task.load_examples(ids), device)
+                                len(task.data), config.seed,
+                                config.data.shuffle)
+    batch = jax.device_put(data.read_batch(task.data, ids), device)
     params, opt_state = update(params, opt_state, batch)
   return jax.device_get(params)

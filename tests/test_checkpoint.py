@@ -1,5 +1,6 @@
 """Checkpoints in one process of 8 devices: exact resume, refusals, metrics."""
 
+import dataclasses
 import json
 import os
 
@@ -10,6 +11,7 @@ import pytest
 from configs import linear_regression as linear_regression_config
 from configs import mlp as mlp_config
 from runtime import checkpoint
+from runtime import data
 from runtime import metrics
 from runtime import train
 from runtime.workloads import linear_regression
@@ -22,7 +24,9 @@ def _config(steps, **fields):
   config.log_every = 1
   config.checkpoint_every = 4
   config.keep_checkpoints = 2
-  config.update(fields)
+  for name, value in fields.items():
+    section, _, field = name.rpartition('.')
+    (config[section] if section else config)[field] = value
   return config
 
 
@@ -42,8 +46,8 @@ def test_resume_is_exact_on_8_devices(tmp_path):
   straight = _train(_config(14), tmp_path / 'straight')
   first = _train(_config(7), tmp_path / 'resumed')
   resumed = _train(_config(14), tmp_path / 'resumed')
-  assert first['start_step'] == 0 and resumed['start_step'] == 7
-  assert resumed['fingerprint'] == straight['fingerprint']
+  assert first.start_step == 0 and resumed.start_step == 7
+  assert resumed.fingerprint == straight.fingerprint
   # One record per step, none missing or repeated, and the same numbers.
   straight_records = _records(tmp_path / 'straight')
   resumed_records = _records(tmp_path / 'resumed')
@@ -69,12 +73,12 @@ def test_the_rng_key_is_saved_and_restored(tmp_path):
   np.testing.assert_array_equal(state.rng, jax.random.key_data(key))
   assert meta['data'] == {'examples_consumed': 6 * config.global_batch_size,
                           'epoch': 6 * config.global_batch_size //
-                                   config.num_examples,
+                                   config.data.num_examples,
                           'examples_into_epoch': 6 * config.global_batch_size
-                                                 % config.num_examples,
-                          'num_examples': config.num_examples,
+                                                 % config.data.num_examples,
+                          'num_examples': config.data.num_examples,
                           'seed': config.seed}
-  assert result['start_step'] == 0
+  assert result.start_step == 0
 
 
 def _params_and_optimizer(config):
@@ -85,17 +89,18 @@ def _params_and_optimizer(config):
 def test_a_finished_run_is_not_trained_again(tmp_path):
   done = _train(_config(5), tmp_path)
   again = _train(_config(5), tmp_path)
-  assert again['start_step'] == 5
-  assert again['fingerprint'] == done['fingerprint']
+  assert again.start_step == 5
+  assert again.fingerprint == done.fingerprint
 
 
 def test_restore_refuses_a_different_config_and_names_both_values(tmp_path):
   _train(_config(4), tmp_path)
   with pytest.raises(checkpoint.CheckpointError) as e:
-    _train(_config(8, learning_rate=0.5, global_batch_size=128), tmp_path)
+    _train(_config(8, **{'optimizer.learning_rate': 0.5},
+                   global_batch_size=128), tmp_path)
   message = str(e.value)
-  assert 'config.learning_rate: checkpoint 0.01, this run 0.5' in message, (
-      message)
+  assert ('config.optimizer.learning_rate: checkpoint 0.01, this run 0.5'
+          in message), message
   assert 'config.global_batch_size: checkpoint 512, this run 128' in message
   assert str(tmp_path / 'checkpoints' / '4') in message
 
@@ -105,9 +110,9 @@ def test_restore_refuses_other_shapes_and_names_the_arrays(tmp_path):
   config.steps = 3
   train.train(config, str(tmp_path),
               linear_regression.make_task(config)[0])
-  config.features = 5
+  config.data.features = 5
   config.steps = 6
-  config.restore_may_change = ('features',)
+  config.restore_may_change = ('data.features',)
   with pytest.raises(checkpoint.CheckpointError) as e:
     train.train(config, str(tmp_path),
                 linear_regression.make_task(config)[0])
@@ -120,7 +125,7 @@ def test_changing_run_control_fields_is_allowed(tmp_path):
   resumed = _train(_config(6, log_every=3, checkpoint_every=5,
                             keep_checkpoints=1, max_steps_in_flight=2),
                    tmp_path)
-  assert resumed['start_step'] == 4
+  assert resumed.start_step == 4
 
 
 def test_restore_false_refuses_a_directory_with_checkpoints(tmp_path):
@@ -144,20 +149,37 @@ def test_keep_records_up_to_drops_later_and_torn_lines(tmp_path):
 
 
 def test_trajectory_config_leaves_out_run_control_fields():
-  config = _config(10, restore_may_change=('hidden',))
+  config = _config(10, restore_may_change=('model.hidden',))
   flat = checkpoint.trajectory_config(config)
-  assert 'learning_rate' in flat and 'seed' in flat
+  assert 'optimizer.learning_rate' in flat and 'seed' in flat
+  assert 'data.num_examples' in flat
   for key in ('steps', 'log_every', 'checkpoint_every', 'topology.platform',
-              'hidden'):
+              'model.hidden', 'eval_every', 'profile.num_steps'):
     assert key not in flat
+
+
+def test_a_run_control_field_added_later_needs_no_registration(tmp_path):
+  config = _config(4)
+  config.new_cadence = 1  # A field of the run, unknown to the runtime.
+  _train(config, tmp_path)
+  resumed = _config(6)
+  resumed.new_cadence = 7
+  assert _train(resumed, tmp_path).start_step == 4
+
+
+def test_a_changed_model_field_is_still_refused(tmp_path):
+  _train(_config(4), tmp_path)
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=r'config.model.hidden: checkpoint 64, this run 32'):
+    _train(_config(6, **{'model.hidden': 32}), tmp_path)
 
 
 def test_restore_refuses_a_data_set_of_another_size(tmp_path):
   config = _config(4)
   task, _ = mlp.make_task(config)
   train.train(config, str(tmp_path), task)
-  smaller = train.Task(task.params, task.loss_fn, task.optimizer,
-                       task.load_examples, task.num_examples - 1)
+  arrays = {k: v[:-1] for k, v in task.data.arrays.items()}
+  smaller = dataclasses.replace(task, data=data.ArraySource(**arrays))
   with pytest.raises(checkpoint.CheckpointError,
                      match=r'made on 8192 training examples; this run has '
                            '8191'):

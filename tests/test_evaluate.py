@@ -6,7 +6,7 @@ import pytest
 
 from configs import mnist as mnist_config
 from runtime import evaluate
-from runtime import step as step_lib
+from runtime import parallelism
 from runtime.workloads import mnist
 
 
@@ -39,13 +39,11 @@ def test_10001_examples_match_a_numpy_reference(tmp_path):
   mnist.write_synthetic(str(tmp_path), num_train=16, num_test=10001)
   data = mnist.load(str(tmp_path))
   config = mnist_config.get_config()
-  config.hidden_sizes = (32,)
+  config.model.hidden_sizes = (32,)
   params = mnist.init_params(config, 784)
   result = evaluate.evaluate(
-      step_lib.replicate(params), mnist.example_metrics,
-      lambda ids: {'image': data['test_images'][ids],
-                   'label': data['test_labels'][ids]},
-      10001, 512)
+      parallelism.PMAP.replicate(params), mnist.example_metrics,
+      mnist.sources(data)['test'], 512, parallelism.PMAP)
   logits = _numpy_logits(params, data['test_images'].astype(np.float64))
   labels = data['test_labels']
   accuracy = np.mean(np.argmax(logits, -1) == labels)
@@ -61,14 +59,14 @@ def test_mnist_learns_generated_digits(tmp_path):
   mnist.write_synthetic(str(tmp_path / 'data'), num_train=4096, num_test=1001)
   config = mnist_config.get_config()
   config.data_dir = str(tmp_path / 'data')
-  config.hidden_sizes = (64,)
+  config.model.hidden_sizes = (64,)
   config.steps = 60
   config.eval_every = 30
   config.log_every = 10
   result = mnist.train_and_evaluate(config, str(tmp_path / 'work'))
-  assert result['test']['eval_num_examples'] == 1001
+  assert result.eval_metrics['eval_num_examples'] == 1001
   # Chance is 0.1.
-  assert result['test']['eval_accuracy'] > 0.9, result['test']
+  assert result.eval_metrics['eval_accuracy'] > 0.9, result.eval_metrics
 
 
 @pytest.mark.timeout(180)
@@ -77,7 +75,7 @@ def test_mnist_on_2x4_matches_1x8(tmp_path):
   from tests import helpers  # pylint: disable=g-import-not-at-top
   mnist.write_synthetic(str(tmp_path / 'data'), num_train=2048, num_test=1001)
   args = ['--config=configs/mnist.py', f'--config.data_dir={tmp_path}/data',
-          '--config.hidden_sizes=(32,)', '--config.steps=20',
+          '--config.model.hidden_sizes=(32,)', '--config.steps=20',
           '--config.eval_every=10', '--config.eval_batch_size=128']
   summaries = []
   for name, pod in (('1x8', []), ('2x4', ['--local_processes=2',
@@ -92,9 +90,9 @@ def test_mnist_on_2x4_matches_1x8(tmp_path):
   # for bit.
   assert one['fingerprint']['abs_sum'] == pytest.approx(
       two['fingerprint']['abs_sum'], rel=1e-6)
-  assert one['test']['eval_num_examples'] == two['test'][
+  assert one['eval']['eval_num_examples'] == two['eval'][
       'eval_num_examples'] == 1001
-  assert abs(one['test']['eval_accuracy'] -
-             two['test']['eval_accuracy']) <= 2 / 1001
-  assert one['test']['eval_loss'] == pytest.approx(two['test']['eval_loss'],
+  assert abs(one['eval']['eval_accuracy'] -
+             two['eval']['eval_accuracy']) <= 2 / 1001
+  assert one['eval']['eval_loss'] == pytest.approx(two['eval']['eval_loss'],
                                                    rel=1e-4)

@@ -1,14 +1,14 @@
 import numpy as np
 
 from runtime import fingerprint
-from runtime import step
+from runtime import parallelism
 
 
 def test_equal_trees_have_equal_fingerprints_on_device_or_host():
   tree = {'w': np.arange(6, dtype=np.float32).reshape(2, 3) - 2,
           'b': np.float32(1.5)}
   host = fingerprint.fingerprint(tree)
-  replicated = fingerprint.fingerprint(step.replicate(tree))
+  replicated = fingerprint.fingerprint(parallelism.PMAP.replicate(tree))
   assert host == replicated
   assert host['abs_sum'] == 2 + 1 + 0 + 1 + 2 + 3 + 1.5
   assert host['num_params'] == 7

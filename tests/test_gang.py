@@ -15,6 +15,7 @@ pytestmark = pytest.mark.timeout(180)
 
 PROBE = f'--config={helpers.PROBE_CONFIG}'
 LONG = '--config.steps=1000000'
+OWN_LOOP = '--config=tests/workloads/own_loop_config.py'
 
 
 def _assert_no_survivors(workdir):
@@ -219,3 +220,21 @@ def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
   finally:
     helpers.kill_group(proc)
   _assert_no_survivors(tmp_path)
+
+
+def test_a_loop_of_its_own_that_reports_progress_is_not_stalled(tmp_path):
+  # Ten steps of 0.5 s: longer than both timeouts, each step reported.
+  result = helpers.run_launcher(
+      [OWN_LOOP, f'--workdir={tmp_path}', '--local_processes=2',
+       '--first_step_timeout=3', '--stall_timeout=3'])
+  assert result.returncode == 0, result.output
+  summary = helpers.read_json(tmp_path / 'summary.json')
+  assert summary['results'] == {'steps': 10, 'rows_per_step': 16.0}
+
+
+def test_a_loop_of_its_own_that_does_not_report_is_told_the_call(tmp_path):
+  result = helpers.run_launcher(
+      [OWN_LOOP, f'--workdir={tmp_path}', '--config.report=False',
+       '--config.steps=100', '--first_step_timeout=3'])
+  assert result.returncode == exit_codes.STALLED, result.output
+  assert 'runtime.progress.report(step)' in result.stderr, result.stderr

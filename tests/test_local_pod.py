@@ -65,7 +65,7 @@ def test_each_global_batch_is_split_exactly_once_across_processes(tmp_path):
   result = helpers.run_launcher(
       [f'--config={helpers.PROBE_CONFIG}', f'--workdir={workdir}',
        '--local_processes=2', '--local_devices=4', '--config.record_ids=True',
-       '--config.steps=40', '--config.num_examples=1000'])
+       '--config.steps=40', '--config.data.num_examples=1000'])
   assert result.returncode == 0, result.output
   seen = [np.load(workdir / 'ids' / f'rank_{i}.npy') for i in range(2)]
   assert seen[0].shape == seen[1].shape == (40, 128)

@@ -20,16 +20,16 @@ from tests import helpers
 
 def test_unknown_parallelism_names_the_choices():
   with pytest.raises(ValueError, match="'pmap', 'shard_map'") as e:
-    parallelism.check('pjit')
+    parallelism.named('pjit')
   assert "config.parallelism='pjit'" in str(e.value)
 
 
 def test_batch_layouts():
   assert jax.device_count() == 8
   rows = np.arange(64 * 3, dtype=np.float32).reshape(64, 3)
-  by_pmap = parallelism.put_batch({'x': rows}, 'pmap')['x']
+  by_pmap = parallelism.PMAP.put_batch({'x': rows})['x']
   assert by_pmap.shape == (8, 8, 3)
-  by_shard_map = parallelism.put_batch({'x': rows}, 'shard_map')['x']
+  by_shard_map = parallelism.SHARD_MAP.put_batch({'x': rows})['x']
   assert by_shard_map.shape == (64, 3)
   assert len(by_shard_map.addressable_shards) == 8
   # Device i gets the same rows either way.
@@ -48,18 +48,17 @@ def test_shard_map_step_sees_per_device_shapes_and_spans_every_device():
     seen['x'] = x.shape
     return total + lax.psum(x.sum(), parallelism.DATA_AXIS)
 
-  for kind in parallelism.CHOICES:
-    fn = parallelism.map_over_devices(per_device, kind, in_axes=(None, 0),
-                                      out_axes=None)
-    out = fn(parallelism.replicate(np.float32(1), kind),
-             parallelism.put_batch(np.ones((32, 2), np.float32), kind))
+  for par in parallelism.CHOICES:
+    fn = par.map(per_device, in_axes=(None, 0), out_axes=None)
+    out = fn(par.replicate(np.float32(1)),
+             par.put_batch(np.ones((32, 2), np.float32)))
     assert seen['x'] == (4, 2)
-    assert float(parallelism.to_host(out)) == 65.0
+    assert float(par.to_host(out)) == 65.0
 
 
 def _train(config, workdir, task, kind):
   config = config.copy_and_resolve_references()
-  config.parallelism = kind
+  config.parallelism = str(kind)
   return train.train(config, workdir, task)
 
 
@@ -76,7 +75,7 @@ def test_pmap_and_shard_map_agree_on_8_devices(tmp_path, workload):
   by_pmap = _train(config, str(tmp_path / 'pmap'), task, 'pmap')
   by_shard_map = _train(config, str(tmp_path / 'shard_map'), task,
                         'shard_map')
-  assert by_shard_map['fingerprint'] == by_pmap['fingerprint']
+  assert by_shard_map.fingerprint == by_pmap.fingerprint
   losses = [[r['loss'] for r in helpers.read_jsonl(tmp_path / k /
                                                    'metrics.jsonl')]
             for k in ('pmap', 'shard_map')]
@@ -95,25 +94,27 @@ def test_per_device_rng_is_the_same_on_both_paths(tmp_path):
     return loss, metrics
 
   task = dataclasses.replace(plain, loss_fn=noisy_loss, loss_uses_rng=True)
-  results = [_train(config, str(tmp_path / k), task, k)
+  results = [_train(config, str(tmp_path / str(k)), task, k)
              for k in parallelism.CHOICES]
-  assert results[0]['fingerprint'] == results[1]['fingerprint']
-  assert results[0]['final_metrics'] == results[1]['final_metrics']
+  assert results[0].fingerprint == results[1].fingerprint
+  assert results[0].final_metrics == results[1].final_metrics
 
 
 def test_mnist_with_exact_eval_agrees_on_both_paths(tmp_path):
   mnist.write_synthetic(str(tmp_path / 'data'), num_train=1024, num_test=1001)
   config = mnist_config.get_config()
   config.data_dir = str(tmp_path / 'data')
-  config.hidden_sizes = (32,)
+  config.model.hidden_sizes = (32,)
   config.steps, config.eval_every, config.eval_batch_size = 12, 6, 128
   dataset = mnist.load(config.data_dir)
-  results = [_train(config, str(tmp_path / k), mnist.make_task(config,
-                                                               dataset), k)
-             for k in parallelism.CHOICES]
-  assert results[0]['fingerprint'] == results[1]['fingerprint']
-  assert results[0]['eval_metrics'] == results[1]['eval_metrics']
-  assert results[1]['eval_metrics']['eval_num_examples'] == 1001
+  results = []
+  for par in parallelism.CHOICES:
+    config.parallelism = str(par)
+    results.append(_train(config, str(tmp_path / str(par)),
+                          mnist.make_task(config, dataset), par))
+  assert results[0].fingerprint == results[1].fingerprint
+  assert results[0].eval_metrics == results[1].eval_metrics
+  assert results[1].eval_metrics['eval_num_examples'] == 1001
 
 
 def test_shard_map_resumes_a_pmap_checkpoint(tmp_path):
@@ -125,8 +126,8 @@ def test_shard_map_resumes_a_pmap_checkpoint(tmp_path):
   _train(config, str(tmp_path / 'switched'), task, 'pmap')
   config.steps = 14
   resumed = _train(config, str(tmp_path / 'switched'), task, 'shard_map')
-  assert resumed['start_step'] == 7
-  assert resumed['fingerprint'] == straight['fingerprint']
+  assert resumed.start_step == 7
+  assert resumed.fingerprint == straight.fingerprint
 
 
 def test_input_wait_is_a_logged_fraction(tmp_path):
@@ -149,13 +150,13 @@ def test_pmap_and_shard_map_agree_on_2x4(tmp_path, workload):
     mnist.write_synthetic(str(tmp_path / 'data'), num_train=1024, num_test=1001)
     config_args = [
         '--config=configs/mnist.py', f'--config.data_dir={tmp_path}/data',
-        '--config.hidden_sizes=(32,)', '--config.steps=16',
+        '--config.model.hidden_sizes=(32,)', '--config.steps=16',
         '--config.eval_every=8', '--config.eval_batch_size=128']
   else:
     config_args = ['--config=configs/linear_regression.py',
                    '--config.steps=40']
   summaries = {}
-  for kind in parallelism.CHOICES:
+  for kind in ('pmap', 'shard_map'):
     workdir = tmp_path / kind
     result = helpers.run_launcher(
         [*config_args, f'--config.parallelism={kind}', '--local_processes=2',
@@ -167,6 +168,6 @@ def test_pmap_and_shard_map_agree_on_2x4(tmp_path, workload):
     summaries[kind] = helpers.read_json(workdir / 'summary.json')
     assert summaries[kind]['device_count'] == 8
   by_pmap, by_shard_map = (summaries[k]['results'] for k in
-                           parallelism.CHOICES)
+                           ('pmap', 'shard_map'))
   assert by_pmap['fingerprint'] == by_shard_map['fingerprint']
-  assert by_pmap.get('test') == by_shard_map.get('test')
+  assert by_pmap['eval'] == by_shard_map['eval']

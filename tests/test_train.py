@@ -1,5 +1,6 @@
 """Data-parallel training on 8 devices equals full-batch descent on one."""
 
+import dataclasses
 import json
 import os
 
@@ -9,6 +10,7 @@ import pytest
 
 from configs import linear_regression as linear_regression_config
 from configs import mlp as mlp_config
+from runtime import data
 from runtime import fingerprint
 from runtime import train
 from runtime.workloads import linear_regression
@@ -27,9 +29,9 @@ def test_linear_regression_on_8_devices_equals_one_device(tmp_path):
   config.steps = 40
   task, dataset = linear_regression.make_task(config)
   result = train.train(config, str(tmp_path), task)
-  assert_trees_close(result['params'], single_device_descent(config, task),
+  assert_trees_close(result.params, single_device_descent(config, task),
                      rtol=1e-5, atol=1e-6)
-  assert np.abs(result['params']['weight'] - dataset['true_weight']).max() < 0.05
+  assert np.abs(result.params['weight'] - dataset['true_weight']).max() < 0.05
 
 
 def test_mlp_on_8_devices_equals_one_device(tmp_path):
@@ -38,7 +40,7 @@ def test_mlp_on_8_devices_equals_one_device(tmp_path):
   config.steps = 25
   task, _ = mlp.make_task(config)
   result = train.train(config, str(tmp_path), task)
-  assert_trees_close(result['params'], single_device_descent(config, task),
+  assert_trees_close(result.params, single_device_descent(config, task),
                      rtol=2e-4, atol=2e-5)
 
 
@@ -49,7 +51,7 @@ def test_steps_in_flight_do_not_change_the_result(tmp_path):
   one = train.train(config, str(tmp_path / 'one'), task)
   config.max_steps_in_flight = 3
   three = train.train(config, str(tmp_path / 'three'), task)
-  assert one['fingerprint'] == three['fingerprint']
+  assert one.fingerprint == three.fingerprint
 
 
 def test_metrics_and_rank_files(tmp_path):
@@ -67,7 +69,7 @@ def test_metrics_and_rank_files(tmp_path):
   with open(tmp_path / 'ranks' / 'rank_0.json') as f:
     rank = json.load(f)
   assert rank['process_index'] == 0 and len(rank['local_devices']) == 8
-  assert rank['fingerprint'] == fingerprint.fingerprint(result['params'])
+  assert rank['fingerprint'] == fingerprint.fingerprint(result.params)
 
 
 def test_non_finite_loss_names_the_step(tmp_path):
@@ -78,13 +80,14 @@ def test_non_finite_loss_names_the_step(tmp_path):
 
   def poisoned(ids):
     calls.append(1)
-    batch = task.load_examples(ids)
+    batch = task.data.read_batch(ids)
     if len(calls) == 5:  # The batch of step 5.
       batch['y'] = np.full_like(batch['y'], np.nan)
     return batch
 
-  bad = train.Task(task.params, task.loss_fn, task.optimizer, poisoned,
-                   task.num_examples)
+  source = data.ArraySource(**task.data.arrays)
+  source.read_batch = poisoned
+  bad = dataclasses.replace(task, data=source)
   with pytest.raises(train.NonFiniteLossError, match='nan at step 5;'):
     train.train(config, str(tmp_path), bad)
 

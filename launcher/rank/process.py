@@ -95,11 +95,14 @@ def _terminate(signum, frame):
   raise SystemExit(exit_codes.SIGNAL_BASE + signum)
 
 
-def _summary(config, topo: topology.Topology, results: dict[str, Any],
+def _summary(config, topo: topology.Topology, results: Any,
              ranks: list[dict[str, Any]]) -> dict[str, Any]:
-  results = dict(results)
-  final_metrics = results.pop('final_metrics', None)
-  results.pop('params', None)
+  """summary.json; results are a workload's TrainResult or its own dict."""
+  if hasattr(results, 'summary'):
+    final_metrics, results = results.final_metrics, results.summary()
+  else:
+    results = dict(results or {})
+    final_metrics = results.pop('final_metrics', None)
   return {
       'workload': config.workload,
       'steps': config.get('steps'),
@@ -313,7 +316,7 @@ def _use_compilation_cache(directory: Optional[str], workdir: str) -> None:
 
 
 def _finish(config, workdir: str, actual: topology.Topology,
-            results: dict[str, Any],
+            results: Any,
             supervisor: supervisor_lib.Supervisor,
             ledger: goodput.Ledger) -> None:
   """Waits (bounded) for every process, then process 0 writes summary.json."""

@@ -1,17 +1,16 @@
 """Linear regression y = x . w + b, trained data-parallel with SGD.
 
-The data are drawn once from `config.seed`: true weights (config.features,)
+The data are drawn once from `config.seed`: true weights (config.data.features,)
 and a scalar true bias, inputs x ~ N(0, 1) and targets with Gaussian noise of
-standard deviation `config.noise_std`. They do not depend on how many
+standard deviation `config.data.noise_std`. They do not depend on how many
 processes or devices train, so every topology learns the same model.
 """
-
-from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from runtime import data
 from runtime import train
 
 
@@ -23,10 +22,11 @@ def make_dataset(config) -> dict[str, np.ndarray]:
      'true_weight': (features,) float32, 'true_bias': () float32}.
   """
   rng = np.random.default_rng(config.seed)
-  true_weight = rng.normal(size=config.features).astype(np.float32)
+  features, n = config.data.features, config.data.num_examples
+  true_weight = rng.normal(size=features).astype(np.float32)
   true_bias = np.float32(rng.normal())
-  x = rng.normal(size=(config.num_examples, config.features)).astype(np.float32)
-  noise = config.noise_std * rng.normal(size=config.num_examples)
+  x = rng.normal(size=(n, features)).astype(np.float32)
+  noise = config.data.noise_std * rng.normal(size=n)
   y = (x @ true_weight + true_bias + noise).astype(np.float32)
   return {'x': x, 'y': y, 'true_weight': true_weight, 'true_bias': true_bias}
 
@@ -34,7 +34,7 @@ def make_dataset(config) -> dict[str, np.ndarray]:
 def init_params(config) -> dict[str, np.ndarray]:
   """{'weight': (features,), 'bias': ()} float32, drawn from the seed."""
   rng = np.random.default_rng([config.seed, 1])
-  return {'weight': rng.normal(size=config.features).astype(np.float32),
+  return {'weight': rng.normal(size=config.data.features).astype(np.float32),
           'bias': np.float32(0.0)}
 
 
@@ -50,26 +50,23 @@ def make_task(config) -> tuple[train.Task, dict[str, np.ndarray]]:
   task = train.Task(
       params=init_params(config),
       loss_fn=loss_fn,
-      optimizer=optax.sgd(config.learning_rate),
-      load_examples=lambda ids: {'x': dataset['x'][ids],
-                                 'y': dataset['y'][ids]},
-      num_examples=config.num_examples)
+      optimizer=optax.sgd(config.optimizer.learning_rate),
+      data=data.ArraySource(x=dataset['x'], y=dataset['y']))
   return task, dataset
 
 
-def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
-  """Trains the model; returns the learned and the true parameters."""
+def train_and_evaluate(config, workdir: str) -> train.TrainResult:
+  """Trains the model; adds the learned and the true parameters."""
   task, dataset = make_task(config)
   result = train.train(config, workdir, task)
-  learned = result['params']
+  learned = result.params
   error = max(np.abs(learned['weight'] - dataset['true_weight']).max(),
               abs(float(learned['bias']) - float(dataset['true_bias'])))
-  return {
-      'final_metrics': result['final_metrics'],
-      'fingerprint': result['fingerprint'],
+  result.extra = {
       'learned_weight': learned['weight'],
       'learned_bias': learned['bias'],
       'true_weight': dataset['true_weight'],
       'true_bias': dataset['true_bias'],
       'max_abs_error': float(error),
   }
+  return result

@@ -1,6 +1,6 @@
 """A small MLP classifier on a synthetic, learnable data set.
 
-Inputs are Gaussian (config.features,); labels are the argmax of a fixed
+Inputs are Gaussian (config.data.features,); labels are the argmax of a fixed
 random linear "teacher", so the classes are learnable. The model is a
 features -> hidden (tanh) -> classes MLP trained with softmax cross-entropy.
 """
@@ -12,21 +12,23 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from runtime import data
 from runtime import train
 
 
 def make_dataset(config) -> dict[str, np.ndarray]:
   """{'x': (num_examples, features) float32, 'label': (num_examples,) int32}."""
   rng = np.random.default_rng(config.seed)
-  teacher = rng.normal(size=(config.features, config.num_classes))
-  x = rng.normal(size=(config.num_examples, config.features)).astype(np.float32)
+  features = config.data.features
+  teacher = rng.normal(size=(features, config.data.num_classes))
+  x = rng.normal(size=(config.data.num_examples, features)).astype(np.float32)
   return {'x': x, 'label': np.argmax(x @ teacher, axis=1).astype(np.int32)}
 
 
 def init_params(config) -> dict[str, Any]:
   """Glorot-scaled weights and zero biases, drawn from the seed."""
   rng = np.random.default_rng([config.seed, 1])
-  sizes = (config.features, config.hidden, config.num_classes)
+  sizes = (config.data.features, config.model.hidden, config.data.num_classes)
   return {
       f'layer_{i}': {
           'w': (rng.normal(size=(m, n)) / np.sqrt((m + n) / 2)).astype(
@@ -56,19 +58,16 @@ def make_task(config) -> tuple[train.Task, dict[str, np.ndarray]]:
   task = train.Task(
       params=init_params(config),
       loss_fn=loss_fn,
-      optimizer=optax.adam(config.learning_rate),
-      load_examples=lambda ids: {'x': dataset['x'][ids],
-                                 'label': dataset['label'][ids]},
-      num_examples=config.num_examples)
+      optimizer=optax.adam(config.optimizer.learning_rate),
+      data=data.ArraySource(x=dataset['x'], label=dataset['label']))
   return task, dataset
 
 
-def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
-  """Trains the MLP; returns its accuracy on the whole data set."""
+def train_and_evaluate(config, workdir: str) -> train.TrainResult:
+  """Trains the MLP; adds its accuracy on the whole data set."""
   task, dataset = make_task(config)
   result = train.train(config, workdir, task)
-  logits = jax.jit(logits_fn)(result['params'], dataset['x'])
+  logits = jax.jit(logits_fn)(result.params, dataset['x'])
   accuracy = float(np.mean(np.argmax(logits, -1) == dataset['label']))
-  return {'final_metrics': result['final_metrics'],
-          'fingerprint': result['fingerprint'],
-          'train_accuracy': accuracy}
+  result.extra = {'train_accuracy': accuracy}
+  return result

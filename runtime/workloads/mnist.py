@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from runtime import data
 from runtime import evaluate
 from runtime import idx
 from runtime import parallelism
@@ -105,7 +106,7 @@ def write_synthetic(data_dir: str, num_train: int = 60000,
 def init_params(config, num_features: int) -> dict[str, Any]:
   """Glorot-scaled weights and zero biases: features -> hidden... -> 10."""
   rng = np.random.default_rng([config.seed, 1])
-  sizes = (num_features, *config.hidden_sizes, NUM_CLASSES)
+  sizes = (num_features, *config.model.hidden_sizes, NUM_CLASSES)
   return {
       f'layer_{i}': {
           'w': (rng.normal(size=(m, n)) * np.sqrt(2.0 / (m + n))).astype(
@@ -143,27 +144,26 @@ def example_metrics(params, batch) -> dict[str, jnp.ndarray]:
   }
 
 
-def make_task(config, dataset: dict[str, np.ndarray]) -> train.Task:
-  def loader(split):
-    images, labels = dataset[f'{split}_images'], dataset[f'{split}_labels']
-    return lambda ids: {'image': images[ids], 'label': labels[ids]}
+def sources(dataset: dict[str, np.ndarray]) -> dict[str, data.ArraySource]:
+  """{'train': ..., 'test': ...}, each of examples {'image', 'label'}."""
+  return {split: data.ArraySource(image=dataset[f'{split}_images'],
+                                  label=dataset[f'{split}_labels'])
+          for split in ('train', 'test')}
 
-  num_test = len(dataset['test_labels'])
+
+def make_task(config, dataset: dict[str, np.ndarray]) -> train.Task:
+  split = sources(dataset)
   return train.Task(
       params=init_params(config, dataset['train_images'].shape[1]),
       loss_fn=loss_fn,
-      optimizer=optax.adam(config.learning_rate),
-      load_examples=loader('train'),
-      num_examples=len(dataset['train_labels']),
-      evaluate=lambda params: evaluate.evaluate(
-          params, example_metrics, loader('test'), num_test,
-          config.eval_batch_size, parallelism.of(config)))
+      optimizer=optax.adam(config.optimizer.learning_rate),
+      data=split['train'],
+      evaluate=lambda params, _: evaluate.evaluate(
+          params, example_metrics, split['test'], config.eval_batch_size,
+          parallelism.of(config)))
 
 
-def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
-  """Trains on the train split; returns the exact test-split metrics."""
+def train_and_evaluate(config, workdir: str) -> train.TrainResult:
+  """Trains on the train split; eval_* are the exact test-split metrics."""
   dataset = load(config.data_dir)
-  result = train.train(config, workdir, make_task(config, dataset))
-  return {'final_metrics': result['final_metrics'],
-          'fingerprint': result['fingerprint'],
-          'test': result['eval_metrics']}
+  return train.train(config, workdir, make_task(config, dataset))

@@ -12,6 +12,7 @@ each rank a checkpoint directory of its own, as host-local disks would;
 `fail_once` misbehaves only in the first run in a workdir.
 """
 
+import dataclasses
 import os
 import sys
 import time
@@ -40,7 +41,6 @@ def _misbehave(config) -> None:
 def train_and_evaluate(config, workdir):
   task, dataset = linear_regression.make_task(config)
   seen = []
-  load = task.load_examples
 
   once_marker = os.path.join(workdir, f'probe_failed_rank_{config.fail_rank}')
 
@@ -55,7 +55,7 @@ def train_and_evaluate(config, workdir):
         open(once_marker, 'w').close()
       _misbehave(config)
     seen.append(np.array(ids))
-    return load(ids)
+    return task.data.read_batch(ids)
 
   params = dict(task.params)
   if config.ballast_floats:
@@ -65,15 +65,23 @@ def train_and_evaluate(config, workdir):
   if config.per_rank_checkpoint_dir:
     config.checkpoint_dir = os.path.join(
         workdir, f'checkpoints_rank_{jax.process_index()}')
-  result = train.train(
-      config, workdir, train.Task(params, task.loss_fn, task.optimizer,
-                                  load_examples, task.num_examples))
+  result = train.train(config, workdir, dataclasses.replace(
+      task, params=params, data=_Source(len(task.data), load_examples)))
   if config.record_ids:
     os.makedirs(os.path.join(workdir, 'ids'), exist_ok=True)
     np.save(os.path.join(workdir, 'ids', f'rank_{jax.process_index()}.npy'),
             np.stack(seen))
-  return {'final_metrics': result['final_metrics'],
-          'fingerprint': result['fingerprint'],
-          'learned_weight': result['params']['weight'],
-          'learned_bias': result['params']['bias'],
-          'true_weight': dataset['true_weight']}
+  result.extra = {'learned_weight': result.params['weight'],
+                  'learned_bias': result.params['bias'],
+                  'true_weight': dataset['true_weight']}
+  return result
+
+
+class _Source:
+  """A data source that reads through `read_batch(ids)`."""
+
+  def __init__(self, size, read_batch):
+    self.size, self.read_batch = size, read_batch
+
+  def __len__(self):
+    return self.size

@@ -21,8 +21,6 @@ def get_config():
   config.ballast_floats = 0
   config.per_rank_checkpoint_dir = False
   config.fail_once = False
-  # How the probe misbehaves is not part of what it computes.
-  config.restore_may_change = ('fail_rank', 'fail_step', 'fail_mode',
-                               'fail_code', 'fail_seconds', 'record_ids',
-                               'per_rank_checkpoint_dir', 'fail_once')
+  # How the probe misbehaves only steers the run: outside the trajectory
+  # sections, so a resumed run may change it with no registration.
   return config

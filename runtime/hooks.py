@@ -1,0 +1,237 @@
+"""What the training loop does now and then: one interface, one small class each.
+
+The loop (runtime/loop.py) calls every hook after every step; a hook decides
+by itself whether it is due, from `run.step`, the number of steps done. Due
+steps are multiples of a cadence, so a resumed run keeps the cadence of the
+run it continues. Built in: logging, the preemption agreement, checkpoints,
+evaluation and a profiler window; a task adds its own through `Task.hooks`.
+
+Example (a hook of one's own):
+  >>> class PrintNorm(hooks.Periodic):
+  ...   def __init__(self):
+  ...     super().__init__(every=100)
+  ...   def run(self, run):
+  ...     params = run.host_state().params
+  ...     print(run.step, optax.global_norm(params))
+"""
+
+import time
+from typing import Callable, Optional
+
+from absl import logging
+import jax
+
+from runtime import checkpoint
+from runtime import coordination
+from runtime import metrics as metrics_lib
+from runtime import preemption
+
+
+class Hook:
+  """The interface. Each method has a default that does nothing.
+
+  `begin(run)` once before the first step; `after_step(run)` after every
+  step, with `run.state` the state after step `run.step`; `end(run, error)`
+  once when the loop stops, `error` None when it reached `run.steps`, else
+  the exception that stops it (an `end` must not raise then).
+  """
+
+  def begin(self, run) -> None:
+    pass
+
+  def after_step(self, run) -> None:
+    pass
+
+  def end(self, run, error: Optional[BaseException]) -> None:
+    pass
+
+
+class Periodic(Hook):
+  """A hook whose `run(run)` is due every `every` steps (0: never), and after
+  the last step too when `at_end`.
+
+  Example:
+    >>> hooks.Periodic(every=500, callback=lambda run: save_samples(run))
+  """
+
+  def __init__(self, every: int, callback: Optional[Callable] = None,
+               at_end: bool = False):
+    if every < 0:
+      raise ValueError(f'every={every}; use a positive step count, or 0 for '
+                       'never')
+    self.every, self.at_end, self._callback = every, at_end, callback
+
+  def due(self, run) -> bool:
+    return bool((self.every and run.step % self.every == 0) or
+                (self.at_end and run.final))
+
+  def after_step(self, run) -> None:
+    if self.due(run):
+      self.run(run)
+
+  def run(self, run) -> None:
+    """The work itself; by default calls the `callback` given."""
+    self._callback(run)
+
+
+class LogMetrics(Periodic):
+  """Every `every` steps and at the end: the means of the metrics since the
+  last record, the speed and the input wait, to the log, metrics.jsonl and
+  TensorBoard; the learning rate too when the task gives its schedule."""
+
+  def __init__(self, every: int, schedule: Optional[Callable] = None):
+    super().__init__(every, at_end=True)
+    self.schedule = schedule
+
+  def run(self, run) -> None:
+    run.drain()
+    if not run.window.steps:
+      return
+    now = time.perf_counter()
+    record = {**run.window.means(),
+              **run.window.rates(now, run.config.global_batch_size)}
+    if self.schedule is not None:
+      # The rate the last step used: optax counts updates from 0.
+      record['learning_rate'] = float(self.schedule(run.step - 1))
+    run.writer.write(run.step, record)
+    speed = record.get('steps_per_sec')
+    eta = '' if speed is None else ' eta=' + metrics_lib.format_duration(
+        (run.steps - run.step) / max(speed, 1e-9))
+    shown = ' '.join(f'{k}={v:.6g}' for k, v in record.items())
+    run.writer.log(f'step {run.step}/{run.steps} {shown}{eta}')
+    run.window.reset(now)
+
+
+class Evaluate(Periodic):
+  """Every `every` steps and at the end: `evaluate(params, model_state)` on
+  every process; its results go to metrics.jsonl as eval_* and to
+  `run.eval_metrics`."""
+
+  def __init__(self, every: int, evaluate: Callable):
+    super().__init__(every, at_end=True)
+    self.evaluate = evaluate
+    self.last_step = None
+
+  def run(self, run) -> None:
+    run.drain()
+    started = time.perf_counter()
+    with run.clock.timing('evaluation'):
+      values = self.evaluate(run.state.params, run.state.model_state)
+    run.eval_metrics = {f'eval_{k}': v for k, v in values.items()}
+    record = {**run.eval_metrics, 'eval_seconds': time.perf_counter() - started}
+    run.writer.write(run.step, record)
+    run.writer.log(f'eval at step {run.step}: ' + ' '.join(
+        f'{k}={v:.6g}' for k, v in record.items()))
+    self.last_step = run.step
+
+  def end(self, run, error) -> None:
+    # A run resumed at its last step evaluates what it restored.
+    if error is None and self.last_step != run.step:
+      self.run(run)
+
+
+class Profile(Hook):
+  """A profiler trace of steps (start, start + num_steps] into
+  WORKDIR/tensorboard, which TensorBoard's profile tab reads.
+
+  Every process traces its own devices. The trace starts after step `start`
+  and stops once step start + num_steps has finished.
+  """
+
+  def __init__(self, logdir: str, start: int, num_steps: int):
+    self.logdir, self.start, self.stop = logdir, start, start + num_steps
+    self.active = False
+
+  def begin(self, run) -> None:
+    if run.start_step == self.start and self.stop > self.start:
+      self._start(run)
+
+  def after_step(self, run) -> None:
+    if run.step == self.start and self.stop > self.start:
+      self._start(run)
+    elif self.active and run.step >= self.stop:
+      self._stop(run)
+
+  def end(self, run, error) -> None:
+    if self.active:
+      self._stop(run)
+
+  def _start(self, run) -> None:
+    jax.profiler.start_trace(self.logdir)
+    self.active = True
+    run.writer.log(f'profiling steps {self.start + 1} to {self.stop} into '
+                   f'{self.logdir}')
+
+  def _stop(self, run) -> None:
+    jax.block_until_ready(run.state)
+    jax.profiler.stop_trace()
+    self.active = False
+    logging.info('profile of steps %d to %d written', self.start + 1, run.step)
+
+
+class SaveCheckpoints(Hook):
+  """Every `checkpoints.every` steps and after the last: the state, and what
+  resuming it needs to check (`describe(run, host_state, reason)`)."""
+
+  def __init__(self, checkpoints: checkpoint.Checkpoints,
+               describe: Callable[..., dict]):
+    self.checkpoints, self.describe = checkpoints, describe
+
+  def after_step(self, run) -> None:
+    if run.final:
+      self.save(run, 'final')
+    elif self.checkpoints.due(run.step):
+      self.save(run, 'periodic')
+
+  def save(self, run, reason: str) -> None:
+    """Starts saving the state after step `run.step`; returns once it is on
+    the host."""
+    with run.clock.timing('checkpoint_blocking'):
+      host_state = run.host_state()
+      self.checkpoints.save(run.step, host_state,
+                            self.describe(run, host_state, reason))
+
+  def end(self, run, error) -> None:
+    if error is None:
+      with run.clock.timing('checkpoint_blocking'):
+        self.checkpoints.close()
+    elif jax.process_count() == 1:
+      # A single process finishes the saves it started; with several, another
+      # may be gone, and a save that needs all of them could hang.
+      try:
+        self.checkpoints.close()
+      except Exception as e:  # pylint: disable=broad-except
+        logging.error('could not finish the checkpoint being written: %s', e)
+
+
+class PreemptionAgreement(Hook):
+  """Stops every process after the same step when one gets a preemption
+  notice: logs the metrics so far, saves that step, waits until every
+  process has, and raises `Preempted`."""
+
+  def __init__(self, log: LogMetrics, checkpoints: Optional[SaveCheckpoints]):
+    self.log, self.checkpoints = log, checkpoints
+    self.notice = preemption.Notice()
+
+  def begin(self, run) -> None:
+    self.notice.__enter__()
+
+  def after_step(self, run) -> None:
+    # Every process asks at every step, with the same count: the agreement
+    # is a collective of its own.
+    if not self.notice.reached(run.count) or run.final:
+      return
+    logging.warning('preemption notice: every process saves step %d and '
+                    'stops', run.step)
+    self.log.run(run)
+    with run.clock.timing('preemption_save'):
+      if self.checkpoints is not None:
+        self.checkpoints.save(run, 'preemption')
+        self.checkpoints.checkpoints.wait()
+      job = coordination.current()
+      if job is not None and job.process_count > 1:
+        job.barrier('podrun/preempted')
+    raise preemption.Preempted(run.step)
+
+  def end(self, run, error) -> None:
+    self.notice.__exit__(None, None, None)

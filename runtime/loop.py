@@ -1,0 +1,146 @@
+"""The step loop: small and fixed; everything periodic is a hook.
+
+Per step the loop takes the prepared batch, dispatches the step, keeps at
+most `max_steps_in_flight` steps unfinished (reading each finished step's
+metrics back: the loss check, progress for the supervisor, goodput, the
+metrics window) and calls every hook (runtime/hooks.py).
+"""
+
+import collections
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from absl import logging
+import numpy as np
+
+from runtime import goodput
+from runtime import metrics as metrics_lib
+from runtime import parallelism as parallelism_lib
+from runtime import progress
+from runtime import step as step_lib
+
+
+class NonFiniteLossError(FloatingPointError):
+  """The loss became NaN or infinite."""
+
+
+def check_finite(step: int, metrics: dict[str, float]) -> None:
+  """Raises NonFiniteLossError naming `step` when its loss is NaN or inf."""
+  loss = metrics['loss']
+  if not np.isfinite(loss):
+    raise NonFiniteLossError(
+        f'the loss is {loss} at step {step}; stopping. Lower the learning rate'
+        ' or check the data of that step.')
+
+
+class Run:
+  """The loop's state, as hooks see it after each step.
+
+  Attributes:
+    config, workdir, task: what `train` was given.
+    parallelism: how the state is placed (runtime/parallelism.py).
+    process_index: this process.
+    state: the replicated `TrainState` after step `step`.
+    start_step: the step this run started from (restored or 0).
+    step: steps done, counting those of earlier runs.
+    steps: the step the run ends at (config.steps).
+    count: steps this process has run since it started.
+    writer: metrics.jsonl, TensorBoard and the log (process 0).
+    clock: goodput accounting of this process.
+    window: the metrics since the last log record.
+    last_metrics: the host metrics of the newest finished step.
+    eval_metrics: the newest evaluation's results, eval_*.
+  """
+
+  def __init__(self, config, workdir: str, task, state: step_lib.TrainState,
+               start_step: int, parallelism: parallelism_lib.Parallelism,
+               process_index: int, writer: metrics_lib.MetricsWriter,
+               clock: goodput.StepClock, in_flight_limit: int):
+    self.config, self.workdir, self.task = config, workdir, task
+    self.parallelism, self.process_index = parallelism, process_index
+    self.state, self.start_step, self.step = state, start_step, start_step
+    self.steps, self.count = config.steps, 0
+    self.writer, self.clock = writer, clock
+    self.window = metrics_lib.Window()
+    self.last_metrics: dict[str, float] = {}
+    self.eval_metrics: dict[str, float] = {}
+    self._in_flight = collections.deque()
+    self._in_flight_limit = in_flight_limit
+
+  @property
+  def final(self) -> bool:
+    """Whether `step` is the run's last."""
+    return self.step == self.steps
+
+  def host_state(self) -> step_lib.TrainState:
+    """The state after step `step` as numpy arrays (waits for it)."""
+    return self.parallelism.to_host(self.state)
+
+  def dispatched(self, step: int, metrics: Any) -> None:
+    """Records a dispatched step; waits while too many are unfinished."""
+    self.step, self.count = step, self.count + 1
+    self._in_flight.append((step, metrics))
+    while len(self._in_flight) >= self._in_flight_limit:
+      self._retire()
+
+  def drain(self) -> None:
+    """Waits for every dispatched step and takes in its metrics."""
+    while self._in_flight:
+      self._retire()
+
+  def _retire(self) -> None:
+    done_step, pending = self._in_flight.popleft()
+    metrics = {k: float(v)
+               for k, v in self.parallelism.to_host(pending).items()}
+    check_finite(done_step, metrics)
+    self.last_metrics = metrics
+    self.clock.step_done(done_step)
+    progress.report(done_step, self.process_index,
+                    force=done_step == self.steps)
+    self.window.add(metrics, time.perf_counter())
+
+
+def run_steps(run: Run, step_fn: Callable, next_batch: Callable,
+              hooks: Sequence[Any]) -> None:
+  """Runs steps run.start_step + 1 .. run.steps, calling the hooks.
+
+  Args:
+    run: the loop's state; run.state is replaced after every step.
+    step_fn: `(state, batch) -> (state, metrics)`, the mapped step.
+    next_batch: `step -> (placed batch, seconds waited for it)`, 0-based.
+    hooks: each with begin, after_step and end (runtime/hooks.py).
+  """
+  for hook in hooks:
+    hook.begin(run)
+  error: Optional[BaseException] = None
+  try:
+    for step in range(run.start_step, run.steps):
+      batch, waited_s = next_batch(step)
+      run.window.waited(waited_s)
+      run.clock.take('input_wait', waited_s)
+      dispatch_started = time.perf_counter()
+      run.state, metrics = step_fn(run.state, batch)
+      progress.begin(step + 1, waited_s + time.perf_counter() -
+                     dispatch_started)
+      run.dispatched(step + 1, metrics)
+      for hook in hooks:
+        hook.after_step(run)
+    run.drain()
+  except BaseException as e:
+    error = e
+    raise
+  finally:
+    for hook in reversed(hooks):
+      _end(hook, run, error)
+
+
+def _end(hook, run: Run, error: Optional[BaseException]) -> None:
+  if error is None:
+    hook.end(run, None)
+    return
+  try:
+    hook.end(run, error)
+  except Exception as e:  # pylint: disable=broad-except
+    # The error that stopped the loop is the one to report.
+    logging.error('%s.end after %s: %s', type(hook).__name__,
+                  type(error).__name__, e)

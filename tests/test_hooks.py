@@ -1,0 +1,167 @@
+"""The loop's hooks: cadence, resume, a profiler window, model state."""
+
+import dataclasses
+import glob
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from configs import linear_regression as linear_regression_config
+from runtime import data
+from runtime import hooks
+from runtime import parallelism
+from runtime import step as step_lib
+from runtime import train
+from runtime.workloads import linear_regression
+from tests import helpers
+
+
+class _Recorder(hooks.Periodic):
+  """Records the steps it ran at and the parameters it saw then."""
+
+  def __init__(self, every):
+    super().__init__(every)
+    self.steps, self.began = [], []
+
+  def begin(self, run):
+    self.began.append(run.start_step)
+
+  def run(self, run):
+    self.steps.append(run.step)
+    assert run.host_state().params['weight'].shape == (3,)
+
+
+def _config(steps, **fields):
+  config = linear_regression_config.get_config()
+  config.steps, config.log_every, config.checkpoint_every = steps, 5, 4
+  config.update(fields)
+  return config
+
+
+def _train(config, workdir, *user_hooks):
+  task, _ = linear_regression.make_task(config)
+  return train.train(config, str(workdir),
+                     dataclasses.replace(task, hooks=user_hooks))
+
+
+def test_a_user_hook_keeps_its_cadence_across_a_resume(tmp_path):
+  first, second = _Recorder(3), _Recorder(3)
+  _train(_config(7), tmp_path, first)
+  resumed = _train(_config(13), tmp_path, second)
+  assert resumed.start_step == 7
+  assert first.steps == [3, 6] and second.steps == [9, 12]
+  assert first.began == [0] and second.began == [7]
+
+
+def test_periodic_due_steps():
+  class FakeRun:
+    steps = 10
+    def __init__(self, step):
+      self.step, self.final = step, step == 10
+  every_4 = hooks.Periodic(4, at_end=True)
+  assert [s for s in range(1, 11) if every_4.due(FakeRun(s))] == [4, 8, 10]
+  never = hooks.Periodic(0)
+  assert not any(never.due(FakeRun(s)) for s in range(1, 11))
+  with pytest.raises(ValueError, match='every=-1'):
+    hooks.Periodic(-1)
+
+
+def test_a_hook_error_stops_the_run_and_the_others_still_end(tmp_path):
+  ended = []
+
+  class Ends(hooks.Hook):
+    def end(self, run, error):
+      ended.append(type(error).__name__)
+
+  def fail(run):
+    raise RuntimeError(f'hook fails at step {run.step}')
+
+  with pytest.raises(RuntimeError, match='hook fails at step 2'):
+    _train(_config(6), tmp_path, Ends(), hooks.Periodic(2, fail))
+  assert ended == ['RuntimeError']
+
+
+def test_the_learning_rate_is_logged_from_the_schedule(tmp_path):
+  config = _config(6, log_every=2, checkpointing=False)
+  task, _ = linear_regression.make_task(config)
+  schedule = optax.linear_schedule(0.1, 0.0, 10)
+  task = dataclasses.replace(task, optimizer=optax.sgd(schedule),
+                             schedule=schedule)
+  train.train(config, str(tmp_path), task)
+  records = helpers.read_jsonl(tmp_path / 'metrics.jsonl')
+  # The rate of each window's last update: optax counts from 0.
+  assert [r['learning_rate'] for r in records] == pytest.approx(
+      [0.09, 0.07, 0.05])
+
+
+def test_a_profile_window_writes_a_trace(tmp_path):
+  config = _config(6, checkpointing=False)
+  config.profile.start_step, config.profile.num_steps = 2, 2
+  _train(config, tmp_path)
+  traces = glob.glob(str(tmp_path / 'tensorboard' / 'plugins' / 'profile' /
+                         '*' / '*.xplane.pb'))
+  assert len(traces) == 1, traces
+
+
+def test_model_state_is_averaged_over_every_device():
+  """Each device's new state is its batch mean; all hold the global mean."""
+  assert jax.device_count() == 8
+
+  def loss_fn(params, model_state, batch):
+    del model_state
+    loss = jax.numpy.mean((batch['x'] * params['w']) ** 2)
+    return loss, ({}, {'mean': batch['x'].mean()})
+
+  par = parallelism.PMAP
+  optimizer = optax.sgd(0.0)
+  step = step_lib.make_train_step(loss_fn, optimizer, par,
+                                  has_model_state=True)
+  state = par.replicate(step_lib.init_state(
+      {'w': np.float32(1)}, optimizer, model_state={'mean': np.float32(0)}))
+  x = np.arange(64, dtype=np.float32)  # Device i: rows 8i .. 8i + 7.
+  state, _ = step(state, par.put_batch({'x': x}))
+  per_device = [np.asarray(shard.data) for shard in
+                state.model_state['mean'].addressable_shards]
+  assert len(per_device) == 8
+  assert all(v == pytest.approx(x.mean()) for v in per_device), per_device
+
+
+def test_array_source_and_a_per_example_source_read_the_same_batch():
+  arrays = {'x': np.arange(20, dtype=np.float32).reshape(10, 2),
+            'y': np.arange(10)}
+  source = data.ArraySource(**arrays)
+
+  class PerExample:  # Only __len__ and __getitem__, as a grain MapDataset.
+    def __len__(self):
+      return 10
+
+    def __getitem__(self, i):
+      return {'x': arrays['x'][i], 'y': arrays['y'][i]}
+
+  ids = np.array([7, 2, 2, 9])
+  by_batch = data.read_batch(source, ids)
+  by_example = data.read_batch(PerExample(), ids)
+  for k in arrays:
+    np.testing.assert_array_equal(by_batch[k], by_example[k])
+  with pytest.raises(ValueError, match="'x': 10, 'y': 9"):
+    data.ArraySource(x=arrays['x'], y=arrays['y'][:9])
+
+
+def test_the_loop_trains_from_a_per_example_source(tmp_path):
+  config = _config(5, checkpointing=False)
+  task, _ = linear_regression.make_task(config)
+  arrays = task.data.arrays
+
+  class PerExample:
+    def __len__(self):
+      return len(arrays['x'])
+
+    def __getitem__(self, i):
+      return {'x': arrays['x'][i], 'y': arrays['y'][i]}
+
+  by_batch = train.train(config, str(tmp_path / 'a'), task)
+  by_example = train.train(config, str(tmp_path / 'b'),
+                           dataclasses.replace(task, data=PerExample()))
+  assert by_batch.fingerprint == by_example.fingerprint
