@@ -13,7 +13,15 @@ from ml_collections import config_dict
 
 def get_config() -> config_dict.ConfigDict:
   config = config_dict.ConfigDict()
-  # What the run computes.
+  _add_trajectory(config)
+  _add_run_control(config)
+  _add_checkpoints(config)
+  _add_topology(config)
+  return config
+
+
+def _add_trajectory(config: config_dict.ConfigDict) -> None:
+  """What the run computes."""
   # 'package.module:function', called as function(config, workdir).
   config.workload = config_dict.placeholder(str)
   config.seed = 0
@@ -25,7 +33,9 @@ def get_config() -> config_dict.ConfigDict:
   # Reshuffle the data every epoch (see runtime/data.py).
   config.data.shuffle = True
 
-  # How the run goes.
+
+def _add_run_control(config: config_dict.ConfigDict) -> None:
+  """How the run goes."""
   config.steps = 100
   config.log_every = 10
   # Evaluate every eval_every steps (0: only at the end), in global batches
@@ -47,6 +57,9 @@ def get_config() -> config_dict.ConfigDict:
   config.profile.start_step = 10
   config.profile.num_steps = 0
 
+
+def _add_checkpoints(config: config_dict.ConfigDict) -> None:
+  """Saving, resuming, restarting."""
   # Checkpoints (runtime/checkpoint.py): every checkpoint_every steps (0: only
   # at the end and on preemption), the newest keep_checkpoints kept, written
   # while training goes on. checkpoint_dir '' means WORKDIR/checkpoints; on a
@@ -66,7 +79,9 @@ def get_config() -> config_dict.ConfigDict:
   # retries; added to --retry_exit_codes.
   config.retry_exit_codes = ()
 
-  # The pod the job expects; None accepts whatever is there.
+
+def _add_topology(config: config_dict.ConfigDict) -> None:
+  """The pod the job expects; None accepts whatever is there."""
   config.topology = config_dict.ConfigDict()
   config.topology.num_processes = config_dict.placeholder(int)
   config.topology.local_devices = config_dict.placeholder(int)
@@ -76,4 +91,3 @@ def get_config() -> config_dict.ConfigDict:
   # and the devices per process (launcher/tpu_accelerators.py), and
   # scripts/launch_tpu_pod.sh checks the pod against it before launching.
   config.topology.accelerator_type = config_dict.placeholder(str)
-  return config

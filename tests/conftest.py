@@ -8,8 +8,13 @@ os.environ['XLA_FLAGS'] = ' '.join(
     ['--xla_force_host_platform_device_count=8'])
 os.environ['JAX_PLATFORMS'] = 'cpu'
 
+import shutil  # pylint: disable=g-import-not-at-top,wrong-import-position
+import tempfile  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_CACHE_DIR = []
 
 
 # Test tiers (pytest -m): `unit` needs neither devices nor processes,
@@ -37,8 +42,21 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_configure(config):
   del config
+  # The in-process tests train the same small models many times: JAX's
+  # persistent compilation cache, as the launcher uses it, compiles each
+  # program once per session.
+  _CACHE_DIR.append(tempfile.mkdtemp(prefix='podrun_test_compilation_'))
+  jax.config.update('jax_compilation_cache_dir', _CACHE_DIR[0])
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
   count = jax.device_count()
   if count != 8:
     raise pytest.UsageError(
         f'the tests need 8 emulated CPU devices, JAX sees {count}: something '
         'initialised JAX before tests/conftest.py set XLA_FLAGS.')
+
+
+def pytest_unconfigure(config):
+  del config
+  for directory in _CACHE_DIR:
+    shutil.rmtree(directory, ignore_errors=True)
