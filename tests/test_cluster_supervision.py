@@ -198,3 +198,21 @@ def test_a_stale_lease_is_taken_over(tmp_path):
   assert result.returncode == 0, result.output
   assert 'taking over the lease on' in result.output
   assert 'job gone (host elsewhere, pid 1' in result.output
+
+
+def test_a_loop_of_its_own_started_by_hand(tmp_path):
+  """The documented progress call keeps it alive; without it, 124 naming it."""
+  own_loop = '--config=tests/workloads/own_loop_config.py'
+  with cluster.Cluster(tmp_path / 'reports', 2, [
+      own_loop, '--first_step_timeout=3', '--stall_timeout=3']) as job:
+    exits = job.wait(timeout=90)
+  for rank in (0, 1):
+    assert exits[rank].code == 0, exits[rank].output
+  with cluster.Cluster(tmp_path / 'silent', 2, [
+      own_loop, '--config.report=False', '--config.steps=100',
+      '--first_step_timeout=3']) as job:
+    exits = job.wait(timeout=90)
+  for rank in (0, 1):
+    assert exits[rank].code == exit_codes.STALLED, exits[rank].output
+  assert 'runtime.progress.report(step)' in (exits[0].output +
+                                             exits[1].output)
