@@ -88,6 +88,6 @@ def _add_topology(config: config_dict.ConfigDict) -> None:
   # 'cpu', 'gpu' or 'tpu'.
   config.topology.platform = config_dict.placeholder(str)
   # A Cloud TPU slice such as 'v4-32': implies the platform, the processes
-  # and the devices per process (launcher/tpu_accelerators.py), and
+  # and the devices per process (launcher/tpu/accelerators.py), and
   # scripts/launch_tpu_pod.sh checks the pod against it before launching.
   config.topology.accelerator_type = config_dict.placeholder(str)

@@ -12,16 +12,21 @@ pod of N such processes on this machine.
 import json
 import os
 import sys
+from typing import NoReturn
 
 from absl import app
 from absl import flags
-from ml_collections import config_dict
+from ml_collections import ConfigDict
 from ml_collections import config_flags
 
 from launcher import cluster
-from launcher.rank import distributed
 from launcher import exit_codes
+from launcher import restart
 from launcher import workload
+from launcher.local import pod as local_pod
+from launcher.rank import distributed
+from runtime import goodput
+from runtime import metrics
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file, PATH[:ARG]; --config.KEY=VALUE overrides.',
@@ -114,9 +119,9 @@ POD_FLAGS = ('local_processes', 'coordinator_address', 'num_processes',
              'retry_exit_codes', 'preemption_grace')
 
 
-def _fail(message: str) -> None:
-  print(f'launcher: error: {message}', file=sys.stderr)
-  sys.exit(exit_codes.CONFIG_ERROR)
+def _fail(message: str) -> NoReturn:
+  """Ends the launcher with CONFIG_ERROR (see `run`)."""
+  raise exit_codes.ConfigError(message)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -142,7 +147,7 @@ def parse_flags(argv: list[str]) -> list[str]:
           '--config=configs/linear_regression.py')
   try:
     config = _CONFIG.value
-    if not isinstance(config, config_dict.ConfigDict):
+    if not isinstance(config, ConfigDict):
       # ml_collections keeps the loading error; any access raises it.
       getattr(config, 'workload')
       raise TypeError(f'get_config() returned {type(config).__name__}')
@@ -201,9 +206,9 @@ def distributed_options() -> distributed.Options:
       shutdown_timeout=_BARRIER_TIMEOUT.value)
 
 
-def _make_pod(config, workdir: str, job_id=None, attempt: int = 1):
+def _make_pod(config: ConfigDict, workdir: str, job_id=None,
+              attempt: int = 1) -> local_pod.Pod:
   """The local pod that --local_processes asks for."""
-  from launcher import local_pod  # pylint: disable=g-import-not-at-top
   for name in ('num_processes', 'process_id', 'coordinator_bind_address'):
     if flags.FLAGS[name].present:
       _fail(f'--{name} is chosen by the launcher with --local_processes; '
@@ -230,8 +235,8 @@ def _make_pod(config, workdir: str, job_id=None, attempt: int = 1):
     _fail(str(e))
 
 
-def _retryable_exit_codes(config) -> tuple[int, ...]:
-  from launcher import restart  # pylint: disable=g-import-not-at-top
+def _retryable_exit_codes(config: ConfigDict
+                          ) -> tuple[int, ...]:
   try:
     codes = [int(c) for c in _RETRY_EXIT_CODES.value]
     codes += [int(c) for c in config.get('retry_exit_codes', ()) or ()]
@@ -242,11 +247,9 @@ def _retryable_exit_codes(config) -> tuple[int, ...]:
 
 def _report_goodput(workdir: str) -> None:
   """Rolls up the job's ledgers with the launcher's view of its attempts."""
-  from runtime import goodput  # pylint: disable=g-import-not-at-top
   result = goodput.write_rollup(workdir)
   if result['goodput'] is None:
     return
-  from runtime import metrics  # pylint: disable=g-import-not-at-top
   path = os.path.join(workdir, 'summary.json')
   if os.path.exists(path):
     with open(path) as f:
@@ -266,16 +269,12 @@ def main(argv: list[str]) -> int:
   config = _CONFIG.value
   workdir = os.path.abspath(_WORKDIR.value or
                             os.path.join('workdirs', config_name()))
-  try:
-    workload.parse(config.get('workload'))
-  except workload.ConfigError as e:
-    _fail(str(e))
+  workload.parse(config.get('workload'))
 
   if _LOCAL_PROCESSES.value is not None:
     pod = _make_pod(config, workdir)
     if _DRY_RUN.value:
       return pod.print_plan()
-    from launcher import restart  # pylint: disable=g-import-not-at-top
     retryable = _retryable_exit_codes(config)
     code = restart.run(
         lambda attempt: pod if attempt == 1 else _make_pod(
@@ -311,5 +310,11 @@ def main(argv: list[str]) -> int:
       compilation_cache_dir=_COMPILATION_CACHE_DIR.value))
 
 
-def run() -> None:
-  app.run(main, flags_parser=parse_flags)
+def run() -> NoReturn:
+  """`python -m launcher`: flags, then `main`; a ConfigError from either is
+  one line and exit code 2, never a traceback."""
+  try:
+    app.run(main, flags_parser=parse_flags)
+  except exit_codes.ConfigError as e:
+    print(f'launcher: error: {e}', file=sys.stderr)
+    sys.exit(e.exit_code)

@@ -11,6 +11,8 @@ import importlib.util
 import os
 from typing import Mapping, Optional
 
+from launcher import exit_codes
+
 # Variables a scheduler can set to hand each process its place in the job,
 # for the launcher's --coordinator_address, --num_processes, --process_id and
 # --coordinator_bind_address (flags win). A Kubernetes indexed Job gives the
@@ -77,7 +79,7 @@ def detect(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
 
 
 
-class ClusterEnvError(ValueError):
+class ClusterEnvError(exit_codes.ConfigError):
   """A cluster variable holds something that is not what it should be."""
 
 

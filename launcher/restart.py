@@ -1,11 +1,13 @@
-"""Restarting a whole local pod after a preemption (--max_restarts).
+"""Restarting a whole job after a preemption (--max_restarts).
 
 A preempted job saved a checkpoint of the step all its ranks agreed on, so
 starting the same job again resumes exactly there. Other failures are retried
 only when their exit code is marked retryable (--retry_exit_codes or
 config.retry_exit_codes); a user's own mistake (exit_codes.NEVER_RETRIED) is
 never retried, since it would fail the same way again. Each restart waits a
-back-off that doubles from --restart_backoff up to a minute.
+back-off that doubles from --restart_backoff up to a minute. A local pod
+(launcher/local/pod.py) and a TPU pod's attempt (launcher/tpu/attempt.py)
+are both an `Attempt`.
 """
 
 import dataclasses
@@ -14,9 +16,11 @@ import os
 import signal
 import sys
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional, Protocol
 
 from launcher import exit_codes
+from launcher import signals
+from runtime import goodput
 
 MAX_BACKOFF_S = 60.0
 
@@ -30,11 +34,28 @@ def check_retryable(codes: Iterable[int]) -> tuple[int, ...]:
   codes = tuple(sorted(set(int(c) for c in codes)))
   refused = [c for c in codes if c in exit_codes.NEVER_RETRIED]
   if refused:
+    never = '; '.join(f'{int(c)}: {c.meaning}'
+                      for c in exit_codes.NEVER_RETRIED)
     raise ValueError(
-        f'exit code(s) {refused} cannot be retried: 0 is success, and 1 (an '
-        'uncaught exception), 2 (a config error), 3 (a topology mismatch) and '
-        '5 (a checkpoint that does not fit) would fail the same way again')
+        f'exit code(s) {refused} cannot be retried, since a run that ended '
+        f'so would end the same way again ({never})')
   return codes
+
+
+class Attempt(Protocol):
+  """One start of the whole job, as `run` drives it.
+
+  Attributes:
+    attempt_name: the name its processes' goodput ledgers are filed under
+      (optional: an attempt without one is recorded with None).
+    launcher_signalled: whether whoever runs the launcher sent it SIGINT or
+      SIGTERM during `run`.
+  """
+  attempt_name: Optional[str]
+  launcher_signalled: bool
+
+  def run(self) -> int:
+    """Runs the attempt to its end; returns its exit code."""
 
 
 @dataclasses.dataclass
@@ -72,27 +93,21 @@ def _say(message: str) -> None:
 def _sleep_unless_signalled(seconds: float) -> bool:
   """Sleeps; returns False when SIGINT or SIGTERM came meanwhile."""
   signalled = []
-  handlers = {s: signal.signal(s, lambda n, f: signalled.append(n))
-              for s in (signal.SIGINT, signal.SIGTERM)}
-  try:
+  with signals.handled((signal.SIGINT, signal.SIGTERM),
+                       lambda n, f: signalled.append(n)):
     deadline = time.monotonic() + seconds
     while not signalled and time.monotonic() < deadline:
       time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-  finally:
-    for s, h in handlers.items():
-      signal.signal(s, h)
   return not signalled
 
 
-def run(start_pod: Callable[[int], 'object'], max_restarts: int,
+def run(start_pod: Callable[[int], Attempt], max_restarts: int,
         first_backoff_s: float, retryable: tuple[int, ...],
         logs_dir: str, say: Callable[[str], None] = _say) -> int:
   """Runs pods until one ends for good; returns the last one's exit code.
 
   Args:
-    start_pod: attempt number (1, 2, ...) -> a `local_pod.Pod` (or a TPU
-      pod's `pod_driver.Attempt`) to run: anything with `run() -> exit code`
-      and `launcher_signalled`.
+    start_pod: attempt number (1, 2, ...) -> the Attempt to run.
     max_restarts: how many times to start the job again at most.
     first_backoff_s: the wait before the first restart.
     retryable: exit codes besides PREEMPTED that are retried.
@@ -104,7 +119,7 @@ def run(start_pod: Callable[[int], 'object'], max_restarts: int,
   """
   tally = Tally()
   attempt = 1
-  launcher_started = _process_start()
+  launcher_started = goodput.process_start_time()
   while True:
     pod = start_pod(attempt)
     started = time.time()
@@ -138,12 +153,6 @@ def run(start_pod: Callable[[int], 'object'], max_restarts: int,
   if max_restarts:
     say(f'job ended with exit code {code} after {tally.describe()}')
   return code
-
-
-def _process_start() -> float:
-  """When this launcher process started (the job's wall clock starts there)."""
-  from runtime import goodput  # pylint: disable=g-import-not-at-top
-  return goodput.process_start_time()
 
 
 def _record(logs_dir: str, entry: dict) -> None:

@@ -5,9 +5,13 @@ import os
 import sys
 from typing import Any, Callable
 
+from ml_collections import ConfigDict
 
-class ConfigError(ValueError):
-  """The config, a flag or the workload it names is unusable."""
+from launcher import exit_codes
+
+
+# The config, a flag or the workload it names is unusable (exit 2).
+ConfigError = exit_codes.ConfigError
 
 
 def parse(spec: Any) -> tuple[str, str]:
@@ -29,11 +33,13 @@ def parse(spec: Any) -> tuple[str, str]:
   return module, function
 
 
-def resolve(spec: Any) -> Callable[[Any, str], dict]:
+def resolve(spec: Any) -> Callable[[ConfigDict, str], Any]:
   """Imports the workload function; the current directory is importable.
 
   Call it only after jax.distributed is initialised: importing a workload
-  may run JAX code.
+  may run JAX code. The function, called as function(config, workdir),
+  returns a runtime.train.TrainResult, or a dict of its own results for
+  summary.json.
 
   Example:
     >>> fn = resolve('runtime.workloads.linear_regression:train_and_evaluate')

@@ -23,9 +23,11 @@ from typing import Any, Optional
 from absl import logging
 from etils import epath
 import jax
+from ml_collections import ConfigDict
 import numpy as np
 import orbax.checkpoint as ocp
 
+from launcher import exit_codes
 from runtime import coordination
 
 # The config sections that decide what a run computes. A resumed run must
@@ -38,12 +40,13 @@ TRAJECTORY_SECTIONS = ('workload', 'seed', 'global_batch_size', 'model',
 _SHARED_CHECK_DIR = '.shared_check'
 
 
-class CheckpointError(Exception):
+class CheckpointError(exit_codes.PodrunError):
   """A checkpoint that cannot be used here, or a directory that cannot hold
   the job's checkpoints."""
+  exit_code = exit_codes.CHECKPOINT_ERROR
 
 
-def directory(config, workdir: str) -> str:
+def directory(config: ConfigDict, workdir: str) -> str:
   """Where the run's checkpoints go: config.checkpoint_dir or WORKDIR/checkpoints.
 
   Example:
@@ -65,7 +68,7 @@ def _flatten(value: Any, prefix: str = '') -> dict[str, Any]:
   return {prefix[:-1]: value}
 
 
-def trajectory_config(config) -> dict[str, Any]:
+def trajectory_config(config: ConfigDict) -> dict[str, Any]:
   """The config fields a checkpoint must agree on, flattened to 'a.b' keys.
 
   Every field of TRAJECTORY_SECTIONS but those config.restore_may_change
@@ -250,7 +253,7 @@ class Checkpoints:
                                       meta=ocp.args.JsonSave(meta)),
         force=True)
 
-  def restore_latest(self, config, like: Any
+  def restore_latest(self, config: ConfigDict, like: Any
                      ) -> Optional[tuple[int, Any, dict[str, Any]]]:
     """Restores the newest complete checkpoint, if there is one.
 
@@ -291,7 +294,7 @@ class Checkpoints:
     self._manager.close()
 
 
-def open_for(config, workdir: str) -> Checkpoints:
+def open_for(config: ConfigDict, workdir: str) -> Checkpoints:
   """The run's Checkpoints, after checking every process shares the directory.
 
   Args:
@@ -344,8 +347,8 @@ def restore_or_start(ckpt: Checkpoints, config, state: Any, num_examples: int
   return step, type(state)(*saved_state)
 
 
-def describe_run(config, topo, num_examples: int, step: int, state: Any,
-                 reason: str) -> dict[str, Any]:
+def describe_run(config: ConfigDict, topo, num_examples: int, step: int,
+                 state: Any, reason: str) -> dict[str, Any]:
   """The 'meta' item of the checkpoint of `step`: what resuming checks."""
   return {
       'step': step,

@@ -16,6 +16,8 @@ import dataclasses
 import time
 from typing import Optional, Sequence
 
+from launcher import exit_codes
+
 
 _default_timeout_s = 300.0
 
@@ -31,7 +33,7 @@ def default_timeout() -> float:
   return _default_timeout_s
 
 
-class BarrierTimeout(TimeoutError):
+class BarrierTimeout(exit_codes.PodrunError, TimeoutError):
   """Some processes did not reach a barrier in time.
 
   Attributes:
@@ -39,6 +41,7 @@ class BarrierTimeout(TimeoutError):
     missing: the process ids that had not arrived.
     timeout_s: how long the others waited.
   """
+  exit_code = exit_codes.STALLED
 
   def __init__(self, name: str, missing: Sequence[int], timeout_s: float,
                process_count: int):

@@ -19,7 +19,6 @@ import numpy as np
 
 from runtime import data as data_lib
 from runtime import parallelism as parallelism_lib
-from runtime import sharding
 
 # metric_fn(params, batch) -> {name: (n,) per-example values}, on one device.
 MetricFn = Callable[[Any, Any], dict[str, jax.Array]]
@@ -47,7 +46,7 @@ def eval_batches(num_examples: int, global_batch_size: int,
     ids = np.arange(start, start + global_batch_size, dtype=np.int64)
     mask = (ids < num_examples).astype(np.float32)
     ids = np.where(mask > 0, ids, 0)
-    part = sharding.process_slice(global_batch_size, process_index,
+    part = parallelism_lib.process_slice(global_batch_size, process_index,
                                   process_count)
     yield ids[part], mask[part]
 
@@ -102,7 +101,7 @@ def evaluate(params: Any, metric_fn: MetricFn, source: Any,
   """
   process_index, process_count = jax.process_index(), jax.process_count()
   local_devices = jax.local_device_count()
-  sharding.per_device_batch_size(global_batch_size, process_count,
+  parallelism_lib.per_device_batch_size(global_batch_size, process_count,
                                  local_devices)
   step = make_eval_step(metric_fn, parallelism)
   num_examples = len(source)

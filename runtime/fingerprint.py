@@ -6,22 +6,27 @@ that differ in float rounding (for example 1x8 against 2x4 devices).
 """
 
 import hashlib
-from typing import Any
+from typing import Any, TypedDict
 
 import jax
 import numpy as np
 
 
-def fingerprint(tree: Any) -> dict[str, Any]:
+class Fingerprint(TypedDict):
+  """What `fingerprint` returns."""
+  sha256: str       # of every leaf's path, dtype, shape and bytes
+  abs_sum: float    # float64 sum of |x| over every element
+  num_params: int   # total element count
+
+
+def fingerprint(tree: Any) -> Fingerprint:
   """Fingerprints a pytree of arrays.
 
   Args:
     tree: replicated or host arrays; each leaf is read on this host.
 
   Returns:
-    {'sha256': hash of every leaf's path, dtype, shape and bytes,
-     'abs_sum': float64 sum of |x| over every element,
-     'num_params': total element count}.
+    A Fingerprint: sha256, abs_sum and num_params.
 
   Example:
     >>> fingerprint({'w': np.ones(3, np.float32)})['abs_sum']
@@ -36,4 +41,5 @@ def fingerprint(tree: Any) -> dict[str, Any]:
     digest.update(x.tobytes())
     abs_sum += float(np.abs(x.astype(np.float64)).sum())
     count += x.size
-  return {'sha256': digest.hexdigest(), 'abs_sum': abs_sum, 'num_params': count}
+  return Fingerprint(sha256=digest.hexdigest(), abs_sum=abs_sum,
+                     num_params=count)

@@ -7,9 +7,10 @@ the launcher's WORKDIR/logs/attempts.jsonl, when a launcher restarted the
 job) and accounts for the job's whole wall time:
 
 - per process: `startup` (process start, imports, config, devices),
-  `distributed_init`, `checkpoint_restore`, `compile` (the first step of an
-  attempt, and steps much slower than the median, which recompile),
-  `productive` (every other step), `recomputed` (steps an earlier attempt
+  `distributed_init`, `checkpoint_restore`, `compile` (the seconds JAX's
+  own compilation and compilation-cache events report, wherever they
+  happen, taken out of the step that paid for them: `on_compile`),
+  `productive` (the rest of every step), `recomputed` (steps an earlier attempt
   had already trained: lost work), `input_wait`, `checkpoint_blocking`,
   `evaluation`, `preemption_save`, and `other` (the rest of the process's
   life: building the task, writing results);
@@ -37,6 +38,7 @@ import threading
 import time
 from typing import Any, Iterator, Optional
 
+from launcher import files
 from runtime import metrics
 
 PROCESS_PARTS = ('startup', 'distributed_init', 'checkpoint_restore',
@@ -272,12 +274,9 @@ def write_rollup(workdir: str) -> dict[str, Any]:
   roll-up (see `rollup`)."""
   result = rollup(workdir)
   path = os.path.join(workdir, 'goodput.jsonl')
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'w') as f:
-    for attempt in result['attempts']:
-      f.write(json.dumps({**attempt, 'ranks': result['ranks'][
-          attempt['name']]}) + '\n')
-  os.replace(tmp, path)
+  files.write_atomic(path, ''.join(
+      json.dumps({**attempt, 'ranks': result['ranks'][attempt['name']]}) +
+      '\n' for attempt in result['attempts']))
   return result
 
 

@@ -11,8 +11,10 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from absl import logging
+from ml_collections import ConfigDict
 import numpy as np
 
+from launcher import exit_codes
 from runtime import goodput
 from runtime import metrics as metrics_lib
 from runtime import parallelism as parallelism_lib
@@ -20,8 +22,12 @@ from runtime import progress
 from runtime import step as step_lib
 
 
-class NonFiniteLossError(FloatingPointError):
-  """The loss became NaN or infinite."""
+class NonFiniteLossError(exit_codes.PodrunError, FloatingPointError):
+  """The loss became NaN or infinite (exit 1, like any workload failure)."""
+  exit_code = exit_codes.FAILED
+  # Every process sees the same pmean'd loss, but a peer may have failed
+  # first for another reason: wait for its cause as for any failure.
+  consequence_possible = True
 
 
 def check_finite(step: int, metrics: dict[str, float]) -> None:
@@ -52,10 +58,11 @@ class Run:
     eval_metrics: the newest evaluation's results, eval_*.
   """
 
-  def __init__(self, config, workdir: str, task, state: step_lib.TrainState,
-               start_step: int, parallelism: parallelism_lib.Parallelism,
-               process_index: int, writer: metrics_lib.MetricsWriter,
-               clock: goodput.StepClock, in_flight_limit: int):
+  def __init__(self, config: ConfigDict, workdir: str, task,
+               state: step_lib.TrainState, start_step: int,
+               parallelism: parallelism_lib.Parallelism, process_index: int,
+               writer: metrics_lib.MetricsWriter, clock: goodput.StepClock,
+               in_flight_limit: int):
     self.config, self.workdir, self.task = config, workdir, task
     self.parallelism, self.process_index = parallelism, process_index
     self.state, self.start_step, self.step = state, start_step, start_step

@@ -16,6 +16,7 @@ from typing import Any, Optional
 from absl import logging
 import numpy as np
 
+from launcher import files
 from runtime import tensorboard
 
 
@@ -35,12 +36,8 @@ def to_json(value: Any) -> Any:
 
 def write_json(path: str, value: Any) -> None:
   """Writes JSON through a temporary file, so readers never see half of it."""
-  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'w') as f:
-    json.dump(to_json(value), f, indent=2, sort_keys=True)
-    f.write('\n')
-  os.replace(tmp, path)
+  files.write_atomic(
+      path, json.dumps(to_json(value), indent=2, sort_keys=True) + '\n')
 
 
 def format_duration(seconds: float) -> str:
@@ -69,10 +66,7 @@ def keep_records_up_to(path: str, step: int) -> int:
         kept.append(line if line.endswith('\n') else line + '\n')
       else:
         dropped += 1
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'w') as f:
-    f.writelines(kept)
-  os.replace(tmp, path)
+  files.write_atomic(path, ''.join(kept))
   return dropped
 
 

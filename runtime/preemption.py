@@ -19,9 +19,12 @@ import threading
 import jax
 from jax.experimental import multihost_utils
 
+from launcher import exit_codes
 
-class Preempted(Exception):
+
+class Preempted(exit_codes.PodrunError):
   """The job saved a checkpoint at `step` and stops for a preemption."""
+  exit_code = exit_codes.PREEMPTED
 
   def __init__(self, step: int):
     super().__init__(f'preempted: saved the checkpoint of step {step} and '

@@ -3,7 +3,7 @@
 Parameters, model state and optimiser state are replicated arrays without a
 stacked device axis, the same on every device: the `pmean`s make the update
 identical everywhere. The step runs as a pmap or as jit(shard_map) over a
-mesh of all devices (`runtime/parallelism.py`); it is the same per-device
+mesh of all devices (`runtime/parallelism/`); it is the same per-device
 function either way.
 """
 
@@ -17,7 +17,7 @@ import optax
 from runtime import parallelism as parallelism_lib
 
 # The mesh / pmap axis that spans every device of every process.
-DATA_AXIS = parallelism_lib.DATA_AXIS
+_AXIS = parallelism_lib.DATA_AXIS
 
 # Without model state: loss_fn(params, batch[, rng]) -> (loss, metrics).
 # With it: loss_fn(params, model_state, batch[, rng])
@@ -91,12 +91,12 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     rng, step_rng = jax.random.split(state.rng)
     extra = ()
     if uses_rng:
-      extra = (jax.random.fold_in(step_rng, lax.axis_index(DATA_AXIS)),)
+      extra = (jax.random.fold_in(step_rng, lax.axis_index(_AXIS)),)
     loss, metrics, model_state, grads = _loss_and_grads(
         loss_fn, state, batch, extra, has_model_state)
-    grads = lax.pmean(grads, DATA_AXIS)
-    metrics = lax.pmean({**metrics, 'loss': loss}, DATA_AXIS)
-    model_state = lax.pmean(model_state, DATA_AXIS)
+    grads = lax.pmean(grads, _AXIS)
+    metrics = lax.pmean({**metrics, 'loss': loss}, _AXIS)
+    model_state = lax.pmean(model_state, _AXIS)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     return TrainState(params, model_state, opt_state, rng), metrics

@@ -12,9 +12,12 @@ from typing import Any, Optional, Sequence
 
 import jax
 
+from launcher import exit_codes
 
-class TopologyMismatchError(RuntimeError):
+
+class TopologyMismatchError(exit_codes.PodrunError, RuntimeError):
   """The running pod is not the pod the config or the flags describe."""
+  exit_code = exit_codes.TOPOLOGY_MISMATCH
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ log, metrics.jsonl and TensorBoard, evaluation, checkpoints, the preemption
 agreement, a profiler window and the task's own.
 
 Example (a workload):
-  >>> def train_and_evaluate(config, workdir):
+  >>> def train_and_evaluate(config: ConfigDict, workdir):
   ...   task = train.Task(params=init_params(config), loss_fn=loss_fn,
   ...                     optimizer=optax.adam(config.optimizer.learning_rate),
   ...                     data=data.ArraySource(x=xs, label=labels))
@@ -21,6 +21,7 @@ import os
 from typing import Any, Callable, Optional, Sequence
 
 import jax
+from ml_collections import ConfigDict
 import optax
 
 from runtime import checkpoint
@@ -32,7 +33,6 @@ from runtime import loop
 from runtime import metrics as metrics_lib
 from runtime import parallelism as parallelism_lib
 from runtime import prefetch
-from runtime import sharding
 from runtime import step as step_lib
 from runtime import topology as topology_lib
 
@@ -97,7 +97,7 @@ class TrainResult:
   """
   final_metrics: dict[str, float]
   eval_metrics: dict[str, float]
-  fingerprint: str
+  fingerprint: fingerprint_lib.Fingerprint
   params: Any
   model_state: Any
   start_step: int
@@ -114,7 +114,7 @@ class TrainResult:
     return {**out, **self.extra}
 
 
-def max_steps_in_flight(config, platform: str) -> int:
+def max_steps_in_flight(config: ConfigDict, platform: str) -> int:
   """How many dispatched steps may be unfinished at once.
 
   One on CPU: emulated CPU devices that queue several collective steps can
@@ -131,9 +131,9 @@ def max_steps_in_flight(config, platform: str) -> int:
   return 1 if platform == 'cpu' else 2
 
 
-def _restore(config, workdir: str, task: Task, state: step_lib.TrainState
-             ) -> tuple[Optional[checkpoint.Checkpoints], int,
-                        step_lib.TrainState]:
+def _restore(config: ConfigDict, workdir: str, task: Task,
+             state: step_lib.TrainState
+    ) -> tuple[Optional[checkpoint.Checkpoints], int, step_lib.TrainState]:
   """The checkpoint directory and the state to start from."""
   if not config.checkpointing:
     return None, 0, state
@@ -143,7 +143,7 @@ def _restore(config, workdir: str, task: Task, state: step_lib.TrainState
   return ckpt, step, state
 
 
-def _hooks(config, workdir: str, task: Task, topo, ckpt
+def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt
            ) -> list[hooks_lib.Hook]:
   """The built-in hooks, in the order they run, then the task's."""
   log = hooks_lib.LogMetrics(config.log_every, task.schedule)
@@ -164,7 +164,7 @@ def _hooks(config, workdir: str, task: Task, topo, ckpt
   return built_in + list(task.hooks)
 
 
-def train(config, workdir: str, task: Task) -> TrainResult:
+def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   """Trains `task` to step `config.steps` on every device of the job.
 
   Resumes from the latest checkpoint in the run's checkpoint directory when
@@ -189,7 +189,7 @@ def train(config, workdir: str, task: Task) -> TrainResult:
     Preempted: after saving, on a preemption notice.
   """
   topo = topology_lib.current()
-  sharding.per_device_batch_size(config.global_batch_size,
+  parallelism_lib.per_device_batch_size(config.global_batch_size,
                                  topo.process_count, topo.local_device_count)
   in_flight_limit = max_steps_in_flight(config, topo.platform)
   par = parallelism_lib.of(config)
@@ -223,7 +223,7 @@ def train(config, workdir: str, task: Task) -> TrainResult:
   return _result(run, topo, workdir)
 
 
-def _loader(config, task: Task, topo, par) -> Callable[[int], Any]:
+def _loader(config: ConfigDict, task: Task, topo, par) -> Callable[[int], Any]:
   """step -> this process's part of that step's batch, on its devices."""
   def load(step: int):
     ids = data_lib.process_batch_ids(

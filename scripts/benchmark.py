@@ -35,6 +35,8 @@ import sys
 import tempfile
 import time
 
+from ml_collections import ConfigDict
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
@@ -68,7 +70,7 @@ def _cnn_config(args):
   return config
 
 
-def _bare_examples_per_sec(config, task) -> float:
+def _bare_examples_per_sec(config: ConfigDict, task) -> float:
   """The hand-written loop: same step, same batches, nothing else."""
   from runtime import data  # pylint: disable=g-import-not-at-top
   from runtime import parallelism  # pylint: disable=g-import-not-at-top
@@ -93,7 +95,7 @@ def _bare_examples_per_sec(config, task) -> float:
   return (config.steps - 1) * config.global_batch_size / elapsed
 
 
-def _runtime_run(config, task, kind, workdir) -> dict[str, float]:
+def _runtime_run(config: ConfigDict, task, kind, workdir) -> dict[str, float]:
   from runtime import train  # pylint: disable=g-import-not-at-top
   config = config.copy_and_resolve_references()
   config.parallelism = kind

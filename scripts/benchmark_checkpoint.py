@@ -36,7 +36,6 @@ from runtime import checkpoint  # pylint: disable=g-import-not-at-top
 from runtime import data  # pylint: disable=g-import-not-at-top
 from runtime import fingerprint  # pylint: disable=g-import-not-at-top
 from runtime import parallelism  # pylint: disable=g-import-not-at-top
-from runtime import sharding  # pylint: disable=g-import-not-at-top
 from runtime import step as step_lib  # pylint: disable=g-import-not-at-top
 from runtime.workloads import mlp  # pylint: disable=g-import-not-at-top
 
@@ -94,7 +93,7 @@ def main():
   state = parallelism.PMAP.replicate(
       step_lib.init_state(task.params, task.optimizer, config.seed))
   count = jax.local_device_count()
-  batches = [sharding.split_for_devices(task.data.read_batch(
+  batches = [parallelism.split_for_devices(task.data.read_batch(
       data.process_batch_ids(s, config.global_batch_size,
                              config.data.num_examples, config.seed, 0, 1,
                              True)), count)

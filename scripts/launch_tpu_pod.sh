@@ -27,7 +27,7 @@
 #    and, once per version of pyproject.toml, installs it in ~/podrun/venv
 #    with the TPU extra (skipped with --worker_python).
 # 4. Runs `python -m launcher <launcher flags>` on all workers at once
-#    through launcher/tpu_worker.py: each line goes to LOG_DIR/worker_W.log
+#    through launcher/tpu/worker.py: each line goes to LOG_DIR/worker_W.log
 #    and, prefixed "[worker W]", to the console. The exit code is the first
 #    failing worker's (a worker's 10 means "another failed first").
 # 5. On a failure, Ctrl-C (exit 130) or SIGTERM (exit 143) every worker's
@@ -56,4 +56,4 @@ else
   py="${PODRUN_VENV:-$repo/.venv}/bin/python"
 fi
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
-exec "$py" -m launcher.tpu_pod launch "$@"
+exec "$py" -m launcher.tpu launch "$@"

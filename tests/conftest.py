@@ -19,25 +19,29 @@ _CACHE_DIR = []
 
 # Test tiers (pytest -m): `unit` needs neither devices nor processes,
 # `devices` runs in this process on its 8 emulated devices, `processes`
-# starts launcher processes. Tests that start processes in a file of another
-# tier carry @pytest.mark.processes themselves.
-_PROCESS_FILES = ('test_cli.py', 'test_gang.py', 'test_local_pod.py',
-                  'test_multihost.py', 'test_preemption.py',
-                  'test_launch_tpu_pod.py', 'test_cluster_supervision.py')
-_DEVICE_FILES = ('test_train.py', 'test_checkpoint.py', 'test_parallel.py',
-                 'test_parallelism.py', 'test_evaluate.py', 'test_mnist_cnn.py',
-                 'test_hooks.py', 'test_tensorboard.py')
+# starts launcher processes. Every test module names its tier in
+# `pytestmark`; a test that starts processes in a module of another tier
+# carries @pytest.mark.processes itself.
+TIERS = ('unit', 'devices', 'processes')
+
+
+def module_tiers(module) -> list[str]:
+  """The tier markers a test module's `pytestmark` names."""
+  marks = getattr(module, 'pytestmark', [])
+  marks = marks if isinstance(marks, list) else [marks]
+  return [m.name for m in marks if m.name in TIERS]
 
 
 def pytest_collection_modifyitems(config, items):
   del config
-  for item in items:
-    if item.get_closest_marker('processes'):
-      continue
-    name = item.path.name
-    tier = ('processes' if name in _PROCESS_FILES else
-            'devices' if name in _DEVICE_FILES else 'unit')
-    item.add_marker(getattr(pytest.mark, tier))
+  wrong = sorted({f'{item.path.name} ({", ".join(tiers) or "none"})'
+                  for item in items
+                  for tiers in [module_tiers(item.module)]
+                  if len(tiers) != 1})
+  if wrong:
+    raise pytest.UsageError(
+        'every test module names exactly one tier in `pytestmark` (one of '
+        f'{", ".join(TIERS)}); these do not: {"; ".join(wrong)}')
 
 
 def pytest_configure(config):

@@ -17,6 +17,8 @@ from runtime import train
 from runtime.workloads import linear_regression
 from runtime.workloads import mlp
 
+pytestmark = pytest.mark.devices
+
 
 def _config(steps, **fields):
   config = mlp_config.get_config()

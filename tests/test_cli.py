@@ -5,7 +5,7 @@ import pytest
 
 from tests import helpers
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
 LINEAR = 'configs/linear_regression.py'
 

@@ -13,6 +13,8 @@ from launcher import cluster
 from launcher import exit_codes
 from tests import helpers
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize('env, place', [
     ({}, cluster.Place(None, None)),

@@ -18,7 +18,7 @@ from launcher import exit_codes
 from tests import cluster
 from tests import helpers
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
 PROBE = f'--config={helpers.PROBE_CONFIG}'
 LONG = '--config.steps=1000000'

@@ -1,6 +1,10 @@
 import numpy as np
 
+import pytest
+
 from runtime import data
+
+pytestmark = pytest.mark.unit
 
 
 def test_every_process_sees_a_disjoint_part_and_together_the_global_batch():

@@ -3,6 +3,8 @@ import pytest
 from launcher import cluster
 from launcher.rank import distributed
 
+pytestmark = pytest.mark.unit
+
 
 def _options(**kwargs):
   return distributed.Options(**kwargs)

@@ -9,6 +9,8 @@ from runtime import evaluate
 from runtime import parallelism
 from runtime.workloads import mnist
 
+pytestmark = pytest.mark.devices
+
 
 @pytest.mark.parametrize('process_count', [1, 2, 4])
 def test_eval_batches_cover_every_example_once(process_count):

@@ -1,7 +1,11 @@
 import numpy as np
 
+import pytest
+
 from runtime import fingerprint
 from runtime import parallelism
+
+pytestmark = pytest.mark.unit
 
 
 def test_equal_trees_have_equal_fingerprints_on_device_or_host():

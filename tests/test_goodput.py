@@ -13,6 +13,9 @@ import pytest
 from runtime import goodput
 from tests import helpers
 
+pytestmark = pytest.mark.unit
+
+
 PROBE = f'--config={helpers.PROBE_CONFIG}'
 
 

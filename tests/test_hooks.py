@@ -17,6 +17,8 @@ from runtime import train
 from runtime.workloads import linear_regression
 from tests import helpers
 
+pytestmark = pytest.mark.devices
+
 
 class _Recorder(hooks.Periodic):
   """Records the steps it ran at and the parameters it saw then."""

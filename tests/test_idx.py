@@ -8,6 +8,8 @@ import pytest
 from runtime import idx
 from runtime.workloads import mnist
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize('name', ['images-idx3-ubyte', 'images-idx3-ubyte.gz'])
 def test_round_trip(tmp_path, name):

@@ -26,7 +26,7 @@ import pytest
 from launcher import exit_codes
 from tests import helpers
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 SCRIPT = str(helpers.REPO / 'scripts' / 'launch_tpu_pod.sh')
 FAKE_BIN = helpers.REPO / 'tests' / 'fake_gcloud'

@@ -7,6 +7,8 @@ import pytest
 
 from launcher.rank import lease as lease_lib
 
+pytestmark = pytest.mark.unit
+
 
 def _holder(path):
   return json.loads((path / lease_lib.LEASE_FILE).read_text())

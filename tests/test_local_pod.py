@@ -9,7 +9,7 @@ from runtime.workloads import linear_regression
 from tests import helpers
 from tests.reference import single_device_descent
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 LINEAR = 'configs/linear_regression.py'
 STEPS = '--config.steps=60'

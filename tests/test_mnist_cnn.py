@@ -10,6 +10,9 @@ from runtime.workloads import mnist
 from runtime.workloads import mnist_cnn
 from tests import helpers
 
+pytestmark = pytest.mark.devices
+
+
 _SMALL = ['--config.model.features=(4, 8)', '--config.model.dense=16',
           '--config.optimizer.warmup_steps=3',
           '--config.optimizer.decay_steps=20', '--config.eval_batch_size=128']

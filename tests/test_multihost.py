@@ -11,7 +11,7 @@ import pytest
 
 from tests import helpers
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
 
 def test_two_hosts_with_explicit_coordinator_flags(tmp_path):

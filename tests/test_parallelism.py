@@ -17,6 +17,8 @@ from runtime.workloads import mlp
 from runtime.workloads import mnist
 from tests import helpers
 
+pytestmark = pytest.mark.devices
+
 
 def test_unknown_parallelism_names_the_choices():
   with pytest.raises(ValueError, match="'pmap', 'shard_map'") as e:

@@ -6,7 +6,12 @@ import sys
 
 import numpy as np
 
+import pytest
+
 from tests import helpers
+
+pytestmark = pytest.mark.unit
+
 
 SCRIPT = str(helpers.REPO / 'scripts' / 'plot_metrics.py')
 

@@ -19,7 +19,7 @@ import pytest
 from launcher import exit_codes
 from tests import helpers
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 STEPS = 60
 PROBE = [f'--config={helpers.PROBE_CONFIG}', '--config.log_every=1',

@@ -7,6 +7,8 @@ import pytest
 
 from runtime import prefetch
 
+pytestmark = pytest.mark.unit
+
 
 def test_batches_come_in_step_order_and_ahead_of_time():
   made = []

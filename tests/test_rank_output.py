@@ -1,7 +1,11 @@
 import io
 
+import pytest
+
 from launcher import cli
 from launcher import rank_output
+
+pytestmark = pytest.mark.unit
 
 
 def test_prefixed_stream_prefixes_every_line_once():

@@ -5,6 +5,8 @@ import pytest
 from launcher import exit_codes
 from launcher import restart
 
+pytestmark = pytest.mark.unit
+
 
 def test_preemption_is_always_retryable_and_user_errors_never():
   assert restart.kind_of(exit_codes.PREEMPTED, ()) == 'preempted'

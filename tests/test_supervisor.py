@@ -9,6 +9,8 @@ from launcher.rank import peers
 from launcher.rank import supervisor
 from runtime import progress
 
+pytestmark = pytest.mark.unit
+
 
 def _record(begun, done=None, host='h', own=None, step=None, count=20):
   return {'begun': begun, 'done': done, 'host': host,

@@ -10,6 +10,8 @@ from runtime import train
 from runtime.workloads import linear_regression
 from tests import helpers
 
+pytestmark = pytest.mark.devices
+
 
 def _scalars(logdir) -> dict[str, list[tuple[int, float]]]:
   """{tag: [(step, value), ...]} as TensorBoard loads them."""

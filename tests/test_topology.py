@@ -4,6 +4,8 @@ from ml_collections import config_dict
 
 from runtime import topology
 
+pytestmark = pytest.mark.unit
+
 
 def _config_topology(**values):
   t = config_dict.ConfigDict()

@@ -8,9 +8,12 @@ import tarfile
 import pytest
 
 from launcher import exit_codes
-from launcher import tpu_accelerators
-from launcher import tpu_pod
+from launcher.tpu import accelerators
+from launcher.tpu import bundle
+from launcher.tpu import preflight
 from tests import helpers
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize('name, chips, hosts, devices_per_host', [
@@ -29,7 +32,7 @@ from tests import helpers
     ('V6E-64', 64, 16, 4),
 ])
 def test_slice_topology(name, chips, hosts, devices_per_host):
-  t = tpu_accelerators.slice_topology(name)
+  t = accelerators.slice_topology(name)
   assert (t.chips, t.hosts, t.devices_per_host) == (chips, hosts,
                                                     devices_per_host)
   assert t.devices == hosts * devices_per_host
@@ -44,8 +47,8 @@ def test_slice_topology(name, chips, hosts, devices_per_host):
     ('v6e-2', 'v6e slices have 1, 4, 8, 16, 32, 64, 128, 256 chips, not 2'),
 ])
 def test_unknown_accelerator_types_say_what_exists(name, message):
-  with pytest.raises(tpu_accelerators.AcceleratorTypeError, match=message):
-    tpu_accelerators.slice_topology(name)
+  with pytest.raises(accelerators.AcceleratorTypeError, match=message):
+    accelerators.slice_topology(name)
 
 
 class FakeTpuApi:
@@ -94,7 +97,7 @@ def run_preflight(c, expected=None, timeout_s=60):
   def sleep(s):
     waits.append(s)
     clock[0] += s
-  info = tpu_pod.preflight(c, expected, timeout_s, interval_s=10, sleep=sleep,
+  info = preflight.preflight(c, expected, timeout_s, interval_s=10, sleep=sleep,
                            clock=lambda: clock[0], log=lambda m: None)
   return info, waits
 
@@ -120,7 +123,7 @@ def test_unhealthy_then_healthy_waits():
 
 
 def test_never_healthy_times_out_naming_state_and_health():
-  with pytest.raises(tpu_pod.PodUnavailableError,
+  with pytest.raises(preflight.PodUnavailableError,
                      match='state=READY health=UNHEALTHY_TENSORFLOW after 30 s'):
     run_preflight(client(node(health='UNHEALTHY_TENSORFLOW')), timeout_s=30)
 
@@ -128,19 +131,19 @@ def test_never_healthy_times_out_naming_state_and_health():
 @pytest.mark.parametrize('state', ['PREEMPTED', 'TERMINATED'])
 def test_preempted_pod_fails_at_once_and_is_not_recoverable(state):
   c = client(node(state=state, health=None))
-  with pytest.raises(tpu_pod.PodUnavailableError,
+  with pytest.raises(preflight.PodUnavailableError,
                      match=f'my-pod is {state}: it will not come back'):
     run_preflight(c)
-  ok, why = tpu_pod.recoverable(c)
+  ok, why = preflight.recoverable(c)
   assert not ok and f'state={state}' in why
 
 
 def test_ready_pod_is_recoverable():
-  assert tpu_pod.recoverable(client(node()))[0]
+  assert preflight.recoverable(client(node()))[0]
 
 
 def test_wrong_accelerator_type_names_both_sides():
-  with pytest.raises(tpu_pod.PodMismatchError) as e:
+  with pytest.raises(preflight.PodMismatchError) as e:
     run_preflight(client(node(accelerator_type='v4-32', workers=4)),
                   expected='v4-16')
   assert ('config.topology.accelerator_type expects v4-16, but TPU my-pod is '
@@ -149,14 +152,14 @@ def test_wrong_accelerator_type_names_both_sides():
 
 
 def test_wrong_worker_count_names_both_sides():
-  with pytest.raises(tpu_pod.PodMismatchError) as e:
+  with pytest.raises(preflight.PodMismatchError) as e:
     run_preflight(client(node(accelerator_type='v4-32', workers=3)))
   assert 'v4-32 has 4 host(s)' in str(e.value)
   assert 'lists 3 worker endpoint(s)' in str(e.value)
 
 
 def test_both_problems_in_one_error():
-  with pytest.raises(tpu_pod.PodMismatchError, match='2 problem'):
+  with pytest.raises(preflight.PodMismatchError, match='2 problem'):
     run_preflight(client(node(accelerator_type='v4-32', workers=3)),
                   expected='v5p-8')
 
@@ -169,11 +172,11 @@ def test_expected_type_comes_from_the_config_and_its_override(tmp_path):
       '  c = linear_regression.get_config()\n'
       '  c.topology.accelerator_type = "v4-16"\n'
       '  return c\n')
-  assert tpu_pod.expected_accelerator_type([f'--config={config}']) == 'v4-16'
-  assert tpu_pod.expected_accelerator_type(
+  assert preflight.expected_accelerator_type([f'--config={config}']) == 'v4-16'
+  assert preflight.expected_accelerator_type(
       [f'--config={config}',
        '--config.topology.accelerator_type=v4-32']) == 'v4-32'
-  assert tpu_pod.expected_accelerator_type(
+  assert preflight.expected_accelerator_type(
       ['--config=configs/linear_regression.py']) is None
 
 
@@ -189,8 +192,8 @@ def test_bundle_is_reproducible_and_honours_gitignore(tmp_path):
   (repo / 'sub').mkdir()
   (repo / 'sub' / 'b.sh').write_text('echo hi\n')
   (repo / 'sub' / 'b.sh').chmod(0o755)
-  first = tpu_pod.bundle(str(tmp_path / 'one.tar.gz'), str(repo))
-  second = tpu_pod.bundle(str(tmp_path / 'two.tar.gz'), str(repo))
+  first = bundle.bundle(str(tmp_path / 'one.tar.gz'), str(repo))
+  second = bundle.bundle(str(tmp_path / 'two.tar.gz'), str(repo))
   assert first == second == hashlib.sha256(
       (tmp_path / 'one.tar.gz').read_bytes()).hexdigest()
   with tarfile.open(tmp_path / 'one.tar.gz') as tar:
@@ -198,14 +201,14 @@ def test_bundle_is_reproducible_and_honours_gitignore(tmp_path):
   assert sorted(members) == ['.gitignore', 'a.py', 'sub/b.sh']
   assert members['sub/b.sh'].mode == 0o755
   (repo / 'a.py').write_text('print(2)\n')
-  assert tpu_pod.bundle(str(tmp_path / 'three.tar.gz'), str(repo)) != first
+  assert bundle.bundle(str(tmp_path / 'three.tar.gz'), str(repo)) != first
 
 
 def test_cli_preflight_exit_codes_without_a_reachable_api(tmp_path):
   # No credentials and no network here: the client cannot read the pod, and
   # the helper says so with POD_UNAVAILABLE rather than a traceback.
   result = subprocess.run(
-      [sys.executable, '-m', 'launcher.tpu_pod', 'preflight', '--tpu=x',
+      [sys.executable, '-m', 'launcher.tpu', 'preflight', '--tpu=x',
        '--zone=z', '--project=p', '--wait_healthy=0', '--',
        '--config=configs/linear_regression.py'],
       cwd=helpers.REPO, capture_output=True, text=True, timeout=120,
@@ -219,7 +222,7 @@ def test_cli_preflight_exit_codes_without_a_reachable_api(tmp_path):
 def test_missing_application_default_credentials_say_what_to_run():
   class DefaultCredentialsError(Exception):
     pass
-  message = tpu_pod.explain_api_error(
+  message = preflight.explain_api_error(
       'my-pod', DefaultCredentialsError('Could not automatically determine '
                                         'credentials.'))
   assert 'Run `gcloud auth application-default login`' in message

@@ -17,6 +17,8 @@ from runtime.workloads import linear_regression
 from runtime.workloads import mlp
 from tests.reference import single_device_descent
 
+pytestmark = pytest.mark.devices
+
 
 def assert_trees_close(a, b, rtol, atol):
   jax.tree_util.tree_map(

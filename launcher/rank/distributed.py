@@ -16,6 +16,7 @@ from typing import Mapping, MutableMapping, Optional
 from absl import logging
 
 from launcher import cluster
+from launcher import exit_codes
 from launcher.rank import roll_call
 
 EXPLICIT = 'explicit'  # All of coordinator, count and id given.
@@ -31,8 +32,9 @@ _PROXY_VARS = ('http_proxy', 'https_proxy', 'grpc_proxy', 'all_proxy',
                'HTTP_PROXY', 'HTTPS_PROXY', 'GRPC_PROXY', 'ALL_PROXY')
 
 
-class DistributedInitError(RuntimeError):
+class DistributedInitError(exit_codes.PodrunError, RuntimeError):
   """jax.distributed could not start; the message says why and what to do."""
+  exit_code = exit_codes.DISTRIBUTED_INIT_FAILED
 
 
 @dataclasses.dataclass(frozen=True)

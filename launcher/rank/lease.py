@@ -34,12 +34,16 @@ from typing import Callable, Optional
 from absl import logging
 from etils import epath
 
+from launcher import exit_codes
+from launcher import files
+
 LEASE_FILE = '.podrun_lease.json'
 _SETTLE_S = 1.0
 
 
-class WorkdirBusyError(RuntimeError):
+class WorkdirBusyError(exit_codes.PodrunError, RuntimeError):
   """Another live job holds the lease on a directory this job would use."""
+  exit_code = exit_codes.WORKDIR_BUSY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,10 +104,7 @@ def _write(path: epath.Path, holder: Holder) -> None:
   if not _is_local(str(path)):
     path.write_text(text)
     return
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'w') as f:
-    f.write(text)
-  os.replace(tmp, str(path))
+  files.write_atomic(str(path), text)
 
 
 class Lease:

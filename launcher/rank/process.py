@@ -16,47 +16,31 @@ import sys
 import time
 import traceback
 import uuid
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 from absl import logging
+from ml_collections import ConfigDict
 
 from launcher import cluster
 from launcher import exit_codes
-from launcher import rank_output
-from launcher import tpu_accelerators
-from launcher import workload
+from launcher.rank import compilation
 from launcher.rank import devices
 from launcher.rank import distributed
 from launcher.rank import lease as lease_lib
 from launcher.rank import peers as peers_lib
 from launcher.rank import roll_call
 from launcher.rank import supervisor as supervisor_lib
+from launcher import rank_output
+from launcher.tpu import accelerators
+from launcher import workload
 from runtime import checkpoint
 from runtime import coordination
 from runtime import goodput
-from runtime import idx
 from runtime import metrics
-from runtime import parallel
-from runtime import preemption
-from runtime import sharding
 from runtime import topology
 
 # Set by the TPU pod driver on every worker: how many processes must join.
 EXPECTED_PROCESSES_ENV = 'PODRUN_EXPECTED_PROCESSES'
-
-_KNOWN_ERRORS = (
-    (workload.ConfigError, exit_codes.CONFIG_ERROR),
-    (cluster.ClusterEnvError, exit_codes.CONFIG_ERROR),
-    (sharding.BatchSizeError, exit_codes.CONFIG_ERROR),
-    (parallel.DeviceAxisError, exit_codes.CONFIG_ERROR),
-    (topology.TopologyMismatchError, exit_codes.TOPOLOGY_MISMATCH),
-    (distributed.DistributedInitError, exit_codes.DISTRIBUTED_INIT_FAILED),
-    (checkpoint.CheckpointError, exit_codes.CHECKPOINT_ERROR),
-    (idx.IdxError, exit_codes.CONFIG_ERROR),
-    (preemption.Preempted, exit_codes.PREEMPTED),
-    (lease_lib.WorkdirBusyError, exit_codes.WORKDIR_BUSY),
-    (coordination.BarrierTimeout, exit_codes.STALLED),
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,13 +73,13 @@ class _Running:
   ledger: goodput.Ledger = dataclasses.field(default_factory=goodput.Ledger)
 
 
-def _terminate(signum, frame):
+def _terminate(signum, frame) -> NoReturn:
   del frame
   # Unwind the stack so `finally` blocks run; the launcher kills what stays.
   raise SystemExit(exit_codes.SIGNAL_BASE + signum)
 
 
-def _summary(config, topo: topology.Topology, results: Any,
+def _summary(config: ConfigDict, topo: topology.Topology, results: Any,
              ranks: list[dict[str, Any]]) -> dict[str, Any]:
   """summary.json; results are a workload's TrainResult or its own dict."""
   if hasattr(results, 'summary'):
@@ -118,14 +102,14 @@ def _summary(config, topo: topology.Topology, results: Any,
   }
 
 
-def _implied_by_accelerator(config) -> list[topology.Expectation]:
+def _implied_by_accelerator(config: ConfigDict) -> list[topology.Expectation]:
   """What config.topology.accelerator_type says of the pod, if it is set."""
   name = (config.get('topology') or {}).get('accelerator_type')
   if not name:
     return []
   try:
-    slice_ = tpu_accelerators.slice_topology(name)
-  except tpu_accelerators.AcceleratorTypeError as e:
+    slice_ = accelerators.slice_topology(name)
+  except accelerators.AcceleratorTypeError as e:
     raise workload.ConfigError(f'config.topology.accelerator_type: {e}')
   source = f'config.topology.accelerator_type={name}'
   return [topology.Expectation('platform', 'tpu', source),
@@ -149,7 +133,7 @@ def _implied_by_pod_launch() -> list[topology.Expectation]:
       'scripts/launch_tpu_pod.sh)')]
 
 
-def _join(config, workdir: str, options: Options, supervised: bool
+def _join(config: ConfigDict, workdir: str, options: Options, supervised: bool
           ) -> tuple[str, list[topology.Expectation]]:
   """Devices and jax.distributed; returns the mode and what the pod must be."""
   mode = distributed.plan(options.distributed)
@@ -200,7 +184,7 @@ def _job_id() -> str:
   return uuid.uuid4().hex
 
 
-def _take_lease(config, workdir: str, options: Options,
+def _take_lease(config: ConfigDict, workdir: str, options: Options,
                 supervisor: supervisor_lib.Supervisor
                 ) -> Optional[lease_lib.Lease]:
   """Process 0 leases the workdir (and checkpoint directory) for the job.
@@ -235,7 +219,7 @@ def _take_lease(config, workdir: str, options: Options,
   return lease
 
 
-def _run(config, workdir: str, options: Options, supervised: bool,
+def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
          running: _Running) -> None:
   mode, expected = _join(config, workdir, options, supervised)
   coordination.set_default_timeout(options.supervision.barrier_timeout)
@@ -245,7 +229,7 @@ def _run(config, workdir: str, options: Options, supervised: bool,
   actual = topology.current()
   _open_ledger(running.ledger, workdir, running.supervisor.job,
                actual.process_index)
-  _use_compilation_cache(options.compilation_cache_dir, workdir)
+  compilation.use_cache(options.compilation_cache_dir, workdir)
   topology.check(expected, actual)
   if actual.process_index == 0:
     logging.info('topology: %s', actual.describe())
@@ -279,43 +263,11 @@ def _attempt_name(job: Optional[coordination.Job]) -> str:
 def _open_ledger(ledger: goodput.Ledger, workdir: str,
                  job: Optional[coordination.Job], process_index: int) -> None:
   """Starts writing this process's goodput ledger and counting compilation."""
-  import jax  # pylint: disable=g-import-not-at-top
   goodput.open_ledger(ledger, workdir, _attempt_name(job), process_index)
-
-  def on_duration(event: str, duration: float, **kwargs) -> None:
-    del kwargs
-    if event.startswith('/jax/core/compile/') or event == (
-        '/jax/compilation_cache/cache_retrieval_time_sec'):
-      goodput.on_compile(duration)
-
-  def on_event(event: str, **kwargs) -> None:
-    del kwargs
-    if event == '/jax/compilation_cache/cache_hits':
-      ledger.note(compile_cache_hits=ledger.notes.get(
-          'compile_cache_hits', 0) + 1)
-
-  jax.monitoring.register_event_duration_secs_listener(on_duration)
-  jax.monitoring.register_event_listener(on_event)
+  compilation.count_into(ledger)
 
 
-def _use_compilation_cache(directory: Optional[str], workdir: str) -> None:
-  """JAX's persistent compilation cache, so that a restart skips compiling.
-
-  Every attempt of the job reaches it: WORKDIR/compilation_cache unless
-  --compilation_cache_dir names another place (a gs:// path works where JAX
-  supports it); '' turns it off.
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  if directory == '':
-    return
-  path = directory or os.path.join(workdir, 'compilation_cache')
-  jax.config.update('jax_compilation_cache_dir', path)
-  # Cache every program: on a restart even short compilations add up.
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
-  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
-
-
-def _finish(config, workdir: str, actual: topology.Topology,
+def _finish(config: ConfigDict, workdir: str, actual: topology.Topology,
             results: Any,
             supervisor: supervisor_lib.Supervisor,
             ledger: goodput.Ledger) -> None:
@@ -336,22 +288,7 @@ def _finish(config, workdir: str, actual: topology.Topology,
   supervisor.stop()
 
 
-def _exit_code_of(error: BaseException) -> tuple[int, bool, str]:
-  """(exit code, whether another process may be at fault, one-line summary)."""
-  if isinstance(error, SystemExit):
-    code = error.code if isinstance(error.code, int) else (
-        0 if error.code is None else 1)
-    return code, True, f'SystemExit({error.code!r})'
-  if isinstance(error, KeyboardInterrupt):
-    return exit_codes.SIGNAL_BASE + signal.SIGINT, False, 'KeyboardInterrupt'
-  summary = peers_lib.first_line(error)
-  code = next((c for t, c in _KNOWN_ERRORS if isinstance(error, t)), None)
-  if code is None:
-    return exit_codes.FAILED, True, summary
-  return code, False, summary
-
-
-def run(config, workdir: str, options: Options) -> int:
+def run(config: ConfigDict, workdir: str, options: Options) -> int:
   """Runs the job in this process and returns its exit code.
 
   A failing process publishes its cause to the others (supervisor.py) and
@@ -376,10 +313,10 @@ def run(config, workdir: str, options: Options) -> int:
   try:
     _run(config, workdir, options, supervised, running)
   except BaseException as e:  # pylint: disable=broad-except
-    code, may_be_consequence, summary = _exit_code_of(e)
-    own_code = code
+    code = own_code = exit_codes.code_of(e)
     if code not in (exit_codes.OK, exit_codes.PREEMPTED) and running.supervisor:
-      code = running.supervisor.fail(code, summary, may_be_consequence)
+      code = running.supervisor.fail(code, _summary_line(e),
+                                     exit_codes.may_be_consequence(e))
     _log_failure(e, own_code, consequence=code == exit_codes.PEER_FAILED)
   finally:
     running.ledger.flush(final=True)
@@ -390,6 +327,15 @@ def run(config, workdir: str, options: Options) -> int:
     sys.stderr.flush()
     os._exit(code)  # pylint: disable=protected-access
   return code
+
+
+def _summary_line(error: BaseException) -> str:
+  """What the other processes are told of this one's failure."""
+  if isinstance(error, SystemExit):
+    return f'SystemExit({error.code!r})'
+  if isinstance(error, KeyboardInterrupt):
+    return 'KeyboardInterrupt'
+  return peers_lib.first_line(error)
 
 
 def _log_failure(error: BaseException, code: int, consequence: bool) -> None:

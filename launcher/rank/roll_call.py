@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Optional
+from typing import NoReturn, Optional
 
 from absl import logging
 
@@ -122,7 +122,7 @@ class Watch:
             'hosts, this process can only see itself). Start them, or check '
             'their logs for an earlier error.')
 
-  def _fire(self) -> None:
+  def _fire(self) -> NoReturn:
     logging.error('%s', self.message())
     sys.stdout.flush()
     sys.stderr.flush()

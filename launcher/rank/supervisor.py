@@ -32,7 +32,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, NoReturn, Optional
 
 from absl import logging
 
@@ -79,7 +79,7 @@ def _flush(code: int) -> None:
       pass
 
 
-def _flush_and_exit(code: int) -> None:
+def _flush_and_exit(code: int) -> NoReturn:
   _flush(code)
   os._exit(code)  # pylint: disable=protected-access
 

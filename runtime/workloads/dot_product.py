@@ -13,21 +13,20 @@ from typing import Any
 import jax
 from jax import lax
 import jax.numpy as jnp
+from ml_collections import ConfigDict
 import numpy as np
 
-from runtime import parallel
+from runtime import parallelism
 from runtime import progress
-from runtime import sharding
-from runtime import step
 from runtime import topology
 
 
-def make_vectors(config, process_index: int, process_count: int
+def make_vectors(config: ConfigDict, process_index: int, process_count: int
                  ) -> tuple[np.ndarray, np.ndarray]:
   """This process's share of the pairs: two (num_pairs / processes, 3) arrays."""
   n = config.num_pairs // process_count
   if n * process_count != config.num_pairs:
-    raise sharding.BatchSizeError(
+    raise parallelism.BatchSizeError(
         f'config.num_pairs={config.num_pairs} does not divide over '
         f'{process_count} processes')
   rng = np.random.default_rng([config.seed, process_index])
@@ -35,7 +34,7 @@ def make_vectors(config, process_index: int, process_count: int
           rng.standard_normal((n, 3), np.float32))
 
 
-def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(config: ConfigDict, workdir: str) -> dict[str, Any]:
   """Compares the two ways of computing the dot products; returns shapes and
   whether they agree, on this process and on all of them."""
   del workdir
@@ -44,17 +43,17 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   dot_batched = jax.jit(jax.vmap(jnp.dot))
   flat = np.asarray(dot_batched(v1s, v2s))
 
-  dot_parallel = parallel.device_map(jax.vmap(jnp.dot))
+  dot_parallel = parallelism.device_map(jax.vmap(jnp.dot))
   if config.reshape:
-    v1s = sharding.split_for_devices(v1s, topo.local_device_count, 'v1s')
-    v2s = sharding.split_for_devices(v2s, topo.local_device_count, 'v2s')
+    v1s = parallelism.split_for_devices(v1s, topo.local_device_count, 'v1s')
+    v2s = parallelism.split_for_devices(v2s, topo.local_device_count, 'v2s')
   per_device = np.asarray(dot_parallel(v1s, v2s))
 
   equal = bool(np.array_equal(per_device.reshape(-1), flat))
   max_abs_diff = float(np.max(np.abs(per_device.reshape(-1) - flat)))
   # Agreement on every process, through one collective over all devices.
-  all_equal = parallel.device_map(
-      lambda x: lax.pmin(x, step.DATA_AXIS))(
+  all_equal = parallelism.device_map(
+      lambda x: lax.pmin(x, parallelism.DATA_AXIS))(
           np.full(topo.local_device_count, equal, np.int32))
   progress.report(1, topo.process_index, force=True)
   return {

@@ -7,6 +7,7 @@ processes or devices train, so every topology learns the same model.
 """
 
 import jax.numpy as jnp
+from ml_collections import ConfigDict
 import numpy as np
 import optax
 
@@ -14,7 +15,7 @@ from runtime import data
 from runtime import train
 
 
-def make_dataset(config) -> dict[str, np.ndarray]:
+def make_dataset(config: ConfigDict) -> dict[str, np.ndarray]:
   """The whole data set and the truth it was drawn from.
 
   Returns:
@@ -31,7 +32,7 @@ def make_dataset(config) -> dict[str, np.ndarray]:
   return {'x': x, 'y': y, 'true_weight': true_weight, 'true_bias': true_bias}
 
 
-def init_params(config) -> dict[str, np.ndarray]:
+def init_params(config: ConfigDict) -> dict[str, np.ndarray]:
   """{'weight': (features,), 'bias': ()} float32, drawn from the seed."""
   rng = np.random.default_rng([config.seed, 1])
   return {'weight': rng.normal(size=config.data.features).astype(np.float32),
@@ -44,7 +45,7 @@ def loss_fn(params, batch) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
   return jnp.mean((prediction - batch['y']) ** 2), {}
 
 
-def make_task(config) -> tuple[train.Task, dict[str, np.ndarray]]:
+def make_task(config: ConfigDict) -> tuple[train.Task, dict[str, np.ndarray]]:
   """The training task and the data set behind it."""
   dataset = make_dataset(config)
   task = train.Task(
@@ -55,7 +56,7 @@ def make_task(config) -> tuple[train.Task, dict[str, np.ndarray]]:
   return task, dataset
 
 
-def train_and_evaluate(config, workdir: str) -> train.TrainResult:
+def train_and_evaluate(config: ConfigDict, workdir: str) -> train.TrainResult:
   """Trains the model; adds the learned and the true parameters."""
   task, dataset = make_task(config)
   result = train.train(config, workdir, task)

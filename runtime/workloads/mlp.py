@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from ml_collections import ConfigDict
 import numpy as np
 import optax
 
@@ -16,7 +17,7 @@ from runtime import data
 from runtime import train
 
 
-def make_dataset(config) -> dict[str, np.ndarray]:
+def make_dataset(config: ConfigDict) -> dict[str, np.ndarray]:
   """{'x': (num_examples, features) float32, 'label': (num_examples,) int32}."""
   rng = np.random.default_rng(config.seed)
   features = config.data.features
@@ -25,7 +26,7 @@ def make_dataset(config) -> dict[str, np.ndarray]:
   return {'x': x, 'label': np.argmax(x @ teacher, axis=1).astype(np.int32)}
 
 
-def init_params(config) -> dict[str, Any]:
+def init_params(config: ConfigDict) -> dict[str, Any]:
   """Glorot-scaled weights and zero biases, drawn from the seed."""
   rng = np.random.default_rng([config.seed, 1])
   sizes = (config.data.features, config.model.hidden, config.data.num_classes)
@@ -53,7 +54,7 @@ def loss_fn(params, batch) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
   return loss, {'accuracy': accuracy}
 
 
-def make_task(config) -> tuple[train.Task, dict[str, np.ndarray]]:
+def make_task(config: ConfigDict) -> tuple[train.Task, dict[str, np.ndarray]]:
   dataset = make_dataset(config)
   task = train.Task(
       params=init_params(config),
@@ -63,7 +64,7 @@ def make_task(config) -> tuple[train.Task, dict[str, np.ndarray]]:
   return task, dataset
 
 
-def train_and_evaluate(config, workdir: str) -> train.TrainResult:
+def train_and_evaluate(config: ConfigDict, workdir: str) -> train.TrainResult:
   """Trains the MLP; adds its accuracy on the whole data set."""
   task, dataset = make_task(config)
   result = train.train(config, workdir, task)

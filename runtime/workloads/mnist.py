@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from ml_collections import ConfigDict
 import numpy as np
 import optax
 
@@ -103,7 +104,7 @@ def write_synthetic(data_dir: str, num_train: int = 60000,
   return arrays
 
 
-def init_params(config, num_features: int) -> dict[str, Any]:
+def init_params(config: ConfigDict, num_features: int) -> dict[str, Any]:
   """Glorot-scaled weights and zero biases: features -> hidden... -> 10."""
   rng = np.random.default_rng([config.seed, 1])
   sizes = (num_features, *config.model.hidden_sizes, NUM_CLASSES)
@@ -151,7 +152,7 @@ def sources(dataset: dict[str, np.ndarray]) -> dict[str, data.ArraySource]:
           for split in ('train', 'test')}
 
 
-def make_task(config, dataset: dict[str, np.ndarray]) -> train.Task:
+def make_task(config: ConfigDict, dataset: dict[str, np.ndarray]) -> train.Task:
   split = sources(dataset)
   return train.Task(
       params=init_params(config, dataset['train_images'].shape[1]),
@@ -163,7 +164,7 @@ def make_task(config, dataset: dict[str, np.ndarray]) -> train.Task:
           parallelism.of(config)))
 
 
-def train_and_evaluate(config, workdir: str) -> train.TrainResult:
+def train_and_evaluate(config: ConfigDict, workdir: str) -> train.TrainResult:
   """Trains on the train split; eval_* are the exact test-split metrics."""
   dataset = load(config.data_dir)
   return train.train(config, workdir, make_task(config, dataset))

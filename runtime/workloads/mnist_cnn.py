@@ -11,6 +11,7 @@ import functools
 from flax import nnx
 import jax
 import jax.numpy as jnp
+from ml_collections import ConfigDict
 import optax
 
 from runtime import evaluate
@@ -69,7 +70,7 @@ def _example_metrics(graphdef, variables, batch):
           'accuracy': (jnp.argmax(logits, -1) == labels).astype(jnp.float32)}
 
 
-def make_task(config, dataset) -> train.Task:
+def make_task(config: ConfigDict, dataset) -> train.Task:
   """The task: the model's params and batch_stats, drawn from config.seed."""
   model = CNN(tuple(config.model.features), config.model.dense,
               config.model.dropout, nnx.Rngs(config.seed))
@@ -93,7 +94,7 @@ def make_task(config, dataset) -> train.Task:
           parallelism.of(config)))
 
 
-def train_and_evaluate(config, workdir: str) -> train.TrainResult:
+def train_and_evaluate(config: ConfigDict, workdir: str) -> train.TrainResult:
   """Trains on the train split; eval_* are the exact test-split metrics."""
   return train.train(config, workdir,
                      make_task(config, mnist.load(config.data_dir)))

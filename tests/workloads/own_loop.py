@@ -5,13 +5,14 @@ import time
 
 import jax
 from jax import lax
+from ml_collections import ConfigDict
 import numpy as np
 
 from runtime import parallelism
 from runtime import progress
 
 
-def train_and_evaluate(config, workdir):
+def train_and_evaluate(config: ConfigDict, workdir):
   del workdir
   par = parallelism.of(config)
   total = par.map(lambda x: lax.psum(x.sum(), parallelism.DATA_AXIS),

@@ -2,8 +2,9 @@
 
 Config fields (see probe_config.py): `fail_rank` at `fail_step` (the step
 whose batch is being loaded, 0-based) exits with `fail_code`, raises, or
-sleeps forever, as `fail_mode` says; `fail_mode='sleep'` pauses
-for `fail_seconds` and goes on; `fail_mode='slow'` pauses that long at every
+sleeps forever, as `fail_mode` says (`'podrun_error'` raises a PodrunError
+carrying `fail_code`, as a workload that chooses its exit code does);
+`fail_mode='sleep'` pauses for `fail_seconds` and goes on; `fail_mode='slow'` pauses that long at every
 step from `fail_step` on (a straggler); `record_ids` saves which example ids
 each rank loaded to WORKDIR/ids/rank_<i>.npy, shape (steps, ids per rank);
 `ballast_floats` adds an untrained parameter of that many random floats, to make
@@ -18,18 +19,24 @@ import sys
 import time
 
 import jax
+from ml_collections import ConfigDict
 import numpy as np
 
+from launcher import exit_codes
 from runtime import train
 from runtime.workloads import linear_regression
 
 
-def _misbehave(config) -> None:
+def _misbehave(config: ConfigDict) -> None:
   print(f'probe: {config.fail_mode} at {time.time():.6f}', flush=True)
   if config.fail_mode == 'exit':
     sys.exit(config.fail_code)
   if config.fail_mode == 'raise':
     raise RuntimeError(f'probe: rank {jax.process_index()} raises on purpose')
+  if config.fail_mode == 'podrun_error':
+    raise exit_codes.PodrunError(
+        f'probe: rank {jax.process_index()} chooses exit code '
+        f'{config.fail_code}', exit_code=config.fail_code)
   if config.fail_mode == 'hang':
     time.sleep(3600)
   if config.fail_mode in ('sleep', 'slow'):
@@ -38,7 +45,7 @@ def _misbehave(config) -> None:
   raise ValueError(f'unknown fail_mode {config.fail_mode!r}')
 
 
-def train_and_evaluate(config, workdir):
+def train_and_evaluate(config: ConfigDict, workdir):
   task, dataset = linear_regression.make_task(config)
   seen = []
 

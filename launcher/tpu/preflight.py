@@ -1,47 +1,35 @@
-"""Checks a Cloud TPU pod before a launch and after a failure; bundles the code.
+"""Checks a Cloud TPU pod through cloud-tpu-client, before a launch and
+after a failure.
 
-scripts/launch_tpu_pod.sh calls this module on the machine it runs on:
+`preflight` waits until the pod is READY and HEALTHY, then checks its
+accelerator type against `config.topology.accelerator_type` (when the config
+sets one) and its worker endpoints against the hosts that type implies;
+`recoverable` says whether a relaunch on it makes sense. cloud-tpu-client is
+imported only here, and only when a client is made: importing it defines an
+absl flag.
 
-  python -m launcher.tpu_pod launch <the script's flags> -- <launcher flags>
-  python -m launcher.tpu_pod preflight --tpu=NAME --zone=ZONE [--project=P]
-      [--wait_healthy=600] -- <launcher flags>
-  python -m launcher.tpu_pod recoverable --tpu=NAME --zone=ZONE [--project=P]
-  python -m launcher.tpu_pod bundle --out=FILE.tar.gz
-
-`preflight` reads the pod through cloud-tpu-client's `Client`: waits until it
-is READY and HEALTHY, then checks its accelerator type against
-`config.topology.accelerator_type` (when the config sets one) and its worker
-endpoints against the hosts that type implies. It prints one JSON line and
-exits 0, or exits with TOPOLOGY_MISMATCH (3) or POD_UNAVAILABLE (6) naming
-both sides. `recoverable` exits 0 when a relaunch makes sense and 6 when the
-pod is preempted or terminated. `bundle` writes the project's files (those
-git does not ignore) into a reproducible tarball and prints its SHA-256.
+Example:
+  >>> client = make_client('my-pod', 'us-central2-b', None)
+  >>> preflight(client, expected_type='v4-32', timeout_s=600).workers
+  4
 """
 
 import dataclasses
-import gzip
-import hashlib
-import io
-import json
-import os
-import subprocess
-import sys
-import tarfile
 import time
 from typing import Any, Callable, Optional, Sequence
 
 from launcher import exit_codes
-from launcher import tpu_accelerators
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from launcher.tpu import accelerators
 
 
-class PodUnavailableError(RuntimeError):
+class PodUnavailableError(exit_codes.PodrunError, RuntimeError):
   """The pod is not READY and HEALTHY in time, or cannot come back."""
+  exit_code = exit_codes.POD_UNAVAILABLE
 
 
-class PodMismatchError(RuntimeError):
+class PodMismatchError(exit_codes.PodrunError, RuntimeError):
   """The pod is not the one the config describes."""
+  exit_code = exit_codes.TOPOLOGY_MISMATCH
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +41,7 @@ class PodInfo:
   accelerator_type: str
   workers: int
   endpoints: tuple[str, ...]
-  expected: tpu_accelerators.SliceTopology
+  expected: accelerators.SliceTopology
 
   def as_dict(self) -> dict[str, Any]:
     out = dataclasses.asdict(self)
@@ -126,8 +114,8 @@ def preflight(client, expected_type: Optional[str], timeout_s: float,
         f'accelerator type: config.topology.accelerator_type expects '
         f'{expected_type}, but TPU {client.name()} is {actual_type}')
   try:
-    expected = tpu_accelerators.slice_topology(actual_type)
-  except tpu_accelerators.AcceleratorTypeError as e:
+    expected = accelerators.slice_topology(actual_type)
+  except accelerators.AcceleratorTypeError as e:
     raise PodMismatchError(f'TPU {client.name()}: {e}') from e
   endpoints = tuple(f'{e.get("ipAddress")}:{e.get("port")}'
                     for e in client.network_endpoints())
@@ -156,41 +144,6 @@ def recoverable(client) -> tuple[bool, str]:
   return bool(client.recoverable()), f'state={state} health={client.health()}'
 
 
-def project_files(repo: str = REPO) -> list[str]:
-  """The files git does not ignore (tracked and untracked), sorted."""
-  try:
-    out = subprocess.run(
-        ['git', '-C', repo, 'ls-files', '-z', '--cached', '--others',
-         '--exclude-standard'], check=True, capture_output=True).stdout
-  except (OSError, subprocess.CalledProcessError) as e:
-    raise RuntimeError(f'cannot list the project files of {repo} with git '
-                       f'(needed to honour .gitignore): {e}') from e
-  names = sorted({n for n in out.decode().split('\0') if n})
-  return [n for n in names if os.path.isfile(os.path.join(repo, n))]
-
-
-def bundle(out: str, repo: str = REPO) -> str:
-  """Writes the project's files to a reproducible .tar.gz; returns its sha256.
-
-  The same files give the same bytes (fixed owner, mode and time), so the
-  hash names the code: every worker of a launch runs the same.
-  """
-  buffer = io.BytesIO()
-  with tarfile.open(fileobj=buffer, mode='w', format=tarfile.PAX_FORMAT) as tar:
-    for name in project_files(repo):
-      path = os.path.join(repo, name)
-      info = tarfile.TarInfo(name)
-      info.size = os.path.getsize(path)
-      info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
-      info.mtime = 0
-      with open(path, 'rb') as f:
-        tar.addfile(info, f)
-  data = gzip.compress(buffer.getvalue(), mtime=0)
-  with open(out, 'wb') as f:
-    f.write(data)
-  return hashlib.sha256(data).hexdigest()
-
-
 def expected_accelerator_type(launcher_args: Sequence[str]) -> Optional[str]:
   """config.topology.accelerator_type of the launcher flags' --config.
 
@@ -207,7 +160,7 @@ def expected_accelerator_type(launcher_args: Sequence[str]) -> Optional[str]:
               if a.startswith('--config.topology.accelerator_type=')]
   values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', None, '', flag_values=values)
-  values(['tpu_pod', config_args[-1]])
+  values(['launch_tpu_pod', config_args[-1]])
   if override:
     return override[-1] or None
   topology = values.config.get('topology') or {}
@@ -228,54 +181,24 @@ def explain_api_error(tpu: str, error: Exception) -> str:
           f'{type(error).__name__}: {error}')
 
 
-def _main(argv: list[str]) -> int:
-  if argv[:1] == ['launch']:
-    from launcher import pod_driver  # pylint: disable=g-import-not-at-top
-    return pod_driver.main(argv[1:])
-  import argparse  # pylint: disable=g-import-not-at-top
-  parser = argparse.ArgumentParser(prog='python -m launcher.tpu_pod')
-  sub = parser.add_subparsers(dest='command', required=True)
-  for name in ('preflight', 'recoverable'):
-    p = sub.add_parser(name)
-    p.add_argument('--tpu', required=True)
-    p.add_argument('--zone', required=True)
-    p.add_argument('--project')
-    if name == 'preflight':
-      p.add_argument('--wait_healthy', type=float, default=600)
-      p.add_argument('--interval', type=float, default=10)
-  p = sub.add_parser('bundle')
-  p.add_argument('--out', required=True)
-  launcher_args = []
-  if '--' in argv:
-    argv, launcher_args = argv[:argv.index('--')], argv[argv.index('--') + 1:]
-  args = parser.parse_args(argv)
+def check(tpu: str, zone: str, project: Optional[str],
+          launcher_args: Sequence[str], timeout_s: float,
+          interval_s: float = 10,
+          log: Callable[[str], None] = print) -> PodInfo:
+  """`preflight` of the named pod for a job given these launcher flags.
 
-  if args.command == 'bundle':
-    print(bundle(args.out))
-    return exit_codes.OK
+  Raises:
+    PodMismatchError: the pod is not the one the config expects.
+    PodUnavailableError: the pod is not up in time, or cannot be read
+      (credentials, network, the API), with what to do about it.
+  """
   try:
-    client = make_client(args.tpu, args.zone, args.project)
-    if args.command == 'recoverable':
-      ok, why = recoverable(client)
-      print(f'tpu_pod: TPU {args.tpu} {why}: '
-            f'{"recoverable" if ok else "not recoverable; recreate it"}',
-            file=sys.stderr)
-      return exit_codes.OK if ok else exit_codes.POD_UNAVAILABLE
-    info = preflight(client, expected_accelerator_type(launcher_args),
-                     args.wait_healthy, args.interval,
-                     log=lambda m: print(m, file=sys.stderr))
-  except PodMismatchError as e:
-    print(f'tpu_pod: error: {e}', file=sys.stderr)
-    return exit_codes.TOPOLOGY_MISMATCH
+    return preflight(make_client(tpu, zone, project or None),
+                     expected_accelerator_type(launcher_args), timeout_s,
+                     interval_s, log=log)
+  except PodMismatchError:
+    raise
   except Exception as e:  # pylint: disable=broad-except
     # Credentials, network and API errors come in many types; all mean the
     # pod cannot be read, so nothing is launched.
-    print(f'tpu_pod: error: {explain_api_error(args.tpu, e)}',
-          file=sys.stderr)
-    return exit_codes.POD_UNAVAILABLE
-  print(json.dumps(info.as_dict()))
-  return exit_codes.OK
-
-
-if __name__ == '__main__':
-  sys.exit(_main(sys.argv[1:]))
+    raise PodUnavailableError(explain_api_error(tpu, e)) from e

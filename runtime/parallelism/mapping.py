@@ -1,4 +1,5 @@
-"""pmap or jit(shard_map): one object, chosen once, that runs a per-device function.
+"""pmap or jit(shard_map): one object, chosen once, that runs a per-device
+function over the axis `devices`.
 
 `of(config)` turns `config.parallelism` into a `Parallelism`; everything else
 in the runtime calls its four methods, so a step written once runs both ways:
@@ -22,9 +23,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from ml_collections import ConfigDict
 import numpy as np
 
-from runtime import sharding
+from runtime.parallelism import batches
 
 # The mesh / pmap axis that spans every device of every process.
 DATA_AXIS = 'devices'
@@ -36,7 +38,7 @@ def global_mesh() -> Mesh:
 
   Devices are ordered by (process index, id), so process p's devices hold
   rows [p * G / P, (p + 1) * G / P) of a global batch: the slice that
-  `sharding.process_slice` gives it.
+  `batches.process_slice` gives it.
   """
   devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
   return Mesh(np.array(devices), (DATA_AXIS,))
@@ -136,7 +138,7 @@ class _Pmap(Parallelism):
                     out_axes=out_axes, donate_argnums=donate_argnums)
 
   def put_batch(self, tree):
-    local = sharding.split_for_devices(tree, jax.local_device_count())
+    local = batches.split_for_devices(tree, jax.local_device_count())
     return jax.device_put(local, NamedSharding(_local_mesh(),
                                                PartitionSpec(DATA_AXIS)))
 
@@ -163,11 +165,11 @@ class _ShardMap(Parallelism):
 
   def put_batch(self, tree):
     # Split first anyway: the same divisibility check and message as pmap.
-    local = sharding.split_for_devices(tree, jax.local_device_count())
+    local = batches.split_for_devices(tree, jax.local_device_count())
     placement = NamedSharding(global_mesh(), PartitionSpec(DATA_AXIS))
 
     def assemble(x):
-      rows = sharding.merge_devices(x)
+      rows = batches.merge_devices(x)
       global_shape = (rows.shape[0] * jax.process_count(),) + rows.shape[1:]
       return jax.make_array_from_process_local_data(placement, rows,
                                                     global_shape)
@@ -194,6 +196,6 @@ def named(name: str) -> Parallelism:
                    f'{", ".join(repr(c.name) for c in CHOICES)}')
 
 
-def of(config) -> Parallelism:
+def of(config: ConfigDict) -> Parallelism:
   """The Parallelism that config.parallelism names."""
   return named(config.parallelism)

@@ -12,10 +12,11 @@ from typing import Any, Callable, Sequence, Union
 import jax
 import numpy as np
 
-from runtime import step
+from launcher import exit_codes
+from runtime.parallelism import mapping
 
 
-class DeviceAxisError(ValueError):
+class DeviceAxisError(exit_codes.ConfigError):
   """A mapped argument's leading axis is not one slice per local device."""
 
 
@@ -40,7 +41,7 @@ def check_device_axis(args: Sequence[Any], in_axes, local_device_count: int
       if n and n % local_device_count == 0:
         shaped = (local_device_count, n // local_device_count) + shape[1:]
         hint = (f' Reshape it to {shaped} first, for example with '
-                'runtime.sharding.split_for_devices.')
+                'runtime.parallelism.split_for_devices.')
       elif n:
         hint = (f' {n} does not divide by {local_device_count}: choose a '
                 f'multiple of {local_device_count}, then reshape to '
@@ -52,7 +53,7 @@ def check_device_axis(args: Sequence[Any], in_axes, local_device_count: int
           f'count), not {n}.{hint}')
 
 
-def device_map(fn: Callable, axis_name: str = step.DATA_AXIS, in_axes=0,
+def device_map(fn: Callable, axis_name: str = mapping.DATA_AXIS, in_axes=0,
                **pmap_kwargs) -> Callable:
   """`jax.pmap(fn)` that explains a misaligned leading axis.
 

@@ -12,8 +12,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from launcher import exit_codes
 
-class BatchSizeError(ValueError):
+
+class BatchSizeError(exit_codes.ConfigError):
   """A batch does not divide evenly over the processes or devices."""
 
 

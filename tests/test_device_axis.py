@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from configs import dot_product as dot_product_config
-from runtime import parallel
-from runtime import sharding
+from runtime import parallelism
 from runtime.workloads import dot_product
+
+pytestmark = pytest.mark.devices
 
 
 def test_dot_product_pmap_equals_vmap_on_8_devices():
@@ -27,7 +28,7 @@ def test_unreshaped_arrays_get_the_runtime_error_not_xla():
   config = dot_product_config.get_config()
   config.num_pairs = 80_000
   config.reshape = False
-  with pytest.raises(parallel.DeviceAxisError) as e:
+  with pytest.raises(parallelism.DeviceAxisError) as e:
     dot_product.train_and_evaluate(config, workdir='')
   message = str(e.value)
   assert 'argument 0 has shape (80000, 3)' in message
@@ -38,16 +39,16 @@ def test_unreshaped_arrays_get_the_runtime_error_not_xla():
 def test_pair_count_not_divisible_by_devices():
   config = dot_product_config.get_config()
   config.num_pairs = 80_001
-  with pytest.raises(sharding.BatchSizeError) as e:
+  with pytest.raises(parallelism.BatchSizeError) as e:
     dot_product.train_and_evaluate(config, workdir='')
   assert '80001' in str(e.value) and '8 local devices' in str(e.value)
 
 
 def test_device_map_leaves_unmapped_arguments_alone():
-  scale = parallel.device_map(lambda x, s: x * s, in_axes=(0, None))
+  scale = parallelism.device_map(lambda x, s: x * s, in_axes=(0, None))
   out = scale(np.ones((8, 2), np.float32), np.float32(3))
   np.testing.assert_array_equal(out, np.full((8, 2), 3.0))
-  with pytest.raises(parallel.DeviceAxisError, match='not 7'):
+  with pytest.raises(parallelism.DeviceAxisError, match='not 7'):
     scale(np.ones((7, 2), np.float32), np.float32(3))
 
 

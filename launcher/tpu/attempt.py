@@ -1,6 +1,6 @@
 """One attempt of a job on every worker of a TPU pod: its output and its end.
 
-Reads the lines of `gcloud ... ssh --worker=all` running tpu_worker.py: each
+Reads the lines of `gcloud ... ssh --worker=all` running worker.py: each
 `[worker W #N] text` goes once (N counts the job's lines, which a worker
 sends again after a reconnection) to LOG_DIR/worker_W.log and to the
 console; `[worker W] podrun: exit CODE` ends that worker. The first failing
@@ -16,7 +16,8 @@ import time
 from typing import Optional
 
 from launcher import exit_codes
-from launcher import pod_commands
+from launcher import signals
+from launcher.tpu import commands
 
 _LINE = re.compile(r'^\[worker (\d+|\?)(?: #(\d+))?\] ?(.*)$')
 _EXIT = re.compile(r'^podrun: exit (\d+)$')
@@ -33,6 +34,7 @@ class Attempt:
   def __init__(self, launch, number: int):
     self.launch = launch
     self.number = number
+    self.attempt_name = commands.attempt_id(launch.job_id, number)
     self.launcher_signalled = False
     self._exits: dict[str, int] = {}
     self._last_line: dict[str, int] = {}
@@ -46,9 +48,7 @@ class Attempt:
     launch = self.launch
     if self.number > 1 and not launch.recoverable():
       return exit_codes.POD_UNAVAILABLE
-    handlers = {s: signal.signal(s, self._on_signal)
-                for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with signals.handled((signal.SIGINT, signal.SIGTERM), self._on_signal):
       gcloud = subprocess.Popen(
           launch.gcloud.ssh(launch.run_command(self.number)),
           stdin=subprocess.DEVNULL,
@@ -67,9 +67,6 @@ class Attempt:
       if self._stopper is not None:
         self._stopper.join()
       return self._code(gcloud.returncode)
-    finally:
-      for s, h in handlers.items():
-        signal.signal(s, h)
 
   def _on_signal(self, signum, frame) -> None:
     del frame
@@ -101,11 +98,11 @@ class Attempt:
       launch.say(f'{why}: stopping job {launch.job_id} on every worker '
                  f'(SIGTERM, then SIGKILL after {launch.options.stop_grace:g}'
                  ' s)')
-      command = launch.gcloud.ssh(pod_commands.stop_command(
-          pod_commands.attempt_id(launch.job_id, self.number),
+      command = launch.gcloud.ssh(commands.stop_command(
+          commands.attempt_id(launch.job_id, self.number),
           launch.options.stop_grace))
       self._stopper = threading.Thread(
-          target=pod_commands.run_logged,
+          target=commands.run_logged,
           args=(command, launch.path('stop.log')), daemon=True)
       self._stopper.start()
 

@@ -1,23 +1,24 @@
 """Runs a job on every worker of a Cloud TPU pod, from the user's machine.
 
 scripts/launch_tpu_pod.sh is the thin entry users type; this is what it
-runs (`python -m launcher.tpu_pod launch ...`). It never imports JAX. In
+runs (`python -m launcher.tpu launch ...`). It never imports JAX. In
 order:
 
 1. reads the pod with `gcloud ... describe` (its worker endpoints and
    accelerator type: the process count every worker must find) and, unless
-   --skip_preflight, checks it through cloud-tpu-client (tpu_pod.py);
+   --skip_preflight, checks it through cloud-tpu-client (preflight.py);
 2. checks each worker's Python before copying anything, and picks a 3.11+
    interpreter there;
-3. copies the project (one tarball named by its SHA-256) and
-   launcher/tpu_worker.py to every worker, and sets up ~/podrun/venv once
-   per version of pyproject.toml;
-4. runs the job on all workers at once through tpu_worker.py, which makes a
+3. copies the project (one tarball named by its SHA-256, bundle.py) to
+   every worker, and sets up ~/podrun/venv once per version of
+   pyproject.toml;
+4. runs the job on all workers at once through worker.py, which makes a
    run idempotent (gcloud reruns a command after ssh exits 255), keeps every
    line numbered so that each reaches WORKER_LOG once, and stops a job whose
    launching side has gone;
-5. stops every worker on the first failure, Ctrl-C or SIGTERM, and restarts
-   after a preemption with the local pod's restart policy (restart.py).
+5. stops every worker on the first failure, Ctrl-C or SIGTERM (attempt.py),
+   and restarts after a preemption with the local pod's restart policy
+   (launcher/restart.py).
 """
 
 import argparse
@@ -32,16 +33,16 @@ import threading
 import time
 
 from launcher import exit_codes
-from launcher import pod_attempt
-from launcher import pod_commands
-from launcher.pod_commands import LaunchError
 from launcher import restart
-from launcher import tpu_accelerators
-from launcher import tpu_pod
+from launcher.tpu import accelerators
+from launcher.tpu import attempt as attempt_lib
+from launcher.tpu import bundle as bundle_lib
+from launcher.tpu import commands
+from launcher.tpu import preflight as preflight_lib
+from launcher.tpu.commands import LaunchError
 
 
-
-def pod_workers(gcloud: pod_commands.Gcloud, log_path: str) -> tuple[int, str]:
+def pod_workers(gcloud: commands.Gcloud, log_path: str) -> tuple[int, str]:
   """(workers, accelerator type) of the pod, from `describe`.
 
   Raises:
@@ -56,21 +57,23 @@ def pod_workers(gcloud: pod_commands.Gcloud, log_path: str) -> tuple[int, str]:
   if result.returncode:
     raise LaunchError(
         f'gcloud could not describe TPU {gcloud.tpu} in {gcloud.zone}: '
-        f'{result.stderr.strip()[-500:]}', exit_codes.POD_UNAVAILABLE)
+        f'{result.stderr.strip()[-500:]}',
+        exit_code=exit_codes.POD_UNAVAILABLE)
   info = json.loads(result.stdout)
   endpoints = len(info.get('networkEndpoints') or [])
   kind = (info.get('acceleratorType') or '').rsplit('/', 1)[-1]
   try:
-    hosts = tpu_accelerators.slice_topology(kind).hosts
-  except tpu_accelerators.AcceleratorTypeError:
+    hosts = accelerators.slice_topology(kind).hosts
+  except accelerators.AcceleratorTypeError:
     hosts = endpoints
   if endpoints and hosts != endpoints:
     raise LaunchError(
         f'TPU {gcloud.tpu} is {kind}, which has {hosts} host(s), but '
         f'describe lists {endpoints} worker endpoint(s); recreate the pod or '
         'check it with `gcloud compute tpus tpu-vm describe`.',
-        exit_codes.TOPOLOGY_MISMATCH)
+        exit_code=exit_codes.TOPOLOGY_MISMATCH)
   return endpoints or hosts, kind
+
 
 class Launch:
   """Everything one launch knows: the pod, the job, the commands, the logs."""
@@ -78,7 +81,7 @@ class Launch:
   def __init__(self, options, launcher_args: list[str]):
     self.options = options
     self.launcher_args = launcher_args
-    self.gcloud = pod_commands.Gcloud(options.tpu, options.zone,
+    self.gcloud = commands.Gcloud(options.tpu, options.zone,
                                       options.project)
     self.job_id = options.job_id or (
         f'podrun-{time.strftime("%Y%m%d-%H%M%S", time.gmtime())}-{os.getpid()}')
@@ -101,28 +104,19 @@ class Launch:
   def preflight(self) -> None:
     if self.options.skip_preflight:
       return
-    try:
-      info = tpu_pod.preflight(
-          tpu_pod.make_client(self.options.tpu, self.options.zone,
-                              self.options.project or None),
-          tpu_pod.expected_accelerator_type(self.launcher_args),
-          self.options.wait_healthy, log=self.say)
-    except tpu_pod.PodMismatchError as e:
-      raise LaunchError(str(e),
-                                     exit_codes.TOPOLOGY_MISMATCH) from e
-    except Exception as e:  # pylint: disable=broad-except
-      raise LaunchError(tpu_pod.explain_api_error(self.options.tpu, e),
-                        exit_codes.POD_UNAVAILABLE) from e
+    info = preflight_lib.check(
+        self.options.tpu, self.options.zone, self.options.project,
+        self.launcher_args, self.options.wait_healthy, log=self.say)
     self.say(f'preflight: {json.dumps(info.as_dict())}')
 
   def recoverable(self) -> bool:
     if self.options.skip_preflight:
       return True
     try:
-      ok, why = tpu_pod.recoverable(tpu_pod.make_client(
+      ok, why = preflight_lib.recoverable(preflight_lib.make_client(
           self.options.tpu, self.options.zone, self.options.project or None))
     except Exception as e:  # pylint: disable=broad-except
-      self.say(tpu_pod.explain_api_error(self.options.tpu, e))
+      self.say(preflight_lib.explain_api_error(self.options.tpu, e))
       return False
     if not ok:
       self.say(f'TPU {self.options.tpu} {why}: cannot come back, not '
@@ -136,48 +130,47 @@ class Launch:
     self.say(f'TPU {self.options.tpu}: {kind}, {self.workers} worker(s)')
     self.preflight()
     try:
-      pythons = pod_commands.check_pythons(
+      pythons = commands.check_pythons(
           self.gcloud, self.options.worker_python, gcloud_log)
     except LaunchError:
       if not self.options.provision_python:
         raise
       self.say('installing Python 3.11 on the workers that lack it '
                '(--provision_python)')
-      pod_commands.run_logged(self.gcloud.ssh(pod_commands.provision_command(
+      commands.run_logged(self.gcloud.ssh(commands.provision_command(
           self.options.worker_python)), gcloud_log)
-      pythons = pod_commands.check_pythons(
+      pythons = commands.check_pythons(
           self.gcloud, self.options.worker_python, gcloud_log)
     self.say('worker Python: ' + ', '.join(
         f'worker {w}: {p}' for w, p in sorted(pythons.items())))
     with tempfile.TemporaryDirectory() as tmp:  # LOG_DIR holds only logs.
       bundle = os.path.join(tmp, 'code.tar.gz')
-      code_hash = tpu_pod.bundle(bundle)
+      code_hash = bundle_lib.bundle(bundle)
       short = code_hash[:16]
       self.say(f'copying the code (sha256 {code_hash}) to every worker')
       copy = self.gcloud.scp(bundle, f'podrun-{short}.tar.gz')
-      if pod_commands.run_logged(copy, gcloud_log).returncode:
+      if commands.run_logged(copy, gcloud_log).returncode:
         raise LaunchError(f'gcloud scp failed; see {gcloud_log}. With an '
                           'ssh-agent running, add the key gcloud uses: '
                           '`ssh-add ~/.ssh/google_compute_engine`.')
     self.say('setting up every worker (the first time for this version: '
              'installs the project)')
-    setup = pod_commands.setup_command(short, self.options.worker_python)
-    if pod_commands.run_logged(self.gcloud.ssh(setup), gcloud_log).returncode:
+    setup = commands.setup_command(short, self.options.worker_python)
+    if commands.run_logged(self.gcloud.ssh(setup), gcloud_log).returncode:
       raise LaunchError(f'worker set-up failed; see {gcloud_log}')
     self._short_hash = short
 
   def run_command(self, attempt: int) -> str:
-    return pod_commands.run_command(
+    return commands.run_command(
         self._short_hash, self.job_id, self.options.worker_python,
         self.options.env, self.launcher_args, self.workers, self.options,
         attempt)
 
 
-def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-  """The script's flags, and the launcher flags after `--`."""
-  launcher_args = []
-  if '--' in argv:
-    argv, launcher_args = argv[:argv.index('--')], argv[argv.index('--') + 1:]
+def parse(argv: list[str], launcher_args: list[str]
+          ) -> tuple[argparse.Namespace, list[str]]:
+  """The script's flags, and the launcher flags (those after `--`)."""
+  launcher_args = list(launcher_args)
   parser = argparse.ArgumentParser(prog='scripts/launch_tpu_pod.sh')
   add = parser.add_argument
   add('--tpu', required=True)
@@ -218,12 +211,12 @@ def print_plan(launch: Launch) -> int:
   """--dry_run: every command, in order; runs none."""
   options, gcloud = launch.options, launch.gcloud
   short = '<code sha256[:16]>'
-  commands = [
-      gcloud.ssh(pod_commands.PYTHON_PROBE.replace(
-          'FIND', pod_commands.find_python(options.worker_python))),
+  planned = [
+      gcloud.ssh(commands.PYTHON_PROBE.replace(
+          'FIND', commands.find_python(options.worker_python))),
       gcloud.scp('<tmp>/code.tar.gz', f'podrun-{short}.tar.gz'),
-      gcloud.ssh(pod_commands.setup_command(short, options.worker_python)),
-      gcloud.ssh(pod_commands.run_command(
+      gcloud.ssh(commands.setup_command(short, options.worker_python)),
+      gcloud.ssh(commands.run_command(
           short, launch.job_id, options.worker_python, options.env,
           launch.launcher_args, '<workers from describe>', options)),
   ]
@@ -232,11 +225,11 @@ def print_plan(launch: Launch) -> int:
   if not options.skip_preflight:
     print('# preflight through cloud-tpu-client: READY, HEALTHY, '
           'config.topology.accelerator_type')
-  for command in commands:
+  for command in planned:
     print(shlex.join(command))
   print('# on a failure, Ctrl-C or SIGTERM:')
-  print(shlex.join(gcloud.ssh(pod_commands.stop_command(
-      pod_commands.attempt_id(launch.job_id, 1), options.stop_grace))))
+  print(shlex.join(gcloud.ssh(commands.stop_command(
+      commands.attempt_id(launch.job_id, 1), options.stop_grace))))
   return exit_codes.OK
 
 
@@ -244,9 +237,9 @@ def _control(launch: Launch) -> int:
   """--stop and --status: one command on every worker, output as it comes."""
   options = launch.options
   if options.status:
-    command = pod_commands.status_command()
+    command = commands.status_command()
   else:
-    command = pod_commands.stop_command(
+    command = commands.stop_command(
         None if options.stop == 'all' else options.stop, options.stop_grace)
   result = subprocess.run(launch.gcloud.ssh(command),
                           stdin=subprocess.DEVNULL, check=False)
@@ -262,7 +255,7 @@ def launch_job(launch: Launch) -> int:
     raise LaunchError(f'--retry_exit_codes: {e}') from e
   launch.say(f'job {launch.job_id}, logs in {launch.log_dir}')
   launch.prepare()
-  code = restart.run(lambda number: pod_attempt.Attempt(launch, number),
+  code = restart.run(lambda number: attempt_lib.Attempt(launch, number),
                      max_restarts=options.max_restarts,
                      first_backoff_s=1.0, retryable=retryable,
                      logs_dir=launch.log_dir, say=launch.say)
@@ -274,9 +267,10 @@ def launch_job(launch: Launch) -> int:
   return code
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], launcher_args: list[str]) -> int:
+  """`launch`: the script's flags in argv, the launcher's after `--`."""
   try:
-    options, launcher_args = parse(argv)
+    options, launcher_args = parse(argv, launcher_args)
   except SystemExit as e:
     return exit_codes.CONFIG_ERROR if e.code else exit_codes.OK
   launch = Launch(options, launcher_args)
@@ -287,6 +281,6 @@ def main(argv: list[str]) -> int:
   os.makedirs(launch.log_dir, exist_ok=True)
   try:
     return launch_job(launch)
-  except LaunchError as e:
+  except exit_codes.PodrunError as e:
     print(f'launch_tpu_pod: error: {e}', file=sys.stderr)
-    return e.code
+    return e.exit_code

@@ -45,9 +45,11 @@ import time
 import urllib.request
 
 JOBS_DIR = os.path.join(os.path.expanduser('~'), 'podrun', 'jobs')
-# Exit codes of `run` itself (the launcher's own are passed through).
-BUSY = 11          # Another podrun job runs on this worker.
-NOT_RUN = 2        # A bad command line.
+# Exit codes of `run` itself (the launcher's own are passed through). Copies
+# of launcher/exit_codes.py's, since this file imports nothing of the
+# project; tests/test_exit_codes.py checks that they agree.
+BUSY = 11          # ExitCode.WORKDIR_BUSY: another podrun job runs here.
+NOT_RUN = 2        # ExitCode.CONFIG_ERROR: a bad command line.
 _KEEPALIVE_S = 5.0
 _POLL_S = 0.05
 

@@ -14,8 +14,10 @@ slices are made of 4-chip hosts.
 import dataclasses
 import re
 
+from launcher import exit_codes
 
-class AcceleratorTypeError(ValueError):
+
+class AcceleratorTypeError(exit_codes.ConfigError):
   """An accelerator type that is not in the table."""
 
 

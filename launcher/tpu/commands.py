@@ -2,7 +2,7 @@
 
 Each is a string for `gcloud ... ssh --worker=all --command=...`, which the
 worker's login shell (bash) parses again, so every word that comes from the
-user is quoted with shlex. The worker half is launcher/tpu_worker.py, copied
+user is quoted with shlex. The worker half is launcher/tpu/worker.py, copied
 to ~/podrun/tpu_worker.py by the set-up command.
 
 Example:
@@ -55,12 +55,10 @@ def run_logged(command: list[str], log_path: str
                           stderr=subprocess.STDOUT, check=False)
 
 
-class LaunchError(Exception):
-  """The launch cannot go on; carries the exit code."""
-
-  def __init__(self, message: str, code: int = exit_codes.CONFIG_ERROR):
-    super().__init__(message)
-    self.code = code
+class LaunchError(exit_codes.PodrunError):
+  """The launch cannot go on; `exit_code` says why (CONFIG_ERROR unless
+  given)."""
+  exit_code = exit_codes.CONFIG_ERROR
 
 
 # Sets $py, on a worker, to the first candidate that can run the job: 3.11+
@@ -118,8 +116,7 @@ def check_pythons(gcloud: Gcloud, worker_python: str, log_path: str
         '\nFix: launch with --provision_python, which installs python3.11 '
         'and python3.11-venv from the deadsnakes PPA with sudo apt-get on '
         'the workers that lack them, or install an interpreter yourself, or '
-        'name one with --worker_python=PATH. Nothing was copied or started.',
-        exit_codes.CONFIG_ERROR)
+        'name one with --worker_python=PATH. Nothing was copied or started.')
   return found
 
 
@@ -146,7 +143,7 @@ def setup_command(short_hash: str, worker_python: str) -> str:
       'if [ ! -f "$d/.podrun-ready" ]; then rm -rf "$d"; mkdir -p "$d"; '
       f'tar -xzf "$HOME/podrun-{short_hash}.tar.gz" -C "$d"; '
       'touch "$d/.podrun-ready"; fi',
-      f'cp "$d/launcher/tpu_worker.py" "{WORKER_SCRIPT}"',
+      f'cp "$d/launcher/tpu/worker.py" "{WORKER_SCRIPT}"',
   ]
   if not worker_python:
     # One environment for every version of the code, reinstalled only when
@@ -163,7 +160,7 @@ def setup_command(short_hash: str, worker_python: str) -> str:
 
 
 def attempt_id(job_id: str, attempt) -> str:
-  """The name of one attempt of a job on the workers (tpu_worker.base_id)."""
+  """The name of one attempt of a job on the workers (worker.base_id)."""
   return f'{job_id}-a{attempt}'
 
 

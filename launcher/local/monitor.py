@@ -1,0 +1,169 @@
+"""Watching a local pod until it ends or must be ended: one loop, one state.
+
+The gang is in one `GangState` at a time. While it is RUNNING or DRAINING
+(a preemption under way: the ranks are saving) the loop looks at the ranks'
+exit codes, the signals the launcher got and the ranks' progress, ten times a
+second or as soon as something changes; any other state ends the watch, and
+`End` says which and why.
+
+Example:
+  >>> end = Monitor(ranks, progress, signals, changed, timeouts).watch(start)
+  >>> end.state
+  <GangState.FAILED: 'failed'>
+"""
+
+import dataclasses
+import enum
+import signal
+import threading
+import time
+from typing import Callable, Optional
+
+from launcher import exit_codes
+from launcher.local import output
+from launcher.local import ranks as ranks_lib
+
+_CAUSE_GRACE_S = 5.0
+# The ranks' own watchdog (launcher/rank/supervisor.py) fires at the
+# timeouts; the pod's fires this much later, for a rank too stuck for that.
+WATCHDOG_BACKSTOP_S = 15.0
+
+
+class GangState(enum.Enum):
+  """Where a local pod stands."""
+  RUNNING = 'running'
+  DRAINING = 'draining'        # A preemption notice: every rank is saving.
+  SUCCEEDED = 'succeeded'      # Every rank exited 0.
+  FAILED = 'failed'            # A rank failed; `End.rank` is the cause.
+  PREEMPTED = 'preempted'      # Every rank exited, and they saved.
+  PREEMPTION_LATE = 'late'     # Some rank did not save within the grace.
+  STALLED = 'stalled'          # No step completed within the timeouts.
+  INTERRUPTED = 'interrupted'  # The launcher got SIGINT, or a 2nd signal.
+
+
+@dataclasses.dataclass(frozen=True)
+class End:
+  """Why the watch ended: the final state and what led there."""
+  state: GangState
+  rank: Optional[ranks_lib.Rank] = None
+  signum: Optional[int] = None
+  message: str = ''
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeouts:
+  """The pod's side of the hang watchdog and the preemption grace (s)."""
+  stall: float = 600
+  first_step: float = 1800
+  preemption_grace: float = 120
+
+
+class Monitor:
+  """Watches the ranks, the launcher's signals and the ranks' progress.
+
+  Args:
+    ranks: the pod's ranks, whose exit codes the waiter threads fill in.
+    progress: the ranks' completed steps.
+    signals: the signals the launcher got, in order (appended by its
+      handler).
+    changed: set whenever a rank exits or a signal comes.
+    timeouts: see Timeouts.
+    forward: sends a signal to every running rank.
+  """
+
+  def __init__(self, ranks: list[ranks_lib.Rank], progress: output.Progress,
+               signals: list[int], changed: threading.Event,
+               timeouts: Timeouts,
+               forward: Callable[[int], None]):
+    self._ranks = ranks
+    self._progress = progress
+    self._signals = signals
+    self._changed = changed
+    self._timeouts = timeouts
+    self._forward = forward
+    self._grace_deadline: Optional[float] = None
+
+  def watch(self, started: float) -> End:
+    """Blocks until the gang leaves RUNNING and DRAINING; returns how."""
+    state = GangState.RUNNING
+    while True:
+      end = self._check(state, time.monotonic(), started)
+      if end.state not in (GangState.RUNNING, GangState.DRAINING):
+        return end
+      if end.state is GangState.DRAINING and state is GangState.RUNNING:
+        self._begin_draining()
+      state = end.state
+      self._changed.wait(0.1)
+      self._changed.clear()
+
+  def _begin_draining(self) -> None:
+    if self._signals:  # SIGTERM to the launcher: a notice for every rank.
+      self._forward(signal.SIGTERM)
+    self._grace_deadline = (time.monotonic() +
+                            self._timeouts.preemption_grace)
+
+  def _check(self, state: GangState, now: float, started: float) -> End:
+    """The state the gang is in now."""
+    exited = [r for r in self._ranks if r.exit_code is not None]
+    failed = [r for r in exited
+              if r.exit_code not in (exit_codes.OK, exit_codes.PREEMPTED)]
+    preempted = any(r.exit_code == exit_codes.PREEMPTED for r in exited)
+    all_exited = len(exited) == len(self._ranks)
+    root = root_cause(failed, now, all_exited)
+    if root is not None:
+      return End(GangState.FAILED, rank=root)
+    if all_exited:
+      return End(GangState.PREEMPTED if preempted else GangState.SUCCEEDED)
+    if self._signals and (self._signals[0] != signal.SIGTERM or
+                          len(self._signals) > 1):
+      return End(GangState.INTERRUPTED, signum=self._signals[0])
+    if state is GangState.RUNNING:
+      if self._signals or preempted:
+        return End(GangState.DRAINING)
+      stall = self._stall_message(now - started)
+      return End(GangState.STALLED, message=stall) if stall else End(state)
+    if now > self._grace_deadline:
+      late = ', '.join(f'rank {r.index}/{len(self._ranks)}'
+                       for r in self._ranks if r.exit_code is None)
+      return End(GangState.PREEMPTION_LATE, message=(
+          f'{late} did not save and exit within --preemption_grace='
+          f'{self._timeouts.preemption_grace:g} s of the preemption notice'))
+    return End(state)
+
+  def _stall_message(self, elapsed: float) -> str:
+    """Why the gang is stalled, or '' while it is not."""
+    backstop, timeouts = WATCHDOG_BACKSTOP_S, self._timeouts
+    last_advance = self._progress.last_advance
+    if last_advance is None:
+      if 0 < timeouts.first_step < elapsed - backstop:
+        return (f'no rank completed its first step within '
+                f'{timeouts.first_step:g} s (--first_step_timeout), and '
+                f'the ranks\' own watchdogs did not end them {backstop:g} s '
+                'later')
+      return ''
+    idle = time.monotonic() - last_advance
+    if 0 < timeouts.stall < idle - backstop:
+      steps = ', '.join(f'rank {r.index}: {r.step}' for r in self._ranks)
+      return (f'no rank completed a step for {idle:.0f} s (--stall_timeout='
+              f'{timeouts.stall:g}, and the ranks\' own watchdogs did not '
+              f'end them {backstop:g} s later); last completed steps: {steps}')
+    return ''
+
+
+def root_cause(failed: list[ranks_lib.Rank], now: float, all_exited: bool
+               ) -> Optional[ranks_lib.Rank]:
+  """The rank whose failure ended the job, once it is known.
+
+  A rank that stopped because another failed (exit_codes.PEER_FAILED) may
+  exit before the cause does (process 0 waits until the others have read
+  its cause), so such exits alone wait a moment for the cause.
+  """
+  if not failed:
+    return None
+  causes = [r for r in failed if r.exit_code != exit_codes.PEER_FAILED]
+  if causes:
+    return min(causes, key=lambda r: r.exited_at)
+  first = min(failed, key=lambda r: r.exited_at)
+  if all_exited or now - first.exited_at > _CAUSE_GRACE_S:
+    return first
+  return None

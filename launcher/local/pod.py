@@ -1,0 +1,220 @@
+"""A pod of N processes on this machine, started and supervised as a gang.
+
+Each rank is `python -m launcher` with explicit coordinator flags, K emulated
+CPU devices and its own process group, so to the workload it is one host of
+an N-host job with real cross-process collectives (gloo). The launcher itself
+never imports JAX. It files every rank's output under WORKDIR/logs, echoes it
+with a `[rank i/N]` prefix, and ends the whole job as soon as one rank fails,
+stalls or the launcher is told to stop:
+
+- the first rank to exit non-zero is the cause; every other rank's process
+  group gets SIGINT, then SIGKILL after --kill_grace seconds; the launcher
+  exits with the cause's own exit code;
+- a preemption is not a failure: SIGTERM to the launcher is forwarded to
+  every rank as a preemption notice (as is SIGTERM to one rank, through
+  JAX), the ranks save a checkpoint and exit with exit_codes.PREEMPTED, and
+  the launcher waits up to --preemption_grace seconds for all of them before
+  it kills the rest; when all saved, it exits with PREEMPTED too;
+- SIGINT to the launcher is forwarded to every rank, then the failure
+  teardown follows; the exit code is 128 + the signal;
+- when no rank completes a step for --stall_timeout seconds (or its first
+  step within --first_step_timeout), every rank dumps its Python stacks into
+  its log, the job is torn down and the exit code is `exit_codes.STALLED`;
+- ranks die with the launcher even when it is SIGKILLed (PR_SET_PDEATHSIG).
+"""
+
+import json
+import os
+import shlex
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from typing import Optional
+
+from launcher import exit_codes
+from launcher import rank_output
+from launcher import signals
+from launcher.local import monitor as monitor_lib
+from launcher.local import output
+from launcher.local import ranks as ranks_lib
+from launcher.local import report
+from runtime import goodput
+from runtime import progress
+
+JOB_ID_ENV = 'PODRUN_JOB_ID'
+
+
+def free_loopback_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on right now."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _loopback_address(address: Optional[str]) -> str:
+  """The coordinator's HOST:PORT, checked to be on loopback, or a free one.
+
+  Raises:
+    ValueError: for an address that is not on loopback.
+  """
+  if not address:
+    return f'127.0.0.1:{free_loopback_port()}'
+  host, _, port = address.rpartition(':')
+  host = host.strip('[]')
+  if not (host in ranks_lib.LOOPBACK_HOSTS or host.startswith('127.')) or (
+      not port.isdigit()):
+    raise ValueError(
+        f'--coordinator_address={address}: a local pod binds its coordinator '
+        'to loopback only; use 127.0.0.1:PORT')
+  return address
+
+
+class Pod:
+  """N local processes, each one host of the job; restart.Attempt's kind.
+
+  Raises ValueError for a process count below 1 or a coordinator address
+  that is not on loopback.
+
+  Example:
+    >>> Pod(num_processes=2, local_devices=4, workdir='/tmp/w',
+    ...     rank_args=['--config=configs/linear_regression.py']).run()
+    0
+  """
+
+  def __init__(self, num_processes: int, local_devices: int, workdir: str,
+               rank_args: list[str], coordinator_address: Optional[str] = None,
+               stall_timeout: float = 600, first_step_timeout: float = 1800,
+               kill_grace: float = 5, log_all_ranks: bool = False,
+               preemption_grace: float = 120, job_id: Optional[str] = None,
+               attempt: int = 1):
+    if num_processes < 1:
+      raise ValueError(f'--local_processes={num_processes}; it must be at '
+                       'least 1')
+    self.num_processes = num_processes
+    self.local_devices = local_devices
+    self.workdir = workdir
+    self.logs_dir = os.path.join(workdir, 'logs')
+    self.coordinator_address = _loopback_address(coordinator_address)
+    self.timeouts = monitor_lib.Timeouts(stall_timeout, first_step_timeout,
+                                         preemption_grace)
+    self.kill_grace = kill_grace
+    # Restarts of a job share its id, so that its processes are found by it.
+    self.job_id = job_id or uuid.uuid4().hex
+    self.attempt = attempt
+    # The goodput ledgers of this attempt (runtime/goodput.py).
+    self.attempt_name = f'{self.job_id[:12]}-a{attempt}'
+    self.launcher_signalled = False
+    self._ranks = ranks_lib.plan(
+        num_processes, local_devices, workdir, rank_args,
+        self.coordinator_address,
+        {'PYTHONUNBUFFERED': '1', rank_output.SUPERVISED_ENV: '1',
+         JOB_ID_ENV: self.job_id, goodput.ATTEMPT_ENV: self.attempt_name})
+    self._console = output.Console(num_processes, log_all_ranks)
+    self._changed = threading.Event()
+    self._signals: list[int] = []
+
+  def print_plan(self) -> int:
+    """--dry_run: every rank's exact command line and environment."""
+    print(f'local pod: {self.num_processes} processes x {self.local_devices} '
+          f'emulated CPU devices, coordinator {self.coordinator_address} '
+          '(loopback only), workdir ' + self.workdir)
+    print('each rank inherits the launcher\'s environment, plus:')
+    for rank in self._ranks:
+      env = {**rank.env, progress.PROGRESS_FD_ENV: '<progress pipe fd>'}
+      print(f'rank {rank.index}/{self.num_processes}: cd '
+            f'{shlex.quote(os.getcwd())} && env ' +
+            shlex.join([f'{k}={v}' for k, v in sorted(env.items())] +
+                       rank.command))
+    return exit_codes.OK
+
+  def run(self) -> int:
+    """Starts the ranks, supervises them and returns the job's exit code."""
+    os.makedirs(self.logs_dir, exist_ok=True)
+    started = time.monotonic()
+    threads = []
+    with signals.handled((signal.SIGINT, signal.SIGTERM), self._on_signal):
+      try:
+        progress_reader = output.Progress(self._ranks)
+        threads = self._start(progress_reader)
+        end = monitor_lib.Monitor(
+            self._ranks, progress_reader, self._signals, self._changed,
+            self.timeouts, lambda s: ranks_lib.forward(self._ranks, s),
+        ).watch(started)
+        if end.state is monitor_lib.GangState.STALLED:
+          ranks_lib.dump_stacks(self._ranks)
+        self._stop(end)
+      finally:
+        ranks_lib.kill_survivors(self._ranks)
+        for t in threads:
+          t.join(timeout=5)
+        for r in self._ranks:
+          if r.log_file is not None:
+            r.log_file.close()
+    return report.report(end, self._ranks, self._console, started,
+                         self.logs_dir, self._signals)
+
+  def _start(self, progress_reader: output.Progress
+             ) -> list[threading.Thread]:
+    try:
+      ranks_lib.start(self._ranks, self.attempt, progress_reader.write_fd)
+    finally:
+      # EOF on the pipe once every rank has exited.
+      os.close(progress_reader.write_fd)
+    self._write_job_file()
+    threads = [_thread(progress_reader.read)]
+    for rank in self._ranks:
+      threads += [
+          _thread(self._console.pump, rank, rank.popen.stdout, 'stdout',
+                  sys.stdout),
+          _thread(self._console.pump, rank, rank.popen.stderr, 'stderr',
+                  sys.stderr),
+          _thread(ranks_lib.await_exit, rank, self._changed)]
+    self._console.say(
+        f'started {self.num_processes} ranks x {self.local_devices} devices, '
+        f'coordinator {self.coordinator_address}, logs in {self.logs_dir}')
+    return threads
+
+  def _write_job_file(self) -> None:
+    job = {
+        'job_id': self.job_id,
+        'attempt': self.attempt,
+        'coordinator_address': self.coordinator_address,
+        'launcher_pid': os.getpid(),
+        'ranks': [{'rank': r.index, 'pid': r.popen.pid,
+                   'command': r.command} for r in self._ranks],
+    }
+    with open(os.path.join(self.logs_dir, 'job.json'), 'w') as f:
+      json.dump(job, f, indent=2)
+
+  def _on_signal(self, signum, frame) -> None:
+    del frame
+    self._signals.append(signum)
+    self.launcher_signalled = True
+    self._changed.set()
+
+  def _wait_for_change(self) -> None:
+    self._changed.wait(0.1)
+    self._changed.clear()
+
+  def _stop(self, end: monitor_lib.End) -> None:
+    """Stops every rank still running: a signal, a grace period, SIGKILL.
+
+    The signal is SIGINT, not SIGTERM: SIGTERM asks a rank to save a
+    checkpoint, which cannot succeed once one of its peers is gone.
+    """
+    first = signal.SIGINT
+    if end.state is monitor_lib.GangState.INTERRUPTED:
+      first = end.signum
+    elif end.state is monitor_lib.GangState.PREEMPTION_LATE:
+      first = signal.SIGKILL
+    ranks_lib.stop(self._ranks, first, self.kill_grace,
+                   self._wait_for_change, lambda: len(self._signals) >= 2)
+
+
+def _thread(target, *args) -> threading.Thread:
+  thread = threading.Thread(target=target, args=args, daemon=True)
+  thread.start()
+  return thread

@@ -1,0 +1,163 @@
+"""Starting, signalling and stopping the processes of a local pod.
+
+Each rank is `python -m launcher` with explicit coordinator flags and K
+emulated CPU devices, in a process group of its own, so that a signal reaches
+everything it started; it dies with the launcher even when the launcher is
+SIGKILLed (PR_SET_PDEATHSIG).
+
+Example:
+  >>> ranks = plan(2, 4, '/runs/a', ['--config=configs/mlp.py'],
+  ...              '127.0.0.1:8476', {'PODRUN_JOB_ID': 'j'})
+  >>> start(ranks, attempt=1, progress_fd=w)
+  >>> stop(ranks, signal.SIGINT, grace_s=5, changed=event)
+"""
+
+import ctypes
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Optional
+
+from launcher import exit_codes
+from launcher.rank import distributed
+from runtime import progress
+
+LOOPBACK_HOSTS = ('127.0.0.1', 'localhost', '::1')
+_STACK_DUMP_WAIT_S = 2.0
+
+
+@dataclasses.dataclass
+class Rank:
+  """One process of the pod and what the launcher knows of it."""
+  index: int
+  command: list[str]
+  env: dict[str, str]
+  log_path: str
+  popen: Optional[subprocess.Popen] = None
+  exit_code: Optional[int] = None
+  exited_at: Optional[float] = None
+  signalled_at: Optional[float] = None
+  step: int = 0
+  log_file: Optional[object] = None
+  log_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+def plan(num_processes: int, local_devices: int, workdir: str,
+         rank_args: list[str], coordinator_address: str,
+         env: dict[str, str]) -> list[Rank]:
+  """Every rank's command line and the variables it gets beyond ours."""
+  extra = dict(env)
+  if distributed.proxy_warnings('127.0.0.1', os.environ):
+    exempt = {k: os.environ[k] for k in ('no_proxy', 'NO_PROXY')
+              if k in os.environ}
+    distributed.exempt_from_proxy(list(LOOPBACK_HOSTS), exempt)
+    extra.update(exempt)
+  logs_dir = os.path.join(workdir, 'logs')
+  return [Rank(index, [
+      sys.executable, '-u', '-m', 'launcher', *rank_args,
+      f'--workdir={workdir}', f'--local_devices={local_devices}',
+      f'--coordinator_address={coordinator_address}',
+      f'--coordinator_bind_address={coordinator_address}',
+      f'--num_processes={num_processes}', f'--process_id={index}'],
+      dict(extra), os.path.join(logs_dir, f'rank_{index}.log'))
+          for index in range(num_processes)]
+
+
+def _die_with_parent() -> None:
+  """Runs in each rank before exec: a SIGKILLed launcher takes its ranks."""
+  if sys.platform.startswith('linux'):
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def start(ranks: list[Rank], attempt: int, progress_fd: int) -> None:
+  """Opens each rank's log and starts it, its output on pipes.
+
+  Args:
+    ranks: from `plan`.
+    attempt: 1 for a new job; a restart appends to the earlier logs.
+    progress_fd: the write end of the pipe each rank reports its steps to.
+  """
+  for rank in ranks:
+    rank.log_file = open(rank.log_path, 'ab' if attempt > 1 else 'wb')
+    if attempt > 1:
+      rank.log_file.write(f'===== attempt {attempt} =====\n'.encode())
+    rank.popen = subprocess.Popen(
+        rank.command,
+        env={**os.environ, **rank.env,
+             progress.PROGRESS_FD_ENV: str(progress_fd)},
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, start_new_session=True,
+        pass_fds=(progress_fd,), preexec_fn=_die_with_parent)
+
+
+def await_exit(rank: Rank, changed: threading.Event) -> None:
+  """Waits for the rank to exit, records its code and time, sets `changed`."""
+  returncode = rank.popen.wait()
+  rank.exited_at = time.monotonic()
+  rank.exit_code = exit_codes.from_returncode(returncode)
+  changed.set()
+
+
+def signal_group(rank: Rank, signum: int) -> None:
+  """Sends `signum` to the rank's whole process group, if it still exists."""
+  try:
+    os.killpg(rank.popen.pid, signum)
+  except (ProcessLookupError, PermissionError):
+    pass
+
+
+def forward(ranks: list[Rank], signum: int) -> None:
+  """Sends `signum` to every rank still running, noting when."""
+  now = time.monotonic()
+  for rank in ranks:
+    if rank.exit_code is None:
+      rank.signalled_at = now
+      signal_group(rank, signum)
+
+
+def dump_stacks(ranks: list[Rank]) -> None:
+  """Asks every running rank for its Python stacks (faulthandler, SIGUSR1)."""
+  for rank in ranks:
+    if rank.exit_code is None:
+      try:
+        os.kill(rank.popen.pid, signal.SIGUSR1)
+      except ProcessLookupError:
+        pass
+  time.sleep(_STACK_DUMP_WAIT_S)
+
+
+def stop(ranks: list[Rank], first_signal: int, grace_s: float,
+         wait: Callable[[], None], interrupted: Callable[[], bool]) -> None:
+  """Stops every rank: `first_signal`, up to `grace_s`, then SIGKILL.
+
+  Args:
+    ranks: the pod's ranks.
+    first_signal: what they get first.
+    grace_s: how long they have to exit after it.
+    wait: blocks until something changed, or a short while.
+    interrupted: true when the user asked again, and the grace is cut short.
+  """
+  forward(ranks, first_signal)
+  deadline = time.monotonic() + grace_s
+  while (any(r.exit_code is None for r in ranks) and
+         time.monotonic() < deadline and not interrupted()):
+    wait()
+  # Also sweeps what an exited rank may have left in its process group.
+  for rank in ranks:
+    signal_group(rank, signal.SIGKILL)
+  for rank in ranks:
+    rank.popen.wait()
+  while any(r.exit_code is None for r in ranks):
+    time.sleep(0.01)  # The waiter threads record the codes.
+
+
+def kill_survivors(ranks: list[Rank]) -> None:
+  """SIGKILL to any rank still running: whatever happened, none outlives us."""
+  for rank in ranks:
+    if rank.popen is not None and rank.popen.poll() is None:
+      signal_group(rank, signal.SIGKILL)

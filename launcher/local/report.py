@@ -1,0 +1,121 @@
+"""How a local pod ended, told on the console, and the launcher's exit code.
+
+Example:
+  >>> code = report(end, ranks, console, started, logs_dir, signals)
+  [launcher] rank 1/2 failed first, with exit code 7, 3.2 s after start. ...
+"""
+
+import collections
+import signal
+import time
+from typing import Optional
+
+from launcher import exit_codes
+from launcher.local import monitor
+from launcher.local import output
+from launcher.local import ranks as ranks_lib
+
+GangState = monitor.GangState
+_TAIL_LINES = 20
+
+
+def exit_code(end: monitor.End, launcher_signals: list[int]) -> int:
+  """The launcher's exit code for the way the pod ended."""
+  if end.state is GangState.SUCCEEDED:
+    return exit_codes.OK
+  if end.state is GangState.FAILED:
+    return end.rank.exit_code
+  if end.state is GangState.PREEMPTED:
+    return exit_codes.PREEMPTED
+  if end.state is GangState.PREEMPTION_LATE:
+    return (exit_codes.SIGNAL_BASE + signal.SIGTERM if launcher_signals
+            else exit_codes.PREEMPTED)
+  if end.state is GangState.STALLED:
+    return exit_codes.STALLED
+  return exit_codes.SIGNAL_BASE + end.signum
+
+
+def report(end: monitor.End, ranks: list[ranks_lib.Rank],
+           console: output.Console, started: float, logs_dir: str,
+           launcher_signals: list[int]) -> int:
+  """Says how the pod ended and returns the launcher's exit code.
+
+  Args:
+    end: what the monitor saw last.
+    ranks: every rank, exited.
+    console: where to say it.
+    started: time.monotonic() when the pod started.
+    logs_dir: where the ranks' logs are.
+    launcher_signals: the signals the launcher got.
+  """
+  code = exit_code(end, launcher_signals)
+  say, elapsed_s = console.say, time.monotonic() - started
+  if end.state is GangState.SUCCEEDED:
+    say(f'all {len(ranks)} ranks finished in {elapsed_s:.1f} s; logs in '
+        f'{logs_dir}')
+    return code
+  if end.state is GangState.FAILED:
+    _say_root_cause(end.rank, ranks, say, end.rank.exited_at - started)
+  elif end.state is GangState.PREEMPTED:
+    notice = ('SIGTERM to the launcher' if launcher_signals else
+              'a preemption notice to a rank')
+    say(f'preempted by {notice}: every rank saved a checkpoint and exited '
+        f'with code {code}, {elapsed_s:.1f} s after start. Run the same '
+        'command again to resume (or use --max_restarts).')
+  else:
+    say(_what_stopped_it(end, logs_dir))
+    _describe_others(None, ranks, say)
+  say(f'exit code {code}{exit_codes.signal_suffix(code)}; logs in {logs_dir}')
+  return code
+
+
+def _what_stopped_it(end: monitor.End, logs_dir: str) -> str:
+  """The message for a pod the launcher ended itself."""
+  if end.state is GangState.PREEMPTION_LATE:
+    return (f'the preemption did not complete: {end.message}; killed them. '
+            'The next start resumes from the last complete checkpoint.')
+  if end.state is GangState.STALLED:
+    return (f'the job stalled: {end.message}. Every rank\'s Python stacks '
+            f'are in its log under {logs_dir}.')
+  return (f'got {signal.Signals(end.signum).name}: forwarded it to every '
+          'rank and stopped the job.')
+
+
+def _name(rank: ranks_lib.Rank, ranks: list[ranks_lib.Rank]) -> str:
+  return f'rank {rank.index}/{len(ranks)}'
+
+
+def _tail(rank: ranks_lib.Rank) -> list[str]:
+  with open(rank.log_path, 'rb') as f:
+    lines = collections.deque(f, maxlen=_TAIL_LINES)
+  return [l.decode('utf-8', 'replace').rstrip('\n') for l in lines]
+
+
+def _say_root_cause(root: ranks_lib.Rank, ranks: list[ranks_lib.Rank], say,
+                    elapsed_s: float) -> None:
+  """The failing rank, when it failed (s after start), its log's tail."""
+  code = root.exit_code
+  what = ('the job stalled: the hang watchdog of '
+          if code == exit_codes.STALLED else '')
+  say(f'{what}{_name(root, ranks)} failed first, with exit code '
+      f'{code}{exit_codes.signal_suffix(code)}, {elapsed_s:.1f} s after '
+      f'start. Last lines of {root.log_path}:\n' +
+      '\n'.join(f'  | {l}' for l in _tail(root)))
+  _describe_others(root, ranks, say)
+
+
+def _describe_others(root: Optional[ranks_lib.Rank],
+                     ranks: list[ranks_lib.Rank], say) -> None:
+  for rank in ranks:
+    if rank is root:
+      continue
+    code = rank.exit_code
+    suffix = exit_codes.signal_suffix(code)
+    if rank.signalled_at is not None and rank.exited_at >= rank.signalled_at:
+      how = f'stopped by the launcher, exit code {code}{suffix}'
+    else:
+      how = f'exit code {code}{suffix}'
+    if root is not None and code != 0:
+      how += (f', a consequence of {_name(root, ranks)}\'s failure, not a '
+              'cause')
+    say(f'{_name(rank, ranks)}: {how}')
