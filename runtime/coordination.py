@@ -18,6 +18,11 @@ from typing import Optional, Sequence
 
 from launcher import exit_codes
 
+# The distributed client's methods `Job` calls: the same in JAX 0.10 to 0.12
+# (tests/test_jax_versions.py checks the installed JAX has them).
+CLIENT_METHODS = ('key_value_set', 'key_value_try_get',
+                  'blocking_key_value_get', 'key_value_dir_get',
+                  'wait_at_barrier')
 
 _default_timeout_s = 300.0
 

@@ -1,24 +1,32 @@
-# Sourced by scripts/run.sh and scripts/test.sh: a virtual environment in
-# .venv with the project and its test tools installed, refreshed whenever
-# pyproject.toml changes. PODRUN_PYTHON picks the interpreter (3.11+).
+# Sourced by scripts/run.sh and scripts/test.sh: a virtual environment with
+# the project and its test tools installed, refreshed whenever
+# pyproject.toml (or the constraints file) changes.
+#   PODRUN_PYTHON       the interpreter (3.11 to 3.13); default python3
+#   PODRUN_VENV         where the environment lives; default .venv
+#   PODRUN_CONSTRAINTS  a pip constraints file, e.g. scripts/oldest.txt for
+#                       the oldest supported versions
+#   PODRUN_EXTRAS       the extras to install; default test
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${PODRUN_VENV:-$repo/.venv}"
 python="${PODRUN_PYTHON:-python3}"
+extras="${PODRUN_EXTRAS:-test}"
+constraints="${PODRUN_CONSTRAINTS:-}"
 
-if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
-  echo "podrun needs Python 3.11 or newer; $python is $("$python" -V 2>&1)." \
-       "Set PODRUN_PYTHON to one." >&2
+if ! "$python" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null; then
+  echo "podrun needs Python 3.11 to 3.13; $python is" \
+       "$("$python" -V 2>&1 || echo 'not found')." \
+       "Set PODRUN_PYTHON to one (scripts/find_python.sh 3.13 finds one)." >&2
   exit 2
 fi
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 stamp="$venv/.podrun-installed"
-want="$(sha256sum "$repo/pyproject.toml" | cut -d' ' -f1)"
+want="$(cat "$repo/pyproject.toml" ${constraints:+"$constraints"} | sha256sum | cut -d' ' -f1) $extras"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet -e "$repo[test]"
+  "$venv/bin/python" -m pip install --quiet ${constraints:+-c "$constraints"} -e "$repo[$extras]"
   echo "$want" > "$stamp"
 fi
 cd "$repo"

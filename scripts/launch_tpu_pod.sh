@@ -20,12 +20,14 @@
 #    --skip_preflight, checks it through cloud-tpu-client (READY, HEALTHY,
 #    config.topology.accelerator_type; needs `gcloud auth
 #    application-default login`).
-# 2. Checks each worker's Python (3.11+ with venv; python3.13 ... python3,
-#    or --worker_python) before copying anything; --provision_python
-#    installs python3.11 (deadsnakes PPA, sudo apt-get) where none is found.
+# 2. Checks each worker's Python (with venv, new enough for this machine's
+#    JAX: 3.11+ for JAX 0.10, 3.12+ from 0.11; python3.13 ... python3, or
+#    --worker_python) before copying anything; --provision_python installs
+#    that version (deadsnakes PPA, sudo apt-get) where none is found.
 # 3. Copies the project (one tarball named by its SHA-256) to every worker
-#    and, once per version of pyproject.toml, installs it in ~/podrun/venv
-#    with the TPU extra (skipped with --worker_python).
+#    and, once per version of pyproject.toml and of JAX, installs it in
+#    ~/podrun/venv with the TPU extra and this machine's JAX version
+#    (skipped with --worker_python).
 # 4. Runs `python -m launcher <launcher flags>` on all workers at once
 #    through launcher/tpu/worker.py: each line goes to LOG_DIR/worker_W.log
 #    and, prefixed "[worker W]", to the console. The exit code is the first
@@ -45,10 +47,11 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 case " $* " in
-  *" -h "*|*" --help "*) sed -n '2,44p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *" -h "*|*" --help "*) sed -n '2,46p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
-# This machine's Python with the project installed (scripts/env.sh makes
-# .venv the first time); PODRUN_LOCAL_PYTHON names another.
+# This machine's Python with the project and its pod extra (cloud-tpu-client,
+# for the preflight) installed: scripts/env.sh makes .venv the first time;
+# PODRUN_LOCAL_PYTHON names another.
 if [ -n "${PODRUN_LOCAL_PYTHON:-}" ]; then
   py="$PODRUN_LOCAL_PYTHON"
 else

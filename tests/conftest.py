@@ -44,6 +44,14 @@ def pytest_collection_modifyitems(config, items):
         f'{", ".join(TIERS)}); these do not: {"; ".join(wrong)}')
 
 
+def pytest_report_header(config):
+  del config
+  import sys  # pylint: disable=g-import-not-at-top
+  import jaxlib  # pylint: disable=g-import-not-at-top
+  return (f'podrun: Python {sys.version.split()[0]}, jax {jax.__version__}, '
+          f'jaxlib {jaxlib.__version__}')
+
+
 def pytest_configure(config):
   del config
   # The in-process tests train the same small models many times: JAX's

@@ -24,12 +24,17 @@ import time
 import pytest
 
 from launcher import exit_codes
+from launcher.tpu import commands
 from tests import helpers
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 SCRIPT = str(helpers.REPO / 'scripts' / 'launch_tpu_pod.sh')
 FAKE_BIN = helpers.REPO / 'tests' / 'fake_gcloud'
+# What --provision_python installs for this environment's JAX: python3.11
+# for JAX 0.10, python3.12 from JAX 0.11 on.
+WORKER_PYTHON = 'python' + '.'.join(
+    map(str, commands.required_python(commands.worker_jax_version())))
 
 
 def _free_port() -> int:
@@ -270,8 +275,8 @@ def test_a_worker_with_python_3_10_fails_at_once_naming_it(tmp_path):
 
 
 def _worker_without_python_3_11(tmp_path) -> str:
-  """A worker PATH as on Ubuntu 22.04: python3 says 3.10, no python3.11, and
-  sudo, add-apt-repository and apt-get that install python3.11 the way the
+  """A worker PATH as on Ubuntu 22.04: python3 says 3.10, no python3.X, and
+  sudo, add-apt-repository and apt-get that install python3.X the way the
   deadsnakes PPA would (here: a script that runs this interpreter)."""
   bin_dir, tools = tmp_path / 'worker1_bin', tmp_path / 'worker1_tools'
   bin_dir.mkdir()
@@ -288,9 +293,9 @@ def _worker_without_python_3_11(tmp_path) -> str:
       'sudo': '#!/bin/sh\nexec env "$@"\n',
       'add-apt-repository': '#!/bin/sh\necho "$*" >> "$HOME/apt.log"\n',
       'apt-get': f'#!/bin/sh\necho "$*" >> "$HOME/apt.log"\ncase "$*" in '
-                 f'*"install"*python3.11*) printf \'#!/bin/sh\\nexec %s '
-                 f'"$@"\\n\' {sys.executable} > {bin_dir}/python3.11; '
-                 f'chmod +x {bin_dir}/python3.11 ;; esac\n',
+                 f'*"install"*{WORKER_PYTHON}*) printf \'#!/bin/sh\\nexec %s '
+                 f'"$@"\\n\' {sys.executable} > {bin_dir}/{WORKER_PYTHON}; '
+                 f'chmod +x {bin_dir}/{WORKER_PYTHON} ;; esac\n',
   }
   for name, text in scripts.items():
     (bin_dir / name).write_text(text)
@@ -298,23 +303,36 @@ def _worker_without_python_3_11(tmp_path) -> str:
   return f'{bin_dir}:{tools}'
 
 
+def _worker_with_python(tmp_path) -> str:
+  """A worker PATH where WORKER_PYTHON runs this interpreter."""
+  bin_dir = tmp_path / 'worker0_bin'
+  bin_dir.mkdir()
+  (bin_dir / WORKER_PYTHON).write_text(
+      f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+  (bin_dir / WORKER_PYTHON).chmod(0o755)
+  return f'{bin_dir}:{os.path.dirname(sys.executable)}:/usr/bin:/bin'
+
+
 def test_provision_python_installs_it_where_missing(tmp_path):
   pod = FakePod(tmp_path,
+                FAKE_TPU_WORKER_PATH_0=_worker_with_python(tmp_path),
                 FAKE_TPU_WORKER_PATH_1=_worker_without_python_3_11(tmp_path))
   try:
-    refused = pod.run('--', *LINEAR, python='python3.11')
+    refused = pod.run('--', *LINEAR, python=WORKER_PYTHON)
     assert refused.returncode == exit_codes.CONFIG_ERROR, refused.output
     assert 'worker 1: found nothing' in refused.stderr
     assert '--provision_python' in refused.stderr
     result = pod.run('--provision_python', '--', *LINEAR,
-                     f'--workdir={tmp_path / "work"}', python='python3.11')
+                     f'--workdir={tmp_path / "work"}', python=WORKER_PYTHON)
   finally:
     pod.kill_leftovers()
   assert result.returncode == 0, result.output
-  assert 'installing Python 3.11 on the workers that lack it' in result.stderr
+  assert (f'installing Python {WORKER_PYTHON[6:]} (for JAX '
+          f'{commands.worker_jax_version()}) on the workers that lack it'
+          ) in result.stderr
   apt = (pod.root / 'worker_1' / 'apt.log').read_text()
   assert '-y ppa:deadsnakes/ppa' in apt
-  assert 'install -y -q python3.11 python3.11-venv' in apt
+  assert f'install -y -q {WORKER_PYTHON} {WORKER_PYTHON}-venv' in apt
   assert not (pod.root / 'worker_0' / 'apt.log').exists()  # It had one.
   assert 'step 30/30' in pod.log(0)
 

@@ -1,6 +1,7 @@
 """Accelerator table, preflight against a fake TPU API, code bundle."""
 
 import hashlib
+import os
 import subprocess
 import sys
 import tarfile
@@ -10,6 +11,7 @@ import pytest
 from launcher import exit_codes
 from launcher.tpu import accelerators
 from launcher.tpu import bundle
+from launcher.tpu import commands
 from launcher.tpu import preflight
 from tests import helpers
 
@@ -227,3 +229,38 @@ def test_missing_application_default_credentials_say_what_to_run():
                                         'credentials.'))
   assert 'Run `gcloud auth application-default login`' in message
   assert 'my-pod' in message
+
+
+@pytest.mark.parametrize('jax_version, python', [
+    ('0.10.2', (3, 11)), ('0.11.0', (3, 12)), ('0.12.0.1', (3, 12))])
+def test_the_worker_python_follows_the_jax_release(jax_version, python):
+  assert commands.required_python(jax_version) == python
+  assert f'>= ({python[0]}, {python[1]})' in commands.find_python(
+      '', python)
+  assert (f'install -y -q python{python[0]}.{python[1]} '
+          f'python{python[0]}.{python[1]}-venv') in commands.provision_command(
+              '', jax_version)
+
+
+def test_every_worker_installs_the_drivers_jax():
+  setup = commands.setup_command('abc', '', '0.12.0.1')
+  assert "'jax[tpu]==0.12.0.1'" in setup
+  assert '>= (3, 12)' in setup
+
+
+def test_without_the_pod_extra_the_preflight_says_what_to_install(tmp_path):
+  # A stand-in module that fails to import as a missing package does.
+  (tmp_path / 'cloud_tpu_client.py').write_text(
+      "raise ImportError('No module named cloud_tpu_client', "
+      "name='cloud_tpu_client')\n")
+  env = helpers.launcher_env()
+  env['PYTHONPATH'] = f'{tmp_path}{os.pathsep}{env["PYTHONPATH"]}'
+  result = subprocess.run(
+      [sys.executable, '-m', 'launcher.tpu', 'preflight', '--tpu=x',
+       '--zone=z', '--wait_healthy=0', '--',
+       '--config=configs/linear_regression.py'],
+      cwd=helpers.REPO, capture_output=True, text=True, timeout=120, env=env)
+  assert result.returncode == exit_codes.CONFIG_ERROR, result.stderr
+  assert 'pip install -e ".[pod]"' in result.stderr
+  assert '--skip_preflight' in result.stderr
+  assert 'Traceback' not in result.stderr

@@ -17,10 +17,11 @@ import jax
 from runtime import goodput
 
 # Seconds spent compiling: tracing, lowering, the backend (one event each).
-_COMPILE_EVENT_PREFIX = '/jax/core/compile/'
+# The same names in JAX 0.10 to 0.12 (tests/test_jax_versions.py).
+COMPILE_EVENT_PREFIX = '/jax/core/compile/'
 # Seconds spent reading a program back from the persistent cache.
-_CACHE_RETRIEVAL_EVENT = '/jax/compilation_cache/cache_retrieval_time_sec'
-_CACHE_HIT_EVENT = '/jax/compilation_cache/cache_hits'
+CACHE_RETRIEVAL_EVENT = '/jax/compilation_cache/cache_retrieval_time_sec'
+CACHE_HIT_EVENT = '/jax/compilation_cache/cache_hits'
 
 
 def count_into(ledger: goodput.Ledger) -> None:
@@ -32,13 +33,13 @@ def count_into(ledger: goodput.Ledger) -> None:
 
   def on_duration(event: str, duration: float, **kwargs) -> None:
     del kwargs
-    if event.startswith(_COMPILE_EVENT_PREFIX) or (
-        event == _CACHE_RETRIEVAL_EVENT):
+    if event.startswith(COMPILE_EVENT_PREFIX) or (
+        event == CACHE_RETRIEVAL_EVENT):
       goodput.on_compile(duration)
 
   def on_event(event: str, **kwargs) -> None:
     del kwargs
-    if event == _CACHE_HIT_EVENT:
+    if event == CACHE_HIT_EVENT:
       ledger.note(compile_cache_hits=ledger.notes.get(
           'compile_cache_hits', 0) + 1)
 

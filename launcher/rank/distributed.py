@@ -45,8 +45,9 @@ class Options:
     coordinator_address: 'HOST:PORT' of process 0's coordinator service.
     num_processes: processes in the job.
     process_id: this process, in [0, num_processes).
-    coordinator_bind_address: 'HOST:PORT' the coordinator listens on; None
-      lets JAX listen on every interface, as a real cluster needs.
+    coordinator_bind_address: 'HOST:PORT' the coordinator listens on, also
+      on a cluster JAX detects (where JAX_COORDINATOR_PORT fixes the port);
+      None lets JAX listen on every interface, as a real cluster needs.
     initialization_timeout: seconds to wait for every process to join.
     heartbeat_timeout: seconds of silence after which the project's own
       supervision (supervisor.py) declares a process lost; JAX's heartbeat,
@@ -212,8 +213,10 @@ def initialize(mode: str, options: Options,
   if mode == EXPLICIT:
     kwargs = dict(coordinator_address=options.coordinator_address,
                   num_processes=options.num_processes,
-                  process_id=options.process_id,
-                  coordinator_bind_address=options.coordinator_bind_address)
+                  process_id=options.process_id)
+  if options.coordinator_bind_address:
+    # On a detected cluster too: JAX otherwise listens on every interface.
+    kwargs['coordinator_bind_address'] = options.coordinator_bind_address
   logging.info('jax.distributed.initialize(%s)', ', '.join(
       f'{k}={v!r}' for k, v in kwargs.items()) or 'detected from the cluster')
   try:

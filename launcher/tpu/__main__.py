@@ -54,6 +54,9 @@ def _check(args, launcher_args: list[str]) -> int:
     try:
       ok, why = preflight.recoverable(
           preflight.make_client(args.tpu, args.zone, args.project))
+    except preflight.MissingExtraError as e:
+      say(f'error: {e}')
+      return e.exit_code
     except Exception as e:  # pylint: disable=broad-except
       say(f'error: {preflight.explain_api_error(args.tpu, e)}')
       return exit_codes.POD_UNAVAILABLE

@@ -11,6 +11,7 @@ Example:
 """
 
 import dataclasses
+import importlib.metadata
 import re
 import shlex
 import subprocess
@@ -61,13 +62,53 @@ class LaunchError(exit_codes.PodrunError):
   exit_code = exit_codes.CONFIG_ERROR
 
 
-# Sets $py, on a worker, to the first candidate that can run the job: 3.11+
-# with its venv module. $found lists what was tried.
+# The oldest Python each JAX release runs on, newest release first: JAX 0.11
+# dropped Python 3.11.
+_JAX_MIN_PYTHON = (((0, 11), (3, 12)), ((0, 0), (3, 11)))
+
+
+def worker_jax_version() -> str:
+  """The JAX version the workers install: this environment's own.
+
+  Read from the installed package's metadata (nothing is imported), so that
+  every worker runs the JAX the launch was tried with.
+
+  Raises:
+    LaunchError: when this environment has no JAX.
+  """
+  try:
+    return importlib.metadata.version('jax')
+  except importlib.metadata.PackageNotFoundError as e:
+    raise LaunchError(
+        'this Python has no jax installed, so there is no JAX version for '
+        'the workers to install: run scripts/launch_tpu_pod.sh without '
+        'PODRUN_LOCAL_PYTHON (it uses .venv), or `pip install -e ".[pod]"` '
+        'into this Python.') from e
+
+
+def required_python(jax_version: str) -> tuple[int, int]:
+  """The oldest Python that `jax_version` runs on, e.g. (3, 12) for 0.12.0.
+
+  Example:
+    >>> required_python('0.10.2')
+    (3, 11)
+  """
+  release = tuple(int(x) for x in re.findall(r'\d+', jax_version)[:2])
+  return next(python for first, python in _JAX_MIN_PYTHON if release >= first)
+
+
+def _dotted(version: tuple[int, int]) -> str:
+  return '.'.join(map(str, version))
+
+
+# Sets $py, on a worker, to the first candidate that can run the job: the
+# required Python (MIN) or newer, with its venv module. $found lists what was
+# tried.
 _FIND_PYTHON = r'''py=''; found=''
 for p in CANDIDATES; do
   path="$(command -v "$p" 2>/dev/null)" || continue
   v="$("$path" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" || continue
-  ok="$("$path" -c 'import sys, venv, ensurepip; print(int(sys.version_info >= (3, 11)))' 2>/dev/null || echo novenv)"
+  ok="$("$path" -c 'import sys, venv, ensurepip; print(int(sys.version_info >= (MIN)))' 2>/dev/null || echo novenv)"
   found="$found $path=$v"; [ "$ok" = novenv ] && found="$found(no venv module)"
   if [ "$ok" = 1 ]; then py="$path"; break; fi
 done'''
@@ -78,21 +119,36 @@ if [ -n "$py" ]; then echo "[worker $w] podrun-python: ok $py"; else echo "[work
 _DEFAULT_CANDIDATES = ('python3.13', 'python3.12', 'python3.11', 'python3')
 
 
-def find_python(worker_python: str) -> str:
-  """The shell snippet that sets $py on a worker (see _FIND_PYTHON)."""
+def find_python(worker_python: str,
+                minimum: tuple[int, int] = (3, 11)) -> str:
+  """The shell snippet that sets $py on a worker (see _FIND_PYTHON).
+
+  Args:
+    worker_python: --worker_python, or '' to try python3.13 ... python3.
+    minimum: the oldest Python the job's JAX runs on.
+  """
   candidates = (shlex.quote(worker_python) if worker_python else
                 ' '.join(_DEFAULT_CANDIDATES))
-  return _FIND_PYTHON.replace('CANDIDATES', candidates)
+  return _FIND_PYTHON.replace('CANDIDATES', candidates).replace(
+      'MIN', ', '.join(map(str, minimum)))
 
 
-def check_pythons(gcloud: Gcloud, worker_python: str, log_path: str
-                  ) -> dict[str, str]:
+def check_pythons(gcloud: Gcloud, worker_python: str, log_path: str,
+                  jax_version: str) -> dict[str, str]:
   """{worker: interpreter path} that can run the job, on every worker.
+
+  Args:
+    gcloud: the pod's commands.
+    worker_python: --worker_python, or ''.
+    log_path: where the probe's output goes.
+    jax_version: the JAX the workers run, which decides the oldest Python.
 
   Raises:
     LaunchError: naming each worker without one, what it found and the fix.
   """
-  probe = PYTHON_PROBE.replace('FIND', find_python(worker_python))
+  minimum = _dotted(required_python(jax_version))
+  probe = PYTHON_PROBE.replace(
+      'FIND', find_python(worker_python, required_python(jax_version)))
   result = subprocess.run(gcloud.ssh(probe), stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, check=False)
   with open(log_path, 'a') as log:
@@ -110,33 +166,39 @@ def check_pythons(gcloud: Gcloud, worker_python: str, log_path: str
       problems.append(f'worker {worker}: found {detail.strip() or "nothing"}')
   if problems or not found:
     raise LaunchError(
-        'no worker Python can run the job (JAX 0.10 needs Python 3.11 or '
-        'newer, with its venv module):\n  ' + '\n  '.join(
+        f'no worker Python can run the job (JAX {jax_version} needs Python '
+        f'{minimum} or newer, with its venv module):\n  ' + '\n  '.join(
             problems or [result.stderr.strip()[-500:]]) +
-        '\nFix: launch with --provision_python, which installs python3.11 '
-        'and python3.11-venv from the deadsnakes PPA with sudo apt-get on '
-        'the workers that lack them, or install an interpreter yourself, or '
+        f'\nFix: launch with --provision_python, which installs '
+        f'python{minimum} and python{minimum}-venv from the deadsnakes PPA '
+        'with sudo apt-get on the workers that lack them, or install an interpreter yourself, or '
         'name one with --worker_python=PATH. Nothing was copied or started.')
   return found
 
 
-# Installs Python 3.11 with venv where no usable interpreter is found
-# (Ubuntu 22.04 TPU images: python3 is 3.10); does nothing elsewhere.
+# Installs the required Python (VERSION) with venv where no usable
+# interpreter is found (Ubuntu 22.04 TPU images: python3 is 3.10); does
+# nothing elsewhere.
 _PROVISION = r'''FIND
 if [ -z "$py" ]; then
   sudo add-apt-repository -y ppa:deadsnakes/ppa >/dev/null
   sudo apt-get update -q >/dev/null
-  sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3.11 python3.11-venv >/dev/null
+  sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q pythonVERSION pythonVERSION-venv >/dev/null
 fi'''
 
 
-def provision_command(worker_python: str) -> str:
-  """Installs python3.11 (deadsnakes) on every worker that needs one."""
-  return _PROVISION.replace('FIND', find_python(worker_python))
+def provision_command(worker_python: str, jax_version: str) -> str:
+  """Installs the Python `jax_version` needs (deadsnakes) on every worker
+  that lacks one."""
+  minimum = required_python(jax_version)
+  return _PROVISION.replace('FIND', find_python(worker_python, minimum)
+                            ).replace('VERSION', _dotted(minimum))
 
 
-def setup_command(short_hash: str, worker_python: str) -> str:
-  """Unpacks the code and, once per pyproject.toml, installs ~/podrun/venv."""
+def setup_command(short_hash: str, worker_python: str,
+                  jax_version: str) -> str:
+  """Unpacks the code and, once per pyproject.toml and JAX version, installs
+  ~/podrun/venv with the project and exactly that JAX."""
   code = f'$HOME/podrun/code-{short_hash}'
   steps = [
       'set -e', f'd="{code}"', 'mkdir -p "$HOME/podrun"',
@@ -148,13 +210,15 @@ def setup_command(short_hash: str, worker_python: str) -> str:
   if not worker_python:
     # One environment for every version of the code, reinstalled only when
     # pyproject.toml changes.
+    jax = shlex.quote(f'jax[tpu]=={jax_version}')
     steps += [
-        find_python(''),
+        find_python('', required_python(jax_version)),
         'v="$HOME/podrun/venv"',
-        's="$v/.podrun-$(sha256sum "$d/pyproject.toml" | cut -c1-16)"',
+        's="$v/.podrun-$(sha256sum "$d/pyproject.toml" | cut -c1-16)-'
+        f'{jax_version}"',
         'if [ ! -f "$s" ]; then rm -rf "$v"; "$py" -m venv "$v"; '
         '"$v/bin/pip" install -q --upgrade pip; '
-        '"$v/bin/pip" install -q "$d[tpu]"; touch "$s"; fi',
+        f'"$v/bin/pip" install -q "$d[tpu]" {jax}; touch "$s"; fi',
     ]
   return '; '.join(steps)
 

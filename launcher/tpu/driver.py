@@ -7,8 +7,8 @@ order:
 1. reads the pod with `gcloud ... describe` (its worker endpoints and
    accelerator type: the process count every worker must find) and, unless
    --skip_preflight, checks it through cloud-tpu-client (preflight.py);
-2. checks each worker's Python before copying anything, and picks a 3.11+
-   interpreter there;
+2. checks each worker's Python before copying anything, and picks one that
+   this environment's JAX runs on (3.11+ for JAX 0.10, 3.12+ from 0.11);
 3. copies the project (one tarball named by its SHA-256, bundle.py) to
    every worker, and sets up ~/podrun/venv once per version of
    pyproject.toml;
@@ -22,6 +22,7 @@ order:
 """
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -91,6 +92,12 @@ class Launch:
     self._short_hash = ''
     self._log_lock = threading.Lock()
 
+  @functools.cached_property
+  def jax_version(self) -> str:
+    """The JAX every worker installs: this environment's, on a Python it
+    runs on (--provision_python installs one where needed)."""
+    return commands.worker_jax_version()
+
   def path(self, name: str) -> str:
     return os.path.join(self.log_dir, name)
 
@@ -129,20 +136,7 @@ class Launch:
     self.workers, kind = pod_workers(self.gcloud, gcloud_log)
     self.say(f'TPU {self.options.tpu}: {kind}, {self.workers} worker(s)')
     self.preflight()
-    try:
-      pythons = commands.check_pythons(
-          self.gcloud, self.options.worker_python, gcloud_log)
-    except LaunchError:
-      if not self.options.provision_python:
-        raise
-      self.say('installing Python 3.11 on the workers that lack it '
-               '(--provision_python)')
-      commands.run_logged(self.gcloud.ssh(commands.provision_command(
-          self.options.worker_python)), gcloud_log)
-      pythons = commands.check_pythons(
-          self.gcloud, self.options.worker_python, gcloud_log)
-    self.say('worker Python: ' + ', '.join(
-        f'worker {w}: {p}' for w, p in sorted(pythons.items())))
+    self._check_pythons(gcloud_log)
     with tempfile.TemporaryDirectory() as tmp:  # LOG_DIR holds only logs.
       bundle = os.path.join(tmp, 'code.tar.gz')
       code_hash = bundle_lib.bundle(bundle)
@@ -155,10 +149,31 @@ class Launch:
                           '`ssh-add ~/.ssh/google_compute_engine`.')
     self.say('setting up every worker (the first time for this version: '
              'installs the project)')
-    setup = commands.setup_command(short, self.options.worker_python)
+    setup = commands.setup_command(short, self.options.worker_python,
+                                   self.jax_version)
     if commands.run_logged(self.gcloud.ssh(setup), gcloud_log).returncode:
       raise LaunchError(f'worker set-up failed; see {gcloud_log}')
     self._short_hash = short
+
+  def _check_pythons(self, gcloud_log: str) -> None:
+    """Every worker has a Python for this JAX, or gets one, or we stop."""
+    options = self.options
+    try:
+      pythons = commands.check_pythons(self.gcloud, options.worker_python,
+                                       gcloud_log, self.jax_version)
+    except LaunchError:
+      if not options.provision_python:
+        raise
+      minimum = '.'.join(map(str, commands.required_python(
+          self.jax_version)))
+      self.say(f'installing Python {minimum} (for JAX {self.jax_version}) '
+               'on the workers that lack it (--provision_python)')
+      commands.run_logged(self.gcloud.ssh(commands.provision_command(
+          options.worker_python, self.jax_version)), gcloud_log)
+      pythons = commands.check_pythons(self.gcloud, options.worker_python,
+                                       gcloud_log, self.jax_version)
+    self.say('worker Python: ' + ', '.join(
+        f'worker {w}: {p}' for w, p in sorted(pythons.items())))
 
   def run_command(self, attempt: int) -> str:
     return commands.run_command(
@@ -213,9 +228,12 @@ def print_plan(launch: Launch) -> int:
   short = '<code sha256[:16]>'
   planned = [
       gcloud.ssh(commands.PYTHON_PROBE.replace(
-          'FIND', commands.find_python(options.worker_python))),
+          'FIND', commands.find_python(options.worker_python,
+                                       commands.required_python(
+                                           launch.jax_version)))),
       gcloud.scp('<tmp>/code.tar.gz', f'podrun-{short}.tar.gz'),
-      gcloud.ssh(commands.setup_command(short, options.worker_python)),
+      gcloud.ssh(commands.setup_command(short, options.worker_python,
+                                        launch.jax_version)),
       gcloud.ssh(commands.run_command(
           short, launch.job_id, options.worker_python, options.env,
           launch.launcher_args, '<workers from describe>', options)),
@@ -273,13 +291,13 @@ def main(argv: list[str], launcher_args: list[str]) -> int:
     options, launcher_args = parse(argv, launcher_args)
   except SystemExit as e:
     return exit_codes.CONFIG_ERROR if e.code else exit_codes.OK
-  launch = Launch(options, launcher_args)
-  if options.dry_run:
-    return print_plan(launch)
-  if options.stop is not None or options.status:
-    return _control(launch)
-  os.makedirs(launch.log_dir, exist_ok=True)
   try:
+    launch = Launch(options, launcher_args)
+    if options.dry_run:
+      return print_plan(launch)
+    if options.stop is not None or options.status:
+      return _control(launch)
+    os.makedirs(launch.log_dir, exist_ok=True)
     return launch_job(launch)
   except exit_codes.PodrunError as e:
     print(f'launch_tpu_pod: error: {e}', file=sys.stderr)

@@ -49,9 +49,25 @@ class PodInfo:
     return out
 
 
+class MissingExtraError(exit_codes.ConfigError):
+  """cloud-tpu-client is not installed: podrun's `pod` extra is missing."""
+
+
 def make_client(tpu: str, zone: str, project: Optional[str]):
-  """cloud_tpu_client.Client for the pod (imported here: it defines a flag)."""
-  import cloud_tpu_client  # pylint: disable=g-import-not-at-top
+  """cloud_tpu_client.Client for the pod (imported here: it defines a flag).
+
+  Raises:
+    MissingExtraError: without cloud-tpu-client, saying what to install.
+  """
+  try:
+    import cloud_tpu_client  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise MissingExtraError(
+        f'the TPU preflight reads the pod through cloud-tpu-client, which '
+        f'this Python ({e.name or "cloud_tpu_client"} missing) does not have: '
+        'it comes with podrun\'s pod extra. Install it with `pip install -e '
+        '".[pod]"` (scripts/launch_tpu_pod.sh does so in .venv), or skip the '
+        'check with --skip_preflight.') from e
   return cloud_tpu_client.Client(tpu=tpu, zone=zone, project=project)
 
 
@@ -189,6 +205,7 @@ def check(tpu: str, zone: str, project: Optional[str],
 
   Raises:
     PodMismatchError: the pod is not the one the config expects.
+    MissingExtraError: cloud-tpu-client is not installed.
     PodUnavailableError: the pod is not up in time, or cannot be read
       (credentials, network, the API), with what to do about it.
   """
@@ -196,7 +213,7 @@ def check(tpu: str, zone: str, project: Optional[str],
     return preflight(make_client(tpu, zone, project or None),
                      expected_accelerator_type(launcher_args), timeout_s,
                      interval_s, log=log)
-  except PodMismatchError:
+  except (PodMismatchError, MissingExtraError):
     raise
   except Exception as e:  # pylint: disable=broad-except
     # Credentials, network and API errors come in many types; all mean the

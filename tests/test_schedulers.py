@@ -1,0 +1,231 @@
+"""The launcher under the real schedulers: a single-node SLURM and mpirun.
+
+Every job is the probe linear regression on 2 processes x 4 emulated CPU
+devices, as a 2x4 local pod runs it; the reference is that local pod's
+fingerprint. Where a signal must land mid-run, rank 0 pauses for a few
+seconds at step 20 (fail_mode=sleep), which changes nothing computed. The
+coordinator listens on 127.0.0.1 only (--coordinator_bind_address, with
+JAX_COORDINATOR_PORT fixing JAX's port), and so do the SLURM daemons.
+"""
+
+import pathlib
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from launcher import exit_codes
+from tests import cluster
+from tests import helpers
+from tests import schedulers
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
+
+STEPS = 40
+PROBE = [f'--config={helpers.PROBE_CONFIG}', '--config.log_every=1',
+         '--config.checkpoint_every=10', f'--config.steps={STEPS}']
+PAUSE = ['--config.fail_rank=0', '--config.fail_step=20',
+         '--config.fail_mode=sleep', '--config.fail_seconds=6']
+
+
+def _fingerprints(workdir, ranks=2) -> list[str]:
+  return [helpers.read_json(pathlib.Path(workdir) / 'ranks' /
+                            f'rank_{i}.json')['fingerprint']['sha256']
+          for i in range(ranks)]
+
+
+def _launcher(workdir, port: int, *args) -> list[str]:
+  """One task's command: the launcher, finding its place from the cluster."""
+  return [sys.executable, '-u', '-m', 'launcher', *PROBE,
+          f'--workdir={workdir}', '--local_devices=4',
+          f'--coordinator_bind_address=127.0.0.1:{port}', *args]
+
+
+def _env(port: int) -> dict[str, str]:
+  return helpers.launcher_env(JAX_COORDINATOR_PORT=str(port),
+                              PYTHONUNBUFFERED='1')
+
+
+def _last_step(workdir) -> int:
+  try:
+    return max(r['step'] for r in helpers.read_jsonl(
+        pathlib.Path(workdir) / 'metrics.jsonl'))
+  except (OSError, ValueError):
+    return 0
+
+
+@pytest.fixture(scope='module')
+def straight(tmp_path_factory) -> str:
+  """The fingerprint of a 2x4 local pod trained without interruption."""
+  workdir = tmp_path_factory.mktemp('straight')
+  result = helpers.run_launcher([*PROBE, f'--workdir={workdir}',
+                                 '--local_processes=2', '--local_devices=4'])
+  assert result.returncode == 0, result.output
+  fingerprints = _fingerprints(workdir)
+  assert fingerprints[0] == fingerprints[1]
+  return fingerprints[0]
+
+
+@pytest.fixture(scope='module')
+def slurm(tmp_path_factory):
+  instance = schedulers.Slurm(str(tmp_path_factory.mktemp('slurm')))
+  instance.start()
+  try:
+    yield instance
+  finally:
+    instance.stop()
+
+
+def _srun(slurm, workdir, port, *args, srun_flags=()) -> subprocess.Popen:
+  command = ['srun', '-n', '2', '-l', '--chdir', str(helpers.REPO),
+             *srun_flags, *_launcher(workdir, port, *args)]
+  return subprocess.Popen(command, env={**_env(port), **{
+      'SLURM_CONF': slurm.conf}}, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> str:
+  try:
+    out, _ = proc.communicate(timeout=timeout)
+  finally:
+    helpers.kill_group(proc)
+  return out
+
+
+def _assert_nothing_left(port: int, slurm=None) -> None:
+  """No task of the job survives (each carries its port in its environment),
+  and SLURM holds no job."""
+  assert helpers.wait_for(lambda: not helpers.processes_with_env(
+      f'JAX_COORDINATOR_PORT={port}'), 30)
+  if slurm is not None:
+    assert helpers.wait_for(
+        lambda: not slurm.run(['squeue', '-h'], check=False).stdout.strip(),
+        30)
+
+
+def test_srun_trains_as_a_local_pod_does(slurm, straight, tmp_path):
+  port = cluster.free_port()
+  proc = _srun(slurm, tmp_path, port)
+  out = _finish(proc, 240)
+  assert proc.returncode == 0, out
+  assert _fingerprints(tmp_path) == [straight] * 2
+  summary = helpers.read_json(tmp_path / 'summary.json')
+  assert summary['process_count'] == 2 and summary['device_count'] == 8
+  # The coordinator JAX found through SLURM listens on loopback only.
+  assert f'Starting JAX distributed service on 127.0.0.1:{port}' in out, out
+  _assert_nothing_left(port, slurm)
+
+
+def _raise_on_rank_1(slurm, workdir, srun_flags=()) -> tuple[int, str]:
+  port = cluster.free_port()
+  proc = _srun(slurm, workdir, port,
+               '--config.steps=1000000', '--config.fail_rank=1',
+               '--config.fail_step=3', '--config.fail_mode=raise',
+               srun_flags=srun_flags)
+  out = _finish(proc, 240)
+  _assert_nothing_left(port, slurm)
+  return proc.returncode, out
+
+
+def test_a_task_that_raises_is_named_and_the_other_exits_10(slurm, tmp_path):
+  code, out = _raise_on_rank_1(slurm, tmp_path)
+  assert 'task 1: Exited with exit code 1' in out, out
+  assert f'task 0: Exited with exit code {exit_codes.PEER_FAILED}' in out, out
+  assert 'rank 1 on' in out and 'failed first: exit 1' in out, out
+  # srun exits with its tasks' highest code: the consequence's 10, not the
+  # cause's 1, which srun's own line and the log name.
+  assert code == exit_codes.PEER_FAILED, out
+
+
+def test_kill_on_bad_exit_ends_the_step_as_well(slurm, tmp_path):
+  # SLURM stops the other task itself once one fails; podrun's broadcast
+  # usually ends it first (exit 10), and either way nothing is left.
+  code, out = _raise_on_rank_1(slurm, tmp_path, ('--kill-on-bad-exit=1',))
+  assert 'task 1: Exited with exit code 1' in out, out
+  assert code != 0, out
+
+
+def test_scancel_signal_term_is_a_preemption(slurm, tmp_path):
+  port = cluster.free_port()
+  proc = _srun(slurm, tmp_path, port, *PAUSE)
+  try:
+    assert helpers.wait_for(lambda: _last_step(tmp_path) >= 15 or
+                            proc.poll() is not None, 180)
+    assert proc.poll() is None, _finish(proc, 10)
+    job_id = slurm.run(['squeue', '-h', '-o', '%i']).stdout.split()[0]
+    slurm.run(['scancel', '--signal=TERM', job_id])
+    out = _finish(proc, 120)
+  finally:
+    helpers.kill_group(proc)
+  assert proc.returncode == exit_codes.PREEMPTED, out
+  assert out.count('preempted: saved the checkpoint of step') == 2, out
+  _assert_nothing_left(port, slurm)
+
+
+def _batch_script(workdir, port: int) -> str:
+  command = shlex.join(_launcher(workdir, port, *PAUSE))
+  return ('#!/bin/bash\n'
+          f'cd {shlex.quote(str(helpers.REPO))}\n'
+          f'exec srun -l {command}\n')
+
+
+def test_a_requeued_batch_job_resumes_exactly(slurm, straight, tmp_path):
+  port = cluster.free_port()
+  script = tmp_path / 'job.sh'
+  script.write_text(_batch_script(tmp_path / 'work', port))
+  log = tmp_path / 'job.log'
+  lease = tmp_path / 'work' / '.podrun_lease.json'
+  job_id = slurm.run(
+      ['sbatch', '--parsable', '--requeue', '-n', '2', '--open-mode=append',
+       f'--output={log}', str(script)], env=_env(port)).stdout.strip()
+  try:
+    assert helpers.wait_for(
+        lambda: _last_step(tmp_path / 'work') >= 15 or
+        slurm.job_state(job_id) is None, 180), slurm.logs()
+    # SLURM's job id names the lease, so the requeued job takes it over.
+    assert helpers.read_json(lease)['job_id'] == f'slurm-{job_id}'
+    slurm.run(['scontrol', 'requeue', job_id])
+    # A requeued job waits on a begin time of about two minutes; a user (or
+    # this test) may release it at once.
+    assert helpers.wait_for(
+        lambda: slurm.job_state(job_id) == 'PENDING', 120), log.read_text()
+    slurm.run(['scontrol', 'update', f'JobId={job_id}', 'StartTime=now'])
+    assert helpers.wait_for(lambda: slurm.job_state(job_id) is None, 240), (
+        log.read_text())
+  finally:
+    slurm.run(['scancel', job_id], check=False)
+  out = log.read_text()
+  # Both tasks saved the same step and exited 75; the requeued job restored
+  # that step.
+  saved = [l.split('step ')[-1] for l in out.splitlines()
+           if 'preempted: saved the checkpoint of step' in l]
+  assert len(saved) == 2 and saved[0] == saved[1], out
+  requeued = out.partition('Exited with exit code 75')[2]
+  assert f'(step {saved[0].split()[0]})' in requeued, out
+  assert _fingerprints(tmp_path / 'work') == [straight] * 2
+  steps = [r['step'] for r in helpers.read_jsonl(
+      tmp_path / 'work' / 'metrics.jsonl')]
+  assert steps == list(range(1, STEPS + 1))
+  assert not lease.exists()  # Released at the end of the resumed run.
+  _assert_nothing_left(port, slurm)
+
+
+@pytest.mark.timeout(240)
+def test_mpirun_trains_as_a_local_pod_does(straight, tmp_path):
+  schedulers.require(schedulers.MPI_BINARIES)
+  port = cluster.free_port()
+  command = ['mpirun', '--allow-run-as-root', '--oversubscribe', '-np', '2',
+             '--mca', 'oob_tcp_if_include', 'lo',
+             '--mca', 'btl_tcp_if_include', 'lo',
+             '-x', 'JAX_COORDINATOR_PORT', '-x', 'PYTHONPATH',
+             *_launcher(tmp_path, port)]
+  proc = subprocess.Popen(command, cwd=helpers.REPO, env=_env(port),
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True)
+  out = _finish(proc, 200)
+  assert proc.returncode == 0, out
+  assert _fingerprints(tmp_path) == [straight] * 2
+  _assert_nothing_left(port)
