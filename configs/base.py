@@ -45,10 +45,13 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   # Dispatched steps allowed to be unfinished; None: 1 on CPU, 2 elsewhere.
   config.max_steps_in_flight = config_dict.placeholder(int)
   # 'pmap', or 'shard_map' (jit + jax.shard_map over a mesh of all devices):
-  # the same step, the same pmean (runtime/parallelism.py).
+  # the same step, the same pmean (runtime/parallelism/).
   config.parallelism = 'pmap'
   # Batches read and copied to the devices ahead of the step that needs them.
   config.prefetch = 2
+  # Every integrity_every steps, each device's copy of the parameters is
+  # checked against every other's (runtime/integrity.py); 0: never.
+  config.integrity_every = 100
   # TensorBoard event files in WORKDIR/tensorboard besides metrics.jsonl.
   config.tensorboard = True
   # A profiler trace of steps start_step + 1 .. start_step + num_steps into

@@ -9,6 +9,7 @@ JAX detects. With --local_processes=N the launcher starts and supervises a
 pod of N such processes on this machine.
 """
 
+import ast
 import json
 import os
 import sys
@@ -129,13 +130,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   try:
     rest = flags.FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except
-    # absl reports unknown flags; ml_collections raises KeyError or
-    # AttributeError for an unknown config key, ValueError for a bad value.
-    lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
-    detail = lines[0] if lines else ''
-    if detail.endswith(':') and len(lines) > 1:
-      detail += ' ' + lines[-1]  # The config file's own error comes last.
-    _fail(f'bad flags or config: {type(e).__name__}: {detail}')
+    _fail(f'bad flags or config: {type(e).__name__}: {_error_detail(e)}')
   if _CONFIG.value is None:
     _fail('--config is required, for example '
           '--config=configs/linear_regression.py')
@@ -154,6 +149,30 @@ def parse_flags(argv: list[str]) -> list[str]:
   except Exception as e:  # pylint: disable=broad-except
     _fail(f'cannot load --config={filename}: {type(e).__name__}: {e}')
   return rest
+
+
+def _error_detail(error: Exception) -> str:
+  """The useful line(s) of a flag or config error, without Python escapes.
+
+  absl reports unknown flags; ml_collections raises KeyError or
+  AttributeError for an unknown config key (its message a repr of
+  "'key'\\nDid you mean ...") and ValueError for a bad value.
+  """
+  text = str(error).strip()
+  if len(text) > 1 and text[0] == text[-1] and text[0] in '\'"':
+    try:
+      text = str(ast.literal_eval(text))
+    except (ValueError, SyntaxError):
+      pass
+  lines = [l.strip() for l in text.splitlines() if l.strip()]
+  if not lines:
+    return ''
+  detail = lines[0]
+  if detail.endswith(':') and len(lines) > 1:
+    detail += ' ' + lines[-1]  # The config file's own error comes last.
+  elif len(lines) > 1 and lines[1].startswith('Did you mean'):
+    detail = f'no config field {detail}. {lines[1]}'
+  return detail
 
 
 def config_name() -> str:

@@ -31,6 +31,7 @@ class ExitCode(enum.IntEnum):
   POD_UNAVAILABLE = 6
   PEER_FAILED = 10
   WORKDIR_BUSY = 11
+  REPLICAS_DIVERGED = 12
   PREEMPTED = 75
   STALLED = 124
 
@@ -45,7 +46,8 @@ _MEANINGS = {
     ExitCode.CONFIG_ERROR: 'a bad config, flag or workload name, or a batch '
                            'that does not fit the devices',
     ExitCode.TOPOLOGY_MISMATCH: 'the pod that joined is not the one the '
-                                'config or flags describe',
+                                'config or flags describe, or its processes '
+                                'do not run the same thing',
     ExitCode.DISTRIBUTED_INIT_FAILED: 'jax.distributed could not start',
     ExitCode.CHECKPOINT_ERROR: 'a checkpoint that does not fit the run, or a '
                                'checkpoint directory not every process sees',
@@ -53,6 +55,7 @@ _MEANINGS = {
                               'be read, or is preempted',
     ExitCode.PEER_FAILED: 'another process of the job failed first',
     ExitCode.WORKDIR_BUSY: 'another job holds the workdir or the pod',
+    ExitCode.REPLICAS_DIVERGED: 'the replicas\' parameters diverged',
     ExitCode.PREEMPTED: 'preempted: every process saved the same step',
     ExitCode.STALLED: 'the hang watchdog fired, or a cross-process wait timed '
                       'out',
@@ -73,7 +76,8 @@ NEVER_RETRIED = (ExitCode.OK, ExitCode.FAILED, ExitCode.CONFIG_ERROR,
 # pod, the same checkpoint): each keeps its own code rather than PEER_FAILED.
 SAME_EVERYWHERE = (ExitCode.CONFIG_ERROR, ExitCode.TOPOLOGY_MISMATCH,
                    ExitCode.DISTRIBUTED_INIT_FAILED, ExitCode.CHECKPOINT_ERROR,
-                   ExitCode.WORKDIR_BUSY, ExitCode.STALLED)
+                   ExitCode.WORKDIR_BUSY, ExitCode.REPLICAS_DIVERGED,
+                   ExitCode.STALLED)
 
 
 class PodrunError(Exception):

@@ -22,7 +22,7 @@ from launcher import exit_codes
 # (tests/test_jax_versions.py checks the installed JAX has them).
 CLIENT_METHODS = ('key_value_set', 'key_value_try_get',
                   'blocking_key_value_get', 'key_value_dir_get',
-                  'wait_at_barrier')
+                  'key_value_delete', 'wait_at_barrier')
 
 _default_timeout_s = 300.0
 
@@ -117,6 +117,10 @@ class Job:
       if _is(e, 'DEADLINE_EXCEEDED'):
         return None
       raise
+
+  def delete(self, key: str) -> None:
+    """Removes key and every key under `key/`."""
+    _client().key_value_delete(key)
 
   def directory(self, prefix: str) -> dict[str, str]:
     """{key: value} of every key under `prefix/`."""

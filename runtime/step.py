@@ -7,6 +7,7 @@ mesh of all devices (`runtime/parallelism/`); it is the same per-device
 function either way.
 """
 
+import inspect
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -14,10 +15,16 @@ from jax import lax
 import numpy as np
 import optax
 
+from launcher import exit_codes
 from runtime import parallelism as parallelism_lib
+from runtime import structure
 
 # The mesh / pmap axis that spans every device of every process.
 _AXIS = parallelism_lib.DATA_AXIS
+_MODEL_STATE_HINT = (
+    'loss_fn must return the new model state with the structure of the one '
+    'it was given: with Flax linen, `updates["batch_stats"]` rather than the '
+    'whole `updates` dict of `apply(..., mutable=["batch_stats"])`.')
 
 # Without model state: loss_fn(params, batch[, rng]) -> (loss, metrics).
 # With it: loss_fn(params, model_state, batch[, rng])
@@ -41,6 +48,42 @@ class TrainState(NamedTuple):
   model_state: Any
   opt_state: Any
   rng: Any
+
+
+def loss_fn_signatures() -> str:
+  """The four shapes a loss_fn may take, for error messages."""
+  return ('loss_fn(params, batch) -> (loss, metrics); with loss_uses_rng, '
+          'loss_fn(params, batch, rng); with model state, loss_fn(params, '
+          'model_state, batch) -> (loss, (metrics, new_model_state)); with '
+          'both, loss_fn(params, model_state, batch, rng)')
+
+
+def check_loss_fn(loss_fn: LossFn, uses_rng: bool,
+                  has_model_state: bool) -> None:
+  """Raises ConfigError when loss_fn cannot take the arguments it will get.
+
+  Functions whose signature Python cannot read, or that take *args, pass.
+  """
+  try:
+    parameters = inspect.signature(loss_fn).parameters.values()
+  except (TypeError, ValueError):
+    return
+  kinds = [p.kind for p in parameters]
+  if inspect.Parameter.VAR_POSITIONAL in kinds:
+    return
+  positional = [p for p in parameters if p.kind in (
+      p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  required = [p for p in positional if p.default is p.empty]
+  given = 2 + int(uses_rng) + int(has_model_state)
+  if not len(required) <= given <= len(positional):
+    names = ', '.join(p.name for p in positional)
+    raise exit_codes.ConfigError(
+        f'loss_fn({names}) takes {len(positional)} positional argument(s), '
+        f'but the step calls it with {given} (model state: '
+        f'{"yes" if has_model_state else "no"}, rng: '
+        f'{"yes" if uses_rng else "no"}; Task.model_state and '
+        f'Task.loss_uses_rng decide). The signatures: '
+        f'{loss_fn_signatures()}.')
 
 
 def _loss_and_grads(loss_fn: LossFn, state: TrainState, batch: Any,
@@ -87,6 +130,8 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     >>> step = make_train_step(loss_fn, optax.sgd(0.1), parallelism.PMAP)
     >>> state, metrics = step(state, parallelism.PMAP.put_batch(batch))
   """
+  check_loss_fn(loss_fn, uses_rng, has_model_state)
+
   def step(state: TrainState, batch: Any):
     rng, step_rng = jax.random.split(state.rng)
     extra = ()
@@ -94,11 +139,17 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
       extra = (jax.random.fold_in(step_rng, lax.axis_index(_AXIS)),)
     loss, metrics, model_state, grads = _loss_and_grads(
         loss_fn, state, batch, extra, has_model_state)
+    structure.check_same('model_state', state.model_state, model_state,
+                         _MODEL_STATE_HINT)
     grads = lax.pmean(grads, _AXIS)
     metrics = lax.pmean({**metrics, 'loss': loss}, _AXIS)
     model_state = lax.pmean(model_state, _AXIS)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    structure.check_same('the optimiser\'s updates', state.params, updates,
+                         dtypes=False)
+    structure.check_same('the optimiser state', state.opt_state, opt_state)
     params = optax.apply_updates(state.params, updates)
+    structure.check_same('params', state.params, params)
     return TrainState(params, model_state, opt_state, rng), metrics
 
   return parallelism.map(step, in_axes=(None, 0), out_axes=(None, None),

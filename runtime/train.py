@@ -24,16 +24,20 @@ import jax
 from ml_collections import ConfigDict
 import optax
 
+from runtime import agreement
 from runtime import checkpoint
+from runtime import coordination
 from runtime import data as data_lib
 from runtime import fingerprint as fingerprint_lib
 from runtime import goodput
 from runtime import hooks as hooks_lib
+from runtime import integrity
 from runtime import loop
 from runtime import metrics as metrics_lib
 from runtime import parallelism as parallelism_lib
 from runtime import prefetch
 from runtime import step as step_lib
+from runtime import structure
 from runtime import topology as topology_lib
 
 NonFiniteLossError = loop.NonFiniteLossError
@@ -153,6 +157,9 @@ def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt
         ckpt, lambda run, host_state, reason: checkpoint.describe_run(
             config, topo, len(task.data), run.step, host_state, reason))
   built_in = [log, hooks_lib.PreemptionAgreement(log, save)]
+  # Before the save of the same step: no checkpoint of diverged replicas.
+  built_in.append(integrity.CheckReplicas(
+      config.integrity_every, ckpt.all_steps if ckpt else lambda: []))
   if save is not None:
     built_in.append(save)
   if task.evaluate is not None:
@@ -193,9 +200,11 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
                                  topo.process_count, topo.local_device_count)
   in_flight_limit = max_steps_in_flight(config, topo.platform)
   par = parallelism_lib.of(config)
-  step_fn = step_lib.make_train_step(
-      task.loss_fn, task.optimizer, par, uses_rng=task.loss_uses_rng,
-      has_model_state=task.model_state is not None)
+  step_fn = structure.RecompileWatch(agreement.check_program_on_first_call(
+      step_lib.make_train_step(
+          task.loss_fn, task.optimizer, par, uses_rng=task.loss_uses_rng,
+          has_model_state=task.model_state is not None),
+      coordination.current()))
   state = step_lib.init_state(task.params, task.optimizer, config.seed,
                               task.model_state)
   ledger = goodput.current()

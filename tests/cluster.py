@@ -42,7 +42,23 @@ class Cluster:
 
   def __init__(self, workdir: pathlib.Path, num_processes: int,
                args: list[str], start: Optional[list[int]] = None,
-               port: Optional[int] = None):
+               port: Optional[int] = None,
+               rank_args: Optional[dict[int, list[str]]] = None,
+               rank_env: Optional[dict[int, dict[str, str]]] = None,
+               rank_cwd: Optional[dict[int, pathlib.Path]] = None):
+    """Starts the processes.
+
+    Args:
+      workdir: the job's workdir (logs go there too).
+      num_processes: the job's size.
+      args: launcher flags for every process.
+      start: the ranks to start; default all.
+      port: the coordinator's port; default a free one.
+      rank_args, rank_env, rank_cwd: per rank, extra flags, extra
+        variables, another directory to run from (a different checkout).
+    """
+    rank_args, rank_env, rank_cwd = (rank_args or {}), (rank_env or {}), (
+        rank_cwd or {})
     self.workdir = workdir
     self.num_processes = num_processes
     address = f'127.0.0.1:{port or free_port()}'
@@ -54,11 +70,14 @@ class Cluster:
       self.logs[rank] = log
       self.procs[rank] = subprocess.Popen(
           [sys.executable, '-u', '-m', 'launcher', *args,
+           *rank_args.get(rank, []),
            f'--workdir={workdir}', '--local_devices=1',
            f'--coordinator_address={address}',
            f'--coordinator_bind_address={address}',
            f'--num_processes={num_processes}', f'--process_id={rank}'],
-          cwd=helpers.REPO, env=helpers.launcher_env(), stdin=subprocess.DEVNULL,
+          cwd=rank_cwd.get(rank, helpers.REPO),
+          env=helpers.launcher_env(**rank_env.get(rank, {})),
+          stdin=subprocess.DEVNULL,
           stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     self.exits: dict[int, Exit] = {}
 

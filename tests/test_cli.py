@@ -58,6 +58,17 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path, override, expected):
   assert line.startswith('launcher: error:') and expected in line
 
 
+def test_a_misspelt_config_field_reads_without_python_escapes(tmp_path):
+  result = helpers.run_launcher([
+      f'--config={LINEAR}', f'--workdir={tmp_path}',
+      '--config.optimizer.learnin_rate=0.5'], timeout=60)
+  assert result.returncode == 2
+  line = _one_error_line(result)
+  assert line.endswith("no config field 'learnin_rate'. Did you mean "
+                       '"learning_rate" instead of "learnin_rate"?'), line
+  assert '\\' not in line
+
+
 def test_a_missing_or_broken_config_file_says_so(tmp_path):
   missing = helpers.run_launcher(['--config=configs/no_such_config.py',
                                   f'--workdir={tmp_path}'], timeout=60)

@@ -33,6 +33,7 @@ from launcher.rank import supervisor as supervisor_lib
 from launcher import rank_output
 from launcher.tpu import accelerators
 from launcher import workload
+from runtime import agreement
 from runtime import checkpoint
 from runtime import coordination
 from runtime import goodput
@@ -233,6 +234,8 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
   topology.check(expected, actual)
   if actual.process_index == 0:
     logging.info('topology: %s', actual.describe())
+  agreement.agree(coordination.current(), agreement.describe_process(config),
+                  'join')
   if mode == distributed.SINGLE:
     # With jax.distributed, SIGTERM is JAX's preemption notice, which the
     # training loop turns into a checkpoint and exit_codes.PREEMPTED.

@@ -10,7 +10,9 @@ each rank loaded to WORKDIR/ids/rank_<i>.npy, shape (steps, ids per rank);
 `ballast_floats` adds an untrained parameter of that many random floats, to make
 checkpoints big enough to be caught mid-save; `per_rank_checkpoint_dir` gives
 each rank a checkpoint directory of its own, as host-local disks would;
-`fail_once` misbehaves only in the first run in a workdir.
+`fail_once` misbehaves only in the first run in a workdir; `flip_rank`
+flips one bit of the first parameter on its local device `flip_device` after
+step `flip_step`, as silent data corruption would.
 """
 
 import dataclasses
@@ -23,6 +25,7 @@ from ml_collections import ConfigDict
 import numpy as np
 
 from launcher import exit_codes
+from runtime import hooks
 from runtime import train
 from runtime.workloads import linear_regression
 
@@ -72,8 +75,13 @@ def train_and_evaluate(config: ConfigDict, workdir):
   if config.per_rank_checkpoint_dir:
     config.checkpoint_dir = os.path.join(
         workdir, f'checkpoints_rank_{jax.process_index()}')
+  extra_hooks = []
+  if config.flip_rank == jax.process_index():
+    extra_hooks.append(hooks.Periodic(config.flip_step, lambda run: flip_bit(
+        run, config.flip_step, config.flip_device)))
   result = train.train(config, workdir, dataclasses.replace(
-      task, params=params, data=_Source(len(task.data), load_examples)))
+      task, params=params, data=_Source(len(task.data), load_examples),
+      hooks=list(task.hooks) + extra_hooks))
   if config.record_ids:
     os.makedirs(os.path.join(workdir, 'ids'), exist_ok=True)
     np.save(os.path.join(workdir, 'ids', f'rank_{jax.process_index()}.npy'),
@@ -82,6 +90,28 @@ def train_and_evaluate(config: ConfigDict, workdir):
                   'learned_bias': result.params['bias'],
                   'true_weight': dataset['true_weight']}
   return result
+
+
+def flip_bit(run, step: int, device: int) -> None:
+  """Flips the lowest bit of element 0 of the first parameter, on one local
+  device's copy only, once, at `step`."""
+  if run.step != step:
+    return
+  state = run.state
+  path_leaves = jax.tree_util.tree_leaves_with_path(state.params)
+  leaf = path_leaves[0][1]
+  shards = [s.data for s in leaf.addressable_shards]
+  bad = np.array(shards[device]).reshape(-1).view(np.uint32)
+  bad[0] ^= 1
+  shards[device] = jax.device_put(
+      bad.view(leaf.dtype).reshape(leaf.shape),
+      leaf.addressable_shards[device].device)
+  flipped = jax.make_array_from_single_device_arrays(leaf.shape,
+                                                     leaf.sharding, shards)
+  params = jax.tree_util.tree_unflatten(
+      jax.tree_util.tree_structure(state.params),
+      [flipped] + [x for _, x in path_leaves[1:]])
+  run.state = state._replace(params=params)
 
 
 class _Source:

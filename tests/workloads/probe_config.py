@@ -21,6 +21,9 @@ def get_config():
   config.ballast_floats = 0
   config.per_rank_checkpoint_dir = False
   config.fail_once = False
+  config.flip_rank = -1
+  config.flip_step = 0
+  config.flip_device = 0
   # How the probe misbehaves only steers the run: outside the trajectory
   # sections, so a resumed run may change it with no registration.
   return config

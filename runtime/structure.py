@@ -1,0 +1,150 @@
+"""Trees that must keep their shape from step to step, checked at trace time.
+
+A step returns the state the next step takes. If the model state (or the
+optimiser's updates, or its state) comes back with another structure, shape
+or dtype, every step compiles anew, slowly and silently, and the run fails
+much later far from the cause. `check_same` compares the two trees while the
+step is traced, so the mistake is named before anything runs; a
+`RecompileWatch` names what changed when a step compiles again later anyway.
+
+Example:
+  >>> check_same('model_state', old_model_state, new_model_state)
+  StructureError: model_state changed its structure in the step:
+    - ['batch_stats']['mean']: float32[32] -> (missing)
+    - ['params']['w']: (absent) -> float32[3]
+"""
+
+import collections
+import threading
+from typing import Any, Callable
+
+from absl import logging
+import jax
+import numpy as np
+
+from launcher import exit_codes
+
+
+class StructureError(exit_codes.PodrunError, TypeError):
+  """A tree the step returns differs from the one it took."""
+  exit_code = exit_codes.FAILED
+
+
+def _describe(leaf: Any, dtypes: bool) -> str:
+  dtype = getattr(leaf, 'dtype', None)
+  shape = getattr(leaf, 'shape', np.shape(leaf))
+  name = np.dtype(dtype).name if dtype is not None else type(leaf).__name__
+  return f'{name if dtypes else ""}[{",".join(map(str, shape))}]'
+
+
+def _leaves(tree: Any, dtypes: bool) -> dict[str, str]:
+  return {jax.tree_util.keystr(path): _describe(leaf, dtypes)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def differences(old: Any, new: Any, dtypes: bool = True) -> list[str]:
+  """'path: old -> new' for each leaf added, removed, reshaped or (with
+  `dtypes`) of another dtype."""
+  before, after = _leaves(old, dtypes), _leaves(new, dtypes)
+  lines = []
+  for path in sorted(set(before) | set(after)):
+    was, now = before.get(path, '(absent)'), after.get(path, '(missing)')
+    if was != now:
+      lines.append(f'{path or "(the root)"}: {was} -> {now}')
+  if not lines and (jax.tree_util.tree_structure(old) !=
+                    jax.tree_util.tree_structure(new)):
+    lines.append(f'the container types: {jax.tree_util.tree_structure(old)} '
+                 f'-> {jax.tree_util.tree_structure(new)}')
+  return lines
+
+
+def check_same(what: str, old: Any, new: Any, hint: str = '',
+               dtypes: bool = True) -> None:
+  """Raises StructureError naming every path of `new` that differs from `old`.
+
+  Args:
+    what: the tree's name in the message ('model_state', ...).
+    old: what the step took (tracers or arrays).
+    new: what it returns.
+    hint: a sentence on the usual cause.
+    dtypes: compare dtypes too (optax casts updates to the parameters'
+      dtypes, so updates are compared without).
+  """
+  lines = differences(old, new, dtypes)
+  if lines:
+    raise StructureError(
+        f'{what} changed its structure in the step ({len(lines)} '
+        'difference(s)); every step would compile anew:\n  - ' +
+        '\n  - '.join(lines) + (f'\n{hint}' if hint else ''))
+
+
+_compiles = collections.Counter()  # thread id -> compilation events seen
+
+
+def _count_compile(event: str, duration: float, **kwargs) -> None:
+  del duration, kwargs
+  if event.startswith('/jax/core/compile/'):
+    _compiles[threading.get_ident()] += 1
+
+
+_listening = []
+
+
+def _describe_argument(leaf: Any) -> str:
+  text = _describe(leaf, dtypes=True)
+  if getattr(leaf, 'weak_type', False):
+    text += ' (weak type)'
+  sharding = getattr(leaf, 'sharding', None)
+  return f'{text} {sharding}' if sharding is not None else text
+
+
+def _arguments(args: tuple) -> dict[str, str]:
+  return {jax.tree_util.keystr(path): _describe_argument(leaf)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(args)}
+
+
+class RecompileWatch:
+  """A step function that warns, once, when a call after the second compiles.
+
+  The first call compiles, and the second may (the state comes back from the
+  first step in the step's own layout); any later compilation costs a full
+  compile on every process and usually means an argument changed its shape,
+  dtype, weak type or placement. The warning names the arguments that
+  differ from the previous call's.
+
+  Example:
+    >>> step = RecompileWatch(make_train_step(...))
+    >>> state, metrics = step(state, batch)
+  """
+
+  def __init__(self, step_fn: Callable, name: str = 'the train step'):
+    self._fn, self._name = step_fn, name
+    self._calls, self._previous, self.warned = 0, None, False
+    if not _listening:
+      jax.monitoring.register_event_duration_secs_listener(_count_compile)
+      _listening.append(True)
+
+  def __call__(self, *args):
+    thread = threading.get_ident()
+    before = _compiles[thread]
+    out = self._fn(*args)
+    self._calls += 1
+    if self._calls > 2 and not self.warned and _compiles[thread] > before:
+      self.warned = True
+      logging.warning('%s', self._message(args))
+    self._previous = args
+    return out
+
+  def _message(self, args: tuple) -> str:
+    before, now = _arguments(self._previous), _arguments(args)
+    changed = [f'{path}: {before.get(path, "(absent)")} -> '
+               f'{now.get(path, "(missing)")}'
+               for path in sorted(set(before) | set(now))
+               if before.get(path) != now.get(path)]
+    what = ('; '.join(changed[:5]) + (f'; and {len(changed) - 5} more'
+                                      if len(changed) > 5 else '')
+            if changed else 'no argument changed its shape, dtype or '
+            'placement (a new trace, or an evicted cache entry)')
+    return (f'{self._name} compiled again at call {self._calls}, after the '
+            f'first steps: every process pays a full compilation. What '
+            f'changed since the previous call: {what}')
