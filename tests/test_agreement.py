@@ -146,6 +146,9 @@ def _rank_1_differs(tmp_path, what: str) -> str:
       'xla_flag': "os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')"
                   " + ' --xla_backend_optimization_level=2')",
       'version': f"sys.path.insert(0, {_fake_version(tmp_path).split(':')[0]!r})",
+      # Site runs before `-m` puts the working directory first on sys.path:
+      # rank 1 then imports another checkout.
+      'code': f'os.chdir({str(_copy_of_the_repository(tmp_path))!r})',
   }[what]
   (site / 'sitecustomize.py').write_text(
       'import os, sys\n'
@@ -158,6 +161,7 @@ def _rank_1_differs(tmp_path, what: str) -> str:
 @pytest.mark.parametrize('what, expected', [
     ('xla_flag', 'env.XLA_FLAGS: rank 0 '),
     ('version', 'version.optax: rank 0 '),
+    ('code', 'code.podrun: rank 0 '),
 ])
 def test_a_local_pod_whose_rank_differs_stops_before_step_1(
     tmp_path, what, expected):
@@ -167,8 +171,9 @@ def test_a_local_pod_whose_rank_differs_stops_before_step_1(
       env=helpers.launcher_env(PYTHONPATH=_rank_1_differs(tmp_path, what)))
   assert result.returncode == exit_codes.TOPOLOGY_MISMATCH, result.output
   line = helpers.first_line_with(result.stderr, expected)
-  assert line and ('xla_backend_optimization_level=2' in line or
-                   'rank 1 9.9.9' in line), result.stderr
+  assert line and {'xla_flag': 'xla_backend_optimization_level=2',
+                   'version': 'rank 1 9.9.9',
+                   'code': ', rank 1 '}[what] in line, result.stderr
   assert not (tmp_path / 'work' / 'metrics.jsonl').exists()
   assert helpers.wait_for(
       lambda: not helpers.job_processes(tmp_path / 'work'), 10)
