@@ -125,10 +125,16 @@ def run_steps(run: Run, step_fn: Callable, next_batch: Callable,
       batch, waited_s = next_batch(step)
       run.window.waited(waited_s)
       run.clock.take('input_wait', waited_s)
+      first = step == run.start_step
+      if first:
+        # Its dispatch compiles and agrees on the step program, waiting for
+        # every process: the others must see that this one has its batch.
+        progress.begin(step + 1)
       dispatch_started = time.perf_counter()
       run.state, metrics = step_fn(run.state, batch)
-      progress.begin(step + 1, waited_s + time.perf_counter() -
-                     dispatch_started)
+      if not first:
+        progress.begin(step + 1, waited_s + time.perf_counter() -
+                       dispatch_started)
       run.dispatched(step + 1, metrics)
       for hook in hooks:
         hook.after_step(run)
