@@ -3,7 +3,7 @@ from `get_config()` and change a few.
 
 The sections `model`, `optimizer` and `data`, with `workload`, `seed` and
 `global_batch_size`, decide what a run computes: a resumed run must agree
-with its checkpoint on them (runtime/checkpoint.py TRAJECTORY_SECTIONS). A
+with its checkpoint on them (runtime/checkpoint_meta.py TRAJECTORY_SECTIONS). A
 workload puts its own fields there. Every other field only steers the run
 and may change between a run and its resumption.
 """
@@ -72,6 +72,14 @@ def _add_checkpoints(config: config_dict.ConfigDict) -> None:
   config.keep_checkpoints = 3
   config.checkpoint_dir = ''
   config.async_checkpointing = True
+  # The local tier (runtime/local_checkpoint.py): every process keeps its own
+  # copy every local_checkpoint_every steps (0: never), the newest
+  # keep_local_checkpoints of them, in local_checkpoint_dir ('': /dev/shm,
+  # else the temporary directory). After a hard failure the job resumes
+  # from the newest copy any process holds (runtime/recovery.py).
+  config.local_checkpoint_every = 25
+  config.keep_local_checkpoints = 2
+  config.local_checkpoint_dir = ''
   # Resume from the latest checkpoint in checkpoint_dir; False starts afresh
   # and refuses a directory that already holds checkpoints.
   config.restore = True

@@ -64,7 +64,22 @@ _HEARTBEAT_TIMEOUT = flags.DEFINE_float(
 _STALL_TIMEOUT = flags.DEFINE_float(
     'stall_timeout', 600,
     'Every rank: end the job (stacks dumped, exit 124) when no step completes '
-    'for this many seconds after the first step; 0 disables.')
+    'for this many seconds after the first step; 0 disables. The ceiling of '
+    'the learned deadline (--learned_stall_deadline).')
+_LEARNED_STALL_DEADLINE = flags.DEFINE_bool(
+    'learned_stall_deadline', True,
+    'Every rank: after 20 steps, end the job as stalled sooner than '
+    '--stall_timeout when no step completes within a deadline learned from '
+    'the run\'s own pace: max(--stall_floor, 10 x the p99 interval between '
+    'steps, 3 x the longest interval or compilation seen), allowing 3 x the '
+    'longest '
+    'save or evaluation seen while one runs (launcher/rank/stall.py). Kept '
+    'in WORKDIR/stall for the next attempt. False: --stall_timeout is the '
+    'deadline.')
+_STALL_FLOOR = flags.DEFINE_float(
+    'stall_floor', 10,
+    'Every rank: the shortest deadline --learned_stall_deadline may learn, '
+    'in seconds; with several processes at least --heartbeat_timeout + 2.')
 _FIRST_STEP_TIMEOUT = flags.DEFINE_float(
     'first_step_timeout', 1800,
     'Every rank: end the job (stacks dumped, exit 124) when the first step '
@@ -101,8 +116,10 @@ _MAX_RESTARTS = flags.DEFINE_integer(
     'to this many times after a preemption or a retryable exit code.')
 _RESTART_BACKOFF = flags.DEFINE_float(
     'restart_backoff', 1.0,
-    'Seconds before the first restart; doubled for each further one, at most '
-    '60.')
+    'Local pod: a job that trained before it failed restarts at once; '
+    'attempts that fail in a row without completing a step wait this many '
+    'seconds before the second restart, doubled for each further one, at '
+    'most 60.')
 _RETRY_EXIT_CODES = flags.DEFINE_list(
     'retry_exit_codes', [],
     'Exit codes besides 75 (preempted) that --max_restarts retries, e.g. '
@@ -324,7 +341,9 @@ def main(argv: list[str]) -> int:
           stall_timeout=_STALL_TIMEOUT.value,
           first_step_timeout=_FIRST_STEP_TIMEOUT.value,
           barrier_timeout=_BARRIER_TIMEOUT.value,
-          enabled=_SUPERVISION.value),
+          enabled=_SUPERVISION.value,
+          learned_stall_deadline=_LEARNED_STALL_DEADLINE.value,
+          stall_floor=_STALL_FLOOR.value),
       lease_timeout=_LEASE_TIMEOUT.value,
       compilation_cache_dir=_COMPILATION_CACHE_DIR.value))
 

@@ -50,6 +50,11 @@ class Attempt(Protocol):
       (optional: an attempt without one is recorded with None).
     launcher_signalled: whether whoever runs the launcher sent it SIGINT or
       SIGTERM during `run`.
+    progressed: whether any process completed a step (optional; without
+      it every failed attempt counts toward the back-off).
+    fault: after a failure, {'at': when the failed process exited,
+      'detected': when the attempt was declared failed, ...} (wall times),
+      for the time to recover (optional; runtime/goodput.py).
   """
   attempt_name: Optional[str]
   launcher_signalled: bool
@@ -64,6 +69,8 @@ class Tally:
   preemptions: int = 0
   failures: int = 0
   restarts: int = 0
+  # Attempts in a row that ended without completing a step.
+  unproductive: int = 0
 
   def describe(self) -> str:
     return (f'{self.restarts} restart(s): {self.preemptions} preemption(s), '
@@ -82,8 +89,17 @@ def kind_of(code: int, retryable: tuple[int, ...]) -> str:
 
 
 def backoff_s(first: float, restart_number: int) -> float:
-  """The wait before restart number `restart_number` (1, 2, ...)."""
-  return min(first * 2 ** (restart_number - 1), MAX_BACKOFF_S)
+  """The wait before restart number `restart_number` (1, 2, ...) of a
+  series of attempts that failed without completing a step.
+
+  The first is at once: a single fault (a SIGKILL, a preemption) then costs
+  no waiting, and the local checkpoint tier makes it cheap to resume. Only
+  a job that keeps failing backs off, from `first` seconds, doubling, at
+  most MAX_BACKOFF_S.
+  """
+  if restart_number <= 1:
+    return 0.0
+  return min(first * 2 ** (restart_number - 2), MAX_BACKOFF_S)
 
 
 def _say(message: str) -> None:
@@ -129,7 +145,8 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
                        'name': getattr(pod, 'attempt_name', None),
                        'launcher_started': launcher_started,
                        'started': started, 'ended': time.time(),
-                       'launcher_signalled': pod.launcher_signalled})
+                       'launcher_signalled': pod.launcher_signalled,
+                       'fault': getattr(pod, 'fault', None)})
     if kind == 'ok' or kind == 'final' or pod.launcher_signalled:
       break
     if kind == 'preempted':
@@ -140,7 +157,12 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
       say(f'not restarting: --max_restarts={max_restarts} used up')
       break
     tally.restarts += 1
-    wait = backoff_s(first_backoff_s, tally.restarts)
+    # Backing off is for a job that fails without training: one that made
+    # progress before it failed (a sporadic SIGKILL, a preemption) restarts
+    # at once, however many restarts came before.
+    tally.unproductive = (0 if getattr(pod, 'progressed', False)
+                          else tally.unproductive + 1)
+    wait = backoff_s(first_backoff_s, tally.unproductive + 1)
     what = ('a preemption' if kind == 'preempted'
             else f'retryable exit code {code}')
     say(f'restart {tally.restarts}/{max_restarts} after {what} in {wait:g} '

@@ -13,8 +13,8 @@ Twice per job: `describe_process` at join time (config, code, versions,
 environment), then `check_program_on_first_call` for the lowered step
 program, once the first batch gives its shapes.
 
-What is per process by design, and left out: `config.data_dir` and
-`config.checkpoint_dir` (hosts may mount the same storage at different
+What is per process by design, and left out: `config.data_dir`,
+`config.checkpoint_dir` and `config.local_checkpoint_dir` (hosts may mount the same storage at different
 paths; the checkpoint directory is checked to be shared separately), and
 every variable outside `PROGRAM_ENV`.
 
@@ -38,7 +38,7 @@ from launcher import exit_codes
 from runtime import coordination
 
 # Config fields that may differ between processes: local paths.
-PER_PROCESS_CONFIG = ('data_dir', 'checkpoint_dir')
+PER_PROCESS_CONFIG = ('data_dir', 'checkpoint_dir', 'local_checkpoint_dir')
 # The packages whose versions change what a step computes.
 PACKAGES = ('jax', 'jaxlib', 'libtpu', 'flax', 'optax', 'orbax-checkpoint',
             'numpy')

@@ -4,7 +4,8 @@ A checkpoint of step s holds what step s + 1 depends on: the parameters, the
 optimiser state and the RNG key (item 'state', host arrays that process 0
 writes), and a JSON item 'meta' with the step, the data-stream position, the
 config that decides the trajectory and the shapes of the state. Resuming from
-it gives, on CPU, bit-identical results to a run that never stopped.
+it gives, on CPU, bit-identical results to a run that never stopped. What
+the meta holds and how a resume is checked: runtime/checkpoint_meta.py.
 
 Orbax writes each step into a temporary directory and renames it when every
 process is done, so a save cut short by SIGKILL is never taken for a
@@ -17,6 +18,7 @@ without one), so a checkpoint written by 1 process x 8 devices restores on
 
 import logging as stdlib_logging
 import os
+import threading
 import uuid
 from typing import Any, Optional
 
@@ -27,23 +29,12 @@ from ml_collections import ConfigDict
 import numpy as np
 import orbax.checkpoint as ocp
 
-from launcher import exit_codes
+from runtime import checkpoint_meta
 from runtime import coordination
 
-# The config sections that decide what a run computes. A resumed run must
-# agree with its checkpoint on these (but for config.restore_may_change);
-# every other field only steers the run (its length, logging, checkpoint
-# cadence, topology, paths) and may change, with no list to keep up.
-TRAJECTORY_SECTIONS = ('workload', 'seed', 'global_batch_size', 'model',
-                       'optimizer', 'data')
-
 _SHARED_CHECK_DIR = '.shared_check'
-
-
-class CheckpointError(exit_codes.PodrunError):
-  """A checkpoint that cannot be used here, or a directory that cannot hold
-  the job's checkpoints."""
-  exit_code = exit_codes.CHECKPOINT_ERROR
+# Defined with the checks that raise it most; every tier raises it.
+CheckpointError = checkpoint_meta.CheckpointError
 
 
 def directory(config: ConfigDict, workdir: str) -> str:
@@ -55,84 +46,6 @@ def directory(config: ConfigDict, workdir: str) -> str:
   """
   configured = config.checkpoint_dir
   return configured if configured else os.path.join(workdir, 'checkpoints')
-
-
-def _flatten(value: Any, prefix: str = '') -> dict[str, Any]:
-  if hasattr(value, 'items'):
-    out = {}
-    for k, v in value.items():
-      out.update(_flatten(v, f'{prefix}{k}.'))
-    return out
-  if isinstance(value, tuple):
-    value = list(value)
-  return {prefix[:-1]: value}
-
-
-def trajectory_config(config: ConfigDict) -> dict[str, Any]:
-  """The config fields a checkpoint must agree on, flattened to 'a.b' keys.
-
-  Every field of TRAJECTORY_SECTIONS but those config.restore_may_change
-  names (a field, or a whole section).
-  """
-  allowed = set(config.restore_may_change)
-  sections = {k: v for k, v in config.to_dict().items()
-              if k in TRAJECTORY_SECTIONS}
-  flat = _flatten(sections)
-  return {k: v for k, v in sorted(flat.items())
-          if not any(k == a or k.startswith(a + '.') for a in allowed)}
-
-
-def describe_state(state: Any) -> list[list[Any]]:
-  """[[path, shape, dtype], ...] of every array of `state`, in tree order."""
-  leaves = jax.tree_util.tree_flatten_with_path(state)[0]
-  return [[jax.tree_util.keystr(path), list(np.shape(leaf)),
-           str(np.result_type(leaf))] for path, leaf in leaves]
-
-
-def data_position(step: int, global_batch_size: int,
-                  num_examples: int) -> dict[str, int]:
-  """Where the example stream stands after `step` steps (see data.py)."""
-  consumed = step * global_batch_size
-  return {'examples_consumed': consumed,
-          'epoch': consumed // num_examples,
-          'examples_into_epoch': consumed % num_examples}
-
-
-def check_restorable(meta: dict[str, Any], config, state: Any, path: str
-                     ) -> None:
-  """Refuses a checkpoint whose config or state shapes differ from this run's.
-
-  Args:
-    meta: the checkpoint's 'meta' item.
-    config: this run's config.
-    state: this run's freshly initialised state (arrays or shape structs).
-    path: the checkpoint, for the message.
-
-  Raises:
-    CheckpointError: naming every field and array that disagrees, with both
-      values.
-  """
-  problems = []
-  saved, now = meta['config'], trajectory_config(config)
-  for key in sorted(set(saved) | set(now)):
-    if saved.get(key, '<absent>') != now.get(key, '<absent>'):
-      problems.append(f'config.{key}: checkpoint {saved.get(key, "<absent>")!r}'
-                      f', this run {now.get(key, "<absent>")!r}')
-  saved_arrays = {p: (s, d) for p, s, d in meta['state']}
-  now_arrays = {p: (s, d) for p, s, d in describe_state(state)}
-  for key in sorted(set(saved_arrays) | set(now_arrays)):
-    a, b = saved_arrays.get(key), now_arrays.get(key)
-    if a != b:
-      show = lambda v: 'absent' if v is None else f'shape {tuple(v[0])} {v[1]}'
-      problems.append(f'state{key}: checkpoint {show(a)}, this run {show(b)}')
-  if problems:
-    raise CheckpointError(
-        f'cannot resume from {path}; it was made by a different run:\n  ' +
-        '\n  '.join(problems) + '\nPoint --workdir (or config.checkpoint_dir) '
-        'at a new directory to start afresh, or undo the change. The sections '
-        + ', '.join(TRAJECTORY_SECTIONS) + ' decide the trajectory; list a '
-        'field of them in config.restore_may_change to allow a change '
-        'anyway. Every other field may change on resume.')
 
 
 def check_shared(path: str) -> None:
@@ -224,17 +137,30 @@ class Checkpoints:
       raise ValueError(f'config.keep_checkpoints={keep}; keep at least 1')
     self.path = path
     self.every = every
+    self._async = async_save
+    self._thread: Optional[threading.Thread] = None
+    self._error: Optional[BaseException] = None
+    # Naming every process makes orbax meet at the coordination service's
+    # barriers instead of at collectives over the devices, which a save on
+    # a thread of its own would interleave with the steps' collectives (a
+    # deadlock, measured on a 2 x 4 local pod). It leaves creating the
+    # directory to us.
+    epath.Path(path).mkdir(parents=True, exist_ok=True)
     self._manager = _Manager(
         path,
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, cleanup_tmp_directories=True,
-            enable_async_checkpointing=async_save),
+            max_to_keep=keep, create=False, cleanup_tmp_directories=True,
+            enable_async_checkpointing=async_save,
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                active_processes=set(range(jax.process_count())))),
         item_names=('state', 'meta'))
 
   def latest_step(self) -> Optional[int]:
+    self._join()
     return self._manager.latest_step()
 
   def all_steps(self) -> list[int]:
+    self._join()
     return list(self._manager.all_steps())
 
   def due(self, step: int) -> bool:
@@ -244,14 +170,41 @@ class Checkpoints:
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
     """Starts saving `state` (host arrays) as step `step`; returns at once.
 
-    Does nothing when `step` is already saved.
+    Does nothing when `step` is already saved. Orbax's own save call blocks
+    for its set-up (directories, a barrier between processes, copies) before
+    its asynchronous write starts; with async_save it runs on a thread of
+    this class, so the training loop waits only for the copy to host.
+    Every process makes its saves in the same order, so their threads meet
+    at orbax's barriers as the main threads would.
     """
-    if step in self._manager.all_steps():
+    self._join()
+    if not self._async:
+      self._save(step, state, meta)
       return
-    self._manager.save(
-        step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                      meta=ocp.args.JsonSave(meta)),
-        force=True)
+    self._thread = threading.Thread(target=self._save,
+                                    args=(step, state, meta),
+                                    name=f'checkpoint-{step}', daemon=True)
+    self._thread.start()
+
+  def _save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    try:
+      if step in self._manager.all_steps():
+        return
+      self._manager.save(
+          step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                        meta=ocp.args.JsonSave(meta)),
+          force=True)
+    except BaseException as e:  # pylint: disable=broad-except
+      self._error = e
+
+  def _join(self) -> None:
+    """Waits for the save call on this class's thread; raises its error."""
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+    if self._error is not None:
+      error, self._error = self._error, None
+      raise error
 
   def restore_latest(self, config: ConfigDict, like: Any
                      ) -> Optional[tuple[int, Any, dict[str, Any]]]:
@@ -274,7 +227,7 @@ class Checkpoints:
     step_path = os.path.join(self.path, str(step))
     meta = self._manager.restore(
         step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-    check_restorable(meta, config, like, step_path)
+    checkpoint_meta.check_restorable(meta, config, like, step_path)
     target = jax.tree.map(np.asarray, like)
     restored = self._manager.restore(
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
@@ -283,14 +236,30 @@ class Checkpoints:
 
   def saving(self) -> bool:
     """Whether a started save is still being written."""
-    return self._manager.is_saving_in_progress()
+    thread = self._thread
+    return ((thread is not None and thread.is_alive()) or
+            self._manager.is_saving_in_progress())
 
   def wait(self) -> None:
     """Blocks until every started save is complete on disk."""
+    self._join()
     self._manager.wait_until_finished()
 
+  def finish(self, timeout_s: float) -> bool:
+    """Waits at most `timeout_s` for the started saves; whether they are
+    complete. Errors are logged, not raised (the caller is failing)."""
+    def wait():
+      try:
+        self.wait()
+      except Exception as e:  # pylint: disable=broad-except
+        logging.error('could not finish the checkpoint being written: %s', e)
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    waiter.join(timeout_s)
+    return not waiter.is_alive()
+
   def close(self) -> None:
-    self._manager.wait_until_finished()
+    self.wait()
     self._manager.close()
 
 
@@ -336,33 +305,8 @@ def restore_or_start(ckpt: Checkpoints, config, state: Any, num_examples: int
   if restored is None:
     return 0, state
   step, saved_state, meta = restored
-  # The stream position is the step's only on the same data set; the config
-  # need not name its size (MNIST reads it from files).
-  if meta['data']['num_examples'] != num_examples:
-    raise CheckpointError(
-        f'the checkpoint of step {step} in {ckpt.path} was made on '
-        f'{meta["data"]["num_examples"]} training examples; this run has '
-        f'{num_examples}. Resume on the same data, or start afresh in a new '
-        '--workdir.')
+  checkpoint_meta.check_same_data(meta, num_examples, step, ckpt.path)
   return step, type(state)(*saved_state)
-
-
-def describe_run(config: ConfigDict, topo, num_examples: int, step: int,
-                 state: Any, reason: str) -> dict[str, Any]:
-  """The 'meta' item of the checkpoint of `step`: what resuming checks."""
-  return {
-      'step': step,
-      'reason': reason,
-      'data': {**data_position(step, config.global_batch_size, num_examples),
-               'num_examples': num_examples,
-               'seed': config.seed},
-      'config': trajectory_config(config),
-      'state': describe_state(state),
-      'saved_by': {'process_count': topo.process_count,
-                   'device_count': topo.global_device_count,
-                   'platform': topo.platform,
-                   'jax_version': jax.__version__},
-  }
 
 
 class _QuietOrbax(stdlib_logging.Filter):

@@ -22,6 +22,14 @@ job) and accounts for the job's whole wall time:
 Goodput = productive / wall time. Nothing here imports JAX: the launcher
 rolls up without it.
 
+Which steps are recomputed is exact however an attempt ended: every process
+stores the last step it completed in an 8-byte memory-mapped file beside its
+ledger (`HighWater`), which survives a SIGKILL. Each attempt after a failure
+also gets its time to recover (runtime/time_to_recover.py): from the fault to its
+first productive step, split into detection, teardown, back-off, start-up,
+distributed init, restore (with the tier it came from), compile and
+recomputed steps.
+
 Example:
   >>> ledger = Ledger(process_start=time.time())
   >>> with ledger.timing('checkpoint_restore'):
@@ -33,13 +41,16 @@ Example:
 import contextlib
 import glob
 import json
+import mmap
 import os
+import struct
 import threading
 import time
 from typing import Any, Iterator, Optional
 
 from launcher import files
 from runtime import metrics
+from runtime import time_to_recover
 
 PROCESS_PARTS = ('startup', 'distributed_init', 'checkpoint_restore',
                  'compile', 'productive', 'recomputed', 'input_wait',
@@ -151,16 +162,50 @@ def open_ledger(ledger: Ledger, workdir: str, attempt: str,
   ledger.flush(force=True)
 
 
+class HighWater:
+  """The last step a process completed, in an 8-byte file mapped to memory.
+
+  Written after every step: a store to memory, which the kernel keeps when
+  the process is SIGKILLed, so the next attempt knows exactly which steps it
+  trains again (the ledger's JSON is rewritten only every 2 s).
+  """
+
+  def __init__(self, path: str):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'wb') as f:
+      f.write(bytes(8))
+    with open(path, 'r+b') as f:
+      self._map = mmap.mmap(f.fileno(), 8)
+
+  def write(self, step: int) -> None:
+    self._map[:8] = struct.pack('<q', step)
+
+  @staticmethod
+  def read(path: str) -> int:
+    try:
+      with open(path, 'rb') as f:
+        return struct.unpack('<q', f.read(8))[0]
+    except (OSError, struct.error):
+      return 0
+
+
+def high_water_path(ledger_path: str) -> str:
+  return ledger_path[:-len('.json')] + '.step'
+
+
 def steps_done_before(ledger: Ledger) -> int:
-  """The furthest step an earlier attempt of the job completed on this
-  process (0 when the ledger writes nowhere)."""
+  """The furthest step any process of an earlier attempt of the job
+  completed (0 when the ledger writes nowhere)."""
   if ledger.path is None:
     return 0
-  mine = os.path.basename(ledger.path)
   this_attempt = os.path.dirname(ledger.path)
   furthest = 0
   for path in glob.glob(os.path.join(os.path.dirname(this_attempt), '*',
-                                     mine)):
+                                     'rank_*.step')):
+    if os.path.dirname(path) != this_attempt:
+      furthest = max(furthest, HighWater.read(path))
+  for path in glob.glob(os.path.join(os.path.dirname(this_attempt), '*',
+                                     'rank_*.json')):
     if os.path.dirname(path) == this_attempt:
       continue
     try:
@@ -222,6 +267,10 @@ def rollup(workdir: str) -> dict[str, Any]:
     launch = by_name.get(name)
     attempts.append(_attempt_record(number, name, chief, launch,
                                     previous_end))
+    if number > 1:
+      before = order[number - 2]
+      attempts[-1]['recovery'] = time_to_recover.phases(
+          ledgers[before], by_name.get(before), previous_end, chief, launch)
     previous_end = attempts[-1]['ended']
     if job_start is None:
       job_start = chief['started']
@@ -305,6 +354,8 @@ class StepClock:
     self.ledger = ledger
     self.steps_done_before = steps_done_before
     self.recomputed_steps = 0
+    self._high_water = (HighWater(high_water_path(ledger.path))
+                        if ledger.path else None)
     self._mark = time.perf_counter()
     self._taken = 0.0
     self._lock = threading.Lock()
@@ -324,6 +375,8 @@ class StepClock:
     with self._lock:
       share = now - self._mark - self._taken
       self._mark, self._taken = now, 0.0
+    if self._high_water is not None:
+      self._high_water.write(step)
     if 'first_step_wall' not in self.ledger.notes:
       self.ledger.note(first_step_wall=time.time())
     if step <= self.steps_done_before:
@@ -332,6 +385,11 @@ class StepClock:
       self.ledger.note(recomputed_steps=self.recomputed_steps)
     else:
       self.ledger.add('productive', share)
+      if 'first_productive' not in self.ledger.notes:
+        # What recovery cost, as of the first step that is new work.
+        self.ledger.note(first_productive={
+            'wall': time.time(), 'step': step, 'parts': self.ledger.record(
+                final=False)['parts']})
     self.ledger.note(last_step=step)
     self.ledger.flush()
 

@@ -25,6 +25,10 @@ from runtime import checkpoint
 from runtime import coordination
 from runtime import metrics as metrics_lib
 from runtime import preemption
+from runtime import progress
+
+# How long a process that fails waits for the checkpoint it is writing.
+_FINISH_ON_ERROR_S = 30.0
 
 
 class Hook:
@@ -115,7 +119,7 @@ class Evaluate(Periodic):
   def run(self, run) -> None:
     run.drain()
     started = time.perf_counter()
-    with run.clock.timing('evaluation'):
+    with run.clock.timing('evaluation'), progress.working('evaluation'):
       values = self.evaluate(run.state.params, run.state.model_state)
     run.eval_metrics = {f'eval_{k}': v for k, v in values.items()}
     record = {**run.eval_metrics, 'eval_seconds': time.perf_counter() - started}
@@ -186,7 +190,11 @@ class SaveCheckpoints(Hook):
   def save(self, run, reason: str) -> None:
     """Starts saving the state after step `run.step`; returns once it is on
     the host."""
-    with run.clock.timing('checkpoint_blocking'):
+    with (run.clock.timing('checkpoint_blocking'),
+          progress.working('checkpoint')):
+      # Every record up to this step is on disk before its checkpoint is:
+      # a run resumed from it then misses none (metrics.py).
+      run.writer.flush()
       host_state = run.host_state()
       self.checkpoints.save(run.step, host_state,
                             self.describe(run, host_state, reason))
@@ -196,12 +204,47 @@ class SaveCheckpoints(Hook):
       with run.clock.timing('checkpoint_blocking'):
         self.checkpoints.close()
     elif jax.process_count() == 1:
-      # A single process finishes the saves it started; with several, another
-      # may be gone, and a save that needs all of them could hang.
+      # A single process finishes the saves it started.
       try:
         self.checkpoints.close()
       except Exception as e:  # pylint: disable=broad-except
         logging.error('could not finish the checkpoint being written: %s', e)
+    elif not self.checkpoints.finish(_FINISH_ON_ERROR_S):
+      # With several processes another may be gone, and a save that needs
+      # all of them would hang: it gets a bounded wait. (This process's own
+      # error comes first; the others learn of it only after this.)
+      logging.error('the checkpoint being written did not complete within '
+                    '%g s of this error; the job resumes from the one before',
+                    _FINISH_ON_ERROR_S)
+
+
+class SaveLocalCheckpoints(Hook):
+  """Every `local.every` steps: this process's own copy of the state, in its
+  local tier (runtime/local_checkpoint.py); removed when the run ends well.
+
+  Skips the steps the persistent tier saves anyway.
+  """
+
+  def __init__(self, local, persistent: Optional[checkpoint.Checkpoints],
+               describe: Callable[..., dict]):
+    self.local, self.persistent, self.describe = local, persistent, describe
+
+  def after_step(self, run) -> None:
+    if (not self.local.due(run.step) or run.final or
+        (self.persistent is not None and self.persistent.due(run.step))):
+      return
+    with (run.clock.timing('checkpoint_blocking'),
+          progress.working('local_checkpoint')):
+      run.writer.flush()
+      host_state = run.host_state()
+      self.local.save(run.step, host_state,
+                      self.describe(run, host_state, 'local'))
+
+  def end(self, run, error) -> None:
+    if error is None:
+      self.local.remove()
+    else:
+      self.local.wait()
 
 
 class PreemptionAgreement(Hook):
@@ -224,7 +267,8 @@ class PreemptionAgreement(Hook):
     logging.warning('preemption notice: every process saves step %d and '
                     'stops', run.step)
     self.log.run(run)
-    with run.clock.timing('preemption_save'):
+    with (run.clock.timing('preemption_save'),
+          progress.working('preemption_save')):
       if self.checkpoints is not None:
         self.checkpoints.save(run, 'preemption')
         self.checkpoints.checkpoints.wait()

@@ -111,6 +111,12 @@ class MetricsWriter:
     if self._events is not None:
       self._events.scalars(step, values)
 
+  def flush(self) -> None:
+    """Hands every record written so far to the OS (TensorBoard's event
+    file buffers them otherwise), where a SIGKILL cannot lose them."""
+    if self._events is not None:
+      self._events.flush()
+
   def log(self, message: str) -> None:
     if self.is_chief:
       logging.info(message)

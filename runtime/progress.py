@@ -14,17 +14,19 @@ Example (a loop of one's own):
 """
 
 import collections
+import contextlib
 import dataclasses
 import os
 import threading
 import time
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
 PROGRESS_FD_ENV = 'PODRUN_PROGRESS_FD'
 _MIN_INTERVAL_S = 1.0
 _RECENT_STEPS = 100
+_LEARNED_STEPS = 1000
 
 
 @dataclasses.dataclass
@@ -46,6 +48,39 @@ class Snapshot:
   begun_step: Optional[int]
   step_seconds: list[float]
   own_seconds: list[float]
+  working: Optional[str] = None
+  working_since: Optional[float] = None
+  worked_until: Optional[float] = None
+  learned: Optional['Learned'] = None
+
+  @property
+  def idle_since(self) -> Optional[float]:
+    """When this process last completed a step or finished announced work."""
+    marks = [t for t in (self.done_at, self.worked_until) if t is not None]
+    return max(marks) if marks else None
+
+
+@dataclasses.dataclass
+class Learned:
+  """What a run has taught about its own pace (the stall deadline's input).
+
+  Attributes:
+    step_seconds: intervals between completed steps, work announced with
+      `working` left out; the newest _LEARNED_STEPS.
+    work_seconds: the longest of each kind of announced work, and of a
+      compilation ('compile').
+  """
+  step_seconds: list[float] = dataclasses.field(default_factory=list)
+  work_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+
+  def to_json(self) -> dict:
+    return {'step_seconds': self.step_seconds,
+            'work_seconds': self.work_seconds}
+
+  @classmethod
+  def from_json(cls, value: dict) -> 'Learned':
+    return cls([float(x) for x in value.get('step_seconds', [])],
+               {k: float(v) for k, v in value.get('work_seconds', {}).items()})
 
 
 class _Progress:
@@ -58,6 +93,9 @@ class _Progress:
     fd = os.environ.get(PROGRESS_FD_ENV)
     self.fd = int(fd) if fd else None
     self.last_write = None
+    self.working = self.working_since = self.worked_until = None
+    self.learned_steps = collections.deque(maxlen=_LEARNED_STEPS)
+    self.work_seconds: dict[str, float] = {}
 
   def report(self, step: int, process_index: Optional[int],
              force: bool) -> None:
@@ -66,8 +104,28 @@ class _Progress:
       if self.done_at is not None and step > (self.done_step or 0):
         self.step_seconds.append((now - self.done_at) /
                                  (step - self.done_step))
+        since = max(self.done_at, self.worked_until or self.done_at)
+        interval = (now - since) / (step - self.done_step)
+        self.learned_steps.append(interval)
+        self.took('step', interval)
       self.done_step, self.done_at = step, now
     self._write_pipe(step, process_index, force, now)
+
+  def start_work(self, kind: str) -> None:
+    with self.lock:
+      self.working, self.working_since = kind, time.monotonic()
+
+  def end_work(self) -> None:
+    now = time.monotonic()
+    with self.lock:
+      if self.working is None:
+        return
+      self.took(self.working, now - self.working_since)
+      self.working, self.worked_until = None, now
+
+  def took(self, kind: str, seconds: float) -> None:
+    """Keeps the longest `seconds` of `kind`; the caller holds the lock."""
+    self.work_seconds[kind] = max(self.work_seconds.get(kind, 0.0), seconds)
 
   def _write_pipe(self, step: int, process_index: Optional[int], force: bool,
                   now: float) -> None:
@@ -95,7 +153,10 @@ class _Progress:
   def snapshot(self) -> Snapshot:
     with self.lock:
       return Snapshot(self.done_step, self.done_at, self.begun_step,
-                      list(self.step_seconds), list(self.own_seconds))
+                      list(self.step_seconds), list(self.own_seconds),
+                      self.working, self.working_since, self.worked_until,
+                      Learned(list(self.learned_steps),
+                              dict(self.work_seconds)))
 
 
 _progress = _Progress()
@@ -125,6 +186,39 @@ def begin(step: int, own_seconds: float = 0.0) -> None:
   work (input wait, dispatch). Optional: it lets a hang or a straggler be
   pinned on the process that others wait for."""
   _progress.begin(step, own_seconds)
+
+
+@contextlib.contextmanager
+def working(kind: str) -> Iterator[None]:
+  """Announces periodic work between steps (a save, an evaluation), so that
+  the hang watchdog allows for it: the longest of each kind it has seen, or
+  its ceiling the first time (launcher/rank/stall.py).
+
+  Example:
+    >>> with progress.working('evaluation'):
+    ...   values = evaluate(params)
+  """
+  _progress.start_work(kind)
+  try:
+    yield
+  finally:
+    _progress.end_work()
+
+
+def took(kind: str, seconds: float) -> None:
+  """Records work of `kind` that was not announced before it ran (a
+  compilation, known only once it is over)."""
+  with _progress.lock:
+    _progress.took(kind, seconds)
+
+
+def seed(learned: Learned) -> None:
+  """Starts from what an earlier attempt learned (the next attempt's first
+  step then has its deadline)."""
+  with _progress.lock:
+    _progress.learned_steps.extend(learned.step_seconds)
+    for kind, seconds in learned.work_seconds.items():
+      _progress.took(kind, seconds)
 
 
 def snapshot() -> Snapshot:

@@ -26,16 +26,19 @@ import optax
 
 from runtime import agreement
 from runtime import checkpoint
+from runtime import checkpoint_meta
 from runtime import coordination
 from runtime import data as data_lib
 from runtime import fingerprint as fingerprint_lib
 from runtime import goodput
 from runtime import hooks as hooks_lib
 from runtime import integrity
+from runtime import local_checkpoint
 from runtime import loop
 from runtime import metrics as metrics_lib
 from runtime import parallelism as parallelism_lib
 from runtime import prefetch
+from runtime import recovery
 from runtime import step as step_lib
 from runtime import structure
 from runtime import topology as topology_lib
@@ -135,31 +138,46 @@ def max_steps_in_flight(config: ConfigDict, platform: str) -> int:
   return 1 if platform == 'cpu' else 2
 
 
-def _restore(config: ConfigDict, workdir: str, task: Task,
-             state: step_lib.TrainState
-    ) -> tuple[Optional[checkpoint.Checkpoints], int, step_lib.TrainState]:
-  """The checkpoint directory and the state to start from."""
+def _restore(config: ConfigDict, task: Task, ckpt, local,
+             state: step_lib.TrainState) -> tuple[int, step_lib.TrainState]:
+  """The step and state to start from, from the best copy in the job."""
+  if ckpt is None:
+    return 0, state
+  if not config.restore:
+    if local is not None:
+      local.clear()  # An earlier job's copies: this one starts afresh.
+    return checkpoint.restore_or_start(ckpt, config, state, len(task.data))
+  step, state, tier = recovery.restore(config, ckpt, local, state,
+                                       len(task.data))
+  goodput.current().note(restore_tier=tier, restore_step=step)
+  return step, state
+
+
+def _open_checkpoints(config: ConfigDict, workdir: str):
+  """(persistent tier, local tier); None for each that is off."""
   if not config.checkpointing:
-    return None, 0, state
+    return None, None
   ckpt = checkpoint.open_for(config, workdir)
-  step, state = checkpoint.restore_or_start(ckpt, config, state,
-                                            len(task.data))
-  return ckpt, step, state
+  return ckpt, local_checkpoint.open_for(config, ckpt.path)
 
 
-def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt
+def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt, local
            ) -> list[hooks_lib.Hook]:
   """The built-in hooks, in the order they run, then the task's."""
   log = hooks_lib.LogMetrics(config.log_every, task.schedule)
+  describe = lambda run, host_state, reason: checkpoint_meta.describe_run(
+      config, topo, len(task.data), run.step, host_state, reason)
   save = None
   if ckpt is not None:
-    save = hooks_lib.SaveCheckpoints(
-        ckpt, lambda run, host_state, reason: checkpoint.describe_run(
-            config, topo, len(task.data), run.step, host_state, reason))
+    save = hooks_lib.SaveCheckpoints(ckpt, describe)
   built_in = [log, hooks_lib.PreemptionAgreement(log, save)]
-  # Before the save of the same step: no checkpoint of diverged replicas.
+  # Before the saves of the same step: no checkpoint of diverged replicas.
   built_in.append(integrity.CheckReplicas(
       config.integrity_every, ckpt.all_steps if ckpt else lambda: []))
+  if local is not None:
+    # Before the persistent save: its end (reversed order) runs after that
+    # one's, so copies go only once the final checkpoint is complete.
+    built_in.append(hooks_lib.SaveLocalCheckpoints(local, ckpt, describe))
   if save is not None:
     built_in.append(save)
   if task.evaluate is not None:
@@ -209,7 +227,8 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
                               task.model_state)
   ledger = goodput.current()
   with ledger.timing('checkpoint_restore'):
-    ckpt, start, state = _restore(config, workdir, task, state)
+    ckpt, local = _open_checkpoints(config, workdir)
+    start, state = _restore(config, task, ckpt, local, state)
   writer = metrics_lib.MetricsWriter(workdir, topo.process_index == 0,
                                      resume_step=start or None,
                                      tensorboard_events=config.tensorboard)
@@ -225,7 +244,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
         _loader(config, task, topo, par), range(start, config.steps),
         size=config.prefetch) as batches:
       loop.run_steps(run, step_fn, batches.next,
-                     _hooks(config, workdir, task, topo, ckpt))
+                     _hooks(config, workdir, task, topo, ckpt, local))
   finally:
     clock.close()
     writer.close()

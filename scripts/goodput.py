@@ -6,7 +6,10 @@ Reads the ledgers every process of every attempt wrote under
 WORKDIR/goodput/ (and the launcher's WORKDIR/logs/attempts.jsonl), rolls
 them up (runtime/goodput.py), rewrites WORKDIR/goodput.jsonl, prints one row
 per attempt and one per process of each attempt (seconds per category), and
-draws a stacked bar per attempt with every kind of lost time named.
+draws a stacked bar per attempt with every kind of lost time named; after
+a failure, the next attempt's time to recover in phases (detection,
+teardown, back-off, start-up, distributed init, restore and its tier,
+compile, recomputed steps).
 """
 
 import argparse
@@ -16,6 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from runtime import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime import time_to_recover  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 PARTS = goodput.PROCESS_PARTS + goodput.JOB_PARTS
 _SHORT = {'distributed_init': 'dist_init', 'checkpoint_restore': 'restore',
@@ -37,6 +41,26 @@ def table(rows: list[tuple[str, dict[str, float]]], first: str) -> str:
     lines.append(f'{label:<14}' + ''.join(
         f'{v:>{w + 1}.2f}' for v, w in zip(values, widths)) +
                  f'{sum(values):>9.2f}')
+  return '\n'.join(lines)
+
+
+def recovery_table(attempts: list[dict]) -> str:
+  """One row per attempt after a failure: its time to recover in phases,
+  the tier it restored from and the steps it trained again ('' if none)."""
+  rows = [a for a in attempts if a.get('recovery')]
+  if not rows:
+    return ''
+  phases = time_to_recover.PHASES
+  names = [_SHORT.get(p, p) for p in phases]
+  lines = [f'{"attempt":<10}' + ''.join(f'{n:>11}' for n in names) +
+           f'{"total":>9}  restored from']
+  for a in rows:
+    r = a['recovery']
+    lines.append(
+        f'{a["attempt"]:<10}' +
+        ''.join(f'{r["phases"][p]:>11.2f}' for p in phases) +
+        f'{r["total_s"]:>9.2f}  {r["restore_tier"]} step '
+        f'{r["restore_step"]}, {r["recomputed_steps"]} step(s) again')
   return '\n'.join(lines)
 
 
@@ -91,6 +115,10 @@ def main(argv=None) -> int:
     for rank, parts in result['ranks'][a['name']].items():
       rows.append((f'a{a["attempt"]} rank {rank}', parts))
   print(table(rows, 'seconds'))
+  recoveries = recovery_table(result['attempts'])
+  if recoveries:
+    print('\ntime to recover (from the fault to the first productive step):')
+    print(recoveries)
   out = args.out or os.path.join(args.workdir, 'goodput.png')
   plot(result, out)
   print(f'\nwrote {out}')

@@ -58,6 +58,10 @@ def pytest_configure(config):
   # persistent compilation cache, as the launcher uses it, compiles each
   # program once per session.
   _CACHE_DIR.append(tempfile.mkdtemp(prefix='podrun_test_compilation_'))
+  # Local checkpoint copies of failed runs stay behind by design; the tests'
+  # go to a directory of their own, removed at the end, not to /dev/shm.
+  _CACHE_DIR.append(tempfile.mkdtemp(prefix='podrun_test_local_tier_'))
+  os.environ['PODRUN_LOCAL_CHECKPOINT_DIR'] = _CACHE_DIR[-1]
   jax.config.update('jax_compilation_cache_dir', _CACHE_DIR[0])
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)

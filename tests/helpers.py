@@ -126,3 +126,12 @@ def rank_pids(workdir) -> dict[int, int]:
 
 def first_line_with(text: str, needle: str) -> Optional[str]:
   return next((l for l in text.splitlines() if needle in l), None)
+
+
+def run_then_sigkill(code: str) -> None:
+  """Runs Python `code` in a child that then SIGKILLs itself, as the OOM
+  killer would, and checks that it died so."""
+  child = subprocess.run(
+      [sys.executable, '-c', code + '\nos.kill(os.getpid(), 9)\n'],
+      cwd=REPO, env=launcher_env(), timeout=60, check=False)
+  assert child.returncode == -signal.SIGKILL, child.returncode

@@ -11,6 +11,7 @@ import pytest
 from configs import linear_regression as linear_regression_config
 from configs import mlp as mlp_config
 from runtime import checkpoint
+from runtime import checkpoint_meta
 from runtime import data
 from runtime import metrics
 from runtime import train
@@ -152,7 +153,7 @@ def test_keep_records_up_to_drops_later_and_torn_lines(tmp_path):
 
 def test_trajectory_config_leaves_out_run_control_fields():
   config = _config(10, restore_may_change=('model.hidden',))
-  flat = checkpoint.trajectory_config(config)
+  flat = checkpoint_meta.trajectory_config(config)
   assert 'optimizer.learning_rate' in flat and 'seed' in flat
   assert 'data.num_examples' in flat
   for key in ('steps', 'log_every', 'checkpoint_every', 'topology.platform',

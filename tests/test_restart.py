@@ -26,7 +26,7 @@ def test_check_retryable_refuses_user_error_codes():
 
 
 def test_backoff_doubles_up_to_a_minute():
-  assert [restart.backoff_s(1.0, n) for n in (1, 2, 3, 4)] == [1, 2, 4, 8]
+  assert [restart.backoff_s(1.0, n) for n in (1, 2, 3, 4, 5)] == [0, 1, 2, 4, 8]
   assert restart.backoff_s(1.0, 30) == restart.MAX_BACKOFF_S
 
 
@@ -70,3 +70,22 @@ def test_a_signalled_launcher_is_not_restarted(tmp_path):
   assert restart.run(start, max_restarts=3, first_backoff_s=0, retryable=(),
                      logs_dir=str(tmp_path)) == exit_codes.PREEMPTED
   assert pods == [1]
+
+
+def test_only_failures_without_progress_back_off(tmp_path, monkeypatch):
+  waits = []
+  monkeypatch.setattr(restart, '_sleep_unless_signalled',
+                      lambda s: waits.append(s) or True)
+  progressed = iter([True, False, False, True, False])
+
+  def start(attempt):
+    pod = _FakePod(137 if attempt < 6 else 0)
+    pod.progressed = next(progressed, True)
+    return pod
+
+  assert restart.run(start, max_restarts=5, first_backoff_s=1.0,
+                     retryable=(137,), logs_dir=str(tmp_path)) == 0
+  # Trained then failed: at once; then 1 s, 2 s while failing without a
+  # step; at once after an attempt that trained, and 1 s after one more
+  # that did not.
+  assert waits == [0, 1, 2, 0, 1]

@@ -107,6 +107,10 @@ class Pod:
     # The goodput ledgers of this attempt (runtime/goodput.py).
     self.attempt_name = f'{self.job_id[:12]}-a{attempt}'
     self.launcher_signalled = False
+    # {'at': the failed rank's exit, 'detected': when the pod was declared
+    # failed, 'rank', 'exit_code'} (wall times), after a failure.
+    self.fault: Optional[dict] = None
+    self.progressed = False  # Whether any rank completed a step.
     self._ranks = ranks_lib.plan(
         num_processes, local_devices, workdir, rank_args,
         self.coordinator_address,
@@ -143,6 +147,11 @@ class Pod:
             self._ranks, progress_reader, self._signals, self._changed,
             self.timeouts, lambda s: ranks_lib.forward(self._ranks, s),
         ).watch(started)
+        self.progressed = progress_reader.last_advance is not None
+        if end.state is monitor_lib.GangState.FAILED:
+          self.fault = {'at': end.rank.exited_wall, 'detected': time.time(),
+                        'rank': end.rank.index,
+                        'exit_code': end.rank.exit_code}
         if end.state is monitor_lib.GangState.STALLED:
           ranks_lib.dump_stacks(self._ranks)
         self._stop(end)

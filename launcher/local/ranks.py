@@ -40,6 +40,7 @@ class Rank:
   popen: Optional[subprocess.Popen] = None
   exit_code: Optional[int] = None
   exited_at: Optional[float] = None
+  exited_wall: Optional[float] = None  # time.time() of exited_at.
   signalled_at: Optional[float] = None
   step: int = 0
   log_file: Optional[object] = None
@@ -98,7 +99,7 @@ def start(ranks: list[Rank], attempt: int, progress_fd: int) -> None:
 def await_exit(rank: Rank, changed: threading.Event) -> None:
   """Waits for the rank to exit, records its code and time, sets `changed`."""
   returncode = rank.popen.wait()
-  rank.exited_at = time.monotonic()
+  rank.exited_at, rank.exited_wall = time.monotonic(), time.time()
   rank.exit_code = exit_codes.from_returncode(returncode)
   changed.set()
 

@@ -15,6 +15,7 @@ from typing import Optional
 import jax
 
 from runtime import goodput
+from runtime import progress
 
 # Seconds spent compiling: tracing, lowering, the backend (one event each).
 # The same names in JAX 0.10 to 0.12 (tests/test_jax_versions.py).
@@ -36,6 +37,7 @@ def count_into(ledger: goodput.Ledger) -> None:
     if event.startswith(COMPILE_EVENT_PREFIX) or (
         event == CACHE_RETRIEVAL_EVENT):
       goodput.on_compile(duration)
+      progress.took('compile', duration)  # The hang watchdog allows for it.
 
   def on_event(event: str, **kwargs) -> None:
     del kwargs

@@ -10,6 +10,7 @@ without processes (tests/test_supervisor.py).
 
 import dataclasses
 import json
+import time
 import os
 import socket
 from typing import Any, Optional
@@ -39,12 +40,15 @@ class Cause:
     host: its host name.
     code: its exit code, for 'failed'.
     summary: one line: the exception, or what was seen.
+    since: wall time of that process's last sign of life (its failure, its
+      last heartbeat or step), for the time to recover (runtime/goodput.py).
   """
   kind: str
   rank: int
   host: str
   code: Optional[int] = None
   summary: str = ''
+  since: float = dataclasses.field(default_factory=time.time)
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self))
@@ -113,7 +117,7 @@ class Peers:
         return Cause('lost', rank, record.get('host', '?'), summary=(
             f'no heartbeat for {silent:.0f} s (--heartbeat_timeout='
             f'{s.options.heartbeat_timeout:g}); its last completed step was '
-            f'{record.get("done")}'))
+            f'{record.get("done")}'), since=time.time() - silent)
     return None
 
   def warn_stragglers(self, now: float) -> None:

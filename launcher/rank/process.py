@@ -26,6 +26,7 @@ from launcher import exit_codes
 from launcher.rank import compilation
 from launcher.rank import devices
 from launcher.rank import distributed
+from launcher.rank import interrupt
 from launcher.rank import lease as lease_lib
 from launcher.rank import peers as peers_lib
 from launcher.rank import roll_call
@@ -40,6 +41,9 @@ from runtime import goodput
 from runtime import metrics
 from runtime import topology
 
+# How long the main thread has to stop by itself after SIGINT before the
+# process exits anyway (launcher/rank/interrupt.py).
+_INTERRUPT_GRACE_S = 0.5
 # Set by the TPU pod driver on every worker: how many processes must join.
 EXPECTED_PROCESSES_ENV = 'PODRUN_EXPECTED_PROCESSES'
 
@@ -228,6 +232,7 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
                                                  options.supervision)
   running.supervisor.start()
   actual = topology.current()
+  running.supervisor.learn_in(workdir)
   _open_ledger(running.ledger, workdir, running.supervisor.job,
                actual.process_index)
   compilation.use_cache(options.compilation_cache_dir, workdir)
@@ -310,6 +315,9 @@ def run(config: ConfigDict, workdir: str, options: Options) -> int:
   faulthandler.enable()
   # The local pod's hang watchdog asks for every thread's stack this way.
   faulthandler.register(signal.SIGUSR1, all_threads=True)
+  if supervised:
+    # The pod stops ranks with SIGINT, also those stuck in a collective.
+    interrupt.install(_INTERRUPT_GRACE_S, supervisor_lib.flush_and_exit)
   running = _Running()
   goodput.use(running.ledger)
   code = exit_codes.OK

@@ -38,6 +38,7 @@ from absl import logging
 
 from launcher import exit_codes
 from launcher.rank import peers as peers_lib
+from launcher.rank import stall
 from runtime import coordination
 from runtime import goodput
 from runtime import progress
@@ -47,6 +48,7 @@ ACK_DIR = 'podrun/ack'
 _TICK_S = 0.5
 _ACK_WAIT_S = 3.0
 _AFTER_ACKS_S = 0.2
+_LEARNED_EVERY_S = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,16 +58,21 @@ class Options:
   Attributes:
     heartbeat_timeout: seconds of silence after which a process is lost.
     stall_timeout: seconds without a completed step, after the first; 0
-      disables.
+      disables. The ceiling of the learned deadline (stall.py).
     first_step_timeout: seconds to complete the first step; 0 disables.
     barrier_timeout: seconds any cross-process wait may take.
     enabled: False leaves the job unwatched (--nosupervision).
+    learned_stall_deadline: learn the deadline from the run's pace;
+      False: stall_timeout is the deadline.
+    stall_floor: the shortest learned deadline.
   """
   heartbeat_timeout: float = 15
   stall_timeout: float = 600
   first_step_timeout: float = 1800
   barrier_timeout: float = 300
   enabled: bool = True
+  learned_stall_deadline: bool = True
+  stall_floor: float = stall.FLOOR_S
 
 
 def _flush(code: int) -> None:
@@ -79,7 +86,18 @@ def _flush(code: int) -> None:
       pass
 
 
-def _flush_and_exit(code: int) -> NoReturn:
+def _note_fault(cause: peers_lib.Cause) -> None:
+  """Tells the goodput ledger when the fault that ends this process began
+  and when this process learned of it (the time to recover's first two
+  phases)."""
+  goodput.current().note(fault={
+      'at': min(cause.since, time.time()), 'detected': time.time(),
+      'kind': cause.kind, 'rank': cause.rank})
+
+
+def flush_and_exit(code: int) -> NoReturn:
+  """Writes out what this process has to say and exits with `code` at once,
+  from any thread, without JAX's shutdown barrier."""
   _flush(code)
   os._exit(code)  # pylint: disable=protected-access
 
@@ -97,7 +115,7 @@ class Supervisor:
 
   def __init__(self, job: Optional[coordination.Job], options: Options,
                host: Optional[str] = None,
-               exit_process: Callable[[int], None] = _flush_and_exit,
+               exit_process: Callable[[int], None] = flush_and_exit,
                dump_stacks: Optional[Callable[[], None]] = None):
     self.job = job
     self.options = options
@@ -115,6 +133,9 @@ class Supervisor:
     self.cpu_s = 0.0
     self._last_contact = time.monotonic()
     self._peers = peers_lib.Peers(self)
+    # Where the learned pace is kept (WORKDIR/stall), once it is known.
+    self.learned_dir: Optional[str] = None
+    self._learned_saved = time.monotonic()
 
   def start(self) -> None:
     if not self.options.enabled:
@@ -124,9 +145,18 @@ class Supervisor:
                                     name='podrun-supervisor')
     self._thread.start()
 
+  def learn_in(self, workdir: str) -> None:
+    """Starts from what an earlier attempt learned of this process's pace,
+    and keeps what this one learns, in WORKDIR/stall."""
+    self.learned_dir = workdir
+    learned = stall.load(workdir, self.rank)
+    if learned is not None:
+      progress.seed(learned)
+
   def finishing(self) -> None:
     """The workload returned: stop the watchdog and the loss check."""
     self._watching_steps = False
+    self._keep_learned(progress.snapshot(), time.monotonic(), force=True)
 
   def abort(self, code: int, summary: str) -> None:
     """Ends this process from any thread with `code`, telling the others."""
@@ -180,7 +210,7 @@ class Supervisor:
         return peers_lib.Cause('lost', 0, _coordinator_host(), summary=(
             f'the coordinator (process 0) did not answer for {silent:.0f} s '
             f'(--heartbeat_timeout={self.options.heartbeat_timeout:g}); last '
-            f'error: {peers_lib.first_line(e)}'))
+            f'error: {peers_lib.first_line(e)}'), since=time.time() - silent)
       self._stop.wait(_TICK_S)
       return None
     self._last_contact = time.monotonic()
@@ -213,13 +243,36 @@ class Supervisor:
             '(--first_step_timeout); a workload that runs a loop of its own '
             'must report each step with runtime.progress.report(step)'))
       return None
-    idle = now - snapshot.done_at
-    limit = self.options.stall_timeout
-    if 0 < limit < idle:
-      return peers_lib.Cause('stalled', self.rank, self.host, summary=(
-          f'no step completed for {idle:.0f} s after step '
-          f'{snapshot.done_step} (--stall_timeout={limit:g})'))
-    return None
+    self._keep_learned(snapshot, now)
+    found = stall.deadline(snapshot, self.options.stall_timeout, now,
+                           self.options.learned_stall_deadline,
+                           self._stall_floor())
+    if found is None or found[1] <= found[0]:
+      return None
+    limit, idle, why = found
+    doing = (f' while {snapshot.working}' if snapshot.working else '')
+    return peers_lib.Cause('stalled', self.rank, self.host, summary=(
+        f'no step completed for {idle:.0f} s after step '
+        f'{snapshot.done_step}{doing} (deadline {limit:.3g} s: {why})'),
+        since=time.time() - idle)
+
+  def _stall_floor(self) -> float:
+    """--stall_floor, and with peers never below --heartbeat_timeout + 2
+    beats: a process that died is then named lost, with the ack wait that
+    skips it, before its peers' steps are taken for stalled."""
+    if self.job is None or self.job.process_count == 1:
+      return self.options.stall_floor
+    return max(self.options.stall_floor, self.options.heartbeat_timeout +
+               2 * peers_lib.BEAT_EVERY_S)
+
+  def _keep_learned(self, snapshot: progress.Snapshot, now: float,
+                    force: bool = False) -> None:
+    """Writes what this process learned of its pace, every 30 s."""
+    if self.learned_dir is None:
+      return
+    if force or now - self._learned_saved > _LEARNED_EVERY_S:
+      self._learned_saved = now
+      stall.save(self.learned_dir, self.rank, snapshot.learned)
 
   # Ending the process.
 
@@ -255,6 +308,7 @@ class Supervisor:
     if may_be_consequence:
       earlier = self._wait_for_end(_consequence_wait_s(summary, self.options))
       if earlier is not None and earlier.rank != self.rank:
+        _note_fault(earlier)
         logging.error('%s; this process stops too (exit %d).',
                       earlier.describe(), exit_codes.PEER_FAILED)
         self._ack()
@@ -263,6 +317,7 @@ class Supervisor:
     won = self.publish(
         peers_lib.Cause('failed', self.rank, self.host, code, summary))
     if won.rank != self.rank and may_be_consequence:
+      _note_fault(won)
       logging.error('%s; this process stops too.', won.describe())
       self._ack()
       self._wait_for_acks(won)
@@ -301,6 +356,9 @@ class Supervisor:
       code = exit_codes.PEER_FAILED
       logging.error('%s; this process stops too (exit %d).',
                     cause.describe(), code)
+    _note_fault(cause)
+    # What this attempt learned of its pace is for the next one.
+    self._keep_learned(progress.snapshot(), time.monotonic(), force=True)
     # Everything written first: once process 0 has every ack it exits, and
     # its coordination service with it, which JAX makes fatal to the others.
     _flush(code)

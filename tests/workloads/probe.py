@@ -12,11 +12,16 @@ checkpoints big enough to be caught mid-save; `per_rank_checkpoint_dir` gives
 each rank a checkpoint directory of its own, as host-local disks would;
 `fail_once` misbehaves only in the first run in a workdir; `flip_rank`
 flips one bit of the first parameter on its local device `flip_device` after
-step `flip_step`, as silent data corruption would.
+step `flip_step`, as silent data corruption would; `fail_mode='sigkill'`
+SIGKILLs the rank, as the OOM killer would; `kill_in_local_save` SIGKILLs
+`fail_rank` halfway through writing its local copy of that step;
+`eval_seconds` makes an evaluation (every `eval_every` steps) that takes so
+long.
 """
 
 import dataclasses
 import os
+import signal
 import sys
 import time
 
@@ -26,6 +31,7 @@ import numpy as np
 
 from launcher import exit_codes
 from runtime import hooks
+from runtime import local_checkpoint
 from runtime import train
 from runtime.workloads import linear_regression
 
@@ -40,6 +46,8 @@ def _misbehave(config: ConfigDict) -> None:
     raise exit_codes.PodrunError(
         f'probe: rank {jax.process_index()} chooses exit code '
         f'{config.fail_code}', exit_code=config.fail_code)
+  if config.fail_mode == 'sigkill':
+    os.kill(os.getpid(), signal.SIGKILL)
   if config.fail_mode == 'hang':
     time.sleep(3600)
   if config.fail_mode in ('sleep', 'slow'):
@@ -72,6 +80,8 @@ def train_and_evaluate(config: ConfigDict, workdir):
     # Random, so that compression does not shrink it away.
     params['ballast'] = np.random.default_rng(7).standard_normal(
         config.ballast_floats, np.float32)
+  if config.kill_in_local_save and jax.process_index() == config.fail_rank:
+    _kill_in_local_save(config.kill_in_local_save, once_marker, config)
   if config.per_rank_checkpoint_dir:
     config.checkpoint_dir = os.path.join(
         workdir, f'checkpoints_rank_{jax.process_index()}')
@@ -79,9 +89,11 @@ def train_and_evaluate(config: ConfigDict, workdir):
   if config.flip_rank == jax.process_index():
     extra_hooks.append(hooks.Periodic(config.flip_step, lambda run: flip_bit(
         run, config.flip_step, config.flip_device)))
+  evaluate = (_slow_evaluation(config.eval_seconds) if config.eval_seconds
+              else None)
   result = train.train(config, workdir, dataclasses.replace(
       task, params=params, data=_Source(len(task.data), load_examples),
-      hooks=list(task.hooks) + extra_hooks))
+      hooks=list(task.hooks) + extra_hooks, evaluate=evaluate))
   if config.record_ids:
     os.makedirs(os.path.join(workdir, 'ids'), exist_ok=True)
     np.save(os.path.join(workdir, 'ids', f'rank_{jax.process_index()}.npy'),
@@ -90,6 +102,33 @@ def train_and_evaluate(config: ConfigDict, workdir):
                   'learned_bias': result.params['bias'],
                   'true_weight': dataset['true_weight']}
   return result
+
+
+def _slow_evaluation(seconds: float):
+  def evaluate(params, model_state):  # A long evaluation, nothing else.
+    del params, model_state
+    time.sleep(seconds)
+    return {'seconds': seconds}
+  return evaluate
+
+
+def _kill_in_local_save(step: int, once_marker: str, config) -> None:
+  """SIGKILLs this process with its local copy of `step` half written."""
+  if config.fail_once and os.path.exists(once_marker):
+    return
+  write = local_checkpoint.np.savez
+
+  def torn_write(path, **arrays):
+    if f'{local_checkpoint._TMP_PREFIX}{step}' not in str(path):  # pylint: disable=protected-access
+      return write(path, **arrays)
+    if config.fail_once:
+      open(once_marker, 'w').close()
+    with open(path, 'wb') as f:
+      f.write(b'PK\x03\x04 torn')
+    print(f'probe: sigkill in the local save of step {step}', flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+  local_checkpoint.np.savez = torn_write
 
 
 def flip_bit(run, step: int, device: int) -> None:

@@ -24,6 +24,8 @@ def get_config():
   config.flip_rank = -1
   config.flip_step = 0
   config.flip_device = 0
+  config.kill_in_local_save = 0
+  config.eval_seconds = 0.0
   # How the probe misbehaves only steers the run: outside the trajectory
   # sections, so a resumed run may change it with no registration.
   return config

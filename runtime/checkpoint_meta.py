@@ -1,0 +1,143 @@
+"""What a checkpoint records about its run, and the checks before resuming.
+
+A checkpoint's 'meta' item (both tiers: runtime/checkpoint.py and
+runtime/local_checkpoint.py) holds the step, the data-stream position, the
+config that decides the trajectory and the shapes of the state; resuming
+checks this run against it and names every difference.
+
+Example:
+  >>> meta = describe_run(config, topo, 60000, 400, host_state, 'periodic')
+  >>> check_restorable(meta, config, state, '/runs/a/checkpoints/400')
+"""
+
+from typing import Any
+
+import jax
+from ml_collections import ConfigDict
+import numpy as np
+
+from launcher import exit_codes
+
+# The config sections that decide what a run computes. A resumed run must
+# agree with its checkpoint on these (but for config.restore_may_change);
+# every other field only steers the run (its length, logging, checkpoint
+# cadence, topology, paths) and may change, with no list to keep up.
+TRAJECTORY_SECTIONS = ('workload', 'seed', 'global_batch_size', 'model',
+                       'optimizer', 'data')
+
+
+class CheckpointError(exit_codes.PodrunError):
+  """A checkpoint that cannot be used here, or a directory that cannot hold
+  the job's checkpoints."""
+  exit_code = exit_codes.CHECKPOINT_ERROR
+
+
+def _flatten(value: Any, prefix: str = '') -> dict[str, Any]:
+  if hasattr(value, 'items'):
+    out = {}
+    for k, v in value.items():
+      out.update(_flatten(v, f'{prefix}{k}.'))
+    return out
+  if isinstance(value, tuple):
+    value = list(value)
+  return {prefix[:-1]: value}
+
+
+def trajectory_config(config: ConfigDict) -> dict[str, Any]:
+  """The config fields a checkpoint must agree on, flattened to 'a.b' keys.
+
+  Every field of TRAJECTORY_SECTIONS but those config.restore_may_change
+  names (a field, or a whole section).
+  """
+  allowed = set(config.restore_may_change)
+  sections = {k: v for k, v in config.to_dict().items()
+              if k in TRAJECTORY_SECTIONS}
+  flat = _flatten(sections)
+  return {k: v for k, v in sorted(flat.items())
+          if not any(k == a or k.startswith(a + '.') for a in allowed)}
+
+
+def describe_state(state: Any) -> list[list[Any]]:
+  """[[path, shape, dtype], ...] of every array of `state`, in tree order."""
+  leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+  return [[jax.tree_util.keystr(path), list(np.shape(leaf)),
+           str(np.result_type(leaf))] for path, leaf in leaves]
+
+
+def data_position(step: int, global_batch_size: int,
+                  num_examples: int) -> dict[str, int]:
+  """Where the example stream stands after `step` steps (see data.py)."""
+  consumed = step * global_batch_size
+  return {'examples_consumed': consumed,
+          'epoch': consumed // num_examples,
+          'examples_into_epoch': consumed % num_examples}
+
+
+def check_restorable(meta: dict[str, Any], config, state: Any, path: str
+                     ) -> None:
+  """Refuses a checkpoint whose config or state shapes differ from this run's.
+
+  Args:
+    meta: the checkpoint's 'meta' item.
+    config: this run's config.
+    state: this run's freshly initialised state (arrays or shape structs).
+    path: the checkpoint, for the message.
+
+  Raises:
+    CheckpointError: naming every field and array that disagrees, with both
+      values.
+  """
+  problems = []
+  saved, now = meta['config'], trajectory_config(config)
+  for key in sorted(set(saved) | set(now)):
+    if saved.get(key, '<absent>') != now.get(key, '<absent>'):
+      problems.append(f'config.{key}: checkpoint {saved.get(key, "<absent>")!r}'
+                      f', this run {now.get(key, "<absent>")!r}')
+  saved_arrays = {p: (s, d) for p, s, d in meta['state']}
+  now_arrays = {p: (s, d) for p, s, d in describe_state(state)}
+  for key in sorted(set(saved_arrays) | set(now_arrays)):
+    a, b = saved_arrays.get(key), now_arrays.get(key)
+    if a != b:
+      show = lambda v: 'absent' if v is None else f'shape {tuple(v[0])} {v[1]}'
+      problems.append(f'state{key}: checkpoint {show(a)}, this run {show(b)}')
+  if problems:
+    raise CheckpointError(
+        f'cannot resume from {path}; it was made by a different run:\n  ' +
+        '\n  '.join(problems) + '\nPoint --workdir (or config.checkpoint_dir) '
+        'at a new directory to start afresh, or undo the change. The sections '
+        + ', '.join(TRAJECTORY_SECTIONS) + ' decide the trajectory; list a '
+        'field of them in config.restore_may_change to allow a change '
+        'anyway. Every other field may change on resume.')
+
+
+def check_same_data(meta: dict[str, Any], num_examples: int, step: int,
+                    where: str) -> None:
+  """Refuses a checkpoint made on a data set of another size.
+
+  The stream position is the step's only on the same data set; the config
+  need not name its size (MNIST reads it from files).
+  """
+  if meta['data']['num_examples'] != num_examples:
+    raise CheckpointError(
+        f'the checkpoint of step {step} in {where} was made on '
+        f'{meta["data"]["num_examples"]} training examples; this run has '
+        f'{num_examples}. Resume on the same data, or start afresh in a new '
+        '--workdir.')
+
+
+def describe_run(config: ConfigDict, topo, num_examples: int, step: int,
+                 state: Any, reason: str) -> dict[str, Any]:
+  """The 'meta' item of the checkpoint of `step`: what resuming checks."""
+  return {
+      'step': step,
+      'reason': reason,
+      'data': {**data_position(step, config.global_batch_size, num_examples),
+               'num_examples': num_examples,
+               'seed': config.seed},
+      'config': trajectory_config(config),
+      'state': describe_state(state),
+      'saved_by': {'process_count': topo.process_count,
+                   'device_count': topo.global_device_count,
+                   'platform': topo.platform,
+                   'jax_version': jax.__version__},
+  }

@@ -1,0 +1,221 @@
+"""The local checkpoint tier: each process's own copy of the state, often.
+
+The persistent tier (runtime/checkpoint.py) goes to storage every process
+shares, often a bucket, and is written rarely. This tier is written every
+config.local_checkpoint_every steps by every process, into a directory on
+its own host, so that a hard failure (SIGKILL, the OOM killer, a lost host)
+costs a few steps instead of everything since the last persistent save. The
+state is replicated, so any one process's copy restores all of them
+(runtime/recovery.py).
+
+Layout: LOCAL_DIR/JOB/process_<i>/step_<s>/{state.npz, meta.json}, where
+LOCAL_DIR is config.local_checkpoint_dir (default: $PODRUN_LOCAL_CHECKPOINT_DIR,
+else a directory in /dev/shm, else the system's temporary directory) and JOB an id that lives beside the
+persistent checkpoints, so that a workdir started afresh never picks up an
+older job's copies. A copy is written into `.tmp_step_<s>` and renamed when
+complete: a SIGKILL during a save leaves the previous copy, and the torn one
+is removed at the next start.
+
+Why not orbax here: its numpy handler writes arrays on process 0 only, so a
+per-process CheckpointManager (active_processes={i}) of host arrays leaves
+every other process's copy without its arrays (measured with orbax 0.12.8).
+
+Example:
+  >>> local = LocalCheckpoints('/dev/shm/podrun/3f2a/process_1', every=50)
+  >>> local.save(450, host_state, meta)   # returns at once
+  >>> local.steps()
+  [400, 450]
+  >>> leaves, meta = local.load(450)
+"""
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+import uuid
+from typing import Any, Optional
+
+from absl import logging
+from etils import epath
+import jax
+from ml_collections import ConfigDict
+import numpy as np
+
+from runtime import coordination
+
+JOB_ID_FILE = '.podrun_local_tier_id'
+ROOT_ENV = 'PODRUN_LOCAL_CHECKPOINT_DIR'
+_STEP_PREFIX = 'step_'
+_TMP_PREFIX = '.tmp_step_'
+_JOB_ID_KEY = 'podrun/local_tier_id'
+
+
+def default_root() -> str:
+  """Where local copies go by default: $PODRUN_LOCAL_CHECKPOINT_DIR when set,
+  else shared memory when the host has it.
+
+  /dev/shm is RAM: a save costs a memory copy, and it survives the process
+  (not the host). Without it, the system's temporary directory.
+  """
+  if os.environ.get(ROOT_ENV):
+    return os.environ[ROOT_ENV]
+  shm = '/dev/shm'
+  if os.path.isdir(shm) and os.access(shm, os.W_OK):
+    return os.path.join(shm, f'podrun-{os.getuid()}')
+  return os.path.join(tempfile.gettempdir(), f'podrun-local-{os.getuid()}')
+
+
+def job_id(persistent_dir: str) -> str:
+  """The id of the job whose persistent checkpoints live in `persistent_dir`.
+
+  Created on first use; a directory removed and started afresh gets a new
+  one, which orphans the old job's local copies instead of resuming them.
+  Called by process 0 only: others get the id through the coordination
+  service.
+  """
+  path = epath.Path(persistent_dir) / JOB_ID_FILE  # gs:// too, as orbax.
+  if path.exists():
+    return path.read_text().strip()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  new = uuid.uuid4().hex[:16]
+  path.write_text(new + '\n')
+  return new
+
+
+def open_for(config: ConfigDict, persistent_dir: str
+             ) -> Optional['LocalCheckpoints']:
+  """This process's local tier, or None when config.local_checkpoint_every
+  is 0.
+
+  Args:
+    config: reads local_checkpoint_every, keep_local_checkpoints and
+      local_checkpoint_dir.
+    persistent_dir: the persistent tier's directory, where the job's id
+      lives.
+  """
+  if not config.local_checkpoint_every:
+    return None
+  job = coordination.current()
+  if job is None or job.process_id == 0:
+    jid = job_id(persistent_dir)
+    if job is not None:
+      job.set(_JOB_ID_KEY, jid, overwrite=True)
+  else:
+    jid = job.wait(_JOB_ID_KEY, coordination.default_timeout())
+    if jid is None:
+      raise coordination.BarrierTimeout(_JOB_ID_KEY, [0],
+                                        coordination.default_timeout(),
+                                        job.process_count)
+  root = config.local_checkpoint_dir or default_root()
+  index = job.process_id if job is not None else 0
+  return LocalCheckpoints(os.path.join(root, jid, f'process_{index}'),
+                          every=config.local_checkpoint_every,
+                          keep=config.keep_local_checkpoints)
+
+
+def _flat(state: Any) -> dict[str, np.ndarray]:
+  leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+  return {jax.tree_util.keystr(path): np.asarray(leaf)
+          for path, leaf in leaves}
+
+
+class LocalCheckpoints:
+  """One process's local copies: save every `every` steps, keep `keep`.
+
+  Saves run on a thread of their own; the caller hands over host arrays it
+  will not change (the step writes new buffers).
+  """
+
+  def __init__(self, path: str, every: int, keep: int = 2):
+    if keep < 1:
+      raise ValueError(f'config.keep_local_checkpoints={keep}; keep at '
+                       'least 1')
+    self.path, self.every, self.keep = path, every, keep
+    self._thread: Optional[threading.Thread] = None
+    os.makedirs(path, exist_ok=True)
+    for name in os.listdir(path):
+      if name.startswith(_TMP_PREFIX):  # A save cut short.
+        shutil.rmtree(os.path.join(path, name), ignore_errors=True)
+
+  def due(self, step: int) -> bool:
+    return self.every > 0 and step % self.every == 0
+
+  def steps(self) -> list[int]:
+    """The complete copies' steps, oldest first."""
+    out = []
+    for name in os.listdir(self.path):
+      if name.startswith(_STEP_PREFIX) and name[len(_STEP_PREFIX):].isdigit():
+        out.append(int(name[len(_STEP_PREFIX):]))
+    return sorted(out)
+
+  def _dir(self, step: int) -> str:
+    return os.path.join(self.path, f'{_STEP_PREFIX}{step}')
+
+  def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    """Starts writing `state` (host arrays) as step `step`; returns at once.
+
+    Waits for the previous save first, so at most one is being written.
+    """
+    self.wait()
+    self._thread = threading.Thread(
+        target=self._write, args=(step, _flat(state), meta),
+        name=f'local-checkpoint-{step}', daemon=True)
+    self._thread.start()
+
+  def _write(self, step: int, arrays: dict[str, np.ndarray],
+             meta: dict[str, Any]) -> None:
+    tmp = os.path.join(self.path, f'{_TMP_PREFIX}{step}')
+    try:
+      shutil.rmtree(tmp, ignore_errors=True)
+      os.makedirs(tmp)
+      np.savez(os.path.join(tmp, 'state.npz'), **arrays)
+      with open(os.path.join(tmp, 'meta.json'), 'w') as f:
+        json.dump(meta, f)
+      shutil.rmtree(self._dir(step), ignore_errors=True)
+      os.rename(tmp, self._dir(step))
+      for old in self.steps()[:-self.keep]:
+        shutil.rmtree(self._dir(old), ignore_errors=True)
+    except OSError as e:
+      # The local tier only saves time; a full disk must not stop training.
+      logging.warning('local checkpoint of step %d in %s failed: %s', step,
+                      self.path, e)
+      shutil.rmtree(tmp, ignore_errors=True)
+
+  def meta(self, step: int) -> dict[str, Any]:
+    with open(os.path.join(self._dir(step), 'meta.json')) as f:
+      return json.load(f)
+
+  def load(self, step: int, like: Any) -> Any:
+    """The copy of `step` as host arrays in the tree of `like`.
+
+    Raises:
+      KeyError: when the copy lacks an array of `like`.
+    """
+    with np.load(os.path.join(self._dir(step), 'state.npz')) as saved:
+      arrays = {k: saved[k] for k in saved.files}
+    paths, treedef = jax.tree_util.tree_flatten_with_path(like)
+    return jax.tree_util.tree_unflatten(
+        treedef, [arrays[jax.tree_util.keystr(p)] for p, _ in paths])
+
+  def wait(self) -> None:
+    """Blocks until the save being written, if any, is complete."""
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+
+  def clear(self) -> None:
+    """Removes every copy, keeping the directory."""
+    self.wait()
+    for step in self.steps():
+      shutil.rmtree(self._dir(step), ignore_errors=True)
+
+  def remove(self) -> None:
+    """Removes every copy (the job ended well: they are not needed)."""
+    self.wait()
+    shutil.rmtree(self.path, ignore_errors=True)
+    parent = os.path.dirname(self.path)
+    try:
+      os.rmdir(parent)  # The job's directory, once no process uses it.
+    except OSError:
+      pass

@@ -1,0 +1,197 @@
+"""Where a run resumes from: the newest copy of the state anywhere in the job.
+
+At start every process says, through the coordination service, which steps
+its local tier holds (runtime/local_checkpoint.py); process 0 adds the
+persistent tier's latest (runtime/checkpoint.py). All of them then take the
+same decision (`plan`, a pure function):
+
+- the newest step anyone holds, locally or persistently;
+- when every process holds it locally, each reads its own copy ('local');
+- when only some do, the lowest-numbered of them reads it and sends it to
+  every other process in one collective over the devices ('peer': the
+  key-value store is for small values, not for the state);
+- when no process holds it locally, everyone reads the persistent tier
+  ('persistent').
+
+The state is replicated, so one copy restores every process, whatever the
+topology that wrote it: a 1x8 copy restores 2x4. The broadcast sends the
+state's bytes, so every process continues bit-exact.
+
+Example:
+  >>> step, state, tier = restore(config, persistent, local, state, 60000)
+  >>> tier
+  'peer'
+"""
+
+import dataclasses
+import json
+from typing import Any, Optional
+
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+from ml_collections import ConfigDict
+import numpy as np
+
+from runtime import checkpoint
+from runtime import checkpoint_meta
+from runtime import coordination
+from runtime import local_checkpoint
+
+_KEY = 'podrun/restore'
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What every process does to restore.
+
+  Attributes:
+    step: the step to resume from; None starts afresh.
+    tier: 'local' (every process reads its own copy), 'peer' (`source`
+      reads its copy and sends it), 'persistent', or 'fresh'.
+    source: the process that sends the state ('peer' only).
+    holders: the processes that hold `step` locally.
+  """
+  step: Optional[int]
+  tier: str
+  source: Optional[int] = None
+  holders: tuple[int, ...] = ()
+
+
+def plan(local_steps: dict[int, list[int]],
+         persistent_step: Optional[int]) -> Plan:
+  """The restore every process agrees on.
+
+  Args:
+    local_steps: {process id: steps its local tier holds}, every process.
+    persistent_step: the persistent tier's latest step, or None.
+
+  Example:
+    >>> plan({0: [400, 450], 1: []}, persistent_step=0)
+    Plan(step=450, tier='peer', source=0, holders=(0,))
+  """
+  newest_local = max((s for steps in local_steps.values() for s in steps),
+                     default=None)
+  candidates = [s for s in (newest_local, persistent_step) if s is not None]
+  if not candidates:
+    return Plan(None, 'fresh')
+  step = max(candidates)
+  holders = tuple(sorted(p for p, steps in local_steps.items()
+                         if step in steps))
+  if not holders:
+    return Plan(step, 'persistent')
+  if len(holders) == len(local_steps):
+    return Plan(step, 'local', holders=holders)
+  return Plan(step, 'peer', source=holders[0], holders=holders)
+
+
+def _exchange(local_steps: list[int], persistent_step: Optional[int]
+              ) -> tuple[dict[int, list[int]], Optional[int]]:
+  """Every process's local steps and process 0's persistent step."""
+  job = coordination.current()
+  if job is None or job.process_count == 1:
+    return {0: local_steps}, persistent_step
+  job.set(f'{_KEY}/local/{job.process_id}', json.dumps(local_steps),
+          overwrite=True)
+  if job.process_id == 0:
+    job.set(f'{_KEY}/persistent', json.dumps(persistent_step), overwrite=True)
+  job.barrier(f'{_KEY}/published')
+  everyone = {int(k.rsplit('/', 1)[1]): json.loads(v)
+              for k, v in job.directory(f'{_KEY}/local').items()}
+  return everyone, json.loads(job.get(f'{_KEY}/persistent'))
+
+
+def to_words(state: Any) -> np.ndarray:
+  """The bytes of every array of `state`, in tree order, as uint32 words
+  (zero-padded to a whole word)."""
+  arrays = [np.ascontiguousarray(leaf)
+            for leaf in jax.tree_util.tree_leaves(state)]
+  flat = np.concatenate([a.reshape(-1).view(np.uint8) for a in arrays] or
+                        [np.zeros(0, np.uint8)])
+  padded = np.zeros(-(-flat.size // 4) * 4, np.uint8)
+  padded[:flat.size] = flat
+  return padded.view(np.uint32)
+
+
+def from_words(words: np.ndarray, like: Any) -> Any:
+  """The inverse of `to_words`: arrays shaped and typed as `like`'s."""
+  raw = np.asarray(words, np.uint32).view(np.uint8)
+  leaves, treedef = jax.tree_util.tree_flatten(like)
+  out, at = [], 0
+  for leaf in leaves:
+    a = np.asarray(leaf)
+    out.append(raw[at:at + a.nbytes].view(a.dtype).reshape(a.shape).copy())
+    at += a.nbytes
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def broadcast(state: Any, is_source: bool) -> Any:
+  """`state` as the source process holds it, on every process.
+
+  The bytes of every array travel as one uint32 vector in one collective
+  over the devices (a sum with zeros from every other process, which never
+  carries), so floats arrive bit for bit, -0.0 and NaN payloads included.
+
+  Args:
+    state: host arrays; on every process the same tree, shapes and dtypes
+      (the source's values, anything elsewhere).
+    is_source: whether this process sends.
+  """
+  words = multihost_utils.broadcast_one_to_all(to_words(state),
+                                               is_source=is_source)
+  return from_words(words, state)
+
+
+def check_local(local: local_checkpoint.LocalCheckpoints, config: ConfigDict,
+                like: Any, num_examples: int) -> list[int]:
+  """This process's restorable local steps, after checking the newest.
+
+  Raises:
+    CheckpointError: when the newest copy was made by a different run or on
+      other data, naming the difference.
+  """
+  steps = local.steps()
+  if steps:
+    meta = local.meta(steps[-1])
+    where = f'the local copy {local.path} (step {steps[-1]})'
+    checkpoint_meta.check_restorable(meta, config, like, where)
+    checkpoint_meta.check_same_data(meta, num_examples, steps[-1], where)
+  return steps
+
+
+def restore(config: ConfigDict,
+            persistent: Optional[checkpoint.Checkpoints],
+            local: Optional[local_checkpoint.LocalCheckpoints],
+            state: Any, num_examples: int) -> tuple[int, Any, str]:
+  """(step, host state, tier) to start from; see the module docstring.
+
+  Args:
+    config: this run's config; every copy is checked against it.
+    persistent: the persistent tier, or None without checkpoints.
+    local: this process's local tier, or None without one.
+    state: the freshly initialised TrainState (host arrays): the tree,
+      shapes and dtypes to restore into.
+    num_examples: the size of the training data.
+
+  Raises:
+    CheckpointError: when a copy cannot be used here.
+  """
+  local_steps = check_local(local, config, state, num_examples) if local else []
+  persistent_step = persistent.latest_step() if persistent else None
+  everyone, persistent_step = _exchange(local_steps, persistent_step)
+  decided = plan(everyone, persistent_step)
+  me = jax.process_index()
+  if decided.tier == 'fresh':
+    return 0, state, 'fresh'
+  if decided.tier == 'persistent':
+    step, restored = checkpoint.restore_or_start(persistent, config, state,
+                                                 num_examples)
+    return step, restored, 'persistent'
+  mine = local.load(decided.step, state) if me in decided.holders else state
+  if decided.tier == 'peer':
+    mine = broadcast(mine, is_source=me == decided.source)
+  tier = 'local' if me in decided.holders else 'peer'
+  logging.info('restored step %d from %s', decided.step,
+               'this process\'s local copy' if tier == 'local' else
+               f'process {decided.source}\'s local copy')
+  return decided.step, mine, tier

@@ -1,0 +1,127 @@
+"""The local tier's storage and the restore every process agrees on."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from configs import linear_regression as linear_regression_config
+from runtime import checkpoint
+from runtime import checkpoint_meta
+from runtime import local_checkpoint
+from runtime import recovery
+from runtime import step as step_lib
+
+pytestmark = pytest.mark.unit
+
+
+def _state():
+  return step_lib.TrainState(
+      params={'w': np.array([1.5, -0.0, np.nan], np.float32),
+              'b': np.array(2.0, np.float32)},
+      model_state={},
+      opt_state=(np.array(7, np.int32), {'flag': np.array([True, False])}),
+      rng=np.array([3, 4], np.uint32))
+
+
+def _meta(config, state, step=40):
+  return {'step': step, 'data': {'num_examples': 100},
+          'config': checkpoint_meta.trajectory_config(config),
+          'state': checkpoint_meta.describe_state(state)}
+
+
+def _assert_same_bits(a, b):
+  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b),
+                  strict=True):
+    assert x.dtype == y.dtype and x.shape == y.shape
+    assert x.tobytes() == y.tobytes()
+
+
+def test_a_copy_round_trips_bit_for_bit(tmp_path):
+  local = local_checkpoint.LocalCheckpoints(str(tmp_path), every=20)
+  state = _state()
+  local.save(20, state, {'step': 20})
+  local.wait()
+  assert local.steps() == [20]
+  assert local.meta(20) == {'step': 20}
+  _assert_same_bits(local.load(20, state), state)
+
+
+def test_only_the_newest_copies_are_kept(tmp_path):
+  local = local_checkpoint.LocalCheckpoints(str(tmp_path), every=20, keep=2)
+  for step in (20, 40, 60):
+    local.save(step, _state(), {'step': step})
+  local.wait()
+  assert local.steps() == [40, 60]
+  assert local.due(80) and not local.due(70)
+
+
+def test_a_torn_save_is_not_a_copy_and_is_removed(tmp_path):
+  local = local_checkpoint.LocalCheckpoints(str(tmp_path), every=20)
+  local.save(20, _state(), {'step': 20})
+  local.wait()
+  torn = tmp_path / '.tmp_step_40'
+  torn.mkdir()
+  (torn / 'state.npz').write_bytes(b'PK\x03\x04 torn')
+  again = local_checkpoint.LocalCheckpoints(str(tmp_path), every=20)
+  assert again.steps() == [20]
+  assert not torn.exists()
+
+
+def test_clear_and_remove(tmp_path):
+  path = tmp_path / 'job' / 'process_0'
+  local = local_checkpoint.LocalCheckpoints(str(path), every=20)
+  local.save(20, _state(), {'step': 20})
+  local.clear()
+  assert local.steps() == [] and path.exists()
+  local.remove()
+  assert not (tmp_path / 'job').exists()
+
+
+def test_the_job_id_lives_beside_the_persistent_checkpoints(tmp_path):
+  first = local_checkpoint.job_id(str(tmp_path))
+  assert local_checkpoint.job_id(str(tmp_path)) == first
+  os.remove(tmp_path / local_checkpoint.JOB_ID_FILE)
+  assert local_checkpoint.job_id(str(tmp_path)) != first
+
+
+def test_a_copy_from_another_config_is_refused_naming_the_field(tmp_path):
+  config = linear_regression_config.get_config()
+  state = _state()
+  local = local_checkpoint.LocalCheckpoints(str(tmp_path), every=20)
+  local.save(40, state, _meta(config, state))
+  local.wait()
+  assert recovery.check_local(local, config, state, 100) == [40]
+  config.optimizer.learning_rate = 0.5
+  with pytest.raises(checkpoint.CheckpointError) as error:
+    recovery.check_local(local, config, state, 100)
+  assert 'config.optimizer.learning_rate' in str(error.value)
+  assert 'this run 0.5' in str(error.value)
+  with pytest.raises(checkpoint.CheckpointError, match='100 training'):
+    config.optimizer.learning_rate = linear_regression_config.get_config(
+    ).optimizer.learning_rate
+    recovery.check_local(local, config, state, 99)
+
+
+@pytest.mark.parametrize('local_steps, persistent, expected', [
+    ({0: [], 1: []}, None, recovery.Plan(None, 'fresh')),
+    ({0: [], 1: []}, 100, recovery.Plan(100, 'persistent')),
+    ({0: [20, 40], 1: [20, 40]}, None,
+     recovery.Plan(40, 'local', holders=(0, 1))),
+    ({0: [20, 40], 1: []}, 0, recovery.Plan(40, 'peer', 0, (0,))),
+    ({0: [20], 1: [20, 40], 2: [40]}, 20,
+     recovery.Plan(40, 'peer', 1, (1, 2))),
+    ({0: [20, 40], 1: [20, 40]}, 60, recovery.Plan(60, 'persistent')),
+    ({0: [40], 1: [40]}, 40, recovery.Plan(40, 'local', holders=(0, 1))),
+])
+def test_the_plan_takes_the_newest_step_anywhere(local_steps, persistent,
+                                                  expected):
+  assert recovery.plan(local_steps, persistent) == expected
+
+
+def test_the_broadcast_payload_keeps_every_bit():
+  state = _state()
+  words = recovery.to_words(state)
+  assert words.dtype == np.uint32
+  _assert_same_bits(recovery.from_words(words, state), state)

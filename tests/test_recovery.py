@@ -1,0 +1,211 @@
+"""Recovery from hard failures through the local tier, across real processes.
+
+Every job here is the probe linear regression (tests/workloads/probe.py),
+SIGKILLed (fail_mode=sigkill) while loading the batch of step KILL_STEP, with
+a local copy every LOCAL_EVERY steps and persistent checkpoints only at the
+end, unless a test says otherwise. The local tier lives under the session's
+PODRUN_LOCAL_CHECKPOINT_DIR (tests/conftest.py).
+"""
+
+import glob
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from runtime import goodput
+from runtime import local_checkpoint
+from runtime import time_to_recover
+from tests import helpers
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
+
+STEPS = 120
+LOCAL_EVERY = 20
+KILL_STEP = 75
+PROBE = [f'--config={helpers.PROBE_CONFIG}', '--config.log_every=5',
+         f'--config.steps={STEPS}', '--config.checkpoint_every=1000',
+         f'--config.local_checkpoint_every={LOCAL_EVERY}']
+POD = ['--local_processes=2', '--local_devices=4']
+RESTART = ['--max_restarts=1', '--retry_exit_codes=137',
+           '--restart_backoff=0.5']
+
+
+def _kill(rank, step=KILL_STEP):
+  return [f'--config.fail_rank={rank}', f'--config.fail_step={step}',
+          '--config.fail_mode=sigkill', '--config.fail_once=True']
+
+
+def _run(workdir, *args, timeout=150):
+  return helpers.run_launcher([*PROBE, f'--workdir={workdir}', *args],
+                              timeout=timeout)
+
+
+def _fingerprints(workdir, ranks):
+  return [helpers.read_json(pathlib.Path(workdir) / 'ranks' /
+                            f'rank_{i}.json')['fingerprint']['sha256']
+          for i in range(ranks)]
+
+
+@pytest.fixture(scope='module')
+def straight(tmp_path_factory):
+  """The undisturbed run's fingerprint, 2x4 (1x8 trains the same bits)."""
+  workdir = tmp_path_factory.mktemp('straight')
+  result = _run(workdir, *POD)
+  assert result.returncode == 0, result.output
+  return _fingerprints(workdir, 2)[0]
+
+
+def _local_job_dir(workdir) -> pathlib.Path:
+  job = (pathlib.Path(workdir) / 'checkpoints' /
+         local_checkpoint.JOB_ID_FILE).read_text().strip()
+  return pathlib.Path(os.environ[local_checkpoint.ROOT_ENV]) / job
+
+
+def _ledgers(workdir):
+  """{attempt name: {rank: ledger}} in the order the attempts started."""
+  out = {}
+  for path in sorted(glob.glob(os.path.join(workdir, 'goodput', '*',
+                                            'rank_*.json'))):
+    attempt = os.path.basename(os.path.dirname(path))
+    rank = int(os.path.basename(path)[5:-5])
+    out.setdefault(attempt, {})[rank] = helpers.read_json(path)
+  return dict(sorted(out.items(), key=lambda a: a[1][0]['started']))
+
+
+def _assert_no_survivors(workdir):
+  assert helpers.wait_for(lambda: not helpers.job_processes(workdir), 10), (
+      helpers.job_processes(workdir))
+
+
+def test_a_sigkilled_chief_resumes_from_the_local_tier(tmp_path, straight):
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  result = _run(tmp_path, *POD, *_kill(0), *RESTART)
+  assert result.returncode == 0, result.output
+  _assert_no_survivors(tmp_path)
+  assert _fingerprints(tmp_path, 2) == [straight] * 2
+  first, second = _ledgers(tmp_path).values()
+  furthest = max(goodput.HighWater.read(goodput.high_water_path(
+      os.path.join(tmp_path, 'goodput', first[r]['notes']['attempt'],
+                   f'rank_{r}.json'))) for r in first)
+  assert KILL_STEP - 5 <= furthest <= KILL_STEP, furthest
+  restored = furthest // LOCAL_EVERY * LOCAL_EVERY
+  for rank in (0, 1):
+    notes = second[rank]['notes']
+    assert (notes['restore_tier'], notes['restore_step']) == ('local',
+                                                              restored)
+    # Exact: every step after the copy up to the furthest one, no more.
+    assert notes['recomputed_steps'] == furthest - restored
+  attempts = helpers.read_jsonl(tmp_path / 'goodput.jsonl')
+  recovery = attempts[1]['recovery']
+  assert recovery['restore_tier'] == 'local'
+  assert recovery['total_s'] == pytest.approx(
+      sum(recovery['phases'].values()))
+  assert set(recovery['phases']) == set(time_to_recover.PHASES)
+  table = subprocess.run(
+      [sys.executable, str(helpers.REPO / 'scripts' / 'goodput.py'),
+       str(tmp_path)], capture_output=True, text=True, timeout=120,
+      check=True).stdout
+  assert (f'local step {restored}, {furthest - restored} step(s) again' in
+          table), table
+  # Every step logged once, in metrics.jsonl and in TensorBoard.
+  logged = list(range(5, STEPS + 1, 5))
+  records = helpers.read_jsonl(tmp_path / 'metrics.jsonl')
+  assert [r['step'] for r in records if 'loss' in r] == logged
+  events = event_accumulator.EventAccumulator(str(tmp_path / 'tensorboard'))
+  events.Reload()
+  assert [e.step for e in events.Scalars('loss')] == logged
+  # A job that ended well leaves no local copy behind.
+  assert not _local_job_dir(tmp_path).exists()
+
+
+def test_a_replaced_host_restores_from_a_peer(tmp_path, straight):
+  killed = _run(tmp_path, *POD, *_kill(1))
+  assert killed.returncode == 137, killed.output
+  _assert_no_survivors(tmp_path)
+  shutil.rmtree(_local_job_dir(tmp_path) / 'process_1')  # A new host.
+  rest = _run(tmp_path, *POD)
+  assert rest.returncode == 0, rest.output
+  last = list(_ledgers(tmp_path).values())[-1]
+  assert [last[r]['notes']['restore_tier'] for r in (0, 1)] == ['local',
+                                                                'peer']
+  assert last[0]['notes']['restore_step'] == last[1]['notes']['restore_step']
+  assert ("restored step 60 from process 0's local copy" in
+          (tmp_path / 'logs' / 'rank_1.log').read_text())
+  assert _fingerprints(tmp_path, 2) == [straight] * 2
+  _assert_no_survivors(tmp_path)
+
+
+def test_with_every_local_copy_gone_the_persistent_tier_restores(
+    tmp_path, straight):
+  every_40 = ['--config.checkpoint_every=40']
+  killed = _run(tmp_path, *POD, *_kill(1), *every_40)
+  assert killed.returncode == 137, killed.output
+  shutil.rmtree(_local_job_dir(tmp_path))
+  rest = _run(tmp_path, *POD, *every_40)
+  assert rest.returncode == 0, rest.output
+  assert 'resuming at step 40' in rest.stderr
+  last = list(_ledgers(tmp_path).values())[-1]
+  assert [last[r]['notes']['restore_tier'] for r in (0, 1)] == [
+      'persistent'] * 2
+  assert _fingerprints(tmp_path, 2) == [straight] * 2
+  _assert_no_survivors(tmp_path)
+
+
+def test_a_sigkill_during_a_local_save_falls_back_to_the_copy_before(
+    tmp_path, straight):
+  result = _run(tmp_path, '--local_processes=1', '--local_devices=8',
+                '--config.fail_rank=0', '--config.fail_step=-1',
+                '--config.fail_once=True', '--config.kill_in_local_save=60',
+                *RESTART)
+  assert result.returncode == 0, result.output
+  assert 'probe: sigkill in the local save of step 60' in result.output
+  assert 'resuming at step 40' in result.stderr
+  assert _fingerprints(tmp_path, 1) == [straight]
+  _assert_no_survivors(tmp_path)
+
+
+def test_a_1x8_local_copy_restores_on_2x4(tmp_path, straight):
+  killed = _run(tmp_path, *_kill(0))  # The launcher is the process killed.
+  assert killed.returncode == -signal.SIGKILL, killed.output
+  rest = _run(tmp_path, *POD)
+  assert rest.returncode == 0, rest.output
+  assert 'resuming at step 60' in rest.stderr
+  last = list(_ledgers(tmp_path).values())[-1]
+  assert [last[r]['notes']['restore_tier'] for r in (0, 1)] == ['local',
+                                                                'peer']
+  assert _fingerprints(tmp_path, 2) == [straight] * 2
+  _assert_no_survivors(tmp_path)
+
+
+def test_the_learned_deadline_ends_a_wedged_rank(tmp_path):
+  result = _run(tmp_path, *POD, '--config.steps=100000',
+                '--config.fail_rank=1', '--config.fail_step=150',
+                '--config.fail_mode=hang', '--stall_floor=3',
+                '--heartbeat_timeout=3')
+  assert result.returncode == 124, result.output
+  line = helpers.first_line_with(result.stderr, 'the job stalled')
+  # The floor: --heartbeat_timeout + 2 s, so that a dead rank is named lost.
+  assert 'rank 1 on' in line and 'learned: max(5 s' in line, line
+  # What it learned is kept for the next attempt, also when it ends so.
+  assert helpers.read_json(tmp_path / 'stall' / 'rank_0.json')['step_seconds']
+  _assert_no_survivors(tmp_path)
+
+
+def test_the_learned_deadline_allows_for_a_long_evaluation(tmp_path):
+  # Steps of milliseconds, a floor of 5 s (--heartbeat_timeout + 2 s) and
+  # evaluations of 7 s: only the announced evaluation keeps the deadline
+  # from firing.
+  result = _run(tmp_path, *POD, '--config.steps=220',
+                '--config.eval_every=100', '--config.eval_seconds=7',
+                '--stall_floor=1', '--heartbeat_timeout=3')
+  assert result.returncode == 0, result.output
+  learned = helpers.read_json(tmp_path / 'stall' / 'rank_0.json')
+  assert learned['work_seconds']['evaluation'] >= 7
+  assert np.percentile(learned['step_seconds'], 99) < 5 / 10
+  _assert_no_survivors(tmp_path)

@@ -1,0 +1,89 @@
+"""The hang watchdog's learned deadline (launcher/rank/stall.py)."""
+
+import pytest
+
+from launcher.rank import stall
+from runtime import progress
+
+pytestmark = pytest.mark.unit
+
+
+def _snapshot(steps, work=None, working=None, done_at=100.0,
+              worked_until=None):
+  return progress.Snapshot(
+      done_step=len(steps) + 1, done_at=done_at, begun_step=None,
+      step_seconds=[], own_seconds=[], working=working,
+      working_since=None if working is None else 200.0,
+      worked_until=worked_until,
+      learned=progress.Learned(list(steps), dict(work or {})))
+
+
+def test_the_ceiling_holds_until_the_warm_up_is_over():
+  limit, idle, why = stall.deadline(
+      _snapshot([0.025] * (stall.WARMUP_STEPS - 1)), 600, now=130.0)
+  assert (limit, idle) == (600, 30.0) and why == '--stall_timeout=600'
+
+
+def test_after_the_warm_up_the_deadline_is_learned():
+  limit, _, why = stall.deadline(_snapshot([0.025] * 100), 600, now=130.0)
+  assert limit == stall.FLOOR_S and 'learned' in why
+  slow = [2.0] * 100  # 10 x p99 = 20 s, above the floor.
+  assert stall.deadline(_snapshot(slow), 600, now=130.0)[0] == 20.0
+  # Never above the ceiling.
+  assert stall.deadline(_snapshot(slow), 15, now=130.0)[0] == 15
+
+
+def test_periodic_work_seen_between_steps_raises_the_deadline():
+  seen = _snapshot([0.025] * 100, work={'step': 12.0, 'compile': 1.0})
+  assert stall.deadline(seen, 600, now=130.0)[0] == stall.MARGIN * 12.0
+
+
+def test_announced_work_gets_its_own_deadline():
+  unseen = _snapshot([0.025] * 100, working='evaluation')
+  limit, idle, why = stall.deadline(unseen, 600, now=230.0)
+  assert (limit, idle) == (600, 30.0) and why.startswith('evaluation')
+  seen = _snapshot([0.025] * 100, work={'evaluation': 40.0},
+                   working='evaluation')
+  assert stall.deadline(seen, 600, now=230.0)[0] == stall.MARGIN * 40.0
+
+
+def test_the_idle_time_counts_from_the_end_of_announced_work():
+  after_eval = _snapshot([0.025] * 100, done_at=100.0, worked_until=125.0)
+  assert stall.deadline(after_eval, 600, now=130.0)[1] == 5.0
+
+
+def test_learning_can_be_turned_off_and_zero_disables():
+  assert stall.deadline(_snapshot([0.025] * 100), 600, 130.0,
+                        learn=False)[0] == 600
+  assert stall.deadline(_snapshot([0.025] * 100), 0, 130.0) is None
+
+
+def test_the_floor_is_a_flag():
+  assert stall.deadline(_snapshot([0.025] * 100), 600, 130.0,
+                        floor_s=2.0)[0] == 2.0
+
+
+def test_what_was_learned_is_kept_and_used_from_the_next_first_step(
+    tmp_path):
+  progress.reset_for_tests()
+  for step in range(1, 31):
+    progress.report(step, process_index=0)
+  with progress.working('checkpoint'):
+    pass
+  stall.save(str(tmp_path), 0, progress.snapshot().learned)
+  progress.reset_for_tests()
+  progress.seed(stall.load(str(tmp_path), 0))
+  progress.report(1, process_index=0)  # The next attempt's first step.
+  snapshot = progress.snapshot()
+  assert len(snapshot.learned.step_seconds) == 29
+  assert 'checkpoint' in snapshot.learned.work_seconds
+  _, _, why = stall.deadline(snapshot, 600, now=snapshot.done_at + 1)
+  assert why.startswith('learned')
+  progress.reset_for_tests()
+
+
+def test_a_missing_or_torn_file_teaches_nothing(tmp_path):
+  assert stall.load(str(tmp_path), 3) is None
+  (tmp_path / 'stall').mkdir()
+  (tmp_path / 'stall' / 'rank_3.json').write_text('{"step_sec')
+  assert stall.load(str(tmp_path), 3) is None
