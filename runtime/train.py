@@ -192,10 +192,11 @@ def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt, local
 def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   """Trains `task` to step `config.steps` on every device of the job.
 
-  Resumes from the latest checkpoint in the run's checkpoint directory when
-  there is one (config.restore), saves every config.checkpoint_every steps
-  and at the end, and on a preemption notice saves the step every process
-  agreed on and raises `Preempted`.
+  Resumes from the newest copy of the state anywhere in the job, local or
+  persistent (config.restore; runtime/recovery.py), saves every
+  config.checkpoint_every steps and at the end, keeps a local copy on every
+  process every config.local_checkpoint_every steps, and on a preemption
+  notice saves the step every process agreed on and raises `Preempted`.
 
   Args:
     config: a config made from configs/base.py.
