@@ -9,10 +9,13 @@ state is replicated, so any one process's copy restores all of them
 (runtime/recovery.py).
 
 Layout: LOCAL_DIR/JOB/process_<i>/step_<s>/{state.npz, meta.json}, where
-LOCAL_DIR is config.local_checkpoint_dir (default: $PODRUN_LOCAL_CHECKPOINT_DIR,
-else a directory in /dev/shm, else the system's temporary directory) and JOB an id that lives beside the
+LOCAL_DIR is config.local_checkpoint_dir (default:
+$PODRUN_LOCAL_CHECKPOINT_DIR, else a directory in /dev/shm, else the
+system's temporary directory) and JOB an id that lives beside the
 persistent checkpoints, so that a workdir started afresh never picks up an
-older job's copies. A copy is written into `.tmp_step_<s>` and renamed when
+older job's copies. state.npz holds one array per leaf of the TrainState,
+named by its tree path, with the leaf's own shape and dtype (no device
+axis). A copy is written into `.tmp_step_<s>` and renamed when
 complete: a SIGKILL during a save leaves the previous copy, and the torn one
 is removed at the next start.
 
@@ -21,11 +24,11 @@ per-process CheckpointManager (active_processes={i}) of host arrays leaves
 every other process's copy without its arrays (measured with orbax 0.12.8).
 
 Example:
-  >>> local = LocalCheckpoints('/dev/shm/podrun/3f2a/process_1', every=50)
+  >>> local = LocalCheckpoints('/dev/shm/podrun-0/3f2a/process_1', every=25)
   >>> local.save(450, host_state, meta)   # returns at once
   >>> local.steps()
-  [400, 450]
-  >>> leaves, meta = local.load(450)
+  [425, 450]
+  >>> state, meta = local.load(450, like=host_state), local.meta(450)
 """
 
 import json
