@@ -310,12 +310,28 @@ def _attempt_record(number: int, name: str, chief: dict[str, Any],
     parts['launch_overhead'] += max(0.0, started - launch['started'])
     started = min(started, launch['started'])
   if previous_end is not None:
-    parts['restart_backoff'] += max(0.0, started - previous_end)
+    gap = started - previous_end
+    if gap >= 0:
+      parts['restart_backoff'] += gap
+    else:
+      # A restart at once, and a process start read from /proc in clock
+      # ticks (10 ms), can put the start before the previous end; the
+      # overlap is an error of that estimate, not time spent twice.
+      _take_out(parts, -gap, ('launch_overhead', 'startup'))
     started = previous_end
   return {'attempt': number, 'name': name, 'started': started,
           'ended': ended, 'wall_s': ended - started, 'final': chief['final'],
           'exit_code': (launch or {}).get('exit_code'),
           'notes': chief['notes'], 'parts': parts}
+
+
+def _take_out(parts: dict[str, float], seconds: float,
+              categories: tuple[str, ...]) -> None:
+  """Removes `seconds` from `categories`, in order, none below zero."""
+  for category in categories:
+    taken = min(seconds, parts[category])
+    parts[category] -= taken
+    seconds -= taken
 
 
 def write_rollup(workdir: str) -> dict[str, Any]:

@@ -188,3 +188,23 @@ def test_without_a_launcher_the_supervisors_notice_is_the_fault():
            1: {'notes': {'fault': {'at': 10.0, 'detected': 24.0}}}}
   assert time_to_recover.fault_of(ranks, None) == {'at': 10.0, 'detected': 24.0}
   assert time_to_recover.fault_of({0: {'notes': {}}}, {'fault': None}) is None
+
+
+def test_a_restart_at_once_never_counts_a_second_twice(tmp_path):
+  # a2's process start, read from /proc in clock ticks, falls 5 ms before
+  # a1's end: the overlap comes out of its start-up, not twice into the job.
+  _ledger(tmp_path / 'goodput' / 'a1' / 'rank_0.json', 100.5, 110, True,
+          startup=1, productive=5)
+  _ledger(tmp_path / 'goodput' / 'a2' / 'rank_0.json', 109.995, 120, True,
+          startup=1, productive=8)
+  (tmp_path / 'logs').mkdir()
+  (tmp_path / 'logs' / 'attempts.jsonl').write_text(
+      json.dumps({'name': 'a1', 'started': 100, 'ended': 110, 'exit_code': 137,
+                  'launcher_started': 100}) + '\n' +
+      json.dumps({'name': 'a2', 'started': 110.001, 'ended': 120,
+                  'exit_code': 0, 'launcher_started': 100}) + '\n')
+  result = goodput.rollup(str(tmp_path))
+  assert sum(result['parts'].values()) == pytest.approx(result['wall_s'],
+                                                        abs=1e-9)
+  assert result['parts']['restart_backoff'] == 0
+  assert result['attempts'][1]['parts']['startup'] == pytest.approx(0.995)
