@@ -74,6 +74,28 @@ def setup(process_index: int, process_count: int, supervised: bool,
     logging.set_verbosity(logging.WARNING)
 
 
+# A rank's own prefix, then words that make a line worth every worker's
+# console (the TPU pod driver sees stdout and stderr merged).
+_RANK_PREFIX = re.compile(r'^\[rank \d+/\d+\] ')
+_ALARMING = re.compile(r'(?i)\b(warn|warning|error|exception|traceback|'
+                       r'fatal|failed|killed|stalled|diverged)\b')
+
+
+def alarming(line: str) -> bool:
+  """Whether a line of merged output is a warning or an error: an absl or
+  glog W/E/F header, or a word such as error, traceback or failed.
+
+  Example:
+    >>> alarming('[rank 3/64] W1201 12:00:00.1 x.py:1] slow step')
+    True
+  """
+  line = _RANK_PREFIX.sub('', line)
+  header = _LOG_HEADER.match(line)
+  if header:
+    return header.group(1) != 'I'
+  return bool(_ALARMING.search(line))
+
+
 def shown_on_console(process_index: int, stream: str, line: str,
                      log_all_ranks: bool) -> bool:
   """Whether the local-pod launcher echoes a rank's line on its console.

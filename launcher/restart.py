@@ -55,6 +55,9 @@ class Attempt(Protocol):
     fault: after a failure, {'at': when the failed process exited,
       'detected': when the attempt was declared failed, ...} (wall times),
       for the time to recover (optional; runtime/goodput.py).
+    infrastructure: {'seconds': ..., ...} when the attempt first had to
+      bring its machines back (a TPU slice recreated after a preemption),
+      which goodput counts as infrastructure recovery (optional).
   """
   attempt_name: Optional[str]
   launcher_signalled: bool
@@ -146,7 +149,9 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
                        'launcher_started': launcher_started,
                        'started': started, 'ended': time.time(),
                        'launcher_signalled': pod.launcher_signalled,
-                       'fault': getattr(pod, 'fault', None)})
+                       'fault': getattr(pod, 'fault', None),
+                       'infrastructure': getattr(pod, 'infrastructure',
+                                                 None)})
     if kind == 'ok' or kind == 'final' or pod.launcher_signalled:
       break
     if kind == 'preempted':

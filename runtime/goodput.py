@@ -56,7 +56,10 @@ PROCESS_PARTS = ('startup', 'distributed_init', 'checkpoint_restore',
                  'compile', 'productive', 'recomputed', 'input_wait',
                  'checkpoint_blocking', 'evaluation', 'preemption_save',
                  'other')
-JOB_PARTS = ('unrecorded', 'launch_overhead', 'restart_backoff')
+# infrastructure_recovery: bringing machines back before an attempt could
+# start (a TPU slice deleted and created again after a preemption).
+JOB_PARTS = ('unrecorded', 'launch_overhead', 'restart_backoff',
+             'infrastructure_recovery')
 LEDGER_DIR = 'goodput'
 ATTEMPT_ENV = 'PODRUN_ATTEMPT'
 _FLUSH_EVERY_S = 2.0
@@ -231,8 +234,9 @@ def _read_ledgers(workdir: str) -> dict[str, dict[int, dict[str, Any]]]:
   return out
 
 
-def _launcher_attempts(workdir: str) -> list[dict[str, Any]]:
-  path = os.path.join(workdir, 'logs', 'attempts.jsonl')
+def _launcher_attempts(workdir: str, path: Optional[str] = None
+                       ) -> list[dict[str, Any]]:
+  path = path or os.path.join(workdir, 'logs', 'attempts.jsonl')
   try:
     with open(path) as f:
       return [json.loads(l) for l in f if l.strip()]
@@ -240,7 +244,8 @@ def _launcher_attempts(workdir: str) -> list[dict[str, Any]]:
     return []
 
 
-def rollup(workdir: str) -> dict[str, Any]:
+def rollup(workdir: str, attempts_path: Optional[str] = None
+           ) -> dict[str, Any]:
   """Accounts for the job's wall time, attempt by attempt.
 
   The job runs from its first attempt's start (the launcher's, else the
@@ -255,7 +260,7 @@ def rollup(workdir: str) -> dict[str, Any]:
     recorded.
   """
   ledgers = _read_ledgers(workdir)
-  launched = _launcher_attempts(workdir)
+  launched = _launcher_attempts(workdir, attempts_path)
   order = sorted(ledgers, key=lambda a: _chief(ledgers[a])['started'])
   by_name = {a.get('name'): a for a in launched if a.get('name')}
   attempts, previous_end = [], None
@@ -308,6 +313,10 @@ def _attempt_record(number: int, name: str, chief: dict[str, Any],
     late = ended - chief['updated']
     parts['launch_overhead' if chief['final'] else 'unrecorded'] += late
     parts['launch_overhead'] += max(0.0, started - launch['started'])
+    infrastructure = (launch.get('infrastructure') or {}).get('seconds', 0.0)
+    moved = min(infrastructure, parts['launch_overhead'])
+    parts['launch_overhead'] -= moved
+    parts['infrastructure_recovery'] += moved
     started = min(started, launch['started'])
   if previous_end is not None:
     gap = started - previous_end
@@ -334,10 +343,12 @@ def _take_out(parts: dict[str, float], seconds: float,
     seconds -= taken
 
 
-def write_rollup(workdir: str) -> dict[str, Any]:
+def write_rollup(workdir: str, attempts_path: Optional[str] = None
+                 ) -> dict[str, Any]:
   """Writes WORKDIR/goodput.jsonl (one line per attempt) and returns the
-  roll-up (see `rollup`)."""
-  result = rollup(workdir)
+  roll-up (see `rollup`; `attempts_path`: the launcher's attempts.jsonl
+  where it is not WORKDIR/logs, as for the TPU pod driver's LOG_DIR)."""
+  result = rollup(workdir, attempts_path)
   path = os.path.join(workdir, 'goodput.jsonl')
   files.write_atomic(path, ''.join(
       json.dumps({**attempt, 'ranks': result['ranks'][attempt['name']]}) +

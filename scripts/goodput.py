@@ -1,9 +1,11 @@
 """Where a job's time went: the goodput ledger as a table and a picture.
 
   python scripts/goodput.py WORKDIR [--out=WORKDIR/goodput.png]
+      [--attempts=tpu_logs/JOB/attempts.jsonl]
 
 Reads the ledgers every process of every attempt wrote under
-WORKDIR/goodput/ (and the launcher's WORKDIR/logs/attempts.jsonl), rolls
+WORKDIR/goodput/ (and the launcher's WORKDIR/logs/attempts.jsonl, or
+--attempts: the TPU pod driver keeps it in its LOG_DIR), rolls
 them up (runtime/goodput.py), rewrites WORKDIR/goodput.jsonl, prints one row
 per attempt and one per process of each attempt (seconds per category), and
 draws a stacked bar per attempt with every kind of lost time named; after
@@ -26,7 +28,8 @@ _SHORT = {'distributed_init': 'dist_init', 'checkpoint_restore': 'restore',
           'checkpoint_blocking': 'ckpt_block', 'preemption_save': 'preempt',
           'launch_overhead': 'launch', 'restart_backoff': 'backoff',
           'input_wait': 'input', 'evaluation': 'eval',
-          'recomputed': 'recomputed', 'unrecorded': 'unrecorded'}
+          'recomputed': 'recomputed', 'unrecorded': 'unrecorded',
+          'infrastructure_recovery': 'infra'}
 
 
 def table(rows: list[tuple[str, dict[str, float]]], first: str) -> str:
@@ -98,8 +101,10 @@ def main(argv=None) -> int:
   parser.add_argument('workdir')
   parser.add_argument('--out', default='', help='PNG; default '
                       'WORKDIR/goodput.png')
+  parser.add_argument('--attempts', default='', help="the launcher's "
+                      'attempts.jsonl; default WORKDIR/logs/attempts.jsonl')
   args = parser.parse_args(argv)
-  result = goodput.write_rollup(args.workdir)
+  result = goodput.write_rollup(args.workdir, args.attempts or None)
   if not result['attempts']:
     print(f'no goodput ledgers under {args.workdir}/goodput', file=sys.stderr)
     return 2

@@ -9,14 +9,11 @@ The preflight needs the Cloud TPU API, which tests/test_tpu_pod.py covers
 with a fake service, so these runs pass --skip_preflight.
 """
 
-import json
 import os
-import pathlib
 import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,82 +23,14 @@ import pytest
 from launcher import exit_codes
 from launcher.tpu import commands
 from tests import helpers
+from tests import tpu_emulation
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
-SCRIPT = str(helpers.REPO / 'scripts' / 'launch_tpu_pod.sh')
-FAKE_BIN = helpers.REPO / 'tests' / 'fake_gcloud'
-# What --provision_python installs for this environment's JAX: python3.11
-# for JAX 0.10, python3.12 from JAX 0.11 on.
-WORKER_PYTHON = 'python' + '.'.join(
-    map(str, commands.required_python(commands.worker_jax_version())))
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
-class FakePod:
-  """The environment and paths of one emulated pod."""
-
-  def __init__(self, tmp_path: pathlib.Path, workers: int = 2, **env):
-    self.root = tmp_path / 'pod'
-    self.logs = tmp_path / 'logs'
-    self.calls = tmp_path / 'gcloud_calls.jsonl'
-    self.workers = workers
-    self.env = helpers.launcher_env(
-        PATH=f'{FAKE_BIN}{os.pathsep}{os.environ["PATH"]}',
-        FAKE_TPU_POD_ROOT=str(self.root), FAKE_TPU_WORKERS=str(workers),
-        FAKE_TPU_NAME='fake-pod', FAKE_TPU_ACCELERATOR_TYPE=f'v4-{8 * workers}',
-        FAKE_TPU_COORDINATOR_PORT=str(_free_port()),
-        FAKE_TPU_WORKER_PATH=f'{os.path.dirname(sys.executable)}:/usr/bin:/bin',
-        FAKE_GCLOUD_CALLS=str(self.calls), FAKE_GCLOUD_RETRY_S='1',
-        PODRUN_LOCAL_PYTHON=sys.executable, **env)
-
-  def args(self, *script_args, job_id='test-job', python=sys.executable):
-    return [SCRIPT, '--tpu=fake-pod', '--zone=zone-a', '--project=proj',
-            '--skip_preflight', f'--worker_python={python}',
-            f'--log_dir={self.logs}', f'--job_id={job_id}', '--stop_grace=5',
-            *script_args]
-
-  def start(self, *script_args, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen(self.args(*script_args, **kwargs),
-                            cwd=helpers.REPO, env=self.env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-
-  def run(self, *script_args, timeout=200, **kwargs) -> helpers.Result:
-    started = time.monotonic()
-    proc = self.start(*script_args, **kwargs)
-    try:
-      return helpers.finish(proc, timeout, started)
-    finally:
-      helpers.kill_group(proc)
-
-  def processes(self) -> list[int]:
-    """Live processes on the pod's workers (their environment names it)."""
-    return helpers.processes_with_env(f'FAKE_TPU_POD_ROOT={self.root}')
-
-  def kill_leftovers(self) -> None:
-    for pid in self.processes():
-      try:
-        os.kill(pid, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
-
-  def log(self, worker: int) -> str:
-    return (self.logs / f'worker_{worker}.log').read_text()
-
-  def job_log(self, worker: int, job_id: str = 'test-job-a1') -> str:
-    """What the job itself wrote on the worker."""
-    return (self.root / f'worker_{worker}' / 'podrun' / 'jobs' / job_id /
-            'log').read_text()
-
-  def gcloud_calls(self) -> list[list[str]]:
-    return [json.loads(l) for l in self.calls.read_text().splitlines()]
+SCRIPT = tpu_emulation.SCRIPT
+FAKE_BIN = tpu_emulation.FAKE_BIN
+WORKER_PYTHON = tpu_emulation.WORKER_PYTHON
+FakePod = tpu_emulation.FakePod
 
 
 @pytest.fixture
@@ -145,10 +74,12 @@ def test_runs_the_job_on_every_emulated_worker(pod, tmp_path):
     log = pod.log(w)
     assert log.startswith('===== attempt 1 of job test-job =====')
     assert log.rstrip().endswith('podrun: exit 0')
-    assert f'[worker {w}] ' in result.stdout
     # Every line the job wrote reached the log, once.
     assert _job_lines(log) == _job_lines(pod.job_log(w))
   assert 'step 30/30' in pod.log(0)
+  # The console: worker 0 in full, the others' warnings and errors (none).
+  assert '[worker 0] podrun: exit 0' in result.stdout
+  assert '[worker 1] ' not in result.stdout
   prints = [helpers.read_json(workdir / 'ranks' / f'rank_{i}.json')
             for i in range(2)]
   assert prints[0]['fingerprint'] == prints[1]['fingerprint']
@@ -337,13 +268,20 @@ def test_provision_python_installs_it_where_missing(tmp_path):
   assert 'step 30/30' in pod.log(0)
 
 
-@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize('signum,to_group', [
+    (signal.SIGTERM, False), (signal.SIGINT, False),
+    # A terminal's Ctrl-C: SIGINT to the script, gcloud and every ssh client,
+    # which die at once and leave the remote jobs running.
+    (signal.SIGINT, True)])
 def test_a_signal_stops_every_worker_and_leaves_only_logs(pod, tmp_path,
-                                                          signum):
+                                                          signum, to_group):
   proc = _start_long_job(pod, tmp_path)
   started = time.monotonic()
   try:
-    os.kill(proc.pid, signum)
+    if to_group:
+      os.killpg(proc.pid, signum)
+    else:
+      os.kill(proc.pid, signum)
     result = helpers.finish(proc, 60, started)
   finally:
     helpers.kill_group(proc)
@@ -351,7 +289,14 @@ def test_a_signal_stops_every_worker_and_leaves_only_logs(pod, tmp_path,
   name = signal.Signals(signum).name
   assert f'got {name}: stopping job test-job on every worker' in (
       result.stderr)
+  # The stop record: each worker's job stopped by the driver, well before
+  # the orphan timeout (30 s) would have.
+  stops = (pod.logs / 'stop.log').read_text()
+  for w in range(2):
+    assert f'[worker {w}] podrun: job test-job-a1 stopped' in stops, stops
   assert helpers.wait_for(lambda: not pod.processes(), 20), pod.processes()
+  for w in range(2):
+    assert 'the launching side is gone' not in pod.job_log(w)
   assert all(n.endswith(('.log', '.jsonl'))
              for n in os.listdir(pod.logs)), os.listdir(pod.logs)
 
@@ -428,7 +373,8 @@ def test_dry_run_prints_every_command_and_runs_none(pod):
   assert words[words.index('run'):] == [
       'run', 'test-job-a1', '--python=/opt/py thon/bin/python',
       '--expected_processes=<workers from describe>', '--stop_grace=5',
-      '--orphan_timeout=30', '--env=PODRUN_JOB_ID=test-job',
+      '--orphan_timeout=30', '--accelerator_devices=/dev/accel*,/dev/vfio/*',
+      '--env=PODRUN_JOB_ID=test-job',
       '--env=PODRUN_ATTEMPT=test-job-a1', '--env=A=b c',
       '--', *LINEAR,
       '--config.note=x y']

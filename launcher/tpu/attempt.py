@@ -7,6 +7,7 @@ console; `[worker W] podrun: exit CODE` ends that worker. The first failing
 worker, Ctrl-C or SIGTERM stops the job on every worker.
 """
 
+import contextlib
 import re
 import signal
 import subprocess
@@ -16,19 +17,25 @@ import time
 from typing import Optional
 
 from launcher import exit_codes
+from launcher import rank_output
 from launcher import signals
+from launcher.tpu import babysit
 from launcher.tpu import commands
 
+# How long the output of ssh sessions to a lost slice is still read.
+_LOST_PUMP_S = 5.0
 _LINE = re.compile(r'^\[worker (\d+|\?)(?: #(\d+))?\] ?(.*)$')
 _EXIT = re.compile(r'^podrun: exit (\d+)$')
 
 
 class Attempt:
-  """One run of the job on every worker: its output, its end, its stop.
+  """One run of the job on every worker of every slice: its output, its end,
+  its stop.
 
   `run()` returns the attempt's exit code: the first failing worker's
   (a worker's 10, "another process failed", is never taken for the cause),
-  or 128 + N when this driver got signal N.
+  PREEMPTED (75) when a slice this launch created is lost under it, or
+  128 + N when this driver got signal N.
   """
 
   def __init__(self, launch, number: int):
@@ -36,6 +43,9 @@ class Attempt:
     self.number = number
     self.attempt_name = commands.attempt_id(launch.job_id, number)
     self.launcher_signalled = False
+    # Set by babysit.recreate when this attempt had to bring the slice back.
+    self.infrastructure: Optional[dict] = None
+    self.slice_lost: Optional[str] = None
     self._exits: dict[str, int] = {}
     self._last_line: dict[str, int] = {}
     self._headed: set[str] = set()
@@ -44,43 +54,88 @@ class Attempt:
     self._lock = threading.Lock()
     self._signals: list[int] = []
 
+  @property
+  def progressed(self) -> bool:
+    """A lost slice is no fault of the job: relaunch without backing off."""
+    return self.slice_lost is not None
+
   def run(self) -> int:
     launch = self.launch
-    if self.number > 1 and not launch.recoverable():
+    if self.number > 1 and not launch.ready_for_attempt(self):
+      if launch.signals:
+        self.launcher_signalled = True
+        return exit_codes.SIGNAL_BASE + launch.signals[0]
       return exit_codes.POD_UNAVAILABLE
     with signals.handled((signal.SIGINT, signal.SIGTERM), self._on_signal):
-      gcloud = subprocess.Popen(
-          launch.gcloud.ssh(launch.run_command(self.number)),
-          stdin=subprocess.DEVNULL,
-          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-      pumps = [threading.Thread(target=self._pump, args=(gcloud.stdout, out))
-               for out in (sys.stdout,)] + [threading.Thread(
-                   target=self._pump_stderr, args=(gcloud.stderr,))]
+      clients = [subprocess.Popen(
+          launch.gcloud.ssh(launch.run_command(self.number, s), node=node,
+                            workers=launch.workers),
+          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE) for s, node in enumerate(launch.nodes)]
+      pumps = [threading.Thread(target=pump, args=(pipe,)) for c in clients
+               for pump, pipe in ((self._pump, c.stdout),
+                                  (self._pump_stderr, c.stderr))]
       for t in pumps:
         t.start()
-      while gcloud.poll() is None:
-        if self._signals:
-          self._stop(f'got {signal.Signals(self._signals[0]).name}')
-        time.sleep(0.1)
+      self._follow(clients)
+      if self._signals:
+        # A terminal's Ctrl-C reaches gcloud and its ssh clients too, which
+        # die at once and leave the remote jobs running: stop them.
+        self._stop(f'got {signal.Signals(self._signals[0]).name}')
       for t in pumps:
-        t.join()
+        t.join(timeout=_LOST_PUMP_S if self.slice_lost else None)
       if self._stopper is not None:
         self._stopper.join()
-      return self._code(gcloud.returncode)
+      return self._code([c.returncode for c in clients])
+
+  def _follow(self, clients: list[subprocess.Popen]) -> None:
+    """Waits for every gcloud to end, stopping the job on a signal; ends
+    them at once when the slice is lost under them."""
+    launch = self.launch
+    watch = (babysit.Watch(launch.fleet, launch.options.poll_interval,
+                           self._on_lost, launch.say)
+             if launch.fleet is not None else contextlib.nullcontext())
+    with watch:
+      while any(c.poll() is None for c in clients):
+        if self._signals:
+          self._stop(f'got {signal.Signals(self._signals[0]).name}')
+        if self.slice_lost is not None:
+          for c in clients:
+            if c.poll() is None:
+              c.terminate()  # gcloud alone; the VMs are gone anyway.
+          for c in clients:
+            c.wait()
+          return
+        time.sleep(0.1)
+
+  def _on_lost(self, lost) -> None:
+    self.slice_lost = lost.describe()
+    self.launch.say(f'the slice is lost under job {self.launch.job_id}: '
+                    f'{self.slice_lost}')
 
   def _on_signal(self, signum, frame) -> None:
-    del frame
     self._signals.append(signum)
     self.launcher_signalled = True
+    self.launch.on_signal(signum, frame)
 
-  def _code(self, gcloud_code: int) -> int:
+  def _code(self, gcloud_codes: list[int]) -> int:
     if self._signals:
       return exit_codes.SIGNAL_BASE + self._signals[0]
+    if self.slice_lost is None and self._cause is not None and (
+        self.launch.fleet is not None):
+      # The VMs' shutdown can reach the job before the watch sees the
+      # slice go: ask once more.
+      lost = _lost_or_none(self.launch.fleet)
+      if lost is not None:
+        self._on_lost(lost)
+    if self.slice_lost is not None:
+      return exit_codes.PREEMPTED
     if self._cause is not None:
       return self._cause
     if exit_codes.PEER_FAILED in self._exits.values():
       return exit_codes.PEER_FAILED
-    workers = self.launch.workers
+    workers = self.launch.workers * len(self.launch.nodes)
+    gcloud_code = next((c for c in gcloud_codes if c), 0)
     if gcloud_code or len(self._exits) != workers:
       self.launch.say(f'gcloud exited {gcloud_code} with {len(self._exits)} '
                       f'of {workers} worker(s) reporting an exit code')
@@ -98,15 +153,16 @@ class Attempt:
       launch.say(f'{why}: stopping job {launch.job_id} on every worker '
                  f'(SIGTERM, then SIGKILL after {launch.options.stop_grace:g}'
                  ' s)')
-      command = launch.gcloud.ssh(commands.stop_command(
+      stop = commands.stop_command(
           commands.attempt_id(launch.job_id, self.number),
-          launch.options.stop_grace))
+          launch.options.stop_grace)
       self._stopper = threading.Thread(
-          target=commands.run_logged,
-          args=(command, launch.path('stop.log')), daemon=True)
+          target=_run_each, daemon=True, args=(
+              [launch.gcloud.ssh(stop, node=n, workers=launch.workers)
+               for n in launch.nodes], launch.path('stop.log')))
       self._stopper.start()
 
-  def _pump(self, pipe, console) -> None:
+  def _pump(self, pipe, console=sys.stdout) -> None:
     for raw in iter(pipe.readline, b''):
       line = raw.decode('utf-8', 'replace').rstrip('\n')
       match = _LINE.match(line)
@@ -131,8 +187,11 @@ class Attempt:
       launch.write(log, f'===== attempt {self.number} of job '
                    f'{launch.job_id} =====')
     launch.write(log, text)
-    print(f'[worker {worker}] {text}', file=console, flush=True)
     exit_match = _EXIT.match(text)
+    if (worker == '0' or launch.options.log_all_workers or
+        rank_output.alarming(text) or (exit_match and exit_match.group(1)
+                                       != '0')):
+      print(f'[worker {worker}] {text}', file=console, flush=True)
     if exit_match:
       code = int(exit_match.group(1))
       self._exits[worker] = code
@@ -151,3 +210,22 @@ class Attempt:
         continue
       self.launch.write('gcloud.log', line)
       print(line, file=sys.stderr, flush=True)
+
+
+def _run_each(gcloud_commands: list[list[str]], log_path: str) -> None:
+  """Runs the commands at once, each in a session of its own: a second
+  Ctrl-C from the terminal must not cut a stop short."""
+  threads = [threading.Thread(target=commands.run_logged,
+                              args=(c, log_path, True))
+             for c in gcloud_commands]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+
+
+def _lost_or_none(fleet):
+  try:
+    return fleet.lost()
+  except Exception:  # pylint: disable=broad-except
+    return None

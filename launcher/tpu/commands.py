@@ -24,36 +24,58 @@ WORKER_SCRIPT = '$HOME/podrun/tpu_worker.py'
 
 @dataclasses.dataclass
 class Gcloud:
-  """The gcloud commands of one pod. Every call gets /dev/null as stdin:
-  each ssh client reads its stdin, and would eat whatever it is given."""
+  """The gcloud commands of one launch. Every call gets /dev/null as stdin:
+  each ssh client reads its stdin, and would eat whatever it is given.
+
+  `tpu` is the node the commands address unless another is named (one
+  slice of several: NAME-0, NAME-1, ...).
+  """
   tpu: str
   zone: str
   project: str = ''
 
-  def base(self, verb: str) -> list[str]:
-    where = [f'--zone={self.zone}'] + (
+  def _where(self) -> list[str]:
+    return [f'--zone={self.zone}'] + (
         [f'--project={self.project}'] if self.project else [])
-    return ['gcloud', 'compute', 'tpus', 'tpu-vm', verb, *where]
 
-  def ssh(self, command: str, worker: str = 'all') -> list[str]:
-    return [*self.base('ssh'), self.tpu, f'--worker={worker}',
+  def base(self, verb: str) -> list[str]:
+    return ['gcloud', 'compute', 'tpus', 'tpu-vm', verb, *self._where()]
+
+  def ssh(self, command: str, worker: str = 'all', node: str = '',
+          workers=None) -> list[str]:
+    """`workers`, when known, sets --batch-size to all of them: gcloud
+    otherwise runs 64 at a time, and a job on worker 64 would start only
+    once workers 0-63 had ended."""
+    batch = [f'--batch-size={workers}'] if workers and worker == 'all' else []
+    return [*self.base('ssh'), node or self.tpu, f'--worker={worker}', *batch,
             f'--command={command}']
 
-  def scp(self, source: str, dest: str) -> list[str]:
-    return [*self.base('scp'), source, f'{self.tpu}:{dest}', '--worker=all']
+  def scp(self, source: str, dest: str, node: str = '') -> list[str]:
+    return [*self.base('scp'), source, f'{node or self.tpu}:{dest}',
+            '--worker=all']
 
-  def describe(self) -> list[str]:
-    return [*self.base('describe'), self.tpu, '--format=json']
+  def describe(self, node: str = '') -> list[str]:
+    return [*self.base('describe'), node or self.tpu, '--format=json']
+
+  def queued(self, verb: str, *args: str) -> list[str]:
+    """`gcloud compute tpus queued-resources VERB ARGS --zone ...`."""
+    return ['gcloud', 'compute', 'tpus', 'queued-resources', verb, *args,
+            *self._where()]
 
 
-def run_logged(command: list[str], log_path: str
+def run_logged(command: list[str], log_path: str, own_session: bool = False
                ) -> subprocess.CompletedProcess:
-  """Runs a gcloud command to the end, its output appended to log_path."""
+  """Runs a gcloud command to the end, its output appended to log_path.
+
+  own_session: for clean-up (stop, delete), which a second Ctrl-C from the
+  terminal, sent to our whole process group, must not cut short.
+  """
   with open(log_path, 'a') as log:
     log.write(f'$ {shlex.join(command)}\n')
     log.flush()
     return subprocess.run(command, stdin=subprocess.DEVNULL, stdout=log,
-                          stderr=subprocess.STDOUT, check=False)
+                          stderr=subprocess.STDOUT, check=False,
+                          start_new_session=own_session)
 
 
 class LaunchError(exit_codes.PodrunError):
@@ -134,7 +156,7 @@ def find_python(worker_python: str,
 
 
 def check_pythons(gcloud: Gcloud, worker_python: str, log_path: str,
-                  jax_version: str) -> dict[str, str]:
+                  jax_version: str, node: str = '') -> dict[str, str]:
   """{worker: interpreter path} that can run the job, on every worker.
 
   Args:
@@ -142,6 +164,7 @@ def check_pythons(gcloud: Gcloud, worker_python: str, log_path: str,
     worker_python: --worker_python, or ''.
     log_path: where the probe's output goes.
     jax_version: the JAX the workers run, which decides the oldest Python.
+    node: the slice to check (default: gcloud's own).
 
   Raises:
     LaunchError: naming each worker without one, what it found and the fix.
@@ -149,10 +172,12 @@ def check_pythons(gcloud: Gcloud, worker_python: str, log_path: str,
   minimum = _dotted(required_python(jax_version))
   probe = PYTHON_PROBE.replace(
       'FIND', find_python(worker_python, required_python(jax_version)))
-  result = subprocess.run(gcloud.ssh(probe), stdin=subprocess.DEVNULL,
+  result = subprocess.run(gcloud.ssh(probe, node=node),
+                          stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, check=False)
   with open(log_path, 'a') as log:
-    log.write(f'$ (python check)\n{result.stdout}{result.stderr}')
+    log.write(f'$ (python check{" of " + node if node else ""})\n'
+              f'{result.stdout}{result.stderr}')
   found, problems = {}, []
   for line in result.stdout.splitlines():
     match = re.match(r'^\[worker (\S+)\] podrun-python: (ok|missing) ?(.*)$',
@@ -228,25 +253,69 @@ def attempt_id(job_id: str, attempt) -> str:
   return f'{job_id}-a{attempt}'
 
 
+@dataclasses.dataclass(frozen=True)
+class SlicePlace:
+  """Where one slice sits in a multislice job (see multislice_env).
+
+  Attributes:
+    slice_id: this slice's index, 0 ... num_slices - 1.
+    num_slices: slices in the job.
+    coordinator: slice 0's worker 0, which every worker of every slice
+      reaches over the data-centre network.
+    port: MEGASCALE_PORT.
+  """
+  slice_id: int = 0
+  num_slices: int = 1
+  coordinator: str = ''
+  port: int = 8080
+
+
+def multislice_env(place: SlicePlace) -> list[str]:
+  """The MEGASCALE_* variables every worker of a multislice job needs;
+  none for one slice.
+
+  Example:
+    >>> multislice_env(SlicePlace(1, 2, '10.0.0.2', 8080))[:2]
+    ['MEGASCALE_COORDINATOR_ADDRESS=10.0.0.2', 'MEGASCALE_NUM_SLICES=2']
+  """
+  if place.num_slices == 1:
+    return []
+  return [f'MEGASCALE_COORDINATOR_ADDRESS={place.coordinator}',
+          f'MEGASCALE_NUM_SLICES={place.num_slices}',
+          f'MEGASCALE_SLICE_ID={place.slice_id}',
+          f'MEGASCALE_PORT={place.port}']
+
+
 def run_command(short_hash: str, job_id: str, worker_python: str,
-                envs: list[str], launcher_args: list[str], workers: int,
-                options, attempt=1) -> str:
-  """The command every worker runs: tpu_worker.py run, every word quoted.
+                envs: list[str], launcher_args: list[str], workers,
+                options, attempt=1, place: SlicePlace = SlicePlace()) -> str:
+  """The command every worker of one slice runs: tpu_worker.py run, every
+  word quoted.
 
   Every attempt is a job of its own on the workers, JOB_ID-aN, so that a
   restart starts afresh while a rerun of the same command attaches; they
-  share the workdir lease through PODRUN_JOB_ID.
+  share the workdir lease through PODRUN_JOB_ID. `workers` is one slice's;
+  the job must find workers x slices processes.
   """
   python = (shlex.quote(worker_python) if worker_python else
             '"$HOME/podrun/venv/bin/python"')
-  words = [f'--expected_processes={workers}',
+  expected = (workers * place.num_slices if isinstance(workers, int) else
+              workers)
+  words = [f'--expected_processes={expected}',
            f'--stop_grace={options.stop_grace:g}',
-           f'--orphan_timeout={options.orphan_timeout:g}']
+           f'--orphan_timeout={options.orphan_timeout:g}',
+           f'--accelerator_devices={options.accelerator_devices}']
+  if place.num_slices > 1:
+    words += [f'--slice_id={place.slice_id}',
+              f'--num_slices={place.num_slices}']
   if options.replace:
     words.append('--replace')
+  if options.kill_accelerator_holders:
+    words.append('--kill_accelerator_holders')
   words += [f'--env={e}' for e in [
       f'PODRUN_JOB_ID={job_id}',
-      f'PODRUN_ATTEMPT={attempt_id(job_id, attempt)}', *envs]]
+      f'PODRUN_ATTEMPT={attempt_id(job_id, attempt)}',
+      *multislice_env(place), *envs]]
   return (f'cd "$HOME/podrun/code-{short_hash}" && exec python3 '
           f'"{WORKER_SCRIPT}" run '
           f'{shlex.quote(attempt_id(job_id, attempt))} --python={python} ' +

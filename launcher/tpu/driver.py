@@ -21,74 +21,117 @@ order:
    (launcher/restart.py).
 """
 
-import argparse
+import dataclasses
 import functools
 import json
 import os
-import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from typing import Optional
 
 from launcher import exit_codes
 from launcher import restart
+from launcher import signals
 from launcher.tpu import accelerators
 from launcher.tpu import attempt as attempt_lib
+from launcher.tpu import babysit
 from launcher.tpu import bundle as bundle_lib
 from launcher.tpu import commands
+from launcher.tpu import control
+from launcher.tpu import flags
 from launcher.tpu import preflight as preflight_lib
+from launcher.tpu import queued
 from launcher.tpu.commands import LaunchError
 
 
-def pod_workers(gcloud: commands.Gcloud, log_path: str) -> tuple[int, str]:
-  """(workers, accelerator type) of the pod, from `describe`.
+@dataclasses.dataclass(frozen=True)
+class SliceInfo:
+  """One slice as `gcloud ... describe` shows it."""
+  workers: int
+  accelerator_type: str
+  # Worker 0's address: slice 0's is every slice's MEGASCALE coordinator.
+  first_address: str
+
+
+def describe_slice(gcloud: commands.Gcloud, node: str, log_path: str
+                   ) -> SliceInfo:
+  """The slice's workers, accelerator type and first worker's address.
 
   Raises:
     LaunchError: when describe fails, or its endpoints and its
       accelerator type disagree on the number of hosts.
   """
-  result = subprocess.run(gcloud.describe(), stdin=subprocess.DEVNULL,
+  command = gcloud.describe(node)
+  result = subprocess.run(command, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, check=False)
   with open(log_path, 'a') as log:
-    log.write(f'$ {shlex.join(gcloud.describe())}\n{result.stdout}'
-              f'{result.stderr}')
+    log.write(f'$ {shlex.join(command)}\n{result.stdout}{result.stderr}')
   if result.returncode:
     raise LaunchError(
-        f'gcloud could not describe TPU {gcloud.tpu} in {gcloud.zone}: '
+        f'gcloud could not describe TPU {node} in {gcloud.zone}: '
         f'{result.stderr.strip()[-500:]}',
         exit_code=exit_codes.POD_UNAVAILABLE)
   info = json.loads(result.stdout)
-  endpoints = len(info.get('networkEndpoints') or [])
+  endpoints = info.get('networkEndpoints') or []
   kind = (info.get('acceleratorType') or '').rsplit('/', 1)[-1]
   try:
     hosts = accelerators.slice_topology(kind).hosts
   except accelerators.AcceleratorTypeError:
-    hosts = endpoints
-  if endpoints and hosts != endpoints:
+    hosts = len(endpoints)
+  if endpoints and hosts != len(endpoints):
     raise LaunchError(
-        f'TPU {gcloud.tpu} is {kind}, which has {hosts} host(s), but '
-        f'describe lists {endpoints} worker endpoint(s); recreate the pod or '
+        f'TPU {node} is {kind}, which has {hosts} host(s), but describe '
+        f'lists {len(endpoints)} worker endpoint(s); recreate the pod or '
         'check it with `gcloud compute tpus tpu-vm describe`.',
         exit_code=exit_codes.TOPOLOGY_MISMATCH)
-  return endpoints or hosts, kind
+  first = endpoints[0].get('ipAddress', '') if endpoints else ''
+  return SliceInfo(len(endpoints) or hosts, kind, first)
+
+
+def check_slices_agree(infos: dict[str, SliceInfo]) -> None:
+  """Every slice of a multislice job must be the same.
+
+  Raises:
+    LaunchError: TOPOLOGY_MISMATCH, naming each slice's type and workers.
+  """
+  shapes = {(i.accelerator_type, i.workers) for i in infos.values()}
+  if len(shapes) > 1:
+    raise LaunchError(
+        'the slices differ: ' + ', '.join(
+            f'{n} is {i.accelerator_type} with {i.workers} worker(s)'
+            for n, i in infos.items()) + '; a multislice job needs slices '
+        'of one type.', exit_code=exit_codes.TOPOLOGY_MISMATCH)
 
 
 class Launch:
-  """Everything one launch knows: the pod, the job, the commands, the logs."""
+  """Everything one launch knows: the slices, the job, the commands, the
+  logs, and the signals it got."""
 
   def __init__(self, options, launcher_args: list[str]):
     self.options = options
     self.launcher_args = launcher_args
     self.gcloud = commands.Gcloud(options.tpu, options.zone,
-                                      options.project)
+                                  options.project)
     self.job_id = options.job_id or (
         f'podrun-{time.strftime("%Y%m%d-%H%M%S", time.gmtime())}-{os.getpid()}')
     self.log_dir = os.path.abspath(options.log_dir or os.path.join(
         'tpu_logs', self.job_id))
-    self.workers = 0
+    self.nodes = queued.node_names(options.tpu, options.num_slices)
+    self.workers = 0  # Per slice.
+    self.coordinator = ''
+    self.signals: list[int] = []
+    self.fleet: Optional[queued.Fleet] = None
+    if options.create:
+      self.fleet = queued.Fleet(
+          self.gcloud, request_of(options, self.nodes), queued.Timeouts(
+              options.capacity_timeout, options.provisioning_timeout,
+              options.wait_healthy), options.poll_interval,
+          self.path('gcloud.log'), self.say, self.interrupted)
     self._short_hash = ''
     self._log_lock = threading.Lock()
 
@@ -97,6 +140,13 @@ class Launch:
     """The JAX every worker installs: this environment's, on a Python it
     runs on (--provision_python installs one where needed)."""
     return commands.worker_jax_version()
+
+  def on_signal(self, signum, frame) -> None:
+    del frame
+    self.signals.append(signum)
+
+  def interrupted(self) -> bool:
+    return bool(self.signals)
 
   def path(self, name: str) -> str:
     return os.path.join(self.log_dir, name)
@@ -111,56 +161,74 @@ class Launch:
   def preflight(self) -> None:
     if self.options.skip_preflight:
       return
-    info = preflight_lib.check(
-        self.options.tpu, self.options.zone, self.options.project,
-        self.launcher_args, self.options.wait_healthy, log=self.say)
-    self.say(f'preflight: {json.dumps(info.as_dict())}')
+    for node in self.nodes:
+      info = preflight_lib.check(
+          node, self.options.zone, self.options.project,
+          self.launcher_args, self.options.wait_healthy, log=self.say)
+      self.say(f'preflight of {node}: {json.dumps(info.as_dict())}')
 
   def recoverable(self) -> bool:
+    """Whether a slice this launch did not create can run the job again."""
     if self.options.skip_preflight:
       return True
-    try:
-      ok, why = preflight_lib.recoverable(preflight_lib.make_client(
-          self.options.tpu, self.options.zone, self.options.project or None))
-    except Exception as e:  # pylint: disable=broad-except
-      self.say(preflight_lib.explain_api_error(self.options.tpu, e))
-      return False
-    if not ok:
-      self.say(f'TPU {self.options.tpu} {why}: cannot come back, not '
-               'relaunching')
-    return ok
+    for node in self.nodes:
+      try:
+        ok, why = preflight_lib.recoverable(preflight_lib.make_client(
+            node, self.options.zone, self.options.project or None))
+      except Exception as e:  # pylint: disable=broad-except
+        self.say(preflight_lib.explain_api_error(node, e))
+        return False
+      if not ok:
+        self.say(f'TPU {node} {why}: cannot come back, not relaunching')
+        return False
+    return True
+
+  def describe_slices(self, gcloud_log: str) -> None:
+    infos = {n: describe_slice(self.gcloud, n, gcloud_log)
+             for n in self.nodes}
+    check_slices_agree(infos)
+    first = infos[self.nodes[0]]
+    self.workers, self.coordinator = first.workers, first.first_address
+    slices = (f'{len(self.nodes)} slices of ' if len(self.nodes) > 1 else '')
+    self.say(f'TPU {self.options.tpu}: {slices}{first.accelerator_type}, '
+             f'{self.workers} worker(s){" each" if slices else ""}')
 
   def prepare(self) -> None:
-    """Describe, preflight, Python check, copy and set up: nothing runs yet."""
+    """Describe, preflight, Python check, copy and set up: nothing runs yet.
+    Again after a slice is recreated: its VMs start with empty disks."""
     gcloud_log = self.path('gcloud.log')
-    self.workers, kind = pod_workers(self.gcloud, gcloud_log)
-    self.say(f'TPU {self.options.tpu}: {kind}, {self.workers} worker(s)')
+    self.describe_slices(gcloud_log)
     self.preflight()
-    self._check_pythons(gcloud_log)
+    for node in self.nodes:
+      self._check_pythons(gcloud_log, node)
     with tempfile.TemporaryDirectory() as tmp:  # LOG_DIR holds only logs.
       bundle = os.path.join(tmp, 'code.tar.gz')
       code_hash = bundle_lib.bundle(bundle)
       short = code_hash[:16]
       self.say(f'copying the code (sha256 {code_hash}) to every worker')
-      copy = self.gcloud.scp(bundle, f'podrun-{short}.tar.gz')
-      if commands.run_logged(copy, gcloud_log).returncode:
-        raise LaunchError(f'gcloud scp failed; see {gcloud_log}. With an '
-                          'ssh-agent running, add the key gcloud uses: '
-                          '`ssh-add ~/.ssh/google_compute_engine`.')
+      for node in self.nodes:
+        copy = self.gcloud.scp(bundle, f'podrun-{short}.tar.gz', node)
+        if commands.run_logged(copy, gcloud_log).returncode:
+          raise LaunchError(f'gcloud scp to {node} failed; see {gcloud_log}. '
+                            'With an ssh-agent running, add the key gcloud '
+                            'uses: `ssh-add ~/.ssh/google_compute_engine`.')
     self.say('setting up every worker (the first time for this version: '
              'installs the project)')
     setup = commands.setup_command(short, self.options.worker_python,
                                    self.jax_version)
-    if commands.run_logged(self.gcloud.ssh(setup), gcloud_log).returncode:
-      raise LaunchError(f'worker set-up failed; see {gcloud_log}')
+    for node in self.nodes:
+      if commands.run_logged(self.gcloud.ssh(setup, node=node,
+                                             workers=self.workers),
+                             gcloud_log).returncode:
+        raise LaunchError(f'worker set-up on {node} failed; see {gcloud_log}')
     self._short_hash = short
 
-  def _check_pythons(self, gcloud_log: str) -> None:
+  def _check_pythons(self, gcloud_log: str, node: str) -> None:
     """Every worker has a Python for this JAX, or gets one, or we stop."""
     options = self.options
     try:
       pythons = commands.check_pythons(self.gcloud, options.worker_python,
-                                       gcloud_log, self.jax_version)
+                                       gcloud_log, self.jax_version, node)
     except LaunchError:
       if not options.provision_python:
         raise
@@ -169,99 +237,79 @@ class Launch:
       self.say(f'installing Python {minimum} (for JAX {self.jax_version}) '
                'on the workers that lack it (--provision_python)')
       commands.run_logged(self.gcloud.ssh(commands.provision_command(
-          options.worker_python, self.jax_version)), gcloud_log)
+          options.worker_python, self.jax_version), node=node), gcloud_log)
       pythons = commands.check_pythons(self.gcloud, options.worker_python,
-                                       gcloud_log, self.jax_version)
-    self.say('worker Python: ' + ', '.join(
+                                       gcloud_log, self.jax_version, node)
+    self.say(f'worker Python on {node}: ' + ', '.join(
         f'worker {w}: {p}' for w, p in sorted(pythons.items())))
 
-  def run_command(self, attempt: int) -> str:
+  def place(self, slice_id: int) -> commands.SlicePlace:
+    return commands.SlicePlace(slice_id, len(self.nodes), self.coordinator,
+                               self.options.megascale_port)
+
+  def run_command(self, attempt: int, slice_id: int = 0) -> str:
     return commands.run_command(
         self._short_hash, self.job_id, self.options.worker_python,
         self.options.env, self.launcher_args, self.workers, self.options,
-        attempt)
+        attempt, self.place(slice_id))
+
+  def ready_for_attempt(self, attempt) -> bool:
+    """Before a relaunch: the slice still stands, or (babysitting a slice
+    this launch created) it is recreated; `attempt.infrastructure` records
+    the time that took."""
+    if self.fleet is None:
+      return self.recoverable()
+    try:
+      lost = self.fleet.lost()
+      if lost is None:
+        return True
+      return babysit.recreate(self, lost, attempt)
+    except queued.Interrupted:
+      return False
+    except exit_codes.PodrunError as e:
+      self.say(f'error: {e}')
+      return False
 
 
-def parse(argv: list[str], launcher_args: list[str]
-          ) -> tuple[argparse.Namespace, list[str]]:
-  """The script's flags, and the launcher flags (those after `--`)."""
-  launcher_args = list(launcher_args)
-  parser = argparse.ArgumentParser(prog='scripts/launch_tpu_pod.sh')
-  add = parser.add_argument
-  add('--tpu', required=True)
-  add('--zone', required=True)
-  add('--project', default='')
-  add('--workdir', default='')
-  add('--env', action='append', default=[])
-  add('--max_restarts', type=int, default=0)
-  add('--retry_exit_codes', default='')
-  add('--wait_healthy', type=float, default=600)
-  add('--stop_grace', type=float, default=60)
-  add('--orphan_timeout', type=float, default=30)
-  add('--worker_python', default='')
-  add('--log_dir', default='')
-  add('--job_id', default='')
-  add('--skip_preflight', action='store_true')
-  add('--replace', action='store_true')
-  add('--provision_python', action='store_true')
-  add('--dry_run', action='store_true')
-  add('--stop', nargs='?', const='all', default=None, metavar='JOB_ID')
-  add('--status', action='store_true')
-  options = parser.parse_args(argv)
-  if not re.fullmatch(r'[A-Za-z0-9._-]*', options.job_id):
-    parser.error("--job_id may hold letters, digits, '.', '_' and '-' only")
-  for pair in options.env:
-    if not re.match(r'^[A-Za-z_][A-Za-z0-9_]*=', pair):
-      parser.error(f'--env {pair}: expected KEY=VALUE with KEY a variable '
-                   'name')
-  if not launcher_args and options.stop is None and not options.status:
-    parser.error('give the launcher flags after --, e.g. -- '
-                 '--config=configs/linear_regression.py')
-  if options.workdir:
-    launcher_args.append(f'--workdir={options.workdir}')
-  return options, launcher_args
+def request_of(options, nodes: tuple[str, ...]) -> queued.Request:
+  return queued.Request(options.queued_resource, nodes,
+                        options.accelerator_type, options.runtime_version,
+                        options.tier, options.valid_until)
 
 
-def print_plan(launch: Launch) -> int:
-  """--dry_run: every command, in order; runs none."""
-  options, gcloud = launch.options, launch.gcloud
-  short = '<code sha256[:16]>'
-  planned = [
-      gcloud.ssh(commands.PYTHON_PROBE.replace(
-          'FIND', commands.find_python(options.worker_python,
-                                       commands.required_python(
-                                           launch.jax_version)))),
-      gcloud.scp('<tmp>/code.tar.gz', f'podrun-{short}.tar.gz'),
-      gcloud.ssh(commands.setup_command(short, options.worker_python,
-                                        launch.jax_version)),
-      gcloud.ssh(commands.run_command(
-          short, launch.job_id, options.worker_python, options.env,
-          launch.launcher_args, '<workers from describe>', options)),
-  ]
-  print(f'# job {launch.job_id}, logs in {launch.log_dir}')
-  print(shlex.join(gcloud.describe()))
-  if not options.skip_preflight:
-    print('# preflight through cloud-tpu-client: READY, HEALTHY, '
-          'config.topology.accelerator_type')
-  for command in planned:
-    print(shlex.join(command))
-  print('# on a failure, Ctrl-C or SIGTERM:')
-  print(shlex.join(gcloud.ssh(commands.stop_command(
-      commands.attempt_id(launch.job_id, 1), options.stop_grace))))
-  return exit_codes.OK
+def _run(launch: Launch, retryable: tuple[int, ...]) -> int:
+  """Creates the slice (--create), prepares the workers and runs the job
+  with its restarts."""
+  if launch.fleet is not None:
+    launch.fleet.create()
+    launch.fleet.wait_up()
+  launch.prepare()
+  if launch.interrupted():
+    raise queued.Interrupted()
+  return restart.run(lambda number: attempt_lib.Attempt(launch, number),
+                     max_restarts=launch.options.max_restarts,
+                     first_backoff_s=1.0, retryable=retryable,
+                     logs_dir=launch.log_dir, say=launch.say)
 
 
-def _control(launch: Launch) -> int:
-  """--stop and --status: one command on every worker, output as it comes."""
-  options = launch.options
-  if options.status:
-    command = commands.status_command()
+def _clean_up(launch: Launch, code: int, slice_was_up: bool) -> None:
+  """Deletes the queued resource this launch created when nothing should
+  keep it: a signal, --delete_after, or a create that never came up."""
+  fleet = launch.fleet
+  if fleet is None or not fleet.ours:
+    return
+  if launch.signals:
+    fleet.delete(f'got {signal.Signals(launch.signals[0]).name}')
+  elif launch.options.delete_after:
+    fleet.delete('the job ended (--delete_after)')
+  elif not slice_was_up:
+    fleet.delete('the slice never came up')
   else:
-    command = commands.stop_command(
-        None if options.stop == 'all' else options.stop, options.stop_grace)
-  result = subprocess.run(launch.gcloud.ssh(command),
-                          stdin=subprocess.DEVNULL, check=False)
-  return result.returncode
+    launch.say(f'queued resource {fleet.request.name} is kept (exit code '
+               f'{code}); delete it with `gcloud compute tpus '
+               f'queued-resources delete {fleet.request.name} '
+               f'--zone={launch.options.zone} --force`, or launch with '
+               '--delete_after')
 
 
 def launch_job(launch: Launch) -> int:
@@ -272,11 +320,18 @@ def launch_job(launch: Launch) -> int:
   except ValueError as e:
     raise LaunchError(f'--retry_exit_codes: {e}') from e
   launch.say(f'job {launch.job_id}, logs in {launch.log_dir}')
-  launch.prepare()
-  code = restart.run(lambda number: attempt_lib.Attempt(launch, number),
-                     max_restarts=options.max_restarts,
-                     first_backoff_s=1.0, retryable=retryable,
-                     logs_dir=launch.log_dir, say=launch.say)
+  with signals.handled((signal.SIGINT, signal.SIGTERM), launch.on_signal):
+    try:
+      code = _run(launch, retryable)
+    except queued.Interrupted:
+      code = exit_codes.SIGNAL_BASE + launch.signals[0]
+    except exit_codes.PodrunError as e:
+      if not launch.signals:  # Else a gcloud the terminal's Ctrl-C cut.
+        launch.say(f'error: {e}')
+      code = e.exit_code
+    if launch.signals:
+      code = exit_codes.SIGNAL_BASE + launch.signals[0]
+    _clean_up(launch, code, launch.workers > 0)
   if code == exit_codes.OK:
     launch.say(f'job {launch.job_id} finished on every worker')
   else:
@@ -288,15 +343,15 @@ def launch_job(launch: Launch) -> int:
 def main(argv: list[str], launcher_args: list[str]) -> int:
   """`launch`: the script's flags in argv, the launcher's after `--`."""
   try:
-    options, launcher_args = parse(argv, launcher_args)
+    options, launcher_args = flags.parse(argv, launcher_args)
   except SystemExit as e:
     return exit_codes.CONFIG_ERROR if e.code else exit_codes.OK
   try:
     launch = Launch(options, launcher_args)
     if options.dry_run:
-      return print_plan(launch)
+      return control.print_plan(launch)
     if options.stop is not None or options.status:
-      return _control(launch)
+      return control.control(launch)
     os.makedirs(launch.log_dir, exist_ok=True)
     return launch_job(launch)
   except exit_codes.PodrunError as e:

@@ -1,0 +1,85 @@
+"""Babysitting a slice this launch created: notice it is gone, bring it back.
+
+While an attempt runs, `Watch` reads the queued resource every
+--poll_interval seconds. Once a node is PREEMPTED (or TERMINATED), or the
+queued resource is SUSPENDING, SUSPENDED or FAILED, the attempt ends at once
+rather than waiting on ssh sessions to VMs that no longer exist. Before the
+next attempt `recreate` deletes the queued resource, creates it again under
+the same name, waits through its phases and sets the new VMs up; the job
+then resumes from its checkpoint. The attempt's `infrastructure` record
+carries that time into attempts.jsonl, where the goodput roll-up counts it
+as infrastructure recovery.
+"""
+
+import threading
+import time
+from typing import Callable, Optional
+
+from launcher.tpu import queued
+
+
+class Watch:
+  """A thread that calls `on_lost(observation)` once the slice is gone."""
+
+  def __init__(self, fleet: queued.Fleet, poll_s: float,
+               on_lost: Callable[[queued.Observation], None],
+               say: Callable[[str], None]):
+    self._fleet = fleet
+    self._poll_s = poll_s
+    self._on_lost = on_lost
+    self._say = say
+    self._done = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    self.lost_at: Optional[float] = None
+
+  def __enter__(self) -> 'Watch':
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._done.set()
+    self._thread.join(timeout=self._poll_s + 30)
+
+  def _run(self) -> None:
+    while not self._done.wait(self._poll_s):
+      try:
+        lost = self._fleet.lost()
+      except Exception as e:  # pylint: disable=broad-except
+        # A describe that fails once (network, quota) is not a lost slice.
+        self._say(f'could not read queued resource '
+                  f'{self._fleet.request.name}: {e}')
+        continue
+      if lost is not None:
+        self.lost_at = time.time()
+        self._on_lost(lost)
+        return
+
+
+def recreate(launch, lost: queued.Observation, attempt) -> bool:
+  """Deletes the lost slice, creates it again, waits for it and sets its
+  workers up; records the time in `attempt.infrastructure`.
+
+  Raises:
+    queued.Interrupted: on SIGINT or SIGTERM meanwhile.
+    LaunchError: when the new slice does not come up within its phases'
+      timeouts.
+  """
+  fleet = launch.fleet
+  began = time.time()
+  launch.say(f'slice lost ({lost.describe()}): deleting queued resource '
+             f'{fleet.request.name} and creating it again')
+  fleet.delete('the slice is lost')
+  requested = time.time()
+  fleet.create()
+  fleet.wait_up()
+  up = time.time()
+  launch.prepare()
+  ready = time.time()
+  attempt.infrastructure = {
+      'lost': lost.describe(), 'began': began,
+      'recreate_requested': requested, 'up': up, 'ready': ready,
+      'seconds': ready - began}
+  launch.say(f'slice {fleet.request.name} is back after {ready - began:.1f} '
+             f's (delete and create {up - began:.1f} s, set-up '
+             f'{ready - up:.1f} s): relaunching')
+  return True

@@ -1,0 +1,292 @@
+"""--create, babysitting and clean-up against an emulated Cloud TPU service.
+
+The queued resources, their states and spot preemptions come from
+tests/fake_gcloud/cloud.py, which follows the Cloud SDK: a create returns
+once the request is accepted, the request then goes ACCEPTED,
+WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE; a preempted one SUSPENDING and
+SUSPENDED with its nodes PREEMPTED and its VMs shut down; a delete passes
+DELETING and needs --force while nodes exist.
+"""
+
+import os
+import pathlib
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launcher import exit_codes
+from tests import helpers
+from tests import tpu_emulation
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
+
+NAME = 'fleet-run'
+CREATE = ['--create', '--accelerator_type=v4-16',
+          '--runtime_version=tpu-ubuntu2204-base', '--poll_interval=0.5']
+LINEAR = ['--config=configs/linear_regression.py', '--config.steps=30',
+          '--local_devices=4']
+PROBE = [f'--config={helpers.PROBE_CONFIG}', '--local_devices=4']
+
+
+class Fleet(tpu_emulation.FakePod):
+  """An emulated service where the launch creates its own slice."""
+
+  def args(self, *script_args, **kwargs):
+    return super().args(*script_args, tpu=NAME, **kwargs)
+
+
+def _fleet(tmp_path, **env) -> Fleet:
+  timings = dict(FAKE_QR_WAIT_S='0.5', FAKE_QR_PROVISION_S='0.5')
+  timings.update(env)
+  return Fleet(tmp_path, **timings)
+
+
+@pytest.fixture
+def cleanup():
+  """Fails a test that leaves a queued resource or a process behind."""
+  made = []
+  yield made.append
+  for fleet in made:
+    left = fleet.processes()
+    fleet.kill_leftovers()
+    assert not left, f'processes left: {left}'
+
+
+def _created(fleet) -> list[list[str]]:
+  return [c for c in fleet.gcloud_calls() if c[2:4] == ['queued-resources',
+                                                       'create']]
+
+
+def test_create_waits_through_every_phase_and_deletes_after(tmp_path,
+                                                            cleanup):
+  fleet = _fleet(tmp_path, FAKE_QR_WAIT_S='1.5')
+  cleanup(fleet)
+  result = fleet.run(*CREATE, '--spot', '--valid_until=6h', '--delete_after',
+                     '--', *LINEAR, f'--workdir={tmp_path / "work"}')
+  assert result.returncode == 0, result.output
+  for state in ('ACCEPTED', 'WAITING_FOR_RESOURCES', 'PROVISIONING',
+                'ACTIVE; node(s) fleet-run READY/HEALTHY'):
+    assert f'{NAME}: queued resource {state}' in result.stderr
+  (create,) = _created(fleet)
+  assert create[4:] == [NAME, '--accelerator-type=v4-16',
+                        '--runtime-version=tpu-ubuntu2204-base',
+                        f'--node-id={NAME}', '--spot',
+                        '--valid-until-duration=6h', '--zone=zone-a',
+                        '--project=proj']
+  assert 'step 30/30' in fleet.log(0)
+  assert 'deleting queued resource fleet-run' in result.stderr
+  assert fleet.queued_resources() == []
+  assert [e['event'] for e in fleet.events()] == ['created', 'delete',
+                                                  'deleted']
+
+
+def test_a_slice_is_kept_without_delete_after_and_is_never_taken_over(
+    tmp_path, cleanup):
+  fleet = _fleet(tmp_path)
+  cleanup(fleet)
+  kept = fleet.run(*CREATE, '--', *LINEAR, f'--workdir={tmp_path / "a"}')
+  assert kept.returncode == 0, kept.output
+  assert f'queued resource {NAME} is kept' in kept.stderr
+  (left,) = fleet.queued_resources()
+  assert left['state']['state'] == 'ACTIVE'
+  # Another --create under that name: refused, and the slice left alone.
+  again = fleet.run(*CREATE, '--delete_after', '--', *LINEAR,
+                    f'--workdir={tmp_path / "b"}', job_id='again')
+  assert again.returncode == exit_codes.CONFIG_ERROR, again.output
+  assert f'queued resource {NAME} already exists' in again.stderr
+  assert "it is not this launch's to create or delete" in again.stderr
+  assert len(fleet.queued_resources()) == 1
+  # --status reads the queued resource, then the workers.
+  status = fleet.run('--status', job_id='')
+  assert status.returncode == 0, status.output
+  assert (f'queued resource {NAME}: queued resource ACTIVE; node(s) '
+          f'{NAME} READY/HEALTHY') in status.stdout
+  assert '[worker 1] podrun: job test-job-a1: finished with exit code 0' in (
+      status.stdout)
+  deleted = fleet.gcloud('compute', 'tpus', 'queued-resources', 'delete',
+                         NAME, '--zone=zone-a', '--force', '--quiet')
+  assert deleted.returncode == 0, deleted.stderr
+  assert fleet.queued_resources() == []
+
+
+def test_each_phase_has_its_own_timeout(tmp_path, cleanup):
+  # Slow to get capacity, quick to provision: a provisioning timeout
+  # shorter than the whole create is not reached, since each phase counts
+  # from its own start.
+  slow = _fleet(tmp_path / 'slow', FAKE_QR_WAIT_S='3',
+                FAKE_QR_PROVISION_S='0.3')
+  cleanup(slow)
+  result = slow.run(*CREATE, '--capacity_timeout=30',
+                    '--provisioning_timeout=2', '--delete_after', '--',
+                    *LINEAR, f'--workdir={tmp_path / "work"}')
+  assert result.returncode == 0, result.output
+  assert slow.queued_resources() == []
+  # A capacity phase over its limit: named, and what it created deleted.
+  late = _fleet(tmp_path / 'late', FAKE_QR_WAIT_S='60')
+  cleanup(late)
+  result = late.run(*CREATE, '--capacity_timeout=2', '--', *LINEAR)
+  assert result.returncode == exit_codes.POD_UNAVAILABLE, result.output
+  assert (f'queued resource {NAME}: the capacity phase took over 2 s '
+          '(--capacity_timeout); still queued resource '
+          'WAITING_FOR_RESOURCES. Raise --capacity_timeout') in result.stderr
+  assert 'the slice never came up: deleting queued resource' in result.stderr
+  assert late.queued_resources() == []
+
+
+def test_a_failed_queued_resource_is_named_and_deleted(tmp_path, cleanup):
+  fleet = _fleet(tmp_path, FAKE_QR_FAIL='1')
+  cleanup(fleet)
+  result = fleet.run(*CREATE, '--', *LINEAR)
+  assert result.returncode == exit_codes.POD_UNAVAILABLE, result.output
+  assert (f'queued resource {NAME} is lost while waiting for it: queued '
+          'resource FAILED (There is no more capacity in the zone)'
+          ) in result.stderr
+  assert fleet.queued_resources() == []
+
+
+def _wait_for_text(proc, fleet, text: str, where: str, timeout=120) -> None:
+  def seen():
+    if where == 'worker_0':
+      path = fleet.logs / 'worker_0.log'
+      return path.exists() and text in path.read_text()
+    return text in (fleet.logs / 'gcloud.log').read_text() if (
+        fleet.logs / 'gcloud.log').exists() else False
+  if not helpers.wait_for(seen, timeout):
+    helpers.kill_group(proc)
+    raise AssertionError(f'never saw {text!r} in {where}')
+
+
+@pytest.mark.parametrize('phase,env,text,where', [
+    ('capacity', {'FAKE_QR_WAIT_S': '120'}, 'queued-resources create',
+     'gcloud'),
+    ('provisioning', {'FAKE_QR_PROVISION_S': '120'},
+     'queued-resources create', 'gcloud'),
+    ('job', {}, 'step 2/', 'worker_0'),
+])
+@pytest.mark.parametrize('how', ['terminal', 'sigterm'])
+def test_ctrl_c_in_any_phase_deletes_what_the_launch_created(
+    tmp_path, cleanup, phase, env, text, where, how):
+  fleet = _fleet(tmp_path, **env)
+  cleanup(fleet)
+  proc = fleet.start(*CREATE, '--', *PROBE, '--config.steps=100000',
+                     '--config.log_every=1', '--config.checkpointing=False',
+                     f'--workdir={tmp_path / "work"}')
+  _wait_for_text(proc, fleet, text, where)
+  if phase != 'job':  # Into the phase itself.
+    wanted = 'WAITING_FOR_RESOURCES' if phase == 'capacity' else (
+        'PROVISIONING')
+    assert helpers.wait_for(
+        lambda: [q['state']['state'] for q in fleet.queued_resources()] ==
+        [wanted], 60)
+  started = time.monotonic()
+  if how == 'terminal':  # Ctrl-C: SIGINT to gcloud and ssh as well.
+    os.killpg(proc.pid, signal.SIGINT)
+  else:
+    os.kill(proc.pid, signal.SIGTERM)
+  try:
+    result = helpers.finish(proc, 60, started)
+  finally:
+    helpers.kill_group(proc)
+  signum = signal.SIGINT if how == 'terminal' else signal.SIGTERM
+  assert result.returncode == 128 + signum, result.output
+  assert f'got {signum.name}: deleting queued resource {NAME}' in (
+      result.stderr)
+  assert fleet.queued_resources() == []
+  assert helpers.wait_for(lambda: not fleet.processes(), 60 - (
+      time.monotonic() - started)), fleet.processes()
+  if phase == 'job':
+    assert f'got {signum.name}: stopping job test-job on every worker' in (
+        result.stderr)
+
+
+def test_dry_run_prints_the_queued_resource_commands(tmp_path):
+  fleet = _fleet(tmp_path)
+  result = subprocess.run(
+      fleet.args(*CREATE, '--reserved', '--num_slices=2', '--delete_after',
+                 '--max_restarts=3', '--dry_run', '--', *LINEAR),
+      cwd=helpers.REPO, env=fleet.env, capture_output=True, text=True,
+      timeout=120, check=False)
+  assert result.returncode == 0, result.stderr
+  assert not fleet.calls.exists()
+  lines = result.stdout.splitlines()
+  create = next(l for l in lines if ' queued-resources create ' in l)
+  assert shlex.split(create)[5:] == [
+      NAME, '--accelerator-type=v4-16',
+      '--runtime-version=tpu-ubuntu2204-base', '--node-count=2',
+      f'--node-prefix={NAME}', '--reserved', '--zone=zone-a',
+      '--project=proj']
+  for node in (f'{NAME}-0', f'{NAME}-1'):
+    assert any(f'tpu-vm describe --zone=zone-a --project=proj {node} ' in l
+               for l in lines)
+  runs = [l for l in lines if ' run test-job-a1 ' in l]
+  assert len(runs) == 2
+  for slice_id, run in enumerate(runs):
+    assert f'--slice_id={slice_id}' in run
+    assert f'MEGASCALE_SLICE_ID={slice_id}' in run
+    assert 'MEGASCALE_NUM_SLICES=2' in run
+  assert any(l.startswith('# at the end (--delete_after), on Ctrl-C or '
+                          'SIGTERM, or after a preemption: gcloud compute '
+                          'tpus queued-resources delete fleet-run --force')
+             for l in lines)
+
+
+STEPS = 48
+BABYSAT = [*PROBE, f'--config.steps={STEPS}', '--config.log_every=1',
+           '--config.checkpoint_every=5', '--config.fail_mode=slow',
+           '--config.fail_rank=0', '--config.fail_step=0',
+           '--config.fail_seconds=0.1']
+
+
+def _fingerprint(workdir: pathlib.Path, rank: int = 0) -> str:
+  return helpers.read_json(workdir / 'ranks' / f'rank_{rank}.json')[
+      'fingerprint']['sha256']
+
+
+def test_three_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup):
+  straight = helpers.run_launcher(
+      [*BABYSAT, '--local_processes=2', f'--workdir={tmp_path / "straight"}'],
+      timeout=150)
+  assert straight.returncode == 0, straight.output
+  # Spot preemption whenever worker 0's job reaches these steps: an event,
+  # so a slow machine is preempted at the same place.
+  fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG='step 12/,step 24/,step 36/')
+  cleanup(fleet)
+  workdir = tmp_path / 'work'
+  result = fleet.run(*CREATE, '--spot', '--max_restarts=3', '--delete_after',
+                     '--poll_interval=1', '--', *BABYSAT,
+                     f'--workdir={workdir}', timeout=280)
+  assert result.returncode == 0, result.output
+  assert result.stderr.count('the slice is lost under job test-job: queued '
+                             'resource SUSPENDING; node(s) fleet-run '
+                             'PREEMPTED') + result.stderr.count(
+                                 'SUSPENDED; node(s) fleet-run PREEMPTED'
+                                 ) >= 3, result.stderr
+  assert 'after 3 restart(s): 3 preemption(s)' in result.stderr
+  for rank in (0, 1):
+    assert _fingerprint(workdir, rank) == _fingerprint(
+        tmp_path / 'straight'), 'the resumed job trained other bits'
+  assert helpers.read_json(workdir / 'ranks' / 'rank_0.json')[
+      'start_step'] >= 36  # It resumed, not started over.
+  events = fleet.events()
+  assert [e['event'] for e in events] == [
+      'created', 'preempted', 'delete', 'deleted'] * 3 + [
+          'created', 'delete', 'deleted']
+  assert fleet.queued_resources() == []
+  # From the preemption to the new create request; the target is the poll
+  # interval plus 5 s (reported, not asserted: it is the machine's speed).
+  gaps = [events[i + 4]['t'] - events[i + 1]['t'] for i in (0, 4, 8)]
+  print(f'preempted -> recreate request: {[round(g, 2) for g in gaps]} s')
+  attempts = helpers.read_jsonl(fleet.logs / 'attempts.jsonl')
+  assert [a['kind'] for a in attempts] == ['preempted'] * 3 + ['ok']
+  assert all(a['infrastructure']['seconds'] > 0 for a in attempts[1:])
+  table = subprocess.run(
+      [sys.executable, str(helpers.REPO / 'scripts' / 'goodput.py'),
+       str(workdir), '--attempts', str(fleet.logs / 'attempts.jsonl')],
+      capture_output=True, text=True, timeout=120, check=True).stdout
+  assert 'infra' in table
+  parts = helpers.read_jsonl(workdir / 'goodput.jsonl')
+  assert all(p['parts']['infrastructure_recovery'] > 0 for p in parts[1:])
