@@ -102,3 +102,6 @@ def _add_topology(config: config_dict.ConfigDict) -> None:
   # and the devices per process (launcher/tpu/accelerators.py), and
   # scripts/launch_tpu_pod.sh checks the pod against it before launching.
   config.topology.accelerator_type = config_dict.placeholder(str)
+  # Slices of that type in a multislice job (scripts/launch_tpu_pod.sh
+  # --num_slices): processes = hosts per slice x num_slices.
+  config.topology.num_slices = config_dict.placeholder(int)

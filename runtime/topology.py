@@ -1,13 +1,15 @@
 """The pod a job expects, the pod JAX reports, and the check between them.
 
-A topology is described by four factors: how many processes joined, which one
-this is, how many devices each process drives and on which platform. A job
+A topology is described by five factors: how many processes joined, which
+one this is, how many devices each process drives, on which platform, and
+across how many slices (a multislice TPU job; 1 elsewhere). A job
 states what it expects in `config.topology` (and the launcher adds what its
 flags imply); `check` compares that with `current()` and names every factor
 that disagrees in one error, so a user fixes all of them in one go.
 """
 
 import dataclasses
+import os
 from typing import Any, Optional, Sequence
 
 import jax
@@ -29,12 +31,15 @@ class Topology:
   global_device_count: int
   platform: str
   device_kind: str
+  num_slices: int = 1
 
   def describe(self) -> str:
+    slices = (f', across {self.num_slices} slices' if self.num_slices > 1
+              else '')
     return (f'process {self.process_index} of {self.process_count}, '
             f'{self.local_device_count} local x {self.process_count} processes'
             f' = {self.global_device_count} {self.platform} devices '
-            f'({self.device_kind})')
+            f'({self.device_kind}){slices}')
 
   def as_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -46,7 +51,7 @@ class Expectation:
 
   Attributes:
     factor: one of 'num_processes', 'process_index', 'local_devices',
-      'platform'.
+      'platform', 'num_slices'.
     value: the expected value.
     source: what set it, as the user would write it, for example
       'config.topology.num_processes' or '--local_processes'.
@@ -61,6 +66,7 @@ _ACTUAL = {
     'process_index': lambda t: t.process_index,
     'local_devices': lambda t: t.local_device_count,
     'platform': lambda t: t.platform,
+    'num_slices': lambda t: t.num_slices,
 }
 
 _WHAT = {
@@ -68,6 +74,7 @@ _WHAT = {
     'process_index': 'is this process\'s index',
     'local_devices': 'devices are attached to this process',
     'platform': 'is the platform JAX runs on',
+    'num_slices': 'slice(s) form the job',
 }
 
 
@@ -79,6 +86,10 @@ def current() -> Topology:
     8
   """
   local = jax.local_devices()
+  # A TPU device names its slice; elsewhere (CPU emulation) the driver's
+  # MEGASCALE_NUM_SLICES is all there is to read.
+  slices = ({getattr(d, 'slice_index', None) for d in jax.devices()} - {None}
+            if local[0].platform == 'tpu' else set())
   return Topology(
       process_index=jax.process_index(),
       process_count=jax.process_count(),
@@ -86,7 +97,14 @@ def current() -> Topology:
       global_device_count=jax.device_count(),
       platform=local[0].platform,
       device_kind=local[0].device_kind,
+      num_slices=len(slices) if slices else num_slices_from_env(),
   )
+
+
+def num_slices_from_env() -> int:
+  """MEGASCALE_NUM_SLICES, which the TPU pod driver sets; 1 without it."""
+  value = os.environ.get('MEGASCALE_NUM_SLICES', '')
+  return int(value) if value.isdigit() and int(value) > 0 else 1
 
 
 def expectations(config_topology: Any, implied: Sequence[Expectation] = (),
@@ -95,7 +113,8 @@ def expectations(config_topology: Any, implied: Sequence[Expectation] = (),
 
   Args:
     config_topology: `config.topology`, with optional fields num_processes,
-      local_devices and platform; None means "whatever is there".
+      local_devices, platform and num_slices; None means "whatever is
+      there".
     implied: expectations the launcher derived, for example from
       config.topology.accelerator_type.
     **flag_values: factor=(value, flag_name) pairs from the launcher, for
@@ -108,7 +127,7 @@ def expectations(config_topology: Any, implied: Sequence[Expectation] = (),
     TopologyMismatchError: when the config and a flag already disagree.
   """
   found = []
-  for factor in ('num_processes', 'local_devices', 'platform'):
+  for factor in ('num_processes', 'local_devices', 'platform', 'num_slices'):
     value = config_topology.get(factor) if config_topology is not None else None
     if factor == 'platform':
       value = platform_of(value)

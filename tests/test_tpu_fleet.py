@@ -51,6 +51,8 @@ def cleanup():
   made = []
   yield made.append
   for fleet in made:
+    # A deleted queued resource's clock process ends a moment later.
+    helpers.wait_for(lambda: not fleet.processes(), 10)
     left = fleet.processes()
     fleet.kill_leftovers()
     assert not left, f'processes left: {left}'
@@ -290,3 +292,54 @@ def test_three_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup):
   assert 'infra' in table
   parts = helpers.read_jsonl(workdir / 'goodput.jsonl')
   assert all(p['parts']['infrastructure_recovery'] > 0 for p in parts[1:])
+
+
+def test_two_slices_form_one_job_that_trains_as_a_four_process_pod(
+    tmp_path, cleanup):
+  job = [*PROBE[:1], '--local_devices=2', '--config.steps=30',
+         '--config.topology.num_slices=2']
+  local = helpers.run_launcher(
+      [*job[:2], '--config.steps=30', '--local_processes=4',
+       f'--workdir={tmp_path / "local"}'], timeout=200)
+  assert local.returncode == 0, local.output
+  fleet = _fleet(tmp_path)
+  cleanup(fleet)
+  workdir = tmp_path / 'work'
+  result = fleet.run(*CREATE, '--num_slices=2', '--', *job,
+                     f'--workdir={workdir}', timeout=250)
+  assert result.returncode == 0, result.output
+  (create,) = _created(fleet)
+  assert '--node-count=2' in create and f'--node-prefix={NAME}' in create
+  for process in range(4):
+    slice_id, worker = divmod(process, 2)
+    home = fleet.root / f'{NAME}-{slice_id}' / f'worker_{worker}'
+    env = helpers.read_json(home / 'podrun' / 'jobs' / 'test-job-a1' / 'env')
+    assert env['PODRUN_PROCESS_ID'] == str(process)
+    assert env['PODRUN_NUM_PROCESSES'] == env[
+        'PODRUN_EXPECTED_PROCESSES'] == '4'
+    assert env['MEGASCALE_SLICE_ID'] == str(slice_id)
+    assert env['MEGASCALE_NUM_SLICES'] == '2'
+    assert env['MEGASCALE_COORDINATOR_ADDRESS'] == '127.0.0.1'
+    assert env['MEGASCALE_PORT'] == '8080'
+    assert _fingerprint(workdir, process) == _fingerprint(
+        tmp_path / 'local'), f'process {process} trained other bits'
+  assert 'across 2 slices' in fleet.log(0)
+  deleted = fleet.gcloud('compute', 'tpus', 'queued-resources', 'delete',
+                         NAME, '--zone=zone-a', '--force', '--quiet')
+  assert deleted.returncode == 0, deleted.stderr
+
+
+def test_a_job_that_does_not_span_every_slice_stops_with_3(tmp_path,
+                                                           cleanup):
+  # The config insists on one slice; the launch runs two.
+  fleet = _fleet(tmp_path)
+  cleanup(fleet)
+  result = fleet.run(*CREATE, '--num_slices=2', '--delete_after', '--',
+                     *PROBE[:1], '--local_devices=2',
+                     '--config.topology.num_slices=1',
+                     f'--workdir={tmp_path / "work"}', timeout=250)
+  assert result.returncode == exit_codes.TOPOLOGY_MISMATCH, result.output
+  assert ('config.topology.num_slices=1 but MEGASCALE_NUM_SLICES,'
+          ' from scripts/launch_tpu_pod.sh --num_slices=2') in (
+              fleet.log(0)), fleet.log(0)[-3000:]
+  assert fleet.queued_resources() == []

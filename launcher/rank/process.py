@@ -117,8 +117,16 @@ def _implied_by_accelerator(config: ConfigDict) -> list[topology.Expectation]:
   except accelerators.AcceleratorTypeError as e:
     raise workload.ConfigError(f'config.topology.accelerator_type: {e}')
   source = f'config.topology.accelerator_type={name}'
+  slices = config.topology.get('num_slices')
+  if slices:
+    source += f' x config.topology.num_slices={slices}'
+  else:
+    slices = topology.num_slices_from_env()
+    if slices > 1:
+      source += f' x MEGASCALE_NUM_SLICES={slices}'
   return [topology.Expectation('platform', 'tpu', source),
-          topology.Expectation('num_processes', slice_.hosts, source),
+          topology.Expectation('num_processes', slice_.hosts * slices,
+                               source),
           topology.Expectation('local_devices', slice_.devices_per_host,
                                source)]
 
@@ -132,10 +140,17 @@ def _implied_by_pod_launch() -> list[topology.Expectation]:
   count = os.environ.get(EXPECTED_PROCESSES_ENV)
   if not count:
     return []
-  return [topology.Expectation(
-      'num_processes', int(count),
-      f'the TPU pod\'s {count} workers ({EXPECTED_PROCESSES_ENV}, from '
-      'scripts/launch_tpu_pod.sh)')]
+  slices = topology.num_slices_from_env()
+  what = (f'{slices} slices x {int(count) // slices} workers' if slices > 1
+          else f'{count} workers')
+  source = (f'the TPU pod\'s {what} ({EXPECTED_PROCESSES_ENV}, from '
+            'scripts/launch_tpu_pod.sh)')
+  expected = [topology.Expectation('num_processes', int(count), source)]
+  if slices > 1:
+    expected.append(topology.Expectation(
+        'num_slices', slices, 'MEGASCALE_NUM_SLICES, from '
+        'scripts/launch_tpu_pod.sh --num_slices'))
+  return expected
 
 
 def _join(config: ConfigDict, workdir: str, options: Options, supervised: bool

@@ -202,6 +202,10 @@ def keep(args) -> int:
   if args.expected_processes:
     env['PODRUN_EXPECTED_PROCESSES'] = str(args.expected_processes)
   env.update(multislice_env(args, env))
+  # Where the job sits, for whoever debugs it: ~/podrun/jobs/JOB_ID/env.
+  job.write('env', json.dumps({k: v for k, v in sorted(env.items())
+                               if k.startswith(('PODRUN_', 'MEGASCALE_'))},
+                              indent=1))
   with open(job.path('log'), 'ab') as log:
     log.write(f'podrun: starting job {job.id}: {args.python} -m launcher '
               f'{" ".join(args.launcher_args)}\n'.encode())
