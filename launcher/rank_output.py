@@ -78,7 +78,7 @@ def setup(process_index: int, process_count: int, supervised: bool,
 # console (the TPU pod driver sees stdout and stderr merged).
 _RANK_PREFIX = re.compile(r'^\[rank \d+/\d+\] ')
 _ALARMING = re.compile(r'(?i)\b(warn|warning|error|exception|traceback|'
-                       r'fatal|failed|killed|stalled|diverged)\b')
+                       r'fatal|failed|killed|stalled|diverged|busy|stale)\b')
 
 
 def alarming(line: str) -> bool:

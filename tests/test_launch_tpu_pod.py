@@ -398,3 +398,57 @@ def test_bad_arguments_exit_2_naming_them(pod):
     assert result.returncode == exit_codes.CONFIG_ERROR, result.stderr
     assert message in result.stderr
   assert not pod.calls.exists()
+
+
+def test_a_busy_accelerator_is_named_and_freed_only_when_asked(pod, tmp_path):
+  devices = tmp_path / 'dev'
+  (devices / 'vfio').mkdir(parents=True)
+  for name in ('accel0', 'vfio/0'):
+    (devices / name).write_bytes(b'')
+  globs = f'--accelerator_devices={devices}/accel*,{devices}/vfio/*'
+  # A foreign process holding the accelerator, as a leftover of another
+  # framework would.
+  holder = subprocess.Popen(
+      [sys.executable, '-c', 'import sys, time; f = open(sys.argv[1], "rb");'
+       ' time.sleep(600)', str(devices / 'vfio' / '0')],
+      start_new_session=True)
+  try:
+    assert helpers.wait_for(lambda: any(
+        os.readlink(f'/proc/{holder.pid}/fd/{fd}').endswith('vfio/0')
+        for fd in os.listdir(f'/proc/{holder.pid}/fd')), 20)
+    refused = pod.run(globs, '--', *LINEAR, f'--workdir={tmp_path / "a"}')
+    assert refused.returncode == exit_codes.WORKDIR_BUSY, refused.output
+    for w in range(2):
+      log = pod.log(w)
+      assert (f'podrun: the accelerator is busy: pid {holder.pid} '
+              f'({sys.executable} -c import sys') in log
+      assert f'holds {devices}/vfio/0' in log and 'running since 20' in log
+      assert '--kill_accelerator_holders to stop the processes' in log
+    assert holder.poll() is None  # Named, not touched.
+    freed = pod.run(globs, '--kill_accelerator_holders', '--', *LINEAR,
+                    f'--workdir={tmp_path / "b"}', job_id='freed')
+    assert freed.returncode == 0, freed.output
+    assert holder.wait(timeout=30) is not None
+    assert f'--kill_accelerator_holders: pid {holder.pid} stopped' in (
+        pod.log(0))
+  finally:
+    holder.kill()
+    holder.wait()
+
+
+def test_a_stale_libtpu_lockfile_is_named_and_replace_removes_it(pod,
+                                                                 tmp_path):
+  lockfile = pod.root / 'worker_1' / 'tmp' / 'libtpu_lockfile'  # Its /tmp.
+  lockfile.parent.mkdir(parents=True)
+  lockfile.write_text('')
+  refused = pod.run('--', *LINEAR, f'--workdir={tmp_path / "a"}')
+  assert refused.returncode == exit_codes.WORKDIR_BUSY, refused.output
+  assert (f'[worker 1] podrun: a stale libtpu lockfile {lockfile} (from 20'
+          in refused.stdout)
+  assert 'launch with --replace to remove a stale lockfile' in pod.log(1)
+  assert 'stale libtpu lockfile' not in pod.log(0)
+  replaced = pod.run('--replace', '--', *LINEAR,
+                     f'--workdir={tmp_path / "b"}', job_id='again')
+  assert replaced.returncode == 0, replaced.output
+  assert f'removed the stale libtpu lockfile {lockfile}' in pod.log(1)
+  assert not lockfile.exists()

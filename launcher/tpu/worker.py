@@ -340,6 +340,15 @@ def check_accelerator(args, worker: str) -> bool:
   return not busy
 
 
+def _alive(pid: int) -> bool:
+  """Running: neither gone nor a zombie that its parent has yet to reap."""
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+  except (OSError, IndexError):
+    return False
+
+
 def stop_group_of(pid: int, grace: float) -> str:
   """SIGTERM, then SIGKILL after grace, to one process that is not ours."""
   try:
@@ -348,9 +357,7 @@ def stop_group_of(pid: int, grace: float) -> str:
     return 'had ended'
   deadline = time.monotonic() + grace
   while time.monotonic() < deadline:
-    try:
-      os.kill(pid, 0)
-    except ProcessLookupError:
+    if not _alive(pid):
       return 'stopped'
     time.sleep(0.1)
   try:
