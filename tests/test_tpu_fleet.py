@@ -162,14 +162,20 @@ def _wait_for_text(proc, fleet, text: str, where: str, timeout=120) -> None:
     raise AssertionError(f'never saw {text!r} in {where}')
 
 
-@pytest.mark.parametrize('phase,env,text,where', [
+# Ctrl-C from a terminal (SIGINT to the whole process group: the script,
+# gcloud and its ssh clients) in each phase; SIGTERM to the script alone
+# while the slice is still being made.
+@pytest.mark.parametrize('phase,env,text,where,how', [
     ('capacity', {'FAKE_QR_WAIT_S': '120'}, 'queued-resources create',
-     'gcloud'),
+     'gcloud', 'terminal'),
     ('provisioning', {'FAKE_QR_PROVISION_S': '120'},
-     'queued-resources create', 'gcloud'),
-    ('job', {}, 'step 2/', 'worker_0'),
+     'queued-resources create', 'gcloud', 'terminal'),
+    ('job', {}, 'step 2/', 'worker_0', 'terminal'),
+    ('capacity', {'FAKE_QR_WAIT_S': '120'}, 'queued-resources create',
+     'gcloud', 'sigterm'),
+    ('provisioning', {'FAKE_QR_PROVISION_S': '120'},
+     'queued-resources create', 'gcloud', 'sigterm'),
 ])
-@pytest.mark.parametrize('how', ['terminal', 'sigterm'])
 def test_ctrl_c_in_any_phase_deletes_what_the_launch_created(
     tmp_path, cleanup, phase, env, text, where, how):
   fleet = _fleet(tmp_path, **env)

@@ -4,7 +4,9 @@ scripts/launch_tpu_pod.sh is the thin entry users type; this is what it
 runs (`python -m launcher.tpu launch ...`). It never imports JAX. In
 order:
 
-1. reads the pod with `gcloud ... describe` (its worker endpoints and
+0. with --create, asks for the slice(s) through a queued resource and waits
+   through its phases, each with its own timeout (queued.py);
+1. reads each slice with `gcloud ... describe` (its worker endpoints and
    accelerator type: the process count every worker must find) and, unless
    --skip_preflight, checks it through cloud-tpu-client (preflight.py);
 2. checks each worker's Python before copying anything, and picks one that
@@ -12,13 +14,19 @@ order:
 3. copies the project (one tarball named by its SHA-256, bundle.py) to
    every worker, and sets up ~/podrun/venv once per version of
    pyproject.toml;
-4. runs the job on all workers at once through worker.py, which makes a
-   run idempotent (gcloud reruns a command after ssh exits 255), keeps every
-   line numbered so that each reaches WORKER_LOG once, and stops a job whose
-   launching side has gone;
+4. runs the job on all workers of all slices at once through worker.py,
+   which checks the accelerator is free, makes a run idempotent (gcloud
+   reruns a command after ssh exits 255), keeps every line numbered so that
+   each reaches WORKER_LOG once, and stops a job whose launching side has
+   gone;
 5. stops every worker on the first failure, Ctrl-C or SIGTERM (attempt.py),
    and restarts after a preemption with the local pod's restart policy
-   (launcher/restart.py).
+   (launcher/restart.py), recreating a slice it created that was lost
+   (babysit.py);
+6. deletes the queued resource it created on a signal, when it never came
+   up, and with --delete_after at the end.
+
+--dry_run, --status and --stop are control.py; the flags are flags.py.
 """
 
 import dataclasses
