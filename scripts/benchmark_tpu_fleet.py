@@ -38,6 +38,7 @@ def _all_started(pod, workers: int) -> bool:
 
 def scale(workers: int, tmp: str) -> dict:
   """Start-up, --status and teardown times of one stand-in job."""
+  os.makedirs(tmp)
   pod = tpu_emulation.FakePod(pathlib.Path(tmp),
                               workers=workers)
   fail_file = os.path.join(tmp, 'fail_now')
@@ -67,6 +68,7 @@ def scale(workers: int, tmp: str) -> dict:
 
 def babysit(poll_s: float, tmp: str) -> dict:
   """Three preemptions of a --create launch; gaps and recovery times."""
+  os.makedirs(tmp)
   root = pathlib.Path(tmp)
   pod = tpu_emulation.FakePod(root, FAKE_QR_WAIT_S='0.5',
                               FAKE_QR_PROVISION_S='0.5',

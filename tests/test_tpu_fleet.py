@@ -135,8 +135,20 @@ def test_each_phase_has_its_own_timeout(tmp_path, cleanup):
   assert (f'queued resource {NAME}: the capacity phase took over 2 s '
           '(--capacity_timeout); still queued resource '
           'WAITING_FOR_RESOURCES. Raise --capacity_timeout') in result.stderr
-  assert 'the slice never came up: deleting queued resource' in result.stderr
+  assert 'the slice is not up: deleting queued resource' in result.stderr
   assert late.queued_resources() == []
+
+
+def test_a_lost_slice_without_restarts_left_is_deleted(tmp_path, cleanup):
+  fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG='step 3/')
+  cleanup(fleet)
+  result = fleet.run(*CREATE, '--spot', '--', *PROBE, '--config.steps=100000',
+                     '--config.log_every=1', '--config.checkpointing=False',
+                     f'--workdir={tmp_path / "work"}')
+  assert result.returncode == exit_codes.PREEMPTED, result.output
+  assert 'the slice is lost under job test-job' in result.stderr
+  assert 'the slice is not up: deleting queued resource' in result.stderr
+  assert fleet.queued_resources() == []
 
 
 def test_a_failed_queued_resource_is_named_and_deleted(tmp_path, cleanup):
@@ -330,6 +342,12 @@ def test_two_slices_form_one_job_that_trains_as_a_four_process_pod(
     assert _fingerprint(workdir, process) == _fingerprint(
         tmp_path / 'local'), f'process {process} trained other bits'
   assert 'across 2 slices' in fleet.log(0)
+  status = fleet.run('--num_slices=2', '--status', job_id='')
+  assert status.returncode == 0, status.output
+  for slice_id in (0, 1):
+    for worker in (0, 1):
+      assert (f'[slice {NAME}-{slice_id}] [worker {worker}] podrun: job '
+              'test-job-a1: finished with exit code 0') in status.stdout
   deleted = fleet.gcloud('compute', 'tpus', 'queued-resources', 'delete',
                          NAME, '--zone=zone-a', '--force', '--quiet')
   assert deleted.returncode == 0, deleted.stderr

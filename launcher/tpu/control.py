@@ -8,6 +8,7 @@ Example:
 
 import shlex
 import subprocess
+import sys
 
 from launcher import exit_codes
 from launcher.tpu import commands
@@ -100,7 +101,20 @@ def control(launch) -> int:
   else:
     command = commands.stop_command(
         None if options.stop == 'all' else options.stop, options.stop_grace)
-  codes = [subprocess.run(launch.gcloud.ssh(command, node=node),
-                          stdin=subprocess.DEVNULL, check=False).returncode
-           for node in launch.nodes]
+  codes = [_on_slice(launch, command, node) for node in launch.nodes]
   return next((c for c in codes if c), exit_codes.OK)
+
+
+def _on_slice(launch, command: str, node: str) -> int:
+  """Runs `command` on every worker of one slice; with several slices each
+  line says which (a worker's index is its place in its own slice)."""
+  ssh = launch.gcloud.ssh(command, node=node)
+  if len(launch.nodes) == 1:
+    return subprocess.run(ssh, stdin=subprocess.DEVNULL,
+                          check=False).returncode
+  result = subprocess.run(ssh, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, check=False)
+  for line in result.stdout.splitlines():
+    print(f'[slice {node}] {line}', flush=True)
+  print(result.stderr, end='', file=sys.stderr, flush=True)
+  return result.returncode

@@ -300,9 +300,10 @@ def _run(launch: Launch, retryable: tuple[int, ...]) -> int:
                      logs_dir=launch.log_dir, say=launch.say)
 
 
-def _clean_up(launch: Launch, code: int, slice_was_up: bool) -> None:
+def _clean_up(launch: Launch, code: int) -> None:
   """Deletes the queued resource this launch created when nothing should
-  keep it: a signal, --delete_after, or a create that never came up."""
+  keep it: a signal, --delete_after, or a slice that is not up (never came
+  up, or was lost and not brought back)."""
   fleet = launch.fleet
   if fleet is None or not fleet.ours:
     return
@@ -310,8 +311,8 @@ def _clean_up(launch: Launch, code: int, slice_was_up: bool) -> None:
     fleet.delete(f'got {signal.Signals(launch.signals[0]).name}')
   elif launch.options.delete_after:
     fleet.delete('the job ended (--delete_after)')
-  elif not slice_was_up:
-    fleet.delete('the slice never came up')
+  elif not fleet.up:
+    fleet.delete('the slice is not up')
   else:
     launch.say(f'queued resource {fleet.request.name} is kept (exit code '
                f'{code}); delete it with `gcloud compute tpus '
@@ -339,7 +340,7 @@ def launch_job(launch: Launch) -> int:
       code = e.exit_code
     if launch.signals:
       code = exit_codes.SIGNAL_BASE + launch.signals[0]
-    _clean_up(launch, code, launch.workers > 0)
+    _clean_up(launch, code)
   if code == exit_codes.OK:
     launch.say(f'job {launch.job_id} finished on every worker')
   else:

@@ -175,6 +175,8 @@ class Fleet:
   `ours` is True from the moment this launch asked for the queued resource
   until it is deleted: a Ctrl-C that lands while `create` runs still
   deletes it, and a queued resource that existed before is never touched.
+  `up` is True from the moment every node was READY and HEALTHY until the
+  slice is seen lost or is deleted.
   """
 
   def __init__(self, gcloud: commands.Gcloud, request: Request,
@@ -189,6 +191,7 @@ class Fleet:
     self.say = say
     self.interrupted = interrupted
     self.ours = False
+    self.up = False
 
   def create(self) -> None:
     """Asks for the slice(s); returns once the request is accepted.
@@ -238,6 +241,7 @@ class Fleet:
         last = seen.describe()
         self.say(f'{self.request.name}: {last}')
       if now_phase == 'up':
+        self.up = True
         return seen
       if now_phase == 'lost':
         raise LaunchError(f'queued resource {self.request.name} is lost '
@@ -278,11 +282,14 @@ class Fleet:
           f'`gcloud compute tpus queued-resources delete {self.request.name}'
           f' --zone={self.gcloud.zone} --force`.',
           exit_code=exit_codes.POD_UNAVAILABLE)
-    self.ours = False
+    self.ours = self.up = False
     self.say(f'queued resource {self.request.name} deleted')
 
   def lost(self) -> Optional[Observation]:
     """The observation, when the slice is gone (preempted, suspended,
     failed, deleted); None while it is up or still coming."""
     seen = observe(self.gcloud, self.request)
-    return seen if seen.phase() == 'lost' else None
+    if seen.phase() != 'lost':
+      return None
+    self.up = False
+    return seen
