@@ -69,6 +69,8 @@ def recreate(launch, lost: queued.Observation, attempt) -> bool:
   launch.say(f'slice lost ({lost.describe()}): deleting queued resource '
              f'{fleet.request.name} and creating it again')
   fleet.delete('the slice is lost')
+  if launch.interrupted():
+    raise queued.Interrupted()
   requested = time.time()
   fleet.create()
   fleet.wait_up()

@@ -37,6 +37,7 @@ def print_plan(launch) -> int:
   short = '<code sha256[:16]>'
   workers = '<workers from describe>'
   minimum = commands.required_python(launch.jax_version)
+  launch.coordinator = '<worker 0 of slice 0, from describe>'
   print(f'# job {launch.job_id}, logs in {launch.log_dir}')
   for line in _planned_fleet(launch):
     print(line)
