@@ -156,6 +156,11 @@ class Launch:
   def interrupted(self) -> bool:
     return bool(self.signals)
 
+  def stop_if_interrupted(self) -> None:
+    """Between the set-up's steps: a signal ends the launch there."""
+    if self.signals:
+      raise queued.Interrupted()
+
   def path(self, name: str) -> str:
     return os.path.join(self.log_dir, name)
 
@@ -208,6 +213,7 @@ class Launch:
     self.describe_slices(gcloud_log)
     self.preflight()
     for node in self.nodes:
+      self.stop_if_interrupted()
       self._check_pythons(gcloud_log, node)
     with tempfile.TemporaryDirectory() as tmp:  # LOG_DIR holds only logs.
       bundle = os.path.join(tmp, 'code.tar.gz')
@@ -215,6 +221,7 @@ class Launch:
       short = code_hash[:16]
       self.say(f'copying the code (sha256 {code_hash}) to every worker')
       for node in self.nodes:
+        self.stop_if_interrupted()
         copy = self.gcloud.scp(bundle, f'podrun-{short}.tar.gz', node)
         if commands.run_logged(copy, gcloud_log).returncode:
           raise LaunchError(f'gcloud scp to {node} failed; see {gcloud_log}. '
@@ -225,6 +232,7 @@ class Launch:
     setup = commands.setup_command(short, self.options.worker_python,
                                    self.jax_version)
     for node in self.nodes:
+      self.stop_if_interrupted()
       if commands.run_logged(self.gcloud.ssh(setup, node=node,
                                              workers=self.workers),
                              gcloud_log).returncode:
@@ -292,8 +300,7 @@ def _run(launch: Launch, retryable: tuple[int, ...]) -> int:
     launch.fleet.create()
     launch.fleet.wait_up()
   launch.prepare()
-  if launch.interrupted():
-    raise queued.Interrupted()
+  launch.stop_if_interrupted()
   return restart.run(lambda number: attempt_lib.Attempt(launch, number),
                      max_restarts=launch.options.max_restarts,
                      first_backoff_s=1.0, retryable=retryable,
@@ -329,18 +336,20 @@ def launch_job(launch: Launch) -> int:
   except ValueError as e:
     raise LaunchError(f'--retry_exit_codes: {e}') from e
   launch.say(f'job {launch.job_id}, logs in {launch.log_dir}')
+  code = exit_codes.FAILED
   with signals.handled((signal.SIGINT, signal.SIGTERM), launch.on_signal):
     try:
       code = _run(launch, retryable)
     except queued.Interrupted:
-      code = exit_codes.SIGNAL_BASE + launch.signals[0]
+      pass
     except exit_codes.PodrunError as e:
       if not launch.signals:  # Else a gcloud the terminal's Ctrl-C cut.
         launch.say(f'error: {e}')
       code = e.exit_code
-    if launch.signals:
-      code = exit_codes.SIGNAL_BASE + launch.signals[0]
-    _clean_up(launch, code)
+    finally:  # Even on a bug of ours: nothing left billing.
+      if launch.signals:
+        code = exit_codes.SIGNAL_BASE + launch.signals[0]
+      _clean_up(launch, code)
   if code == exit_codes.OK:
     launch.say(f'job {launch.job_id} finished on every worker')
   else:
