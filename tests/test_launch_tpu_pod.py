@@ -416,17 +416,19 @@ def test_a_busy_accelerator_is_named_and_freed_only_when_asked(pod, tmp_path):
     assert helpers.wait_for(lambda: any(
         os.readlink(f'/proc/{holder.pid}/fd/{fd}').endswith('vfio/0')
         for fd in os.listdir(f'/proc/{holder.pid}/fd')), 20)
-    refused = pod.run(globs, '--', *LINEAR, f'--workdir={tmp_path / "a"}')
+    refused = pod.run(globs, '--', '--standin.steps=3',
+                      python=tpu_emulation.STANDIN)
     assert refused.returncode == exit_codes.WORKDIR_BUSY, refused.output
     for w in range(2):
       log = pod.log(w)
       assert (f'podrun: the accelerator is busy: pid {holder.pid} '
-              f'({sys.executable} -c import sys') in log
+              f'({sys.executable} -c import sys') in log, log
       assert f'holds {devices}/vfio/0' in log and 'running since 20' in log
       assert '--kill_accelerator_holders to stop the processes' in log
     assert holder.poll() is None  # Named, not touched.
-    freed = pod.run(globs, '--kill_accelerator_holders', '--', *LINEAR,
-                    f'--workdir={tmp_path / "b"}', job_id='freed')
+    freed = pod.run(globs, '--kill_accelerator_holders', '--',
+                    '--standin.steps=3', python=tpu_emulation.STANDIN,
+                    job_id='freed')
     assert freed.returncode == 0, freed.output
     assert holder.wait(timeout=30) is not None
     # Both workers see it; whichever comes first stops it.
@@ -442,14 +444,14 @@ def test_a_stale_libtpu_lockfile_is_named_and_replace_removes_it(pod,
   lockfile = pod.root / 'worker_1' / 'tmp' / 'libtpu_lockfile'  # Its /tmp.
   lockfile.parent.mkdir(parents=True)
   lockfile.write_text('')
-  refused = pod.run('--', *LINEAR, f'--workdir={tmp_path / "a"}')
+  refused = pod.run('--', '--standin.steps=3', python=tpu_emulation.STANDIN)
   assert refused.returncode == exit_codes.WORKDIR_BUSY, refused.output
   assert (f'[worker 1] podrun: a stale libtpu lockfile {lockfile} (from 20'
           in refused.stdout)
   assert 'launch with --replace to remove a stale lockfile' in pod.log(1)
   assert 'stale libtpu lockfile' not in pod.log(0)
-  replaced = pod.run('--replace', '--', *LINEAR,
-                     f'--workdir={tmp_path / "b"}', job_id='again')
+  replaced = pod.run('--replace', '--', '--standin.steps=3',
+                     python=tpu_emulation.STANDIN, job_id='again')
   assert replaced.returncode == 0, replaced.output
   assert f'removed the stale libtpu lockfile {lockfile}' in pod.log(1)
   assert not lockfile.exists()

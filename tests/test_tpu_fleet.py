@@ -30,12 +30,17 @@ CREATE = ['--create', '--accelerator_type=v4-16',
 LINEAR = ['--config=configs/linear_regression.py', '--config.steps=30',
           '--local_devices=4']
 PROBE = [f'--config={helpers.PROBE_CONFIG}', '--local_devices=4']
+# A shell loop for the job where JAX is not the point: 5 steps, then exit 0.
+SHORT = ['--standin.steps=5']
+ENDLESS = ['--standin.steps=0']
 
 
 class Fleet(tpu_emulation.FakePod):
   """An emulated service where the launch creates its own slice."""
 
-  def args(self, *script_args, **kwargs):
+  def args(self, *script_args, standin=False, **kwargs):
+    if standin:
+      kwargs['python'] = tpu_emulation.STANDIN
     return super().args(*script_args, tpu=NAME, **kwargs)
 
 
@@ -68,7 +73,7 @@ def test_create_waits_through_every_phase_and_deletes_after(tmp_path,
   fleet = _fleet(tmp_path, FAKE_QR_WAIT_S='1.5')
   cleanup(fleet)
   result = fleet.run(*CREATE, '--spot', '--valid_until=6h', '--delete_after',
-                     '--', *LINEAR, f'--workdir={tmp_path / "work"}')
+                     '--', *SHORT, standin=True)
   assert result.returncode == 0, result.output
   for state in ('ACCEPTED', 'WAITING_FOR_RESOURCES', 'PROVISIONING',
                 'ACTIVE; node(s) fleet-run READY/HEALTHY'):
@@ -79,7 +84,7 @@ def test_create_waits_through_every_phase_and_deletes_after(tmp_path,
                         f'--node-id={NAME}', '--spot',
                         '--valid-until-duration=6h', '--zone=zone-a',
                         '--project=proj']
-  assert 'step 30/30' in fleet.log(0)
+  assert 'standin: process 1 done' in fleet.log(1)
   assert 'deleting queued resource fleet-run' in result.stderr
   assert fleet.queued_resources() == []
   assert [e['event'] for e in fleet.events()] == ['created', 'delete',
@@ -90,14 +95,14 @@ def test_a_slice_is_kept_without_delete_after_and_is_never_taken_over(
     tmp_path, cleanup):
   fleet = _fleet(tmp_path)
   cleanup(fleet)
-  kept = fleet.run(*CREATE, '--', *LINEAR, f'--workdir={tmp_path / "a"}')
+  kept = fleet.run(*CREATE, '--', *SHORT, standin=True)
   assert kept.returncode == 0, kept.output
   assert f'queued resource {NAME} is kept' in kept.stderr
   (left,) = fleet.queued_resources()
   assert left['state']['state'] == 'ACTIVE'
   # Another --create under that name: refused, and the slice left alone.
-  again = fleet.run(*CREATE, '--delete_after', '--', *LINEAR,
-                    f'--workdir={tmp_path / "b"}', job_id='again')
+  again = fleet.run(*CREATE, '--delete_after', '--', *SHORT, standin=True,
+                    job_id='again')
   assert again.returncode == exit_codes.CONFIG_ERROR, again.output
   assert f'queued resource {NAME} already exists' in again.stderr
   assert "it is not this launch's to create or delete" in again.stderr
@@ -124,13 +129,14 @@ def test_each_phase_has_its_own_timeout(tmp_path, cleanup):
   cleanup(slow)
   result = slow.run(*CREATE, '--capacity_timeout=30',
                     '--provisioning_timeout=2', '--delete_after', '--',
-                    *LINEAR, f'--workdir={tmp_path / "work"}')
+                    *SHORT, standin=True)
   assert result.returncode == 0, result.output
   assert slow.queued_resources() == []
   # A capacity phase over its limit: named, and what it created deleted.
   late = _fleet(tmp_path / 'late', FAKE_QR_WAIT_S='60')
   cleanup(late)
-  result = late.run(*CREATE, '--capacity_timeout=2', '--', *LINEAR)
+  result = late.run(*CREATE, '--capacity_timeout=2', '--', *SHORT,
+                    standin=True)
   assert result.returncode == exit_codes.POD_UNAVAILABLE, result.output
   assert (f'queued resource {NAME}: the capacity phase took over 2 s '
           '(--capacity_timeout); still queued resource '
@@ -140,11 +146,9 @@ def test_each_phase_has_its_own_timeout(tmp_path, cleanup):
 
 
 def test_a_lost_slice_without_restarts_left_is_deleted(tmp_path, cleanup):
-  fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG='step 3/')
+  fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG='step 3\n')
   cleanup(fleet)
-  result = fleet.run(*CREATE, '--spot', '--', *PROBE, '--config.steps=100000',
-                     '--config.log_every=1', '--config.checkpointing=False',
-                     f'--workdir={tmp_path / "work"}')
+  result = fleet.run(*CREATE, '--spot', '--', *ENDLESS, standin=True)
   assert result.returncode == exit_codes.PREEMPTED, result.output
   assert 'the slice is lost under job test-job' in result.stderr
   assert 'the slice is not up: deleting queued resource' in result.stderr
@@ -154,7 +158,7 @@ def test_a_lost_slice_without_restarts_left_is_deleted(tmp_path, cleanup):
 def test_a_failed_queued_resource_is_named_and_deleted(tmp_path, cleanup):
   fleet = _fleet(tmp_path, FAKE_QR_FAIL='1')
   cleanup(fleet)
-  result = fleet.run(*CREATE, '--', *LINEAR)
+  result = fleet.run(*CREATE, '--', *SHORT, standin=True)
   assert result.returncode == exit_codes.POD_UNAVAILABLE, result.output
   assert (f'queued resource {NAME} is lost while waiting for it: queued '
           'resource FAILED (There is no more capacity in the zone)'
@@ -182,19 +186,18 @@ def _wait_for_text(proc, fleet, text: str, where: str, timeout=120) -> None:
      'gcloud', 'terminal'),
     ('provisioning', {'FAKE_QR_PROVISION_S': '120'},
      'queued-resources create', 'gcloud', 'terminal'),
-    ('job', {}, 'step 2/', 'worker_0', 'terminal'),
+    ('job', {}, 'step 2\n', 'worker_0', 'terminal'),
     ('capacity', {'FAKE_QR_WAIT_S': '120'}, 'queued-resources create',
      'gcloud', 'sigterm'),
     ('provisioning', {'FAKE_QR_PROVISION_S': '120'},
      'queued-resources create', 'gcloud', 'sigterm'),
-])
+], ids=['ctrl_c-capacity', 'ctrl_c-provisioning', 'ctrl_c-job',
+        'sigterm-capacity', 'sigterm-provisioning'])
 def test_ctrl_c_in_any_phase_deletes_what_the_launch_created(
     tmp_path, cleanup, phase, env, text, where, how):
   fleet = _fleet(tmp_path, **env)
   cleanup(fleet)
-  proc = fleet.start(*CREATE, '--', *PROBE, '--config.steps=100000',
-                     '--config.log_every=1', '--config.checkpointing=False',
-                     f'--workdir={tmp_path / "work"}')
+  proc = fleet.start(*CREATE, '--', *ENDLESS, standin=True)
   _wait_for_text(proc, fleet, text, where)
   if phase != 'job':  # Into the phase itself.
     wanted = 'WAITING_FOR_RESOURCES' if phase == 'capacity' else (

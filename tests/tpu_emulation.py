@@ -31,6 +31,11 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+# A light stand-in for the job (see its header): `python=STANDIN` and
+# `--standin.steps=N` after `--`.
+STANDIN = str(FAKE_BIN / 'standin_job')
+
+
 class FakePod:
   """The environment and paths of one emulated pod."""
 
