@@ -40,6 +40,8 @@ LOST = ('FAILED', 'SUSPENDING', 'SUSPENDED', 'DELETING')
 NODE_LOST = ('PREEMPTED', 'TERMINATED', 'STOPPED', 'STOPPING', 'DELETING')
 # `gcloud ... describe` of something that does not exist.
 NOT_FOUND = 'NOT_FOUND'
+# Reads in a row that may fail while waiting before the launch gives up.
+_READ_ATTEMPTS = 5
 
 
 class Interrupted(Exception):
@@ -232,10 +234,21 @@ class Fleet:
         slice is lost, naming the phase, the state and the time waited.
     """
     phase, since, last = '', time.monotonic(), ''
+    failed_reads = 0
     while True:
       if self.interrupted():
         raise Interrupted()
-      seen = observe(self.gcloud, self.request)
+      try:
+        seen = observe(self.gcloud, self.request)
+      except LaunchError as e:
+        # One failed read (network, quota) is not a failed create.
+        failed_reads += 1
+        if failed_reads >= _READ_ATTEMPTS:
+          raise
+        self.say(f'could not read queued resource {self.request.name}: {e}')
+        self._sleep(self.poll_s)
+        continue
+      failed_reads = 0
       now_phase = seen.phase()
       if seen.describe() != last:
         last = seen.describe()
