@@ -186,13 +186,15 @@ def _wait_for_text(proc, fleet, text: str, where: str, timeout=120) -> None:
      'gcloud', 'terminal'),
     ('provisioning', {'FAKE_QR_PROVISION_S': '120'},
      'queued-resources create', 'gcloud', 'terminal'),
+    ('ready', {'FAKE_NODE_UNHEALTHY_S': '120'}, 'queued-resources create',
+     'gcloud', 'terminal'),
     ('job', {}, 'step 2\n', 'worker_0', 'terminal'),
     ('capacity', {'FAKE_QR_WAIT_S': '120'}, 'queued-resources create',
      'gcloud', 'sigterm'),
     ('provisioning', {'FAKE_QR_PROVISION_S': '120'},
      'queued-resources create', 'gcloud', 'sigterm'),
-], ids=['ctrl_c-capacity', 'ctrl_c-provisioning', 'ctrl_c-job',
-        'sigterm-capacity', 'sigterm-provisioning'])
+], ids=['ctrl_c-capacity', 'ctrl_c-provisioning', 'ctrl_c-ready',
+        'ctrl_c-job', 'sigterm-capacity', 'sigterm-provisioning'])
 def test_ctrl_c_in_any_phase_deletes_what_the_launch_created(
     tmp_path, cleanup, phase, env, text, where, how):
   fleet = _fleet(tmp_path, **env)
@@ -200,11 +202,12 @@ def test_ctrl_c_in_any_phase_deletes_what_the_launch_created(
   proc = fleet.start(*CREATE, '--', *ENDLESS, standin=True)
   _wait_for_text(proc, fleet, text, where)
   if phase != 'job':  # Into the phase itself.
-    wanted = 'WAITING_FOR_RESOURCES' if phase == 'capacity' else (
-        'PROVISIONING')
+    wanted = {'capacity': 'WAITING_FOR_RESOURCES',
+              'provisioning': 'PROVISIONING', 'ready': 'ACTIVE'}[phase]
     assert helpers.wait_for(
         lambda: [q['state']['state'] for q in fleet.queued_resources()] ==
         [wanted], 60)
+    # ('ready': ACTIVE, its node READY but not yet HEALTHY for 120 s.)
   started = time.monotonic()
   if how == 'terminal':  # Ctrl-C: SIGINT to gcloud and ssh as well.
     os.killpg(proc.pid, signal.SIGINT)

@@ -11,7 +11,8 @@ A queued resource's state is a function of the clock and its timeline, as
 the service reports it: ACCEPTED, then WAITING_FOR_RESOURCES for
 FAKE_QR_WAIT_S (default 1; 'inf' never gets capacity), PROVISIONING for
 FAKE_QR_PROVISION_S (default 1), then ACTIVE with its nodes READY and
-HEALTHY. A delete turns it DELETING for FAKE_QR_DELETE_S (default 1), then
+HEALTHY (FAKE_NODE_UNHEALTHY_S, default 0, after ACTIVE the nodes report
+health TIMEOUT first). A delete turns it DELETING for FAKE_QR_DELETE_S (default 1), then
 it is gone. FAKE_QR_FAIL=K makes the K-th creation end FAILED instead of
 ACTIVE.
 
@@ -165,6 +166,8 @@ def node_state(qr: dict, now: float):
     return 'DELETING', None
   if state in ('SUSPENDING', 'SUSPENDED'):
     return 'PREEMPTED', None
+  if now < qr['active'] + _env_s('FAKE_NODE_UNHEALTHY_S', 0):
+    return 'READY', 'TIMEOUT'  # Up, but its health check not yet passed.
   return 'READY', 'HEALTHY'
 
 
