@@ -38,8 +38,13 @@ def test_64_workers_start_report_and_stop_on_the_first_failure(tmp_path):
   proc = pod.start('--', '--standin.fail_process=37',
                    f'--standin.fail_when={fail_file}', python=standin)
   try:
-    assert helpers.wait_for(lambda: _all_logs_show(pod, 'step 1\n'), 200), (
-        'not every worker started')
+    helpers.wait_for(lambda: _all_logs_show(pod, 'step 1\n') or
+                     proc.poll() is not None, 200)
+    if proc.poll() is not None:
+      raise AssertionError('the launch ended before every worker started:\n'
+                           + helpers.finish(proc, 10, launched).output[-5000:])
+    assert _all_logs_show(pod, 'step 1\n'), 'not every worker started'
+
     all_started = time.monotonic() - launched
     asked = time.monotonic()
     status = pod.run('--status', job_id='', timeout=200)
