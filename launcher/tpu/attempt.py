@@ -1,10 +1,13 @@
 """One attempt of a job on every worker of a TPU pod: its output and its end.
 
-Reads the lines of `gcloud ... ssh --worker=all` running worker.py: each
-`[worker W #N] text` goes once (N counts the job's lines, which a worker
-sends again after a reconnection) to LOG_DIR/worker_W.log and to the
-console; `[worker W] podrun: exit CODE` ends that worker. The first failing
-worker, Ctrl-C or SIGTERM stops the job on every worker.
+Reads the lines of one `gcloud ... ssh --worker=all` per slice running
+worker.py: each `[worker W #N] text` goes once (N counts the job's lines,
+which a worker sends again after a reconnection) to LOG_DIR/worker_W.log,
+and to the console when W is 0 or the line is a warning or an error;
+`[worker W] podrun: exit CODE` ends that worker. The first failing worker,
+Ctrl-C (also a terminal's, which kills gcloud and ssh with it) or SIGTERM
+stops the job on every worker. A slice this launch created that is lost
+meanwhile (babysit.Watch) ends the attempt at once with PREEMPTED.
 """
 
 import contextlib

@@ -7,9 +7,16 @@ the job's own interpreter may not exist yet. The driver copies it to
 
   python3 ~/podrun/tpu_worker.py run JOB_ID --python=PY [--env=K=V ...]
       [--expected_processes=N] [--replace] [--stop_grace=60]
-      [--orphan_timeout=30] -- <launcher flags>
+      [--orphan_timeout=30] [--slice_id=S --num_slices=N]
+      [--accelerator_devices=GLOBS] [--kill_accelerator_holders]
+      -- <launcher flags>
   python3 ~/podrun/tpu_worker.py stop (JOB_ID | --all) [--grace=60]
   python3 ~/podrun/tpu_worker.py status
+
+Before a job starts, `run` checks that nothing holds the accelerator
+(worker_accelerator.py, copied beside this file). In a job of several
+slices, a worker's process id runs across them (slice_id x workers per
+slice + its index in its slice), and that id labels its lines.
 
 `run` is idempotent: gcloud runs a command again on a worker whose ssh
 exited 255 (a dropped connection), so a `run` for a job that already runs
