@@ -99,7 +99,7 @@ def _add_topology(config: config_dict.ConfigDict) -> None:
   # 'cpu', 'gpu' or 'tpu'.
   config.topology.platform = config_dict.placeholder(str)
   # A Cloud TPU slice such as 'v4-32': implies the platform, the processes
-  # and the devices per process (launcher/tpu/accelerators.py), and
+  # and the devices per process (runtime/common/accelerators.py), and
   # scripts/launch_tpu_pod.sh checks the pod against it before launching.
   config.topology.accelerator_type = config_dict.placeholder(str)
   # Slices of that type in a multislice job (scripts/launch_tpu_pod.sh

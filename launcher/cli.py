@@ -20,14 +20,13 @@ from absl import flags
 from ml_collections import ConfigDict
 from ml_collections import config_flags
 
-from launcher import cluster
-from launcher import exit_codes
-from launcher import restart
-from launcher import workload
 from launcher.local import pod as local_pod
-from launcher.rank import distributed
-from runtime import goodput
-from runtime import metrics
+from launcher import restart
+from runtime.common import cluster
+from runtime.common import exit_codes
+from runtime.common import files
+from runtime.common import goodput
+from runtime.common import workload
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file, PATH[:ARG]; --config.KEY=VALUE overrides.',
@@ -221,11 +220,14 @@ def pod_passthrough_args(argv: list[str]) -> list[str]:
   return out
 
 
-def distributed_options() -> distributed.Options:
+def distributed_options() -> 'distributed.Options':
   """The distributed flags; a flag not given falls back to PODRUN_* variables.
 
-  See `cluster.explicit_options` for the variables.
+  See `cluster.explicit_options` for the variables. Only a launcher that is
+  itself a process of the job asks for them, so launcher.rank is imported
+  here and not by the supervising side.
   """
+  from launcher.rank import distributed  # pylint: disable=g-import-not-at-top
   try:
     from_env = cluster.explicit_options()
   except cluster.ClusterEnvError as e:
@@ -291,7 +293,7 @@ def _report_goodput(workdir: str) -> None:
     with open(path) as f:
       summary = json.load(f)
     summary['goodput'] = goodput.summary(result)
-    metrics.write_json(path, summary)
+    files.write_json(path, summary)
   print(f'[launcher] goodput {result["goodput"]:.3f}: '
         f'{result["parts"]["productive"]:.1f} s of productive steps in '
         f'{result["wall_s"]:.1f} s over {len(result["attempts"])} '

@@ -18,9 +18,9 @@ import sys
 import time
 from typing import Callable, Iterable, Optional, Protocol
 
-from launcher import exit_codes
 from launcher import signals
-from runtime import goodput
+from runtime.common import exit_codes
+from runtime.common import goodput
 
 MAX_BACKOFF_S = 60.0
 
@@ -54,7 +54,7 @@ class Attempt(Protocol):
       it every failed attempt counts toward the back-off).
     fault: after a failure, {'at': when the failed process exited,
       'detected': when the attempt was declared failed, ...} (wall times),
-      for the time to recover (optional; runtime/goodput.py).
+      for the time to recover (optional; runtime/common/goodput.py).
     infrastructure: {'seconds': ..., ...} when the attempt first had to
       bring its machines back (a TPU slice recreated after a preemption),
       which goodput counts as infrastructure recovery (optional).

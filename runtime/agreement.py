@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Optional
 from absl import logging
 from ml_collections import ConfigDict
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 from runtime import coordination
 
 # Config fields that may differ between processes: local paths.

@@ -16,7 +16,7 @@ import jax
 from ml_collections import ConfigDict
 import numpy as np
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 
 # The config sections that decide what a run computes. A resumed run must
 # agree with its checkpoint on these (but for config.restore_may_change);

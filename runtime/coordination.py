@@ -16,7 +16,7 @@ import dataclasses
 import time
 from typing import Optional, Sequence
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 
 # The distributed client's methods `Job` calls: the same in JAX 0.10 to 0.12
 # (tests/test_jax_versions.py checks the installed JAX has them).

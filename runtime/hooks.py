@@ -22,10 +22,10 @@ from absl import logging
 import jax
 
 from runtime import checkpoint
+from runtime.common import progress
 from runtime import coordination
 from runtime import metrics as metrics_lib
 from runtime import preemption
-from runtime import progress
 
 # How long a process that fails waits for the checkpoint it is writing.
 _FINISH_ON_ERROR_S = 30.0

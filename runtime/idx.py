@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 
 _TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype('>i2'),
           0x0C: np.dtype('>i4'), 0x0D: np.dtype('>f4'), 0x0E: np.dtype('>f8')}

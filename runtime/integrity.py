@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 from runtime import coordination
 from runtime import hooks as hooks_lib
 from runtime import parallelism as parallelism_lib

@@ -45,10 +45,10 @@ import jax
 from ml_collections import ConfigDict
 import numpy as np
 
+from runtime.common import env_vars
 from runtime import coordination
 
 JOB_ID_FILE = '.podrun_local_tier_id'
-ROOT_ENV = 'PODRUN_LOCAL_CHECKPOINT_DIR'
 _STEP_PREFIX = 'step_'
 _TMP_PREFIX = '.tmp_step_'
 _JOB_ID_KEY = 'podrun/local_tier_id'
@@ -61,8 +61,8 @@ def default_root() -> str:
   /dev/shm is RAM: a save costs a memory copy, and it survives the process
   (not the host). Without it, the system's temporary directory.
   """
-  if os.environ.get(ROOT_ENV):
-    return os.environ[ROOT_ENV]
+  if os.environ.get(env_vars.LOCAL_CHECKPOINT_DIR):
+    return os.environ[env_vars.LOCAL_CHECKPOINT_DIR]
   shm = '/dev/shm'
   if os.path.isdir(shm) and os.access(shm, os.W_OK):
     return os.path.join(shm, f'podrun-{os.getuid()}')

@@ -14,11 +14,11 @@ from absl import logging
 from ml_collections import ConfigDict
 import numpy as np
 
-from launcher import exit_codes
-from runtime import goodput
+from runtime.common import exit_codes
+from runtime.common import goodput
+from runtime.common import progress
 from runtime import metrics as metrics_lib
 from runtime import parallelism as parallelism_lib
-from runtime import progress
 from runtime import step as step_lib
 
 

@@ -16,28 +16,9 @@ from typing import Any, Optional
 from absl import logging
 import numpy as np
 
-from launcher import files
+from runtime.common import files
+from runtime.common.files import to_json, write_json  # Re-exported.
 from runtime import tensorboard
-
-
-def to_json(value: Any) -> Any:
-  """Turns numpy and JAX scalars and arrays into plain JSON values."""
-  if isinstance(value, dict):
-    return {str(k): to_json(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [to_json(v) for v in value]
-  if hasattr(value, 'shape') and hasattr(value, 'dtype'):
-    value = np.asarray(value)
-    return value.item() if value.ndim == 0 else value.tolist()
-  if isinstance(value, float) and not math.isfinite(value):
-    return repr(value)
-  return value
-
-
-def write_json(path: str, value: Any) -> None:
-  """Writes JSON through a temporary file, so readers never see half of it."""
-  files.write_atomic(
-      path, json.dumps(to_json(value), indent=2, sort_keys=True) + '\n')
 
 
 def format_duration(seconds: float) -> str:

@@ -19,7 +19,7 @@ import threading
 import jax
 from jax.experimental import multihost_utils
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 
 
 class Preempted(exit_codes.PodrunError):

@@ -15,7 +15,7 @@ from jax import lax
 import numpy as np
 import optax
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 from runtime import parallelism as parallelism_lib
 from runtime import structure
 

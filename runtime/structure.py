@@ -22,7 +22,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 
 
 class StructureError(exit_codes.PodrunError, TypeError):

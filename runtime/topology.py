@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 import jax
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 
 
 class TopologyMismatchError(exit_codes.PodrunError, RuntimeError):

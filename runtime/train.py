@@ -27,10 +27,10 @@ import optax
 from runtime import agreement
 from runtime import checkpoint
 from runtime import checkpoint_meta
+from runtime.common import goodput
 from runtime import coordination
 from runtime import data as data_lib
 from runtime import fingerprint as fingerprint_lib
-from runtime import goodput
 from runtime import hooks as hooks_lib
 from runtime import integrity
 from runtime import local_checkpoint

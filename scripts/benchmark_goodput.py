@@ -6,7 +6,7 @@ notice), every process saves the agreed step and exits 75, and the launcher
 starts the job again, which resumes from that checkpoint. Each round runs
 the job with JAX's persistent compilation cache (the default) and without
 it (--compilation_cache_dir=''), alternating which goes first, and reports
-from the goodput ledger (runtime/goodput.py): goodput, every category, and
+from the goodput ledger (runtime/common/goodput.py): goodput, every category, and
 the restart-to-first-step time (from a restarted attempt's launch to its
 first completed step).
 
@@ -28,7 +28,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from runtime import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.common import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 

@@ -8,7 +8,7 @@ emulated CPU devices, side by side in one run:
   has logged step --kill_at. Once with the local tier at its default
   cadence, once without it (local_checkpoint_every=0), and an undisturbed
   run. Reports the steps trained again, the time from the kill to the next
-  attempt's first productive step with its phases (runtime/goodput.py), and
+  attempt's first productive step with its phases (runtime/common/goodput.py), and
   whether the final parameters equal the undisturbed run's.
 - cluster: the same job as two processes started by hand, restarted by a
   loop here, as a scheduler would; the survivor learns of the loss after
@@ -50,7 +50,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from runtime import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.common import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 POD = ['--local_processes=2', '--local_devices=4']

@@ -6,7 +6,7 @@
 Reads the ledgers every process of every attempt wrote under
 WORKDIR/goodput/ (and the launcher's WORKDIR/logs/attempts.jsonl, or
 --attempts: the TPU pod driver keeps it in its LOG_DIR), rolls
-them up (runtime/goodput.py), rewrites WORKDIR/goodput.jsonl, prints one row
+them up (runtime/common/goodput.py), rewrites WORKDIR/goodput.jsonl, prints one row
 per attempt and one per process of each attempt (seconds per category), and
 draws a stacked bar per attempt with every kind of lost time named; after
 a failure, the next attempt's time to recover in phases (detection,
@@ -20,8 +20,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from runtime import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
-from runtime import time_to_recover  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.common import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.common import time_to_recover  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 PARTS = goodput.PROCESS_PARTS + goodput.JOB_PARTS
 _SHORT = {'distributed_init': 'dist_init', 'checkpoint_restore': 'restore',

@@ -6,8 +6,8 @@ import shutil
 from ml_collections import config_dict
 import pytest
 
-from launcher import exit_codes
 from runtime import agreement
+from runtime.common import exit_codes
 from tests import cluster
 from tests import helpers
 

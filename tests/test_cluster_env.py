@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from launcher import cluster
-from launcher import exit_codes
+from runtime.common import cluster
+from runtime.common import exit_codes
 from tests import helpers
 
 pytestmark = pytest.mark.unit

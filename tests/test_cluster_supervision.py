@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 from tests import cluster
 from tests import helpers
 

@@ -1,7 +1,7 @@
 import pytest
 
-from launcher import cluster
 from launcher.rank import distributed
+from runtime.common import cluster
 
 pytestmark = pytest.mark.unit
 
@@ -41,13 +41,13 @@ def test_split_address_handles_ipv6():
 
 def test_proxy_warning_and_exemption():
   env = {'https_proxy': 'http://proxy:3128', 'no_proxy': 'example.com'}
-  warnings = distributed.proxy_warnings('10.0.0.2', env)
+  warnings = cluster.proxy_warnings('10.0.0.2', env)
   assert len(warnings) == 1 and 'https_proxy' in warnings[0]
-  distributed.exempt_from_proxy(['10.0.0.2'], env)
+  cluster.exempt_from_proxy(['10.0.0.2'], env)
   assert env['no_proxy'] == 'example.com,10.0.0.2'
   assert env['NO_PROXY'] == '10.0.0.2'
-  assert distributed.proxy_warnings('10.0.0.2', env) == []
-  assert distributed.proxy_warnings('10.0.0.2', {}) == []
+  assert cluster.proxy_warnings('10.0.0.2', env) == []
+  assert cluster.proxy_warnings('10.0.0.2', {}) == []
 
 
 @pytest.mark.parametrize('env, name', [

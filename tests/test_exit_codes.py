@@ -8,10 +8,10 @@ import signal
 import pytest
 
 import launcher
-from launcher import exit_codes
 from launcher import restart
 from launcher.tpu import worker
 import runtime
+from runtime.common import exit_codes
 from tests import helpers
 
 pytestmark = pytest.mark.unit

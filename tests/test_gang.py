@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 from tests import helpers
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]

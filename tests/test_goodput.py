@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from runtime import goodput
-from runtime import time_to_recover
+from runtime.common import goodput
+from runtime.common import time_to_recover
 from tests import helpers
 
 pytestmark = pytest.mark.unit
@@ -149,7 +149,7 @@ def test_goodput_script_prints_and_draws(tmp_path):
 def test_the_high_water_mark_survives_sigkill(tmp_path):
   path = tmp_path / 'goodput' / 'a1' / 'rank_1.step'
   helpers.run_then_sigkill(
-      'import os\nfrom runtime import goodput\n'
+      'import os\nfrom runtime.common import goodput\n'
       f'mark = goodput.HighWater({str(path)!r})\n'
       'for step in range(1, 74):\n'
       '  mark.write(step)')

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 from runtime import integrity
 from runtime import parallelism
 from tests import helpers

@@ -59,7 +59,7 @@ def test_the_compilation_cache_is_written_and_read_back(tmp_path):
   script = textwrap.dedent(f'''
       import jax, jax.numpy as jnp, numpy as np
       from launcher.rank import compilation
-      from runtime import goodput
+      from runtime.common import goodput
       ledger = goodput.Ledger()
       goodput.use(ledger)
       compilation.use_cache({str(tmp_path)!r}, '/nonexistent')

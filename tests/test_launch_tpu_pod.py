@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from launcher import exit_codes
 from launcher.tpu import commands
+from runtime.common import exit_codes
 from tests import helpers
 from tests import tpu_emulation
 

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 from tests import helpers
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]

@@ -3,10 +3,10 @@ the wait's per-phase clock, and the flags that go with --create."""
 
 import pytest
 
-from launcher import exit_codes
 from launcher.tpu import commands
 from launcher.tpu import flags
 from launcher.tpu import queued
+from runtime.common import exit_codes
 
 pytestmark = pytest.mark.unit
 

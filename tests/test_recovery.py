@@ -18,9 +18,10 @@ import sys
 import numpy as np
 import pytest
 
-from runtime import goodput
+from runtime.common import env_vars
+from runtime.common import goodput
+from runtime.common import time_to_recover
 from runtime import local_checkpoint
-from runtime import time_to_recover
 from tests import helpers
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
@@ -64,7 +65,7 @@ def straight(tmp_path_factory):
 def _local_job_dir(workdir) -> pathlib.Path:
   job = (pathlib.Path(workdir) / 'checkpoints' /
          local_checkpoint.JOB_ID_FILE).read_text().strip()
-  return pathlib.Path(os.environ[local_checkpoint.ROOT_ENV]) / job
+  return pathlib.Path(os.environ[env_vars.LOCAL_CHECKPOINT_DIR]) / job
 
 
 def _ledgers(workdir):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from launcher import exit_codes
 from launcher import restart
+from runtime.common import exit_codes
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 from tests import cluster
 from tests import helpers
 from tests import schedulers

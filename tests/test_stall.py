@@ -3,7 +3,7 @@
 import pytest
 
 from launcher.rank import stall
-from runtime import progress
+from runtime.common import progress
 
 pytestmark = pytest.mark.unit
 

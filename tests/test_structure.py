@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 from runtime import parallelism
 from runtime import step as step_lib
 from runtime import structure

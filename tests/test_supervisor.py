@@ -4,10 +4,10 @@ import threading
 
 import pytest
 
-from launcher import exit_codes
 from launcher.rank import peers
 from launcher.rank import supervisor
-from runtime import progress
+from runtime.common import exit_codes
+from runtime.common import progress
 
 pytestmark = pytest.mark.unit
 

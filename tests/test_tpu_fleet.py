@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 from tests import helpers
 from tests import tpu_emulation
 

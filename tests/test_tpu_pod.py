@@ -8,11 +8,11 @@ import tarfile
 
 import pytest
 
-from launcher import exit_codes
-from launcher.tpu import accelerators
 from launcher.tpu import bundle
 from launcher.tpu import commands
 from launcher.tpu import preflight
+from runtime.common import accelerators
+from runtime.common import exit_codes
 from tests import helpers
 
 pytestmark = pytest.mark.unit

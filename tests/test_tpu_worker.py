@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from launcher import rank_output
 from launcher.tpu import worker
 from launcher.tpu import worker_accelerator
+from runtime.common import output_prefix
 
 pytestmark = pytest.mark.unit
 
@@ -80,4 +80,4 @@ def test_holders_and_a_stale_lockfile_are_named(tmp_path, monkeypatch,
     ('standin: process 3 step 4', False),
 ])
 def test_which_lines_of_other_workers_reach_the_console(line, shown):
-  assert rank_output.alarming(line) == shown
+  assert output_prefix.alarming(line) == shown

@@ -19,9 +19,9 @@ import threading
 import time
 from typing import Callable, Optional
 
-from launcher import exit_codes
 from launcher.local import output
 from launcher.local import ranks as ranks_lib
+from runtime.common import exit_codes
 
 _CAUSE_GRACE_S = 5.0
 # The ranks' own watchdog (launcher/rank/supervisor.py) fires at the

@@ -2,7 +2,7 @@
 
 Each rank's stdout and stderr go whole to WORKDIR/logs/rank_<i>.log and, with
 a `[rank i/N]` prefix, to the console: rank 0 in full, other ranks' warnings
-and errors (launcher/rank_output.py decides). Each rank reports its
+and errors (launcher/output_prefix.py decides). Each rank reports its
 completed steps as `RANK STEP` lines on one shared pipe.
 
 Example:
@@ -17,8 +17,8 @@ import threading
 import time
 from typing import Optional
 
-from launcher import rank_output
 from launcher.local import ranks as ranks_lib
+from runtime.common import output_prefix
 
 
 class Console:
@@ -40,13 +40,13 @@ class Console:
 
     Returns at the pipe's end of file, when the rank has exited.
     """
-    line_prefix = rank_output.prefix(rank.index, self.num_processes)
+    line_prefix = output_prefix.prefix(rank.index, self.num_processes)
     for raw in iter(pipe.readline, b''):
       with rank.log_lock:
         rank.log_file.write(raw)
         rank.log_file.flush()
       line = raw.decode('utf-8', 'replace')
-      if rank_output.shown_on_console(rank.index, stream_name, line,
+      if output_prefix.shown_on_console(rank.index, stream_name, line,
                                       self.log_all_ranks):
         with self._lock:
           console.write(line_prefix + line +

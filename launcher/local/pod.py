@@ -34,17 +34,17 @@ import time
 import uuid
 from typing import Optional
 
-from launcher import exit_codes
-from launcher import rank_output
-from launcher import signals
 from launcher.local import monitor as monitor_lib
 from launcher.local import output
 from launcher.local import ranks as ranks_lib
 from launcher.local import report
-from runtime import goodput
-from runtime import progress
+from launcher import signals
+from runtime.common import env_vars
+from runtime.common import exit_codes
+from runtime.common import goodput
+from runtime.common import output_prefix
+from runtime.common import progress
 
-JOB_ID_ENV = 'PODRUN_JOB_ID'
 
 
 def free_loopback_port() -> int:
@@ -104,7 +104,7 @@ class Pod:
     # Restarts of a job share its id, so that its processes are found by it.
     self.job_id = job_id or uuid.uuid4().hex
     self.attempt = attempt
-    # The goodput ledgers of this attempt (runtime/goodput.py).
+    # The goodput ledgers of this attempt (runtime/common/goodput.py).
     self.attempt_name = f'{self.job_id[:12]}-a{attempt}'
     self.launcher_signalled = False
     # {'at': the failed rank's exit, 'detected': when the pod was declared
@@ -114,8 +114,8 @@ class Pod:
     self._ranks = ranks_lib.plan(
         num_processes, local_devices, workdir, rank_args,
         self.coordinator_address,
-        {'PYTHONUNBUFFERED': '1', rank_output.SUPERVISED_ENV: '1',
-         JOB_ID_ENV: self.job_id, goodput.ATTEMPT_ENV: self.attempt_name})
+        {'PYTHONUNBUFFERED': '1', env_vars.SUPERVISED: '1',
+         env_vars.JOB_ID: self.job_id, env_vars.ATTEMPT: self.attempt_name})
     self._console = output.Console(num_processes, log_all_ranks)
     self._changed = threading.Event()
     self._signals: list[int] = []
@@ -127,7 +127,7 @@ class Pod:
           '(loopback only), workdir ' + self.workdir)
     print('each rank inherits the launcher\'s environment, plus:')
     for rank in self._ranks:
-      env = {**rank.env, progress.PROGRESS_FD_ENV: '<progress pipe fd>'}
+      env = {**rank.env, env_vars.PROGRESS_FD: '<progress pipe fd>'}
       print(f'rank {rank.index}/{self.num_processes}: cd '
             f'{shlex.quote(os.getcwd())} && env ' +
             shlex.join([f'{k}={v}' for k, v in sorted(env.items())] +

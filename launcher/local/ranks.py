@@ -22,9 +22,10 @@ import threading
 import time
 from typing import Callable, Optional
 
-from launcher import exit_codes
-from launcher.rank import distributed
-from runtime import progress
+from runtime.common import cluster
+from runtime.common import env_vars
+from runtime.common import exit_codes
+from runtime.common import progress
 
 LOOPBACK_HOSTS = ('127.0.0.1', 'localhost', '::1')
 _STACK_DUMP_WAIT_S = 2.0
@@ -52,10 +53,10 @@ def plan(num_processes: int, local_devices: int, workdir: str,
          env: dict[str, str]) -> list[Rank]:
   """Every rank's command line and the variables it gets beyond ours."""
   extra = dict(env)
-  if distributed.proxy_warnings('127.0.0.1', os.environ):
+  if cluster.proxy_warnings('127.0.0.1', os.environ):
     exempt = {k: os.environ[k] for k in ('no_proxy', 'NO_PROXY')
               if k in os.environ}
-    distributed.exempt_from_proxy(list(LOOPBACK_HOSTS), exempt)
+    cluster.exempt_from_proxy(list(LOOPBACK_HOSTS), exempt)
     extra.update(exempt)
   logs_dir = os.path.join(workdir, 'logs')
   return [Rank(index, [
@@ -90,7 +91,7 @@ def start(ranks: list[Rank], attempt: int, progress_fd: int) -> None:
     rank.popen = subprocess.Popen(
         rank.command,
         env={**os.environ, **rank.env,
-             progress.PROGRESS_FD_ENV: str(progress_fd)},
+             env_vars.PROGRESS_FD: str(progress_fd)},
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, start_new_session=True,
         pass_fds=(progress_fd,), preexec_fn=_die_with_parent)

@@ -10,10 +10,10 @@ import signal
 import time
 from typing import Optional
 
-from launcher import exit_codes
 from launcher.local import monitor
 from launcher.local import output
 from launcher.local import ranks as ranks_lib
+from runtime.common import exit_codes
 
 GangState = monitor.GangState
 _TAIL_LINES = 20

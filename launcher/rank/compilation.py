@@ -14,8 +14,8 @@ from typing import Optional
 
 import jax
 
-from runtime import goodput
-from runtime import progress
+from runtime.common import goodput
+from runtime.common import progress
 
 # Seconds spent compiling: tracing, lowering, the backend (one event each).
 # The same names in JAX 0.10 to 0.12 (tests/test_jax_versions.py).

@@ -15,9 +15,9 @@ from typing import Mapping, MutableMapping, Optional
 
 from absl import logging
 
-from launcher import cluster
-from launcher import exit_codes
 from launcher.rank import roll_call
+from runtime.common import cluster
+from runtime.common import exit_codes
 
 EXPLICIT = 'explicit'  # All of coordinator, count and id given.
 DETECT = 'detect'      # None given, on a cluster JAX configures itself.
@@ -27,9 +27,6 @@ SINGLE = 'single'      # None given, no cluster: one process, no coordinator.
 # that the supervisor, which names the lost process and exits with
 # exit_codes.PEER_FAILED, acts first.
 JAX_HEARTBEAT_MARGIN_S = 30
-
-_PROXY_VARS = ('http_proxy', 'https_proxy', 'grpc_proxy', 'all_proxy',
-               'HTTP_PROXY', 'HTTPS_PROXY', 'GRPC_PROXY', 'ALL_PROXY')
 
 
 class DistributedInitError(exit_codes.PodrunError, RuntimeError):
@@ -105,35 +102,6 @@ def plan(options: Options, env: Optional[Mapping[str, str]] = None) -> str:
         f'--process_id={options.process_id} is outside [0, '
         f'{options.num_processes}) for --num_processes={options.num_processes}')
   return EXPLICIT
-
-
-def proxy_warnings(coordinator_host: Optional[str],
-                   env: Mapping[str, str]) -> list[str]:
-  """Says which proxy variables could route the coordinator's gRPC traffic.
-
-  gRPC honours http(s)_proxy, grpc_proxy and no_proxy; a proxy that cannot
-  reach the coordinator makes initialisation hang until its timeout.
-  """
-  set_vars = [k for k in _PROXY_VARS if env.get(k)]
-  if not set_vars:
-    return []
-  exempt = [h.strip() for h in
-            (env.get('no_proxy', '') + ',' + env.get('NO_PROXY', '')).split(',')
-            if h.strip()]
-  if coordinator_host and (coordinator_host in exempt or '*' in exempt):
-    return []
-  target = coordinator_host or 'the coordinator'
-  return [f'proxy variables {", ".join(set_vars)} are set and {target} is not '
-          'in no_proxy: jax.distributed.initialize may hang until its '
-          'timeout. The launcher adds the coordinator host to no_proxy for '
-          'this process; unset them if initialisation still hangs.']
-
-
-def exempt_from_proxy(hosts: list[str], env: MutableMapping[str, str]) -> None:
-  """Adds hosts to no_proxy and NO_PROXY in `env`, keeping what is there."""
-  for key in ('no_proxy', 'NO_PROXY'):
-    current = [h for h in env.get(key, '').split(',') if h]
-    env[key] = ','.join(current + [h for h in hosts if h not in current])
 
 
 def _check_port_free(bind_address: str) -> None:
@@ -239,7 +207,7 @@ def prepare_environment(coordinator_address: Optional[str],
                         env: MutableMapping[str, str] = os.environ) -> None:
   """Warns about proxies and exempts the coordinator host from them."""
   host = split_address(coordinator_address)[0] if coordinator_address else None
-  for warning in proxy_warnings(host, env):
+  for warning in cluster.proxy_warnings(host, env):
     logging.warning('%s', warning)
-  if host and any(env.get(k) for k in _PROXY_VARS):
-    exempt_from_proxy([host], env)
+  if host and cluster.proxy_set(env):
+    cluster.exempt_from_proxy([host], env)

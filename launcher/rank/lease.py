@@ -34,8 +34,8 @@ from typing import Callable, Optional
 from absl import logging
 from etils import epath
 
-from launcher import exit_codes
-from launcher import files
+from runtime.common import exit_codes
+from runtime.common import files
 
 LEASE_FILE = '.podrun_lease.json'
 _SETTLE_S = 1.0

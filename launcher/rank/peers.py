@@ -18,8 +18,8 @@ from typing import Any, Optional
 from absl import logging
 import numpy as np
 
+from runtime.common import progress
 from runtime import coordination
-from runtime import progress
 
 BEAT_DIR = 'podrun/beat'
 _STRAGGLER_RATIO = 1.5
@@ -41,7 +41,7 @@ class Cause:
     code: its exit code, for 'failed'.
     summary: one line: the exception, or what was seen.
     since: wall time of that process's last sign of life (its failure, its
-      last heartbeat or step), for the time to recover (runtime/goodput.py).
+      last heartbeat or step), for the time to recover (runtime/common/goodput.py).
   """
   kind: str
   rank: int

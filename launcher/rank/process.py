@@ -21,8 +21,6 @@ from typing import Any, NoReturn, Optional
 from absl import logging
 from ml_collections import ConfigDict
 
-from launcher import cluster
-from launcher import exit_codes
 from launcher.rank import compilation
 from launcher.rank import devices
 from launcher.rank import distributed
@@ -31,13 +29,16 @@ from launcher.rank import lease as lease_lib
 from launcher.rank import peers as peers_lib
 from launcher.rank import roll_call
 from launcher.rank import supervisor as supervisor_lib
-from launcher import rank_output
-from launcher.tpu import accelerators
-from launcher import workload
 from runtime import agreement
 from runtime import checkpoint
+from runtime.common import accelerators
+from runtime.common import cluster
+from runtime.common import env_vars
+from runtime.common import exit_codes
+from runtime.common import goodput
+from runtime.common import output_prefix
+from runtime.common import workload
 from runtime import coordination
-from runtime import goodput
 from runtime import metrics
 from runtime import topology
 
@@ -45,7 +46,6 @@ from runtime import topology
 # process exits anyway (launcher/rank/interrupt.py).
 _INTERRUPT_GRACE_S = 0.5
 # Set by the TPU pod driver on every worker: how many processes must join.
-EXPECTED_PROCESSES_ENV = 'PODRUN_EXPECTED_PROCESSES'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,13 +137,13 @@ def _implied_by_pod_launch() -> list[topology.Expectation]:
   A worker whose JAX does not find the pod (no libtpu, say) would otherwise
   run a job of its own, "process 0 of 1", beside the others.
   """
-  count = os.environ.get(EXPECTED_PROCESSES_ENV)
+  count = os.environ.get(env_vars.EXPECTED_PROCESSES)
   if not count:
     return []
   slices = topology.num_slices_from_env()
   what = (f'{slices} slices x {int(count) // slices} workers' if slices > 1
           else f'{count} workers')
-  source = (f'the TPU pod\'s {what} ({EXPECTED_PROCESSES_ENV}, from '
+  source = (f'the TPU pod\'s {what} ({env_vars.EXPECTED_PROCESSES}, from '
             'scripts/launch_tpu_pod.sh)')
   expected = [topology.Expectation('num_processes', int(count), source)]
   if slices > 1:
@@ -176,7 +176,7 @@ def _join(config: ConfigDict, workdir: str, options: Options, supervised: bool
                     multi_process=mode != distributed.SINGLE)
   if place.process_id is not None and place.num_processes is not None:
     # The rank is known: prefix from here on.
-    rank_output.setup(place.process_id, place.num_processes, supervised,
+    output_prefix.setup(place.process_id, place.num_processes, supervised,
                       options.log_all_ranks)
   distributed.prepare_environment(options.distributed.coordinator_address)
   roll = None
@@ -190,15 +190,15 @@ def _join(config: ConfigDict, workdir: str, options: Options, supervised: bool
     distributed.initialize(mode, options.distributed, roll)
   if mode == distributed.DETECT and place.num_processes is None:
     import jax  # pylint: disable=g-import-not-at-top
-    rank_output.setup(jax.process_index(), jax.process_count(), supervised,
+    output_prefix.setup(jax.process_index(), jax.process_count(), supervised,
                       options.log_all_ranks)
   return mode, expected
 
 
 def _job_id() -> str:
   """This job's identity for its lease; restarts of one job share it."""
-  if os.environ.get('PODRUN_JOB_ID'):
-    return os.environ['PODRUN_JOB_ID']
+  if os.environ.get(env_vars.JOB_ID):
+    return os.environ[env_vars.JOB_ID]
   if os.environ.get('SLURM_JOB_ID'):
     return f'slurm-{os.environ["SLURM_JOB_ID"]}'
   return uuid.uuid4().hex
@@ -272,8 +272,8 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
 def _attempt_name(job: Optional[coordination.Job]) -> str:
   """One name for this attempt on every process: the launcher's, else made
   by process 0 and shared through the coordination service."""
-  if os.environ.get(goodput.ATTEMPT_ENV):
-    return os.environ[goodput.ATTEMPT_ENV]
+  if os.environ.get(env_vars.ATTEMPT):
+    return os.environ[env_vars.ATTEMPT]
   made = time.strftime('%Y%m%d-%H%M%S-', time.gmtime()) + uuid.uuid4().hex[:8]
   if job is None:
     return made
@@ -326,7 +326,7 @@ def run(config: ConfigDict, workdir: str, options: Options) -> int:
   Returns:
     An exit code from `exit_codes`, or a workload's own.
   """
-  supervised = os.environ.get(rank_output.SUPERVISED_ENV) == '1'
+  supervised = os.environ.get(env_vars.SUPERVISED) == '1'
   faulthandler.enable()
   # The local pod's hang watchdog asks for every thread's stack this way.
   faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -20,7 +20,7 @@ from typing import NoReturn, Optional
 
 from absl import logging
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 
 JOIN_DIR = os.path.join('.podrun', 'join')
 

@@ -34,8 +34,8 @@ from typing import Optional
 
 import numpy as np
 
-from launcher import files
-from runtime import progress
+from runtime.common import files
+from runtime.common import progress
 
 K = 10.0
 MARGIN = 3.0

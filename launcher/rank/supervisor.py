@@ -36,12 +36,12 @@ from typing import Callable, NoReturn, Optional
 
 from absl import logging
 
-from launcher import exit_codes
 from launcher.rank import peers as peers_lib
 from launcher.rank import stall
+from runtime.common import exit_codes
+from runtime.common import goodput
+from runtime.common import progress
 from runtime import coordination
-from runtime import goodput
-from runtime import progress
 
 END_KEY = 'podrun/end'
 ACK_DIR = 'podrun/ack'

@@ -18,10 +18,10 @@ import argparse
 import json
 import sys
 
-from launcher import exit_codes
 from launcher.tpu import bundle
 from launcher.tpu import driver
 from launcher.tpu import preflight
+from runtime.common import exit_codes
 
 
 def split_launcher_args(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -19,11 +19,11 @@ import threading
 import time
 from typing import Optional
 
-from launcher import exit_codes
-from launcher import rank_output
 from launcher import signals
 from launcher.tpu import babysit
 from launcher.tpu import commands
+from runtime.common import exit_codes
+from runtime.common import output_prefix
 
 # How long the output of ssh sessions to a lost slice is still read.
 _LOST_PUMP_S = 5.0
@@ -192,7 +192,7 @@ class Attempt:
     launch.write(log, text)
     exit_match = _EXIT.match(text)
     if (worker == '0' or launch.options.log_all_workers or
-        rank_output.alarming(text) or (exit_match and exit_match.group(1)
+        output_prefix.alarming(text) or (exit_match and exit_match.group(1)
                                        != '0')):
       print(f'[worker {worker}] {text}', file=console, flush=True)
     if exit_match:

@@ -17,7 +17,7 @@ import shlex
 import subprocess
 from typing import Optional
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 
 WORKER_SCRIPT = '$HOME/podrun/tpu_worker.py'
 

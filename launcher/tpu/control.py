@@ -10,9 +10,9 @@ import shlex
 import subprocess
 import sys
 
-from launcher import exit_codes
 from launcher.tpu import commands
 from launcher.tpu import queued
+from runtime.common import exit_codes
 
 
 def _planned_fleet(launch) -> list[str]:

@@ -42,19 +42,19 @@ import threading
 import time
 from typing import Optional
 
-from launcher import exit_codes
 from launcher import restart
 from launcher import signals
-from launcher.tpu import accelerators
 from launcher.tpu import attempt as attempt_lib
 from launcher.tpu import babysit
 from launcher.tpu import bundle as bundle_lib
 from launcher.tpu import commands
+from launcher.tpu.commands import LaunchError
 from launcher.tpu import control
 from launcher.tpu import flags
 from launcher.tpu import preflight as preflight_lib
 from launcher.tpu import queued
-from launcher.tpu.commands import LaunchError
+from runtime.common import accelerators
+from runtime.common import exit_codes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,8 +18,8 @@ import dataclasses
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from launcher import exit_codes
-from launcher.tpu import accelerators
+from runtime.common import accelerators
+from runtime.common import exit_codes
 
 
 class PodUnavailableError(exit_codes.PodrunError, RuntimeError):

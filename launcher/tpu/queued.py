@@ -31,9 +31,9 @@ import subprocess
 import time
 from typing import Callable, Optional
 
-from launcher import exit_codes
 from launcher.tpu import commands
 from launcher.tpu.commands import LaunchError
+from runtime.common import exit_codes
 
 WAITING = ('CREATING', 'ACCEPTED', 'WAITING_FOR_RESOURCES')
 LOST = ('FAILED', 'SUSPENDING', 'SUSPENDED', 'DELETING')

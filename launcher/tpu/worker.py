@@ -57,7 +57,7 @@ import worker_accelerator  # pylint: disable=g-import-not-at-top,wrong-import-po
 
 JOBS_DIR = os.path.join(os.path.expanduser('~'), 'podrun', 'jobs')
 # Exit codes of `run` itself (the launcher's own are passed through). Copies
-# of launcher/exit_codes.py's, since this file imports nothing of the
+# of runtime/common/exit_codes.py's, since this file imports nothing of the
 # project; tests/test_exit_codes.py checks that they agree.
 BUSY = 11          # ExitCode.WORKDIR_BUSY: another podrun job runs here.
 NOT_RUN = 2        # ExitCode.CONFIG_ERROR: a bad command line.

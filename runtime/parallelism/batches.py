@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 
 
 class BatchSizeError(exit_codes.ConfigError):

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 import numpy as np
 
+from runtime.common import progress
 from runtime import parallelism
-from runtime import progress
 from runtime import topology
 
 

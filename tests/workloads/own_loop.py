@@ -8,8 +8,8 @@ from jax import lax
 from ml_collections import ConfigDict
 import numpy as np
 
+from runtime.common import progress
 from runtime import parallelism
-from runtime import progress
 
 
 def train_and_evaluate(config: ConfigDict, workdir):

@@ -29,7 +29,7 @@ import jax
 from ml_collections import ConfigDict
 import numpy as np
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 from runtime import hooks
 from runtime import local_checkpoint
 from runtime import train

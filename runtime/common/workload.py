@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from ml_collections import ConfigDict
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 
 
 # The config, a flag or the workload it names is unusable (exit 2).

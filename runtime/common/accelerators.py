@@ -14,7 +14,7 @@ slices are made of 4-chip hosts.
 import dataclasses
 import re
 
-from launcher import exit_codes
+from runtime.common import exit_codes
 
 
 class AcceleratorTypeError(exit_codes.ConfigError):

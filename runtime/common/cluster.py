@@ -9,18 +9,14 @@ whether to let JAX detect the coordinator, process count and process id.
 import dataclasses
 import importlib.util
 import os
-from typing import Mapping, Optional
+from typing import Mapping, MutableMapping, Optional
 
-from launcher import exit_codes
+from runtime.common import env_vars
+from runtime.common import exit_codes
 
-# Variables a scheduler can set to hand each process its place in the job,
-# for the launcher's --coordinator_address, --num_processes, --process_id and
-# --coordinator_bind_address (flags win). A Kubernetes indexed Job gives the
-# process id as JOB_COMPLETION_INDEX.
-ENV_COORDINATOR_ADDRESS = 'PODRUN_COORDINATOR_ADDRESS'
-ENV_NUM_PROCESSES = 'PODRUN_NUM_PROCESSES'
-ENV_PROCESS_ID = 'PODRUN_PROCESS_ID'
-ENV_COORDINATOR_BIND_ADDRESS = 'PODRUN_COORDINATOR_BIND_ADDRESS'
+# A scheduler hands each process its place through env_vars.COORDINATOR_*,
+# NUM_PROCESSES and PROCESS_ID; a Kubernetes indexed Job gives the process
+# id as JOB_COMPLETION_INDEX instead.
 _K8S_INDEX = 'JOB_COMPLETION_INDEX'
 
 
@@ -120,10 +116,10 @@ def _tpu_worker_count(env: Mapping[str, str]):
 
 # (id variable, env -> (process count or None, its variable)), in this order.
 _PLACES = (
-    (ENV_PROCESS_ID, _count(ENV_NUM_PROCESSES)),
+    (env_vars.PROCESS_ID, _count(env_vars.NUM_PROCESSES)),
     ('SLURM_PROCID', _count('SLURM_NTASKS')),
     ('OMPI_COMM_WORLD_RANK', _count('OMPI_COMM_WORLD_SIZE')),
-    (_K8S_INDEX, _count(ENV_NUM_PROCESSES)),
+    (_K8S_INDEX, _count(env_vars.NUM_PROCESSES)),
     ('TPU_WORKER_ID', _tpu_worker_count),
 )
 
@@ -182,18 +178,57 @@ def explicit_options(env: Optional[Mapping[str, str]] = None
   """
   env = os.environ if env is None else env
   found = {}
-  for flag, var in (('coordinator_address', ENV_COORDINATOR_ADDRESS),
+  for flag, var in (('coordinator_address', env_vars.COORDINATOR_ADDRESS),
                     ('coordinator_bind_address',
-                     ENV_COORDINATOR_BIND_ADDRESS)):
+                     env_vars.COORDINATOR_BIND_ADDRESS)):
     if env.get(var):
       found[flag] = (env[var], var)
-  for flag, var in (('num_processes', ENV_NUM_PROCESSES),
-                    ('process_id', ENV_PROCESS_ID)):
+  for flag, var in (('num_processes', env_vars.NUM_PROCESSES),
+                    ('process_id', env_vars.PROCESS_ID)):
     value = _int(env, var)
     if value is not None:
       found[flag] = (value, var)
   index = _int(env, _K8S_INDEX)
   if 'process_id' not in found and index is not None and (
-      ENV_COORDINATOR_ADDRESS in env):
+      env_vars.COORDINATOR_ADDRESS in env):
     found['process_id'] = (index, _K8S_INDEX)
   return found
+
+
+# gRPC (the coordination service) honours these.
+PROXY_VARS = ('http_proxy', 'https_proxy', 'grpc_proxy', 'all_proxy',
+              'HTTP_PROXY', 'HTTPS_PROXY', 'GRPC_PROXY', 'ALL_PROXY')
+
+
+def proxy_set(env: Mapping[str, str]) -> bool:
+  """Whether any proxy variable that gRPC honours is set in `env`."""
+  return any(env.get(k) for k in PROXY_VARS)
+
+
+def proxy_warnings(coordinator_host: Optional[str],
+                   env: Mapping[str, str]) -> list[str]:
+  """Says which proxy variables could route the coordinator's gRPC traffic.
+
+  gRPC honours http(s)_proxy, grpc_proxy and no_proxy; a proxy that cannot
+  reach the coordinator makes initialisation hang until its timeout.
+  """
+  set_vars = [k for k in PROXY_VARS if env.get(k)]
+  if not set_vars:
+    return []
+  exempt = [h.strip() for h in
+            (env.get('no_proxy', '') + ',' + env.get('NO_PROXY', '')).split(',')
+            if h.strip()]
+  if coordinator_host and (coordinator_host in exempt or '*' in exempt):
+    return []
+  target = coordinator_host or 'the coordinator'
+  return [f'proxy variables {", ".join(set_vars)} are set and {target} is not '
+          'in no_proxy: jax.distributed.initialize may hang until its '
+          'timeout. The launcher adds the coordinator host to no_proxy for '
+          'this process; unset them if initialisation still hangs.']
+
+
+def exempt_from_proxy(hosts: list[str], env: MutableMapping[str, str]) -> None:
+  """Adds hosts to no_proxy and NO_PROXY in `env`, keeping what is there."""
+  for key in ('no_proxy', 'NO_PROXY'):
+    current = [h for h in env.get(key, '').split(',') if h]
+    env[key] = ','.join(current + [h for h in hosts if h not in current])

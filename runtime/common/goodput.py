@@ -25,7 +25,7 @@ rolls up without it.
 Which steps are recomputed is exact however an attempt ended: every process
 stores the last step it completed in an 8-byte memory-mapped file beside its
 ledger (`HighWater`), which survives a SIGKILL. Each attempt after a failure
-also gets its time to recover (runtime/time_to_recover.py): from the fault to its
+also gets its time to recover (runtime/common/time_to_recover.py): from the fault to its
 first productive step, split into detection, teardown, back-off, start-up,
 distributed init, restore (with the tier it came from), compile and
 recomputed steps.
@@ -48,9 +48,8 @@ import threading
 import time
 from typing import Any, Iterator, Optional
 
-from launcher import files
-from runtime import metrics
-from runtime import time_to_recover
+from runtime.common import files
+from runtime.common import time_to_recover
 
 PROCESS_PARTS = ('startup', 'distributed_init', 'checkpoint_restore',
                  'compile', 'productive', 'recomputed', 'input_wait',
@@ -61,7 +60,6 @@ PROCESS_PARTS = ('startup', 'distributed_init', 'checkpoint_restore',
 JOB_PARTS = ('unrecorded', 'launch_overhead', 'restart_backoff',
              'infrastructure_recovery')
 LEDGER_DIR = 'goodput'
-ATTEMPT_ENV = 'PODRUN_ATTEMPT'
 _FLUSH_EVERY_S = 2.0
 
 
@@ -135,7 +133,7 @@ class Ledger:
       return
     self._last_flush = now
     try:
-      metrics.write_json(self.path, self.record(final))
+      files.write_json(self.path, self.record(final))
     except OSError:
       pass  # A ledger must never stop a job.
 

@@ -12,10 +12,6 @@ from typing import TextIO
 
 from absl import logging
 
-# Set by a local-pod launcher for its ranks: it prefixes, files and filters
-# their output itself.
-SUPERVISED_ENV = 'PODRUN_SUPERVISED'
-
 # absl and glog headers: a level letter, then MMDD.
 _LOG_HEADER = re.compile(r'^([IWEF])\d{4} ')
 

@@ -3,14 +3,14 @@ import io
 import pytest
 
 from launcher import cli
-from launcher import rank_output
+from runtime.common import output_prefix
 
 pytestmark = pytest.mark.unit
 
 
 def test_prefixed_stream_prefixes_every_line_once():
   out = io.StringIO()
-  stream = rank_output.PrefixedStream(out, '[rank 1/4] ')
+  stream = output_prefix.PrefixedStream(out, '[rank 1/4] ')
   stream.write('a\nb')
   stream.write('c\n\nd\n')
   assert out.getvalue() == '[rank 1/4] a\n[rank 1/4] bc\n[rank 1/4] \n[rank 1/4] d\n'
@@ -19,13 +19,13 @@ def test_prefixed_stream_prefixes_every_line_once():
 def test_console_filter():
   info = 'I1129 19:42:10.4 1 x.py:1] step 5'
   warning = 'W1129 19:42:10.4 1 x.py:1] careful'
-  assert rank_output.shown_on_console(0, 'stdout', 'anything', False)
-  assert rank_output.shown_on_console(0, 'stderr', info, False)
-  assert not rank_output.shown_on_console(1, 'stderr', info, False)
-  assert rank_output.shown_on_console(1, 'stderr', warning, False)
-  assert rank_output.shown_on_console(1, 'stderr', 'Traceback (most', False)
-  assert not rank_output.shown_on_console(1, 'stdout', 'print()', False)
-  assert rank_output.shown_on_console(1, 'stderr', info, True)
+  assert output_prefix.shown_on_console(0, 'stdout', 'anything', False)
+  assert output_prefix.shown_on_console(0, 'stderr', info, False)
+  assert not output_prefix.shown_on_console(1, 'stderr', info, False)
+  assert output_prefix.shown_on_console(1, 'stderr', warning, False)
+  assert output_prefix.shown_on_console(1, 'stderr', 'Traceback (most', False)
+  assert not output_prefix.shown_on_console(1, 'stdout', 'print()', False)
+  assert output_prefix.shown_on_console(1, 'stderr', info, True)
 
 
 def test_pod_passthrough_drops_the_flags_the_pod_sets():

@@ -1,0 +1,34 @@
+"""Every environment variable podrun sets or reads, by name, in one place.
+
+A launcher (the local pod, the TPU driver's worker half, a scheduler's
+script) hands each process its place and its attempt through these;
+the process reads them back. launcher/tpu/worker.py runs on a TPU VM
+without the project and spells the ones it sets itself
+(tests/test_tpu_worker.py checks that they agree).
+
+Example:
+  >>> os.environ.get(env_vars.JOB_ID)       # the same on every attempt of a job
+"""
+
+# A scheduler's or a user's way to hand each process its place in the job,
+# for --coordinator_address, --num_processes, --process_id and
+# --coordinator_bind_address (flags win).
+COORDINATOR_ADDRESS = 'PODRUN_COORDINATOR_ADDRESS'
+NUM_PROCESSES = 'PODRUN_NUM_PROCESSES'
+PROCESS_ID = 'PODRUN_PROCESS_ID'
+COORDINATOR_BIND_ADDRESS = 'PODRUN_COORDINATOR_BIND_ADDRESS'
+
+# The job's id, the same on every attempt: names its local checkpoints and
+# its workdir lease.
+JOB_ID = 'PODRUN_JOB_ID'
+# This attempt's name, the same on every process: its goodput ledgers' folder.
+ATTEMPT = 'PODRUN_ATTEMPT'
+# The process count a TPU driver expects from the accelerator type.
+EXPECTED_PROCESSES = 'PODRUN_EXPECTED_PROCESSES'
+# Set by a local-pod launcher: it prefixes, files and filters the process's
+# output itself.
+SUPERVISED = 'PODRUN_SUPERVISED'
+# The pipe a local-pod launcher reads each process's progress from.
+PROGRESS_FD = 'PODRUN_PROGRESS_FD'
+# Where the local checkpoint tier lives (default /dev/shm/podrun).
+LOCAL_CHECKPOINT_DIR = 'PODRUN_LOCAL_CHECKPOINT_DIR'
