@@ -179,42 +179,23 @@ def agree(job: Optional[coordination.Job], fields: Mapping[str, str],
   """
   if job is None or job.process_count == 1:
     return
-  timeout_s = coordination.default_timeout() if timeout_s is None else (
-      timeout_s)
   key = f'{_KEY}/{stage}'
-  job.set(f'{key}/{job.process_id}', json.dumps(dict(fields)),
-          overwrite=True)
-  if job.process_id == 0:
-    verdict = _compare(job, key, timeout_s)
-    job.set(f'{key}/verdict', verdict, overwrite=True)
-  else:
-    verdict = job.wait(f'{key}/verdict', timeout_s)
-    if verdict is None:
-      raise coordination.BarrierTimeout(f'{key}/verdict', [0], timeout_s,
-                                        job.process_count)
+  verdict = job.decide_on_0(
+      key, json.dumps(dict(fields)),
+      lambda published: _verdict(stage, published), timeout_s)
   if verdict != 'ok':
     raise DisagreementError(verdict)
 
 
-def _compare(job: coordination.Job, key: str, timeout_s: float) -> str:
+def _verdict(stage: str, published: Mapping[int, str]) -> str:
   """Process 0: 'ok', or the message every process stops with."""
-  digests, missing = {}, []
-  for rank in range(job.process_count):
-    text = job.wait(f'{key}/{rank}', timeout_s)
-    if text is None:
-      missing.append(rank)
-    else:
-      digests[rank] = json.loads(text)
-  if missing:
-    raise coordination.BarrierTimeout(f'{key}/<rank>', missing, timeout_s,
-                                      job.process_count)
+  digests = {rank: json.loads(text) for rank, text in published.items()}
   lines = differences(digests)
   if not lines:
     logging.info('agreement (%s): the %d processes run the same thing (%d '
-                 'field(s) compared)', key.rsplit('/', 1)[-1],
-                 job.process_count, len(digests[0]))
+                 'field(s) compared)', stage, len(digests), len(digests[0]))
     return 'ok'
-  return (f'the {job.process_count} processes of this job do not run the '
+  return (f'the {len(digests)} processes of this job do not run the '
           f'same thing ({len(lines)} difference(s)); nothing was trained:\n'
           '  - ' + '\n  - '.join(lines) + '\nStart every process from the '
           'same code, packages, flags and environment.')

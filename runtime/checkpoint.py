@@ -65,30 +65,18 @@ def check_shared(path: str) -> None:
   if job is None or job.process_count == 1:
     return
   name = f'podrun/shared_check/{_next_check_number()}'
-  if job.process_id == 0:
-    token = uuid.uuid4().hex
-    # epath, as orbax uses, so that gs:// and other remote paths work too.
-    marker = epath.Path(path) / _SHARED_CHECK_DIR / token
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(token)
-    job.set(f'{name}/token', token)
-  else:
-    token = job.wait(f'{name}/token', coordination.default_timeout())
-    if token is None:
-      raise coordination.BarrierTimeout(f'{name}/token', [0],
-                                        coordination.default_timeout(),
-                                        job.process_count)
-    marker = epath.Path(path) / _SHARED_CHECK_DIR / token
+  # epath, as orbax uses, so that gs:// and other remote paths work too.
+  markers = epath.Path(path) / _SHARED_CHECK_DIR
+  token = job.from_0(f'{name}/token', lambda: _write_marker(markers))
+  marker = markers / token
   try:
     sees = marker.read_text() == token
   except (OSError, FileNotFoundError):
     sees = False
-  job.set(f'{name}/sees/{job.process_id}', '1' if sees else '0')
-  job.barrier(f'{name}/read')
+  seen = job.exchange(f'{name}/sees', '1' if sees else '0')
   if job.process_id == 0:
     marker.unlink()
-  blind = sorted(int(k.rsplit('/', 1)[1])
-                 for k, v in job.directory(f'{name}/sees').items() if v != '1')
+  blind = sorted(rank for rank, v in seen.items() if v != '1')
   if blind:
     raise CheckpointError(
         f'the checkpoint directory {path} is not shared: process(es) '
@@ -97,6 +85,14 @@ def check_shared(path: str) -> None:
         'write to the same storage: use a shared file system or a bucket '
         '(for example --config.checkpoint_dir=gs://BUCKET/RUN/checkpoints on '
         'a TPU pod).')
+
+
+def _write_marker(markers: epath.Path) -> str:
+  """Process 0: a fresh token, written as markers/TOKEN; returns it."""
+  token = uuid.uuid4().hex
+  markers.mkdir(parents=True, exist_ok=True)
+  (markers / token).write_text(token)
+  return token
 
 
 _check_count = 0

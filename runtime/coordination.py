@@ -6,15 +6,24 @@ key-value store and barriers with timeouts) and whether JAX's backend has
 started. The coordination service runs inside process 0; when process 0 is
 gone, every call here fails.
 
+Every cross-process round the project runs is one of three shapes, each a
+method of `Job` with its wait bounded and `BarrierTimeout` naming who did not
+come: `from_0` (process 0 makes a value, every process gets it),
+`decide_on_0` (every process publishes, process 0 decides, every process
+gets the verdict) and `exchange` (every process publishes and reads every
+other's). Values published per process sit under `PREFIX/<process index>`,
+read back with `by_rank`.
+
 Example:
   >>> job = coordination.current()          # None without jax.distributed
   >>> job.set('podrun/x', 'hello')          # False when the key exists
   >>> job.barrier('podrun/saved', timeout_s=60)
+  >>> job.decide_on_0('podrun/agree', digest, lambda by_rank: 'ok')
 """
 
 import dataclasses
 import time
-from typing import Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from runtime.common import exit_codes
 
@@ -79,8 +88,122 @@ def _is(error: Exception, code: str) -> bool:
   return str(error).startswith(code)
 
 
+def _timeout(timeout_s: Optional[float]) -> float:
+  return _default_timeout_s if timeout_s is None else timeout_s
+
+
+class Rounds:
+  """The cross-process rounds, over any store with the methods of `Job`.
+
+  A subclass provides `process_id`, `process_count`, `set`, `wait`,
+  `directory` and `barrier`; tests give an in-memory one.
+  """
+  process_id: int
+  process_count: int
+
+  def publish(self, prefix: str, value: str) -> None:
+    """Stores this process's `value` under `prefix/<process index>`."""
+    self.set(f'{prefix}/{self.process_id}', value, overwrite=True)
+
+  def by_rank(self, prefix: str) -> dict[int, str]:
+    """{process index: value} of what the processes published so far.
+
+    Only `prefix/<index>` itself counts, not the keys below it.
+    """
+    start = len(prefix.rstrip('/')) + 1
+    return {int(k[start:]): v for k, v in self.directory(prefix).items()
+            if k[start:].isdigit()}
+
+  def wait_for(self, key: str, from_ranks: Sequence[int],
+               timeout_s: Optional[float] = None) -> str:
+    """The value under `key` once set, at most timeout_s.
+
+    Raises:
+      BarrierTimeout: naming `from_ranks`, who should have set it.
+    """
+    timeout_s = _timeout(timeout_s)
+    value = self.wait(key, timeout_s)
+    if value is None:
+      raise BarrierTimeout(key, from_ranks, timeout_s, self.process_count)
+    return value
+
+  def gather(self, prefix: str, timeout_s: Optional[float] = None
+             ) -> dict[int, str]:
+    """Waits for every process's value under `prefix`.
+
+    Returns:
+      {process index: value} for all `process_count` processes.
+
+    Raises:
+      BarrierTimeout: naming every process that had not published after
+        timeout_s, counted from the call.
+    """
+    timeout_s = _timeout(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    values, missing = {}, []
+    for rank in range(self.process_count):
+      value = self.wait(f'{prefix}/{rank}', max(deadline - time.monotonic(),
+                                                1e-3))
+      if value is None:
+        missing.append(rank)
+      else:
+        values[rank] = value
+    if missing:
+      raise BarrierTimeout(f'{prefix}/<rank>', missing, timeout_s,
+                           self.process_count)
+    return values
+
+  def from_0(self, key: str, make: Callable[[], str],
+             timeout_s: Optional[float] = None) -> str:
+    """Process 0 calls `make` and stores its value under `key`; every process
+    returns that value.
+
+    Raises:
+      BarrierTimeout: on the others, when process 0 did not store it within
+        timeout_s.
+    """
+    if self.process_id == 0:
+      value = make()
+      self.set(key, value, overwrite=True)
+      return value
+    return self.wait_for(key, [0], timeout_s)
+
+  def decide_on_0(self, prefix: str, value: str,
+                  decide: Callable[[Mapping[int, str]], str],
+                  timeout_s: Optional[float] = None) -> str:
+    """Publishes `value`; process 0 decides on everyone's; returns the verdict.
+
+    Args:
+      prefix: names the round; values go under `prefix/<process index>`, the
+        verdict under `prefix/verdict`.
+      value: this process's.
+      decide: called on process 0 alone with {process index: value} of every
+        process; returns the verdict every process gets.
+      timeout_s: for each wait; --barrier_timeout if None.
+
+    Raises:
+      BarrierTimeout: on process 0 naming who did not publish; on the others
+        when no verdict came.
+    """
+    self.publish(prefix, value)
+    return self.from_0(f'{prefix}/verdict',
+                       lambda: decide(self.gather(prefix, timeout_s)),
+                       timeout_s)
+
+  def exchange(self, prefix: str, value: str,
+               timeout_s: Optional[float] = None) -> dict[int, str]:
+    """Publishes `value` and returns every process's: {process index: value}.
+
+    Raises:
+      BarrierTimeout: naming the processes that did not publish in time.
+    """
+    self.publish(prefix, value)
+    self.barrier(f'{prefix}/published', timeout_s)
+    return self.by_rank(prefix)
+
+
 @dataclasses.dataclass(frozen=True)
-class Job:
+class Job(Rounds):
   """This process's handle on the coordination service of its job.
 
   Attributes:
@@ -136,16 +259,14 @@ class Job:
     Raises:
       BarrierTimeout: naming the processes that did not arrive.
     """
-    timeout_s = _default_timeout_s if timeout_s is None else timeout_s
-    self.set(f'{name}/arrived/{self.process_id}', str(time.time()),
-             overwrite=True)
+    timeout_s = _timeout(timeout_s)
+    self.publish(f'{name}/arrived', str(time.time()))
     try:
       _client().wait_at_barrier(name, max(1, int(timeout_s * 1e3)))
     except Exception as e:  # pylint: disable=broad-except
       if not _is(e, 'DEADLINE_EXCEEDED'):
         raise
-      arrived = {int(k.rsplit('/', 1)[1])
-                 for k in self.directory(f'{name}/arrived')}
+      arrived = self.by_rank(f'{name}/arrived')
       missing = [r for r in range(self.process_count) if r not in arrived]
       raise BarrierTimeout(name, missing, timeout_s,
                            self.process_count) from None

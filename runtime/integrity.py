@@ -151,26 +151,13 @@ def _gather(job: coordination.Job, step: int, rows: np.ndarray,
   Process 0 also removes the keys of the previous check, which every
   process has read by the time it publishes this one's rows.
   """
-  key = f'{_KEY}/{step}'
-  job.set(f'{key}/{job.process_id}', json.dumps(rows.tolist()),
-          overwrite=True)
-  timeout_s = coordination.default_timeout()
-  if job.process_id == 0:
-    gathered = {}
-    for rank in range(job.process_count):
-      text = job.wait(f'{key}/{rank}', timeout_s)
-      if text is None:
-        raise coordination.BarrierTimeout(f'{key}/<rank>', [rank], timeout_s,
-                                          job.process_count)
-      for device, row in enumerate(json.loads(text)):
-        gathered[(rank, device)] = row
-    verdict = json.dumps(outliers(gathered, paths))
-    job.set(f'{key}/verdict', verdict, overwrite=True)
+  def decide(published):
+    gathered = {(rank, device): row
+                for rank, text in published.items()
+                for device, row in enumerate(json.loads(text))}
     if previous is not None:
       job.delete(f'{_KEY}/{previous}')
-  else:
-    verdict = job.wait(f'{key}/verdict', timeout_s)
-    if verdict is None:
-      raise coordination.BarrierTimeout(f'{key}/verdict', [0], timeout_s,
-                                        job.process_count)
+    return json.dumps(outliers(gathered, paths))
+  verdict = job.decide_on_0(f'{_KEY}/{step}', json.dumps(rows.tolist()),
+                            decide)
   return json.loads(verdict)

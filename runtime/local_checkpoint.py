@@ -100,16 +100,8 @@ def open_for(config: ConfigDict, persistent_dir: str
   if not config.local_checkpoint_every:
     return None
   job = coordination.current()
-  if job is None or job.process_id == 0:
-    jid = job_id(persistent_dir)
-    if job is not None:
-      job.set(_JOB_ID_KEY, jid, overwrite=True)
-  else:
-    jid = job.wait(_JOB_ID_KEY, coordination.default_timeout())
-    if jid is None:
-      raise coordination.BarrierTimeout(_JOB_ID_KEY, [0],
-                                        coordination.default_timeout(),
-                                        job.process_count)
+  jid = (job_id(persistent_dir) if job is None else
+         job.from_0(_JOB_ID_KEY, lambda: job_id(persistent_dir)))
   root = config.local_checkpoint_dir or default_root()
   index = job.process_id if job is not None else 0
   return LocalCheckpoints(os.path.join(root, jid, f'process_{index}'),

@@ -91,14 +91,12 @@ def _exchange(local_steps: list[int], persistent_step: Optional[int]
   job = coordination.current()
   if job is None or job.process_count == 1:
     return {0: local_steps}, persistent_step
-  job.set(f'{_KEY}/local/{job.process_id}', json.dumps(local_steps),
-          overwrite=True)
-  if job.process_id == 0:
-    job.set(f'{_KEY}/persistent', json.dumps(persistent_step), overwrite=True)
-  job.barrier(f'{_KEY}/published')
-  everyone = {int(k.rsplit('/', 1)[1]): json.loads(v)
-              for k, v in job.directory(f'{_KEY}/local').items()}
-  return everyone, json.loads(job.get(f'{_KEY}/persistent'))
+  # Process 0's view of the persistent tier is the one that counts.
+  published = job.exchange(f'{_KEY}/steps', json.dumps(
+      {'local': local_steps, 'persistent': persistent_step}))
+  everyone = {rank: json.loads(text) for rank, text in published.items()}
+  return ({rank: v['local'] for rank, v in everyone.items()},
+          everyone[0]['persistent'])
 
 
 def to_words(state: Any) -> np.ndarray:

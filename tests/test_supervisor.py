@@ -8,6 +8,7 @@ from launcher.rank import peers
 from launcher.rank import supervisor
 from runtime.common import exit_codes
 from runtime.common import progress
+from tests import memory_job
 
 pytestmark = pytest.mark.unit
 
@@ -67,33 +68,7 @@ def test_a_transport_error_waits_for_the_peers_cause():
       'ValueError: bad', options) < 1
 
 
-class _FakeJob:
-  """A coordination service in a dict, for one process."""
-
-  def __init__(self, process_id=0, process_count=2):
-    self.process_id, self.process_count = process_id, process_count
-    self.store = {}
-    self.changed = threading.Condition()
-
-  def set(self, key, value, overwrite=False):
-    with self.changed:
-      if key in self.store and not overwrite:
-        return False
-      self.store[key] = value
-      self.changed.notify_all()
-      return True
-
-  def get(self, key):
-    return self.store.get(key)
-
-  def wait(self, key, timeout_s):
-    with self.changed:
-      self.changed.wait_for(lambda: key in self.store, timeout_s)
-      return self.store.get(key)
-
-  def directory(self, prefix):
-    prefix = prefix.rstrip('/') + '/'
-    return {k: v for k, v in self.store.items() if k.startswith(prefix)}
+_FakeJob = memory_job.MemoryJob
 
 
 def test_a_silent_peer_is_declared_lost_and_everyone_exits_10():

@@ -85,15 +85,13 @@ class Peers:
               'own': progress.summarize(snapshot.own_seconds),
               'supervisor_cpu_s': s.cpu_s}
     try:
-      s.job.set(f'{BEAT_DIR}/{s.rank}', json.dumps(record), overwrite=True)
+      s.job.publish(BEAT_DIR, json.dumps(record))
     except Exception:  # pylint: disable=broad-except
       pass  # _poll_end notices a coordinator that stays silent.
 
   def records(self) -> dict[int, dict[str, Any]]:
-    out = {}
-    for key, value in self.supervisor.job.directory(BEAT_DIR).items():
-      out[int(key.rsplit('/', 1)[1])] = json.loads(value)
-    return out
+    return {rank: json.loads(value) for rank, value
+            in self.supervisor.job.by_rank(BEAT_DIR).items()}
 
   def find_lost(self, now: float) -> Optional[Cause]:
     s = self.supervisor
@@ -220,8 +218,8 @@ def rank_stats(job: Optional[coordination.Job]) -> list[dict[str, Any]]:
                    'step': progress.summarize(snapshot.step_seconds),
                    'own': progress.summarize(snapshot.own_seconds)}}
   else:
-    records = {int(k.rsplit('/', 1)[1]): json.loads(v)
-               for k, v in job.directory(BEAT_DIR).items()}
+    records = {rank: json.loads(v)
+               for rank, v in job.by_rank(BEAT_DIR).items()}
   return [{'rank': r, 'host': rec.get('host'),
            'step_time_median_s': rec.get('step', {}).get('median'),
            'step_time_p99_s': rec.get('step', {}).get('p99'),

@@ -216,27 +216,24 @@ def _take_lease(config: ConfigDict, workdir: str, options: Options,
   directories = [workdir]
   if config.get('checkpointing', True):
     directories.append(checkpoint.directory(config, workdir))
-  lease, refusal = None, ''
-  if job is None or job.process_id == 0:
+  taken = []
+
+  def acquire() -> str:
+    """Process 0: 'ok', or why the lease was refused."""
     lease = lease_lib.Lease(
         directories, _job_id(), stale_after_s=options.lease_timeout,
         on_lost=lambda m: supervisor.abort(exit_codes.WORKDIR_BUSY, m))
     try:
       lease.acquire()
     except lease_lib.WorkdirBusyError as e:
-      lease, refusal = None, str(e)
-    if job is not None:
-      job.set('podrun/lease', refusal or 'ok')
-  else:
-    answer = job.wait('podrun/lease', options.supervision.barrier_timeout)
-    if answer is None:
-      raise coordination.BarrierTimeout('podrun/lease', [0],
-                                        options.supervision.barrier_timeout,
-                                        job.process_count)
-    refusal = '' if answer == 'ok' else answer
-  if refusal:
-    raise lease_lib.WorkdirBusyError(refusal)
-  return lease
+      return str(e)
+    taken.append(lease)
+    return 'ok'
+  answer = acquire() if job is None else job.from_0(
+      'podrun/lease', acquire, options.supervision.barrier_timeout)
+  if answer != 'ok':
+    raise lease_lib.WorkdirBusyError(answer)
+  return taken[0] if taken else None
 
 
 def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
@@ -277,10 +274,10 @@ def _attempt_name(job: Optional[coordination.Job]) -> str:
   made = time.strftime('%Y%m%d-%H%M%S-', time.gmtime()) + uuid.uuid4().hex[:8]
   if job is None:
     return made
-  if job.process_id == 0:
-    job.set('podrun/attempt', made)
-    return made
-  return job.wait('podrun/attempt', coordination.default_timeout()) or made
+  try:
+    return job.from_0('podrun/attempt', lambda: made)
+  except coordination.BarrierTimeout:
+    return made  # Process 0 is late: the ledgers still get a folder.
 
 
 def _open_ledger(ledger: goodput.Ledger, workdir: str,

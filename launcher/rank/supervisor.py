@@ -368,7 +368,7 @@ class Supervisor:
 
   def _ack(self) -> None:
     try:
-      self.job.set(f'{ACK_DIR}/{self.rank}', '1', overwrite=True)
+      self.job.publish(ACK_DIR, '1')
     except Exception:  # pylint: disable=broad-except
       pass
 
@@ -387,8 +387,7 @@ class Supervisor:
     deadline = time.monotonic() + _ACK_WAIT_S
     while expected and time.monotonic() < deadline:
       try:
-        acked = {int(k.rsplit('/', 1)[1])
-                 for k in self.job.directory(ACK_DIR)}
+        acked = set(self.job.by_rank(ACK_DIR))
       except Exception:  # pylint: disable=broad-except
         return
       expected -= acked
