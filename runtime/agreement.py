@@ -35,6 +35,7 @@ from absl import logging
 from ml_collections import ConfigDict
 
 from runtime.common import exit_codes
+from runtime.common import mappings
 from runtime import coordination
 
 # Config fields that may differ between processes: local paths.
@@ -59,22 +60,12 @@ class DisagreementError(exit_codes.PodrunError):
   exit_code = exit_codes.TOPOLOGY_MISMATCH
 
 
-def _flatten(tree: Mapping[str, Any], prefix: str) -> dict[str, str]:
-  out = {}
-  for key, value in sorted(tree.items()):
-    name = f'{prefix}.{key}'
-    if isinstance(value, Mapping):
-      out.update(_flatten(value, name))
-    else:
-      out[name] = json.dumps(value, sort_keys=True, default=repr)
-  return out
-
-
 def config_fields(config: ConfigDict) -> dict[str, str]:
   """{'config.a.b': value as JSON} for every field, less PER_PROCESS_CONFIG."""
   values = {k: v for k, v in config.to_dict().items()
             if k not in PER_PROCESS_CONFIG}
-  return _flatten(values, 'config')
+  return {field: json.dumps(value, sort_keys=True, default=repr)
+          for field, value in mappings.flatten(values, 'config').items()}
 
 
 def code_hash(root: str = _REPO, packages=CODE_PACKAGES) -> str:

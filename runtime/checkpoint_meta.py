@@ -17,6 +17,7 @@ from ml_collections import ConfigDict
 import numpy as np
 
 from runtime.common import exit_codes
+from runtime.common import mappings
 
 # The config sections that decide what a run computes. A resumed run must
 # agree with its checkpoint on these (but for config.restore_may_change);
@@ -32,17 +33,6 @@ class CheckpointError(exit_codes.PodrunError):
   exit_code = exit_codes.CHECKPOINT_ERROR
 
 
-def _flatten(value: Any, prefix: str = '') -> dict[str, Any]:
-  if hasattr(value, 'items'):
-    out = {}
-    for k, v in value.items():
-      out.update(_flatten(v, f'{prefix}{k}.'))
-    return out
-  if isinstance(value, tuple):
-    value = list(value)
-  return {prefix[:-1]: value}
-
-
 def trajectory_config(config: ConfigDict) -> dict[str, Any]:
   """The config fields a checkpoint must agree on, flattened to 'a.b' keys.
 
@@ -52,8 +42,8 @@ def trajectory_config(config: ConfigDict) -> dict[str, Any]:
   allowed = set(config.restore_may_change)
   sections = {k: v for k, v in config.to_dict().items()
               if k in TRAJECTORY_SECTIONS}
-  flat = _flatten(sections)
-  return {k: v for k, v in sorted(flat.items())
+  flat = mappings.flatten(sections)
+  return {k: v for k, v in flat.items()
           if not any(k == a or k.startswith(a + '.') for a in allowed)}
 
 
@@ -88,18 +78,15 @@ def check_restorable(meta: dict[str, Any], config, state: Any, path: str
       values.
   """
   problems = []
-  saved, now = meta['config'], trajectory_config(config)
-  for key in sorted(set(saved) | set(now)):
-    if saved.get(key, '<absent>') != now.get(key, '<absent>'):
-      problems.append(f'config.{key}: checkpoint {saved.get(key, "<absent>")!r}'
-                      f', this run {now.get(key, "<absent>")!r}')
-  saved_arrays = {p: (s, d) for p, s, d in meta['state']}
-  now_arrays = {p: (s, d) for p, s, d in describe_state(state)}
-  for key in sorted(set(saved_arrays) | set(now_arrays)):
-    a, b = saved_arrays.get(key), now_arrays.get(key)
-    if a != b:
-      show = lambda v: 'absent' if v is None else f'shape {tuple(v[0])} {v[1]}'
-      problems.append(f'state{key}: checkpoint {show(a)}, this run {show(b)}')
+  for key, saved, now in mappings.changes(meta['config'],
+                                          trajectory_config(config)):
+    problems.append(f'config.{key}: checkpoint {_show(saved)}, this run '
+                    f'{_show(now)}')
+  def arrays(described):
+    return {p: f'shape {tuple(s)} {d}' for p, s, d in described}
+  for key, saved, now in mappings.changes(arrays(meta['state']),
+                                          arrays(describe_state(state))):
+    problems.append(f'state{key}: checkpoint {saved}, this run {now}')
   if problems:
     raise CheckpointError(
         f'cannot resume from {path}; it was made by a different run:\n  ' +
@@ -108,6 +95,10 @@ def check_restorable(meta: dict[str, Any], config, state: Any, path: str
         + ', '.join(TRAJECTORY_SECTIONS) + ' decide the trajectory; list a '
         'field of them in config.restore_may_change to allow a change '
         'anyway. Every other field may change on resume.')
+
+
+def _show(value: Any) -> str:
+  return value if value is mappings.ABSENT else repr(value)
 
 
 def check_same_data(meta: dict[str, Any], num_examples: int, step: int,

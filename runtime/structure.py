@@ -23,6 +23,11 @@ import jax
 import numpy as np
 
 from runtime.common import exit_codes
+from runtime.common import mappings
+
+
+# A leaf the new tree lacks.
+_MISSING = '(missing)'
 
 
 class StructureError(exit_codes.PodrunError, TypeError):
@@ -45,12 +50,9 @@ def _leaves(tree: Any, dtypes: bool) -> dict[str, str]:
 def differences(old: Any, new: Any, dtypes: bool = True) -> list[str]:
   """'path: old -> new' for each leaf added, removed, reshaped or (with
   `dtypes`) of another dtype."""
-  before, after = _leaves(old, dtypes), _leaves(new, dtypes)
-  lines = []
-  for path in sorted(set(before) | set(after)):
-    was, now = before.get(path, '(absent)'), after.get(path, '(missing)')
-    if was != now:
-      lines.append(f'{path or "(the root)"}: {was} -> {now}')
+  lines = [f'{path or "(the root)"}: {was} -> {now}' for path, was, now
+           in mappings.changes(_leaves(old, dtypes), _leaves(new, dtypes),
+                                _MISSING)]
   if not lines and (jax.tree_util.tree_structure(old) !=
                     jax.tree_util.tree_structure(new)):
     lines.append(f'the container types: {jax.tree_util.tree_structure(old)} '
@@ -136,11 +138,9 @@ class RecompileWatch:
     return out
 
   def _message(self, args: tuple) -> str:
-    before, now = _arguments(self._previous), _arguments(args)
-    changed = [f'{path}: {before.get(path, "(absent)")} -> '
-               f'{now.get(path, "(missing)")}'
-               for path in sorted(set(before) | set(now))
-               if before.get(path) != now.get(path)]
+    changed = [f'{path}: {was} -> {now}' for path, was, now in
+               mappings.changes(_arguments(self._previous), _arguments(args),
+                                _MISSING)]
     what = ('; '.join(changed[:5]) + (f'; and {len(changed) - 5} more'
                                       if len(changed) > 5 else '')
             if changed else 'no argument changed its shape, dtype or '
