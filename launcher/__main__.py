@@ -1,4 +1,5 @@
-"""`python -m launcher --config=configs/NAME.py`: see launcher/cli.py."""
+"""`python -m launcher --config=configs/NAME.py` (or `podrun`): see
+launcher/cli.py; `--help` lists the flags."""
 
 from launcher import cli
 

@@ -22,6 +22,7 @@ from ml_collections import config_flags
 
 from launcher.local import pod as local_pod
 from launcher import restart
+from launcher import usage
 from runtime.common import cluster
 from runtime.common import exit_codes
 from runtime.common import files
@@ -142,7 +143,16 @@ def _fail(message: str) -> NoReturn:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """Parses flags and the config, turning any mistake into one error line."""
+  """Parses flags and the config, turning any mistake into one error line.
+
+  --help prints the launcher's flags by group (launcher/usage.py) and exits 0.
+  """
+  if any(arg in usage.HELP_ARGS for arg in argv[1:]):
+    try:
+      print(usage.text(flags.FLAGS), flush=True)
+    except BrokenPipeError:  # `podrun --help | head`
+      pass
+    sys.exit(0)
   try:
     rest = flags.FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except

@@ -1,3 +1,99 @@
-"""What each process computes once it has joined the job: the parallelism
-(pmap or jit(shard_map)) and the data-parallel step, the data order, the loop
-and its hooks, checkpoints, evaluation, metrics, goodput and the workloads."""
+"""podrun's runtime: what a workload imports to train on every device.
+
+A workload is a function `(config, workdir)` that builds a `Task` and calls
+`train`. Everything it needs is here:
+
+  Task, train, TrainResult   the loop (runtime/training.py)
+  ArraySource                random access to arrays (runtime/data.py)
+  evaluate                   exact evaluation over every device
+                             (runtime/evaluation.py)
+  PodrunError, ConfigError   raise them to end the job with a chosen exit code
+  hooks                      periodic work in the loop: hooks.Periodic
+  parallelism                pmap or jit(shard_map), chosen by the config:
+                             parallelism.from_config(config)
+  progress                   progress.report(step), for a loop of one's own
+  fingerprint                fingerprint(tree), to compare processes
+
+Example:
+  >>> import runtime
+  >>> def train_and_evaluate(config, workdir):
+  ...   task = runtime.Task(params=params, loss_fn=loss_fn,
+  ...                       optimizer=optax.sgd(0.1),
+  ...                       data=runtime.ArraySource(x=x, y=y))
+  ...   return runtime.train(config, workdir, task)
+
+The names load on first use: the supervisor imports runtime.common, the
+JAX-free part, and importing this package must not load JAX for it.
+"""
+
+import functools
+import importlib
+from typing import Any, Callable
+import warnings
+
+__all__ = [
+    'ArraySource', 'ConfigError', 'PodrunError', 'Task', 'TrainResult',
+    'evaluate', 'fingerprint', 'hooks', 'parallelism', 'progress', 'train',
+]
+
+# name -> (module, attribute); attribute None: the module itself.
+_EXPORTS = {
+    'ArraySource': ('runtime.data', 'ArraySource'),
+    'ConfigError': ('runtime.common.exit_codes', 'ConfigError'),
+    'PodrunError': ('runtime.common.exit_codes', 'PodrunError'),
+    'Task': ('runtime.training', 'Task'),
+    'TrainResult': ('runtime.training', 'TrainResult'),
+    'evaluate': ('runtime.evaluation', 'evaluate'),
+    'fingerprint': ('runtime.fingerprint', None),
+    'hooks': ('runtime.hooks', None),
+    'parallelism': ('runtime.parallelism', None),
+    'progress': ('runtime.progress', None),
+    'train': ('runtime.training', 'train'),
+}
+
+
+# `runtime.train` and `runtime.evaluate` were modules until the functions took
+# their names; `train.Task` and `evaluate.evaluate` keep working one release.
+_WERE_MODULES = ('evaluate', 'train')
+
+
+class _FunctionThatWasAModule:
+  """Calls the function; reading any other name off it warns and reads it
+  from the module that replaced the old one."""
+
+  def __init__(self, fn: Callable, name: str, module_name: str):
+    functools.update_wrapper(self, fn)
+    self._old, self._module_name = name, module_name
+
+  def __call__(self, *args, **kwargs):
+    return self.__wrapped__(*args, **kwargs)
+
+  def __repr__(self) -> str:
+    return f'<function runtime.{self._old}>'
+
+  def __getattr__(self, attribute: str) -> Any:
+    if attribute.startswith('__'):
+      raise AttributeError(attribute)
+    value = getattr(importlib.import_module(self._module_name), attribute)
+    warnings.warn(
+        f'runtime.{self._old}.{attribute}: runtime.{self._old} is now the '
+        f'function itself; write runtime.{attribute} or '
+        f'{self._module_name}.{attribute}. The old spelling goes in the next '
+        'release.', DeprecationWarning, stacklevel=2)
+    return value
+
+
+def __getattr__(name: str) -> Any:
+  if name not in _EXPORTS:
+    raise AttributeError(f'module runtime has no attribute {name!r}')
+  module_name, attribute = _EXPORTS[name]
+  module = importlib.import_module(module_name)
+  value = module if attribute is None else getattr(module, attribute)
+  if name in _WERE_MODULES:
+    value = _FunctionThatWasAModule(value, name, module_name)
+  globals()[name] = value
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(__all__))

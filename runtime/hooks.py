@@ -10,13 +10,14 @@ Example (a hook of one's own):
   >>> class PrintNorm(hooks.Periodic):
   ...   def __init__(self):
   ...     super().__init__(every=100)
-  ...   def run(self, run):
+  ...   def work(self, run):
   ...     params = run.host_state().params
   ...     print(run.step, optax.global_norm(params))
 """
 
 import time
 from typing import Callable, Optional
+import warnings
 
 from absl import logging
 import jax
@@ -51,7 +52,7 @@ class Hook:
 
 
 class Periodic(Hook):
-  """A hook whose `run(run)` is due every `every` steps (0: never), and after
+  """A hook whose `work(run)` is due every `every` steps (0: never), and after
   the last step too when `at_end`.
 
   Example:
@@ -71,11 +72,21 @@ class Periodic(Hook):
 
   def after_step(self, run) -> None:
     if self.due(run):
+      self.work(run)
+
+  def work(self, run) -> None:
+    """The work itself; by default calls the `callback` given."""
+    if type(self).run is not Periodic.run:
+      warnings.warn(f'{type(self).__name__}.run(run): override work(run) '
+                    'instead; Periodic.run goes in the next release',
+                    DeprecationWarning, stacklevel=2)
       self.run(run)
+      return
+    self._callback(run)
 
   def run(self, run) -> None:
-    """The work itself; by default calls the `callback` given."""
-    self._callback(run)
+    """Deprecated: the old name of `work`, kept for one release."""
+    self.work(run)
 
 
 class LogMetrics(Periodic):
@@ -87,7 +98,7 @@ class LogMetrics(Periodic):
     super().__init__(every, at_end=True)
     self.schedule = schedule
 
-  def run(self, run) -> None:
+  def work(self, run) -> None:
     run.drain()
     if not run.window.steps:
       return
@@ -106,21 +117,21 @@ class LogMetrics(Periodic):
     run.window.reset(now)
 
 
-class Evaluate(Periodic):
-  """Every `every` steps and at the end: `evaluate(params, model_state)` on
+class PeriodicEvaluation(Periodic):
+  """Every `every` steps and at the end: `eval_fn(params, model_state)` on
   every process; its results go to metrics.jsonl as eval_* and to
   `run.eval_metrics`."""
 
-  def __init__(self, every: int, evaluate: Callable):
+  def __init__(self, every: int, eval_fn: Callable):
     super().__init__(every, at_end=True)
-    self.evaluate = evaluate
+    self.eval_fn = eval_fn
     self.last_step = None
 
-  def run(self, run) -> None:
+  def work(self, run) -> None:
     run.drain()
     started = time.perf_counter()
     with run.clock.timing('evaluation'), progress.working('evaluation'):
-      values = self.evaluate(run.state.params, run.state.model_state)
+      values = self.eval_fn(run.state.params, run.state.model_state)
     run.eval_metrics = {f'eval_{k}': v for k, v in values.items()}
     record = {**run.eval_metrics, 'eval_seconds': time.perf_counter() - started}
     run.writer.write(run.step, record)
@@ -131,7 +142,7 @@ class Evaluate(Periodic):
   def end(self, run, error) -> None:
     # A run resumed at its last step evaluates what it restored.
     if error is None and self.last_step != run.step:
-      self.run(run)
+      self.work(run)
 
 
 class Profile(Hook):
@@ -266,7 +277,7 @@ class PreemptionAgreement(Hook):
       return
     logging.warning('preemption notice: every process saves step %d and '
                     'stops', run.step)
-    self.log.run(run)
+    self.log.work(run)
     with (run.clock.timing('preemption_save'),
           progress.working('preemption_save')):
       if self.checkpoints is not None:

@@ -119,7 +119,7 @@ class CheckReplicas(hooks_lib.Periodic):
     self._saved_steps = saved_steps
     self._last_good: Optional[int] = None
 
-  def run(self, run) -> None:
+  def work(self, run) -> None:
     rows = checksums_by_device(run.state.params, run.parallelism)
     job = coordination.current()
     paths = leaf_paths(run.state.params)

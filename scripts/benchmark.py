@@ -96,10 +96,10 @@ def _bare_examples_per_sec(config: ConfigDict, task) -> float:
 
 
 def _runtime_run(config: ConfigDict, task, kind, workdir) -> dict[str, float]:
-  from runtime import train  # pylint: disable=g-import-not-at-top
+  from runtime import training  # pylint: disable=g-import-not-at-top
   config = config.copy_and_resolve_references()
   config.parallelism = kind
-  train.train(config, workdir, task)
+  training.train(config, workdir, task)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     record = [json.loads(line) for line in f][-1]
   return {'examples_per_sec': record['examples_per_sec'],
@@ -119,10 +119,10 @@ def in_process(args) -> dict:
 
   config = _mnist_config(args)
   dataset = mnist.load(config.data_dir)
-  task = dataclasses.replace(mnist.make_task(config, dataset), evaluate=None)
+  task = dataclasses.replace(mnist.make_task(config, dataset), eval_fn=None)
   cnn_config = _cnn_config(args)
   cnn_task = dataclasses.replace(mnist_cnn.make_task(cnn_config, dataset),
-                                 evaluate=None)
+                                 eval_fn=None)
   rounds = []
   with tempfile.TemporaryDirectory() as tmp:
     for r in range(args.rounds):

@@ -6,8 +6,8 @@ notice), every process saves the agreed step and exits 75, and the launcher
 starts the job again, which resumes from that checkpoint. Each round runs
 the job with JAX's persistent compilation cache (the default) and without
 it (--compilation_cache_dir=''), alternating which goes first, and reports
-from the goodput ledger (runtime/common/goodput.py): goodput, every category, and
-the restart-to-first-step time (from a restarted attempt's launch to its
+from the goodput ledger (runtime/common/goodput.py): goodput, every category,
+and the restart-to-first-step time (from a restarted attempt's launch to its
 first completed step).
 
   python scripts/benchmark_goodput.py [--rounds=3] [--steps=300] [--every=100]

@@ -30,7 +30,7 @@ def in_process(args) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   from absl import logging  # pylint: disable=g-import-not-at-top
   from configs import mnist as mnist_config  # pylint: disable=g-import-not-at-top
-  from runtime import train  # pylint: disable=g-import-not-at-top
+  from runtime import training  # pylint: disable=g-import-not-at-top
   from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)
   config = mnist_config.get_config()
@@ -38,7 +38,7 @@ def in_process(args) -> dict:
   config.log_every, config.eval_every = args.steps, 0
   config.checkpointing = False
   task = dataclasses.replace(mnist.make_task(config, mnist.load(
-      config.data_dir)), evaluate=None)
+      config.data_dir)), eval_fn=None)
   cadences = (0, mnist_config.get_config().integrity_every, 10)
   rounds = []
   with tempfile.TemporaryDirectory() as tmp:
@@ -49,7 +49,7 @@ def in_process(args) -> dict:
         run_config = config.copy_and_resolve_references()
         run_config.integrity_every = every
         workdir = os.path.join(tmp, f'{every}_{r}')
-        train.train(run_config, workdir, task)
+        training.train(run_config, workdir, task)
         with open(os.path.join(workdir, 'metrics.jsonl')) as f:
           figures[every] = [json.loads(l) for l in f][-1]['examples_per_sec']
       rounds.append(figures)

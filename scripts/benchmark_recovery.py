@@ -8,8 +8,8 @@ emulated CPU devices, side by side in one run:
   has logged step --kill_at. Once with the local tier at its default
   cadence, once without it (local_checkpoint_every=0), and an undisturbed
   run. Reports the steps trained again, the time from the kill to the next
-  attempt's first productive step with its phases (runtime/common/goodput.py), and
-  whether the final parameters equal the undisturbed run's.
+  attempt's first productive step with its phases
+  (runtime/common/goodput.py), and whether the final parameters equal the undisturbed run's.
 - cluster: the same job as two processes started by hand, restarted by a
   loop here, as a scheduler would; the survivor learns of the loss after
   --heartbeat_timeout.

@@ -6,8 +6,8 @@
 Reads the ledgers every process of every attempt wrote under
 WORKDIR/goodput/ (and the launcher's WORKDIR/logs/attempts.jsonl, or
 --attempts: the TPU pod driver keeps it in its LOG_DIR), rolls
-them up (runtime/common/goodput.py), rewrites WORKDIR/goodput.jsonl, prints one row
-per attempt and one per process of each attempt (seconds per category), and
+them up (runtime/common/goodput.py), rewrites WORKDIR/goodput.jsonl, prints
+one row per attempt and one per process of each attempt (seconds per category), and
 draws a stacked bar per attempt with every kind of lost time named; after
 a failure, the next attempt's time to recover in phases (detection,
 teardown, back-off, start-up, distributed init, restore and its tier,

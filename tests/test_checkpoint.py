@@ -14,7 +14,7 @@ from runtime import checkpoint
 from runtime import checkpoint_meta
 from runtime import data
 from runtime import metrics
-from runtime import train
+from runtime import training
 from runtime.workloads import linear_regression
 from runtime.workloads import mlp
 
@@ -35,7 +35,7 @@ def _config(steps, **fields):
 
 def _train(config, workdir):
   task, _ = mlp.make_task(config)
-  return train.train(config, str(workdir), task)
+  return training.train(config, str(workdir), task)
 
 
 def _records(workdir):
@@ -65,7 +65,8 @@ def test_the_rng_key_is_saved_and_restored(tmp_path):
   config = _config(6)
   result = _train(config, tmp_path)
   ckpt = checkpoint.Checkpoints(str(tmp_path / 'checkpoints'), every=4, keep=2)
-  like = train.step_lib.init_state(*_params_and_optimizer(config), config.seed)
+  like = training.step_lib.init_state(*_params_and_optimizer(config),
+                                      config.seed)
   step, state, meta = ckpt.restore_latest(config, like)
   ckpt.close()
   assert step == 6 and meta['step'] == 6 and meta['reason'] == 'final'
@@ -111,14 +112,14 @@ def test_restore_refuses_a_different_config_and_names_both_values(tmp_path):
 def test_restore_refuses_other_shapes_and_names_the_arrays(tmp_path):
   config = linear_regression_config.get_config()
   config.steps = 3
-  train.train(config, str(tmp_path),
-              linear_regression.make_task(config)[0])
+  training.train(config, str(tmp_path),
+                 linear_regression.make_task(config)[0])
   config.data.features = 5
   config.steps = 6
   config.restore_may_change = ('data.features',)
   with pytest.raises(checkpoint.CheckpointError) as e:
-    train.train(config, str(tmp_path),
-                linear_regression.make_task(config)[0])
+    training.train(config, str(tmp_path),
+                   linear_regression.make_task(config)[0])
   assert ("state.params['weight']: checkpoint shape (3,) float32, this run "
           'shape (5,) float32') in str(e.value), str(e.value)
 
@@ -180,10 +181,10 @@ def test_a_changed_model_field_is_still_refused(tmp_path):
 def test_restore_refuses_a_data_set_of_another_size(tmp_path):
   config = _config(4)
   task, _ = mlp.make_task(config)
-  train.train(config, str(tmp_path), task)
+  training.train(config, str(tmp_path), task)
   arrays = {k: v[:-1] for k, v in task.data.arrays.items()}
   smaller = dataclasses.replace(task, data=data.ArraySource(**arrays))
   with pytest.raises(checkpoint.CheckpointError,
                      match=r'made on 8192 training examples; this run has '
                            '8191'):
-    train.train(_config(8), str(tmp_path), smaller)
+    training.train(_config(8), str(tmp_path), smaller)

@@ -1,4 +1,4 @@
-"""The cross-process rounds (`coordination.Rounds`), with threads as processes."""
+"""The cross-process rounds of `coordination.Rounds`, threads as processes."""
 
 import concurrent.futures
 import json

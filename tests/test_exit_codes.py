@@ -23,7 +23,8 @@ def _podrun_error_classes() -> list[type]:
   """Every PodrunError subclass defined anywhere in launcher/ and runtime/."""
   for package in (launcher, runtime):
     for info in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):
-      if not info.name.endswith('__main__'):
+      # launcher.exit_codes is the deprecated name of runtime.common's.
+      if not info.name.endswith(('__main__', 'launcher.exit_codes')):
         importlib.import_module(info.name)
   found, todo = [], [exit_codes.PodrunError]
   while todo:

@@ -13,7 +13,7 @@ from runtime import data
 from runtime import hooks
 from runtime import parallelism
 from runtime import step as step_lib
-from runtime import train
+from runtime import training
 from runtime.workloads import linear_regression
 from tests import helpers
 
@@ -30,7 +30,7 @@ class _Recorder(hooks.Periodic):
   def begin(self, run):
     self.began.append(run.start_step)
 
-  def run(self, run):
+  def work(self, run):
     self.steps.append(run.step)
     assert run.host_state().params['weight'].shape == (3,)
 
@@ -44,8 +44,8 @@ def _config(steps, **fields):
 
 def _train(config, workdir, *user_hooks):
   task, _ = linear_regression.make_task(config)
-  return train.train(config, str(workdir),
-                     dataclasses.replace(task, hooks=user_hooks))
+  return training.train(config, str(workdir),
+                        dataclasses.replace(task, hooks=user_hooks))
 
 
 def test_a_user_hook_keeps_its_cadence_across_a_resume(tmp_path):
@@ -91,7 +91,7 @@ def test_the_learning_rate_is_logged_from_the_schedule(tmp_path):
   schedule = optax.linear_schedule(0.1, 0.0, 10)
   task = dataclasses.replace(task, optimizer=optax.sgd(schedule),
                              schedule=schedule)
-  train.train(config, str(tmp_path), task)
+  training.train(config, str(tmp_path), task)
   records = helpers.read_jsonl(tmp_path / 'metrics.jsonl')
   # The rate of each window's last update: optax counts from 0.
   assert [r['learning_rate'] for r in records] == pytest.approx(
@@ -163,7 +163,7 @@ def test_the_loop_trains_from_a_per_example_source(tmp_path):
     def __getitem__(self, i):
       return {'x': arrays['x'][i], 'y': arrays['y'][i]}
 
-  by_batch = train.train(config, str(tmp_path / 'a'), task)
-  by_example = train.train(config, str(tmp_path / 'b'),
-                           dataclasses.replace(task, data=PerExample()))
+  by_batch = training.train(config, str(tmp_path / 'a'), task)
+  by_example = training.train(config, str(tmp_path / 'b'),
+                              dataclasses.replace(task, data=PerExample()))
   assert by_batch.fingerprint == by_example.fingerprint

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from configs import mnist_cnn as mnist_cnn_config
-from runtime import train
+from runtime import training
 from runtime.workloads import mnist
 from runtime.workloads import mnist_cnn
 from tests import helpers
@@ -36,7 +36,7 @@ def data_dir(tmp_path_factory):
   return path
 
 
-def _assert_same(a: train.TrainResult, b: train.TrainResult) -> None:
+def _assert_same(a: training.TrainResult, b: training.TrainResult) -> None:
   assert a.fingerprint == b.fingerprint
   jax.tree_util.tree_map(np.testing.assert_array_equal, a.model_state,
                          b.model_state)
@@ -82,7 +82,7 @@ def test_dropout_draws_from_the_step_key(data_dir, tmp_path):
                                      str(tmp_path / 'one'))
   task = mnist_cnn.make_task(_config(data_dir, 3), mnist.load(str(data_dir)))
   config = _config(data_dir, 3, checkpointing=False, seed=1)
-  other = train.train(config, str(tmp_path / 'other'), task)
+  other = training.train(config, str(tmp_path / 'other'), task)
   assert one.fingerprint != other.fingerprint
 
 

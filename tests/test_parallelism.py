@@ -11,7 +11,7 @@ from configs import linear_regression as linear_regression_config
 from configs import mlp as mlp_config
 from configs import mnist as mnist_config
 from runtime import parallelism
-from runtime import train
+from runtime import training
 from runtime.workloads import linear_regression
 from runtime.workloads import mlp
 from runtime.workloads import mnist
@@ -61,7 +61,7 @@ def test_shard_map_step_sees_per_device_shapes_and_spans_every_device():
 def _train(config, workdir, task, kind):
   config = config.copy_and_resolve_references()
   config.parallelism = str(kind)
-  return train.train(config, workdir, task)
+  return training.train(config, workdir, task)
 
 
 @pytest.mark.parametrize('workload', ['linear_regression', 'mlp'])

@@ -6,7 +6,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from configs import linear_regression as linear_regression_config
 from runtime import metrics
 from runtime import tensorboard
-from runtime import train
+from runtime import training
 from runtime.workloads import linear_regression
 from tests import helpers
 
@@ -26,7 +26,7 @@ def _train(workdir, steps):
   config = linear_regression_config.get_config()
   config.steps, config.log_every, config.checkpoint_every = steps, 4, 4
   task, _ = linear_regression.make_task(config)
-  return train.train(config, str(workdir), task)
+  return training.train(config, str(workdir), task)
 
 
 def test_every_metric_of_metrics_jsonl_is_in_tensorboard(tmp_path):

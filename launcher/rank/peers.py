@@ -41,7 +41,8 @@ class Cause:
     code: its exit code, for 'failed'.
     summary: one line: the exception, or what was seen.
     since: wall time of that process's last sign of life (its failure, its
-      last heartbeat or step), for the time to recover (runtime/common/goodput.py).
+      last heartbeat or step), for the time to recover
+      (runtime/common/goodput.py).
   """
   kind: str
   rank: int

@@ -1,4 +1,5 @@
-"""`python -m launcher.tpu COMMAND ...`: the TPU pod driver's one entry.
+"""`python -m launcher.tpu COMMAND ...` (or `podrun-tpu`): the TPU pod
+driver's one entry.
 
   python -m launcher.tpu launch <the script's flags> -- <launcher flags>
   python -m launcher.tpu preflight --tpu=NAME --zone=ZONE [--project=P]
@@ -84,5 +85,10 @@ def main(argv: list[str]) -> int:
   return _check(args, launcher_args)
 
 
-if __name__ == '__main__':
+def run() -> None:
+  """The `podrun-tpu` command: `main` on the command line's arguments."""
   sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == '__main__':
+  run()

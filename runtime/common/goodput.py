@@ -25,8 +25,8 @@ rolls up without it.
 Which steps are recomputed is exact however an attempt ended: every process
 stores the last step it completed in an 8-byte memory-mapped file beside its
 ledger (`HighWater`), which survives a SIGKILL. Each attempt after a failure
-also gets its time to recover (runtime/common/time_to_recover.py): from the fault to its
-first productive step, split into detection, teardown, back-off, start-up,
+also gets its time to recover (runtime/common/time_to_recover.py): from the
+fault to its first productive step, split into detection, teardown, back-off, start-up,
 distributed init, restore (with the tier it came from), compile and
 recomputed steps.
 

@@ -1,8 +1,9 @@
 """Time to recover: from a fault to the next attempt's first productive step.
 
-Read from the goodput ledgers (runtime/common/goodput.py) and the launcher's record
-of the attempts: when the fault happened and was detected, when the failed
-attempt ended, and the next attempt's parts at its first productive step.
+Read from the goodput ledgers (runtime/common/goodput.py) and the launcher's
+record of the attempts: when the fault happened and was detected, when the
+failed attempt ended, and the next attempt's parts at its first productive
+step.
 The phases are differences of those, and 'other' is what remains (building
 the task, waiting for input), so they add up to the total.
 

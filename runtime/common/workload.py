@@ -38,7 +38,7 @@ def resolve(spec: Any) -> Callable[[ConfigDict, str], Any]:
 
   Call it only after jax.distributed is initialised: importing a workload
   may run JAX code. The function, called as function(config, workdir),
-  returns a runtime.train.TrainResult, or a dict of its own results for
+  returns a runtime.TrainResult, or a dict of its own results for
   summary.json.
 
   Example:

@@ -12,7 +12,7 @@ over which the step's `lax.pmean` runs. The parts:
   dim is not one slice per local device.
 
 Example:
-  >>> par = parallelism.of(config)
+  >>> par = parallelism.from_config(config)
   >>> step = par.map(step_fn, in_axes=(None, 0), out_axes=(None, None))
   >>> rows = batch[parallelism.process_slice(256, jax.process_index(),
   ...                                         jax.process_count())]
@@ -29,6 +29,7 @@ from runtime.parallelism.device_axis import device_map
 from runtime.parallelism.device_axis import DeviceAxisError
 from runtime.parallelism.mapping import CHOICES
 from runtime.parallelism.mapping import DATA_AXIS
+from runtime.parallelism.mapping import from_config
 from runtime.parallelism.mapping import global_mesh
 from runtime.parallelism.mapping import named
 from runtime.parallelism.mapping import of
@@ -39,6 +40,7 @@ from runtime.parallelism.mapping import SHARD_MAP
 __all__ = [
     'BatchSizeError', 'CHOICES', 'DATA_AXIS', 'DeviceAxisError',
     'Parallelism', 'PMAP', 'SHARD_MAP', 'check_device_axis', 'device_map',
-    'global_mesh', 'merge_devices', 'named', 'of', 'per_device_batch_size',
+    'from_config', 'global_mesh', 'merge_devices', 'named', 'of',
+    'per_device_batch_size',
     'process_slice', 'split_for_devices',
 ]

@@ -1,8 +1,9 @@
 """pmap or jit(shard_map): one object, chosen once, that runs a per-device
 function over the axis `devices`.
 
-`of(config)` turns `config.parallelism` into a `Parallelism`; everything else
-in the runtime calls its four methods, so a step written once runs both ways:
+`from_config(config)` turns `config.parallelism` into a `Parallelism`;
+everything else in the runtime calls its four methods, so a step written once
+runs both ways:
 
 - `PMAP` (the default): `jax.pmap` over the axis `devices`. Replicated
   arguments are host-local arrays on this process's devices; mapped ones carry
@@ -20,6 +21,7 @@ arguments whole, mapped ones as (per_device_batch, ...), and `lax.pmean` /
 
 import functools
 from typing import Any, Callable, Optional, Sequence
+import warnings
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -60,7 +62,7 @@ class Parallelism:
   and hash by name.
 
   Example:
-    >>> par = parallelism.of(config)
+    >>> par = parallelism.from_config(config)
     >>> step = par.map(step_fn, in_axes=(None, 0), out_axes=(None, None))
     >>> state, metrics = step(par.replicate(state), par.put_batch(batch))
     >>> par.to_host(metrics)
@@ -196,6 +198,18 @@ def named(name: str) -> Parallelism:
                    f'{", ".join(repr(c.name) for c in CHOICES)}')
 
 
-def of(config: ConfigDict) -> Parallelism:
-  """The Parallelism that config.parallelism names."""
+def from_config(config: ConfigDict) -> Parallelism:
+  """The Parallelism that config.parallelism names ('pmap' or 'shard_map').
+
+  Example:
+    >>> par = parallelism.from_config(config)
+  """
   return named(config.parallelism)
+
+
+def of(config: ConfigDict) -> Parallelism:
+  """Deprecated: the old name of `from_config`, kept for one release."""
+  warnings.warn('parallelism.of(config) is now '
+                'parallelism.from_config(config); the old name goes in the '
+                'next release', DeprecationWarning, stacklevel=2)
+  return from_config(config)

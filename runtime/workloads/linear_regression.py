@@ -11,8 +11,7 @@ from ml_collections import ConfigDict
 import numpy as np
 import optax
 
-from runtime import data
-from runtime import train
+import runtime
 
 
 def make_dataset(config: ConfigDict) -> dict[str, np.ndarray]:
@@ -45,21 +44,21 @@ def loss_fn(params, batch) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
   return jnp.mean((prediction - batch['y']) ** 2), {}
 
 
-def make_task(config: ConfigDict) -> tuple[train.Task, dict[str, np.ndarray]]:
+def make_task(config: ConfigDict) -> tuple[runtime.Task, dict[str, np.ndarray]]:
   """The training task and the data set behind it."""
   dataset = make_dataset(config)
-  task = train.Task(
+  task = runtime.Task(
       params=init_params(config),
       loss_fn=loss_fn,
       optimizer=optax.sgd(config.optimizer.learning_rate),
-      data=data.ArraySource(x=dataset['x'], y=dataset['y']))
+      data=runtime.ArraySource(x=dataset['x'], y=dataset['y']))
   return task, dataset
 
 
-def train_and_evaluate(config: ConfigDict, workdir: str) -> train.TrainResult:
+def train_and_evaluate(config: ConfigDict, workdir: str) -> runtime.TrainResult:
   """Trains the model; adds the learned and the true parameters."""
   task, dataset = make_task(config)
-  result = train.train(config, workdir, task)
+  result = runtime.train(config, workdir, task)
   learned = result.params
   error = max(np.abs(learned['weight'] - dataset['true_weight']).max(),
               abs(float(learned['bias']) - float(dataset['true_bias'])))

@@ -13,8 +13,7 @@ from ml_collections import ConfigDict
 import numpy as np
 import optax
 
-from runtime import data
-from runtime import train
+import runtime
 
 
 def make_dataset(config: ConfigDict) -> dict[str, np.ndarray]:
@@ -54,20 +53,20 @@ def loss_fn(params, batch) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
   return loss, {'accuracy': accuracy}
 
 
-def make_task(config: ConfigDict) -> tuple[train.Task, dict[str, np.ndarray]]:
+def make_task(config: ConfigDict) -> tuple[runtime.Task, dict[str, np.ndarray]]:
   dataset = make_dataset(config)
-  task = train.Task(
+  task = runtime.Task(
       params=init_params(config),
       loss_fn=loss_fn,
       optimizer=optax.adam(config.optimizer.learning_rate),
-      data=data.ArraySource(x=dataset['x'], label=dataset['label']))
+      data=runtime.ArraySource(x=dataset['x'], label=dataset['label']))
   return task, dataset
 
 
-def train_and_evaluate(config: ConfigDict, workdir: str) -> train.TrainResult:
+def train_and_evaluate(config: ConfigDict, workdir: str) -> runtime.TrainResult:
   """Trains the MLP; adds its accuracy on the whole data set."""
   task, dataset = make_task(config)
-  result = train.train(config, workdir, task)
+  result = runtime.train(config, workdir, task)
   logits = jax.jit(logits_fn)(result.params, dataset['x'])
   accuracy = float(np.mean(np.argmax(logits, -1) == dataset['label']))
   result.extra = {'train_accuracy': accuracy}

@@ -3,7 +3,7 @@
 Reads the four standard IDX files (gzipped or not) from `config.data_dir`;
 nothing is downloaded at run time (scripts/fetch_mnist.py fetches them).
 Evaluates on the whole test split every `config.eval_every` steps and at the
-end, exactly: every test example once (runtime/evaluate.py).
+end, exactly: every test example once (runtime/evaluation.py).
 """
 
 import os
@@ -15,11 +15,8 @@ from ml_collections import ConfigDict
 import numpy as np
 import optax
 
-from runtime import data
-from runtime import evaluate
+import runtime
 from runtime import idx
-from runtime import parallelism
-from runtime import train
 
 FILES = {
     'train_images': 'train-images-idx3-ubyte',
@@ -145,26 +142,27 @@ def example_metrics(params, batch) -> dict[str, jnp.ndarray]:
   }
 
 
-def sources(dataset: dict[str, np.ndarray]) -> dict[str, data.ArraySource]:
+def sources(dataset: dict[str, np.ndarray]) -> dict[str, runtime.ArraySource]:
   """{'train': ..., 'test': ...}, each of examples {'image', 'label'}."""
-  return {split: data.ArraySource(image=dataset[f'{split}_images'],
+  return {split: runtime.ArraySource(image=dataset[f'{split}_images'],
                                   label=dataset[f'{split}_labels'])
           for split in ('train', 'test')}
 
 
-def make_task(config: ConfigDict, dataset: dict[str, np.ndarray]) -> train.Task:
+def make_task(config: ConfigDict, dataset: dict[str, np.ndarray]
+              ) -> runtime.Task:
   split = sources(dataset)
-  return train.Task(
+  return runtime.Task(
       params=init_params(config, dataset['train_images'].shape[1]),
       loss_fn=loss_fn,
       optimizer=optax.adam(config.optimizer.learning_rate),
       data=split['train'],
-      evaluate=lambda params, _: evaluate.evaluate(
+      eval_fn=lambda params, _: runtime.evaluate(
           params, example_metrics, split['test'], config.eval_batch_size,
-          parallelism.of(config)))
+          runtime.parallelism.from_config(config)))
 
 
-def train_and_evaluate(config: ConfigDict, workdir: str) -> train.TrainResult:
+def train_and_evaluate(config: ConfigDict, workdir: str) -> runtime.TrainResult:
   """Trains on the train split; eval_* are the exact test-split metrics."""
   dataset = load(config.data_dir)
-  return train.train(config, workdir, make_task(config, dataset))
+  return runtime.train(config, workdir, make_task(config, dataset))

@@ -1,7 +1,7 @@
 """MNIST with a Flax NNX CNN: BatchNorm, dropout, warm-up cosine Adam.
 
-Written only against the public API: `train.Task`, `train.train`,
-`data.ArraySource` (via mnist.sources) and `evaluate.evaluate`. BatchNorm's
+Written only against the public API: `runtime.Task`, `runtime.train`,
+`runtime.ArraySource` (via mnist.sources) and `runtime.evaluate`. BatchNorm's
 batch statistics are the task's model state; dropout draws from the key the
 loop passes, so a resumed run is exact.
 """
@@ -14,9 +14,7 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 import optax
 
-from runtime import evaluate
-from runtime import parallelism
-from runtime import train
+import runtime
 from runtime.workloads import mnist
 
 
@@ -70,7 +68,7 @@ def _example_metrics(graphdef, variables, batch):
           'accuracy': (jnp.argmax(logits, -1) == labels).astype(jnp.float32)}
 
 
-def make_task(config: ConfigDict, dataset) -> train.Task:
+def make_task(config: ConfigDict, dataset) -> runtime.Task:
   """The task: the model's params and batch_stats, drawn from config.seed."""
   model = CNN(tuple(config.model.features), config.model.dense,
               config.model.dropout, nnx.Rngs(config.seed))
@@ -81,7 +79,7 @@ def make_task(config: ConfigDict, dataset) -> train.Task:
   split = mnist.sources(dataset)
   # One function object per graph, so the eval step compiles once.
   metrics_fn = functools.partial(_example_metrics, graphdef)
-  return train.Task(
+  return runtime.Task(
       params=jax.device_get(params),
       model_state=jax.device_get(batch_stats),
       loss_fn=functools.partial(_loss, graphdef),
@@ -89,12 +87,12 @@ def make_task(config: ConfigDict, dataset) -> train.Task:
       optimizer=optax.adamw(schedule, weight_decay=opt.weight_decay),
       schedule=schedule,
       data=split['train'],
-      evaluate=lambda params, stats: evaluate.evaluate(
+      eval_fn=lambda params, stats: runtime.evaluate(
           (params, stats), metrics_fn, split['test'], config.eval_batch_size,
-          parallelism.of(config)))
+          runtime.parallelism.from_config(config)))
 
 
-def train_and_evaluate(config: ConfigDict, workdir: str) -> train.TrainResult:
+def train_and_evaluate(config: ConfigDict, workdir: str) -> runtime.TrainResult:
   """Trains on the train split; eval_* are the exact test-split metrics."""
-  return train.train(config, workdir,
+  return runtime.train(config, workdir,
                      make_task(config, mnist.load(config.data_dir)))

@@ -14,7 +14,7 @@ from runtime import parallelism
 
 def train_and_evaluate(config: ConfigDict, workdir):
   del workdir
-  par = parallelism.of(config)
+  par = parallelism.from_config(config)
   total = par.map(lambda x: lax.psum(x.sum(), parallelism.DATA_AXIS),
                   in_axes=(0,), out_axes=None)
   rows = np.ones(2 * jax.local_device_count(), np.float32)

@@ -32,7 +32,7 @@ import numpy as np
 from runtime.common import exit_codes
 from runtime import hooks
 from runtime import local_checkpoint
-from runtime import train
+from runtime import training
 from runtime.workloads import linear_regression
 
 
@@ -91,9 +91,9 @@ def train_and_evaluate(config: ConfigDict, workdir):
         run, config.flip_step, config.flip_device)))
   evaluate = (_slow_evaluation(config.eval_seconds) if config.eval_seconds
               else None)
-  result = train.train(config, workdir, dataclasses.replace(
+  result = training.train(config, workdir, dataclasses.replace(
       task, params=params, data=_Source(len(task.data), load_examples),
-      hooks=list(task.hooks) + extra_hooks, evaluate=evaluate))
+      hooks=list(task.hooks) + extra_hooks, eval_fn=evaluate))
   if config.record_ids:
     os.makedirs(os.path.join(workdir, 'ids'), exist_ok=True)
     np.save(os.path.join(workdir, 'ids', f'rank_{jax.process_index()}.npy'),

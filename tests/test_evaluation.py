@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from configs import mnist as mnist_config
-from runtime import evaluate
+from runtime import evaluation
 from runtime import parallelism
 from runtime.workloads import mnist
 
@@ -17,12 +17,12 @@ def test_eval_batches_cover_every_example_once(process_count):
   seen = []
   steps = []
   for p in range(process_count):
-    batches = list(evaluate.eval_batches(10001, 512, p, process_count))
+    batches = list(evaluation.eval_batches(10001, 512, p, process_count))
     steps.append(len(batches))
     for ids, mask in batches:
       assert len(ids) == 512 // process_count
       seen.extend(ids[mask > 0].tolist())
-  assert steps == [evaluate.num_eval_steps(10001, 512)] * process_count == (
+  assert steps == [evaluation.num_eval_steps(10001, 512)] * process_count == (
       [20] * process_count)
   assert sorted(seen) == list(range(10001))
 
@@ -43,7 +43,7 @@ def test_10001_examples_match_a_numpy_reference(tmp_path):
   config = mnist_config.get_config()
   config.model.hidden_sizes = (32,)
   params = mnist.init_params(config, 784)
-  result = evaluate.evaluate(
+  result = evaluation.evaluate(
       parallelism.PMAP.replicate(params), mnist.example_metrics,
       mnist.sources(data)['test'], 512, parallelism.PMAP)
   logits = _numpy_logits(params, data['test_images'].astype(np.float64))

@@ -10,15 +10,17 @@ agreement, a profiler window and the task's own.
 
 Example (a workload):
   >>> def train_and_evaluate(config: ConfigDict, workdir):
-  ...   task = train.Task(params=init_params(config), loss_fn=loss_fn,
-  ...                     optimizer=optax.adam(config.optimizer.learning_rate),
-  ...                     data=data.ArraySource(x=xs, label=labels))
-  ...   return train.train(config, workdir, task)
+  ...   task = runtime.Task(
+  ...       params=init_params(config), loss_fn=loss_fn,
+  ...       optimizer=optax.adam(config.optimizer.learning_rate),
+  ...       data=runtime.ArraySource(x=xs, label=labels))
+  ...   return runtime.train(config, workdir, task)
 """
 
 import dataclasses
 import os
 from typing import Any, Callable, Optional, Sequence
+import warnings
 
 import jax
 from ml_collections import ConfigDict
@@ -68,13 +70,15 @@ class Task:
     loss_uses_rng: pass loss_fn a last argument, a PRNG key that differs per
       device and per step; it comes from the checkpointed state, so a
       resumed run draws the same keys.
-    evaluate: optional `(params, model_state) -> {name: value}`, run on
+    eval_fn: optional `(params, model_state) -> {name: value}`, run on
       every process every config.eval_every steps and at the end with the
-      replicated state placed for the run's parallelism (see
-      runtime/evaluate.py); its results go to metrics.jsonl as eval_*.
+      replicated state placed for the run's parallelism (`runtime.evaluate`
+      scores a data source exactly); its results go to metrics.jsonl as
+      eval_*.
     schedule: the optimiser's learning-rate schedule, `count -> rate`; when
       given, the rate is logged with the metrics.
     hooks: more hooks (runtime/hooks.py), called after the built-in ones.
+    evaluate: the old name of `eval_fn`, kept for one release.
   """
   params: Any
   loss_fn: step_lib.LossFn
@@ -82,9 +86,21 @@ class Task:
   data: Any
   model_state: Any = None
   loss_uses_rng: bool = False
-  evaluate: Optional[Callable[[Any, Any], dict[str, float]]] = None
+  eval_fn: Optional[Callable[[Any, Any], dict[str, float]]] = None
   schedule: Optional[Callable[[int], Any]] = None
   hooks: Sequence[hooks_lib.Hook] = ()
+  evaluate: Optional[Callable[[Any, Any], dict[str, float]]] = None
+
+  def __post_init__(self):
+    if self.evaluate is not None:
+      warnings.warn('Task(evaluate=...) is now Task(eval_fn=...); the old '
+                    'name goes in the next release', DeprecationWarning,
+                    stacklevel=3)
+      if self.eval_fn is not None:
+        raise ValueError('Task got both eval_fn and evaluate (its old name); '
+                         'give eval_fn alone')
+      object.__setattr__(self, 'eval_fn', self.evaluate)
+      object.__setattr__(self, 'evaluate', None)
 
 
 @dataclasses.dataclass
@@ -180,8 +196,9 @@ def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt, local
     built_in.append(hooks_lib.SaveLocalCheckpoints(local, ckpt, describe))
   if save is not None:
     built_in.append(save)
-  if task.evaluate is not None:
-    built_in.append(hooks_lib.Evaluate(config.eval_every, task.evaluate))
+  if task.eval_fn is not None:
+    built_in.append(hooks_lib.PeriodicEvaluation(config.eval_every,
+                                                 task.eval_fn))
   if config.profile.num_steps:
     built_in.append(hooks_lib.Profile(
         os.path.join(workdir, 'tensorboard'), config.profile.start_step,
@@ -218,7 +235,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   parallelism_lib.per_device_batch_size(config.global_batch_size,
                                  topo.process_count, topo.local_device_count)
   in_flight_limit = max_steps_in_flight(config, topo.platform)
-  par = parallelism_lib.of(config)
+  par = parallelism_lib.from_config(config)
   step_fn = structure.RecompileWatch(agreement.check_program_on_first_call(
       step_lib.make_train_step(
           task.loss_fn, task.optimizer, par, uses_rng=task.loss_uses_rng,

@@ -12,7 +12,7 @@ from configs import linear_regression as linear_regression_config
 from configs import mlp as mlp_config
 from runtime import data
 from runtime import fingerprint
-from runtime import train
+from runtime import training
 from runtime.workloads import linear_regression
 from runtime.workloads import mlp
 from tests.reference import single_device_descent
@@ -30,7 +30,7 @@ def test_linear_regression_on_8_devices_equals_one_device(tmp_path):
   config = linear_regression_config.get_config()
   config.steps = 40
   task, dataset = linear_regression.make_task(config)
-  result = train.train(config, str(tmp_path), task)
+  result = training.train(config, str(tmp_path), task)
   assert_trees_close(result.params, single_device_descent(config, task),
                      rtol=1e-5, atol=1e-6)
   assert np.abs(result.params['weight'] - dataset['true_weight']).max() < 0.05
@@ -41,7 +41,7 @@ def test_mlp_on_8_devices_equals_one_device(tmp_path):
   config = mlp_config.get_config()
   config.steps = 25
   task, _ = mlp.make_task(config)
-  result = train.train(config, str(tmp_path), task)
+  result = training.train(config, str(tmp_path), task)
   assert_trees_close(result.params, single_device_descent(config, task),
                      rtol=2e-4, atol=2e-5)
 
@@ -50,9 +50,9 @@ def test_steps_in_flight_do_not_change_the_result(tmp_path):
   config = linear_regression_config.get_config()
   config.steps = 12
   task, _ = linear_regression.make_task(config)
-  one = train.train(config, str(tmp_path / 'one'), task)
+  one = training.train(config, str(tmp_path / 'one'), task)
   config.max_steps_in_flight = 3
-  three = train.train(config, str(tmp_path / 'three'), task)
+  three = training.train(config, str(tmp_path / 'three'), task)
   assert one.fingerprint == three.fingerprint
 
 
@@ -61,7 +61,7 @@ def test_metrics_and_rank_files(tmp_path):
   config.steps = 30
   config.log_every = 10
   task, _ = linear_regression.make_task(config)
-  result = train.train(config, str(tmp_path), task)
+  result = training.train(config, str(tmp_path), task)
   with open(tmp_path / 'metrics.jsonl') as f:
     records = [json.loads(line) for line in f]
   assert [r['step'] for r in records] == [10, 20, 30]
@@ -90,8 +90,8 @@ def test_non_finite_loss_names_the_step(tmp_path):
   source = data.ArraySource(**task.data.arrays)
   source.read_batch = poisoned
   bad = dataclasses.replace(task, data=source)
-  with pytest.raises(train.NonFiniteLossError, match='nan at step 5;'):
-    train.train(config, str(tmp_path), bad)
+  with pytest.raises(training.NonFiniteLossError, match='nan at step 5;'):
+    training.train(config, str(tmp_path), bad)
 
 
 def test_indivisible_batch_is_refused(tmp_path):
@@ -99,5 +99,5 @@ def test_indivisible_batch_is_refused(tmp_path):
   config.global_batch_size = 100
   task, _ = linear_regression.make_task(config)
   with pytest.raises(ValueError, match='global batch size 100'):
-    train.train(config, str(tmp_path), task)
+    training.train(config, str(tmp_path), task)
   assert not os.path.exists(tmp_path / 'metrics.jsonl')

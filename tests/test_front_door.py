@@ -1,0 +1,99 @@
+"""`import runtime`: the names a workload needs, loaded on first use, and the
+old spellings that still work for one release, with a warning."""
+
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import optax
+import pytest
+
+from configs import linear_regression
+import runtime
+from runtime import hooks
+from tests import helpers
+
+pytestmark = pytest.mark.unit
+
+
+def test_every_public_name_resolves():
+  for name in runtime.__all__:
+    assert getattr(runtime, name) is not None, name
+  assert set(runtime.__all__) <= set(dir(runtime))
+
+
+def test_importing_runtime_loads_no_jax():
+  code = ('import sys, runtime, runtime.common.goodput\n'
+          'print(any(m == "jax" or m.startswith("jax.") for m in sys.modules))')
+  result = subprocess.run([sys.executable, '-c', code], cwd=helpers.REPO,
+                          capture_output=True, text=True, timeout=60,
+                          check=True)
+  assert result.stdout.strip() == 'False'
+
+
+def _task(**fields):
+  return runtime.Task(params={'w': np.zeros(3, np.float32)},
+                      loss_fn=lambda params, batch: (0.0, {}),
+                      optimizer=optax.sgd(0.1),
+                      data=runtime.ArraySource(x=np.zeros((8, 3))), **fields)
+
+
+def test_the_old_module_spellings_warn_and_work():
+  with pytest.warns(DeprecationWarning, match='runtime.Task'):
+    from runtime import train  # pylint: disable=g-import-not-at-top
+    assert train.Task is runtime.Task
+  with pytest.warns(DeprecationWarning, match='runtime.train.train'):
+    assert train.train is runtime.train.__wrapped__
+  with pytest.warns(DeprecationWarning, match='runtime.evaluate.evaluate'):
+    assert runtime.evaluate.evaluate is runtime.evaluate.__wrapped__
+  config = linear_regression.get_config()
+  with pytest.warns(DeprecationWarning, match='from_config'):
+    assert runtime.parallelism.of(config) is (
+        runtime.parallelism.from_config(config))
+
+
+def test_task_evaluate_is_the_old_name_of_eval_fn():
+  def score(params, model_state):
+    return {}
+  with pytest.warns(DeprecationWarning, match='eval_fn'):
+    task = _task(evaluate=score)
+  assert task.eval_fn is score and task.evaluate is None
+  with pytest.raises(ValueError, match='both eval_fn and evaluate'):
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore', DeprecationWarning)
+      _task(eval_fn=score, evaluate=score)
+
+
+def test_a_hook_written_for_periodic_run_still_runs_with_a_warning():
+  seen = []
+
+  class Old(hooks.Periodic):
+    def run(self, run):
+      seen.append(run)
+
+  class New(hooks.Periodic):
+    def work(self, run):
+      seen.append(('new', run))
+  with pytest.warns(DeprecationWarning, match='override work'):
+    Old(1).work('a run')
+  with warnings.catch_warnings():
+    warnings.simplefilter('error', DeprecationWarning)
+    New(1).work('b run')
+    hooks.Periodic(1, seen.append).work('c run')
+  assert seen == ['a run', ('new', 'b run'), 'c run']
+
+
+def test_launcher_exit_codes_is_the_old_name():
+  code = ('import warnings\nwarnings.simplefilter("error")\n'
+          'import launcher.exit_codes')
+  result = subprocess.run([sys.executable, '-c', code], cwd=helpers.REPO,
+                          capture_output=True, text=True, timeout=60,
+                          check=False)
+  assert 'runtime.common.exit_codes' in result.stderr
+  from runtime.common import exit_codes  # pylint: disable=g-import-not-at-top
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', DeprecationWarning)
+    import launcher.exit_codes as old  # pylint: disable=g-import-not-at-top
+  assert old.PodrunError is exit_codes.PodrunError is runtime.PodrunError
+  assert old.PREEMPTED == 75
