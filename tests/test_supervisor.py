@@ -4,6 +4,7 @@ import threading
 
 import pytest
 
+from launcher.rank import end_of_job
 from launcher.rank import peers
 from launcher.rank import supervisor
 from runtime.common import exit_codes
@@ -81,7 +82,7 @@ def test_a_silent_peer_is_declared_lost_and_everyone_exits_10():
   sup.start()
   assert done.wait(10), 'rank 1 was never declared lost'
   sup.stop()
-  cause = peers.Cause.from_json(job.store[supervisor.END_KEY])
+  cause = peers.Cause.from_json(job.store[end_of_job.END_KEY])
   assert (cause.kind, cause.rank) == ('lost', 1)
   assert exited == [exit_codes.PEER_FAILED]
 
@@ -98,7 +99,7 @@ def test_the_own_watchdog_publishes_a_stall_and_dumps_stacks():
   sup.start()
   assert done.wait(10)
   sup.stop()
-  cause = peers.Cause.from_json(job.store[supervisor.END_KEY])
+  cause = peers.Cause.from_json(job.store[end_of_job.END_KEY])
   assert (cause.kind, cause.rank) == ('stalled', 1)
   assert 'no first step completed within 1 s' in cause.summary
   assert exited == [exit_codes.STALLED] and dumped == [True]
@@ -109,11 +110,11 @@ def test_fail_keeps_its_code_unless_another_failed_first(first_is_consequence):
   job = _FakeJob(process_id=1, process_count=2)
   sup = supervisor.Supervisor(job, supervisor.Options(), host='h1')
   if first_is_consequence:
-    job.set(supervisor.END_KEY, peers.Cause(
+    job.set(end_of_job.END_KEY, peers.Cause(
         'failed', 0, 'h0', 7, 'SystemExit(7)').to_json())
     assert sup.fail(1, 'RuntimeError: x', may_be_consequence=True) == (
         exit_codes.PEER_FAILED)
   else:
     assert sup.fail(3, 'TopologyMismatchError: x',
                     may_be_consequence=False) == 3
-    assert peers.Cause.from_json(job.store[supervisor.END_KEY]).code == 3
+    assert peers.Cause.from_json(job.store[end_of_job.END_KEY]).code == 3

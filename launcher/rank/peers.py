@@ -70,33 +70,40 @@ class Cause:
 
 
 class Peers:
-  """Process 0's view of the other processes, from their heartbeats."""
+  """This process's heartbeats, and process 0's view of the others'.
 
-  def __init__(self, supervisor):
-    self.supervisor = supervisor
+  Example:
+    >>> peers = Peers(coordination.current(), 'host-0', heartbeat_timeout=15)
+    >>> peers.publish_own(progress.snapshot(), beat=1, supervisor_cpu_s=0.0)
+    >>> peers.find_lost(time.monotonic())     # on process 0
+  """
+
+  def __init__(self, job: coordination.Job, host: str,
+               heartbeat_timeout: float):
+    self.job, self.host = job, host
+    self.heartbeat_timeout = heartbeat_timeout
     self.last_change: dict[int, tuple[int, float]] = {}
     self.last_check = None
     self.warned_at: dict[int, float] = {}
 
-  def publish_own(self, snapshot: progress.Snapshot, beat: int) -> None:
-    s = self.supervisor
-    record = {'beat': beat, 'host': s.host, 'pid': os.getpid(),
+  def publish_own(self, snapshot: progress.Snapshot, beat: int,
+                  supervisor_cpu_s: float) -> None:
+    record = {'beat': beat, 'host': self.host, 'pid': os.getpid(),
               'done': snapshot.done_step, 'begun': snapshot.begun_step,
               'step': progress.summarize(snapshot.step_seconds),
               'own': progress.summarize(snapshot.own_seconds),
-              'supervisor_cpu_s': s.cpu_s}
+              'supervisor_cpu_s': supervisor_cpu_s}
     try:
-      s.job.publish(BEAT_DIR, json.dumps(record))
+      self.job.publish(BEAT_DIR, json.dumps(record))
     except Exception:  # pylint: disable=broad-except
-      pass  # _poll_end notices a coordinator that stays silent.
+      pass  # The supervisor notices a coordinator that stays silent.
 
   def records(self) -> dict[int, dict[str, Any]]:
     return {rank: json.loads(value) for rank, value
-            in self.supervisor.job.by_rank(BEAT_DIR).items()}
+            in self.job.by_rank(BEAT_DIR).items()}
 
   def find_lost(self, now: float) -> Optional[Cause]:
-    s = self.supervisor
-    starved_after = max(s.options.heartbeat_timeout / 2, 3 * BEAT_EVERY_S)
+    starved_after = max(self.heartbeat_timeout / 2, 3 * BEAT_EVERY_S)
     if self.last_check is not None and now - self.last_check > starved_after:
       # This thread itself was starved (a long GIL hold): forgive everyone.
       self.last_change = {}
@@ -105,17 +112,17 @@ class Peers:
       records = self.records()
     except Exception:  # pylint: disable=broad-except
       return None
-    for rank in range(1, s.job.process_count):
+    for rank in range(1, self.job.process_count):
       record = records.get(rank, {'beat': None, 'host': '?'})
       seen = self.last_change.get(rank)
       if seen is None or seen[0] != record['beat']:
         self.last_change[rank] = (record['beat'], now)
         continue
       silent = now - seen[1]
-      if silent > s.options.heartbeat_timeout:
+      if silent > self.heartbeat_timeout:
         return Cause('lost', rank, record.get('host', '?'), summary=(
             f'no heartbeat for {silent:.0f} s (--heartbeat_timeout='
-            f'{s.options.heartbeat_timeout:g}); its last completed step was '
+            f'{self.heartbeat_timeout:g}); its last completed step was '
             f'{record.get("done")}'), since=time.time() - silent)
     return None
 
@@ -135,7 +142,7 @@ class Peers:
       records = self.records()
     except Exception as e:  # pylint: disable=broad-except
       return f'the laggards are unknown: {first_line(e)}'
-    return describe_laggards(records, self.supervisor.job.process_count)
+    return describe_laggards(records, self.job.process_count)
 
 
 def describe_laggards(records: dict[int, dict[str, Any]],

@@ -30,10 +30,12 @@ Example:
 
 import json
 import os
+import time
 from typing import Optional
 
 import numpy as np
 
+from launcher.rank import peers as peers_lib
 from runtime.common import files
 from runtime.common import progress
 
@@ -42,6 +44,7 @@ MARGIN = 3.0
 FLOOR_S = 10.0
 WARMUP_STEPS = 20
 DIRECTORY = 'stall'
+_SAVE_EVERY_S = 30.0
 
 
 def deadline(snapshot: progress.Snapshot, ceiling: float, now: float,
@@ -103,3 +106,68 @@ def save(workdir: str, process_index: int,
                        json.dumps(learned.to_json()))
   except OSError:
     pass  # What it learned only saves time; never stop a job for it.
+
+
+class StallWatch:
+  """One process's hang watchdog: the first-step limit, then the deadline
+  above, with what it learns kept for the next attempt.
+
+  Example:
+    >>> watch = StallWatch(rank=0, host='h', stall_timeout=600,
+    ...                    first_step_timeout=1800, floor_s=10)
+    >>> watch.learn_in(workdir)
+    >>> cause = watch.check(progress.snapshot(), time.monotonic())
+  """
+
+  def __init__(self, rank: int, host: str, stall_timeout: float,
+               first_step_timeout: float, floor_s: float = FLOOR_S,
+               learn: bool = True):
+    self.rank, self.host = rank, host
+    self.stall_timeout, self.first_step_timeout = (stall_timeout,
+                                                   first_step_timeout)
+    self.floor_s, self.learn = floor_s, learn
+    self.started_at = time.monotonic()
+    # Where the learned pace is kept (WORKDIR/stall), once it is known.
+    self.workdir: Optional[str] = None
+    self._saved_at = time.monotonic()
+
+  def learn_in(self, workdir: str) -> None:
+    """Starts from what an earlier attempt learned of this process's pace,
+    and keeps what this one learns, in WORKDIR/stall."""
+    self.workdir = workdir
+    learned = load(workdir, self.rank)
+    if learned is not None:
+      progress.seed(learned)
+
+  def check(self, snapshot: progress.Snapshot,
+            now: float) -> Optional[peers_lib.Cause]:
+    """A 'stalled' cause when this process is past its deadline, else None."""
+    if snapshot.done_step is None:
+      waited = now - self.started_at
+      limit = self.first_step_timeout
+      if 0 < limit < waited:
+        return peers_lib.Cause('stalled', self.rank, self.host, summary=(
+            f'no first step completed within {limit:g} s '
+            '(--first_step_timeout); a workload that runs a loop of its own '
+            'must report each step with runtime.progress.report(step)'))
+      return None
+    self.keep(snapshot, now)
+    found = deadline(snapshot, self.stall_timeout, now, self.learn,
+                     self.floor_s)
+    if found is None or found[1] <= found[0]:
+      return None
+    limit, idle, why = found
+    doing = (f' while {snapshot.working}' if snapshot.working else '')
+    return peers_lib.Cause('stalled', self.rank, self.host, summary=(
+        f'no step completed for {idle:.0f} s after step '
+        f'{snapshot.done_step}{doing} (deadline {limit:.3g} s: {why})'),
+        since=time.time() - idle)
+
+  def keep(self, snapshot: progress.Snapshot, now: float,
+           force: bool = False) -> None:
+    """Writes what this process learned of its pace, every 30 s."""
+    if self.workdir is None:
+      return
+    if force or now - self._saved_at > _SAVE_EVERY_S:
+      self._saved_at = now
+      save(self.workdir, self.rank, snapshot.learned)

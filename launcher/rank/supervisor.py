@@ -36,6 +36,7 @@ from typing import Callable, NoReturn, Optional
 
 from absl import logging
 
+from launcher.rank import end_of_job
 from launcher.rank import peers as peers_lib
 from launcher.rank import stall
 from runtime.common import exit_codes
@@ -43,12 +44,7 @@ from runtime.common import goodput
 from runtime.common import progress
 from runtime import coordination
 
-END_KEY = 'podrun/end'
-ACK_DIR = 'podrun/ack'
 _TICK_S = 0.5
-_ACK_WAIT_S = 3.0
-_AFTER_ACKS_S = 0.2
-_LEARNED_EVERY_S = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +101,11 @@ def flush_and_exit(code: int) -> NoReturn:
 class Supervisor:
   """The watcher of one process; see the module docstring.
 
+  Its parts: the heartbeats (`peers.Peers`), the hang watchdog
+  (`stall.StallWatch`) and the end-of-job handshake
+  (`end_of_job.EndOfJob`); this class runs them from one thread and ends
+  the process.
+
   Example:
     >>> supervisor = Supervisor(coordination.current(), Options())
     >>> supervisor.start()
@@ -127,51 +128,47 @@ class Supervisor:
     self._ending = threading.Lock()  # Held by whoever ends this process.
     self._stop = threading.Event()
     self._watching_steps = True
-    self._started_at = time.monotonic()
     self._thread = None
     self._beats = 0
     self.cpu_s = 0.0
     self._last_contact = time.monotonic()
-    self._peers = peers_lib.Peers(self)
-    # Where the learned pace is kept (WORKDIR/stall), once it is known.
-    self.learned_dir: Optional[str] = None
-    self._learned_saved = time.monotonic()
+    self._peers = peers_lib.Peers(job, self.host, options.heartbeat_timeout)
+    self._end = end_of_job.EndOfJob(job)
+    self._stall = stall.StallWatch(
+        self.rank, self.host, options.stall_timeout,
+        options.first_step_timeout, _stall_floor(job, options),
+        options.learned_stall_deadline)
 
   def start(self) -> None:
     if not self.options.enabled:
       return
-    self._started_at = self._last_contact = time.monotonic()
+    self._stall.started_at = self._last_contact = time.monotonic()
     self._thread = threading.Thread(target=self._watch, daemon=True,
                                     name='podrun-supervisor')
     self._thread.start()
 
   def learn_in(self, workdir: str) -> None:
-    """Starts from what an earlier attempt learned of this process's pace,
-    and keeps what this one learns, in WORKDIR/stall."""
-    self.learned_dir = workdir
-    learned = stall.load(workdir, self.rank)
-    if learned is not None:
-      progress.seed(learned)
+    """The watchdog starts from, and keeps, the pace learned in WORKDIR."""
+    self._stall.learn_in(workdir)
 
   def finishing(self) -> None:
     """The workload returned: stop the watchdog and the loss check."""
     self._watching_steps = False
-    self._keep_learned(progress.snapshot(), time.monotonic(), force=True)
+    self._stall.keep(progress.snapshot(), time.monotonic(), force=True)
 
   def abort(self, code: int, summary: str) -> None:
     """Ends this process from any thread with `code`, telling the others."""
     if not self._ending.acquire(blocking=False):
       return
     logging.error('stopping with exit code %d: %s', code, summary)
-    self._wait_for_acks(self.publish(
+    self._end.wait_for_acks(self.publish(
         peers_lib.Cause('failed', self.rank, self.host, code, summary)))
     self._exit_process(code)
 
   def publish_final(self) -> None:
     """Publishes this process's last step times, for summary.json."""
     if self.job is not None and self.options.enabled:
-      self._beats += 1
-      self._peers.publish_own(progress.snapshot(), self._beats)
+      self._beat(progress.snapshot())
 
   def stop(self) -> None:
     self._stop.set()
@@ -198,13 +195,13 @@ class Supervisor:
             return
 
   def _poll_end(self) -> Optional[peers_lib.Cause]:
+    """The job's end if published; a 'lost' cause for a silent coordinator."""
     if self.job is None:
       self._stop.wait(_TICK_S)
       return None
     try:
-      text = self.job.wait(END_KEY, _TICK_S)
+      cause = self._end.poll(_TICK_S)
     except Exception as e:  # pylint: disable=broad-except
-      # The coordinator (process 0) does not answer.
       silent = time.monotonic() - self._last_contact
       if silent > self.options.heartbeat_timeout:
         return peers_lib.Cause('lost', 0, _coordinator_host(), summary=(
@@ -214,15 +211,18 @@ class Supervisor:
       self._stop.wait(_TICK_S)
       return None
     self._last_contact = time.monotonic()
-    return peers_lib.Cause.from_json(text) if text else None
+    return cause
+
+  def _beat(self, snapshot: progress.Snapshot) -> None:
+    self._beats += 1
+    self._peers.publish_own(snapshot, self._beats, self.cpu_s)
 
   def _check(self, now: float) -> Optional[peers_lib.Cause]:
     """The once-a-second duties; returns a cause to publish, if any."""
     snapshot = progress.snapshot()
     self.cpu_s = time.thread_time()  # What watching has cost this process.
     if self.job is not None:
-      self._beats += 1
-      self._peers.publish_own(snapshot, self._beats)
+      self._beat(snapshot)
     if not self._watching_steps:
       return None
     if self.rank == 0 and self.job is not None:
@@ -230,64 +230,13 @@ class Supervisor:
       if lost is not None:
         return lost
       self._peers.warn_stragglers(now)
-    return self._check_stall(snapshot, now)
-
-  def _check_stall(self, snapshot: progress.Snapshot,
-                   now: float) -> Optional[peers_lib.Cause]:
-    if snapshot.done_step is None:
-      waited = now - self._started_at
-      limit = self.options.first_step_timeout
-      if 0 < limit < waited:
-        return peers_lib.Cause('stalled', self.rank, self.host, summary=(
-            f'no first step completed within {limit:g} s '
-            '(--first_step_timeout); a workload that runs a loop of its own '
-            'must report each step with runtime.progress.report(step)'))
-      return None
-    self._keep_learned(snapshot, now)
-    found = stall.deadline(snapshot, self.options.stall_timeout, now,
-                           self.options.learned_stall_deadline,
-                           self._stall_floor())
-    if found is None or found[1] <= found[0]:
-      return None
-    limit, idle, why = found
-    doing = (f' while {snapshot.working}' if snapshot.working else '')
-    return peers_lib.Cause('stalled', self.rank, self.host, summary=(
-        f'no step completed for {idle:.0f} s after step '
-        f'{snapshot.done_step}{doing} (deadline {limit:.3g} s: {why})'),
-        since=time.time() - idle)
-
-  def _stall_floor(self) -> float:
-    """--stall_floor, and with peers never below --heartbeat_timeout + 2
-    beats: a process that died is then named lost, with the ack wait that
-    skips it, before its peers' steps are taken for stalled."""
-    if self.job is None or self.job.process_count == 1:
-      return self.options.stall_floor
-    return max(self.options.stall_floor, self.options.heartbeat_timeout +
-               2 * peers_lib.BEAT_EVERY_S)
-
-  def _keep_learned(self, snapshot: progress.Snapshot, now: float,
-                    force: bool = False) -> None:
-    """Writes what this process learned of its pace, every 30 s."""
-    if self.learned_dir is None:
-      return
-    if force or now - self._learned_saved > _LEARNED_EVERY_S:
-      self._learned_saved = now
-      stall.save(self.learned_dir, self.rank, snapshot.learned)
+    return self._stall.check(snapshot, now)
 
   # Ending the process.
 
   def publish(self, cause: peers_lib.Cause) -> peers_lib.Cause:
     """Publishes `cause` unless another is there; returns the one that won."""
-    if self.job is None:
-      return cause
-    try:
-      if self.job.set(END_KEY, cause.to_json()):
-        return cause
-      return peers_lib.Cause.from_json(self.job.get(END_KEY))
-    except Exception as e:  # pylint: disable=broad-except
-      logging.warning('could not publish the end of the job (%s): %s',
-                      cause.describe(), peers_lib.first_line(e))
-      return cause
+    return self._end.publish(cause)
 
   def fail(self, code: int, summary: str, may_be_consequence: bool) -> int:
     """The failure path of this process's main thread; returns its exit code.
@@ -306,31 +255,24 @@ class Supervisor:
       return code
     self._ending.acquire()  # The watcher no longer ends this process.
     if may_be_consequence:
-      earlier = self._wait_for_end(_consequence_wait_s(summary, self.options))
+      earlier = self._end.wait(_consequence_wait_s(summary, self.options))
       if earlier is not None and earlier.rank != self.rank:
-        _note_fault(earlier)
-        logging.error('%s; this process stops too (exit %d).',
-                      earlier.describe(), exit_codes.PEER_FAILED)
-        self._ack()
-        self._wait_for_acks(earlier)
-        return exit_codes.PEER_FAILED
+        return self._follow(earlier)
     won = self.publish(
         peers_lib.Cause('failed', self.rank, self.host, code, summary))
     if won.rank != self.rank and may_be_consequence:
-      _note_fault(won)
-      logging.error('%s; this process stops too.', won.describe())
-      self._ack()
-      self._wait_for_acks(won)
-      return exit_codes.PEER_FAILED
-    self._wait_for_acks(won)
+      return self._follow(won)
+    self._end.wait_for_acks(won)
     return code
 
-  def _wait_for_end(self, timeout_s: float) -> Optional[peers_lib.Cause]:
-    try:
-      text = self.job.wait(END_KEY, timeout_s)
-    except Exception:  # pylint: disable=broad-except
-      return None
-    return peers_lib.Cause.from_json(text) if text else None
+  def _follow(self, cause: peers_lib.Cause) -> int:
+    """This process's failure came from `cause`: say so; PEER_FAILED."""
+    _note_fault(cause)
+    logging.error('%s; this process stops too (exit %d).',
+                  cause.describe(), exit_codes.PEER_FAILED)
+    self._end.ack()
+    self._end.wait_for_acks(cause)
+    return exit_codes.PEER_FAILED
 
   def _end_for(self, cause: peers_lib.Cause) -> None:
     """The watcher saw `cause`: end this process accordingly."""
@@ -358,42 +300,23 @@ class Supervisor:
                     cause.describe(), code)
     _note_fault(cause)
     # What this attempt learned of its pace is for the next one.
-    self._keep_learned(progress.snapshot(), time.monotonic(), force=True)
+    self._stall.keep(progress.snapshot(), time.monotonic(), force=True)
     # Everything written first: once process 0 has every ack it exits, and
     # its coordination service with it, which JAX makes fatal to the others.
     _flush(code)
-    self._ack()
-    self._wait_for_acks(cause)
+    self._end.ack()
+    self._end.wait_for_acks(cause)
     self._exit_process(code)
 
-  def _ack(self) -> None:
-    try:
-      self.job.publish(ACK_DIR, '1')
-    except Exception:  # pylint: disable=broad-except
-      pass
 
-  def _wait_for_acks(self, cause: Optional[peers_lib.Cause] = None) -> None:
-    """Process 0 keeps the service up until the others have seen the end.
-
-    The process a failure or a loss names is not waited for: it is on its
-    way out, or gone. (A stalled one ends like everyone else.)
-    """
-    if self.rank != 0 or self.job is None:
-      return
-    expected = set(range(1, self.job.process_count))
-    if cause is not None and cause.kind in ('failed', 'lost'):
-      expected.discard(cause.rank)
-    waited_for = bool(expected)
-    deadline = time.monotonic() + _ACK_WAIT_S
-    while expected and time.monotonic() < deadline:
-      try:
-        acked = set(self.job.by_rank(ACK_DIR))
-      except Exception:  # pylint: disable=broad-except
-        return
-      expected -= acked
-      time.sleep(0.02)
-    if waited_for:
-      time.sleep(_AFTER_ACKS_S)  # Let the others' own exits land first.
+def _stall_floor(job: Optional[coordination.Job], options: Options) -> float:
+  """--stall_floor, and with peers never below --heartbeat_timeout + 2
+  beats: a process that died is then named lost, with the ack wait that
+  skips it, before its peers' steps are taken for stalled."""
+  if job is None or job.process_count == 1:
+    return options.stall_floor
+  return max(options.stall_floor,
+             options.heartbeat_timeout + 2 * peers_lib.BEAT_EVERY_S)
 
 
 def _consequence_wait_s(summary: str, options: Options) -> float:

@@ -1,0 +1,95 @@
+"""How the processes of a job agree that it ends, and on why.
+
+The first process to publish a cause under END_KEY wins; every other process
+reads it back within a tick. Each process that ends for it acknowledges
+under ACK_DIR, and process 0, which hosts the coordination service, waits
+briefly for those acknowledgements before it exits: once it is gone, JAX
+makes every call of the others fatal.
+
+Example:
+  >>> end = EndOfJob(coordination.current())
+  >>> won = end.publish(peers.Cause('failed', 1, 'host-1', 7, 'ValueError'))
+  >>> end.ack(); end.wait_for_acks(won)
+"""
+
+import time
+from typing import Optional
+
+from absl import logging
+
+from launcher.rank import peers as peers_lib
+from runtime import coordination
+
+END_KEY = 'podrun/end'
+ACK_DIR = 'podrun/ack'
+# Process 0 waits this long for the others' acknowledgements, then this
+# long more, so that their own exits land first.
+_ACK_WAIT_S = 3.0
+_AFTER_ACKS_S = 0.2
+
+
+class EndOfJob:
+  """One process's side of the end-of-job handshake."""
+
+  def __init__(self, job: Optional[coordination.Job]):
+    self.job = job
+    self.process_index = job.process_id if job else 0
+
+  def publish(self, cause: peers_lib.Cause) -> peers_lib.Cause:
+    """Publishes `cause` unless another is there; returns the one that won."""
+    if self.job is None:
+      return cause
+    try:
+      if self.job.set(END_KEY, cause.to_json()):
+        return cause
+      return peers_lib.Cause.from_json(self.job.get(END_KEY))
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('could not publish the end of the job (%s): %s',
+                      cause.describe(), peers_lib.first_line(e))
+      return cause
+
+  def poll(self, timeout_s: float) -> Optional[peers_lib.Cause]:
+    """The published cause, waiting up to timeout_s; None if none yet.
+
+    Raises:
+      Exception: whatever the coordination service raised: process 0 may
+        be gone, which the caller judges by how long it has been silent.
+    """
+    text = self.job.wait(END_KEY, timeout_s)
+    return peers_lib.Cause.from_json(text) if text else None
+
+  def wait(self, timeout_s: float) -> Optional[peers_lib.Cause]:
+    """Like `poll`, but None also when the service does not answer."""
+    try:
+      return self.poll(timeout_s)
+    except Exception:  # pylint: disable=broad-except
+      return None
+
+  def ack(self) -> None:
+    """Says that this process has seen the end."""
+    try:
+      self.job.publish(ACK_DIR, '1')
+    except Exception:  # pylint: disable=broad-except
+      pass
+
+  def wait_for_acks(self, cause: Optional[peers_lib.Cause] = None) -> None:
+    """Process 0 keeps the service up until the others have seen the end.
+
+    The process a failure or a loss names is not waited for: it is on its
+    way out, or gone. (A stalled one ends like everyone else.)
+    """
+    if self.process_index != 0 or self.job is None:
+      return
+    expected = set(range(1, self.job.process_count))
+    if cause is not None and cause.kind in ('failed', 'lost'):
+      expected.discard(cause.rank)
+    waited_for = bool(expected)
+    deadline = time.monotonic() + _ACK_WAIT_S
+    while expected and time.monotonic() < deadline:
+      try:
+        expected -= set(self.job.by_rank(ACK_DIR))
+      except Exception:  # pylint: disable=broad-except
+        return
+      time.sleep(0.02)
+    if waited_for:
+      time.sleep(_AFTER_ACKS_S)
