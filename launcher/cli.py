@@ -230,8 +230,9 @@ def pod_passthrough_args(argv: list[str]) -> list[str]:
   return out
 
 
-def distributed_options() -> 'distributed.Options':
-  """The distributed flags; a flag not given falls back to PODRUN_* variables.
+def distributed_options():
+  """The distributed flags, as a launcher.rank.distributed.Options; a flag
+  not given falls back to PODRUN_* variables.
 
   See `cluster.explicit_options` for the variables. Only a launcher that is
   itself a process of the job asks for them, so launcher.rank is imported
@@ -339,10 +340,11 @@ def main(argv: list[str]) -> int:
           'resumes from its checkpoint by itself. On one machine use '
           '--local_processes=1 or more.')
 
-  from launcher.rank import process  # pylint: disable=g-import-not-at-top
   if _DRY_RUN.value:
-    return process.print_plan(sys.argv, distributed_options(),
+    from launcher.rank import dry_run  # pylint: disable=g-import-not-at-top
+    return dry_run.print_plan(sys.argv, distributed_options(),
                               _LOCAL_DEVICES.value)
+  from launcher.rank import process  # pylint: disable=g-import-not-at-top
   from launcher.rank import supervisor  # pylint: disable=g-import-not-at-top
   return process.run(config, workdir, process.Options(
       distributed=distributed_options(),

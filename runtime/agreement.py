@@ -29,7 +29,7 @@ import json
 import os
 import platform
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from absl import logging
 from ml_collections import ConfigDict

@@ -274,29 +274,35 @@ def open_for(config: ConfigDict, workdir: str) -> Checkpoints:
                      async_save=config.async_checkpointing)
 
 
-def restore_or_start(ckpt: Checkpoints, config, state: Any, num_examples: int
-                     ) -> tuple[int, Any]:
+def refuse_existing(ckpt: Checkpoints) -> None:
+  """config.restore=False: a directory that already holds checkpoints is
+  refused rather than overwritten.
+
+  Raises:
+    CheckpointError: naming the directory and its steps.
+  """
+  if ckpt.all_steps():
+    raise CheckpointError(
+        f'config.restore=False, but {ckpt.path} already holds the '
+        f'checkpoints of steps {ckpt.all_steps()}. Use a new --workdir (or '
+        'config.checkpoint_dir) to start afresh, or drop '
+        '--config.restore=False to resume.')
+
+
+def restore_latest_or_start(ckpt: Checkpoints, config, state: Any,
+                            num_examples: int) -> tuple[int, Any]:
   """(step, state) to start from: the latest checkpoint's, or (0, `state`).
 
   Args:
     ckpt: the run's checkpoint directory.
-    config: reads restore; its trajectory sections are checked against the
-      checkpoint's.
+    config: its trajectory sections are checked against the checkpoint's.
     state: the freshly initialised TrainState (host arrays).
     num_examples: the size of the training data.
 
   Raises:
-    CheckpointError: when config.restore is False but checkpoints exist, or
-      when the checkpoint was made by a different run or on other data.
+    CheckpointError: when the checkpoint was made by a different run or on
+      other data.
   """
-  if not config.restore:
-    if ckpt.all_steps():
-      raise CheckpointError(
-          f'config.restore=False, but {ckpt.path} already holds the '
-          f'checkpoints of steps {ckpt.all_steps()}. Use a new --workdir (or '
-          'config.checkpoint_dir) to start afresh, or drop '
-          '--config.restore=False to resume.')
-    return 0, state
   restored = ckpt.restore_latest(config, state)
   if restored is None:
     return 0, state

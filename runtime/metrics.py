@@ -8,17 +8,18 @@ compared afterwards.
 
 import collections
 import json
-import math
 import os
 import time
 from typing import Any, Optional
 
 from absl import logging
-import numpy as np
 
 from runtime.common import files
-from runtime.common.files import to_json, write_json  # Re-exported.
 from runtime import tensorboard
+
+# Kept here too: workloads write their own JSON with them.
+to_json = files.to_json
+write_json = files.write_json
 
 
 def format_duration(seconds: float) -> str:

@@ -37,6 +37,7 @@ from runtime import checkpoint
 from runtime import checkpoint_meta
 from runtime import coordination
 from runtime import local_checkpoint
+from runtime.common import goodput
 
 _KEY = 'podrun/restore'
 
@@ -161,10 +162,16 @@ def restore(config: ConfigDict,
             persistent: Optional[checkpoint.Checkpoints],
             local: Optional[local_checkpoint.LocalCheckpoints],
             state: Any, num_examples: int) -> tuple[int, Any, str]:
-  """(step, host state, tier) to start from; see the module docstring.
+  """(step, host state, tier) to start from: the one place that decides.
+
+  Without checkpoints, or with config.restore=False, the run starts afresh
+  ('fresh'); config.restore=False refuses a directory that already holds
+  checkpoints, then drops this job's earlier local copies. Otherwise the
+  newest copy anywhere in the job, as the module docstring says; the
+  goodput ledger notes the tier.
 
   Args:
-    config: this run's config; every copy is checked against it.
+    config: this run's config (restore); every copy is checked against it.
     persistent: the persistent tier, or None without checkpoints.
     local: this process's local tier, or None without one.
     state: the freshly initialised TrainState (host arrays): the tree,
@@ -172,8 +179,25 @@ def restore(config: ConfigDict,
     num_examples: the size of the training data.
 
   Raises:
-    CheckpointError: when a copy cannot be used here.
+    CheckpointError: when a copy cannot be used here, or config.restore is
+      False and checkpoints exist.
   """
+  if persistent is None:
+    return 0, state, 'fresh'
+  if not config.restore:
+    checkpoint.refuse_existing(persistent)
+    if local is not None:
+      local.clear()  # An earlier job's copies: this one starts afresh.
+    return 0, state, 'fresh'
+  step, state, tier = _restore_newest(config, persistent, local, state,
+                                      num_examples)
+  goodput.current().note(restore_tier=tier, restore_step=step)
+  return step, state, tier
+
+
+def _restore_newest(config: ConfigDict, persistent: checkpoint.Checkpoints,
+                    local: Optional[local_checkpoint.LocalCheckpoints],
+                    state: Any, num_examples: int) -> tuple[int, Any, str]:
   local_steps = check_local(local, config, state, num_examples) if local else []
   persistent_step = persistent.latest_step() if persistent else None
   everyone, persistent_step = _exchange(local_steps, persistent_step)
@@ -182,8 +206,8 @@ def restore(config: ConfigDict,
   if decided.tier == 'fresh':
     return 0, state, 'fresh'
   if decided.tier == 'persistent':
-    step, restored = checkpoint.restore_or_start(persistent, config, state,
-                                                 num_examples)
+    step, restored = checkpoint.restore_latest_or_start(
+        persistent, config, state, num_examples)
     return step, restored, 'persistent'
   mine = local.load(decided.step, state) if me in decided.holders else state
   if decided.tier == 'peer':

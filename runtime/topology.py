@@ -14,6 +14,8 @@ from typing import Any, Optional, Sequence
 
 import jax
 
+from runtime.common import accelerators
+from runtime.common import env_vars
 from runtime.common import exit_codes
 
 
@@ -195,3 +197,49 @@ def platform_of(name: Optional[str]) -> Optional[str]:
     return None
   name = name.lower()
   return 'gpu' if name in ('cuda', 'rocm') else name
+
+
+def implied_by_accelerator(config: Any) -> list[Expectation]:
+  """What config.topology.accelerator_type says of the pod, if it is set."""
+  name = (config.get('topology') or {}).get('accelerator_type')
+  if not name:
+    return []
+  try:
+    slice_ = accelerators.slice_topology(name)
+  except accelerators.AcceleratorTypeError as e:
+    raise exit_codes.ConfigError(f'config.topology.accelerator_type: {e}')
+  source = f'config.topology.accelerator_type={name}'
+  slices = config.topology.get('num_slices')
+  if slices:
+    source += f' x config.topology.num_slices={slices}'
+  else:
+    slices = num_slices_from_env()
+    if slices > 1:
+      source += f' x MEGASCALE_NUM_SLICES={slices}'
+  return [Expectation('platform', 'tpu', source),
+          Expectation('num_processes', slice_.hosts * slices,
+                               source),
+          Expectation('local_devices', slice_.devices_per_host,
+                               source)]
+
+
+def implied_by_pod_launch() -> list[Expectation]:
+  """The worker count scripts/launch_tpu_pod.sh read from the pod, if any.
+
+  A worker whose JAX does not find the pod (no libtpu, say) would otherwise
+  run a job of its own, "process 0 of 1", beside the others.
+  """
+  count = os.environ.get(env_vars.EXPECTED_PROCESSES)
+  if not count:
+    return []
+  slices = num_slices_from_env()
+  what = (f'{slices} slices x {int(count) // slices} workers' if slices > 1
+          else f'{count} workers')
+  source = (f'the TPU pod\'s {what} ({env_vars.EXPECTED_PROCESSES}, from '
+            'scripts/launch_tpu_pod.sh)')
+  expected = [Expectation('num_processes', int(count), source)]
+  if slices > 1:
+    expected.append(Expectation(
+        'num_slices', slices, 'MEGASCALE_NUM_SLICES, from '
+        'scripts/launch_tpu_pod.sh --num_slices'))
+  return expected

@@ -154,21 +154,6 @@ def max_steps_in_flight(config: ConfigDict, platform: str) -> int:
   return 1 if platform == 'cpu' else 2
 
 
-def _restore(config: ConfigDict, task: Task, ckpt, local,
-             state: step_lib.TrainState) -> tuple[int, step_lib.TrainState]:
-  """The step and state to start from, from the best copy in the job."""
-  if ckpt is None:
-    return 0, state
-  if not config.restore:
-    if local is not None:
-      local.clear()  # An earlier job's copies: this one starts afresh.
-    return checkpoint.restore_or_start(ckpt, config, state, len(task.data))
-  step, state, tier = recovery.restore(config, ckpt, local, state,
-                                       len(task.data))
-  goodput.current().note(restore_tier=tier, restore_step=step)
-  return step, state
-
-
 def _open_checkpoints(config: ConfigDict, workdir: str):
   """(persistent tier, local tier); None for each that is off."""
   if not config.checkpointing:
@@ -246,7 +231,8 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   ledger = goodput.current()
   with ledger.timing('checkpoint_restore'):
     ckpt, local = _open_checkpoints(config, workdir)
-    start, state = _restore(config, task, ckpt, local, state)
+    start, state, _ = recovery.restore(config, ckpt, local, state,
+                                       len(task.data))
   writer = metrics_lib.MetricsWriter(workdir, topo.process_index == 0,
                                      resume_step=start or None,
                                      tensorboard_events=config.tensorboard)

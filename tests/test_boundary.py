@@ -31,6 +31,7 @@ _JAX = ('jax', 'jaxlib', 'flax', 'optax', 'orbax')
 _STANDALONE = ('launcher.tpu.worker', 'launcher.tpu.worker_accelerator')
 # (importer, imported): allowed only inside a function.
 _DOORS = {('launcher.cli', 'launcher.rank.distributed'),
+          ('launcher.cli', 'launcher.rank.dry_run'),
           ('launcher.cli', 'launcher.rank.process'),
           ('launcher.cli', 'launcher.rank.supervisor')}
 

@@ -41,9 +41,6 @@ from launcher.local import report
 from launcher import signals
 from runtime.common import env_vars
 from runtime.common import exit_codes
-from runtime.common import goodput
-from runtime.common import output_prefix
-from runtime.common import progress
 
 
 

@@ -25,7 +25,6 @@ from typing import Callable, Optional
 from runtime.common import cluster
 from runtime.common import env_vars
 from runtime.common import exit_codes
-from runtime.common import progress
 
 LOOPBACK_HOSTS = ('127.0.0.1', 'localhost', '::1')
 _STACK_DUMP_WAIT_S = 2.0

@@ -34,8 +34,10 @@ from typing import Callable, Optional
 from absl import logging
 from etils import epath
 
+from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import files
+from runtime import coordination
 
 LEASE_FILE = '.podrun_lease.json'
 _SETTLE_S = 1.0
@@ -224,3 +226,50 @@ class Lease:
         except (FileNotFoundError, OSError):
           pass
     self._held = []
+
+
+def job_id() -> str:
+  """This job's identity for its lease; restarts of one job share it."""
+  if os.environ.get(env_vars.JOB_ID):
+    return os.environ[env_vars.JOB_ID]
+  if os.environ.get('SLURM_JOB_ID'):
+    return f'slurm-{os.environ["SLURM_JOB_ID"]}'
+  return uuid.uuid4().hex
+
+
+def take(directories: list[str], job: Optional[coordination.Job],
+         stale_after_s: float, on_lost: Callable[[str], None],
+         timeout_s: float) -> Optional[Lease]:
+  """Process 0 leases `directories` for the job; every process learns how
+  that went.
+
+  Args:
+    directories: the workdir and the checkpoint directory.
+    job: the coordination service, None for a single process.
+    stale_after_s: --lease_timeout.
+    on_lost: called with a message when the lease is taken from this job.
+    timeout_s: how long the others wait for process 0's answer.
+
+  Returns:
+    The lease on process 0 (None on the others).
+
+  Raises:
+    WorkdirBusyError: on every process, when another job holds a lease.
+  """
+  taken = []
+
+  def acquire() -> str:
+    """Process 0: 'ok', or why the lease was refused."""
+    lease = Lease(directories, job_id(), stale_after_s=stale_after_s,
+                  on_lost=on_lost)
+    try:
+      lease.acquire()
+    except WorkdirBusyError as e:
+      return str(e)
+    taken.append(lease)
+    return 'ok'
+  answer = acquire() if job is None else job.from_0('podrun/lease', acquire,
+                                                    timeout_s)
+  if answer != 'ok':
+    raise WorkdirBusyError(answer)
+  return taken[0] if taken else None

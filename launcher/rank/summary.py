@@ -1,0 +1,90 @@
+"""How a process's run is recorded: its goodput ledger under the attempt's
+name, and, once every process is done, WORKDIR/summary.json.
+
+Example:
+  >>> open_ledger(ledger, workdir, coordination.current(), process_index)
+  >>> ...                                   # the workload
+  >>> finish(config, workdir, topology.current(), results, supervisor, ledger)
+"""
+
+import os
+import time
+from typing import Any, Optional
+import uuid
+
+from absl import logging
+from ml_collections import ConfigDict
+
+from launcher.rank import compilation
+from launcher.rank import peers as peers_lib
+from launcher.rank import supervisor as supervisor_lib
+from runtime import coordination
+from runtime import topology
+from runtime.common import env_vars
+from runtime.common import files
+from runtime.common import goodput
+
+
+def attempt_name(job: Optional[coordination.Job]) -> str:
+  """One name for this attempt on every process: the launcher's, else made
+  by process 0 and shared through the coordination service."""
+  if os.environ.get(env_vars.ATTEMPT):
+    return os.environ[env_vars.ATTEMPT]
+  made = time.strftime('%Y%m%d-%H%M%S-', time.gmtime()) + uuid.uuid4().hex[:8]
+  if job is None:
+    return made
+  try:
+    return job.from_0('podrun/attempt', lambda: made)
+  except coordination.BarrierTimeout:
+    return made  # Process 0 is late: the ledgers still get a folder.
+
+
+def open_ledger(ledger: goodput.Ledger, workdir: str,
+                 job: Optional[coordination.Job], process_index: int) -> None:
+  """Starts writing this process's goodput ledger and counting compilation."""
+  goodput.open_ledger(ledger, workdir, attempt_name(job), process_index)
+  compilation.count_into(ledger)
+
+
+def summary(config: ConfigDict, topo: topology.Topology, results: Any,
+             ranks: list[dict[str, Any]]) -> dict[str, Any]:
+  """summary.json; results are a workload's TrainResult or its own dict."""
+  if hasattr(results, 'summary'):
+    final_metrics, results = results.final_metrics, results.summary()
+  else:
+    results = dict(results or {})
+    final_metrics = results.pop('final_metrics', None)
+  return {
+      'workload': config.workload,
+      'steps': config.get('steps'),
+      'global_batch_size': config.get('global_batch_size'),
+      'process_count': topo.process_count,
+      'device_count': topo.global_device_count,
+      'local_device_count': topo.local_device_count,
+      'platform': topo.platform,
+      'device_kind': topo.device_kind,
+      'final_metrics': final_metrics,
+      'ranks': ranks,
+      'results': results,
+  }
+
+
+def finish(config: ConfigDict, workdir: str, actual: topology.Topology,
+            results: Any,
+            supervisor: supervisor_lib.Supervisor,
+            ledger: goodput.Ledger) -> None:
+  """Waits (bounded) for every process, then process 0 writes summary.json."""
+  supervisor.finishing()
+  supervisor.publish_final()
+  if supervisor.job is not None:
+    supervisor.job.barrier('podrun/end_of_run')
+  ledger.flush(final=True)
+  if actual.process_index == 0:
+    ranks = (peers_lib.rank_stats(supervisor.job)
+             if supervisor.options.enabled else [])
+    record = summary(config, actual, results, ranks)
+    record['goodput'] = goodput.summary(goodput.write_rollup(workdir))
+    files.write_json(os.path.join(workdir, 'summary.json'), record)
+    logging.info('results: %s', files.to_json(record['results']))
+    logging.info('wrote %s', os.path.join(workdir, 'summary.json'))
+  supervisor.stop()
