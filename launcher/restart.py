@@ -11,8 +11,6 @@ are both an `Attempt`.
 """
 
 import dataclasses
-import json
-import os
 import signal
 import sys
 import time
@@ -21,6 +19,7 @@ from typing import Callable, Iterable, Optional, Protocol
 from launcher import signals
 from runtime.common import exit_codes
 from runtime.common import goodput
+from runtime.common import records
 
 MAX_BACKOFF_S = 60.0
 
@@ -144,14 +143,13 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
     started = time.time()
     code = pod.run()
     kind = kind_of(code, retryable)
-    _record(logs_dir, {'attempt': attempt, 'exit_code': code, 'kind': kind,
-                       'name': getattr(pod, 'attempt_name', None),
-                       'launcher_started': launcher_started,
-                       'started': started, 'ended': time.time(),
-                       'launcher_signalled': pod.launcher_signalled,
-                       'fault': getattr(pod, 'fault', None),
-                       'infrastructure': getattr(pod, 'infrastructure',
-                                                 None)})
+    records.append_attempt(logs_dir, records.LauncherAttempt(
+        attempt=attempt, exit_code=code, kind=kind,
+        name=getattr(pod, 'attempt_name', None),
+        launcher_started=launcher_started, started=started, ended=time.time(),
+        launcher_signalled=pod.launcher_signalled,
+        fault=getattr(pod, 'fault', None),
+        infrastructure=getattr(pod, 'infrastructure', None)))
     if kind == 'ok' or kind == 'final' or pod.launcher_signalled:
       break
     if kind == 'preempted':
@@ -181,8 +179,3 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
     say(f'job ended with exit code {code} after {tally.describe()}')
   return code
 
-
-def _record(logs_dir: str, entry: dict) -> None:
-  os.makedirs(logs_dir, exist_ok=True)
-  with open(os.path.join(logs_dir, 'attempts.jsonl'), 'a') as f:
-    f.write(json.dumps(entry) + '\n')

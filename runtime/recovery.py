@@ -35,9 +35,9 @@ import numpy as np
 
 from runtime import checkpoint
 from runtime import checkpoint_meta
+from runtime.common import goodput
 from runtime import coordination
 from runtime import local_checkpoint
-from runtime.common import goodput
 
 _KEY = 'podrun/restore'
 

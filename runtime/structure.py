@@ -14,14 +14,13 @@ Example:
     - ['params']['w']: (absent) -> float32[3]
 """
 
-import collections
-import threading
 from typing import Any, Callable
 
 from absl import logging
 import jax
 import numpy as np
 
+from runtime import compile_events
 from runtime.common import exit_codes
 from runtime.common import mappings
 
@@ -80,18 +79,6 @@ def check_same(what: str, old: Any, new: Any, hint: str = '',
         '\n  - '.join(lines) + (f'\n{hint}' if hint else ''))
 
 
-_compiles = collections.Counter()  # thread id -> compilation events seen
-
-
-def _count_compile(event: str, duration: float, **kwargs) -> None:
-  del duration, kwargs
-  if event.startswith('/jax/core/compile/'):
-    _compiles[threading.get_ident()] += 1
-
-
-_listening = []
-
-
 def _describe_argument(leaf: Any) -> str:
   text = _describe(leaf, dtypes=True)
   if getattr(leaf, 'weak_type', False):
@@ -122,16 +109,13 @@ class RecompileWatch:
   def __init__(self, step_fn: Callable, name: str = 'the train step'):
     self._fn, self._name = step_fn, name
     self._calls, self._previous, self.warned = 0, None, False
-    if not _listening:
-      jax.monitoring.register_event_duration_secs_listener(_count_compile)
-      _listening.append(True)
+    compile_events.listen()
 
   def __call__(self, *args):
-    thread = threading.get_ident()
-    before = _compiles[thread]
+    before = compile_events.count_in_this_thread()
     out = self._fn(*args)
     self._calls += 1
-    if self._calls > 2 and not self.warned and _compiles[thread] > before:
+    if self._calls > 2 and not self.warned and compile_events.count_in_this_thread() > before:
       self.warned = True
       logging.warning('%s', self._message(args))
     self._previous = args

@@ -29,6 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from runtime.common import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.common import records  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -81,11 +82,13 @@ def run_job(workdir: str, data_dir: str, steps: int, every: int,
     stop.set()
     watcher.join()
   result = goodput.rollup(workdir)
-  with open(os.path.join(workdir, 'logs', 'attempts.jsonl')) as f:
-    launched = {a['name']: a for a in map(json.loads, f)}
-  restarts = [a['notes']['first_step_wall'] - launched[a['name']]['started']
-              for a in result['attempts'][1:]
-              if 'first_step_wall' in a['notes'] and a['name'] in launched]
+  launched = {a.name: a for a in records.read_attempts(
+      os.path.join(workdir, 'logs', records.ATTEMPTS_FILE))}
+  first_steps = {a['name']: records.Notes.from_json(a['notes']).first_step_wall
+                 for a in result['attempts'][1:]}
+  restarts = [wall - launched[name].started
+              for name, wall in first_steps.items()
+              if wall is not None and name in launched]
   return {'goodput': result['goodput'], 'wall_s': result['wall_s'],
           'attempts': len(result['attempts']), 'parts': result['parts'],
           'restart_to_first_step_s': restarts}

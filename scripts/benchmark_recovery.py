@@ -51,6 +51,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from runtime.common import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.common import records  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 POD = ['--local_processes=2', '--local_devices=4']
@@ -116,13 +117,14 @@ def _outcome(workdir: str, kills: list) -> dict:
   restarts = []
   for attempt, kill in zip(result['attempts'][1:], kills):
     recovery = attempt.get('recovery') or {}
-    first = attempt['notes'].get('first_productive') or {}
+    notes = records.Notes.from_json(attempt['notes'])
+    first_wall = (notes.first_productive.wall if notes.first_productive
+                  else float('nan'))
     restarts.append({
-        'kill_to_first_productive_s': first.get('wall', float('nan')) -
-                                      kill['at'],
-        'recomputed_steps': attempt['notes'].get('recomputed_steps', 0),
-        'restore_tier': attempt['notes'].get('restore_tier'),
-        'restore_step': attempt['notes'].get('restore_step'),
+        'kill_to_first_productive_s': first_wall - kill['at'],
+        'recomputed_steps': notes.recomputed_steps or 0,
+        'restore_tier': notes.restore_tier,
+        'restore_step': notes.restore_step,
         'phases_s': recovery.get('phases'),
         'total_from_fault_s': recovery.get('total_s')})
   return {'goodput': result['goodput'], 'wall_s': result['wall_s'],

@@ -111,3 +111,15 @@ def test_a_workload_chooses_its_exit_code_by_raising(tmp_path):
   assert 'probe: rank 1 chooses exit code 42' in result.stderr
   rank_0 = helpers.first_line_with(result.stderr, '[launcher] rank 0/2:')
   assert "a consequence of rank 1/2's failure, not a cause" in rank_0, rank_0
+
+
+def test_the_root_cause_is_the_first_exit_that_is_not_a_consequence():
+  # (when it exited, its code)
+  assert exit_codes.root_cause([], 0.0, False) is None
+  assert exit_codes.root_cause([(3.0, 10), (3.5, 7)], 4.0, False) == 1
+  assert exit_codes.root_cause([(3.5, 7), (3.0, 3)], 4.0, False) == 1
+  # Consequences alone wait for the cause, up to the grace or the end.
+  assert exit_codes.root_cause([(3.0, 10)], 4.0, False) is None
+  assert exit_codes.root_cause([(3.0, 10)], 3.0 + exit_codes.CAUSE_GRACE_S
+                               + 0.1, False) == 0
+  assert exit_codes.root_cause([(3.0, 10), (2.0, 10)], 4.0, True) == 1

@@ -23,7 +23,6 @@ from launcher.local import output
 from launcher.local import ranks as ranks_lib
 from runtime.common import exit_codes
 
-_CAUSE_GRACE_S = 5.0
 # The ranks' own watchdog (launcher/rank/supervisor.py) fires at the
 # timeouts; the pod's fires this much later, for a rank too stuck for that.
 WATCHDOG_BACKSTOP_S = 15.0
@@ -152,18 +151,8 @@ class Monitor:
 
 def root_cause(failed: list[ranks_lib.Rank], now: float, all_exited: bool
                ) -> Optional[ranks_lib.Rank]:
-  """The rank whose failure ended the job, once it is known.
-
-  A rank that stopped because another failed (exit_codes.PEER_FAILED) may
-  exit before the cause does (process 0 waits until the others have read
-  its cause), so such exits alone wait a moment for the cause.
-  """
-  if not failed:
-    return None
-  causes = [r for r in failed if r.exit_code != exit_codes.PEER_FAILED]
-  if causes:
-    return min(causes, key=lambda r: r.exited_at)
-  first = min(failed, key=lambda r: r.exited_at)
-  if all_exited or now - first.exited_at > _CAUSE_GRACE_S:
-    return first
-  return None
+  """The rank whose failure ended the job, once it is known
+  (exit_codes.root_cause: the rule the TPU driver follows too)."""
+  found = exit_codes.root_cause([(r.exited_at, r.exit_code) for r in failed],
+                                now, all_exited)
+  return None if found is None else failed[found]

@@ -41,6 +41,7 @@ from launcher.local import report
 from launcher import signals
 from runtime.common import env_vars
 from runtime.common import exit_codes
+from runtime.common import records
 
 
 
@@ -106,7 +107,7 @@ class Pod:
     self.launcher_signalled = False
     # {'at': the failed rank's exit, 'detected': when the pod was declared
     # failed, 'rank', 'exit_code'} (wall times), after a failure.
-    self.fault: Optional[dict] = None
+    self.fault: Optional[records.Fault] = None
     self.progressed = False  # Whether any rank completed a step.
     self._ranks = ranks_lib.plan(
         num_processes, local_devices, workdir, rank_args,
@@ -146,9 +147,9 @@ class Pod:
         ).watch(started)
         self.progressed = progress_reader.last_advance is not None
         if end.state is monitor_lib.GangState.FAILED:
-          self.fault = {'at': end.rank.exited_wall, 'detected': time.time(),
-                        'rank': end.rank.index,
-                        'exit_code': end.rank.exit_code}
+          self.fault = records.Fault(
+              at=end.rank.exited_wall, detected=time.time(),
+              rank=end.rank.index, exit_code=end.rank.exit_code)
         if end.state is monitor_lib.GangState.STALLED:
           ranks_lib.dump_stacks(self._ranks)
         self._stop(end)

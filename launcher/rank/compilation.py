@@ -1,8 +1,8 @@
 """JAX's compilation, seen from one process: its persistent cache, and the
 seconds it takes counted into the goodput ledger.
 
-JAX reports compilation through `jax.monitoring` events; their names are the
-part most likely to move between JAX releases, so they are read here alone.
+The events themselves come from runtime/compile_events.py, the process's one
+listener.
 
 Example:
   >>> use_cache(None, '/runs/mnist')   # /runs/mnist/compilation_cache
@@ -14,15 +14,9 @@ from typing import Optional
 
 import jax
 
+from runtime import compile_events
 from runtime.common import goodput
 from runtime.common import progress
-
-# Seconds spent compiling: tracing, lowering, the backend (one event each).
-# The same names in JAX 0.10 to 0.12 (tests/test_jax_versions.py).
-COMPILE_EVENT_PREFIX = '/jax/core/compile/'
-# Seconds spent reading a program back from the persistent cache.
-CACHE_RETRIEVAL_EVENT = '/jax/compilation_cache/cache_retrieval_time_sec'
-CACHE_HIT_EVENT = '/jax/compilation_cache/cache_hits'
 
 
 def count_into(ledger: goodput.Ledger) -> None:
@@ -32,21 +26,16 @@ def count_into(ledger: goodput.Ledger) -> None:
   (goodput.on_compile); cache hits go to the ledger's `compile_cache_hits`.
   """
 
-  def on_duration(event: str, duration: float, **kwargs) -> None:
-    del kwargs
-    if event.startswith(COMPILE_EVENT_PREFIX) or (
-        event == CACHE_RETRIEVAL_EVENT):
-      goodput.on_compile(duration)
-      progress.took('compile', duration)  # The hang watchdog allows for it.
+  def on_seconds(seconds: float) -> None:
+    goodput.on_compile(seconds)
+    progress.took('compile', seconds)  # The hang watchdog allows for it.
 
-  def on_event(event: str, **kwargs) -> None:
-    del kwargs
-    if event == CACHE_HIT_EVENT:
-      ledger.note(compile_cache_hits=ledger.notes.get(
-          'compile_cache_hits', 0) + 1)
+  def on_cache_hit() -> None:
+    ledger.note(
+        compile_cache_hits=(ledger.notes.compile_cache_hits or 0) + 1)
 
-  jax.monitoring.register_event_duration_secs_listener(on_duration)
-  jax.monitoring.register_event_listener(on_event)
+  compile_events.on_seconds(on_seconds)
+  compile_events.on_cache_hit(on_cache_hit)
 
 
 def use_cache(directory: Optional[str], workdir: str) -> None:

@@ -18,11 +18,11 @@ from ml_collections import ConfigDict
 from launcher.rank import compilation
 from launcher.rank import peers as peers_lib
 from launcher.rank import supervisor as supervisor_lib
-from runtime import coordination
-from runtime import topology
 from runtime.common import env_vars
 from runtime.common import files
 from runtime.common import goodput
+from runtime import coordination
+from runtime import topology
 
 
 def attempt_name(job: Optional[coordination.Job]) -> str:

@@ -42,6 +42,7 @@ from launcher.rank import stall
 from runtime.common import exit_codes
 from runtime.common import goodput
 from runtime.common import progress
+from runtime.common import records
 from runtime import coordination
 
 _TICK_S = 0.5
@@ -86,9 +87,9 @@ def _note_fault(cause: peers_lib.Cause) -> None:
   """Tells the goodput ledger when the fault that ends this process began
   and when this process learned of it (the time to recover's first two
   phases)."""
-  goodput.current().note(fault={
-      'at': min(cause.since, time.time()), 'detected': time.time(),
-      'kind': cause.kind, 'rank': cause.rank})
+  goodput.current().note(fault=records.Fault(
+      at=min(cause.since, time.time()), detected=time.time(),
+      rank=cause.rank, kind=cause.kind))
 
 
 def flush_and_exit(code: int) -> NoReturn:

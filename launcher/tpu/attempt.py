@@ -24,6 +24,7 @@ from launcher.tpu import babysit
 from launcher.tpu import commands
 from runtime.common import exit_codes
 from runtime.common import output_prefix
+from runtime.common import records
 
 # How long the output of ssh sessions to a lost slice is still read.
 _LOST_PUMP_S = 5.0
@@ -47,9 +48,9 @@ class Attempt:
     self.attempt_name = commands.attempt_id(launch.job_id, number)
     self.launcher_signalled = False
     # Set by babysit.recreate when this attempt had to bring the slice back.
-    self.infrastructure: Optional[dict] = None
+    self.infrastructure: Optional[records.Recreate] = None
     self.slice_lost: Optional[str] = None
-    self._exits: dict[str, int] = {}
+    self._exits: dict[str, tuple[float, int]] = {}  # worker: (when, code)
     self._last_line: dict[str, int] = {}
     self._headed: set[str] = set()
     self._cause: Optional[int] = None
@@ -133,10 +134,10 @@ class Attempt:
         self._on_lost(lost)
     if self.slice_lost is not None:
       return exit_codes.PREEMPTED
-    if self._cause is not None:
-      return self._cause
-    if exit_codes.PEER_FAILED in self._exits.values():
-      return exit_codes.PEER_FAILED
+    failed = [(at, code) for at, code in self._exits.values() if code]
+    root = exit_codes.root_cause(failed, time.monotonic(), all_exited=True)
+    if root is not None:
+      return failed[root][1]
     workers = self.launch.workers * len(self.launch.nodes)
     gcloud_code = next((c for c in gcloud_codes if c), 0)
     if gcloud_code or len(self._exits) != workers:
@@ -196,13 +197,22 @@ class Attempt:
                                        != '0')):
       print(f'[worker {worker}] {text}', file=console, flush=True)
     if exit_match:
-      code = int(exit_match.group(1))
-      self._exits[worker] = code
-      if code not in (exit_codes.OK, exit_codes.PEER_FAILED) and (
-          self._cause is None):
-        self._cause = code
-        launch.say(f'worker {worker} exited {code} first')
-        self._stop(f'worker {worker} failed')
+      self._exits[worker] = (time.monotonic(), int(exit_match.group(1)))
+      self._judge_exits()
+
+  def _judge_exits(self) -> None:
+    """Stops every worker once the root cause is known (exit_codes'
+    rule, as the local pod's)."""
+    if self._cause is not None:
+      return
+    failed = [(worker, at, code)
+              for worker, (at, code) in self._exits.items() if code]
+    root = exit_codes.root_cause([(at, code) for _, at, code in failed],
+                                 time.monotonic(), all_exited=False)
+    if root is not None:
+      worker, _, self._cause = failed[root]
+      self.launch.say(f'worker {worker} exited {self._cause} first')
+      self._stop(f'worker {worker} failed')
 
   def _pump_stderr(self, pipe) -> None:
     for raw in iter(pipe.readline, b''):

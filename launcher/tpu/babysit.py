@@ -16,6 +16,7 @@ import time
 from typing import Callable, Optional
 
 from launcher.tpu import queued
+from runtime.common import records
 
 
 class Watch:
@@ -77,10 +78,9 @@ def recreate(launch, lost: queued.Observation, attempt) -> bool:
   up = time.time()
   launch.prepare()
   ready = time.time()
-  attempt.infrastructure = {
-      'lost': lost.describe(), 'began': began,
-      'recreate_requested': requested, 'up': up, 'ready': ready,
-      'seconds': ready - began}
+  attempt.infrastructure = records.Recreate(
+      lost=lost.describe(), began=began, recreate_requested=requested, up=up,
+      ready=ready, seconds=ready - began)
   launch.say(f'slice {fleet.request.name} is back after {ready - began:.1f} '
              f's (delete and create {up - began:.1f} s, set-up '
              f'{ready - up:.1f} s): relaunching')

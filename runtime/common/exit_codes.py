@@ -17,7 +17,7 @@ Example:
 
 import enum
 import signal
-from typing import Optional
+from typing import Optional, Sequence
 
 
 class ExitCode(enum.IntEnum):
@@ -153,3 +153,42 @@ def signal_suffix(code: int) -> str:
     except ValueError:
       pass
   return ''
+
+
+# How long a job whose failed processes all say PEER_FAILED waits for the
+# real cause before it names the first of them.
+CAUSE_GRACE_S = 5.0
+
+
+def root_cause(failed: Sequence[tuple[float, int]], now: float,
+               all_exited: bool, grace_s: float = CAUSE_GRACE_S
+               ) -> Optional[int]:
+  """Which failure ended the job, once it is known: the one rule of the
+  local pod and the TPU driver.
+
+  A process that stopped because another failed (PEER_FAILED) may exit
+  before the cause does (process 0 waits until the others have read its
+  cause), so such exits alone wait `grace_s` for the cause.
+
+  Args:
+    failed: (when it exited, its exit code) of each process that exited
+      with a code other than 0, in any order; `when` on the clock of `now`.
+    now: the time now.
+    all_exited: every process has exited: nothing more is coming.
+
+  Returns:
+    The index into `failed` of the root cause, or None while unknown.
+
+  Example:
+    >>> root_cause([(3.0, 10), (3.5, 7)], now=4.0, all_exited=False)
+    1
+  """
+  if not failed:
+    return None
+  order = sorted(range(len(failed)), key=lambda i: failed[i][0])
+  causes = [i for i in order if failed[i][1] != PEER_FAILED]
+  if causes:
+    return causes[0]
+  if all_exited or now - failed[order[0]][0] > grace_s:
+    return order[0]
+  return None

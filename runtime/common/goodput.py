@@ -49,6 +49,7 @@ import time
 from typing import Any, Iterator, Optional
 
 from runtime.common import files
+from runtime.common import records
 from runtime.common import time_to_recover
 
 PROCESS_PARTS = ('startup', 'distributed_init', 'checkpoint_restore',
@@ -95,7 +96,7 @@ class Ledger:
   def __init__(self, process_start: Optional[float] = None):
     self.started = process_start if process_start else process_start_time()
     self.parts = {p: 0.0 for p in PROCESS_PARTS if p != 'other'}
-    self.notes: dict[str, Any] = {}
+    self.notes = records.Notes()
     self.path: Optional[str] = None
     self._lock = threading.Lock()
     self._last_flush = 0.0
@@ -112,14 +113,19 @@ class Ledger:
     return _timed(lambda seconds: self.add(category, seconds))
 
   def note(self, **values: Any) -> None:
+    """Sets fields of `notes` (records.Notes); an unknown name raises."""
     with self._lock:
-      self.notes.update(values)
+      for name, value in values.items():
+        if not hasattr(self.notes, name):
+          raise TypeError(f'the goodput ledger has no note {name!r}; see '
+                          'runtime/common/records.py Notes')
+        setattr(self.notes, name, value)
 
   def record(self, final: bool) -> dict[str, Any]:
     now = time.time()
     with self._lock:
       parts = dict(self.parts)
-      notes = dict(self.notes)
+      notes = self.notes.to_json()
     parts['other'] = max(0.0, now - self.started - sum(parts.values()))
     return {'started': self.started, 'updated': now, 'final': final,
             'parts': parts, 'notes': notes}
@@ -211,7 +217,8 @@ def steps_done_before(ledger: Ledger) -> int:
       continue
     try:
       with open(path) as f:
-        furthest = max(furthest, json.load(f)['notes'].get('last_step') or 0)
+        notes = records.Notes.from_json(json.load(f).get('notes'))
+      furthest = max(furthest, notes.last_step or 0)
     except (OSError, ValueError, KeyError):
       continue
   return furthest
@@ -233,13 +240,9 @@ def _read_ledgers(workdir: str) -> dict[str, dict[int, dict[str, Any]]]:
 
 
 def _launcher_attempts(workdir: str, path: Optional[str] = None
-                       ) -> list[dict[str, Any]]:
-  path = path or os.path.join(workdir, 'logs', 'attempts.jsonl')
-  try:
-    with open(path) as f:
-      return [json.loads(l) for l in f if l.strip()]
-  except (OSError, ValueError):
-    return []
+                       ) -> list[records.LauncherAttempt]:
+  return records.read_attempts(
+      path or os.path.join(workdir, 'logs', records.ATTEMPTS_FILE))
 
 
 def rollup(workdir: str, attempts_path: Optional[str] = None
@@ -260,11 +263,11 @@ def rollup(workdir: str, attempts_path: Optional[str] = None
   ledgers = _read_ledgers(workdir)
   launched = _launcher_attempts(workdir, attempts_path)
   order = sorted(ledgers, key=lambda a: _chief(ledgers[a])['started'])
-  by_name = {a.get('name'): a for a in launched if a.get('name')}
+  by_name = {a.name: a for a in launched if a.name}
   attempts, previous_end = [], None
   job_start = None
   if launched:
-    job_start = launched[0].get('launcher_started') or launched[0]['started']
+    job_start = launched[0].launcher_started or launched[0].started
   for number, name in enumerate(order, 1):
     chief = _chief(ledgers[name])
     launch = by_name.get(name)
@@ -298,7 +301,7 @@ def _chief(ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _attempt_record(number: int, name: str, chief: dict[str, Any],
-                    launch: Optional[dict[str, Any]],
+                    launch: Optional[records.LauncherAttempt],
                     previous_end: Optional[float]) -> dict[str, Any]:
   parts = {p: 0.0 for p in PROCESS_PARTS + JOB_PARTS}
   parts.update(chief['parts'])
@@ -307,15 +310,14 @@ def _attempt_record(number: int, name: str, chief: dict[str, Any],
   if launch is not None:
     # The launcher saw the attempt from before the process started to after
     # it ended: that is launch overhead, or the process's unrecorded end.
-    ended = max(ended, launch['ended'])
+    ended = max(ended, launch.ended)
     late = ended - chief['updated']
     parts['launch_overhead' if chief['final'] else 'unrecorded'] += late
-    parts['launch_overhead'] += max(0.0, started - launch['started'])
-    infrastructure = (launch.get('infrastructure') or {}).get('seconds', 0.0)
-    moved = min(infrastructure, parts['launch_overhead'])
+    parts['launch_overhead'] += max(0.0, started - launch.started)
+    moved = min(launch.recreate_s, parts['launch_overhead'])
     parts['launch_overhead'] -= moved
     parts['infrastructure_recovery'] += moved
-    started = min(started, launch['started'])
+    started = min(started, launch.started)
   if previous_end is not None:
     gap = started - previous_end
     if gap >= 0:
@@ -328,7 +330,7 @@ def _attempt_record(number: int, name: str, chief: dict[str, Any],
     started = previous_end
   return {'attempt': number, 'name': name, 'started': started,
           'ended': ended, 'wall_s': ended - started, 'final': chief['final'],
-          'exit_code': (launch or {}).get('exit_code'),
+          'exit_code': launch.exit_code if launch else None,
           'notes': chief['notes'], 'parts': parts}
 
 
@@ -402,7 +404,7 @@ class StepClock:
       self._mark, self._taken = now, 0.0
     if self._high_water is not None:
       self._high_water.write(step)
-    if 'first_step_wall' not in self.ledger.notes:
+    if self.ledger.notes.first_step_wall is None:
       self.ledger.note(first_step_wall=time.time())
     if step <= self.steps_done_before:
       self.recomputed_steps += 1
@@ -410,11 +412,10 @@ class StepClock:
       self.ledger.note(recomputed_steps=self.recomputed_steps)
     else:
       self.ledger.add('productive', share)
-      if 'first_productive' not in self.ledger.notes:
+      if self.ledger.notes.first_productive is None:
         # What recovery cost, as of the first step that is new work.
-        self.ledger.note(first_productive={
-            'wall': time.time(), 'step': step, 'parts': self.ledger.record(
-                final=False)['parts']})
+        self.ledger.note(first_productive=records.FirstProductive(
+            time.time(), step, self.ledger.record(final=False)['parts']))
     self.ledger.note(last_step=step)
     self.ledger.flush()
 

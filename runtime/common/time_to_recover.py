@@ -12,33 +12,49 @@ Example:
   {'detection': 0.0, 'teardown': 0.52, 'backoff': 1.0, 'startup': 0.86, ...}
 """
 
-from typing import Any, Optional
+import dataclasses
+from typing import Any, Optional, Union
+
+from runtime.common import records
 
 PHASES = ('detection', 'teardown', 'backoff', 'startup', 'distributed_init',
           'restore', 'compile', 'recomputed', 'other')
 
+# A launcher's record of an attempt, typed or as its attempts.jsonl line.
+Launch = Union[records.LauncherAttempt, dict[str, Any], None]
+
+
+def _fault(ranks: dict[int, dict[str, Any]],
+           launch: Launch) -> Optional[records.Fault]:
+  launch = records.as_attempt(launch)
+  if launch is not None and launch.fault is not None:
+    return launch.fault
+  noticed = [n.fault for n in (records.Notes.from_json(r.get('notes'))
+                               for r in ranks.values()) if n.fault]
+  return min(noticed, key=lambda f: f.detected) if noticed else None
+
 
 def fault_of(ranks: dict[int, dict[str, Any]],
-             launch: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+             launch: Launch) -> Optional[dict[str, Any]]:
   """How an attempt failed: {'at', 'detected', ...} wall times, or None.
 
   The launcher's record when a launcher ran the attempt (the failed
   process's exit, and when the launcher declared the job failed); else the
   earliest a process's supervisor noticed a peer's failure (its last sign of
   life, and the notice).
+
+  Args:
+    ranks: the attempt's ledgers, {rank: record as written}.
+    launch: the launcher's record of it, or None.
   """
-  if launch is not None and launch.get('fault'):
-    return launch['fault']
-  noticed = [r['notes']['fault'] for r in ranks.values()
-             if isinstance(r['notes'].get('fault'), dict)]
-  return min(noticed, key=lambda f: f['detected']) if noticed else None
+  fault = _fault(ranks, launch)
+  return None if fault is None else {
+      k: v for k, v in dataclasses.asdict(fault).items() if v is not None}
 
 
-def phases(before: dict[int, dict[str, Any]],
-                    launch_before: Optional[dict[str, Any]],
-                    before_end: float, chief: dict[str, Any],
-                    launch: Optional[dict[str, Any]]
-                    ) -> Optional[dict[str, Any]]:
+def phases(before: dict[int, dict[str, Any]], launch_before: Launch,
+           before_end: float, chief: dict[str, Any], launch: Launch
+           ) -> Optional[dict[str, Any]]:
   """Time to recover: from the fault that ended the attempt before to this
   attempt's first productive step, in PHASES.
 
@@ -54,24 +70,26 @@ def phases(before: dict[int, dict[str, Any]],
      'recomputed_steps'}; None when the earlier attempt did not fail or
     this one made no new step.
   """
-  fault = fault_of(before, launch_before)
-  first = chief['notes'].get('first_productive')
+  fault = _fault(before, launch_before)
+  notes = records.Notes.from_json(chief.get('notes'))
+  first = notes.first_productive
   if fault is None or not first:
     return None
-  parts = first['parts']
-  started = launch['started'] if launch else chief['started']
+  parts = first.parts
+  launch = records.as_attempt(launch)
+  started = launch.started if launch else chief['started']
   phases = {
-      'detection': fault['detected'] - fault['at'],
-      'teardown': before_end - fault['detected'],
+      'detection': fault.detected - fault.at,
+      'teardown': before_end - fault.detected,
       'backoff': started - before_end,
       'startup': parts['startup'] + max(0.0, chief['started'] - started),
       'distributed_init': parts['distributed_init'],
       'restore': parts['checkpoint_restore'],
       'compile': parts['compile'],
       'recomputed': parts['recomputed']}
-  total = first['wall'] - fault['at']
+  total = first.wall - fault.at
   phases['other'] = total - sum(phases.values())
   return {'total_s': total, 'phases': phases,
-          'restore_tier': chief['notes'].get('restore_tier'),
-          'restore_step': chief['notes'].get('restore_step'),
-          'recomputed_steps': chief['notes'].get('recomputed_steps', 0)}
+          'restore_tier': notes.restore_tier,
+          'restore_step': notes.restore_step,
+          'recomputed_steps': notes.recomputed_steps or 0}

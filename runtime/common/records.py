@@ -1,0 +1,183 @@
+"""The records that processes and launchers leave for the goodput roll-up.
+
+Two kinds, each defined once here and written and read only through these
+types:
+
+- `Notes`: the facts a process's goodput ledger keeps beside its seconds
+  (WORKDIR/goodput/ATTEMPT/rank_<i>.json, under 'notes'): its attempt, how
+  it restored, its first and last steps, the fault that ended it;
+- `LauncherAttempt`: one line of the launcher's attempts.jsonl per attempt
+  it ran (the local pod's WORKDIR/logs, the TPU driver's LOG_DIR).
+
+Example:
+  >>> notes = Notes.from_json(ledger_record['notes'])
+  >>> notes.restore_tier
+  'local'
+  >>> append_attempt(logs_dir, LauncherAttempt(attempt=1, exit_code=0, ...))
+"""
+
+import dataclasses
+import json
+import os
+from typing import Any, Optional
+
+ATTEMPTS_FILE = 'attempts.jsonl'
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+  """The fault that ended an attempt, for the time to recover.
+
+  Attributes:
+    at: wall time of the failed process's last sign of life.
+    detected: wall time at which the job learned of it.
+    rank: the process it is pinned on.
+    kind: 'failed', 'lost' or 'stalled' (a supervisor's view).
+    exit_code: the failed process's code (a launcher's view).
+  """
+  at: float
+  detected: float
+  rank: Optional[int] = None
+  kind: Optional[str] = None
+  exit_code: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstProductive:
+  """The attempt's first step that was new work, and its ledger then."""
+  wall: float
+  step: int
+  parts: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Recreate:
+  """A lost TPU slice deleted and created again before an attempt."""
+  lost: str
+  began: float
+  recreate_requested: float
+  up: float
+  ready: float
+  seconds: float
+
+
+def _from_json(cls, values: Optional[dict[str, Any]]):
+  """`cls` from a JSON dict, ignoring fields it does not know; None for
+  anything but a dict."""
+  if not isinstance(values, dict):
+    return None
+  known = {f.name for f in dataclasses.fields(cls)}
+  return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def _to_json(record) -> dict[str, Any]:
+  """The record as a JSON dict, without the fields that are None."""
+  return {k: v for k, v in dataclasses.asdict(record).items()
+          if v is not None}
+
+
+@dataclasses.dataclass
+class Notes:
+  """What a process's ledger notes beside its seconds (all optional).
+
+  Attributes:
+    attempt: the attempt's name, the same on every process.
+    process_index: this process.
+    restore_tier, restore_step: where the run resumed from.
+    first_step_wall: wall time of the first completed step.
+    first_productive: the first step that was new work.
+    recomputed_steps: steps an earlier attempt had already trained.
+    last_step: the last step completed.
+    compile_cache_hits: programs read from the persistent cache.
+    fault: what ended the attempt, as this process learned it.
+    exit_code: what this process exited with.
+  """
+  attempt: Optional[str] = None
+  process_index: Optional[int] = None
+  restore_tier: Optional[str] = None
+  restore_step: Optional[int] = None
+  first_step_wall: Optional[float] = None
+  first_productive: Optional[FirstProductive] = None
+  recomputed_steps: Optional[int] = None
+  last_step: Optional[int] = None
+  compile_cache_hits: Optional[int] = None
+  fault: Optional[Fault] = None
+  exit_code: Optional[int] = None
+
+  def to_json(self) -> dict[str, Any]:
+    return _to_json(self)
+
+  @classmethod
+  def from_json(cls, values: Optional[dict[str, Any]]) -> 'Notes':
+    notes = _from_json(cls, values or {})
+    notes.fault = _from_json(Fault, (values or {}).get('fault'))
+    notes.first_productive = _from_json(
+        FirstProductive, (values or {}).get('first_productive'))
+    return notes
+
+
+@dataclasses.dataclass(frozen=True)
+class LauncherAttempt:
+  """One attempt as the launcher that ran it saw it.
+
+  Every field may be missing from a file an older launcher wrote.
+
+  Attributes:
+    started, ended: wall times of the attempt's launch and end.
+    attempt: its number, from 1.
+    exit_code: the job's exit code.
+    kind: how restart.kind_of judged it ('ok', 'preempted', ...).
+    name: the attempt's name (its ledgers' folder), if the launcher gave it.
+    launcher_started: wall time at which the launcher process started.
+    launcher_signalled: the launcher itself got SIGINT or SIGTERM.
+    fault: when the failed process died and the launcher noticed.
+    infrastructure: a lost slice brought back before this attempt.
+  """
+  started: Optional[float] = None
+  ended: Optional[float] = None
+  attempt: Optional[int] = None
+  exit_code: Optional[int] = None
+  kind: Optional[str] = None
+  name: Optional[str] = None
+  launcher_started: Optional[float] = None
+  launcher_signalled: bool = False
+  fault: Optional[Fault] = None
+  infrastructure: Optional[Recreate] = None
+
+  @property
+  def recreate_s(self) -> float:
+    return self.infrastructure.seconds if self.infrastructure else 0.0
+
+  def to_json(self) -> dict[str, Any]:
+    return _to_json(self)
+
+  @classmethod
+  def from_json(cls, values: dict[str, Any]) -> 'LauncherAttempt':
+    record = _from_json(cls, values)
+    return dataclasses.replace(
+        record, fault=_from_json(Fault, values.get('fault')),
+        infrastructure=_from_json(Recreate, values.get('infrastructure')))
+
+
+def as_attempt(record) -> Optional[LauncherAttempt]:
+  """A LauncherAttempt from one, or from its JSON dict; None stays None."""
+  if record is None or isinstance(record, LauncherAttempt):
+    return record
+  return LauncherAttempt.from_json(record)
+
+
+def append_attempt(logs_dir: str, attempt: LauncherAttempt) -> None:
+  """Adds `attempt` as a line of LOGS_DIR/attempts.jsonl."""
+  os.makedirs(logs_dir, exist_ok=True)
+  with open(os.path.join(logs_dir, ATTEMPTS_FILE), 'a') as f:
+    f.write(json.dumps(attempt.to_json()) + '\n')
+
+
+def read_attempts(path: str) -> list[LauncherAttempt]:
+  """Every attempt of an attempts.jsonl; [] when it is missing or broken."""
+  try:
+    with open(path) as f:
+      return [LauncherAttempt.from_json(json.loads(l)) for l in f
+              if l.strip()]
+  except (OSError, ValueError, TypeError):
+    return []

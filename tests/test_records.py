@@ -1,0 +1,51 @@
+"""The ledger's notes and the launcher's attempts, written and read back."""
+
+import json
+
+import pytest
+
+from runtime.common import goodput
+from runtime.common import records
+
+pytestmark = pytest.mark.unit
+
+
+def test_notes_round_trip_with_their_nested_records():
+  notes = records.Notes(
+      attempt='a1', restore_tier='peer', restore_step=440,
+      fault=records.Fault(at=1.0, detected=1.5, rank=2, kind='lost'),
+      first_productive=records.FirstProductive(3.0, 441, {'startup': 1.0}))
+  text = json.dumps(notes.to_json())
+  assert 'exit_code' not in json.loads(text)  # Unset notes are left out.
+  assert records.Notes.from_json(json.loads(text)) == notes
+  # A ledger an older version wrote: unknown fields are ignored.
+  assert records.Notes.from_json({'last_step': 7, 'old': 1}).last_step == 7
+  assert records.Notes.from_json(None) == records.Notes()
+
+
+def test_the_ledger_refuses_a_note_the_record_does_not_define():
+  ledger = goodput.Ledger()
+  ledger.note(restore_tier='local', last_step=3)
+  assert ledger.record(final=False)['notes'] == {'restore_tier': 'local',
+                                                 'last_step': 3}
+  with pytest.raises(TypeError, match='no note .restore_teir.'):
+    ledger.note(restore_teir='local')
+
+
+def test_attempts_are_appended_and_read_back(tmp_path):
+  first = records.LauncherAttempt(
+      started=10.0, ended=20.0, attempt=1, exit_code=137, kind='retryable',
+      name='a1', fault=records.Fault(at=19.0, detected=19.2, rank=1,
+                                     exit_code=137))
+  second = records.LauncherAttempt(
+      started=21.0, ended=40.0, attempt=2, exit_code=0, kind='ok',
+      infrastructure=records.Recreate('node PREEMPTED', 20.0, 20.1, 30.0,
+                                      31.0, 11.0))
+  records.append_attempt(str(tmp_path), first)
+  records.append_attempt(str(tmp_path), second)
+  path = str(tmp_path / records.ATTEMPTS_FILE)
+  assert records.read_attempts(path) == [first, second]
+  assert records.read_attempts(path)[1].recreate_s == 11.0
+  line = json.loads(open(path).read().splitlines()[1])
+  assert line['infrastructure']['seconds'] == 11.0
+  assert records.read_attempts(str(tmp_path / 'missing.jsonl')) == []
