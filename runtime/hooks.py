@@ -16,7 +16,7 @@ Example (a hook of one's own):
 """
 
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 import warnings
 
 from absl import logging
@@ -65,13 +65,24 @@ class Periodic(Hook):
       raise ValueError(f'every={every}; use a positive step count, or 0 for '
                        'never')
     self.every, self.at_end, self._callback = every, at_end, callback
+    self._done_at: Optional[int] = None
 
   def due(self, run) -> bool:
     return bool((self.every and run.step % self.every == 0) or
                 (self.at_end and run.final))
 
   def after_step(self, run) -> None:
-    if self.due(run):
+    self.ensure_done(run)
+
+  def ensure_done(self, run) -> None:
+    """Does the work of step `run.step` if it is due and not done yet.
+
+    A hook that must run before another at the same step (the replica check
+    before a save) is called through this by the other, so that the order
+    of the hooks does not matter.
+    """
+    if self.due(run) and getattr(self, '_done_at', None) != run.step:
+      self._done_at = run.step
       self.work(run)
 
   def work(self, run) -> None:
@@ -186,11 +197,17 @@ class Profile(Hook):
 
 class SaveCheckpoints(Hook):
   """Every `checkpoints.every` steps and after the last: the state, and what
-  resuming it needs to check (`describe(run, host_state, reason)`)."""
+  resuming it needs to check (`describe(run, host_state, reason)`).
+
+  `checks` (the replica check) are done for the step before it is saved,
+  whatever the order of the hooks: no checkpoint of diverged replicas.
+  """
 
   def __init__(self, checkpoints: checkpoint.Checkpoints,
-               describe: Callable[..., dict]):
+               describe: Callable[..., dict],
+               checks: Sequence[Periodic] = ()):
     self.checkpoints, self.describe = checkpoints, describe
+    self.checks = tuple(checks)
 
   def after_step(self, run) -> None:
     if run.final:
@@ -201,6 +218,8 @@ class SaveCheckpoints(Hook):
   def save(self, run, reason: str) -> None:
     """Starts saving the state after step `run.step`; returns once it is on
     the host."""
+    for check in self.checks:
+      check.ensure_done(run)
     with (run.clock.timing('checkpoint_blocking'),
           progress.working('checkpoint')):
       # Every record up to this step is on disk before its checkpoint is:
@@ -209,6 +228,12 @@ class SaveCheckpoints(Hook):
       host_state = run.host_state()
       self.checkpoints.save(run.step, host_state,
                             self.describe(run, host_state, reason))
+
+  def save_and_wait(self, run, reason: str) -> None:
+    """Saves the state after step `run.step` and returns once it is
+    complete on disk (the preemption save)."""
+    self.save(run, reason)
+    self.checkpoints.wait()
 
   def end(self, run, error) -> None:
     if error is None:
@@ -231,19 +256,25 @@ class SaveCheckpoints(Hook):
 
 class SaveLocalCheckpoints(Hook):
   """Every `local.every` steps: this process's own copy of the state, in its
-  local tier (runtime/local_checkpoint.py); removed when the run ends well.
+  local tier (runtime/local_checkpoint.py); removed when the run ends well,
+  once the persistent tier's final save is complete.
 
-  Skips the steps the persistent tier saves anyway.
+  Skips the steps the persistent tier saves anyway; `checks` as for
+  SaveCheckpoints.
   """
 
   def __init__(self, local, persistent: Optional[checkpoint.Checkpoints],
-               describe: Callable[..., dict]):
+               describe: Callable[..., dict],
+               checks: Sequence[Periodic] = ()):
     self.local, self.persistent, self.describe = local, persistent, describe
+    self.checks = tuple(checks)
 
   def after_step(self, run) -> None:
     if (not self.local.due(run.step) or run.final or
         (self.persistent is not None and self.persistent.due(run.step))):
       return
+    for check in self.checks:
+      check.ensure_done(run)
     with (run.clock.timing('checkpoint_blocking'),
           progress.working('local_checkpoint')):
       run.writer.flush()
@@ -252,10 +283,21 @@ class SaveLocalCheckpoints(Hook):
                       self.describe(run, host_state, 'local'))
 
   def end(self, run, error) -> None:
-    if error is None:
+    if error is None and self._final_save_complete():
       self.local.remove()
     else:
       self.local.wait()
+
+  def _final_save_complete(self) -> bool:
+    """Waits for the persistent tier; False when its save failed (the copies
+    stay; SaveCheckpoints.end reports the error)."""
+    if self.persistent is None:
+      return True
+    try:
+      self.persistent.wait()
+    except Exception:  # pylint: disable=broad-except
+      return False
+    return True
 
 
 class PreemptionAgreement(Hook):
@@ -281,8 +323,7 @@ class PreemptionAgreement(Hook):
     with (run.clock.timing('preemption_save'),
           progress.working('preemption_save')):
       if self.checkpoints is not None:
-        self.checkpoints.save(run, 'preemption')
-        self.checkpoints.checkpoints.wait()
+        self.checkpoints.save_and_wait(run, 'preemption')
       job = coordination.current()
       if job is not None and job.process_count > 1:
         job.barrier('podrun/preempted')

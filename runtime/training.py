@@ -168,17 +168,17 @@ def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt, local
   log = hooks_lib.LogMetrics(config.log_every, task.schedule)
   describe = lambda run, host_state, reason: checkpoint_meta.describe_run(
       config, topo, len(task.data), run.step, host_state, reason)
+  replicas = integrity.CheckReplicas(config.integrity_every,
+                                     ckpt.all_steps if ckpt else lambda: [])
+  # The saves run the replica check of their step first, and the local
+  # tier's end waits for the persistent save: no order matters below.
   save = None
   if ckpt is not None:
-    save = hooks_lib.SaveCheckpoints(ckpt, describe)
-  built_in = [log, hooks_lib.PreemptionAgreement(log, save)]
-  # Before the saves of the same step: no checkpoint of diverged replicas.
-  built_in.append(integrity.CheckReplicas(
-      config.integrity_every, ckpt.all_steps if ckpt else lambda: []))
+    save = hooks_lib.SaveCheckpoints(ckpt, describe, checks=[replicas])
+  built_in = [log, hooks_lib.PreemptionAgreement(log, save), replicas]
   if local is not None:
-    # Before the persistent save: its end (reversed order) runs after that
-    # one's, so copies go only once the final checkpoint is complete.
-    built_in.append(hooks_lib.SaveLocalCheckpoints(local, ckpt, describe))
+    built_in.append(hooks_lib.SaveLocalCheckpoints(local, ckpt, describe,
+                                                   checks=[replicas]))
   if save is not None:
     built_in.append(save)
   if task.eval_fn is not None:

@@ -1,7 +1,9 @@
 """The loop's hooks: cadence, resume, a profiler window, model state."""
 
+import contextlib
 import dataclasses
 import glob
+import types
 
 import jax
 import numpy as np
@@ -167,3 +169,44 @@ def test_the_loop_trains_from_a_per_example_source(tmp_path):
   by_example = training.train(config, str(tmp_path / 'b'),
                               dataclasses.replace(task, data=PerExample()))
   assert by_batch.fingerprint == by_example.fingerprint
+
+
+class _FakeCheckpoints:
+  every = 2
+
+  def __init__(self, events):
+    self.events = events
+
+  def due(self, step):
+    return step % self.every == 0
+
+  def save(self, step, state, meta):
+    self.events.append(('save', step))
+
+  def wait(self):
+    self.events.append(('wait',))
+
+
+def _fake_run(step):
+  clock = types.SimpleNamespace(timing=lambda _: contextlib.nullcontext())
+  writer = types.SimpleNamespace(flush=lambda: None)
+  return types.SimpleNamespace(step=step, final=False, clock=clock,
+                               writer=writer, host_state=lambda: {})
+
+
+def test_a_save_runs_the_replica_check_of_its_step_first_in_any_order():
+  events = []
+
+  class Check(hooks.Periodic):
+    def work(self, run):
+      events.append(('check', run.step))
+  check = Check(2)
+  save = hooks.SaveCheckpoints(_FakeCheckpoints(events),
+                               lambda run, state, reason: {}, checks=[check])
+  for step in (1, 2, 3, 4):
+    run = _fake_run(step)
+    save.after_step(run)   # The save's hook first: the check comes anyway,
+    check.after_step(run)  # and only once per step.
+  assert events == [('check', 2), ('save', 2), ('check', 4), ('save', 4)]
+  save.save_and_wait(_fake_run(5), 'preemption')
+  assert events[-2:] == [('save', 5), ('wait',)]
