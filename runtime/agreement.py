@@ -56,8 +56,9 @@ _KEY = 'podrun/agreement'
 
 
 class DisagreementError(exit_codes.PodrunError):
-  """The processes of the job do not run the same thing."""
-  exit_code = exit_codes.TOPOLOGY_MISMATCH
+  """The processes of the job do not run the same thing (exit 3, as a
+  topology mismatch, under the name PROCESSES_DIFFER)."""
+  exit_code = exit_codes.PROCESSES_DIFFER
 
 
 def config_fields(config: ConfigDict) -> dict[str, str]:
@@ -186,8 +187,8 @@ def _verdict(stage: str, published: Mapping[int, str]) -> str:
     logging.info('agreement (%s): the %d processes run the same thing (%d '
                  'field(s) compared)', stage, len(digests), len(digests[0]))
     return 'ok'
-  return (f'the {len(digests)} processes of this job do not run the '
-          f'same thing ({len(lines)} difference(s)); nothing was trained:\n'
+  return (f'processes differ: the {len(digests)} processes of this job do '
+          f'not run the same thing ({len(lines)} difference(s)); nothing was trained:\n'
           '  - ' + '\n  - '.join(lines) + '\nStart every process from the '
           'same code, packages, flags and environment.')
 

@@ -74,7 +74,7 @@ def check_shared(path: str) -> None:
   except (OSError, FileNotFoundError):
     sees = False
   seen = job.exchange(f'{name}/sees', '1' if sees else '0')
-  if job.process_id == 0:
+  if job.process_index == 0:
     marker.unlink()
   blind = sorted(rank for rank, v in seen.items() if v != '1')
   if blind:

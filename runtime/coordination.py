@@ -95,15 +95,15 @@ def _timeout(timeout_s: Optional[float]) -> float:
 class Rounds:
   """The cross-process rounds, over any store with the methods of `Job`.
 
-  A subclass provides `process_id`, `process_count`, `set`, `wait`,
+  A subclass provides `process_index`, `process_count`, `set`, `wait`,
   `directory` and `barrier`; tests give an in-memory one.
   """
-  process_id: int
+  process_index: int
   process_count: int
 
   def publish(self, prefix: str, value: str) -> None:
     """Stores this process's `value` under `prefix/<process index>`."""
-    self.set(f'{prefix}/{self.process_id}', value, overwrite=True)
+    self.set(f'{prefix}/{self.process_index}', value, overwrite=True)
 
   def by_rank(self, prefix: str) -> dict[int, str]:
     """{process index: value} of what the processes published so far.
@@ -162,7 +162,7 @@ class Rounds:
       BarrierTimeout: on the others, when process 0 did not store it within
         timeout_s.
     """
-    if self.process_id == 0:
+    if self.process_index == 0:
       value = make()
       self.set(key, value, overwrite=True)
       return value
@@ -207,10 +207,10 @@ class Job(Rounds):
   """This process's handle on the coordination service of its job.
 
   Attributes:
-    process_id: this process.
+    process_index: this process.
     process_count: processes in the job.
   """
-  process_id: int
+  process_index: int
   process_count: int
 
   def set(self, key: str, value: str, overwrite: bool = False) -> bool:

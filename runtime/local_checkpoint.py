@@ -8,7 +8,7 @@ costs a few steps instead of everything since the last persistent save. The
 state is replicated, so any one process's copy restores all of them
 (runtime/recovery.py).
 
-Layout: LOCAL_DIR/JOB/process_<i>/step_<s>/{state.npz, meta.json}, where
+Layout: LOCAL_DIR/JOB/rank_<i>/step_<s>/{state.npz, meta.json}, where
 LOCAL_DIR is config.local_checkpoint_dir (default:
 $PODRUN_LOCAL_CHECKPOINT_DIR, else a directory in /dev/shm, else the
 system's temporary directory) and JOB an id that lives beside the
@@ -24,7 +24,7 @@ per-process CheckpointManager (active_processes={i}) of host arrays leaves
 every other process's copy without its arrays (measured with orbax 0.12.8).
 
 Example:
-  >>> local = LocalCheckpoints('/dev/shm/podrun-0/3f2a/process_1', every=25)
+  >>> local = LocalCheckpoints('/dev/shm/podrun-0/3f2a/rank_1', every=25)
   >>> local.save(450, host_state, meta)   # returns at once
   >>> local.steps()
   [425, 450]
@@ -103,8 +103,8 @@ def open_for(config: ConfigDict, persistent_dir: str
   jid = (job_id(persistent_dir) if job is None else
          job.from_0(_JOB_ID_KEY, lambda: job_id(persistent_dir)))
   root = config.local_checkpoint_dir or default_root()
-  index = job.process_id if job is not None else 0
-  return LocalCheckpoints(os.path.join(root, jid, f'process_{index}'),
+  index = job.process_index if job is not None else 0
+  return LocalCheckpoints(os.path.join(root, jid, f'rank_{index}'),
                           every=config.local_checkpoint_every,
                           keep=config.keep_local_checkpoints)
 

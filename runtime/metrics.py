@@ -60,18 +60,18 @@ class MetricsWriter:
   resumed at step s keeps the records up to s and appends after them.
 
   Example:
-    >>> writer = MetricsWriter(workdir, is_chief=jax.process_index() == 0)
+    >>> writer = MetricsWriter(workdir, is_process_0=jax.process_index() == 0)
     >>> writer.write(100, {'loss': 0.1, 'steps_per_sec': 50.0})
   """
 
-  def __init__(self, workdir: str, is_chief: bool,
+  def __init__(self, workdir: str, is_process_0: bool,
                resume_step: Optional[int] = None, tensorboard_events=True):
-    self.is_chief = is_chief
+    self.is_process_0 = is_process_0
     self._file = None
     self._events = None
-    if is_chief and tensorboard_events:
+    if is_process_0 and tensorboard_events:
       self._events = tensorboard.EventWriter(workdir, resume_step)
-    if is_chief:
+    if is_process_0:
       os.makedirs(workdir, exist_ok=True)
       path = os.path.join(workdir, 'metrics.jsonl')
       if resume_step is None:
@@ -85,7 +85,7 @@ class MetricsWriter:
         self._file = open(path, 'a')
 
   def write(self, step: int, metrics: dict[str, Any]) -> None:
-    if not self.is_chief:
+    if not self.is_process_0:
       return
     values = to_json(metrics)
     self._file.write(json.dumps({'step': step, **values}) + '\n')
@@ -100,7 +100,7 @@ class MetricsWriter:
       self._events.flush()
 
   def log(self, message: str) -> None:
-    if self.is_chief:
+    if self.is_process_0:
       logging.info(message)
 
   def close(self) -> None:

@@ -115,7 +115,8 @@ class RecompileWatch:
     before = compile_events.count_in_this_thread()
     out = self._fn(*args)
     self._calls += 1
-    if self._calls > 2 and not self.warned and compile_events.count_in_this_thread() > before:
+    compiled = compile_events.count_in_this_thread() > before
+    if self._calls > 2 and not self.warned and compiled:
       self.warned = True
       logging.warning('%s', self._message(args))
     self._previous = args

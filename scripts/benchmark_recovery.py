@@ -164,7 +164,7 @@ def _start_by_hand(workdir: str, data_dir: str, steps: int, attempt: int
   address = f'127.0.0.1:{_free_port()}'
   procs = []
   for rank in range(2):
-    log = open(os.path.join(workdir, f'process_{rank}.log'), 'a')
+    log = open(os.path.join(workdir, f'rank_{rank}.log'), 'a')
     log.write(f'===== attempt {attempt} =====\n')
     log.flush()
     procs.append(subprocess.Popen(
@@ -189,7 +189,7 @@ def run_cluster(workdir: str, data_dir: str, steps: int, kill_at: int,
     procs = _start_by_hand(workdir, data_dir, steps, attempt)
     stop = threading.Event()
     killer = threading.Thread(target=_kill_at_steps, args=(
-        os.path.join(workdir, 'process_0.log'), lambda: procs[1].pid,
+        os.path.join(workdir, 'rank_0.log'), lambda: procs[1].pid,
         [kill_at] if attempt == 1 else [], kills, stop), daemon=True)
     killer.start()
     try:

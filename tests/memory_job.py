@@ -26,9 +26,9 @@ class MemoryStore:
 class MemoryJob(coordination.Rounds):
   """One process's handle on a `MemoryStore`."""
 
-  def __init__(self, process_id: int = 0, process_count: int = 2,
+  def __init__(self, process_index: int = 0, process_count: int = 2,
                store: Optional[MemoryStore] = None):
-    self.process_id, self.process_count = process_id, process_count
+    self.process_index, self.process_count = process_index, process_count
     self._shared = store or MemoryStore()
     self.store = self._shared.values
     self.changed = self._shared.changed

@@ -8,8 +8,8 @@ The rule, module by module (the README's Layout states it):
   runtime (the rest)  -> runtime
   launcher.rank       -> launcher.rank, runtime
   launcher (the rest) -> launcher outside launcher.rank, runtime.common
-  launcher.tpu.worker, launcher.tpu.worker_accelerator -> nothing of the
-                         project (they run on a TPU VM without it)
+  launcher.tpu.worker, launcher.tpu.worker_accelerator -> each other only
+                         (they run on a TPU VM without the project)
 
 with one door: `launcher.cli`, when the launcher is itself a process of the
 job, imports launcher.rank inside the function that runs it (`_DOORS`).
@@ -85,7 +85,7 @@ def _allowed(importer: str, imported: str) -> bool:
   def under(module, package):
     return module == package or module.startswith(package + '.')
   if importer in _STANDALONE:
-    return False
+    return imported in _STANDALONE
   if under(importer, 'runtime.common'):
     return under(imported, 'runtime.common')
   if under(importer, 'runtime'):

@@ -16,9 +16,9 @@ def _run(count, round_fn, absent=()):
   the error raised}. Ranks in `absent` never take part."""
   store = memory_job.MemoryStore()
   jobs = [memory_job.MemoryJob(i, count, store) for i in range(count)]
-  present = [j for j in jobs if j.process_id not in absent]
+  present = [j for j in jobs if j.process_index not in absent]
   with concurrent.futures.ThreadPoolExecutor(len(present)) as pool:
-    futures = {j.process_id: pool.submit(round_fn, j) for j in present}
+    futures = {j.process_index: pool.submit(round_fn, j) for j in present}
   out = {}
   for rank, future in futures.items():
     error = future.exception()
@@ -33,7 +33,7 @@ def test_decide_on_0_gives_everyone_the_verdict_on_all_values():
     decided_on.append(dict(published))
     return json.dumps(sorted(published.values()))
   out, _ = _run(3, lambda job: job.decide_on_0(
-      'podrun/t', f'v{job.process_id}', decide, timeout_s=5))
+      'podrun/t', f'v{job.process_index}', decide, timeout_s=5))
   assert decided_on == [{0: 'v0', 1: 'v1', 2: 'v2'}]  # Once, on process 0.
   assert out == {r: '["v0", "v1", "v2"]' for r in range(3)}
 
@@ -65,7 +65,7 @@ def test_from_0_names_process_0_when_it_is_missing():
 
 def test_exchange_returns_every_process_value():
   out, _ = _run(3, lambda job: job.exchange('podrun/steps',
-                                            str(10 * job.process_id), 5))
+                                            str(10 * job.process_index), 5))
   assert out == {r: {0: '0', 1: '10', 2: '20'} for r in range(3)}
 
 

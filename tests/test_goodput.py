@@ -164,7 +164,7 @@ def test_time_to_recover_is_split_into_phases():
   fault = {'at': 100.0, 'detected': 100.2, 'rank': 1}
   before = {0: {'started': 50.0, 'updated': 100.5, 'final': False,
                 'parts': {}, 'notes': {}}}
-  chief = {'started': 102.0, 'updated': 130.0, 'final': True, 'parts': {},
+  ledger_0 = {'started': 102.0, 'updated': 130.0, 'final': True, 'parts': {},
            'notes': {'restore_tier': 'peer', 'restore_step': 440,
                      'recomputed_steps': 7, 'first_productive': {
                          'wall': 105.0, 'step': 448, 'parts': {
@@ -173,7 +173,7 @@ def test_time_to_recover_is_split_into_phases():
                              'recomputed': 0.5}}}}
   launch_before = {'started': 49.0, 'ended': 101.0, 'fault': fault}
   launch = {'started': 101.5, 'ended': 131.0}
-  found = time_to_recover.phases(before, launch_before, 101.0, chief,
+  found = time_to_recover.phases(before, launch_before, 101.0, ledger_0,
                                   launch)
   assert found['total_s'] == pytest.approx(5.0)
   assert found['phases'] == pytest.approx({

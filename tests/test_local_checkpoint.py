@@ -70,7 +70,7 @@ def test_a_torn_save_is_not_a_copy_and_is_removed(tmp_path):
 
 
 def test_clear_and_remove(tmp_path):
-  path = tmp_path / 'job' / 'process_0'
+  path = tmp_path / 'job' / 'rank_0'
   local = local_checkpoint.LocalCheckpoints(str(path), every=20)
   local.save(20, _state(), {'step': 20})
   local.clear()

@@ -84,7 +84,7 @@ def _assert_no_survivors(workdir):
       helpers.job_processes(workdir))
 
 
-def test_a_sigkilled_chief_resumes_from_the_local_tier(tmp_path, straight):
+def test_a_sigkilled_process_0_resumes_from_the_local_tier(tmp_path, straight):
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
   result = _run(tmp_path, *POD, *_kill(0), *RESTART)
   assert result.returncode == 0, result.output
@@ -129,7 +129,7 @@ def test_a_replaced_host_restores_from_a_peer(tmp_path, straight):
   killed = _run(tmp_path, *POD, *_kill(1))
   assert killed.returncode == 137, killed.output
   _assert_no_survivors(tmp_path)
-  shutil.rmtree(_local_job_dir(tmp_path) / 'process_1')  # A new host.
+  shutil.rmtree(_local_job_dir(tmp_path) / 'rank_1')  # A new host.
   rest = _run(tmp_path, *POD)
   assert rest.returncode == 0, rest.output
   last = list(_ledgers(tmp_path).values())[-1]

@@ -73,7 +73,7 @@ _FakeJob = memory_job.MemoryJob
 
 
 def test_a_silent_peer_is_declared_lost_and_everyone_exits_10():
-  job = _FakeJob(process_id=0, process_count=2)
+  job = _FakeJob(process_index=0, process_count=2)
   exited = []
   done = threading.Event()
   sup = supervisor.Supervisor(
@@ -89,7 +89,7 @@ def test_a_silent_peer_is_declared_lost_and_everyone_exits_10():
 
 def test_the_own_watchdog_publishes_a_stall_and_dumps_stacks():
   progress.reset_for_tests()
-  job = _FakeJob(process_id=1, process_count=2)
+  job = _FakeJob(process_index=1, process_count=2)
   exited, dumped = [], []
   done = threading.Event()
   sup = supervisor.Supervisor(
@@ -107,7 +107,7 @@ def test_the_own_watchdog_publishes_a_stall_and_dumps_stacks():
 
 @pytest.mark.parametrize('first_is_consequence', [True, False])
 def test_fail_keeps_its_code_unless_another_failed_first(first_is_consequence):
-  job = _FakeJob(process_id=1, process_count=2)
+  job = _FakeJob(process_index=1, process_count=2)
   sup = supervisor.Supervisor(job, supervisor.Options(), host='h1')
   if first_is_consequence:
     job.set(end_of_job.END_KEY, peers.Cause(

@@ -51,23 +51,22 @@ def test_holders_and_a_stale_lockfile_are_named(tmp_path, monkeypatch,
     holder.stdout.readline()  # It has the file open.
     assert worker_accelerator.holders({str(device)}) == {
         holder.pid: [str(device)]}
-    args = _args(accelerator_devices=str(tmp_path / 'accel*'))
-    assert not worker_accelerator.check(args, '3')
+    devices = str(tmp_path / 'accel*')
+    assert not worker_accelerator.check('3', devices, grace=5)
     out = capsys.readouterr().out
     assert f'[worker 3] podrun: the accelerator is busy: pid {holder.pid}' in (
         out)
     assert holder.poll() is None
-    args = _args(accelerator_devices=str(tmp_path / 'accel*'),
-                 kill_accelerator_holders=True)
-    assert worker_accelerator.check(args, '3')
+    assert worker_accelerator.check('3', devices, kill_holders=True, grace=5)
     assert holder.wait(timeout=10) is not None
   finally:
     holder.kill()
     holder.wait()
   lockfile.write_text('')
-  assert not worker_accelerator.check(_args(), '3')
+  assert not worker_accelerator.check('3', '', grace=5)
   assert 'a stale libtpu lockfile' in capsys.readouterr().out
-  assert worker_accelerator.check(_args(replace=True), '3')
+  assert worker_accelerator.check('3', '', remove_stale_lockfile=True,
+                                  grace=5)
   assert not os.path.exists(lockfile)
 
 

@@ -33,7 +33,7 @@ class EndOfJob:
 
   def __init__(self, job: Optional[coordination.Job]):
     self.job = job
-    self.process_index = job.process_id if job else 0
+    self.process_index = job.process_index if job else 0
 
   def publish(self, cause: peers_lib.Cause) -> peers_lib.Cause:
     """Publishes `cause` unless another is there; returns the one that won."""

@@ -113,16 +113,16 @@ class StallWatch:
   above, with what it learns kept for the next attempt.
 
   Example:
-    >>> watch = StallWatch(rank=0, host='h', stall_timeout=600,
+    >>> watch = StallWatch(process_index=0, host='h', stall_timeout=600,
     ...                    first_step_timeout=1800, floor_s=10)
     >>> watch.learn_in(workdir)
     >>> cause = watch.check(progress.snapshot(), time.monotonic())
   """
 
-  def __init__(self, rank: int, host: str, stall_timeout: float,
+  def __init__(self, process_index: int, host: str, stall_timeout: float,
                first_step_timeout: float, floor_s: float = FLOOR_S,
                learn: bool = True):
-    self.rank, self.host = rank, host
+    self.process_index, self.host = process_index, host
     self.stall_timeout, self.first_step_timeout = (stall_timeout,
                                                    first_step_timeout)
     self.floor_s, self.learn = floor_s, learn
@@ -135,7 +135,7 @@ class StallWatch:
     """Starts from what an earlier attempt learned of this process's pace,
     and keeps what this one learns, in WORKDIR/stall."""
     self.workdir = workdir
-    learned = load(workdir, self.rank)
+    learned = load(workdir, self.process_index)
     if learned is not None:
       progress.seed(learned)
 
@@ -146,10 +146,12 @@ class StallWatch:
       waited = now - self.started_at
       limit = self.first_step_timeout
       if 0 < limit < waited:
-        return peers_lib.Cause('stalled', self.rank, self.host, summary=(
-            f'no first step completed within {limit:g} s '
-            '(--first_step_timeout); a workload that runs a loop of its own '
-            'must report each step with runtime.progress.report(step)'))
+        return peers_lib.Cause(
+            'stalled', self.process_index, self.host, summary=(
+                f'no first step completed within {limit:g} s '
+                '(--first_step_timeout); a workload that runs a loop of its '
+                'own must report each step with runtime.progress.report(step)'
+            ))
       return None
     self.keep(snapshot, now)
     found = deadline(snapshot, self.stall_timeout, now, self.learn,
@@ -158,7 +160,7 @@ class StallWatch:
       return None
     limit, idle, why = found
     doing = (f' while {snapshot.working}' if snapshot.working else '')
-    return peers_lib.Cause('stalled', self.rank, self.host, summary=(
+    return peers_lib.Cause('stalled', self.process_index, self.host, summary=(
         f'no step completed for {idle:.0f} s after step '
         f'{snapshot.done_step}{doing} (deadline {limit:.3g} s: {why})'),
         since=time.time() - idle)
@@ -170,4 +172,4 @@ class StallWatch:
       return
     if force or now - self._saved_at > _SAVE_EVERY_S:
       self._saved_at = now
-      save(self.workdir, self.rank, snapshot.learned)
+      save(self.workdir, self.process_index, snapshot.learned)

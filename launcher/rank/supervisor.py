@@ -122,7 +122,7 @@ class Supervisor:
     self.job = job
     self.options = options
     self.host = host or socket.gethostname()
-    self.rank = job.process_id if job else 0
+    self.process_index = job.process_index if job else 0
     self._exit_process = exit_process
     self._dump_stacks = dump_stacks or (
         lambda: faulthandler.dump_traceback(sys.stderr, all_threads=True))
@@ -136,7 +136,7 @@ class Supervisor:
     self._peers = peers_lib.Peers(job, self.host, options.heartbeat_timeout)
     self._end = end_of_job.EndOfJob(job)
     self._stall = stall.StallWatch(
-        self.rank, self.host, options.stall_timeout,
+        self.process_index, self.host, options.stall_timeout,
         options.first_step_timeout, _stall_floor(job, options),
         options.learned_stall_deadline)
 
@@ -163,7 +163,8 @@ class Supervisor:
       return
     logging.error('stopping with exit code %d: %s', code, summary)
     self._end.wait_for_acks(self.publish(
-        peers_lib.Cause('failed', self.rank, self.host, code, summary)))
+        peers_lib.Cause('failed', self.process_index, self.host, code,
+                        summary)))
     self._exit_process(code)
 
   def publish_final(self) -> None:
@@ -226,7 +227,7 @@ class Supervisor:
       self._beat(snapshot)
     if not self._watching_steps:
       return None
-    if self.rank == 0 and self.job is not None:
+    if self.process_index == 0 and self.job is not None:
       lost = self._peers.find_lost(now)
       if lost is not None:
         return lost
@@ -257,11 +258,11 @@ class Supervisor:
     self._ending.acquire()  # The watcher no longer ends this process.
     if may_be_consequence:
       earlier = self._end.wait(_consequence_wait_s(summary, self.options))
-      if earlier is not None and earlier.rank != self.rank:
+      if earlier is not None and earlier.rank != self.process_index:
         return self._follow(earlier)
-    won = self.publish(
-        peers_lib.Cause('failed', self.rank, self.host, code, summary))
-    if won.rank != self.rank and may_be_consequence:
+    won = self.publish(peers_lib.Cause('failed', self.process_index,
+                                       self.host, code, summary))
+    if won.rank != self.process_index and may_be_consequence:
       return self._follow(won)
     self._end.wait_for_acks(won)
     return code
@@ -277,7 +278,7 @@ class Supervisor:
 
   def _end_for(self, cause: peers_lib.Cause) -> None:
     """The watcher saw `cause`: end this process accordingly."""
-    if cause.rank == self.rank and cause.kind == 'failed':
+    if cause.rank == self.process_index and cause.kind == 'failed':
       return  # Our own failure: the main thread is on its way out.
     if cause.kind == 'failed' and cause.code in exit_codes.SAME_EVERYWHERE:
       # Every process probably finds the same fault itself: let it say so.

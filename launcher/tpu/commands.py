@@ -231,7 +231,8 @@ def setup_command(short_hash: str, worker_python: str,
       f'tar -xzf "$HOME/podrun-{short_hash}.tar.gz" -C "$d"; '
       'touch "$d/.podrun-ready"; fi',
       f'cp "$d/launcher/tpu/worker.py" "{WORKER_SCRIPT}"',
-      'cp "$d/launcher/tpu/worker_accelerator.py" "$HOME/podrun/"',
+      'cp "$d/launcher/tpu/worker_accelerator.py" '
+      '"$HOME/podrun/tpu_worker_accelerator.py"',
   ]
   if not worker_python:
     # One environment for every version of the code, reinstalled only when

@@ -51,9 +51,10 @@ import sys
 import time
 import urllib.request
 
-# The accelerator check sits beside this file, here and on the worker.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import worker_accelerator  # pylint: disable=g-import-not-at-top,wrong-import-position
+try:  # In the package: the driver's machine, the tests.
+  from launcher.tpu import worker_accelerator
+except ImportError:  # On a TPU VM: ~/podrun/, this script's own directory.
+  import tpu_worker_accelerator as worker_accelerator
 
 JOBS_DIR = os.path.join(os.path.expanduser('~'), 'podrun', 'jobs')
 # Exit codes of `run` itself (the launcher's own are passed through). Copies
@@ -155,22 +156,14 @@ def all_jobs():
 def stop_group(pgid: int, grace: float) -> bool:
   """SIGTERM to the group (the job saves), SIGKILL after grace; True if it
   had to be killed."""
-  try:
-    os.killpg(pgid, signal.SIGTERM)
-  except ProcessLookupError:
-    return False
-  deadline = time.monotonic() + grace
-  while time.monotonic() < deadline:
+  def alive() -> bool:
     try:
       os.killpg(pgid, 0)
     except ProcessLookupError:
       return False
-    time.sleep(0.1)
-  try:
-    os.killpg(pgid, signal.SIGKILL)
-  except ProcessLookupError:
-    return False
-  return True
+    return True
+  return worker_accelerator.terminate(lambda s: os.killpg(pgid, s), alive,
+                                      grace) == 'killed'
 
 
 def global_id(args) -> str:
@@ -286,7 +279,9 @@ def run(args) -> int:
               flush=True)
         if other.pgid() is not None:
           stop_group(other.pgid(), args.stop_grace)
-      if not worker_accelerator.check(args, worker):
+      if not worker_accelerator.check(
+          worker, args.accelerator_devices, args.kill_accelerator_holders,
+          args.replace, args.stop_grace):
         print(f'[worker {worker}] podrun: exit {BUSY}', flush=True)
         return BUSY
       _start(job, args)

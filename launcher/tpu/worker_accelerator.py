@@ -1,7 +1,8 @@
 """The accelerator check of launcher/tpu/worker.py, on each TPU VM.
 
 Standalone, as worker.py is (its system Python, nothing of the project);
-the set-up command copies it beside ~/podrun/tpu_worker.py. Before a job
+the set-up command copies it beside ~/podrun/tpu_worker.py as
+~/podrun/tpu_worker_accelerator.py. Before a job
 starts, every process that holds the accelerator (device files matching
 --accelerator_devices) or libtpu's lockfile is named, with its pid, command
 line and start time, and a lockfile nobody holds is named as stale: the TPU
@@ -73,28 +74,37 @@ def holders(paths: set) -> dict:
   return {pid: sorted(held) for pid, held in found.items()}
 
 
-def check(args, worker: str) -> bool:
+def check(worker: str, devices: str = DEFAULT_DEVICES,
+          kill_holders: bool = False, remove_stale_lockfile: bool = False,
+          grace: float = 60) -> bool:
   """Names every process holding the accelerator, and a stale libtpu
-  lockfile; kills the holders and removes the lockfile with
-  --kill_accelerator_holders (the lockfile also with --replace). Returns
-  whether the accelerator is free now."""
+  lockfile; returns whether the accelerator is free now.
+
+  Args:
+    worker: this worker, for the lines it prints.
+    devices: comma-separated globs of the accelerator's device files
+      (--accelerator_devices).
+    kill_holders: stop the holders and remove the lockfile
+      (--kill_accelerator_holders).
+    remove_stale_lockfile: remove a lockfile that nobody holds (--replace).
+    grace: seconds between SIGTERM and SIGKILL for a holder.
+  """
   lockfile = os.environ.get(LOCKFILE_ENV, '/tmp/libtpu_lockfile')
   say = lambda m: print(f'[worker {worker}] podrun: {m}', flush=True)
-  held = holders(_device_paths(args.accelerator_devices) |
-                 {os.path.realpath(lockfile)})
+  held = holders(_device_paths(devices) | {os.path.realpath(lockfile)})
   busy = False
   for pid, paths in sorted(held.items()):
     say(f'the accelerator is busy: pid {pid} ({_cmdline(pid)}), running '
         f'since {_process_since(pid)}, holds {", ".join(paths)}')
-    if args.kill_accelerator_holders:
-      killed = stop_holder(pid, args.stop_grace)
+    if kill_holders:
+      killed = stop_holder(pid, grace)
       say(f'--kill_accelerator_holders: pid {pid} {killed}')
     else:
       busy = True
   if os.path.exists(lockfile) and not held:
     stamp = time.strftime('%Y-%m-%d %H:%M:%S UTC',
                           time.gmtime(os.stat(lockfile).st_mtime))
-    if args.replace or args.kill_accelerator_holders:
+    if remove_stale_lockfile or kill_holders:
       os.remove(lockfile)
       say(f'removed the stale libtpu lockfile {lockfile} (from {stamp}, '
           'no process holds it)')
@@ -118,19 +128,32 @@ def _alive(pid: int) -> bool:
     return False
 
 
-def stop_holder(pid: int, grace: float) -> str:
-  """SIGTERM, then SIGKILL after grace, to one process that is not ours."""
+def terminate(send, alive, grace: float) -> str:
+  """SIGTERM, then SIGKILL after grace: 'had ended', 'stopped' or 'killed'.
+
+  Args:
+    send: send(signal) to the process or group; ProcessLookupError when
+      it is gone.
+    alive: whether it still runs.
+    grace: seconds between the two signals.
+  """
   try:
-    os.kill(pid, signal.SIGTERM)
+    send(signal.SIGTERM)
   except ProcessLookupError:
     return 'had ended'
   deadline = time.monotonic() + grace
   while time.monotonic() < deadline:
-    if not _alive(pid):
+    if not alive():
       return 'stopped'
     time.sleep(0.1)
   try:
-    os.kill(pid, signal.SIGKILL)
+    send(signal.SIGKILL)
   except ProcessLookupError:
     return 'stopped'
-  return f'killed after {grace:g} s'
+  return 'killed'
+
+
+def stop_holder(pid: int, grace: float) -> str:
+  """SIGTERM, then SIGKILL after grace, to one process that is not ours."""
+  outcome = terminate(lambda s: os.kill(pid, s), lambda: _alive(pid), grace)
+  return f'killed after {grace:g} s' if outcome == 'killed' else outcome

@@ -26,6 +26,9 @@ class ExitCode(enum.IntEnum):
   FAILED = 1
   CONFIG_ERROR = 2
   TOPOLOGY_MISMATCH = 3
+  # The same number (schedulers' policies read it), for the other cause:
+  # the processes run different code, packages, config or programs.
+  PROCESSES_DIFFER = 3
   DISTRIBUTED_INIT_FAILED = 4
   CHECKPOINT_ERROR = 5
   POD_UNAVAILABLE = 6
@@ -45,9 +48,10 @@ _MEANINGS = {
     ExitCode.FAILED: 'an uncaught exception in the workload',
     ExitCode.CONFIG_ERROR: 'a bad config, flag or workload name, or a batch '
                            'that does not fit the devices',
-    ExitCode.TOPOLOGY_MISMATCH: 'the pod that joined is not the one the '
-                                'config or flags describe, or its processes '
-                                'do not run the same thing',
+    ExitCode.TOPOLOGY_MISMATCH: 'TOPOLOGY_MISMATCH: the pod that joined is '
+                                'not the one the config or flags describe; '
+                                'or PROCESSES_DIFFER: its processes do not '
+                                'run the same thing',
     ExitCode.DISTRIBUTED_INIT_FAILED: 'jax.distributed could not start',
     ExitCode.CHECKPOINT_ERROR: 'a checkpoint that does not fit the run, or a '
                                'checkpoint directory not every process sees',
@@ -67,6 +71,7 @@ OK = ExitCode.OK
 FAILED = ExitCode.FAILED
 CONFIG_ERROR = ExitCode.CONFIG_ERROR
 TOPOLOGY_MISMATCH = ExitCode.TOPOLOGY_MISMATCH
+PROCESSES_DIFFER = ExitCode.PROCESSES_DIFFER
 DISTRIBUTED_INIT_FAILED = ExitCode.DISTRIBUTED_INIT_FAILED
 CHECKPOINT_ERROR = ExitCode.CHECKPOINT_ERROR
 POD_UNAVAILABLE = ExitCode.POD_UNAVAILABLE

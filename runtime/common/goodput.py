@@ -26,9 +26,9 @@ Which steps are recomputed is exact however an attempt ended: every process
 stores the last step it completed in an 8-byte memory-mapped file beside its
 ledger (`HighWater`), which survives a SIGKILL. Each attempt after a failure
 also gets its time to recover (runtime/common/time_to_recover.py): from the
-fault to its first productive step, split into detection, teardown, back-off, start-up,
-distributed init, restore (with the tier it came from), compile and
-recomputed steps.
+fault to its first productive step, split into detection, teardown,
+back-off, start-up, distributed init, restore (with the tier it came from),
+compile and recomputed steps.
 
 Example:
   >>> ledger = Ledger(process_start=time.time())
@@ -262,24 +262,24 @@ def rollup(workdir: str, attempts_path: Optional[str] = None
   """
   ledgers = _read_ledgers(workdir)
   launched = _launcher_attempts(workdir, attempts_path)
-  order = sorted(ledgers, key=lambda a: _chief(ledgers[a])['started'])
+  order = sorted(ledgers, key=lambda a: _ledger_of_0(ledgers[a])['started'])
   by_name = {a.name: a for a in launched if a.name}
   attempts, previous_end = [], None
   job_start = None
   if launched:
     job_start = launched[0].launcher_started or launched[0].started
   for number, name in enumerate(order, 1):
-    chief = _chief(ledgers[name])
+    ledger_0 = _ledger_of_0(ledgers[name])
     launch = by_name.get(name)
-    attempts.append(_attempt_record(number, name, chief, launch,
+    attempts.append(_attempt_record(number, name, ledger_0, launch,
                                     previous_end))
     if number > 1:
       before = order[number - 2]
       attempts[-1]['recovery'] = time_to_recover.phases(
-          ledgers[before], by_name.get(before), previous_end, chief, launch)
+          ledgers[before], by_name.get(before), previous_end, ledger_0, launch)
     previous_end = attempts[-1]['ended']
     if job_start is None:
-      job_start = chief['started']
+      job_start = ledger_0['started']
   if not attempts:
     return {'wall_s': 0.0, 'goodput': None, 'parts': {}, 'attempts': [],
             'ranks': {}}
@@ -295,24 +295,24 @@ def rollup(workdir: str, attempts_path: Optional[str] = None
               ledgers[name].items())} for name in order}}
 
 
-def _chief(ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def _ledger_of_0(ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
   """Process 0's ledger, through which the job sees an attempt."""
   return ranks.get(0) or ranks[min(ranks)]
 
 
-def _attempt_record(number: int, name: str, chief: dict[str, Any],
+def _attempt_record(number: int, name: str, ledger_0: dict[str, Any],
                     launch: Optional[records.LauncherAttempt],
                     previous_end: Optional[float]) -> dict[str, Any]:
   parts = {p: 0.0 for p in PROCESS_PARTS + JOB_PARTS}
-  parts.update(chief['parts'])
-  started = chief['started']
-  ended = chief['updated']
+  parts.update(ledger_0['parts'])
+  started = ledger_0['started']
+  ended = ledger_0['updated']
   if launch is not None:
     # The launcher saw the attempt from before the process started to after
     # it ended: that is launch overhead, or the process's unrecorded end.
     ended = max(ended, launch.ended)
-    late = ended - chief['updated']
-    parts['launch_overhead' if chief['final'] else 'unrecorded'] += late
+    late = ended - ledger_0['updated']
+    parts['launch_overhead' if ledger_0['final'] else 'unrecorded'] += late
     parts['launch_overhead'] += max(0.0, started - launch.started)
     moved = min(launch.recreate_s, parts['launch_overhead'])
     parts['launch_overhead'] -= moved
@@ -329,9 +329,9 @@ def _attempt_record(number: int, name: str, chief: dict[str, Any],
       _take_out(parts, -gap, ('launch_overhead', 'startup'))
     started = previous_end
   return {'attempt': number, 'name': name, 'started': started,
-          'ended': ended, 'wall_s': ended - started, 'final': chief['final'],
+          'ended': ended, 'wall_s': ended - started, 'final': ledger_0['final'],
           'exit_code': launch.exit_code if launch else None,
-          'notes': chief['notes'], 'parts': parts}
+          'notes': ledger_0['notes'], 'parts': parts}
 
 
 def _take_out(parts: dict[str, float], seconds: float,

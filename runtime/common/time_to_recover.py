@@ -8,7 +8,7 @@ The phases are differences of those, and 'other' is what remains (building
 the task, waiting for input), so they add up to the total.
 
 Example:
-  >>> phases(ledgers_before, launch_before, ended, chief, launch)['phases']
+  >>> phases(ledgers_before, launch_before, ended, ledger_0, launch)['phases']
   {'detection': 0.0, 'teardown': 0.52, 'backoff': 1.0, 'startup': 0.86, ...}
 """
 
@@ -53,7 +53,7 @@ def fault_of(ranks: dict[int, dict[str, Any]],
 
 
 def phases(before: dict[int, dict[str, Any]], launch_before: Launch,
-           before_end: float, chief: dict[str, Any], launch: Launch
+           before_end: float, ledger_0: dict[str, Any], launch: Launch
            ) -> Optional[dict[str, Any]]:
   """Time to recover: from the fault that ended the attempt before to this
   attempt's first productive step, in PHASES.
@@ -62,7 +62,7 @@ def phases(before: dict[int, dict[str, Any]], launch_before: Launch,
     before: the earlier attempt's ledgers, {rank: record}.
     launch_before: the launcher's record of it, or None.
     before_end: when it ended (wall time).
-    chief: this attempt's process 0 ledger.
+    ledger_0: this attempt's process 0 ledger.
     launch: the launcher's record of this attempt, or None.
 
   Returns:
@@ -71,18 +71,18 @@ def phases(before: dict[int, dict[str, Any]], launch_before: Launch,
     this one made no new step.
   """
   fault = _fault(before, launch_before)
-  notes = records.Notes.from_json(chief.get('notes'))
+  notes = records.Notes.from_json(ledger_0.get('notes'))
   first = notes.first_productive
   if fault is None or not first:
     return None
   parts = first.parts
   launch = records.as_attempt(launch)
-  started = launch.started if launch else chief['started']
+  started = launch.started if launch else ledger_0['started']
   phases = {
       'detection': fault.detected - fault.at,
       'teardown': before_end - fault.detected,
       'backoff': started - before_end,
-      'startup': parts['startup'] + max(0.0, chief['started'] - started),
+      'startup': parts['startup'] + max(0.0, ledger_0['started'] - started),
       'distributed_init': parts['distributed_init'],
       'restore': parts['checkpoint_restore'],
       'compile': parts['compile'],
