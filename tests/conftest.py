@@ -19,9 +19,11 @@ _CACHE_DIR = []
 
 # Test tiers (pytest -m): `unit` needs neither devices nor processes,
 # `devices` runs in this process on its 8 emulated devices, `processes`
-# starts launcher processes. Every test module names its tier in
-# `pytestmark`; a test that starts processes in a module of another tier
-# carries @pytest.mark.processes itself.
+# starts launcher processes (local pods, clusters, the emulated TPU pod, the
+# schedulers). Every test module names its one tier in `pytestmark`, so that
+# a module's tier says what its tests cost: a test that starts launcher
+# processes sits in a `processes` module (test_X_processes.py beside
+# test_X.py), and the launchers of tests/ refuse to start elsewhere.
 TIERS = ('unit', 'devices', 'processes')
 
 
@@ -32,16 +34,50 @@ def module_tiers(module) -> list[str]:
   return [m.name for m in marks if m.name in TIERS]
 
 
+def tier_problems(items) -> list[str]:
+  """What breaks the tier rule: a module naming no tier or several, and a
+  test marked with a tier other than its module's."""
+  problems = set()
+  for item in items:
+    tiers = module_tiers(item.module)
+    if len(tiers) != 1:
+      problems.add(f'{item.path.name} names {", ".join(tiers) or "no tier"} '
+                   'in `pytestmark`; name exactly one')
+      continue
+    own = {m.name for m in item.own_markers if m.name in TIERS}
+    if own - set(tiers):
+      problems.add(f'{item.name} in {item.path.name} ({tiers[0]}) is marked '
+                   f'{", ".join(sorted(own))}: move it to a module of that '
+                   'tier')
+  return sorted(problems)
+
+
 def pytest_collection_modifyitems(config, items):
   del config
-  wrong = sorted({f'{item.path.name} ({", ".join(tiers) or "none"})'
-                  for item in items
-                  for tiers in [module_tiers(item.module)]
-                  if len(tiers) != 1})
-  if wrong:
+  problems = tier_problems(items)
+  if problems:
     raise pytest.UsageError(
-        'every test module names exactly one tier in `pytestmark` (one of '
-        f'{", ".join(TIERS)}); these do not: {"; ".join(wrong)}')
+        f'the test tiers ({", ".join(TIERS)}): ' + '; '.join(problems))
+
+
+@pytest.fixture(autouse=True)
+def _launchers_only_in_the_processes_tier(request, monkeypatch):
+  """Outside the `processes` tier, the tests' ways to start launcher
+  processes fail, naming the test and where it belongs."""
+  tiers = module_tiers(request.module)
+  if 'processes' in tiers or 'pytester' in request.fixturenames:
+    return
+  from tests import cluster, helpers, tpu_emulation  # pylint: disable=g-import-not-at-top
+
+  def refuse(*args, **kwargs):
+    del args, kwargs
+    raise AssertionError(
+        f'{request.node.nodeid} starts launcher processes in a '
+        f'{"/".join(tiers)}-tier module: move it to a processes-tier module '
+        '(tests/test_*_processes.py)')
+  monkeypatch.setattr(helpers, 'start_launcher', refuse)
+  monkeypatch.setattr(cluster.Cluster, '__init__', refuse)
+  monkeypatch.setattr(tpu_emulation.FakePod, 'start', refuse)
 
 
 def pytest_report_header(config):

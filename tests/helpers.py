@@ -135,3 +135,17 @@ def run_then_sigkill(code: str) -> None:
       [sys.executable, '-c', code + '\nos.kill(os.getpid(), 9)\n'],
       cwd=REPO, env=launcher_env(), timeout=60, check=False)
   assert child.returncode == -signal.SIGKILL, child.returncode
+
+
+def assert_no_survivors(workdir) -> None:
+  """Every process of the job in `workdir` has gone (the kernel gets a
+  moment to reap the group after the launcher exits)."""
+  assert wait_for(lambda: not job_processes(workdir), 10), (
+      job_processes(workdir))
+
+
+def fingerprints(workdir, ranks: int = 2) -> list[str]:
+  """The sha256 of each rank's final parameters, from ranks/rank_<i>.json."""
+  return [read_json(pathlib.Path(workdir) / 'ranks' /
+                    f'rank_{i}.json')['fingerprint']['sha256']
+          for i in range(ranks)]

@@ -18,12 +18,6 @@ LONG = '--config.steps=1000000'
 OWN_LOOP = '--config=tests/workloads/own_loop_config.py'
 
 
-def _assert_no_survivors(workdir):
-  # The launcher has exited; give the kernel a moment to reap the group.
-  assert helpers.wait_for(lambda: not helpers.job_processes(workdir), 10), (
-      helpers.job_processes(workdir))
-
-
 def _wait_until_stepping(workdir, proc):
   metrics = workdir / 'metrics.jsonl'
   assert helpers.wait_for(
@@ -44,7 +38,7 @@ def test_a_rank_that_exits_7_ends_the_job_with_7(tmp_path):
   assert "a consequence of rank 1/2's failure, not a cause" in rank_0, rank_0
   # JAX alone would notice only after its 100 s heartbeat timeout.
   assert result.elapsed < 60
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_a_rank_that_raises(tmp_path):
@@ -57,7 +51,7 @@ def test_a_rank_that_raises(tmp_path):
   assert '[rank 1/2] RuntimeError: probe: rank 1 raises on purpose' in (
       result.stderr)
   assert '  | RuntimeError: probe: rank 1 raises on purpose' in result.stderr
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_a_rank_killed_from_outside(tmp_path):
@@ -72,7 +66,7 @@ def test_a_rank_killed_from_outside(tmp_path):
     helpers.kill_group(proc)
   assert result.returncode == 128 + signal.SIGKILL, result.output
   assert 'rank 1/2 failed first, with exit code 137 (SIGKILL)' in result.stderr
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_sigint_to_the_launcher_stops_every_rank(tmp_path):
@@ -92,7 +86,7 @@ def test_sigint_to_the_launcher_stops_every_rank(tmp_path):
   assert f'got {name}: forwarded it to every rank' in result.stderr
   for rank in (0, 1):
     assert f'rank {rank}/2: stopped by the launcher' in result.stderr
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_the_watchdog_ends_a_stalled_job_with_stacks_in_the_logs(tmp_path):
@@ -108,7 +102,7 @@ def test_the_watchdog_ends_a_stalled_job_with_stacks_in_the_logs(tmp_path):
   assert 'most recent call first' in hung and '_misbehave' in hung
   assert 'most recent call first' in waiting
   assert 'laggards: rank 1 on' in waiting
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_the_launchers_watchdog_is_a_backstop(tmp_path):
@@ -124,7 +118,7 @@ def test_the_launchers_watchdog_is_a_backstop(tmp_path):
       result.stderr)
   hung = (tmp_path / 'logs' / 'rank_1.log').read_text()
   assert 'most recent call first' in hung and '_misbehave' in hung
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_a_slow_first_step_is_not_a_stall(tmp_path):
@@ -147,7 +141,7 @@ def test_first_step_timeout(tmp_path):
   assert 'the job stalled: the hang watchdog of rank' in result.stderr
   assert 'no first step completed within 8 s (--first_step_timeout)' in (
       result.stderr)
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_a_single_process_has_its_watchdog_too(tmp_path):
@@ -173,7 +167,7 @@ def test_coordinator_port_in_use(tmp_path):
   assert result.returncode == exit_codes.DISTRIBUTED_INIT_FAILED, result.output
   assert f'the coordinator port {port} on 127.0.0.1 is already in use' in (
       result.stderr)
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_nobody_listens_at_the_coordinator_address(tmp_path):
@@ -196,7 +190,7 @@ def test_topology_mismatch_names_the_numbers(tmp_path):
   assert result.returncode == exit_codes.TOPOLOGY_MISMATCH, result.output
   assert 'config.topology.num_processes=4 but --local_processes=2' in (
       result.stderr)
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_topology_mismatch_found_after_initialisation(tmp_path):
@@ -207,7 +201,7 @@ def test_topology_mismatch_found_after_initialisation(tmp_path):
   assert result.returncode == exit_codes.TOPOLOGY_MISMATCH, result.output
   assert 'platform: config.topology.platform expects tpu, but cpu' in (
       result.stderr)
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
@@ -219,7 +213,7 @@ def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
     proc.communicate(timeout=30)
   finally:
     helpers.kill_group(proc)
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_a_loop_of_its_own_that_reports_progress_is_not_stalled(tmp_path):

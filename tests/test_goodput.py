@@ -1,12 +1,8 @@
 """The goodput ledger: every second of a job accounted for, across attempts."""
 
 import json
-import os
-import re
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -15,9 +11,6 @@ from runtime.common import time_to_recover
 from tests import helpers
 
 pytestmark = pytest.mark.unit
-
-
-PROBE = f'--config={helpers.PROBE_CONFIG}'
 
 
 def _ledger(path, started, updated, final, **parts):
@@ -55,81 +48,6 @@ def test_rollup_accounts_for_every_second(tmp_path):
   assert result['goodput'] == pytest.approx(15 / 30.5)
 
 
-def _attempt_lines(log: str) -> list[str]:
-  return log.split('===== attempt 2 =====')
-
-
-@pytest.mark.processes
-def test_a_restart_is_accounted_for_and_recomputed_steps_counted(tmp_path):
-  # Rank 1 fails with a retryable 7 while step 13 is loaded; the restart
-  # resumes from the checkpoint of step 10 and trains again what attempt 1
-  # had trained past it.
-  started = time.time()
-  result = helpers.run_launcher(
-      [PROBE, f'--workdir={tmp_path}', '--local_processes=2',
-       '--config.steps=30', '--config.log_every=1',
-       '--config.checkpoint_every=5', '--config.fail_rank=1',
-       '--config.fail_step=12', '--config.fail_code=7',
-       '--config.fail_once=True', '--retry_exit_codes=7',
-       '--max_restarts=1', '--restart_backoff=5'], timeout=180)
-  wall = time.time() - started
-  assert result.returncode == 0, result.output
-  rollup = helpers.read_json(tmp_path / 'summary.json')['goodput']
-  assert rollup['attempts'] == 2
-  assert abs(sum(rollup['parts'].values()) - rollup['wall_s']) < 1e-6
-  assert abs(rollup['wall_s'] - wall) < 0.01 * wall, (rollup['wall_s'], wall)
-  # The first restart is at once: --restart_backoff=5 starts at the second.
-  assert rollup['parts']['restart_backoff'] < 4
-  attempts = [json.loads(l) for l in
-              (tmp_path / 'goodput.jsonl').read_text().splitlines()]
-  first_log, second_log = _attempt_lines(
-      (tmp_path / 'logs' / 'rank_0.log').read_text())
-  trained = max(int(s) for s in re.findall(r'step (\d+)/30 ', first_log))
-  resumed = int(re.search(r'resuming at step (\d+)', second_log).group(1))
-  assert resumed == 10 and trained > resumed
-  assert attempts[0]['notes']['last_step'] == trained
-  # Recomputed: exactly the steps after 10 that attempt 1 had completed.
-  assert attempts[1]['notes']['recomputed_steps'] == trained - resumed
-  assert attempts[1]['parts']['recomputed'] > 0
-  # The second attempt found attempt 1's compilations in the cache.
-  assert attempts[1]['notes'].get('compile_cache_hits', 0) > 0
-  assert attempts[1]['parts']['compile'] < attempts[0]['parts']['compile']
-  per_rank = attempts[1]['ranks']
-  assert sorted(per_rank) == ['0', '1']
-
-
-@pytest.mark.processes
-def test_a_sigkilled_attempt_is_counted_as_lost_not_dropped(tmp_path):
-  proc = helpers.start_launcher(
-      [PROBE, f'--workdir={tmp_path}', '--local_processes=2',
-       '--config.steps=200', '--config.log_every=1',
-       '--config.checkpoint_every=5', '--max_restarts=1',
-       '--retry_exit_codes=137', '--heartbeat_timeout=3',
-       # Rank 0 pauses at step 25, whatever the machine's speed: the kill
-       # lands mid-run, seconds after the ledger's last write.
-       '--config.fail_rank=0', '--config.fail_step=25',
-       '--config.fail_mode=sleep', '--config.fail_seconds=8',
-       '--config.fail_once=True'])
-  started = time.monotonic()
-  try:
-    assert helpers.wait_for(
-        lambda: (tmp_path / 'logs' / 'rank_0.log').exists() and
-        'step 20/' in (tmp_path / 'logs' / 'rank_0.log').read_text(), 90)
-    time.sleep(3)  # Past the ledger's last write: some seconds unrecorded.
-    os.kill(helpers.rank_pids(tmp_path)[0], signal.SIGKILL)
-    result = helpers.finish(proc, 150, started)
-  finally:
-    helpers.kill_group(proc)
-  assert result.returncode == 0, result.output
-  attempts = [json.loads(l) for l in
-              (tmp_path / 'goodput.jsonl').read_text().splitlines()]
-  assert [a['final'] for a in attempts] == [False, True]
-  assert attempts[0]['exit_code'] == 128 + signal.SIGKILL
-  assert attempts[0]['parts']['unrecorded'] > 0
-  rollup = helpers.read_json(tmp_path / 'summary.json')['goodput']
-  assert abs(sum(rollup['parts'].values()) - rollup['wall_s']) < 1e-6
-
-
 def test_goodput_script_prints_and_draws(tmp_path):
   _ledger(tmp_path / 'goodput' / 'a1' / 'rank_0.json', 0, 10, True,
           startup=1, productive=8)
@@ -143,21 +61,6 @@ def test_goodput_script_prints_and_draws(tmp_path):
   assert 'goodput 0.800' in out.stdout
   assert 'a1 rank 1' in out.stdout
   assert (tmp_path / 'goodput.png').stat().st_size > 1000
-
-
-@pytest.mark.processes
-def test_the_high_water_mark_survives_sigkill(tmp_path):
-  path = tmp_path / 'goodput' / 'a1' / 'rank_1.step'
-  helpers.run_then_sigkill(
-      'import os\nfrom runtime.common import goodput\n'
-      f'mark = goodput.HighWater({str(path)!r})\n'
-      'for step in range(1, 74):\n'
-      '  mark.write(step)')
-  assert goodput.HighWater.read(str(path)) == 73
-  ledger = goodput.Ledger()
-  ledger.path = str(tmp_path / 'goodput' / 'a2' / 'rank_0.json')
-  # Any process's furthest step of any earlier attempt.
-  assert goodput.steps_done_before(ledger) == 73
 
 
 def test_time_to_recover_is_split_into_phases():

@@ -4,10 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from runtime.common import exit_codes
 from runtime import integrity
 from runtime import parallelism
-from tests import helpers
 
 pytestmark = pytest.mark.devices
 
@@ -51,24 +49,3 @@ def test_outliers_take_the_majority_as_right():
       "rank 1 device 3: first differs at params['b']"]
   rows[(1, 3)] = [1, 2]
   assert integrity.outliers(rows, ["['w']", "['b']"]) == []
-
-
-@pytest.mark.processes
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize('parallelism_name', ['pmap', 'shard_map'])
-def test_a_bit_flipped_on_one_device_of_one_process_stops_the_job(
-    tmp_path, parallelism_name):
-  result = helpers.run_launcher([
-      f'--config={helpers.PROBE_CONFIG}', f'--workdir={tmp_path}',
-      '--local_processes=2', '--config.steps=1000000',
-      '--config.checkpoint_every=10', '--config.integrity_every=10',
-      f'--config.parallelism={parallelism_name}',
-      '--config.flip_rank=1', '--config.flip_step=25',
-      '--config.flip_device=2'])
-  assert result.returncode == exit_codes.REPLICAS_DIVERGED, result.output
-  message = helpers.first_line_with(result.stderr, 'replicas diverged')
-  assert 'the replicas diverged by step 30 (they agreed at step 20)' in (
-      message), message
-  assert "rank 1 device 2: first differs at params['bias']" in message
-  assert 'the newest checkpoint saved before is step 20' in message
-  assert helpers.wait_for(lambda: not helpers.job_processes(tmp_path), 10)

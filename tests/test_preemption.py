@@ -35,12 +35,6 @@ def _run(workdir, *args, timeout=120):
   return result
 
 
-def _fingerprints(workdir, ranks):
-  return [helpers.read_json(pathlib.Path(workdir) / 'ranks' /
-                            f'rank_{i}.json')['fingerprint']['sha256']
-          for i in range(ranks)]
-
-
 def _records(workdir):
   with open(pathlib.Path(workdir) / 'metrics.jsonl') as f:
     return [json.loads(line) for line in f]
@@ -49,11 +43,6 @@ def _records(workdir):
 def _attempts(workdir):
   with open(pathlib.Path(workdir) / 'logs' / 'attempts.jsonl') as f:
     return [json.loads(line) for line in f]
-
-
-def _assert_no_survivors(workdir):
-  assert helpers.wait_for(lambda: not helpers.job_processes(workdir), 10), (
-      helpers.job_processes(workdir))
 
 
 def _wait_for_step(workdir, proc, step, timeout=90):
@@ -88,7 +77,7 @@ def straight_2x4(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('straight_2x4')
   result = _run(workdir, *POD, f'--config.steps={STEPS}')
   assert result.returncode == 0, result.output
-  return _fingerprints(workdir, 2)[0], _records(workdir)
+  return helpers.fingerprints(workdir, 2)[0], _records(workdir)
 
 
 @pytest.fixture(scope='module')
@@ -96,12 +85,12 @@ def straight_1x8(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('straight_1x8')
   result = _run(workdir, f'--config.steps={STEPS}')
   assert result.returncode == 0, result.output
-  return _fingerprints(workdir, 1)[0], _records(workdir)
+  return helpers.fingerprints(workdir, 1)[0], _records(workdir)
 
 
 def _assert_same_run(workdir, straight, ranks, loss_rtol=0.0):
   fingerprint, records = straight
-  assert _fingerprints(workdir, ranks) == [fingerprint] * ranks
+  assert helpers.fingerprints(workdir, ranks) == [fingerprint] * ranks
   resumed = _records(workdir)
   assert [r['step'] for r in resumed] == list(range(1, STEPS + 1))
   np.testing.assert_allclose([r['loss'] for r in resumed],
@@ -138,7 +127,7 @@ def test_sigterm_to_one_rank_preempts_and_the_restart_resumes(
   assert len(saved) == 1, log
   assert f'resuming at step {saved.pop()}' in result.stderr
   _assert_same_run(tmp_path, straight_2x4, 2)
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_sigterm_to_the_launcher_saves_and_is_not_restarted(
@@ -151,7 +140,7 @@ def test_sigterm_to_the_launcher_saves_and_is_not_restarted(
   assert result.returncode == exit_codes.PREEMPTED, result.output
   assert 'preempted by SIGTERM to the launcher' in result.stderr
   assert len(_attempts(tmp_path)) == 1
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
   again = helpers.run_launcher(args, timeout=120)
   assert again.returncode == 0, again.output
   _assert_same_run(tmp_path, straight_2x4, 2)
@@ -222,8 +211,8 @@ def test_sigkill_during_a_save_falls_back_to_the_last_complete_checkpoint(
   assert not partial()  # The next start cleared the torn save away.
   straight = _run(tmp_path / 'straight', *big, f'--config.steps={steps}')
   assert straight.returncode == 0, straight.output
-  assert (_fingerprints(tmp_path, 1) ==
-          _fingerprints(tmp_path / 'straight', 1))
+  assert (helpers.fingerprints(tmp_path, 1) ==
+          helpers.fingerprints(tmp_path / 'straight', 1))
   assert [r['step'] for r in _records(tmp_path)] == list(range(2, steps + 1,
                                                                2))
 
@@ -235,7 +224,7 @@ def test_a_user_error_is_not_retried(tmp_path):
   assert [a['kind'] for a in _attempts(tmp_path)] == ['final']
   assert 'restart 1/' not in result.stderr
   assert 'after 0 restart(s)' in result.stderr
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_a_retryable_exit_code_is_retried_and_counted_apart(tmp_path):
@@ -268,4 +257,4 @@ def test_a_checkpoint_directory_that_is_not_shared_is_refused(tmp_path):
   assert result.returncode == exit_codes.CHECKPOINT_ERROR, result.output
   assert 'is not shared: process(es) [1] of 2 cannot see the file' in (
       result.stderr)
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)

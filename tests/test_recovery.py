@@ -47,19 +47,13 @@ def _run(workdir, *args, timeout=150):
                               timeout=timeout)
 
 
-def _fingerprints(workdir, ranks):
-  return [helpers.read_json(pathlib.Path(workdir) / 'ranks' /
-                            f'rank_{i}.json')['fingerprint']['sha256']
-          for i in range(ranks)]
-
-
 @pytest.fixture(scope='module')
 def straight(tmp_path_factory):
   """The undisturbed run's fingerprint, 2x4 (1x8 trains the same bits)."""
   workdir = tmp_path_factory.mktemp('straight')
   result = _run(workdir, *POD)
   assert result.returncode == 0, result.output
-  return _fingerprints(workdir, 2)[0]
+  return helpers.fingerprints(workdir, 2)[0]
 
 
 def _local_job_dir(workdir) -> pathlib.Path:
@@ -79,17 +73,12 @@ def _ledgers(workdir):
   return dict(sorted(out.items(), key=lambda a: a[1][0]['started']))
 
 
-def _assert_no_survivors(workdir):
-  assert helpers.wait_for(lambda: not helpers.job_processes(workdir), 10), (
-      helpers.job_processes(workdir))
-
-
 def test_a_sigkilled_process_0_resumes_from_the_local_tier(tmp_path, straight):
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
   result = _run(tmp_path, *POD, *_kill(0), *RESTART)
   assert result.returncode == 0, result.output
-  _assert_no_survivors(tmp_path)
-  assert _fingerprints(tmp_path, 2) == [straight] * 2
+  helpers.assert_no_survivors(tmp_path)
+  assert helpers.fingerprints(tmp_path, 2) == [straight] * 2
   first, second = _ledgers(tmp_path).values()
   furthest = max(goodput.HighWater.read(goodput.high_water_path(
       os.path.join(tmp_path, 'goodput', first[r]['notes']['attempt'],
@@ -128,7 +117,7 @@ def test_a_sigkilled_process_0_resumes_from_the_local_tier(tmp_path, straight):
 def test_a_replaced_host_restores_from_a_peer(tmp_path, straight):
   killed = _run(tmp_path, *POD, *_kill(1))
   assert killed.returncode == 137, killed.output
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
   shutil.rmtree(_local_job_dir(tmp_path) / 'rank_1')  # A new host.
   rest = _run(tmp_path, *POD)
   assert rest.returncode == 0, rest.output
@@ -138,8 +127,8 @@ def test_a_replaced_host_restores_from_a_peer(tmp_path, straight):
   assert last[0]['notes']['restore_step'] == last[1]['notes']['restore_step']
   assert ("restored step 60 from process 0's local copy" in
           (tmp_path / 'logs' / 'rank_1.log').read_text())
-  assert _fingerprints(tmp_path, 2) == [straight] * 2
-  _assert_no_survivors(tmp_path)
+  assert helpers.fingerprints(tmp_path, 2) == [straight] * 2
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_with_every_local_copy_gone_the_persistent_tier_restores(
@@ -154,8 +143,8 @@ def test_with_every_local_copy_gone_the_persistent_tier_restores(
   last = list(_ledgers(tmp_path).values())[-1]
   assert [last[r]['notes']['restore_tier'] for r in (0, 1)] == [
       'persistent'] * 2
-  assert _fingerprints(tmp_path, 2) == [straight] * 2
-  _assert_no_survivors(tmp_path)
+  assert helpers.fingerprints(tmp_path, 2) == [straight] * 2
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_a_sigkill_during_a_local_save_falls_back_to_the_copy_before(
@@ -167,8 +156,8 @@ def test_a_sigkill_during_a_local_save_falls_back_to_the_copy_before(
   assert result.returncode == 0, result.output
   assert 'probe: sigkill in the local save of step 60' in result.output
   assert 'resuming at step 40' in result.stderr
-  assert _fingerprints(tmp_path, 1) == [straight]
-  _assert_no_survivors(tmp_path)
+  assert helpers.fingerprints(tmp_path, 1) == [straight]
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_a_1x8_local_copy_restores_on_2x4(tmp_path, straight):
@@ -180,8 +169,8 @@ def test_a_1x8_local_copy_restores_on_2x4(tmp_path, straight):
   last = list(_ledgers(tmp_path).values())[-1]
   assert [last[r]['notes']['restore_tier'] for r in (0, 1)] == ['local',
                                                                 'peer']
-  assert _fingerprints(tmp_path, 2) == [straight] * 2
-  _assert_no_survivors(tmp_path)
+  assert helpers.fingerprints(tmp_path, 2) == [straight] * 2
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_the_learned_deadline_ends_a_wedged_rank(tmp_path):
@@ -195,7 +184,7 @@ def test_the_learned_deadline_ends_a_wedged_rank(tmp_path):
   assert 'rank 1 on' in line and 'learned: max(5 s' in line, line
   # What it learned is kept for the next attempt, also when it ends so.
   assert helpers.read_json(tmp_path / 'stall' / 'rank_0.json')['step_seconds']
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)
 
 
 def test_the_learned_deadline_allows_for_a_long_evaluation(tmp_path):
@@ -209,4 +198,4 @@ def test_the_learned_deadline_allows_for_a_long_evaluation(tmp_path):
   learned = helpers.read_json(tmp_path / 'stall' / 'rank_0.json')
   assert learned['work_seconds']['evaluation'] >= 7
   assert np.percentile(learned['step_seconds'], 99) < 5 / 10
-  _assert_no_survivors(tmp_path)
+  helpers.assert_no_survivors(tmp_path)

@@ -29,12 +29,6 @@ PAUSE = ['--config.fail_rank=0', '--config.fail_step=20',
          '--config.fail_mode=sleep', '--config.fail_seconds=6']
 
 
-def _fingerprints(workdir, ranks=2) -> list[str]:
-  return [helpers.read_json(pathlib.Path(workdir) / 'ranks' /
-                            f'rank_{i}.json')['fingerprint']['sha256']
-          for i in range(ranks)]
-
-
 def _launcher(workdir, port: int, *args) -> list[str]:
   """One task's command: the launcher, finding its place from the cluster."""
   return [sys.executable, '-u', '-m', 'launcher', *PROBE,
@@ -62,7 +56,7 @@ def straight(tmp_path_factory) -> str:
   result = helpers.run_launcher([*PROBE, f'--workdir={workdir}',
                                  '--local_processes=2', '--local_devices=4'])
   assert result.returncode == 0, result.output
-  fingerprints = _fingerprints(workdir)
+  fingerprints = helpers.fingerprints(workdir)
   assert fingerprints[0] == fingerprints[1]
   return fingerprints[0]
 
@@ -110,7 +104,7 @@ def test_srun_trains_as_a_local_pod_does(slurm, straight, tmp_path):
   proc = _srun(slurm, tmp_path, port)
   out = _finish(proc, 240)
   assert proc.returncode == 0, out
-  assert _fingerprints(tmp_path) == [straight] * 2
+  assert helpers.fingerprints(tmp_path) == [straight] * 2
   summary = helpers.read_json(tmp_path / 'summary.json')
   assert summary['process_count'] == 2 and summary['device_count'] == 8
   # The coordinator JAX found through SLURM listens on loopback only.
@@ -204,7 +198,7 @@ def test_a_requeued_batch_job_resumes_exactly(slurm, straight, tmp_path):
   assert len(saved) == 2 and saved[0] == saved[1], out
   requeued = out.partition('Exited with exit code 75')[2]
   assert f'(step {saved[0].split()[0]})' in requeued, out
-  assert _fingerprints(tmp_path / 'work') == [straight] * 2
+  assert helpers.fingerprints(tmp_path / 'work') == [straight] * 2
   steps = [r['step'] for r in helpers.read_jsonl(
       tmp_path / 'work' / 'metrics.jsonl')]
   assert steps == list(range(1, STEPS + 1))
@@ -227,5 +221,5 @@ def test_mpirun_trains_as_a_local_pod_does(straight, tmp_path):
                           start_new_session=True)
   out = _finish(proc, 200)
   assert proc.returncode == 0, out
-  assert _fingerprints(tmp_path) == [straight] * 2
+  assert helpers.fingerprints(tmp_path) == [straight] * 2
   _assert_nothing_left(port)

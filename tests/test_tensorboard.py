@@ -60,16 +60,3 @@ def test_non_numbers_are_left_out(tmp_path):
                      'inf': float('inf')})
   writer.close()
   assert _scalars(tmp_path / tensorboard.SUBDIR) == {'loss': [(1, 0.5)]}
-
-
-@pytest.mark.processes
-def test_flushed_scalars_survive_sigkill(tmp_path):
-  helpers.run_then_sigkill(
-      'import os\nfrom runtime import tensorboard\n'
-      f'writer = tensorboard.EventWriter({str(tmp_path)!r})\n'
-      'for step in range(5, 65, 5):\n'
-      '  writer.scalars(step, {"loss": 1.0 / step})\n'
-      '  if step % 20 == 0:\n'
-      '    writer.flush()')
-  steps = [s for s, _ in _scalars(tmp_path / tensorboard.SUBDIR)['loss']]
-  assert steps == list(range(5, 65, 5))  # Up to the last flush, at 60.
