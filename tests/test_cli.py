@@ -1,5 +1,12 @@
 """`python -m launcher` end to end, in a subprocess, as a user runs it."""
 
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
 import numpy as np
 import pytest
 
@@ -156,3 +163,39 @@ def test_dry_run_starts_nothing(tmp_path):
   assert 'this process would run:' in result.stdout
   assert 'not started (one process, no coordinator)' in result.stdout
   assert not (tmp_path / 'summary.json').exists()
+
+
+def test_the_readme_workload_runs_from_a_directory_of_its_own(tmp_path):
+  # The two files of the README's "Writing a workload", run as its quick
+  # start says: `podrun` (the console script) from their directory.
+  readme = (helpers.REPO / 'README.md').read_text()
+  blocks = re.findall(r'```python\n(# my_project/(\S+?)\.py.*?)```', readme,
+                      re.S)
+  assert sorted(name for _, name in blocks) == ['my_regression',
+                                                'my_regression_config']
+  for body, name in blocks:
+    (tmp_path / f'{name}.py').write_text(body)
+  podrun = pathlib.Path(sys.executable).parent / 'podrun'
+  assert podrun.exists(), 'the project installs the podrun console script'
+  env = helpers.launcher_env()
+  env.pop('PYTHONPATH')  # Only what the install and the directory give.
+  proc = subprocess.Popen(
+      [str(podrun), '--config=my_regression_config.py', '--config.steps=20'],
+      cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, start_new_session=True)
+  result = helpers.finish(proc, 120, time.monotonic())
+  assert result.returncode == 0, result.output
+  summary = helpers.read_json(
+      tmp_path / 'workdirs' / 'my_regression_config' / 'summary.json')
+  assert summary['workload'] == 'my_regression:train_and_evaluate'
+  assert summary['steps'] == 20
+  assert summary['final_metrics']['loss'] < 1.0
+  assert helpers.wait_for(lambda: not _group_alive(proc.pid), 10)
+
+
+def _group_alive(pgid: int) -> bool:
+  try:
+    os.killpg(pgid, 0)
+  except ProcessLookupError:
+    return False
+  return True
