@@ -191,6 +191,16 @@ def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt, local
   return built_in + list(task.hooks)
 
 
+def _step_fn(task: Task, par) -> Callable:
+  """The compiled step, agreed on by every process before its first run and
+  watched for late recompilations."""
+  return structure.RecompileWatch(agreement.check_program_on_first_call(
+      step_lib.make_train_step(
+          task.loss_fn, task.optimizer, par, uses_rng=task.loss_uses_rng,
+          has_model_state=task.model_state is not None),
+      coordination.current()))
+
+
 def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   """Trains `task` to step `config.steps` on every device of the job.
 
@@ -217,15 +227,11 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     Preempted: after saving, on a preemption notice.
   """
   topo = topology_lib.current()
-  parallelism_lib.per_device_batch_size(config.global_batch_size,
-                                 topo.process_count, topo.local_device_count)
+  parallelism_lib.per_device_batch_size(
+      config.global_batch_size, topo.process_count, topo.local_device_count)
   in_flight_limit = max_steps_in_flight(config, topo.platform)
   par = parallelism_lib.from_config(config)
-  step_fn = structure.RecompileWatch(agreement.check_program_on_first_call(
-      step_lib.make_train_step(
-          task.loss_fn, task.optimizer, par, uses_rng=task.loss_uses_rng,
-          has_model_state=task.model_state is not None),
-      coordination.current()))
+  step_fn = _step_fn(task, par)
   state = step_lib.init_state(task.params, task.optimizer, config.seed,
                               task.model_state)
   ledger = goodput.current()

@@ -1,4 +1,5 @@
-"""The code's shape: biggest modules, classes and functions, import circles.
+"""The code's shape: biggest modules, classes and functions, import circles,
+and the imports across the project's parts.
 
   python scripts/code_sizes.py            # this repository
   python scripts/code_sizes.py --root=DIR --top=5
@@ -99,6 +100,27 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
   return sorted(found)
 
 
+def part(module: str) -> str:
+  """Which of the project's parts a module belongs to (README, Layout)."""
+  if module == 'launcher.rank' or module.startswith('launcher.rank.'):
+    return 'launcher/rank'
+  if module.startswith('runtime.common'):
+    return 'runtime/common'
+  return module.split('.')[0]
+
+
+def crossings(graph: dict[str, set[str]]) -> dict[tuple[str, str], int]:
+  """{(importing part, imported part): modules pairs} for every import
+  from one part into another."""
+  out: dict[tuple[str, str], int] = {}
+  for importer, imported in graph.items():
+    for module in imported:
+      key = (part(importer), part(module))
+      if key[0] != key[1]:
+        out[key] = out.get(key, 0) + 1
+  return dict(sorted(out.items()))
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--root', default=os.path.dirname(
@@ -112,6 +134,9 @@ def main() -> None:
     for lines, name in sorted(sizes, reverse=True)[:args.top]:
       print(f'  {lines:4d}  {name}')
   print('import circles:', circles(graph) or 'none')
+  print('imports across the parts (module pairs):')
+  for (importer, imported), count in crossings(graph).items():
+    print(f'  {count:4d}  {importer} -> {imported}')
 
 
 if __name__ == '__main__':
