@@ -256,7 +256,7 @@ def distributed_options():
 
 
 def _make_pod(config: ConfigDict, workdir: str, job_id=None,
-              attempt: int = 1) -> local_pod.Pod:
+              attempt: int = 1) -> local_pod.Gang:
   """The local pod that --local_processes asks for."""
   for name in ('num_processes', 'process_id', 'coordinator_bind_address'):
     if flags.FLAGS[name].present:
@@ -267,7 +267,7 @@ def _make_pod(config: ConfigDict, workdir: str, job_id=None,
   local_devices = (_LOCAL_DEVICES.value or topology.get('local_devices') or
                    max(1, 8 // max(num_processes, 1)))
   try:
-    return local_pod.Pod(
+    return local_pod.Gang(
         num_processes=num_processes,
         local_devices=local_devices,
         workdir=workdir,

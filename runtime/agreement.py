@@ -155,7 +155,7 @@ def differences(digests: Mapping[int, Mapping[str, str]]) -> list[str]:
   return lines
 
 
-def agree(job: Optional[coordination.Job], fields: Mapping[str, str],
+def agree(job: Optional[coordination.Client], fields: Mapping[str, str],
           stage: str, timeout_s: Optional[float] = None) -> None:
   """Publishes this process's fields; process 0 compares every process's.
 
@@ -194,7 +194,7 @@ def _verdict(stage: str, published: Mapping[int, str]) -> str:
 
 
 def check_program_on_first_call(step_fn: Callable,
-                                job: Optional[coordination.Job]
+                                job: Optional[coordination.Client]
                                 ) -> Callable:
   """`step_fn` that, before its first run, agrees on its lowered program.
 

@@ -6,7 +6,7 @@ config that decides the trajectory and the shapes of the state; resuming
 checks this run against it and names every difference.
 
 Example:
-  >>> meta = describe_run(config, topo, 60000, 400, host_state, 'periodic')
+  >>> meta = describe_run(config, topo, 60000, 400, numpy_state, 'periodic')
   >>> check_restorable(meta, config, state, '/runs/a/checkpoints/400')
 """
 

@@ -7,8 +7,8 @@ started. The coordination service runs inside process 0; when process 0 is
 gone, every call here fails.
 
 Every cross-process round the project runs is one of three shapes, each a
-method of `Job` with its wait bounded and `BarrierTimeout` naming who did not
-come: `from_0` (process 0 makes a value, every process gets it),
+method of `Client` with its wait bounded and `BarrierTimeout` naming who did
+not come: `from_0` (process 0 makes a value, every process gets it),
 `decide_on_0` (every process publishes, process 0 decides, every process
 gets the verdict) and `exchange` (every process publishes and reads every
 other's). Values published per process sit under `PREFIX/<process index>`,
@@ -27,7 +27,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from runtime.common import exit_codes
 
-# The distributed client's methods `Job` calls: the same in JAX 0.10 to 0.12
+# The distributed client's methods `Client` calls: the same in JAX 0.10 to 0.12
 # (tests/test_jax_versions.py checks the installed JAX has them).
 CLIENT_METHODS = ('key_value_set', 'key_value_try_get',
                   'blocking_key_value_get', 'key_value_dir_get',
@@ -93,7 +93,7 @@ def _timeout(timeout_s: Optional[float]) -> float:
 
 
 class Rounds:
-  """The cross-process rounds, over any store with the methods of `Job`.
+  """The cross-process rounds, over any store with the methods of `Client`.
 
   A subclass provides `process_index`, `process_count`, `set`, `wait`,
   `directory` and `barrier`; tests give an in-memory one.
@@ -203,8 +203,8 @@ class Rounds:
 
 
 @dataclasses.dataclass(frozen=True)
-class Job(Rounds):
-  """This process's handle on the coordination service of its job.
+class Client(Rounds):
+  """This process's client of the coordination service of its job.
 
   Attributes:
     process_index: this process.
@@ -272,10 +272,10 @@ class Job(Rounds):
                            self.process_count) from None
 
 
-def current() -> Optional[Job]:
+def current() -> Optional[Client]:
   """The job's coordination service, or None in a process without one."""
   from jax._src import distributed  # pylint: disable=g-import-not-at-top
   state = distributed.global_state
   if state.client is None:
     return None
-  return Job(state.process_id, state.num_processes)
+  return Client(state.process_id, state.num_processes)

@@ -4,7 +4,7 @@ The job reads a stream of example ids: epoch e is a permutation of
 [0, num_examples) drawn from (seed, e), and the epochs follow one another. Step
 s (0-based) takes stream positions [s * G, (s + 1) * G) as its global batch
 (G = global batch size); process p then takes its slice of those (see
-`parallelism.process_slice`). So:
+`parallelism.process_rows`). So:
 
 - every process computes the same global batch for the same step, with no
   communication, whatever the number of processes or devices;
@@ -111,8 +111,8 @@ def process_batch_ids(step: int, global_batch_size: int, num_examples: int,
     (G / process_count,) int64 ids, disjoint from every other process's.
   """
   ids = global_batch_ids(step, global_batch_size, num_examples, seed, shuffle)
-  return ids[parallelism.process_slice(global_batch_size, process_index,
-                                    process_count)]
+  return ids[parallelism.process_rows(global_batch_size, process_index,
+                                      process_count)]
 
 
 class ArraySource:

@@ -46,8 +46,8 @@ def eval_batches(num_examples: int, global_batch_size: int,
     ids = np.arange(start, start + global_batch_size, dtype=np.int64)
     mask = (ids < num_examples).astype(np.float32)
     ids = np.where(mask > 0, ids, 0)
-    part = parallelism_lib.process_slice(global_batch_size, process_index,
-                                  process_count)
+    part = parallelism_lib.process_rows(global_batch_size, process_index,
+                                        process_count)
     yield ids[part], mask[part]
 
 

@@ -11,7 +11,7 @@ Example (a hook of one's own):
   ...   def __init__(self):
   ...     super().__init__(every=100)
   ...   def work(self, run):
-  ...     params = run.host_state().params
+  ...     params = run.numpy_state().params
   ...     print(run.step, optax.global_norm(params))
 """
 
@@ -197,7 +197,7 @@ class Profile(Hook):
 
 class SaveCheckpoints(Hook):
   """Every `checkpoints.every` steps and after the last: the state, and what
-  resuming it needs to check (`describe(run, host_state, reason)`).
+  resuming it needs to check (`describe(run, numpy_state, reason)`).
 
   `checks` (the replica check) are done for the step before it is saved,
   whatever the order of the hooks: no checkpoint of diverged replicas.
@@ -225,9 +225,9 @@ class SaveCheckpoints(Hook):
       # Every record up to this step is on disk before its checkpoint is:
       # a run resumed from it then misses none (metrics.py).
       run.writer.flush()
-      host_state = run.host_state()
-      self.checkpoints.save(run.step, host_state,
-                            self.describe(run, host_state, reason))
+      numpy_state = run.numpy_state()
+      self.checkpoints.save(run.step, numpy_state,
+                            self.describe(run, numpy_state, reason))
 
   def save_and_wait(self, run, reason: str) -> None:
     """Saves the state after step `run.step` and returns once it is
@@ -278,9 +278,9 @@ class SaveLocalCheckpoints(Hook):
     with (run.clock.timing('checkpoint_blocking'),
           progress.working('local_checkpoint')):
       run.writer.flush()
-      host_state = run.host_state()
-      self.local.save(run.step, host_state,
-                      self.describe(run, host_state, 'local'))
+      numpy_state = run.numpy_state()
+      self.local.save(run.step, numpy_state,
+                      self.describe(run, numpy_state, 'local'))
 
   def end(self, run, error) -> None:
     if error is None and self._final_save_complete():

@@ -144,7 +144,7 @@ class CheckReplicas(hooks_lib.Periodic):
             'a non-deterministic op, and resume from that checkpoint.')
 
 
-def _gather(job: coordination.Job, step: int, rows: np.ndarray,
+def _gather(job: coordination.Client, step: int, rows: np.ndarray,
             paths: list[str], previous: Optional[int]) -> list[str]:
   """Every process's rows to process 0; its verdict back to every process.
 

@@ -25,10 +25,10 @@ every other process's copy without its arrays (measured with orbax 0.12.8).
 
 Example:
   >>> local = LocalCheckpoints('/dev/shm/podrun-0/3f2a/rank_1', every=25)
-  >>> local.save(450, host_state, meta)   # returns at once
+  >>> local.save(450, numpy_state, meta)   # returns at once
   >>> local.steps()
   [425, 450]
-  >>> state, meta = local.load(450, like=host_state), local.meta(450)
+  >>> state, meta = local.load(450, like=numpy_state), local.meta(450)
 """
 
 import json

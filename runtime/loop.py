@@ -9,6 +9,7 @@ metrics window) and calls every hook (runtime/hooks.py).
 import collections
 import time
 from typing import Any, Callable, Optional, Sequence
+import warnings
 
 from absl import logging
 from ml_collections import ConfigDict
@@ -79,9 +80,16 @@ class Run:
     """Whether `step` is the run's last."""
     return self.step == self.steps
 
-  def host_state(self) -> step_lib.TrainState:
+  def numpy_state(self) -> step_lib.TrainState:
     """The state after step `step` as numpy arrays (waits for it)."""
     return self.parallelism.to_host(self.state)
+
+  def host_state(self) -> step_lib.TrainState:
+    """Deprecated: the old name of `numpy_state`, kept for one release."""
+    warnings.warn('run.host_state() is now run.numpy_state(); the old name '
+                  'goes in the next release', DeprecationWarning,
+                  stacklevel=2)
+    return self.numpy_state()
 
   def dispatched(self, step: int, metrics: Any) -> None:
     """Records a dispatched step; waits while too many are unfinished."""

@@ -20,9 +20,9 @@ from absl import logging
 import jax
 import numpy as np
 
-from runtime import compile_events
 from runtime.common import exit_codes
 from runtime.common import mappings
+from runtime import compile_events
 
 
 # A leaf the new tree lacks.

@@ -166,8 +166,8 @@ def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt, local
            ) -> list[hooks_lib.Hook]:
   """The built-in hooks, in the order they run, then the task's."""
   log = hooks_lib.LogMetrics(config.log_every, task.schedule)
-  describe = lambda run, host_state, reason: checkpoint_meta.describe_run(
-      config, topo, len(task.data), run.step, host_state, reason)
+  describe = lambda run, numpy_state, reason: checkpoint_meta.describe_run(
+      config, topo, len(task.data), run.step, numpy_state, reason)
   replicas = integrity.CheckReplicas(config.integrity_every,
                                      ckpt.all_steps if ckpt else lambda: [])
   # The saves run the replica check of their step first, and the local
@@ -273,7 +273,7 @@ def _loader(config: ConfigDict, task: Task, topo, par) -> Callable[[int], Any]:
 
 def _result(run: loop.Run, topo, workdir: str) -> TrainResult:
   """The TrainResult; also writes ranks/rank_<i>.json for comparison."""
-  host = run.host_state()
+  host = run.numpy_state()
   fingerprint = fingerprint_lib.fingerprint(host.params)
   metrics_lib.write_json(
       os.path.join(workdir, 'ranks', f'rank_{topo.process_index}.json'), {

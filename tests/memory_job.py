@@ -1,6 +1,6 @@
 """A coordination service in a dict, shared by threads that play processes.
 
-`MemoryJob` has the methods of `runtime.coordination.Job` that the rounds
+`MemoryJob` has the methods of `runtime.coordination.Client` that the rounds
 and the supervisor use, so both run in one test process without JAX.
 
 Example:

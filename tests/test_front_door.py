@@ -97,3 +97,17 @@ def test_launcher_exit_codes_is_the_old_name():
     import launcher.exit_codes as old  # pylint: disable=g-import-not-at-top
   assert old.PodrunError is exit_codes.PodrunError is runtime.PodrunError
   assert old.PREEMPTED == 75
+
+
+def test_process_slice_is_the_old_name_of_process_rows():
+  with pytest.warns(DeprecationWarning, match='process_rows'):
+    old = runtime.parallelism.process_slice(256, 1, 2)
+  assert old == runtime.parallelism.process_rows(256, 1, 2) == slice(128, 256)
+
+
+def test_host_state_is_the_old_name_of_numpy_state():
+  from runtime import loop  # pylint: disable=g-import-not-at-top
+  run = loop.Run.__new__(loop.Run)  # Only the method is under test.
+  run.numpy_state = lambda: 'the state'
+  with pytest.warns(DeprecationWarning, match='numpy_state'):
+    assert run.host_state() == 'the state'

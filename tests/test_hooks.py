@@ -34,7 +34,7 @@ class _Recorder(hooks.Periodic):
 
   def work(self, run):
     self.steps.append(run.step)
-    assert run.host_state().params['weight'].shape == (3,)
+    assert run.numpy_state().params['weight'].shape == (3,)
 
 
 def _config(steps, **fields):
@@ -191,7 +191,7 @@ def _fake_run(step):
   clock = types.SimpleNamespace(timing=lambda _: contextlib.nullcontext())
   writer = types.SimpleNamespace(flush=lambda: None)
   return types.SimpleNamespace(step=step, final=False, clock=clock,
-                               writer=writer, host_state=lambda: {})
+                               writer=writer, numpy_state=lambda: {})
 
 
 def test_a_save_runs_the_replica_check_of_its_step_first_in_any_order():

@@ -19,8 +19,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+from launcher.local import members as members_lib
 from launcher.local import output
-from launcher.local import ranks as ranks_lib
 from runtime.common import exit_codes
 
 # The ranks' own watchdog (launcher/rank/supervisor.py) fires at the
@@ -44,7 +44,7 @@ class GangState(enum.Enum):
 class End:
   """Why the watch ended: the final state and what led there."""
   state: GangState
-  rank: Optional[ranks_lib.Rank] = None
+  member: Optional[members_lib.Member] = None
   signum: Optional[int] = None
   message: str = ''
 
@@ -70,11 +70,12 @@ class Monitor:
     forward: sends a signal to every running rank.
   """
 
-  def __init__(self, ranks: list[ranks_lib.Rank], progress: output.Progress,
+  def __init__(self, members: list[members_lib.Member],
+               progress: output.Progress,
                signals: list[int], changed: threading.Event,
                timeouts: Timeouts,
                forward: Callable[[int], None]):
-    self._ranks = ranks
+    self._members = members
     self._progress = progress
     self._signals = signals
     self._changed = changed
@@ -103,14 +104,14 @@ class Monitor:
 
   def _check(self, state: GangState, now: float, started: float) -> End:
     """The state the gang is in now."""
-    exited = [r for r in self._ranks if r.exit_code is not None]
+    exited = [r for r in self._members if r.exit_code is not None]
     failed = [r for r in exited
               if r.exit_code not in (exit_codes.OK, exit_codes.PREEMPTED)]
     preempted = any(r.exit_code == exit_codes.PREEMPTED for r in exited)
-    all_exited = len(exited) == len(self._ranks)
+    all_exited = len(exited) == len(self._members)
     root = root_cause(failed, now, all_exited)
     if root is not None:
-      return End(GangState.FAILED, rank=root)
+      return End(GangState.FAILED, member=root)
     if all_exited:
       return End(GangState.PREEMPTED if preempted else GangState.SUCCEEDED)
     if self._signals and (self._signals[0] != signal.SIGTERM or
@@ -122,8 +123,8 @@ class Monitor:
       stall = self._stall_message(now - started)
       return End(GangState.STALLED, message=stall) if stall else End(state)
     if now > self._grace_deadline:
-      late = ', '.join(f'rank {r.index}/{len(self._ranks)}'
-                       for r in self._ranks if r.exit_code is None)
+      late = ', '.join(f'rank {r.index}/{len(self._members)}'
+                       for r in self._members if r.exit_code is None)
       return End(GangState.PREEMPTION_LATE, message=(
           f'{late} did not save and exit within --preemption_grace='
           f'{self._timeouts.preemption_grace:g} s of the preemption notice'))
@@ -142,15 +143,15 @@ class Monitor:
       return ''
     idle = time.monotonic() - last_advance
     if 0 < timeouts.stall < idle - backstop:
-      steps = ', '.join(f'rank {r.index}: {r.step}' for r in self._ranks)
+      steps = ', '.join(f'rank {r.index}: {r.step}' for r in self._members)
       return (f'no rank completed a step for {idle:.0f} s (--stall_timeout='
               f'{timeouts.stall:g}, and the ranks\' own watchdogs did not '
               f'end them {backstop:g} s later); last completed steps: {steps}')
     return ''
 
 
-def root_cause(failed: list[ranks_lib.Rank], now: float, all_exited: bool
-               ) -> Optional[ranks_lib.Rank]:
+def root_cause(failed: list[members_lib.Member], now: float, all_exited: bool
+               ) -> Optional[members_lib.Member]:
   """The rank whose failure ended the job, once it is known
   (exit_codes.root_cause: the rule the TPU driver follows too)."""
   found = exit_codes.root_cause([(r.exited_at, r.exit_code) for r in failed],

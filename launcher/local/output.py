@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Optional
 
-from launcher.local import ranks as ranks_lib
+from launcher.local import members as members_lib
 from runtime.common import output_prefix
 
 
@@ -34,19 +34,19 @@ class Console:
     with self._lock:
       print(f'[launcher] {message}', file=sys.stderr, flush=True)
 
-  def pump(self, rank: ranks_lib.Rank, pipe, stream_name: str,
+  def pump(self, member: members_lib.Member, pipe, stream_name: str,
            console) -> None:
     """Copies one of the rank's pipes to its log and, filtered, to `console`.
 
     Returns at the pipe's end of file, when the rank has exited.
     """
-    line_prefix = output_prefix.prefix(rank.index, self.num_processes)
+    line_prefix = output_prefix.prefix(member.index, self.num_processes)
     for raw in iter(pipe.readline, b''):
-      with rank.log_lock:
-        rank.log_file.write(raw)
-        rank.log_file.flush()
+      with member.log_lock:
+        member.log_file.write(raw)
+        member.log_file.flush()
       line = raw.decode('utf-8', 'replace')
-      if output_prefix.shown_on_console(rank.index, stream_name, line,
+      if output_prefix.shown_on_console(member.index, stream_name, line,
                                       self.log_all_ranks):
         with self._lock:
           console.write(line_prefix + line +
@@ -63,8 +63,8 @@ class Progress:
       None before the first.
   """
 
-  def __init__(self, ranks: list[ranks_lib.Rank]):
-    self._ranks = ranks
+  def __init__(self, members: list[members_lib.Member]):
+    self._members = members
     self.last_advance: Optional[float] = None
     self.read_fd, self.write_fd = os.pipe()
 
@@ -74,9 +74,9 @@ class Progress:
       for raw in pipe:
         try:
           index, step = (int(x) for x in raw.split())
-          rank = self._ranks[index]
+          member = self._members[index]
         except (ValueError, IndexError):
           continue
-        if step > rank.step:
-          rank.step = step
+        if step > member.step:
+          member.step = step
           self.last_advance = time.monotonic()

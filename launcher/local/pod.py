@@ -34,9 +34,9 @@ import time
 import uuid
 from typing import Optional
 
+from launcher.local import members as members_lib
 from launcher.local import monitor as monitor_lib
 from launcher.local import output
-from launcher.local import ranks as ranks_lib
 from launcher.local import report
 from launcher import signals
 from runtime.common import env_vars
@@ -62,7 +62,7 @@ def _loopback_address(address: Optional[str]) -> str:
     return f'127.0.0.1:{free_loopback_port()}'
   host, _, port = address.rpartition(':')
   host = host.strip('[]')
-  if not (host in ranks_lib.LOOPBACK_HOSTS or host.startswith('127.')) or (
+  if not (host in members_lib.LOOPBACK_HOSTS or host.startswith('127.')) or (
       not port.isdigit()):
     raise ValueError(
         f'--coordinator_address={address}: a local pod binds its coordinator '
@@ -70,7 +70,7 @@ def _loopback_address(address: Optional[str]) -> str:
   return address
 
 
-class Pod:
+class Gang:
   """N local processes, each one host of the job; restart.Attempt's kind.
 
   Raises ValueError for a process count below 1 or a coordinator address
@@ -109,7 +109,7 @@ class Pod:
     # failed, 'rank', 'exit_code'} (wall times), after a failure.
     self.fault: Optional[records.Fault] = None
     self.progressed = False  # Whether any rank completed a step.
-    self._ranks = ranks_lib.plan(
+    self._members = members_lib.plan(
         num_processes, local_devices, workdir, rank_args,
         self.coordinator_address,
         {'PYTHONUNBUFFERED': '1', env_vars.SUPERVISED: '1',
@@ -124,12 +124,12 @@ class Pod:
           f'emulated CPU devices, coordinator {self.coordinator_address} '
           '(loopback only), workdir ' + self.workdir)
     print('each rank inherits the launcher\'s environment, plus:')
-    for rank in self._ranks:
-      env = {**rank.env, env_vars.PROGRESS_FD: '<progress pipe fd>'}
-      print(f'rank {rank.index}/{self.num_processes}: cd '
+    for member in self._members:
+      env = {**member.env, env_vars.PROGRESS_FD: '<progress pipe fd>'}
+      print(f'rank {member.index}/{self.num_processes}: cd '
             f'{shlex.quote(os.getcwd())} && env ' +
             shlex.join([f'{k}={v}' for k, v in sorted(env.items())] +
-                       rank.command))
+                       member.command))
     return exit_codes.OK
 
   def run(self) -> int:
@@ -139,46 +139,46 @@ class Pod:
     threads = []
     with signals.handled((signal.SIGINT, signal.SIGTERM), self._on_signal):
       try:
-        progress_reader = output.Progress(self._ranks)
+        progress_reader = output.Progress(self._members)
         threads = self._start(progress_reader)
         end = monitor_lib.Monitor(
-            self._ranks, progress_reader, self._signals, self._changed,
-            self.timeouts, lambda s: ranks_lib.forward(self._ranks, s),
+            self._members, progress_reader, self._signals, self._changed,
+            self.timeouts, lambda s: members_lib.forward(self._members, s),
         ).watch(started)
         self.progressed = progress_reader.last_advance is not None
         if end.state is monitor_lib.GangState.FAILED:
           self.fault = records.Fault(
-              at=end.rank.exited_wall, detected=time.time(),
-              rank=end.rank.index, exit_code=end.rank.exit_code)
+              at=end.member.exited_wall, detected=time.time(),
+              member=end.member.index, exit_code=end.member.exit_code)
         if end.state is monitor_lib.GangState.STALLED:
-          ranks_lib.dump_stacks(self._ranks)
+          members_lib.dump_stacks(self._members)
         self._stop(end)
       finally:
-        ranks_lib.kill_survivors(self._ranks)
+        members_lib.kill_survivors(self._members)
         for t in threads:
           t.join(timeout=5)
-        for r in self._ranks:
+        for r in self._members:
           if r.log_file is not None:
             r.log_file.close()
-    return report.report(end, self._ranks, self._console, started,
+    return report.report(end, self._members, self._console, started,
                          self.logs_dir, self._signals)
 
   def _start(self, progress_reader: output.Progress
              ) -> list[threading.Thread]:
     try:
-      ranks_lib.start(self._ranks, self.attempt, progress_reader.write_fd)
+      members_lib.start(self._members, self.attempt, progress_reader.write_fd)
     finally:
       # EOF on the pipe once every rank has exited.
       os.close(progress_reader.write_fd)
     self._write_job_file()
     threads = [_thread(progress_reader.read)]
-    for rank in self._ranks:
+    for member in self._members:
       threads += [
-          _thread(self._console.pump, rank, rank.popen.stdout, 'stdout',
+          _thread(self._console.pump, member, member.popen.stdout, 'stdout',
                   sys.stdout),
-          _thread(self._console.pump, rank, rank.popen.stderr, 'stderr',
+          _thread(self._console.pump, member, member.popen.stderr, 'stderr',
                   sys.stderr),
-          _thread(ranks_lib.await_exit, rank, self._changed)]
+          _thread(members_lib.await_exit, member, self._changed)]
     self._console.say(
         f'started {self.num_processes} ranks x {self.local_devices} devices, '
         f'coordinator {self.coordinator_address}, logs in {self.logs_dir}')
@@ -191,7 +191,7 @@ class Pod:
         'coordinator_address': self.coordinator_address,
         'launcher_pid': os.getpid(),
         'ranks': [{'rank': r.index, 'pid': r.popen.pid,
-                   'command': r.command} for r in self._ranks],
+                   'command': r.command} for r in self._members],
     }
     with open(os.path.join(self.logs_dir, 'job.json'), 'w') as f:
       json.dump(job, f, indent=2)
@@ -217,7 +217,7 @@ class Pod:
       first = end.signum
     elif end.state is monitor_lib.GangState.PREEMPTION_LATE:
       first = signal.SIGKILL
-    ranks_lib.stop(self._ranks, first, self.kill_grace,
+    members_lib.stop(self._members, first, self.kill_grace,
                    self._wait_for_change, lambda: len(self._signals) >= 2)
 
 

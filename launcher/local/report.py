@@ -10,9 +10,9 @@ import signal
 import time
 from typing import Optional
 
+from launcher.local import members as members_lib
 from launcher.local import monitor
 from launcher.local import output
-from launcher.local import ranks as ranks_lib
 from runtime.common import exit_codes
 
 GangState = monitor.GangState
@@ -24,7 +24,7 @@ def exit_code(end: monitor.End, launcher_signals: list[int]) -> int:
   if end.state is GangState.SUCCEEDED:
     return exit_codes.OK
   if end.state is GangState.FAILED:
-    return end.rank.exit_code
+    return end.member.exit_code
   if end.state is GangState.PREEMPTED:
     return exit_codes.PREEMPTED
   if end.state is GangState.PREEMPTION_LATE:
@@ -35,7 +35,7 @@ def exit_code(end: monitor.End, launcher_signals: list[int]) -> int:
   return exit_codes.SIGNAL_BASE + end.signum
 
 
-def report(end: monitor.End, ranks: list[ranks_lib.Rank],
+def report(end: monitor.End, members: list[members_lib.Member],
            console: output.Console, started: float, logs_dir: str,
            launcher_signals: list[int]) -> int:
   """Says how the pod ended and returns the launcher's exit code.
@@ -51,11 +51,11 @@ def report(end: monitor.End, ranks: list[ranks_lib.Rank],
   code = exit_code(end, launcher_signals)
   say, elapsed_s = console.say, time.monotonic() - started
   if end.state is GangState.SUCCEEDED:
-    say(f'all {len(ranks)} ranks finished in {elapsed_s:.1f} s; logs in '
+    say(f'all {len(members)} ranks finished in {elapsed_s:.1f} s; logs in '
         f'{logs_dir}')
     return code
   if end.state is GangState.FAILED:
-    _say_root_cause(end.rank, ranks, say, end.rank.exited_at - started)
+    _say_root_cause(end.member, members, say, end.member.exited_at - started)
   elif end.state is GangState.PREEMPTED:
     notice = ('SIGTERM to the launcher' if launcher_signals else
               'a preemption notice to a rank')
@@ -64,7 +64,7 @@ def report(end: monitor.End, ranks: list[ranks_lib.Rank],
         'command again to resume (or use --max_restarts).')
   else:
     say(_what_stopped_it(end, logs_dir))
-    _describe_others(None, ranks, say)
+    _describe_others(None, members, say)
   say(f'exit code {code}{exit_codes.signal_suffix(code)}; logs in {logs_dir}')
   return code
 
@@ -81,41 +81,43 @@ def _what_stopped_it(end: monitor.End, logs_dir: str) -> str:
           'rank and stopped the job.')
 
 
-def _name(rank: ranks_lib.Rank, ranks: list[ranks_lib.Rank]) -> str:
-  return f'rank {rank.index}/{len(ranks)}'
+def _name(member: members_lib.Member, members: list[members_lib.Member]) -> str:
+  return f'rank {member.index}/{len(members)}'
 
 
-def _tail(rank: ranks_lib.Rank) -> list[str]:
-  with open(rank.log_path, 'rb') as f:
+def _tail(member: members_lib.Member) -> list[str]:
+  with open(member.log_path, 'rb') as f:
     lines = collections.deque(f, maxlen=_TAIL_LINES)
   return [l.decode('utf-8', 'replace').rstrip('\n') for l in lines]
 
 
-def _say_root_cause(root: ranks_lib.Rank, ranks: list[ranks_lib.Rank], say,
+def _say_root_cause(root: members_lib.Member,
+                    members: list[members_lib.Member], say,
                     elapsed_s: float) -> None:
   """The failing rank, when it failed (s after start), its log's tail."""
   code = root.exit_code
   what = ('the job stalled: the hang watchdog of '
           if code == exit_codes.STALLED else '')
-  say(f'{what}{_name(root, ranks)} failed first, with exit code '
+  say(f'{what}{_name(root, members)} failed first, with exit code '
       f'{code}{exit_codes.signal_suffix(code)}, {elapsed_s:.1f} s after '
       f'start. Last lines of {root.log_path}:\n' +
       '\n'.join(f'  | {l}' for l in _tail(root)))
-  _describe_others(root, ranks, say)
+  _describe_others(root, members, say)
 
 
-def _describe_others(root: Optional[ranks_lib.Rank],
-                     ranks: list[ranks_lib.Rank], say) -> None:
-  for rank in ranks:
-    if rank is root:
+def _describe_others(root: Optional[members_lib.Member],
+                     members: list[members_lib.Member], say) -> None:
+  for member in members:
+    if member is root:
       continue
-    code = rank.exit_code
+    code = member.exit_code
     suffix = exit_codes.signal_suffix(code)
-    if rank.signalled_at is not None and rank.exited_at >= rank.signalled_at:
+    if (member.signalled_at is not None and
+        member.exited_at >= member.signalled_at):
       how = f'stopped by the launcher, exit code {code}{suffix}'
     else:
       how = f'exit code {code}{suffix}'
     if root is not None and code != 0:
-      how += (f', a consequence of {_name(root, ranks)}\'s failure, not a '
+      how += (f', a consequence of {_name(root, members)}\'s failure, not a '
               'cause')
-    say(f'{_name(rank, ranks)}: {how}')
+    say(f'{_name(member, members)}: {how}')

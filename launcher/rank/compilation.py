@@ -14,9 +14,9 @@ from typing import Optional
 
 import jax
 
-from runtime import compile_events
 from runtime.common import goodput
 from runtime.common import progress
+from runtime import compile_events
 
 
 def count_into(ledger: goodput.Ledger) -> None:

@@ -31,7 +31,7 @@ _AFTER_ACKS_S = 0.2
 class EndOfJob:
   """One process's side of the end-of-job handshake."""
 
-  def __init__(self, job: Optional[coordination.Job]):
+  def __init__(self, job: Optional[coordination.Client]):
     self.job = job
     self.process_index = job.process_index if job else 0
 

@@ -237,7 +237,7 @@ def job_id() -> str:
   return uuid.uuid4().hex
 
 
-def take(directories: list[str], job: Optional[coordination.Job],
+def take(directories: list[str], job: Optional[coordination.Client],
          stale_after_s: float, on_lost: Callable[[str], None],
          timeout_s: float) -> Optional[Lease]:
   """Process 0 leases `directories` for the job; every process learns how

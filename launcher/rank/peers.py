@@ -78,7 +78,7 @@ class Peers:
     >>> peers.find_lost(time.monotonic())     # on process 0
   """
 
-  def __init__(self, job: coordination.Job, host: str,
+  def __init__(self, job: coordination.Client, host: str,
                heartbeat_timeout: float):
     self.job, self.host = job, host
     self.heartbeat_timeout = heartbeat_timeout
@@ -218,7 +218,7 @@ def straggler_warnings(records: dict[int, dict[str, Any]]
   return out
 
 
-def rank_stats(job: Optional[coordination.Job]) -> list[dict[str, Any]]:
+def rank_stats(job: Optional[coordination.Client]) -> list[dict[str, Any]]:
   """Each process's step-time median and p99, for summary.json."""
   if job is None:
     snapshot = progress.snapshot()

@@ -25,7 +25,7 @@ from runtime import coordination
 from runtime import topology
 
 
-def attempt_name(job: Optional[coordination.Job]) -> str:
+def attempt_name(job: Optional[coordination.Client]) -> str:
   """One name for this attempt on every process: the launcher's, else made
   by process 0 and shared through the coordination service."""
   if os.environ.get(env_vars.ATTEMPT):
@@ -40,7 +40,7 @@ def attempt_name(job: Optional[coordination.Job]) -> str:
 
 
 def open_ledger(ledger: goodput.Ledger, workdir: str,
-                 job: Optional[coordination.Job], process_index: int) -> None:
+                 job: Optional[coordination.Client], process_index: int) -> None:
   """Starts writing this process's goodput ledger and counting compilation."""
   goodput.open_ledger(ledger, workdir, attempt_name(job), process_index)
   compilation.count_into(ledger)

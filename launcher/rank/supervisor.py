@@ -115,7 +115,7 @@ class Supervisor:
     >>> supervisor.stop()
   """
 
-  def __init__(self, job: Optional[coordination.Job], options: Options,
+  def __init__(self, job: Optional[coordination.Client], options: Options,
                host: Optional[str] = None,
                exit_process: Callable[[int], None] = flush_and_exit,
                dump_stacks: Optional[Callable[[], None]] = None):
@@ -311,7 +311,7 @@ class Supervisor:
     self._exit_process(code)
 
 
-def _stall_floor(job: Optional[coordination.Job], options: Options) -> float:
+def _stall_floor(job: Optional[coordination.Client], options: Options) -> float:
   """--stall_floor, and with peers never below --heartbeat_timeout + 2
   beats: a process that died is then named lost, with the ack wait that
   skips it, before its peers' steps are taken for stalled."""

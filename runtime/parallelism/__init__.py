@@ -14,14 +14,15 @@ over which the step's `lax.pmean` runs. The parts:
 Example:
   >>> par = parallelism.from_config(config)
   >>> step = par.map(step_fn, in_axes=(None, 0), out_axes=(None, None))
-  >>> rows = batch[parallelism.process_slice(256, jax.process_index(),
-  ...                                         jax.process_count())]
+  >>> rows = batch[parallelism.process_rows(256, jax.process_index(),
+  ...                                        jax.process_count())]
   >>> state, metrics = step(par.replicate(state), par.put_batch(rows))
 """
 
 from runtime.parallelism.batches import BatchSizeError
 from runtime.parallelism.batches import merge_devices
 from runtime.parallelism.batches import per_device_batch_size
+from runtime.parallelism.batches import process_rows
 from runtime.parallelism.batches import process_slice
 from runtime.parallelism.batches import split_for_devices
 from runtime.parallelism.device_axis import check_device_axis
@@ -42,5 +43,5 @@ __all__ = [
     'Parallelism', 'PMAP', 'SHARD_MAP', 'check_device_axis', 'device_map',
     'from_config', 'global_mesh', 'merge_devices', 'named', 'of',
     'per_device_batch_size',
-    'process_slice', 'split_for_devices',
+    'process_rows', 'process_slice', 'split_for_devices',
 ]

@@ -7,6 +7,7 @@ count). Across processes the slices are disjoint and together are exactly the
 global batch.
 """
 
+import warnings
 from typing import Any
 
 import jax
@@ -51,12 +52,12 @@ def per_device_batch_size(global_batch_size: int, process_count: int,
   return global_batch_size // device_count
 
 
-def process_slice(global_batch_size: int, process_index: int,
-                  process_count: int) -> slice:
-  """The contiguous part of a global batch that one process owns.
+def process_rows(global_batch_size: int, process_index: int,
+                 process_count: int) -> slice:
+  """The rows of a global batch that one process owns: a contiguous slice.
 
   Example:
-    >>> process_slice(256, 1, 2)
+    >>> process_rows(256, 1, 2)
     slice(128, 256, None)
   """
   if global_batch_size % process_count:
@@ -69,6 +70,15 @@ def process_slice(global_batch_size: int, process_index: int,
                      f'[0, {process_count})')
   size = global_batch_size // process_count
   return slice(process_index * size, (process_index + 1) * size)
+
+
+def process_slice(global_batch_size: int, process_index: int,
+                  process_count: int) -> slice:
+  """Deprecated: the old name of `process_rows`, kept for one release."""
+  warnings.warn('parallelism.process_slice is now parallelism.process_rows; '
+                'the old name goes in the next release', DeprecationWarning,
+                stacklevel=2)
+  return process_rows(global_batch_size, process_index, process_count)
 
 
 def split_for_devices(tree: Any, local_device_count: int,

@@ -40,7 +40,7 @@ def global_mesh() -> Mesh:
 
   Devices are ordered by (process index, id), so process p's devices hold
   rows [p * G / P, (p + 1) * G / P) of a global batch: the slice that
-  `batches.process_slice` gives it.
+  `batches.process_rows` gives it.
   """
   devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
   return Mesh(np.array(devices), (DATA_AXIS,))

@@ -5,11 +5,14 @@ emulated CPU devices, in a process group of its own, so that a signal reaches
 everything it started; it dies with the launcher even when the launcher is
 SIGKILLed (PR_SET_PDEATHSIG).
 
+Each is a `Member` of the pod's gang; "rank" is what the user reads (the
+`[rank i/N]` prefix, `logs/rank_<i>.log`).
+
 Example:
-  >>> ranks = plan(2, 4, '/runs/a', ['--config=configs/mlp.py'],
-  ...              '127.0.0.1:8476', {'PODRUN_JOB_ID': 'j'})
-  >>> start(ranks, attempt=1, progress_fd=w)
-  >>> stop(ranks, signal.SIGINT, grace_s=5, changed=event)
+  >>> members = plan(2, 4, '/runs/a', ['--config=configs/mlp.py'],
+  ...                '127.0.0.1:8476', {'PODRUN_JOB_ID': 'j'})
+  >>> start(members, attempt=1, progress_fd=w)
+  >>> stop(members, signal.SIGINT, grace_s=5, changed=event)
 """
 
 import ctypes
@@ -31,7 +34,7 @@ _STACK_DUMP_WAIT_S = 2.0
 
 
 @dataclasses.dataclass
-class Rank:
+class Member:
   """One process of the pod and what the launcher knows of it."""
   index: int
   command: list[str]
@@ -49,7 +52,7 @@ class Rank:
 
 def plan(num_processes: int, local_devices: int, workdir: str,
          rank_args: list[str], coordinator_address: str,
-         env: dict[str, str]) -> list[Rank]:
+         env: dict[str, str]) -> list[Member]:
   """Every rank's command line and the variables it gets beyond ours."""
   extra = dict(env)
   if cluster.proxy_warnings('127.0.0.1', os.environ):
@@ -58,7 +61,7 @@ def plan(num_processes: int, local_devices: int, workdir: str,
     cluster.exempt_from_proxy(list(LOOPBACK_HOSTS), exempt)
     extra.update(exempt)
   logs_dir = os.path.join(workdir, 'logs')
-  return [Rank(index, [
+  return [Member(index, [
       sys.executable, '-u', '-m', 'launcher', *rank_args,
       f'--workdir={workdir}', f'--local_devices={local_devices}',
       f'--coordinator_address={coordinator_address}',
@@ -75,7 +78,7 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def start(ranks: list[Rank], attempt: int, progress_fd: int) -> None:
+def start(members: list[Member], attempt: int, progress_fd: int) -> None:
   """Opens each rank's log and starts it, its output on pipes.
 
   Args:
@@ -83,56 +86,56 @@ def start(ranks: list[Rank], attempt: int, progress_fd: int) -> None:
     attempt: 1 for a new job; a restart appends to the earlier logs.
     progress_fd: the write end of the pipe each rank reports its steps to.
   """
-  for rank in ranks:
-    rank.log_file = open(rank.log_path, 'ab' if attempt > 1 else 'wb')
+  for member in members:
+    member.log_file = open(member.log_path, 'ab' if attempt > 1 else 'wb')
     if attempt > 1:
-      rank.log_file.write(f'===== attempt {attempt} =====\n'.encode())
-    rank.popen = subprocess.Popen(
-        rank.command,
-        env={**os.environ, **rank.env,
+      member.log_file.write(f'===== attempt {attempt} =====\n'.encode())
+    member.popen = subprocess.Popen(
+        member.command,
+        env={**os.environ, **member.env,
              env_vars.PROGRESS_FD: str(progress_fd)},
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, start_new_session=True,
         pass_fds=(progress_fd,), preexec_fn=_die_with_parent)
 
 
-def await_exit(rank: Rank, changed: threading.Event) -> None:
+def await_exit(member: Member, changed: threading.Event) -> None:
   """Waits for the rank to exit, records its code and time, sets `changed`."""
-  returncode = rank.popen.wait()
-  rank.exited_at, rank.exited_wall = time.monotonic(), time.time()
-  rank.exit_code = exit_codes.from_returncode(returncode)
+  returncode = member.popen.wait()
+  member.exited_at, member.exited_wall = time.monotonic(), time.time()
+  member.exit_code = exit_codes.from_returncode(returncode)
   changed.set()
 
 
-def signal_group(rank: Rank, signum: int) -> None:
+def signal_group(member: Member, signum: int) -> None:
   """Sends `signum` to the rank's whole process group, if it still exists."""
   try:
-    os.killpg(rank.popen.pid, signum)
+    os.killpg(member.popen.pid, signum)
   except (ProcessLookupError, PermissionError):
     pass
 
 
-def forward(ranks: list[Rank], signum: int) -> None:
+def forward(members: list[Member], signum: int) -> None:
   """Sends `signum` to every rank still running, noting when."""
   now = time.monotonic()
-  for rank in ranks:
-    if rank.exit_code is None:
-      rank.signalled_at = now
-      signal_group(rank, signum)
+  for member in members:
+    if member.exit_code is None:
+      member.signalled_at = now
+      signal_group(member, signum)
 
 
-def dump_stacks(ranks: list[Rank]) -> None:
+def dump_stacks(members: list[Member]) -> None:
   """Asks every running rank for its Python stacks (faulthandler, SIGUSR1)."""
-  for rank in ranks:
-    if rank.exit_code is None:
+  for member in members:
+    if member.exit_code is None:
       try:
-        os.kill(rank.popen.pid, signal.SIGUSR1)
+        os.kill(member.popen.pid, signal.SIGUSR1)
       except ProcessLookupError:
         pass
   time.sleep(_STACK_DUMP_WAIT_S)
 
 
-def stop(ranks: list[Rank], first_signal: int, grace_s: float,
+def stop(members: list[Member], first_signal: int, grace_s: float,
          wait: Callable[[], None], interrupted: Callable[[], bool]) -> None:
   """Stops every rank: `first_signal`, up to `grace_s`, then SIGKILL.
 
@@ -143,22 +146,22 @@ def stop(ranks: list[Rank], first_signal: int, grace_s: float,
     wait: blocks until something changed, or a short while.
     interrupted: true when the user asked again, and the grace is cut short.
   """
-  forward(ranks, first_signal)
+  forward(members, first_signal)
   deadline = time.monotonic() + grace_s
-  while (any(r.exit_code is None for r in ranks) and
+  while (any(r.exit_code is None for r in members) and
          time.monotonic() < deadline and not interrupted()):
     wait()
   # Also sweeps what an exited rank may have left in its process group.
-  for rank in ranks:
-    signal_group(rank, signal.SIGKILL)
-  for rank in ranks:
-    rank.popen.wait()
-  while any(r.exit_code is None for r in ranks):
+  for member in members:
+    signal_group(member, signal.SIGKILL)
+  for member in members:
+    member.popen.wait()
+  while any(r.exit_code is None for r in members):
     time.sleep(0.01)  # The waiter threads record the codes.
 
 
-def kill_survivors(ranks: list[Rank]) -> None:
+def kill_survivors(members: list[Member]) -> None:
   """SIGKILL to any rank still running: whatever happened, none outlives us."""
-  for rank in ranks:
-    if rank.popen is not None and rank.popen.poll() is None:
-      signal_group(rank, signal.SIGKILL)
+  for member in members:
+    if member.popen is not None and member.popen.poll() is None:
+      signal_group(member, signal.SIGKILL)
