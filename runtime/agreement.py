@@ -155,12 +155,12 @@ def differences(digests: Mapping[int, Mapping[str, str]]) -> list[str]:
   return lines
 
 
-def agree(job: Optional[coordination.Client], fields: Mapping[str, str],
+def agree(client: Optional[coordination.Client], fields: Mapping[str, str],
           stage: str, timeout_s: Optional[float] = None) -> None:
   """Publishes this process's fields; process 0 compares every process's.
 
   Args:
-    job: the coordination service, or None for a single process (no-op).
+    client: the coordination service, or None for a single process (no-op).
     fields: from `describe_process`, or the program's fingerprint.
     stage: names this round ('join', 'program').
     timeout_s: how long to wait for the others; --barrier_timeout if None.
@@ -169,10 +169,10 @@ def agree(job: Optional[coordination.Client], fields: Mapping[str, str],
     DisagreementError: on every process, naming each differing field.
     coordination.BarrierTimeout: a process did not publish in time.
   """
-  if job is None or job.process_count == 1:
+  if client is None or client.process_count == 1:
     return
   key = f'{_KEY}/{stage}'
-  verdict = job.decide_on_0(
+  verdict = client.decide_on_0(
       key, json.dumps(dict(fields)),
       lambda published: _verdict(stage, published), timeout_s)
   if verdict != 'ok':
@@ -188,13 +188,14 @@ def _verdict(stage: str, published: Mapping[int, str]) -> str:
                  'field(s) compared)', stage, len(digests), len(digests[0]))
     return 'ok'
   return (f'processes differ: the {len(digests)} processes of this job do '
-          f'not run the same thing ({len(lines)} difference(s)); nothing was trained:\n'
+          f'not run the same thing ({len(lines)} difference(s)); nothing was '
+          'trained:\n'
           '  - ' + '\n  - '.join(lines) + '\nStart every process from the '
           'same code, packages, flags and environment.')
 
 
 def check_program_on_first_call(step_fn: Callable,
-                                job: Optional[coordination.Client]
+                                client: Optional[coordination.Client]
                                 ) -> Callable:
   """`step_fn` that, before its first run, agrees on its lowered program.
 
@@ -202,7 +203,7 @@ def check_program_on_first_call(step_fn: Callable,
   source locations) and compares a hash of it across processes; later calls
   go straight through.
   """
-  if job is None or job.process_count == 1:
+  if client is None or client.process_count == 1:
     return step_fn
   agreed = []
 
@@ -210,7 +211,7 @@ def check_program_on_first_call(step_fn: Callable,
     if not agreed:
       started = time.perf_counter()
       text = step_fn.lower(*args).as_text(debug_info=False)
-      agree(job, {'program.train_step': hashlib.sha256(
+      agree(client, {'program.train_step': hashlib.sha256(
           text.encode()).hexdigest()[:16]}, 'program')
       agreed.append(time.perf_counter() - started)
       logging.info('the step program, lowered and compared in %.2f s',

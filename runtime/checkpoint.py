@@ -61,26 +61,26 @@ def check_shared(path: str) -> None:
     CheckpointError: naming the processes that cannot see the marker.
     coordination.BarrierTimeout: naming the processes that did not answer.
   """
-  job = coordination.current()
-  if job is None or job.process_count == 1:
+  client = coordination.current()
+  if client is None or client.process_count == 1:
     return
   name = f'podrun/shared_check/{_next_check_number()}'
   # epath, as orbax uses, so that gs:// and other remote paths work too.
   markers = epath.Path(path) / _SHARED_CHECK_DIR
-  token = job.from_0(f'{name}/token', lambda: _write_marker(markers))
+  token = client.from_0(f'{name}/token', lambda: _write_marker(markers))
   marker = markers / token
   try:
     sees = marker.read_text() == token
   except (OSError, FileNotFoundError):
     sees = False
-  seen = job.exchange(f'{name}/sees', '1' if sees else '0')
-  if job.process_index == 0:
+  seen = client.exchange(f'{name}/sees', '1' if sees else '0')
+  if client.process_index == 0:
     marker.unlink()
   blind = sorted(rank for rank, v in seen.items() if v != '1')
   if blind:
     raise CheckpointError(
         f'the checkpoint directory {path} is not shared: process(es) '
-        f'{blind} of {job.process_count} cannot see the file {marker} that '
+        f'{blind} of {client.process_count} cannot see the file {marker} that '
         'process 0 wrote there. Every process of a multi-process job must '
         'write to the same storage: use a shared file system or a bucket '
         '(for example --config.checkpoint_dir=gs://BUCKET/RUN/checkpoints on '

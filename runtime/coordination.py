@@ -15,10 +15,10 @@ other's). Values published per process sit under `PREFIX/<process index>`,
 read back with `by_rank`.
 
 Example:
-  >>> job = coordination.current()          # None without jax.distributed
-  >>> job.set('podrun/x', 'hello')          # False when the key exists
-  >>> job.barrier('podrun/saved', timeout_s=60)
-  >>> job.decide_on_0('podrun/agree', digest, lambda by_rank: 'ok')
+  >>> client = coordination.current()       # None without jax.distributed
+  >>> client.set('podrun/x', 'hello')       # False when the key exists
+  >>> client.barrier('podrun/saved', timeout_s=60)
+  >>> client.decide_on_0('podrun/agree', digest, lambda by_rank: 'ok')
 """
 
 import dataclasses

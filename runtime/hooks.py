@@ -324,9 +324,9 @@ class PreemptionAgreement(Hook):
           progress.working('preemption_save')):
       if self.checkpoints is not None:
         self.checkpoints.save_and_wait(run, 'preemption')
-      job = coordination.current()
-      if job is not None and job.process_count > 1:
-        job.barrier('podrun/preempted')
+      client = coordination.current()
+      if client is not None and client.process_count > 1:
+        client.barrier('podrun/preempted')
     raise preemption.Preempted(run.step)
 
   def end(self, run, error) -> None:

@@ -121,12 +121,12 @@ class CheckReplicas(hooks_lib.Periodic):
 
   def work(self, run) -> None:
     rows = checksums_by_device(run.state.params, run.parallelism)
-    job = coordination.current()
+    client = coordination.current()
     paths = leaf_paths(run.state.params)
-    if job is None or job.process_count == 1:
+    if client is None or client.process_count == 1:
       lines = outliers({(0, d): list(r) for d, r in enumerate(rows)}, paths)
     else:
-      lines = _gather(job, run.step, rows, paths, self._last_good)
+      lines = _gather(client, run.step, rows, paths, self._last_good)
     if lines:
       raise DivergedError(self._message(run.step, lines))
     self._last_good = run.step
@@ -144,7 +144,7 @@ class CheckReplicas(hooks_lib.Periodic):
             'a non-deterministic op, and resume from that checkpoint.')
 
 
-def _gather(job: coordination.Client, step: int, rows: np.ndarray,
+def _gather(client: coordination.Client, step: int, rows: np.ndarray,
             paths: list[str], previous: Optional[int]) -> list[str]:
   """Every process's rows to process 0; its verdict back to every process.
 
@@ -156,8 +156,8 @@ def _gather(job: coordination.Client, step: int, rows: np.ndarray,
                 for rank, text in published.items()
                 for device, row in enumerate(json.loads(text))}
     if previous is not None:
-      job.delete(f'{_KEY}/{previous}')
+      client.delete(f'{_KEY}/{previous}')
     return json.dumps(outliers(gathered, paths))
-  verdict = job.decide_on_0(f'{_KEY}/{step}', json.dumps(rows.tolist()),
+  verdict = client.decide_on_0(f'{_KEY}/{step}', json.dumps(rows.tolist()),
                             decide)
   return json.loads(verdict)

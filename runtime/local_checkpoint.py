@@ -99,11 +99,11 @@ def open_for(config: ConfigDict, persistent_dir: str
   """
   if not config.local_checkpoint_every:
     return None
-  job = coordination.current()
-  jid = (job_id(persistent_dir) if job is None else
-         job.from_0(_JOB_ID_KEY, lambda: job_id(persistent_dir)))
+  client = coordination.current()
+  jid = (job_id(persistent_dir) if client is None else
+         client.from_0(_JOB_ID_KEY, lambda: job_id(persistent_dir)))
   root = config.local_checkpoint_dir or default_root()
-  index = job.process_index if job is not None else 0
+  index = client.process_index if client is not None else 0
   return LocalCheckpoints(os.path.join(root, jid, f'rank_{index}'),
                           every=config.local_checkpoint_every,
                           keep=config.keep_local_checkpoints)

@@ -89,11 +89,11 @@ def plan(local_steps: dict[int, list[int]],
 def _exchange(local_steps: list[int], persistent_step: Optional[int]
               ) -> tuple[dict[int, list[int]], Optional[int]]:
   """Every process's local steps and process 0's persistent step."""
-  job = coordination.current()
-  if job is None or job.process_count == 1:
+  client = coordination.current()
+  if client is None or client.process_count == 1:
     return {0: local_steps}, persistent_step
   # Process 0's view of the persistent tier is the one that counts.
-  published = job.exchange(f'{_KEY}/steps', json.dumps(
+  published = client.exchange(f'{_KEY}/steps', json.dumps(
       {'local': local_steps, 'persistent': persistent_step}))
   everyone = {rank: json.loads(text) for rank, text in published.items()}
   return ({rank: v['local'] for rank, v in everyone.items()},

@@ -73,33 +73,33 @@ _FakeJob = memory_job.MemoryJob
 
 
 def test_a_silent_peer_is_declared_lost_and_everyone_exits_10():
-  job = _FakeJob(process_index=0, process_count=2)
+  client = _FakeJob(process_index=0, process_count=2)
   exited = []
   done = threading.Event()
   sup = supervisor.Supervisor(
-      job, supervisor.Options(heartbeat_timeout=1.5), host='h0',
+      client, supervisor.Options(heartbeat_timeout=1.5), host='h0',
       exit_process=lambda code: (exited.append(code), done.set()))
   sup.start()
   assert done.wait(10), 'rank 1 was never declared lost'
   sup.stop()
-  cause = peers.Cause.from_json(job.store[end_of_job.END_KEY])
+  cause = peers.Cause.from_json(client.store[end_of_job.END_KEY])
   assert (cause.kind, cause.rank) == ('lost', 1)
   assert exited == [exit_codes.PEER_FAILED]
 
 
 def test_the_own_watchdog_publishes_a_stall_and_dumps_stacks():
   progress.reset_for_tests()
-  job = _FakeJob(process_index=1, process_count=2)
+  client = _FakeJob(process_index=1, process_count=2)
   exited, dumped = [], []
   done = threading.Event()
   sup = supervisor.Supervisor(
-      job, supervisor.Options(first_step_timeout=1), host='h1',
+      client, supervisor.Options(first_step_timeout=1), host='h1',
       exit_process=lambda code: (exited.append(code), done.set()),
       dump_stacks=lambda: dumped.append(True))
   sup.start()
   assert done.wait(10)
   sup.stop()
-  cause = peers.Cause.from_json(job.store[end_of_job.END_KEY])
+  cause = peers.Cause.from_json(client.store[end_of_job.END_KEY])
   assert (cause.kind, cause.rank) == ('stalled', 1)
   assert 'no first step completed within 1 s' in cause.summary
   assert exited == [exit_codes.STALLED] and dumped == [True]
@@ -107,14 +107,14 @@ def test_the_own_watchdog_publishes_a_stall_and_dumps_stacks():
 
 @pytest.mark.parametrize('first_is_consequence', [True, False])
 def test_fail_keeps_its_code_unless_another_failed_first(first_is_consequence):
-  job = _FakeJob(process_index=1, process_count=2)
-  sup = supervisor.Supervisor(job, supervisor.Options(), host='h1')
+  client = _FakeJob(process_index=1, process_count=2)
+  sup = supervisor.Supervisor(client, supervisor.Options(), host='h1')
   if first_is_consequence:
-    job.set(end_of_job.END_KEY, peers.Cause(
+    client.set(end_of_job.END_KEY, peers.Cause(
         'failed', 0, 'h0', 7, 'SystemExit(7)').to_json())
     assert sup.fail(1, 'RuntimeError: x', may_be_consequence=True) == (
         exit_codes.PEER_FAILED)
   else:
     assert sup.fail(3, 'TopologyMismatchError: x',
                     may_be_consequence=False) == 3
-    assert peers.Cause.from_json(job.store[end_of_job.END_KEY]).code == 3
+    assert peers.Cause.from_json(client.store[end_of_job.END_KEY]).code == 3

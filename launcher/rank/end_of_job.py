@@ -31,18 +31,18 @@ _AFTER_ACKS_S = 0.2
 class EndOfJob:
   """One process's side of the end-of-job handshake."""
 
-  def __init__(self, job: Optional[coordination.Client]):
-    self.job = job
-    self.process_index = job.process_index if job else 0
+  def __init__(self, client: Optional[coordination.Client]):
+    self.client = client
+    self.process_index = client.process_index if client else 0
 
   def publish(self, cause: peers_lib.Cause) -> peers_lib.Cause:
     """Publishes `cause` unless another is there; returns the one that won."""
-    if self.job is None:
+    if self.client is None:
       return cause
     try:
-      if self.job.set(END_KEY, cause.to_json()):
+      if self.client.set(END_KEY, cause.to_json()):
         return cause
-      return peers_lib.Cause.from_json(self.job.get(END_KEY))
+      return peers_lib.Cause.from_json(self.client.get(END_KEY))
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('could not publish the end of the job (%s): %s',
                       cause.describe(), peers_lib.first_line(e))
@@ -55,7 +55,7 @@ class EndOfJob:
       Exception: whatever the coordination service raised: process 0 may
         be gone, which the caller judges by how long it has been silent.
     """
-    text = self.job.wait(END_KEY, timeout_s)
+    text = self.client.wait(END_KEY, timeout_s)
     return peers_lib.Cause.from_json(text) if text else None
 
   def wait(self, timeout_s: float) -> Optional[peers_lib.Cause]:
@@ -68,7 +68,7 @@ class EndOfJob:
   def ack(self) -> None:
     """Says that this process has seen the end."""
     try:
-      self.job.publish(ACK_DIR, '1')
+      self.client.publish(ACK_DIR, '1')
     except Exception:  # pylint: disable=broad-except
       pass
 
@@ -78,16 +78,16 @@ class EndOfJob:
     The process a failure or a loss names is not waited for: it is on its
     way out, or gone. (A stalled one ends like everyone else.)
     """
-    if self.process_index != 0 or self.job is None:
+    if self.process_index != 0 or self.client is None:
       return
-    expected = set(range(1, self.job.process_count))
+    expected = set(range(1, self.client.process_count))
     if cause is not None and cause.kind in ('failed', 'lost'):
       expected.discard(cause.rank)
     waited_for = bool(expected)
     deadline = time.monotonic() + _ACK_WAIT_S
     while expected and time.monotonic() < deadline:
       try:
-        expected -= set(self.job.by_rank(ACK_DIR))
+        expected -= set(self.client.by_rank(ACK_DIR))
       except Exception:  # pylint: disable=broad-except
         return
       time.sleep(0.02)

@@ -237,7 +237,7 @@ def job_id() -> str:
   return uuid.uuid4().hex
 
 
-def take(directories: list[str], job: Optional[coordination.Client],
+def take(directories: list[str], client: Optional[coordination.Client],
          stale_after_s: float, on_lost: Callable[[str], None],
          timeout_s: float) -> Optional[Lease]:
   """Process 0 leases `directories` for the job; every process learns how
@@ -245,7 +245,7 @@ def take(directories: list[str], job: Optional[coordination.Client],
 
   Args:
     directories: the workdir and the checkpoint directory.
-    job: the coordination service, None for a single process.
+    client: the coordination service, None for a single process.
     stale_after_s: --lease_timeout.
     on_lost: called with a message when the lease is taken from this job.
     timeout_s: how long the others wait for process 0's answer.
@@ -268,8 +268,8 @@ def take(directories: list[str], job: Optional[coordination.Client],
       return str(e)
     taken.append(lease)
     return 'ok'
-  answer = acquire() if job is None else job.from_0('podrun/lease', acquire,
-                                                    timeout_s)
+  answer = acquire() if client is None else client.from_0(
+      'podrun/lease', acquire, timeout_s)
   if answer != 'ok':
     raise WorkdirBusyError(answer)
   return taken[0] if taken else None

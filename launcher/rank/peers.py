@@ -78,9 +78,9 @@ class Peers:
     >>> peers.find_lost(time.monotonic())     # on process 0
   """
 
-  def __init__(self, job: coordination.Client, host: str,
+  def __init__(self, client: coordination.Client, host: str,
                heartbeat_timeout: float):
-    self.job, self.host = job, host
+    self.client, self.host = client, host
     self.heartbeat_timeout = heartbeat_timeout
     self.last_change: dict[int, tuple[int, float]] = {}
     self.last_check = None
@@ -94,13 +94,13 @@ class Peers:
               'own': progress.summarize(snapshot.own_seconds),
               'supervisor_cpu_s': supervisor_cpu_s}
     try:
-      self.job.publish(BEAT_DIR, json.dumps(record))
+      self.client.publish(BEAT_DIR, json.dumps(record))
     except Exception:  # pylint: disable=broad-except
       pass  # The supervisor notices a coordinator that stays silent.
 
   def records(self) -> dict[int, dict[str, Any]]:
     return {rank: json.loads(value) for rank, value
-            in self.job.by_rank(BEAT_DIR).items()}
+            in self.client.by_rank(BEAT_DIR).items()}
 
   def find_lost(self, now: float) -> Optional[Cause]:
     starved_after = max(self.heartbeat_timeout / 2, 3 * BEAT_EVERY_S)
@@ -112,7 +112,7 @@ class Peers:
       records = self.records()
     except Exception:  # pylint: disable=broad-except
       return None
-    for rank in range(1, self.job.process_count):
+    for rank in range(1, self.client.process_count):
       record = records.get(rank, {'beat': None, 'host': '?'})
       seen = self.last_change.get(rank)
       if seen is None or seen[0] != record['beat']:
@@ -142,7 +142,7 @@ class Peers:
       records = self.records()
     except Exception as e:  # pylint: disable=broad-except
       return f'the laggards are unknown: {first_line(e)}'
-    return describe_laggards(records, self.job.process_count)
+    return describe_laggards(records, self.client.process_count)
 
 
 def describe_laggards(records: dict[int, dict[str, Any]],
@@ -218,16 +218,16 @@ def straggler_warnings(records: dict[int, dict[str, Any]]
   return out
 
 
-def rank_stats(job: Optional[coordination.Client]) -> list[dict[str, Any]]:
+def rank_stats(client: Optional[coordination.Client]) -> list[dict[str, Any]]:
   """Each process's step-time median and p99, for summary.json."""
-  if job is None:
+  if client is None:
     snapshot = progress.snapshot()
     records = {0: {'host': socket.gethostname(),
                    'step': progress.summarize(snapshot.step_seconds),
                    'own': progress.summarize(snapshot.own_seconds)}}
   else:
     records = {rank: json.loads(v)
-               for rank, v in job.by_rank(BEAT_DIR).items()}
+               for rank, v in client.by_rank(BEAT_DIR).items()}
   return [{'rank': r, 'host': rec.get('host'),
            'step_time_median_s': rec.get('step', {}).get('median'),
            'step_time_p99_s': rec.get('step', {}).get('p99'),

@@ -131,7 +131,7 @@ def _take_lease(config: ConfigDict, workdir: str, options: Options,
   if config.get('checkpointing', True):
     directories.append(checkpoint.directory(config, workdir))
   return lease_lib.take(
-      directories, supervisor.job, options.lease_timeout,
+      directories, supervisor.client, options.lease_timeout,
       lambda m: supervisor.abort(exit_codes.WORKDIR_BUSY, m),
       options.supervision.barrier_timeout)
 
@@ -145,7 +145,7 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
   running.supervisor.start()
   actual = topology.current()
   running.supervisor.learn_in(workdir)
-  summary.open_ledger(running.ledger, workdir, running.supervisor.job,
+  summary.open_ledger(running.ledger, workdir, running.supervisor.client,
                       actual.process_index)
   compilation.use_cache(options.compilation_cache_dir, workdir)
   topology.check(expected, actual)

@@ -25,24 +25,25 @@ from runtime import coordination
 from runtime import topology
 
 
-def attempt_name(job: Optional[coordination.Client]) -> str:
+def attempt_name(client: Optional[coordination.Client]) -> str:
   """One name for this attempt on every process: the launcher's, else made
   by process 0 and shared through the coordination service."""
   if os.environ.get(env_vars.ATTEMPT):
     return os.environ[env_vars.ATTEMPT]
   made = time.strftime('%Y%m%d-%H%M%S-', time.gmtime()) + uuid.uuid4().hex[:8]
-  if job is None:
+  if client is None:
     return made
   try:
-    return job.from_0('podrun/attempt', lambda: made)
+    return client.from_0('podrun/attempt', lambda: made)
   except coordination.BarrierTimeout:
     return made  # Process 0 is late: the ledgers still get a folder.
 
 
 def open_ledger(ledger: goodput.Ledger, workdir: str,
-                 job: Optional[coordination.Client], process_index: int) -> None:
+                client: Optional[coordination.Client],
+                process_index: int) -> None:
   """Starts writing this process's goodput ledger and counting compilation."""
-  goodput.open_ledger(ledger, workdir, attempt_name(job), process_index)
+  goodput.open_ledger(ledger, workdir, attempt_name(client), process_index)
   compilation.count_into(ledger)
 
 
@@ -76,11 +77,11 @@ def finish(config: ConfigDict, workdir: str, actual: topology.Topology,
   """Waits (bounded) for every process, then process 0 writes summary.json."""
   supervisor.finishing()
   supervisor.publish_final()
-  if supervisor.job is not None:
-    supervisor.job.barrier('podrun/end_of_run')
+  if supervisor.client is not None:
+    supervisor.client.barrier('podrun/end_of_run')
   ledger.flush(final=True)
   if actual.process_index == 0:
-    ranks = (peers_lib.rank_stats(supervisor.job)
+    ranks = (peers_lib.rank_stats(supervisor.client)
              if supervisor.options.enabled else [])
     record = summary(config, actual, results, ranks)
     record['goodput'] = goodput.summary(goodput.write_rollup(workdir))

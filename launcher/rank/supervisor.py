@@ -115,14 +115,14 @@ class Supervisor:
     >>> supervisor.stop()
   """
 
-  def __init__(self, job: Optional[coordination.Client], options: Options,
+  def __init__(self, client: Optional[coordination.Client], options: Options,
                host: Optional[str] = None,
                exit_process: Callable[[int], None] = flush_and_exit,
                dump_stacks: Optional[Callable[[], None]] = None):
-    self.job = job
+    self.client = client
     self.options = options
     self.host = host or socket.gethostname()
-    self.process_index = job.process_index if job else 0
+    self.process_index = client.process_index if client else 0
     self._exit_process = exit_process
     self._dump_stacks = dump_stacks or (
         lambda: faulthandler.dump_traceback(sys.stderr, all_threads=True))
@@ -133,11 +133,11 @@ class Supervisor:
     self._beats = 0
     self.cpu_s = 0.0
     self._last_contact = time.monotonic()
-    self._peers = peers_lib.Peers(job, self.host, options.heartbeat_timeout)
-    self._end = end_of_job.EndOfJob(job)
+    self._peers = peers_lib.Peers(client, self.host, options.heartbeat_timeout)
+    self._end = end_of_job.EndOfJob(client)
     self._stall = stall.StallWatch(
         self.process_index, self.host, options.stall_timeout,
-        options.first_step_timeout, _stall_floor(job, options),
+        options.first_step_timeout, _stall_floor(client, options),
         options.learned_stall_deadline)
 
   def start(self) -> None:
@@ -169,7 +169,7 @@ class Supervisor:
 
   def publish_final(self) -> None:
     """Publishes this process's last step times, for summary.json."""
-    if self.job is not None and self.options.enabled:
+    if self.client is not None and self.options.enabled:
       self._beat(progress.snapshot())
 
   def stop(self) -> None:
@@ -192,13 +192,13 @@ class Supervisor:
         found = self._check(now)
         if found is not None:
           won = self.publish(found)
-          if self.job is None:  # Nobody to tell: end here.
+          if self.client is None:  # Nobody to tell: end here.
             self._end_for(won)
             return
 
   def _poll_end(self) -> Optional[peers_lib.Cause]:
     """The job's end if published; a 'lost' cause for a silent coordinator."""
-    if self.job is None:
+    if self.client is None:
       self._stop.wait(_TICK_S)
       return None
     try:
@@ -223,11 +223,11 @@ class Supervisor:
     """The once-a-second duties; returns a cause to publish, if any."""
     snapshot = progress.snapshot()
     self.cpu_s = time.thread_time()  # What watching has cost this process.
-    if self.job is not None:
+    if self.client is not None:
       self._beat(snapshot)
     if not self._watching_steps:
       return None
-    if self.process_index == 0 and self.job is not None:
+    if self.process_index == 0 and self.client is not None:
       lost = self._peers.find_lost(now)
       if lost is not None:
         return lost
@@ -253,7 +253,7 @@ class Supervisor:
     Returns:
       `code`, or exit_codes.PEER_FAILED when another process failed first.
     """
-    if self.job is None or not self.options.enabled:
+    if self.client is None or not self.options.enabled:
       return code
     self._ending.acquire()  # The watcher no longer ends this process.
     if may_be_consequence:
@@ -289,7 +289,7 @@ class Supervisor:
       code = exit_codes.STALLED
       self._dump_stacks()
       laggards = 'A single process'
-      if self.job is not None:
+      if self.client is not None:
         # Let every process publish its state first.
         time.sleep(peers_lib.BEAT_EVERY_S * 1.5)
         laggards = self._peers.describe_laggards()
@@ -311,11 +311,12 @@ class Supervisor:
     self._exit_process(code)
 
 
-def _stall_floor(job: Optional[coordination.Client], options: Options) -> float:
+def _stall_floor(client: Optional[coordination.Client],
+                 options: Options) -> float:
   """--stall_floor, and with peers never below --heartbeat_timeout + 2
   beats: a process that died is then named lost, with the ack wait that
   skips it, before its peers' steps are taken for stalled."""
-  if job is None or job.process_count == 1:
+  if client is None or client.process_count == 1:
     return options.stall_floor
   return max(options.stall_floor,
              options.heartbeat_timeout + 2 * peers_lib.BEAT_EVERY_S)
