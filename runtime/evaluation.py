@@ -17,6 +17,7 @@ import jax
 from jax import lax
 import numpy as np
 
+from runtime.common import exit_codes
 from runtime import data as data_lib
 from runtime import parallelism as parallelism_lib
 
@@ -67,11 +68,33 @@ def make_eval_step(metric_fn: MetricFn,
   """
   def step(params, batch, mask):
     values = metric_fn(params, batch)
+    _check_per_example(values, mask.shape[0])
     sums = {k: _sum(v * mask) for k, v in values.items()}
     sums['num_examples'] = _sum(mask)
     return lax.psum(sums, parallelism_lib.DATA_AXIS)
 
   return parallelism.map(step, in_axes=(None, 0, 0), out_axes=None)
+
+
+class MetricShapeError(exit_codes.ConfigError):
+  """A metric_fn returned something other than one value per example."""
+
+
+def _check_per_example(values: Any, n: int) -> None:
+  """Refuses, at trace time, any metric that is not of shape (n,): a mean
+  would be weighted by batches, not examples, and counted with the padding."""
+  if not isinstance(values, dict):
+    raise MetricShapeError(
+        f'metric_fn returned a {type(values).__name__}; it must return '
+        f'{{name: per-example values of shape ({n},)}}')
+  for name, value in sorted(values.items()):
+    shape = tuple(getattr(value, 'shape', ()))
+    if shape != (n,):
+      raise MetricShapeError(
+          f'metric_fn\'s {name!r} has shape {shape}; it must hold one value '
+          f'per example of the device\'s batch, shape ({n},), not a mean: '
+          'the last batch is padded, and only per-example values can leave '
+          'the padding out.')
 
 
 def _sum(x):

@@ -86,9 +86,47 @@ def check_loss_fn(loss_fn: LossFn, uses_rng: bool,
         f'{loss_fn_signatures()}.')
 
 
+def _describe_output(value: Any) -> str:
+  if isinstance(value, tuple):
+    return f'a tuple of {len(value)}'
+  shape = getattr(value, 'shape', None)
+  if shape is not None:
+    return f'an array of shape {tuple(shape)}'
+  return f'a {type(value).__name__}'
+
+
+def _checked_output(loss_fn: LossFn, has_model_state: bool) -> LossFn:
+  """loss_fn, refusing at trace time an output of another form than
+  (loss, metrics), or (loss, (metrics, new_model_state)), with a scalar loss.
+
+  Without this a bare loss fails deep inside JAX's value_and_grad.
+  """
+  want = ('(loss, (metrics, new_model_state))' if has_model_state else
+          '(loss, metrics)')
+
+  def refuse(got: str):
+    raise exit_codes.ConfigError(
+        f'loss_fn returned {got}; it must return {want} with a scalar loss '
+        'and a dict of scalar metrics ({} for none). The signatures: '
+        f'{loss_fn_signatures()}.')
+
+  def checked(*args):
+    out = loss_fn(*args)
+    if not isinstance(out, tuple) or len(out) != 2:
+      refuse(_describe_output(out))
+    if tuple(getattr(out[0], 'shape', ())) != ():
+      refuse(f'a loss of shape {tuple(out[0].shape)}')
+    aux = out[1]
+    if has_model_state and (not isinstance(aux, tuple) or len(aux) != 2):
+      refuse(f'(loss, {_describe_output(aux)})')
+    return out
+  return checked
+
+
 def _loss_and_grads(loss_fn: LossFn, state: TrainState, batch: Any,
                     extra: tuple, has_model_state: bool):
   """(loss, metrics, new model_state, grads) of one device's batch."""
+  loss_fn = _checked_output(loss_fn, has_model_state)
   if not has_model_state:
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         state.params, batch, *extra)

@@ -87,9 +87,32 @@ def _describe_argument(leaf: Any) -> str:
   return f'{text} {sharding}' if sharding is not None else text
 
 
-def _arguments(args: tuple) -> dict[str, str]:
+def _arguments(args: Any) -> dict[str, str]:
   return {jax.tree_util.keystr(path): _describe_argument(leaf)
           for path, leaf in jax.tree_util.tree_leaves_with_path(args)}
+
+
+class _Leaf:
+  """What a compilation depends on of one argument, without its buffer."""
+  __slots__ = ('shape', 'dtype', 'weak_type', 'sharding')
+
+  def __init__(self, leaf: Any):
+    self.shape = getattr(leaf, 'shape', np.shape(leaf))
+    self.dtype = getattr(leaf, 'dtype', None)
+    self.weak_type = getattr(leaf, 'weak_type', False)
+    self.sharding = getattr(leaf, 'sharding', None)
+
+
+def _signature(args: tuple) -> tuple[Any, list[_Leaf]]:
+  """The arguments' tree and leaves' signatures: holds no array alive (one
+  batch more on the accelerator otherwise)."""
+  leaves, treedef = jax.tree_util.tree_flatten(args)
+  return treedef, [_Leaf(leaf) for leaf in leaves]
+
+
+def _described(signature: tuple[Any, list[_Leaf]]) -> dict[str, str]:
+  treedef, leaves = signature
+  return _arguments(jax.tree_util.tree_unflatten(treedef, leaves))
 
 
 class RecompileWatch:
@@ -119,13 +142,13 @@ class RecompileWatch:
     if self._calls > 2 and not self.warned and compiled:
       self.warned = True
       logging.warning('%s', self._message(args))
-    self._previous = args
+    self._previous = _signature(args)
     return out
 
   def _message(self, args: tuple) -> str:
     changed = [f'{path}: {was} -> {now}' for path, was, now in
-               mappings.changes(_arguments(self._previous), _arguments(args),
-                                _MISSING)]
+               mappings.changes(_described(self._previous),
+                                _arguments(args), _MISSING)]
     what = ('; '.join(changed[:5]) + (f'; and {len(changed) - 5} more'
                                       if len(changed) > 5 else '')
             if changed else 'no argument changed its shape, dtype or '

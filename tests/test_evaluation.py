@@ -69,3 +69,22 @@ def test_mnist_learns_generated_digits(tmp_path):
   assert result.eval_metrics['eval_num_examples'] == 1001
   # Chance is 0.1.
   assert result.eval_metrics['eval_accuracy'] > 0.9, result.eval_metrics
+
+
+def test_a_metric_that_is_a_mean_is_refused_naming_it(tmp_path):
+  # 1001 examples in batches of 80: a mean per batch would be weighted by
+  # batches and count the padding; only per-example values are exact.
+  mnist.write_synthetic(str(tmp_path), num_train=16, num_test=1001)
+  data = mnist.load(str(tmp_path))
+  config = mnist_config.get_config()
+  config.model.hidden_sizes = (8,)
+  params = parallelism.PMAP.replicate(mnist.init_params(config, 784))
+
+  def means(params_, batch):
+    per_example = mnist.example_metrics(params_, batch)
+    return {'accuracy': per_example['accuracy'],
+            'loss': per_example['loss'].mean()}
+  with pytest.raises(evaluation.MetricShapeError,
+                     match=r"'loss' has shape \(\); .* shape \(10,\)"):
+    evaluation.evaluate(params, means, mnist.sources(data)['test'], 80,
+                        parallelism.PMAP)

@@ -1,5 +1,8 @@
 """Trees that must keep their structure: named at trace time, before a step."""
 
+import gc
+import weakref
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -82,3 +85,13 @@ def test_a_loss_fn_of_the_wrong_arity_names_the_signatures():
   # With the rng asked for, it is accepted.
   step_lib.make_train_step(loss_fn, optax.sgd(0.1), parallelism.PMAP,
                            uses_rng=True)
+
+
+def test_the_recompile_watch_keeps_no_argument_alive():
+  watched = structure.RecompileWatch(jax.jit(lambda x: x * 2))
+  x = np.ones(5, np.float32)
+  alive = weakref.ref(x)
+  watched(x)
+  del x
+  gc.collect()
+  assert alive() is None  # Only its signature stays, for the warning.

@@ -3,8 +3,10 @@
 import dataclasses
 import json
 import os
+import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from configs import mlp as mlp_config
 from runtime import data
 from runtime import fingerprint
 from runtime import training
+from runtime.common import exit_codes
 from runtime.workloads import linear_regression
 from runtime.workloads import mlp
 from tests.reference import single_device_descent
@@ -101,3 +104,24 @@ def test_indivisible_batch_is_refused(tmp_path):
   with pytest.raises(ValueError, match='global batch size 100'):
     training.train(config, str(tmp_path), task)
   assert not os.path.exists(tmp_path / 'metrics.jsonl')
+
+
+@pytest.mark.parametrize('returned, what', [
+    (lambda loss: loss, 'an array of shape ()'),
+    (lambda loss: (loss, {}, {}), 'a tuple of 3'),
+    (lambda loss: (loss * jnp.ones(2), {}), 'a loss of shape (2,)'),
+])
+def test_a_loss_fn_of_another_output_is_refused_before_step_1(
+    tmp_path, returned, what):
+  config = linear_regression_config.get_config()
+  config.steps = 3
+  task, _ = linear_regression.make_task(config)
+
+  def loss_fn(params, batch):
+    loss, _ = linear_regression.loss_fn(params, batch)
+    return returned(loss)
+  with pytest.raises(exit_codes.ConfigError,
+                     match=re.escape(f'loss_fn returned {what}; it must '
+                                     'return (loss, metrics)')):
+    training.train(config, str(tmp_path),
+                   dataclasses.replace(task, loss_fn=loss_fn))
