@@ -108,20 +108,22 @@ def _say(message: str) -> None:
   print(f'[launcher] {message}', file=sys.stderr, flush=True)
 
 
-def _sleep_unless_signalled(seconds: float) -> bool:
-  """Sleeps; returns False when SIGINT or SIGTERM came meanwhile."""
+def _sleep_unless_signalled(seconds: float) -> Optional[int]:
+  """Sleeps; returns the SIGINT or SIGTERM that came meanwhile, if one did."""
   signalled = []
   with signals.handled((signal.SIGINT, signal.SIGTERM),
                        lambda n, f: signalled.append(n)):
     deadline = time.monotonic() + seconds
     while not signalled and time.monotonic() < deadline:
       time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-  return not signalled
+  return signalled[0] if signalled else None
 
 
 def run(start_pod: Callable[[int], Attempt], max_restarts: int,
         first_backoff_s: float, retryable: tuple[int, ...],
-        logs_dir: str, say: Callable[[str], None] = _say) -> int:
+        logs_dir: str, say: Callable[[str], None] = _say,
+        on_signal: Optional[Callable[[int], None]] = None,
+        pending_signal: Callable[[], Optional[int]] = lambda: None) -> int:
   """Runs pods until one ends for good; returns the last one's exit code.
 
   Args:
@@ -131,9 +133,14 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
     retryable: exit codes besides PREEMPTED that are retried.
     logs_dir: where attempts.jsonl records each attempt's end.
     say: how to tell the user.
+    on_signal: told of a SIGINT or SIGTERM that comes during a back-off,
+      so that the caller ends the launch as that signal does elsewhere
+      (the TPU driver deletes what it created).
+    pending_signal: a signal the caller already got between attempts.
 
   A pod whose launcher itself got SIGINT or SIGTERM is not restarted: that
-  stop came from whoever runs the launcher.
+  stop came from whoever runs the launcher. A signal during a back-off ends
+  the launch with 128 + its number.
   """
   tally = Tally()
   attempt = 1
@@ -171,8 +178,13 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
     say(f'restart {tally.restarts}/{max_restarts} after {what} in {wait:g} '
          f's; so far {tally.preemptions} preemption(s) and {tally.failures} '
          'retryable failure(s)')
-    if not _sleep_unless_signalled(wait):
-      say('stopped while waiting to restart')
+    signalled = pending_signal() or _sleep_unless_signalled(wait)
+    if signalled:
+      say(f'got {signal.Signals(signalled).name} while waiting to restart: '
+          'not restarting')
+      if on_signal is not None:
+        on_signal(signalled)
+      code = exit_codes.SIGNAL_BASE + signalled
       break
     attempt += 1
   if max_restarts:

@@ -4,6 +4,7 @@
 #
 #   scripts/launch_tpu_pod.sh --tpu=NAME --zone=ZONE [--project=PROJECT]
 #       [--workdir=DIR] [--env KEY=VALUE ...] [--max_restarts=N]
+#       [--restart_backoff=SECONDS]
 #       [--retry_exit_codes=C,...] [--wait_healthy=SECONDS]
 #       [--stop_grace=SECONDS] [--orphan_timeout=SECONDS]
 #       [--worker_python=PATH] [--provision_python] [--log_dir=DIR]
@@ -66,7 +67,10 @@
 #    code) is launched again; a slice this launch created that is lost
 #    (node PREEMPTED, queued resource SUSPENDED or FAILED; read every
 #    --poll_interval seconds) is deleted and created again under its name
-#    first. The job resumes from its checkpoint.
+#    first. The job resumes from its checkpoint. Attempts that fail in a
+#    row without progress wait --restart_backoff seconds (default 1),
+#    doubled each time; Ctrl-C or SIGTERM during that wait ends the launch
+#    as it does anywhere else (what it created deleted, exit 130/143).
 #
 # A multi-host job needs storage every worker shares for its checkpoints:
 # --config.checkpoint_dir=gs://... (or --config.checkpointing=False).

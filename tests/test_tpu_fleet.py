@@ -297,6 +297,9 @@ def test_three_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup):
         tmp_path / 'straight'), 'the resumed job trained other bits'
   assert helpers.read_json(workdir / 'ranks' / 'rank_0.json')[
       'start_step'] >= 36  # It resumed, not started over.
+  # gcloud's delete returns once the resource is gone; the emulated
+  # service's clock records 'deleted' a tick later.
+  helpers.wait_for(lambda: len(fleet.events()) >= 15, 10)
   events = fleet.events()
   assert [e['event'] for e in events] == [
       'created', 'preempted', 'delete', 'deleted'] * 3 + [
@@ -374,3 +377,32 @@ def test_a_job_that_does_not_span_every_slice_stops_with_3(tmp_path,
               'scripts/launch_tpu_pod.sh --num_slices=2') in fleet.log(w)
              for w in range(4)), fleet.log(0)[-3000:]
   assert fleet.queued_resources() == []
+
+
+def test_a_signal_during_the_restart_back_off_deletes_what_was_created(
+    tmp_path, cleanup):
+  fleet = _fleet(tmp_path)
+  cleanup(fleet)
+  failing = tmp_path / 'fail_now'
+  failing.write_text('')  # Process 0 fails at its first step, exit 7.
+  proc = fleet.start(*CREATE, '--max_restarts=3', '--retry_exit_codes=7',
+                     '--restart_backoff=120', '--',
+                     '--standin.fail_process=0',
+                     f'--standin.fail_when={failing}', standin=True)
+  attempts = fleet.logs / 'attempts.jsonl'
+  if not helpers.wait_for(attempts.exists, 120):
+    helpers.kill_group(proc)
+    raise AssertionError('the first attempt never ended')
+  started = time.monotonic()
+  os.kill(proc.pid, signal.SIGTERM)  # Inside the 120 s back-off.
+  try:
+    result = helpers.finish(proc, 60, started)
+  finally:
+    helpers.kill_group(proc)
+  assert result.returncode == 128 + signal.SIGTERM, result.output
+  assert 'retryable exit code 7 in 60 s' in result.stderr  # At most 60.
+  assert 'got SIGTERM while waiting to restart: not restarting' in (
+      result.stderr)
+  assert f'got SIGTERM: deleting queued resource {NAME}' in result.stderr
+  assert fleet.queued_resources() == []
+  assert len(helpers.read_jsonl(attempts)) == 1  # No second attempt.

@@ -303,8 +303,11 @@ def _run(launch: Launch, retryable: tuple[int, ...]) -> int:
   launch.stop_if_interrupted()
   return restart.run(lambda number: attempt_lib.Attempt(launch, number),
                      max_restarts=launch.options.max_restarts,
-                     first_backoff_s=1.0, retryable=retryable,
-                     logs_dir=launch.log_dir, say=launch.say)
+                     first_backoff_s=launch.options.restart_backoff,
+                     retryable=retryable, logs_dir=launch.log_dir,
+                     say=launch.say,
+                     on_signal=lambda signum: launch.on_signal(signum, None),
+                     pending_signal=lambda: (launch.signals or [None])[0])
 
 
 def _clean_up(launch: Launch, code: int) -> None:

@@ -23,6 +23,7 @@ def _parser() -> argparse.ArgumentParser:
   add('--env', action='append', default=[])
   add('--max_restarts', type=int, default=0)
   add('--retry_exit_codes', default='')
+  add('--restart_backoff', type=float, default=1.0)
   add('--wait_healthy', type=float, default=600)
   add('--stop_grace', type=float, default=60)
   add('--orphan_timeout', type=float, default=30)
