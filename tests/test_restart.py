@@ -1,5 +1,10 @@
 """The restart policy: what is retried, how it is counted, how long it waits."""
 
+import os
+import signal
+import threading
+import time
+
 import pytest
 
 from launcher import restart
@@ -75,7 +80,7 @@ def test_a_signalled_launcher_is_not_restarted(tmp_path):
 def test_only_failures_without_progress_back_off(tmp_path, monkeypatch):
   waits = []
   monkeypatch.setattr(restart, '_sleep_unless_signalled',
-                      lambda s: waits.append(s) or True)
+                      lambda s: waits.append(s) or None)  # No signal.
   progressed = iter([True, False, False, True, False])
 
   def start(attempt):
@@ -89,3 +94,30 @@ def test_only_failures_without_progress_back_off(tmp_path, monkeypatch):
   # step; at once after an attempt that trained, and 1 s after one more
   # that did not.
   assert waits == [0, 1, 2, 0, 1]
+
+
+def test_a_signal_during_the_back_off_ends_the_run_with_128_plus_n(
+    tmp_path, capsys):
+  started, told = [], []
+
+  def start(attempt):
+    started.append(attempt)
+    if attempt == 1:  # SIGTERM arrives while the launcher waits 30 s.
+      threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    return _FakePod(137)
+  began = time.monotonic()
+  code = restart.run(start, max_restarts=3, first_backoff_s=30,
+                     retryable=(137,), logs_dir=str(tmp_path),
+                     on_signal=told.append)
+  assert code == 128 + signal.SIGTERM and told == [signal.SIGTERM]
+  assert started == [1]  # Not restarted.
+  assert time.monotonic() - began < 25  # Generous: the back-off was 30 s.
+  assert 'got SIGTERM while waiting to restart' in capsys.readouterr().err
+
+
+def test_a_signal_the_caller_already_got_is_not_slept_through(tmp_path):
+  code = restart.run(lambda attempt: _FakePod(137), max_restarts=3,
+                     first_backoff_s=30, retryable=(137,),
+                     logs_dir=str(tmp_path),
+                     pending_signal=lambda: signal.SIGINT)
+  assert code == 128 + signal.SIGINT
