@@ -68,14 +68,14 @@ _STALL_TIMEOUT = flags.DEFINE_float(
     'the learned deadline (--learned_stall_deadline).')
 _LEARNED_STALL_DEADLINE = flags.DEFINE_bool(
     'learned_stall_deadline', True,
-    'Every rank: after 20 steps, end the job as stalled sooner than '
-    '--stall_timeout when no step completes within a deadline learned from '
-    'the run\'s own pace: max(--stall_floor, 10 x the p99 interval between '
-    'steps, 3 x the longest interval or compilation seen), allowing 3 x the '
-    'longest '
-    'save or evaluation seen while one runs (launcher/rank/stall.py). Kept '
-    'in WORKDIR/stall for the next attempt. False: --stall_timeout is the '
-    'deadline.')
+    'Every rank: end the job as stalled sooner than --stall_timeout when no '
+    'step completes within a deadline bounded by the run\'s own pace: in '
+    'the first 20 steps max(--stall_floor, 3 x the longest of the first '
+    'step, a step or a compilation seen), then max(--stall_floor, 10 x the '
+    'p99 interval between steps, 3 x the longest interval or compilation '
+    'seen), allowing 3 x the longest save or evaluation seen while one runs '
+    '(launcher/rank/stall.py). Kept in WORKDIR/stall for the next attempt. '
+    'False: --stall_timeout is the deadline.')
 _STALL_FLOOR = flags.DEFINE_float(
     'stall_floor', 10,
     'Every rank: the shortest deadline --learned_stall_deadline may learn, '

@@ -96,6 +96,24 @@ def test_a_hung_input_stops_every_rank_with_stacks_and_names_it(tmp_path):
   assert 'the job stalled' in laggards
 
 
+@pytest.mark.parametrize('step', [2, 10])
+def test_a_hang_in_the_first_steps_is_named_with_default_flags(tmp_path, step):
+  # Before 20 steps there is no learned pace yet; the warm-up's deadline,
+  # bounded by the first step and the compilation seen, names the hang
+  # long before the 600 s of --stall_timeout (this test's wait is 120 s).
+  with cluster.Cluster(tmp_path, 2, [PROBE, LONG, NO_CKPT,
+                                     '--config.fail_rank=1',
+                                     f'--config.fail_step={step}',
+                                     '--config.fail_mode=hang']) as job:
+    exits = job.wait(timeout=120)
+  for rank in (0, 1):
+    assert exits[rank].code == exit_codes.STALLED, exits[rank].output
+  stalled = helpers.first_line_with(exits[0].output, 'the job stalled')
+  assert stalled is not None and 'warm-up' in stalled, exits[0].output
+  assert f'after step {step} ' in (exits[0].output + exits[1].output)
+  assert 'laggards: rank 1 on' in exits[0].output, exits[0].output
+
+
 def test_a_hang_before_the_first_step(tmp_path):
   with cluster.Cluster(tmp_path, 2, [PROBE, LONG, NO_CKPT,
                                      '--config.fail_rank=1',

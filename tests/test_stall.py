@@ -18,10 +18,19 @@ def _snapshot(steps, work=None, working=None, done_at=100.0,
       learned=progress.Learned(list(steps), dict(work or {})))
 
 
-def test_the_ceiling_holds_until_the_warm_up_is_over():
+def test_the_warm_up_is_bounded_by_what_the_run_has_shown():
+  # 19 fast steps and a 2 s first step: the floor.
   limit, idle, why = stall.deadline(
-      _snapshot([0.025] * (stall.WARMUP_STEPS - 1)), 600, now=130.0)
-  assert (limit, idle) == (600, 30.0) and why == '--stall_timeout=600'
+      _snapshot([0.025] * (stall.WARMUP_STEPS - 1)), 600, now=130.0,
+      first_step_s=2.0)
+  assert (limit, idle) == (stall.FLOOR_S, 30.0) and why.startswith('warm-up')
+  # A 40 s compilation, or a 50 s first step: 3 x that.
+  slow = _snapshot([0.025] * 3, work={'compile': 40.0})
+  assert stall.deadline(slow, 600, now=130.0)[0] == stall.MARGIN * 40.0
+  assert stall.deadline(_snapshot([0.025]), 600, now=130.0,
+                        first_step_s=50.0)[0] == stall.MARGIN * 50.0
+  # Never above the ceiling.
+  assert stall.deadline(slow, 60, now=130.0)[0] == 60
 
 
 def test_after_the_warm_up_the_deadline_is_learned():

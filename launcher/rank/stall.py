@@ -17,6 +17,16 @@ of several processes the floor is at least --heartbeat_timeout + 2 s, so
 that a process that died is named lost (exit 10) before its peers' steps
 are taken for stalled.
 
+Before WARMUP_STEPS, during the warm-up, the deadline is bounded by what
+the run has shown so far:
+
+  max(FLOOR_S, MARGIN x the longest of: the time to the first step (start-up
+      and compilation), any interval between steps, any compilation),
+
+so that a hang in the first steps (a data reader, a first bucket read, a
+collective stuck after start-up) is named within seconds of the floor, not
+after the ceiling.
+
 What a run learned is kept in WORKDIR/stall/rank_<i>.json, so the next
 attempt has its deadline from its first step.
 
@@ -48,7 +58,8 @@ _SAVE_EVERY_S = 30.0
 
 
 def deadline(snapshot: progress.Snapshot, ceiling: float, now: float,
-             learn: bool = True, floor_s: float = FLOOR_S
+             learn: bool = True, floor_s: float = FLOOR_S,
+             first_step_s: float = 0.0
              ) -> Optional[tuple[float, float, str]]:
   """(limit s, idle s, what the limit is) after the first step; else None.
 
@@ -58,6 +69,8 @@ def deadline(snapshot: progress.Snapshot, ceiling: float, now: float,
     now: time.monotonic().
     learn: False keeps the ceiling as the deadline.
     floor_s: no learned deadline is shorter (--stall_floor).
+    first_step_s: how long the first step took from the start of
+      supervision, for the warm-up's bound.
   """
   if not ceiling or snapshot.done_step is None:
     return None
@@ -73,11 +86,18 @@ def deadline(snapshot: progress.Snapshot, ceiling: float, now: float,
                          f'longest seen, {seen:.3g} s; ceiling {fixed}')
   idle = now - snapshot.idle_since
   steps = learned.step_seconds
-  if not learn or len(steps) < WARMUP_STEPS:
+  if not learn:
     return ceiling, idle, fixed
-  p99 = float(np.percentile(steps, 99))
   longest = max(learned.work_seconds.get('step', 0.0),
                 learned.work_seconds.get('compile', 0.0))
+  if len(steps) < WARMUP_STEPS:
+    seen = max(longest, first_step_s)
+    limit = min(ceiling, max(floor_s, MARGIN * seen))
+    return limit, idle, (f'warm-up, {len(steps)} of {WARMUP_STEPS} steps '
+                         f'seen: max({floor_s:g} s, {MARGIN:g} x the longest '
+                         f'of the first step, a step or a compilation, '
+                         f'{seen:.3g} s); ceiling {fixed}')
+  p99 = float(np.percentile(steps, 99))
   limit = min(ceiling, max(floor_s, K * p99, MARGIN * longest))
   return limit, idle, (f'learned: max({floor_s:g} s, {K:g} x p99 {p99:.3g} '
                        f's, {MARGIN:g} x longest {longest:.3g} s); ceiling '
@@ -127,6 +147,7 @@ class StallWatch:
                                                    first_step_timeout)
     self.floor_s, self.learn = floor_s, learn
     self.started_at = time.monotonic()
+    self.first_step_s: Optional[float] = None
     # Where the learned pace is kept (WORKDIR/stall), once it is known.
     self.workdir: Optional[str] = None
     self._saved_at = time.monotonic()
@@ -153,9 +174,11 @@ class StallWatch:
                 'own must report each step with runtime.progress.report(step)'
             ))
       return None
+    if self.first_step_s is None:  # At most a second late: a bound above.
+      self.first_step_s = max(0.0, snapshot.done_at - self.started_at)
     self.keep(snapshot, now)
     found = deadline(snapshot, self.stall_timeout, now, self.learn,
-                     self.floor_s)
+                     self.floor_s, self.first_step_s)
     if found is None or found[1] <= found[0]:
       return None
     limit, idle, why = found
