@@ -149,7 +149,7 @@ class Gang:
         if end.state is monitor_lib.GangState.FAILED:
           self.fault = records.Fault(
               at=end.member.exited_wall, detected=time.time(),
-              member=end.member.index, exit_code=end.member.exit_code)
+              rank=end.member.index, exit_code=end.member.exit_code)
         if end.state is monitor_lib.GangState.STALLED:
           members_lib.dump_stacks(self._members)
         self._stop(end)
