@@ -21,6 +21,9 @@ def test_mnist_on_2x4_matches_1x8(tmp_path):
                                    f'--workdir={tmp_path / name}'])
     assert result.returncode == 0, result.output
     summaries.append(helpers.read_json(tmp_path / name / 'summary.json'))
+  # Two processes really ran the second, one the first.
+  assert [s['process_count'] for s in summaries] == [1, 2]
+  assert [s['device_count'] for s in summaries] == [8, 8]
   one, two = (s['results'] for s in summaries)
   # gloo's cross-process all-reduce of these larger gradients rounds
   # differently from the in-process one: equal to float32 precision, not bit
