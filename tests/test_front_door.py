@@ -23,13 +23,18 @@ def test_every_public_name_resolves():
   assert set(runtime.__all__) <= set(dir(runtime))
 
 
+def _fresh_python(code: str) -> subprocess.CompletedProcess:
+  """`code` in a new interpreter, from the repository's root."""
+  return subprocess.run([sys.executable, '-c', code], cwd=helpers.REPO,
+                        capture_output=True, text=True, timeout=60,
+                        check=False)
+
+
 def test_importing_runtime_loads_no_jax():
-  code = ('import sys, runtime, runtime.common.goodput\n'
-          'print(any(m == "jax" or m.startswith("jax.") for m in sys.modules))')
-  result = subprocess.run([sys.executable, '-c', code], cwd=helpers.REPO,
-                          capture_output=True, text=True, timeout=60,
-                          check=True)
-  assert result.stdout.strip() == 'False'
+  result = _fresh_python(
+      'import sys, runtime, runtime.common.goodput\n'
+      'print(any(m == "jax" or m.startswith("jax.") for m in sys.modules))')
+  assert result.stdout.strip() == 'False', result.stderr
 
 
 def _task(**fields):
@@ -85,11 +90,8 @@ def test_a_hook_written_for_periodic_run_still_runs_with_a_warning():
 
 
 def test_launcher_exit_codes_is_the_old_name():
-  code = ('import warnings\nwarnings.simplefilter("error")\n'
-          'import launcher.exit_codes')
-  result = subprocess.run([sys.executable, '-c', code], cwd=helpers.REPO,
-                          capture_output=True, text=True, timeout=60,
-                          check=False)
+  result = _fresh_python('import warnings\nwarnings.simplefilter("error")\n'
+                         'import launcher.exit_codes')
   assert 'runtime.common.exit_codes' in result.stderr
   from runtime.common import exit_codes  # pylint: disable=g-import-not-at-top
   with warnings.catch_warnings():
