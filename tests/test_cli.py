@@ -3,6 +3,7 @@
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -104,6 +105,8 @@ def test_missing_and_unimportable_workloads(tmp_path):
   assert result.returncode == 2
   assert "cannot import the workload module 'no_such_module'" in (
       result.stderr)
+  assert (f'Importable are the installed packages and the current directory, '
+          f'{helpers.REPO}') in result.stderr
 
 
 def test_a_user_module_outside_the_package_runs(tmp_path):
@@ -199,3 +202,22 @@ def _group_alive(pgid: int) -> bool:
   except ProcessLookupError:
     return False
   return True
+
+
+def test_ctrl_c_of_a_single_process_says_how_to_resume(tmp_path):
+  proc = helpers.start_launcher(
+      [f'--config={helpers.PROBE_CONFIG}', f'--workdir={tmp_path}',
+       '--config.steps=1000000', '--config.checkpoint_every=5'])
+  started = time.monotonic()
+  try:
+    assert helpers.wait_for(
+        lambda: (tmp_path / 'metrics.jsonl').exists() or
+        proc.poll() is not None, 90)
+    assert proc.poll() is None, proc.communicate()
+    os.kill(proc.pid, signal.SIGINT)
+    result = helpers.finish(proc, 60, started)
+  finally:
+    helpers.kill_group(proc)
+  assert result.returncode == 130, result.output
+  assert 'the same command resumes from the newest checkpoint' in (
+      result.stderr)

@@ -85,7 +85,10 @@ def test_create_waits_through_every_phase_and_deletes_after(tmp_path,
                         '--valid-until-duration=6h', '--zone=zone-a',
                         '--project=proj']
   assert 'standin: process 1 done' in fleet.log(1)
-  assert 'deleting queued resource fleet-run' in result.stderr
+  assert ('setting up every worker (unpacking the code; nothing is '
+          'installed: --worker_python=') in result.stderr
+  assert 'the job ended (--delete_after): deleting queued resource' in (
+      result.stderr)
   assert fleet.queued_resources() == []
   assert [e['event'] for e in fleet.events()] == ['created', 'delete',
                                                   'deleted']
@@ -143,6 +146,14 @@ def test_each_phase_has_its_own_timeout(tmp_path, cleanup):
           'WAITING_FOR_RESOURCES. Raise --capacity_timeout') in result.stderr
   assert 'the slice is not up: deleting queued resource' in result.stderr
   assert late.queued_resources() == []
+  # With --delete_after too: no job ran, and the message says so.
+  never = _fleet(tmp_path / 'never', FAKE_QR_WAIT_S='60')
+  cleanup(never)
+  result = never.run(*CREATE, '--capacity_timeout=2', '--delete_after',
+                     '--', *SHORT, standin=True)
+  assert result.returncode == exit_codes.POD_UNAVAILABLE, result.output
+  assert 'the slice is not up: deleting queued resource' in result.stderr
+  assert 'the job ended' not in result.stderr
 
 
 def test_a_lost_slice_without_restarts_left_is_deleted(tmp_path, cleanup):

@@ -199,6 +199,9 @@ def run(config: ConfigDict, workdir: str, options: Options) -> int:
       code = running.supervisor.fail(code, failure.summary_line(e),
                                      exit_codes.may_be_consequence(e))
     failure.log(e, own_code, consequence=code == exit_codes.PEER_FAILED)
+    if isinstance(e, KeyboardInterrupt) and not supervised:
+      logging.warning('interrupted (exit %d); the same command resumes from '
+                      'the newest checkpoint', code)
   finally:
     running.ledger.flush(final=True)
     if running.lease is not None:

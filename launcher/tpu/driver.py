@@ -227,8 +227,12 @@ class Launch:
           raise LaunchError(f'gcloud scp to {node} failed; see {gcloud_log}. '
                             'With an ssh-agent running, add the key gcloud '
                             'uses: `ssh-add ~/.ssh/google_compute_engine`.')
-    self.say('setting up every worker (the first time for this version: '
-             'installs the project)')
+    if self.options.worker_python:
+      self.say('setting up every worker (unpacking the code; nothing is '
+               f'installed: --worker_python={self.options.worker_python})')
+    else:
+      self.say('setting up every worker (the first time for this version: '
+               'installs the project)')
     setup = commands.setup_command(short, self.options.worker_python,
                                    self.jax_version)
     for node in self.nodes:
@@ -319,10 +323,10 @@ def _clean_up(launch: Launch, code: int) -> None:
     return
   if launch.signals:
     fleet.delete(f'got {signal.Signals(launch.signals[0]).name}')
+  elif not fleet.up:  # No job may have run: say what is true.
+    fleet.delete('the slice is not up')
   elif launch.options.delete_after:
     fleet.delete('the job ended (--delete_after)')
-  elif not fleet.up:
-    fleet.delete('the slice is not up')
   else:
     launch.say(f'queued resource {fleet.request.name} is kept (exit code '
                f'{code}); delete it with `gcloud compute tpus '

@@ -50,9 +50,13 @@ def resolve(spec: Any) -> Callable[[ConfigDict, str], Any]:
   try:
     module = importlib.import_module(module_name)
   except ImportError as e:
-    raise ConfigError(f'cannot import the workload module {module_name!r} of '
-                      f'config.workload={spec!r}: {type(e).__name__}: {e}'
-                      ) from e
+    raise ConfigError(
+        f'cannot import the workload module {module_name!r} of '
+        f'config.workload={spec!r}: {type(e).__name__}: {e}. Importable are '
+        f'the installed packages and the current directory, {os.getcwd()}: '
+        'run from the directory that holds the module (scripts/run.sh runs '
+        'from the repository\'s; for a project of your own use podrun from '
+        'its directory).') from e
   function = getattr(module, function_name, None)
   if not callable(function):
     raise ConfigError(f'module {module_name!r} has no function '
