@@ -41,7 +41,9 @@ def test_an_exception_on_rank_1_is_named_on_every_rank(tmp_path):
   fault = _fault_time(exits[1].output, 'raise')
   for rank in (0, 2):
     assert exits[rank].code == exit_codes.PEER_FAILED, exits[rank].output
-    assert exits[rank].at - fault < 2, (rank, exits[rank].at - fault)
+    # Well under --heartbeat_timeout (15 s): the broadcast named it, not a
+    # lost heartbeat. (The speed itself is a benchmark's, BUILD_NOTES.)
+    assert exits[rank].at - fault < 10, (rank, exits[rank].at - fault)
     line = helpers.first_line_with(exits[rank].output, 'failed first')
     assert line is not None, exits[rank].output
     assert re.search(r'rank 1 on \S+ failed first: exit 1 \(RuntimeError: '
@@ -59,7 +61,7 @@ def test_a_rank_that_exits_7_keeps_its_code_and_rank_0_names_it(tmp_path):
   assert exits[1].code == 7, exits[1].output
   assert exits[0].code == exit_codes.PEER_FAILED, exits[0].output
   assert 'failed first: exit 7' in exits[0].output
-  assert exits[0].at - _fault_time(exits[1].output, 'exit') < 2
+  assert exits[0].at - _fault_time(exits[1].output, 'exit') < 10  # Not 15.
 
 
 def test_a_sigkilled_rank_is_named_as_lost(tmp_path):
@@ -70,7 +72,8 @@ def test_a_sigkilled_rank_is_named_as_lost(tmp_path):
     exits = job.wait(timeout=60)
   assert exits[1].code == -signal.SIGKILL
   assert exits[0].code == exit_codes.PEER_FAILED, exits[0].output
-  assert exits[0].at - killed < 5 + 5, exits[0].at - killed
+  # --heartbeat_timeout, not JAX's own 30 s later (bounded generously).
+  assert exits[0].at - killed < 5 + 25, exits[0].at - killed
   assert re.search(r'rank 1 on \S+ was lost: no heartbeat for \d+ s '
                    r'\(--heartbeat_timeout=5\)', exits[0].output), (
                        exits[0].output)
@@ -87,7 +90,7 @@ def test_a_hung_input_stops_every_rank_with_stacks_and_names_it(tmp_path):
   for rank in (0, 1):
     out = exits[rank].output
     assert exits[rank].code == exit_codes.STALLED, out
-    assert exits[rank].at - fault < 5 + 10, exits[rank].at - fault
+    assert exits[rank].at - fault < 5 + 25, exits[rank].at - fault
     assert 'most recent call first' in out, out  # Every thread's stack.
   assert '_misbehave' in exits[1].output  # Rank 1's stack shows where.
   laggards = helpers.first_line_with(exits[0].output, 'laggards:')
@@ -151,7 +154,7 @@ def test_a_preemption_with_a_dead_rank_ends_in_a_bounded_wait(tmp_path):
     exits = job.wait(timeout=60)
   for rank in (0, 1):
     assert exits[rank].code == exit_codes.PEER_FAILED, exits[rank].output
-    assert exits[rank].at - killed < 5 + 5
+    assert exits[rank].at - killed < 5 + 25
     assert re.search(r'rank 2 on \S+ was lost', exits[rank].output), (
         exits[rank].output)
 
@@ -174,7 +177,9 @@ def test_stragglers_are_warned_about_and_step_times_summarised(tmp_path):
   for r in ranks:
     assert r['step_time_median_s'] > 0.09, ranks  # Everyone waits for rank 1.
     assert r['step_time_p99_s'] >= r['step_time_median_s']
-  assert ranks[1]['own_time_median_s'] > 0.09 > ranks[0]['own_time_median_s']
+  # Rank 1 sleeps 0.1 s of its own per step; rank 0 not at all.
+  assert ranks[1]['own_time_median_s'] > 0.09
+  assert ranks[0]['own_time_median_s'] < ranks[1]['own_time_median_s'] / 2
 
 
 def _run_probe(workdir, *args, timeout=120):

@@ -203,7 +203,7 @@ def test_a_worker_with_python_3_10_fails_at_once_naming_it(tmp_path):
   assert 'launch with --provision_python' in result.stderr
   assert 'worker 0: found' not in result.stderr
   assert [c[3] for c in pod.gcloud_calls()] == ['describe', 'ssh']  # No copy.
-  assert result.elapsed < 30
+  assert result.elapsed < 120  # Stops at the check; generous for the machine.
 
 
 def _worker_without_python_3_11(tmp_path) -> str:
