@@ -37,7 +37,8 @@ class StructureError(exit_codes.PodrunError, TypeError):
 def _describe(leaf: Any, dtypes: bool) -> str:
   dtype = getattr(leaf, 'dtype', None)
   shape = getattr(leaf, 'shape', np.shape(leaf))
-  name = np.dtype(dtype).name if dtype is not None else type(leaf).__name__
+  name = (np.dtype(dtype).name if dtype is not None else
+          getattr(leaf, 'type_name', type(leaf).__name__))
   return f'{name if dtypes else ""}[{",".join(map(str, shape))}]'
 
 
@@ -94,25 +95,29 @@ def _arguments(args: Any) -> dict[str, str]:
 
 class _Leaf:
   """What a compilation depends on of one argument, without its buffer."""
-  __slots__ = ('shape', 'dtype', 'weak_type', 'sharding')
+  __slots__ = ('shape', 'dtype', 'weak_type', 'sharding', 'type_name')
 
-  def __init__(self, leaf: Any):
-    self.shape = getattr(leaf, 'shape', np.shape(leaf))
-    self.dtype = getattr(leaf, 'dtype', None)
-    self.weak_type = getattr(leaf, 'weak_type', False)
-    self.sharding = getattr(leaf, 'sharding', None)
+  def __init__(self, shape, dtype, weak_type, sharding, type_name):
+    self.shape, self.dtype = shape, dtype
+    self.weak_type, self.sharding = weak_type, sharding
+    self.type_name = type_name
 
 
-def _signature(args: tuple) -> tuple[Any, list[_Leaf]]:
-  """The arguments' tree and leaves' signatures: holds no array alive (one
-  batch more on the accelerator otherwise)."""
+def _signature(args: tuple) -> tuple[Any, list[tuple]]:
+  """The arguments' tree and each leaf's (shape, dtype, weak type,
+  sharding): holds no array alive (one batch more on the accelerator
+  otherwise). Plain tuples: this runs on every step."""
   leaves, treedef = jax.tree_util.tree_flatten(args)
-  return treedef, [_Leaf(leaf) for leaf in leaves]
+  return treedef, [
+      (l.shape if hasattr(l, 'shape') else np.shape(l),
+       getattr(l, 'dtype', None), getattr(l, 'weak_type', False),
+       getattr(l, 'sharding', None), type(l).__name__) for l in leaves]
 
 
-def _described(signature: tuple[Any, list[_Leaf]]) -> dict[str, str]:
+def _described(signature: tuple[Any, list[tuple]]) -> dict[str, str]:
   treedef, leaves = signature
-  return _arguments(jax.tree_util.tree_unflatten(treedef, leaves))
+  return _arguments(jax.tree_util.tree_unflatten(
+      treedef, [_Leaf(*leaf) for leaf in leaves]))
 
 
 class RecompileWatch:

@@ -95,3 +95,12 @@ def test_the_recompile_watch_keeps_no_argument_alive():
   del x
   gc.collect()
   assert alive() is None  # Only its signature stays, for the warning.
+
+
+def test_the_recompile_warning_describes_the_previous_call_from_its_signature():
+  watched = structure.RecompileWatch(jax.jit(lambda x, y: x * y))
+  for x in (np.ones(3), np.ones(3), np.ones(3)):
+    watched(x, 2.0)
+  message = watched._message((np.ones(5, np.float32), 2.0))  # pylint: disable=protected-access
+  assert '[0]: float64[3] -> float32[5]' in message, message
+  assert '[1]' not in message  # The Python float did not change.
