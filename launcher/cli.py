@@ -308,8 +308,14 @@ def _report_goodput(workdir: str) -> None:
   print(f'[launcher] goodput {result["goodput"]:.3f}: '
         f'{result["parts"]["productive"]:.1f} s of productive steps in '
         f'{result["wall_s"]:.1f} s over {len(result["attempts"])} '
-        f'attempt(s); scripts/goodput.py {workdir} shows where the rest '
-        'went', file=sys.stderr, flush=True)
+        f'attempt(s){_between_commands(result)}; scripts/goodput.py '
+        f'{workdir} shows where the rest went', file=sys.stderr, flush=True)
+
+
+def _between_commands(result: dict) -> str:
+  idle = result['between_commands_s']
+  return (f' (and {idle:.1f} s between commands, when nothing ran it)'
+          if idle > 0 else '')
 
 
 def main(argv: list[str]) -> int:

@@ -255,7 +255,7 @@ class SaveCheckpoints(Hook):
 
 
 class SaveLocalCheckpoints(Hook):
-  """Every `local.every` steps: this process's own copy of the state, in its
+  """At the steps of `local.cadence` (runtime/local_cadence.py): this process's own copy of the state, in its
   local tier (runtime/local_checkpoint.py); removed when the run ends well,
   once the persistent tier's final save is complete.
 
@@ -270,17 +270,20 @@ class SaveLocalCheckpoints(Hook):
     self.checks = tuple(checks)
 
   def after_step(self, run) -> None:
-    if (not self.local.due(run.step) or run.final or
+    cadence = self.local.cadence
+    if (not cadence.due(run.step, run.count) or run.final or
         (self.persistent is not None and self.persistent.due(run.step))):
       return
     for check in self.checks:
       check.ensure_done(run)
+    started = time.perf_counter()
     with (run.clock.timing('checkpoint_blocking'),
           progress.working('local_checkpoint')):
       run.writer.flush()
       numpy_state = run.numpy_state()
       self.local.save(run.step, numpy_state,
                       self.describe(run, numpy_state, 'local'))
+    cadence.saved(run.step, time.perf_counter() - started)
 
   def end(self, run, error) -> None:
     if error is None and self._final_save_complete():

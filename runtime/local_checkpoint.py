@@ -3,7 +3,8 @@
 The persistent tier (runtime/checkpoint.py) goes to storage every process
 shares, often a bucket, and is written rarely. This tier is written every
 config.local_checkpoint_every steps by every process, into a directory on
-its own host, so that a hard failure (SIGKILL, the OOM killer, a lost host)
+its own host (or every config.local_checkpoint_every_s seconds:
+runtime/local_cadence.py), so that a hard failure (SIGKILL, the OOM killer, a lost host)
 costs a few steps instead of everything since the last persistent save. The
 state is replicated, so any one process's copy restores all of them
 (runtime/recovery.py).
@@ -17,7 +18,8 @@ older job's copies. state.npz holds one array per leaf of the TrainState,
 named by its tree path, with the leaf's own shape and dtype (no device
 axis). A copy is written into `.tmp_step_<s>` and renamed when
 complete: a SIGKILL during a save leaves the previous copy, and the torn one
-is removed at the next start.
+is removed at the next start. Copies other jobs left behind are removed at
+start when no run can use them (runtime/local_leftovers.py).
 
 Why not orbax here: its numpy handler writes arrays on process 0 only, so a
 per-process CheckpointManager (active_processes={i}) of host arrays leaves
@@ -47,6 +49,8 @@ import numpy as np
 
 from runtime.common import env_vars
 from runtime import coordination
+from runtime import local_cadence
+from runtime import local_leftovers
 
 JOB_ID_FILE = '.podrun_local_tier_id'
 _STEP_PREFIX = 'step_'
@@ -89,24 +93,36 @@ def job_id(persistent_dir: str) -> str:
 def open_for(config: ConfigDict, persistent_dir: str
              ) -> Optional['LocalCheckpoints']:
   """This process's local tier, or None when config.local_checkpoint_every
-  is 0.
+  and config.local_checkpoint_every_s are both 0.
 
   Args:
-    config: reads local_checkpoint_every, keep_local_checkpoints and
-      local_checkpoint_dir.
+    config: reads local_checkpoint_every, local_checkpoint_every_s,
+      keep_local_checkpoints and local_checkpoint_dir.
     persistent_dir: the persistent tier's directory, where the job's id
       lives.
   """
-  if not config.local_checkpoint_every:
-    return None
   client = coordination.current()
+  cadence = local_cadence.Cadence.from_config(config, client)
+  if not cadence.enabled:
+    return None
   jid = (job_id(persistent_dir) if client is None else
          client.from_0(_JOB_ID_KEY, lambda: job_id(persistent_dir)))
   root = config.local_checkpoint_dir or default_root()
   index = client.process_index if client is not None else 0
+  _sweep_leftovers(config, root, jid, index)
+  local_leftovers.write_owner(os.path.join(root, jid), persistent_dir)
   return LocalCheckpoints(os.path.join(root, jid, f'rank_{index}'),
                           every=config.local_checkpoint_every,
-                          keep=config.keep_local_checkpoints)
+                          keep=config.keep_local_checkpoints, cadence=cadence)
+
+
+def _sweep_leftovers(config: ConfigDict, root: str, jid: str,
+                     process_index: int) -> None:
+  """Removes or names the copies other jobs left on this host."""
+  hours = config.get('local_checkpoint_leftover_hours', 24.0)
+  for line in local_leftovers.sweep(root, jid, hours * 3600):
+    # Every host sweeps its own; the first process says what it found.
+    (logging.warning if process_index == 0 else logging.info)('%s', line)
 
 
 def _flat(state: Any) -> dict[str, np.ndarray]:
@@ -122,11 +138,13 @@ class LocalCheckpoints:
   will not change (the step writes new buffers).
   """
 
-  def __init__(self, path: str, every: int, keep: int = 2):
+  def __init__(self, path: str, every: int, keep: int = 2,
+               cadence: Optional[local_cadence.Cadence] = None):
     if keep < 1:
       raise ValueError(f'config.keep_local_checkpoints={keep}; keep at '
                        'least 1')
     self.path, self.every, self.keep = path, every, keep
+    self.cadence = cadence or local_cadence.Cadence(every_steps=every)
     self._thread: Optional[threading.Thread] = None
     os.makedirs(path, exist_ok=True)
     for name in os.listdir(path):
@@ -134,6 +152,7 @@ class LocalCheckpoints:
         shutil.rmtree(os.path.join(path, name), ignore_errors=True)
 
   def due(self, step: int) -> bool:
+    """Whether a cadence in steps copies `step` (see `cadence`)."""
     return self.every > 0 and step % self.every == 0
 
   def steps(self) -> list[int]:
@@ -211,6 +230,8 @@ class LocalCheckpoints:
     shutil.rmtree(self.path, ignore_errors=True)
     parent = os.path.dirname(self.path)
     try:
-      os.rmdir(parent)  # The job's directory, once no process uses it.
+      if set(os.listdir(parent)) <= {local_leftovers.OWNER_FILE}:
+        # The job's directory, once no process of this host uses it.
+        shutil.rmtree(parent, ignore_errors=True)
     except OSError:
       pass

@@ -258,7 +258,18 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   finally:
     clock.close()
     writer.close()
+  _log_final_metrics(run, writer)
   return _result(run, topo, workdir)
+
+
+def _log_final_metrics(run: loop.Run, writer: metrics_lib.MetricsWriter
+                       ) -> None:
+  """Says what final_metrics are, since they differ from the last line."""
+  if run.last_metrics:
+    values = ' '.join(f'{k}={v:g}' for k, v in sorted(run.last_metrics.items()))
+    writer.log(f'final_metrics, of step {run.step} alone: {values} (each '
+               f'step line above is a mean over up to log_every='
+               f'{run.config.log_every} steps)')
 
 
 def _loader(config: ConfigDict, task: Task, topo, par) -> Callable[[int], Any]:

@@ -110,7 +110,9 @@ def main(argv=None) -> int:
     return 2
   print(f'wall time {result["wall_s"]:.2f} s, goodput '
         f'{result["goodput"]:.3f} (productive steps / wall time), '
-        f'{len(result["attempts"])} attempt(s)\n')
+        f'{len(result["attempts"])} attempt(s); '
+        f'{result["between_commands_s"]:.2f} s between commands, outside '
+        'the wall time\n')
   print(table([(f'attempt {a["attempt"]}', a['parts'])
                for a in result['attempts']] + [('job', result['parts'])],
               'seconds'))

@@ -193,6 +193,12 @@ def test_the_readme_workload_runs_from_a_directory_of_its_own(tmp_path):
   assert summary['workload'] == 'my_regression:train_and_evaluate'
   assert summary['steps'] == 20
   assert summary['final_metrics']['loss'] < 1.0
+  # The log says that final_metrics are step 20's alone, not a mean.
+  said = re.search(r'final_metrics, of step 20 alone: .*loss=(\S+) \(each '
+                   r'step line above is a mean', result.stderr)
+  assert said, result.stderr[-2000:]
+  assert float(said.group(1)) == pytest.approx(
+      summary['final_metrics']['loss'], rel=1e-5)
   assert helpers.wait_for(lambda: not _group_alive(proc.pid), 10)
 
 

@@ -111,3 +111,49 @@ def test_a_restart_at_once_never_counts_a_second_twice(tmp_path):
                                                         abs=1e-9)
   assert result['parts']['restart_backoff'] == 0
   assert result['attempts'][1]['parts']['startup'] == pytest.approx(0.995)
+
+
+def _launch(name, started, ended, launcher_started, attempt=1, **more):
+  return json.dumps({'name': name, 'started': started, 'ended': ended,
+                     'launcher_started': launcher_started, 'attempt': attempt,
+                     **more}) + '\n'
+
+
+# Two attempts, 100-110 s and 130-140 s of process life, and how they were
+# started: by one launcher that waited (a restart), or by two commands (a
+# person starting the job again, with the same or another topology, after
+# a Ctrl-C, a SIGTERM or a failure), with or without a launcher each.
+_COMMANDS = {
+    'one launcher restarted it': (
+        _launch('a1', 99.5, 110.5, 99, exit_code=75) +
+        _launch('a2', 129.5, 140.5, 99, attempt=2, exit_code=0), 0.0, 19.0),
+    'two launchers, Ctrl-C then another topology': (
+        _launch('a1', 99.5, 110.5, 99, exit_code=130,
+                launcher_signalled=True) +
+        _launch('a2', 129.5, 140.5, 128, exit_code=0), 17.5, 0.0),
+    'one process in-process, then a launcher': (
+        _launch('a2', 129.5, 140.5, 128, exit_code=0), 18.0, 0.0),
+    'a launcher SIGTERMed, then one process in-process': (
+        _launch('a1', 99.5, 110.5, 99, exit_code=143,
+                launcher_signalled=True), 19.5, 0.0),
+    'in-process both times': ('', 20.0, 0.0),
+}
+
+
+@pytest.mark.parametrize('how', sorted(_COMMANDS))
+def test_the_parts_never_exceed_the_wall_time(tmp_path, how):
+  attempts, between, backoff = _COMMANDS[how]
+  _ledger(tmp_path / 'goodput' / 'a1' / 'rank_0.json', 100, 110, True,
+          startup=1, productive=8)
+  _ledger(tmp_path / 'goodput' / 'a2' / 'rank_0.json', 130, 140, True,
+          startup=1, productive=8)
+  (tmp_path / 'logs').mkdir()
+  (tmp_path / 'logs' / 'attempts.jsonl').write_text(attempts)
+  result = goodput.rollup(str(tmp_path))
+  assert sum(result['parts'].values()) == pytest.approx(result['wall_s'])
+  assert result['goodput'] <= 1.0
+  assert result['parts']['productive'] == 16
+  assert result['between_commands_s'] == pytest.approx(between)
+  assert result['parts']['restart_backoff'] == pytest.approx(backoff)
+  for attempt in result['attempts']:
+    assert sum(attempt['parts'].values()) == pytest.approx(attempt['wall_s'])

@@ -90,6 +90,40 @@ def test_a_sigkilled_attempt_is_counted_as_lost_not_dropped(tmp_path):
   assert abs(sum(rollup['parts'].values()) - rollup['wall_s']) < 1e-6
 
 
+def test_a_resume_by_another_command_books_no_backoff(tmp_path):
+  # One process in-process, Ctrl-C'd at step 10; 3 s later a 2-process
+  # launch resumes it. Nothing ran the job in between: that is neither
+  # back-off nor wall time, and goodput stays at most 1.
+  proc = helpers.start_launcher(
+      [PROBE, f'--workdir={tmp_path}', '--config.steps=40',
+       '--config.log_every=1', '--config.checkpoint_every=5',
+       '--config.fail_rank=0', '--config.fail_step=10',
+       '--config.fail_mode=sleep', '--config.fail_seconds=60'])
+  started = time.monotonic()
+  try:
+    assert helpers.wait_for(lambda: proc.poll() is None and any(
+        goodput.HighWater.read(str(p)) >= 8
+        for p in tmp_path.glob('goodput/*/rank_0.step')), 90)
+    proc.send_signal(signal.SIGINT)
+    first = helpers.finish(proc, 60, started)
+  finally:
+    helpers.kill_group(proc)
+  assert first.returncode == 130, first.output
+  time.sleep(3)
+  second = helpers.run_launcher(
+      [PROBE, f'--workdir={tmp_path}', '--config.steps=40',
+       '--config.log_every=1', '--config.checkpoint_every=5',
+       '--local_processes=2', '--local_devices=4'], timeout=150)
+  assert second.returncode == 0, second.output
+  rollup = goodput.rollup(str(tmp_path))
+  assert len(rollup['attempts']) == 2
+  assert rollup['goodput'] <= 1.0, rollup
+  assert abs(sum(rollup['parts'].values()) - rollup['wall_s']) < 1e-6
+  assert rollup['parts']['restart_backoff'] == 0
+  assert rollup['between_commands_s'] >= 3
+  helpers.assert_no_survivors(tmp_path)
+
+
 def test_the_high_water_mark_survives_sigkill(tmp_path):
   path = tmp_path / 'goodput' / 'a1' / 'rank_1.step'
   helpers.run_then_sigkill(

@@ -28,6 +28,17 @@ def test_console_filter():
   assert output_prefix.shown_on_console(1, 'stderr', info, True)
 
 
+def test_gloo_routine_lines_stay_in_the_logs():
+  line = ('[Gloo] Rank 2 is connected to 7 peer ranks. Expected number of '
+          'connected peer ranks is : 7\n')
+  short = line.replace('connected to 7', 'connected to 5')
+  assert not output_prefix.shown_on_console(0, 'stderr', line, False)
+  assert output_prefix.shown_on_console(0, 'stderr', line, True)
+  assert output_prefix.routine('[rank 0/2] ' + line)
+  assert not output_prefix.routine(short)
+  assert output_prefix.shown_on_console(0, 'stderr', short, False)
+
+
 def test_pod_passthrough_drops_the_flags_the_pod_sets():
   cli.parse_flags(['launcher', '--config=configs/linear_regression.py'])
   args = ['--config=configs/linear_regression.py', '--config.steps=5',

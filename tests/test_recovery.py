@@ -20,6 +20,7 @@ import pytest
 
 from runtime.common import env_vars
 from runtime.common import goodput
+from runtime.common import progress
 from runtime.common import time_to_recover
 from runtime import local_checkpoint
 from tests import helpers
@@ -112,6 +113,46 @@ def test_a_sigkilled_process_0_resumes_from_the_local_tier(tmp_path, straight):
   assert [e.step for e in events.Scalars('loss')] == logged
   # A job that ended well leaves no local copy behind.
   assert not _local_job_dir(tmp_path).exists()
+
+
+def test_a_cadence_in_seconds_copies_one_step_on_every_process(tmp_path,
+                                                               straight):
+  # Steps of a few ms, a copy every 50 ms: process 0 picks the steps after
+  # the warm-up, and both processes hold the same ones when rank 1 dies.
+  in_seconds = ['--config.local_checkpoint_every=0',
+                '--config.local_checkpoint_every_s=0.05']
+  killed = _run(tmp_path, *POD, *_kill(1), *in_seconds)
+  assert killed.returncode == 137, killed.output
+  helpers.assert_no_survivors(tmp_path)
+  held = {rank: sorted(int(p.name[len('step_'):]) for p in
+                       (_local_job_dir(tmp_path) / f'rank_{rank}').iterdir()
+                       if p.name.startswith('step_')) for rank in (0, 1)}
+  assert held[0] == held[1] and held[0], held
+  assert all(progress.WARMUP_STEPS < s < KILL_STEP for s in held[0]), held
+  rest = _run(tmp_path, *POD, *in_seconds)
+  assert rest.returncode == 0, rest.output
+  last = list(_ledgers(tmp_path).values())[-1]
+  assert [(last[r]['notes']['restore_tier'], last[r]['notes']['restore_step'])
+          for r in (0, 1)] == [('local', held[0][-1])] * 2
+  assert helpers.fingerprints(tmp_path, 2) == [straight] * 2
+
+
+def test_copies_of_a_deleted_workdir_go_at_the_next_start(tmp_path):
+  killed = _run(tmp_path / 'a', *_kill(0))
+  assert killed.returncode == -signal.SIGKILL, killed.output
+  left = _local_job_dir(tmp_path / 'a')
+  assert left.exists()
+  other = _run(tmp_path / 'b', '--config.steps=5')
+  assert other.returncode == 0, other.output
+  assert left.exists(), 'a killed job that may resume keeps its copies'
+  assert f'kept local copies of another job, which may resume: {left}' in (
+      other.stderr)
+  shutil.rmtree(tmp_path / 'a')
+  again = _run(tmp_path / 'b', '--config.steps=10')
+  assert again.returncode == 0, again.output
+  assert not left.exists()
+  assert ('removed local copies of another job, its checkpoint directory is '
+          f'gone: {left}') in again.stderr
 
 
 def test_a_replaced_host_restores_from_a_peer(tmp_path, straight):

@@ -28,6 +28,13 @@ def test_cause_lines_name_rank_host_and_code():
   assert peers.Cause.from_json(failed.to_json()) == failed
 
 
+def test_a_ctrl_c_or_sigterm_is_no_fault_of_the_process_that_got_it():
+  ctrl_c = peers.Cause('failed', 0, 'host-a', 130, 'KeyboardInterrupt')
+  assert ctrl_c.describe() == ('rank 0 on host-a was stopped by SIGINT '
+                               '(Ctrl-C) (exit 130), not by a fault')
+  assert 'failed' not in peers.Cause('failed', 0, 'h', 143).describe()
+
+
 def test_the_rank_that_did_not_start_the_step_is_the_laggard():
   records = {0: _record(13, 12, 'a'), 1: _record(12, 12, 'b'),
              2: _record(13, 12, 'c')}
@@ -118,3 +125,21 @@ def test_fail_keeps_its_code_unless_another_failed_first(first_is_consequence):
     assert sup.fail(3, 'TopologyMismatchError: x',
                     may_be_consequence=False) == 3
     assert peers.Cause.from_json(client.store[end_of_job.END_KEY]).code == 3
+
+
+def test_no_straggler_is_judged_from_the_warm_up():
+  # A first-steps own time of 1 s (a prefetcher starting) would make this
+  # rank a straggler against one whose own time is 1 ms.
+  progress.reset_for_tests()
+  try:
+    for step in range(1, progress.WARMUP_STEPS + 1):
+      progress.begin(step, own_seconds=1.0)
+    assert progress.snapshot().own_seconds == []
+    for step in range(progress.WARMUP_STEPS + 1, progress.WARMUP_STEPS + 31):
+      progress.begin(step, own_seconds=0.001)
+    own = progress.snapshot().own_seconds
+  finally:
+    progress.reset_for_tests()
+  assert own == [0.001] * 30
+  quick = {'own': progress.summarize(own), 'step': {'median': 0.1}}
+  assert peers.straggler_warnings({0: quick, 1: quick}) == []

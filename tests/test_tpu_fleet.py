@@ -11,6 +11,7 @@ DELETING and needs --force while nodes exist.
 import os
 import pathlib
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -171,9 +172,13 @@ def test_a_failed_queued_resource_is_named_and_deleted(tmp_path, cleanup):
   cleanup(fleet)
   result = fleet.run(*CREATE, '--', *SHORT, standin=True)
   assert result.returncode == exit_codes.POD_UNAVAILABLE, result.output
-  assert (f'queued resource {NAME} is lost while waiting for it: queued '
-          'resource FAILED (There is no more capacity in the zone)'
-          ) in result.stderr
+  # The service's message first, and no node called NOT_FOUND.
+  assert (f'error: queued resource {NAME} FAILED, the service says: There '
+          'is no more capacity in the zone. Try another zone') in (
+              result.stderr)
+  assert (f'{NAME}: queued resource FAILED: There is no more capacity in '
+          f'the zone; node(s) {NAME} never created') in result.stderr
+  assert 'NOT_FOUND' not in result.stderr
   assert fleet.queued_resources() == []
 
 
@@ -187,6 +192,37 @@ def _wait_for_text(proc, fleet, text: str, where: str, timeout=120) -> None:
   if not helpers.wait_for(seen, timeout):
     helpers.kill_group(proc)
     raise AssertionError(f'never saw {text!r} in {where}')
+
+
+def test_ctrl_c_during_the_set_up_starts_nothing_and_deletes(tmp_path,
+                                                              cleanup):
+  # The workers' tar, which unpacks the code, takes a minute: Ctrl-C then.
+  slow = tmp_path / 'slowbin'
+  slow.mkdir()
+  marker = tmp_path / 'unpacking'
+  (slow / 'tar').write_text(f'#!/bin/sh\ntouch {marker}\nsleep 60\n'
+                            f'exec {shutil.which("tar")} "$@"\n')
+  (slow / 'tar').chmod(0o755)
+  fleet = _fleet(tmp_path)
+  fleet.env['FAKE_TPU_WORKER_PATH'] = (
+      f'{slow}:{fleet.env["FAKE_TPU_WORKER_PATH"]}')
+  cleanup(fleet)
+  proc = fleet.start(*CREATE, '--', *ENDLESS, standin=True)
+  started = time.monotonic()
+  try:
+    assert helpers.wait_for(marker.exists, 120), 'the set-up never began'
+    os.killpg(proc.pid, signal.SIGINT)
+    result = helpers.finish(proc, 60, started)
+  finally:
+    helpers.kill_group(proc)
+  assert result.returncode == 130, result.output
+  assert f'got SIGINT: deleting queued resource {NAME}' in result.stderr
+  assert fleet.queued_resources() == []
+  ran = [c for c in fleet.gcloud_calls() if any(
+      ' run test-job-a1 ' in a for a in c)]
+  assert ran == [], 'no job is started after a Ctrl-C in the set-up'
+  assert helpers.wait_for(lambda: not fleet.processes(), 30), (
+      fleet.processes())
 
 
 # Ctrl-C from a terminal (SIGINT to the whole process group: the script,
@@ -269,6 +305,25 @@ def test_dry_run_prints_the_queued_resource_commands(tmp_path):
                           'SIGTERM, or after a preemption: gcloud compute '
                           'tpus queued-resources delete fleet-run --force')
              for l in lines)
+  # v4-16 has 2 hosts: every all-worker ssh batches both, the job expects
+  # 2 x 2 slices, and the Python check is spelled out once per slice.
+  ssh = [l for l in lines if ' tpu-vm ssh ' in l]
+  assert len(ssh) == 2 * 4, ssh  # check, set-up, run, stop per slice.
+  assert all(' --worker=all --batch-size=2 ' in l for l in ssh), ssh
+  assert all('--expected_processes=4' in r for r in runs)
+  assert result.stdout.count('for p in ') == 2, result.stdout
+  assert '# warning: the image' not in result.stdout  # --worker_python.
+  # Without --worker_python the image's Python 3.10 stops the launch unless
+  # --provision_python is given; the set-up uses what the check found.
+  for extra, warned in (((), True), (('--provision_python',), False)):
+    plan = subprocess.run(
+        fleet.args(*CREATE, *extra, '--dry_run', '--', *LINEAR, python=''),
+        cwd=helpers.REPO, env=fleet.env, capture_output=True, text=True,
+        timeout=120, check=False)
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.count('for p in python3.13 ') == 1, plan.stdout
+    assert (('# warning: the image tpu-ubuntu2204-base has Python 3.10, and '
+             'JAX ') in plan.stdout) == warned, plan.stdout
 
 
 STEPS = 48

@@ -245,7 +245,12 @@ def test_the_worker_python_follows_the_jax_release(jax_version, python):
 def test_every_worker_installs_the_drivers_jax():
   setup = commands.setup_command('abc', '', '0.12.0.1')
   assert "'jax[tpu]==0.12.0.1'" in setup
-  assert '>= (3, 12)' in setup
+  # With the interpreter the Python check found, which needs 3.12 for it.
+  assert f'py="$(cat "{commands.FOUND_PYTHON}")"' in setup
+  check = commands.PYTHON_PROBE.replace('FIND', commands.find_python(
+      '', commands.required_python('0.12.0.1')))
+  assert '>= (3, 12)' in check
+  assert f'> "{commands.FOUND_PYTHON}"' in check
 
 
 def test_without_the_pod_extra_the_preflight_says_what_to_install(tmp_path):

@@ -10,14 +10,16 @@ without processes (tests/test_supervisor.py).
 
 import dataclasses
 import json
-import time
 import os
+import signal
 import socket
+import time
 from typing import Any, Optional
 
 from absl import logging
 import numpy as np
 
+from runtime.common import exit_codes
 from runtime.common import progress
 from runtime import coordination
 
@@ -61,12 +63,21 @@ class Cause:
   def describe(self) -> str:
     """'rank 1 on HOST failed first: exit 7 (ValueError: ...)' and the like."""
     where = f'rank {self.rank} on {self.host}'
+    if self.kind == 'failed' and self.code in _STOPPED_BY:
+      # A Ctrl-C or a scheduler's SIGTERM is someone's decision, not a
+      # fault: the others stop with it rather than blame it.
+      return (f'{where} was stopped by {_STOPPED_BY[self.code]} (exit '
+              f'{self.code}), not by a fault')
     if self.kind == 'failed':
       detail = f' ({self.summary})' if self.summary else ''
       return f'{where} failed first: exit {self.code}{detail}'
     if self.kind == 'lost':
       return f'{where} was lost: {self.summary}'
     return f'{where} stalled: {self.summary}'
+
+
+_STOPPED_BY = {exit_codes.SIGNAL_BASE + signal.SIGINT: 'SIGINT (Ctrl-C)',
+               exit_codes.SIGNAL_BASE + signal.SIGTERM: 'SIGTERM'}
 
 
 class Peers:

@@ -39,8 +39,12 @@ from runtime import coordination
 from runtime import topology
 
 # How long the main thread has to stop by itself after SIGINT before the
-# process exits anyway (launcher/rank/interrupt.py).
+# process exits anyway (launcher/rank/interrupt.py): short under the local
+# pod, which stops ranks stuck in a collective this way; longer for a
+# person's Ctrl-C, which a step or an input read in C does not see at once.
 _INTERRUPT_GRACE_S = 0.5
+_CTRL_C_GRACE_S = 5.0
+_RESUME_HINT = 'the same command resumes from the newest checkpoint'
 # Set by the TPU pod driver on every worker: how many processes must join.
 
 
@@ -166,6 +170,15 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
                  running.ledger)
 
 
+def _exit_on_ctrl_c(code: int) -> None:
+  """Ends a process that a Ctrl-C did not stop within its grace (blocked
+  in a step or an input read)."""
+  logging.warning('interrupted (exit %d) while blocked for %g s; %s', code,
+                  _CTRL_C_GRACE_S, _RESUME_HINT)
+  goodput.current().flush(final=True)
+  supervisor_lib.flush_and_exit(code)
+
+
 def run(config: ConfigDict, workdir: str, options: Options) -> int:
   """Runs the job in this process and returns its exit code.
 
@@ -188,6 +201,8 @@ def run(config: ConfigDict, workdir: str, options: Options) -> int:
   if supervised:
     # The pod stops ranks with SIGINT, also those stuck in a collective.
     interrupt.install(_INTERRUPT_GRACE_S, supervisor_lib.flush_and_exit)
+  else:
+    interrupt.install(_CTRL_C_GRACE_S, _exit_on_ctrl_c)
   running = _Running()
   goodput.use(running.ledger)
   code = exit_codes.OK
@@ -200,8 +215,7 @@ def run(config: ConfigDict, workdir: str, options: Options) -> int:
                                      exit_codes.may_be_consequence(e))
     failure.log(e, own_code, consequence=code == exit_codes.PEER_FAILED)
     if isinstance(e, KeyboardInterrupt) and not supervised:
-      logging.warning('interrupted (exit %d); the same command resumes from '
-                      'the newest checkpoint', code)
+      logging.warning('interrupted (exit %d); %s', code, _RESUME_HINT)
   finally:
     running.ledger.flush(final=True)
     if running.lease is not None:

@@ -52,7 +52,7 @@ from runtime.common import progress
 K = 10.0
 MARGIN = 3.0
 FLOOR_S = 10.0
-WARMUP_STEPS = 20
+WARMUP_STEPS = progress.WARMUP_STEPS
 DIRECTORY = 'stall'
 _SAVE_EVERY_S = 30.0
 

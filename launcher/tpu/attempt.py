@@ -192,9 +192,10 @@ class Attempt:
                    f'{launch.job_id} =====')
     launch.write(log, text)
     exit_match = _EXIT.match(text)
-    if (worker == '0' or launch.options.log_all_workers or
-        output_prefix.alarming(text) or (exit_match and exit_match.group(1)
-                                       != '0')):
+    shown = ((worker == '0' and not output_prefix.routine(text)) or
+             output_prefix.alarming(text) or
+             (exit_match and exit_match.group(1) != '0'))
+    if shown or launch.options.log_all_workers:
       print(f'[worker {worker}] {text}', file=console, flush=True)
     if exit_match:
       self._exits[worker] = (time.monotonic(), int(exit_match.group(1)))

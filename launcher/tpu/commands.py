@@ -137,7 +137,10 @@ done'''
 # Prints one line per worker: `[worker W] podrun-python: ok|missing ...`.
 PYTHON_PROBE = r'''w="${PODRUN_PROCESS_ID:-${TPU_WORKER_ID:-$(curl -sf -m 3 -H 'Metadata-Flavor: Google' http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number 2>/dev/null || echo '?')}}"
 FIND
-if [ -n "$py" ]; then echo "[worker $w] podrun-python: ok $py"; else echo "[worker $w] podrun-python: missing${found:- nothing}"; fi'''
+if [ -n "$py" ]; then mkdir -p "$HOME/podrun" && printf '%s\n' "$py" > "$HOME/podrun/python" && echo "[worker $w] podrun-python: ok $py"; else echo "[worker $w] podrun-python: missing${found:- nothing}"; fi'''
+# The interpreter the check found on a worker, which its set-up uses: the
+# check always runs first, also on a recreated slice's new VMs.
+FOUND_PYTHON = '$HOME/podrun/python'
 _DEFAULT_CANDIDATES = ('python3.13', 'python3.12', 'python3.11', 'python3')
 
 
@@ -156,7 +159,8 @@ def find_python(worker_python: str,
 
 
 def check_pythons(gcloud: Gcloud, worker_python: str, log_path: str,
-                  jax_version: str, node: str = '') -> dict[str, str]:
+                  jax_version: str, node: str = '',
+                  workers: Optional[int] = None) -> dict[str, str]:
   """{worker: interpreter path} that can run the job, on every worker.
 
   Args:
@@ -165,6 +169,7 @@ def check_pythons(gcloud: Gcloud, worker_python: str, log_path: str,
     log_path: where the probe's output goes.
     jax_version: the JAX the workers run, which decides the oldest Python.
     node: the slice to check (default: gcloud's own).
+    workers: the slice's worker count, for ssh's --batch-size.
 
   Raises:
     LaunchError: naming each worker without one, what it found and the fix.
@@ -172,7 +177,7 @@ def check_pythons(gcloud: Gcloud, worker_python: str, log_path: str,
   minimum = _dotted(required_python(jax_version))
   probe = PYTHON_PROBE.replace(
       'FIND', find_python(worker_python, required_python(jax_version)))
-  result = subprocess.run(gcloud.ssh(probe, node=node),
+  result = subprocess.run(gcloud.ssh(probe, node=node, workers=workers),
                           stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, check=False)
   with open(log_path, 'a') as log:
@@ -239,7 +244,7 @@ def setup_command(short_hash: str, worker_python: str,
     # pyproject.toml changes.
     jax = shlex.quote(f'jax[tpu]=={jax_version}')
     steps += [
-        find_python('', required_python(jax_version)),
+        f'py="$(cat "{FOUND_PYTHON}")"',
         'v="$HOME/podrun/venv"',
         's="$v/.podrun-$(sha256sum "$d/pyproject.toml" | cut -c1-16)-'
         f'{jax_version}"',

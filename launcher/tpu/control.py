@@ -6,12 +6,14 @@ Example:
   # [worker 0] podrun: job run7-a1: running since ...
 """
 
+import json
 import shlex
 import subprocess
 import sys
 
 from launcher.tpu import commands
 from launcher.tpu import queued
+from runtime.common import accelerators
 from runtime.common import exit_codes
 
 
@@ -31,16 +33,56 @@ def _planned_fleet(launch) -> list[str]:
   ]
 
 
+# The system Python of the images Google lists for JAX on TPU VMs (all
+# Ubuntu 22.04), by the start of their name.
+_IMAGE_PYTHON = {'tpu-ubuntu2204': (3, 10), 'v2-alpha-tpuv5': (3, 10),
+                 'v2-alpha-tpuv6e': (3, 10)}
+
+
+def planned_workers(launch):
+  """One slice's worker count as far as the flags tell it (the accelerator
+  type of --create or of --config.topology.accelerator_type), else a
+  placeholder for what describe will say."""
+  accelerator_type = launch.options.accelerator_type or next(
+      (a.split('=', 1)[1] for a in launch.launcher_args
+       if a.startswith('--config.topology.accelerator_type=')), '')
+  try:
+    return accelerators.slice_topology(accelerator_type).hosts
+  except accelerators.AcceleratorTypeError:
+    return '<workers from describe>'
+
+
+def image_python_warning(launch) -> str:
+  """A warning when --create's image has a Python too old for the JAX and
+  nothing provides another; '' otherwise."""
+  options = launch.options
+  image = getattr(options, 'runtime_version', '') or ''
+  system = next((v for prefix, v in _IMAGE_PYTHON.items()
+                 if image.startswith(prefix)), None)
+  minimum = commands.required_python(launch.jax_version)
+  if (system is None or system >= minimum or options.worker_python or
+      options.provision_python):
+    return ''
+  dotted = '.'.join(map(str, minimum))
+  return (f'# warning: the image {image} has Python '
+          f'{".".join(map(str, system))}, and JAX {launch.jax_version} needs '
+          f'{dotted} or newer: unless the image has python{dotted} besides, '
+          'the launch stops at the Python check. Add --provision_python (or '
+          '--worker_python=PATH).')
+
+
 def print_plan(launch) -> int:
   """--dry_run: every command, in order; runs none."""
   options, gcloud = launch.options, launch.gcloud
   short = '<code sha256[:16]>'
-  workers = '<workers from describe>'
+  workers = planned_workers(launch)
+  batch = workers if isinstance(workers, int) else '<workers>'
   minimum = commands.required_python(launch.jax_version)
   launch.coordinator = '<worker 0 of slice 0, from describe>'
   print(f'# job {launch.job_id}, logs in {launch.log_dir}')
-  for line in _planned_fleet(launch):
-    print(line)
+  for line in [*_planned_fleet(launch), image_python_warning(launch)]:
+    if line:
+      print(line)
   for node in launch.nodes:
     print(shlex.join(gcloud.describe(node)))
   if not options.skip_preflight:
@@ -50,16 +92,17 @@ def print_plan(launch) -> int:
     for command in (
         gcloud.ssh(commands.PYTHON_PROBE.replace(
             'FIND', commands.find_python(options.worker_python, minimum)),
-                   node=node),
+                   node=node, workers=batch),
         gcloud.scp('<tmp>/code.tar.gz', f'podrun-{short}.tar.gz', node),
         gcloud.ssh(commands.setup_command(short, options.worker_python,
-                                          launch.jax_version), node=node)):
+                                          launch.jax_version), node=node,
+                   workers=batch)):
       print(shlex.join(command))
   for slice_id, node in enumerate(launch.nodes):
     print(shlex.join(gcloud.ssh(commands.run_command(
         short, launch.job_id, options.worker_python, options.env,
         launch.launcher_args, workers, options, 1, launch.place(slice_id)),
-                                node=node)))
+                                node=node, workers=batch)))
   if launch.fleet is not None:
     delete = shlex.join(gcloud.queued('delete', launch.fleet.request.name,
                                       '--force', '--quiet'))
@@ -70,7 +113,7 @@ def print_plan(launch) -> int:
   for node in launch.nodes:
     print(shlex.join(gcloud.ssh(commands.stop_command(
         commands.attempt_id(launch.job_id, 1), options.stop_grace),
-                                node=node)))
+                                node=node, workers=batch)))
   return exit_codes.OK
 
 
@@ -106,10 +149,23 @@ def control(launch) -> int:
   return next((c for c in codes if c), exit_codes.OK)
 
 
+def _workers_of(launch, node: str):
+  """The slice's worker count from describe, for ssh's --batch-size; None
+  when describe fails (the ssh then says why)."""
+  result = subprocess.run(launch.gcloud.describe(node),
+                          stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, check=False)
+  try:
+    return len(json.loads(result.stdout).get('networkEndpoints') or []) or None
+  except (ValueError, AttributeError):
+    return None
+
+
 def _on_slice(launch, command: str, node: str) -> int:
   """Runs `command` on every worker of one slice; with several slices each
   line says which (a worker's index is its place in its own slice)."""
-  ssh = launch.gcloud.ssh(command, node=node)
+  ssh = launch.gcloud.ssh(command, node=node,
+                          workers=_workers_of(launch, node))
   if len(launch.nodes) == 1:
     return subprocess.run(ssh, stdin=subprocess.DEVNULL,
                           check=False).returncode

@@ -248,7 +248,8 @@ class Launch:
     options = self.options
     try:
       pythons = commands.check_pythons(self.gcloud, options.worker_python,
-                                       gcloud_log, self.jax_version, node)
+                                       gcloud_log, self.jax_version, node,
+                                       self.workers)
     except LaunchError:
       if not options.provision_python:
         raise
@@ -257,9 +258,11 @@ class Launch:
       self.say(f'installing Python {minimum} (for JAX {self.jax_version}) '
                'on the workers that lack it (--provision_python)')
       commands.run_logged(self.gcloud.ssh(commands.provision_command(
-          options.worker_python, self.jax_version), node=node), gcloud_log)
+          options.worker_python, self.jax_version), node=node,
+                                          workers=self.workers), gcloud_log)
       pythons = commands.check_pythons(self.gcloud, options.worker_python,
-                                       gcloud_log, self.jax_version, node)
+                                       gcloud_log, self.jax_version, node,
+                                       self.workers)
     self.say(f'worker Python on {node}: ' + ', '.join(
         f'worker {w}: {p}' for w, p in sorted(pythons.items())))
 

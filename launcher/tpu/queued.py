@@ -120,11 +120,25 @@ class Observation:
     return 'ready'
 
   def describe(self) -> str:
-    nodes = ', '.join(f'{n} {s}' + (f'/{h}' if h else '')
+    """'queued resource FAILED: <the service's message>; node(s) ...'."""
+    nodes = ', '.join(f'{n} {_node_state(self.queued, s)}' +
+                      (f'/{h}' if h else '')
                       for n, (s, h) in self.nodes.items())
-    return (f'queued resource {self.queued}' + (f' ({self.detail})'
+    return (f'queued resource {self.queued}' + (f': {self.detail}'
                                                 if self.detail else '') +
             (f'; node(s) {nodes}' if nodes else ''))
+
+
+def _node_state(queued: str, node: str) -> str:
+  """A node's state as a person reads it: one that a FAILED or
+  PROVISIONING queued resource never created is not 'NOT_FOUND'."""
+  if node != NOT_FOUND:
+    return node
+  if queued == 'FAILED':
+    return 'never created'
+  if queued in WAITING or queued == 'PROVISIONING':
+    return 'not created yet'
+  return node
 
 
 def _describe(command: list[str]) -> Optional[dict]:
@@ -256,6 +270,12 @@ class Fleet:
       if now_phase == 'up':
         self.up = True
         return seen
+      if now_phase == 'lost' and seen.queued == 'FAILED':
+        raise LaunchError(
+            f'queued resource {self.request.name} FAILED, the service says: '
+            f'{seen.detail or "(no message)"}. Try another zone, '
+            'accelerator type or --spot/--reserved.',
+            exit_code=exit_codes.POD_UNAVAILABLE)
       if now_phase == 'lost':
         raise LaunchError(f'queued resource {self.request.name} is lost '
                           f'while waiting for it: {last}',

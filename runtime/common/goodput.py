@@ -17,7 +17,10 @@ job) and accounts for the job's whole wall time:
 - per job: `unrecorded` (the end of an attempt that was killed before it
   could write its ledger: its last seconds are lost, not dropped),
   `launch_overhead` (the launcher starting and reaping the processes) and
-  `restart_backoff` (nothing running between two attempts).
+  `restart_backoff` (a launcher waiting between two attempts it ran).
+  The time between two commands (a Ctrl-C, then the same command again an
+  hour later) is no part: it is reported as `between_commands_s`, outside
+  the job's wall time.
 
 Goodput = productive / wall time. Nothing here imports JAX: the launcher
 rolls up without it.
@@ -250,46 +253,46 @@ def rollup(workdir: str, attempts_path: Optional[str] = None
   """Accounts for the job's wall time, attempt by attempt.
 
   The job runs from its first attempt's start (the launcher's, else the
-  earliest process start) to its last attempt's end (the launcher's, else
-  the last ledger update). Each attempt is seen through process 0's ledger;
-  the time between attempts, and the unrecorded end of a killed attempt, are
-  parts of their own.
+  process's) to its last attempt's end (the launcher's, else the last ledger
+  update), less the time between commands: when an attempt was started by
+  another command than the one before it (a second `podrun` after a Ctrl-C,
+  a resume as another topology), nothing ran the job from the end of the one
+  before to that command's start. That time is `between_commands_s`, not a
+  part: no launcher waited it. Each attempt is seen through process 0's
+  ledger; the time a launcher waited between two attempts, and the
+  unrecorded end of a killed attempt, are parts of their own. The parts add
+  up to `wall_s`.
 
   Returns:
-    {'wall_s', 'goodput', 'parts': {category: seconds}, 'attempts': [...],
-     'ranks': {attempt: {rank: parts}}}; empty parts when nothing was
-    recorded.
+    {'wall_s', 'goodput', 'between_commands_s', 'parts': {category:
+     seconds}, 'attempts': [...], 'ranks': {attempt: {rank: parts}}}; empty
+    parts when nothing was recorded.
   """
   ledgers = _read_ledgers(workdir)
-  launched = _launcher_attempts(workdir, attempts_path)
+  by_name = {a.name: a for a in _launcher_attempts(workdir, attempts_path)
+             if a.name}
   order = sorted(ledgers, key=lambda a: _ledger_of_0(ledgers[a])['started'])
-  by_name = {a.name: a for a in launched if a.name}
-  attempts, previous_end = [], None
-  job_start = None
-  if launched:
-    job_start = launched[0].launcher_started or launched[0].started
+  attempts: list[dict[str, Any]] = []
   for number, name in enumerate(order, 1):
-    ledger_0 = _ledger_of_0(ledgers[name])
-    launch = by_name.get(name)
-    attempts.append(_attempt_record(number, name, ledger_0, launch,
-                                    previous_end))
-    if number > 1:
-      before = order[number - 2]
+    before = order[number - 2] if number > 1 else None
+    attempts.append(_attempt_record(
+        number, name, _ledger_of_0(ledgers[name]), by_name.get(name),
+        attempts[-1] if attempts else None, by_name.get(before)))
+    if before is not None:
       attempts[-1]['recovery'] = time_to_recover.phases(
-          ledgers[before], by_name.get(before), previous_end, ledger_0, launch)
-    previous_end = attempts[-1]['ended']
-    if job_start is None:
-      job_start = ledger_0['started']
+          ledgers[before], by_name.get(before), attempts[-2]['ended'],
+          _ledger_of_0(ledgers[name]), by_name.get(name),
+          between_commands_s=attempts[-1]['between_commands_s'])
   if not attempts:
-    return {'wall_s': 0.0, 'goodput': None, 'parts': {}, 'attempts': [],
-            'ranks': {}}
-  first_gap = attempts[0]['started'] - job_start
-  attempts[0]['parts']['launch_overhead'] += max(0.0, first_gap)
-  wall = attempts[-1]['ended'] - job_start
+    return {'wall_s': 0.0, 'goodput': None, 'between_commands_s': 0.0,
+            'parts': {}, 'attempts': [], 'ranks': {}}
+  wall = sum(a['wall_s'] for a in attempts)
   parts = {p: sum(a['parts'][p] for a in attempts)
            for p in PROCESS_PARTS + JOB_PARTS}
   return {'wall_s': wall,
           'goodput': parts['productive'] / wall if wall > 0 else None,
+          'between_commands_s': sum(a['between_commands_s']
+                                    for a in attempts),
           'parts': parts, 'attempts': attempts,
           'ranks': {name: {r: rec['parts'] for r, rec in sorted(
               ledgers[name].items())} for name in order}}
@@ -300,13 +303,27 @@ def _ledger_of_0(ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
   return ranks.get(0) or ranks[min(ranks)]
 
 
+def _same_command(launch: Optional[records.LauncherAttempt],
+                  before: Optional[records.LauncherAttempt]) -> bool:
+  """Whether one launcher process ran both attempts (and so waited the
+  time between them)."""
+  if launch is None or before is None:
+    return False
+  if launch.launcher_started is not None:
+    return launch.launcher_started == before.launcher_started
+  return (launch.attempt or 1) > 1
+
+
 def _attempt_record(number: int, name: str, ledger_0: dict[str, Any],
                     launch: Optional[records.LauncherAttempt],
-                    previous_end: Optional[float]) -> dict[str, Any]:
+                    previous: Optional[dict[str, Any]],
+                    launch_before: Optional[records.LauncherAttempt]
+                    ) -> dict[str, Any]:
+  """One attempt's parts, from its command's start (or the end of the
+  attempt before, when the same command ran both) to its end."""
   parts = {p: 0.0 for p in PROCESS_PARTS + JOB_PARTS}
   parts.update(ledger_0['parts'])
-  started = ledger_0['started']
-  ended = ledger_0['updated']
+  started, ended = ledger_0['started'], ledger_0['updated']
   if launch is not None:
     # The launcher saw the attempt from before the process started to after
     # it ended: that is launch overhead, or the process's unrecorded end.
@@ -318,20 +335,38 @@ def _attempt_record(number: int, name: str, ledger_0: dict[str, Any],
     parts['launch_overhead'] -= moved
     parts['infrastructure_recovery'] += moved
     started = min(started, launch.started)
-  if previous_end is not None:
-    gap = started - previous_end
-    if gap >= 0:
-      parts['restart_backoff'] += gap
-    else:
-      # A restart at once, and a process start read from /proc in clock
-      # ticks (10 ms), can put the start before the previous end; the
-      # overlap is an error of that estimate, not time spent twice.
-      _take_out(parts, -gap, ('launch_overhead', 'startup'))
-    started = previous_end
+  between_commands = 0.0
+  if previous is not None and _same_command(launch, launch_before):
+    _book_backoff(parts, started - previous['ended'])
+    started = previous['ended']
+  else:
+    command_started = (launch.launcher_started or launch.started
+                       if launch is not None else started)
+    if previous is not None:
+      # A command started before the one before it ended (two terminals)
+      # still starts this attempt no earlier than that end.
+      command_started = max(command_started, previous['ended'])
+      between_commands = max(0.0, command_started - previous['ended'])
+    parts['launch_overhead'] += max(0.0, started - command_started)
+    _take_out(parts, max(0.0, command_started - started),
+              ('launch_overhead', 'startup'))
+    started = command_started
   return {'attempt': number, 'name': name, 'started': started,
           'ended': ended, 'wall_s': ended - started, 'final': ledger_0['final'],
+          'between_commands_s': between_commands,
           'exit_code': launch.exit_code if launch else None,
           'notes': ledger_0['notes'], 'parts': parts}
+
+
+def _book_backoff(parts: dict[str, float], gap: float) -> None:
+  """The time one launcher waited between two attempts."""
+  if gap >= 0:
+    parts['restart_backoff'] += gap
+  else:
+    # A restart at once, and a process start read from /proc in clock
+    # ticks (10 ms), can put the start before the previous end; the
+    # overlap is an error of that estimate, not time spent twice.
+    _take_out(parts, -gap, ('launch_overhead', 'startup'))
 
 
 def _take_out(parts: dict[str, float], seconds: float,

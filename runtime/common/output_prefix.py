@@ -77,6 +77,27 @@ _ALARMING = re.compile(r'(?i)\b(warn|warning|error|exception|traceback|'
                        r'fatal|failed|killed|stalled|diverged|busy|stale)\b')
 
 
+# Gloo's line for every CPU collective group a process joins, whenever all
+# its peers are there: a 2x4 pod prints four per rank. Kept in the logs.
+_GLOO_ALL_CONNECTED = re.compile(
+    r'^\[Gloo\] Rank \d+ is connected to (\d+) peer ranks\. Expected number '
+    r'of connected peer ranks is : (\d+)\s*$')
+
+
+def routine(line: str) -> bool:
+  """Whether a line is a library's routine chatter, kept from the console
+  (it stays in the logs): Gloo's "connected to 7 peer ranks" when 7 were
+  expected. A group that did not connect fully is shown.
+
+  Example:
+    >>> routine('[Gloo] Rank 0 is connected to 7 peer ranks. Expected '
+    ...         'number of connected peer ranks is : 7')
+    True
+  """
+  found = _GLOO_ALL_CONNECTED.match(_RANK_PREFIX.sub('', line))
+  return bool(found) and found.group(1) == found.group(2)
+
+
 def alarming(line: str) -> bool:
   """Whether a line of merged output is a warning or an error: an absl or
   glog W/E/F header, or a word such as error, traceback or failed.
@@ -96,10 +117,15 @@ def shown_on_console(process_index: int, stream: str, line: str,
                      log_all_ranks: bool) -> bool:
   """Whether the local-pod launcher echoes a rank's line on its console.
 
-  Rank 0 is shown in full; other ranks show what they write to stderr
-  (warnings, errors, tracebacks) except INFO log lines.
+  Rank 0 is shown in full but for `routine` lines; other ranks show what
+  they write to stderr (warnings, errors, tracebacks) except INFO log lines.
+  `log_all_ranks` shows everything.
   """
-  if process_index == 0 or log_all_ranks:
+  if log_all_ranks:
+    return True
+  if routine(line):
+    return False
+  if process_index == 0:
     return True
   if stream != 'stderr':
     return False

@@ -28,6 +28,10 @@ from runtime.common import env_vars
 _MIN_INTERVAL_S = 1.0
 _RECENT_STEPS = 100
 _LEARNED_STEPS = 1000
+# The first steps of a process (compilation, caches filling, a prefetcher
+# starting) say nothing of its pace: the stall watchdog learns no deadline
+# from them, and a process's own time per step is recorded only after them.
+WARMUP_STEPS = 20
 
 
 @dataclasses.dataclass
@@ -42,7 +46,8 @@ class Snapshot:
     step_seconds: recent intervals between completed steps.
     own_seconds: recent per-step time this process spent on its own before
       it could start a step (waiting for its input, dispatching), i.e. the
-      part of a step that peers wait for when this process is slow.
+      part of a step that peers wait for when this process is slow; none
+      of its first WARMUP_STEPS steps.
   """
   done_step: Optional[int]
   done_at: Optional[float]
@@ -91,6 +96,7 @@ class _Progress:
     self.done_step = self.done_at = self.begun_step = None
     self.step_seconds = collections.deque(maxlen=_RECENT_STEPS)
     self.own_seconds = collections.deque(maxlen=_RECENT_STEPS)
+    self.begun_count = 0
     fd = os.environ.get(env_vars.PROGRESS_FD)
     self.fd = int(fd) if fd else None
     self.last_write = None
@@ -147,7 +153,8 @@ class _Progress:
 
   def begin(self, step: int, own_seconds: float) -> None:
     with self.lock:
-      if self.begun_step is not None:  # The first includes compilation.
+      self.begun_count += 1
+      if self.begun_count > WARMUP_STEPS:
         self.own_seconds.append(own_seconds)
       self.begun_step = step
 

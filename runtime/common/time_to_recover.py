@@ -53,8 +53,8 @@ def fault_of(ranks: dict[int, dict[str, Any]],
 
 
 def phases(before: dict[int, dict[str, Any]], launch_before: Launch,
-           before_end: float, ledger_0: dict[str, Any], launch: Launch
-           ) -> Optional[dict[str, Any]]:
+           before_end: float, ledger_0: dict[str, Any], launch: Launch,
+           between_commands_s: float = 0.0) -> Optional[dict[str, Any]]:
   """Time to recover: from the fault that ended the attempt before to this
   attempt's first productive step, in PHASES.
 
@@ -64,6 +64,8 @@ def phases(before: dict[int, dict[str, Any]], launch_before: Launch,
     before_end: when it ended (wall time).
     ledger_0: this attempt's process 0 ledger.
     launch: the launcher's record of this attempt, or None.
+    between_commands_s: how long no command ran the job between the two
+      attempts (a person starting it again): not part of the recovery.
 
   Returns:
     {'total_s', 'phases': {phase: seconds}, 'restore_tier', 'restore_step',
@@ -81,13 +83,13 @@ def phases(before: dict[int, dict[str, Any]], launch_before: Launch,
   phases = {
       'detection': fault.detected - fault.at,
       'teardown': before_end - fault.detected,
-      'backoff': started - before_end,
+      'backoff': max(0.0, started - before_end - between_commands_s),
       'startup': parts['startup'] + max(0.0, ledger_0['started'] - started),
       'distributed_init': parts['distributed_init'],
       'restore': parts['checkpoint_restore'],
       'compile': parts['compile'],
       'recomputed': parts['recomputed']}
-  total = first.wall - fault.at
+  total = first.wall - fault.at - between_commands_s
   phases['other'] = total - sum(phases.values())
   return {'total_s': total, 'phases': phases,
           'restore_tier': notes.restore_tier,

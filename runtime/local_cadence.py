@@ -1,0 +1,128 @@
+"""When the local tier saves: every N steps, or every N seconds of training.
+
+config.local_checkpoint_every counts steps. config.local_checkpoint_every_s,
+when above 0, counts seconds instead, for a model whose copy is slow: after
+the warm-up, and again after every save, process 0 turns the seconds into
+a number of steps from the recent step time and tells the others, so that
+every process copies the same step (a restore then finds every copy local:
+runtime/recovery.py). In seconds, copies are never so frequent that the
+loop's blocking for them exceeds BLOCKING_SHARE (1 %) of its time: a state
+that blocks the loop 1 s per copy is copied at most every 100 s. A cadence
+in steps stays as asked (every process copies the same steps) and warns
+once when a copy blocks more than that (and at least 50 ms).
+
+Example:
+  >>> cadence = Cadence.from_config(config, coordination.current())
+  >>> if cadence.due(run.step, run.count):
+  ...   ...                                 # the copy, blocking_s long
+  ...   cadence.saved(run.step, blocking_s)
+"""
+
+import math
+from typing import Callable, Optional
+
+from absl import logging
+from ml_collections import ConfigDict
+import numpy as np
+
+from runtime.common import progress
+from runtime import coordination
+
+BLOCKING_SHARE = 0.01
+# A copy that blocks less is not worth a warning, whatever its share (a
+# small model's steps of a few ms on a laptop).
+_WARN_FROM_S = 0.05
+_NEXT_KEY = 'podrun/local_tier_next/{}'
+
+
+def recent_step_s() -> Optional[float]:
+  """The median of this process's recent step intervals, None before any."""
+  seconds = progress.snapshot().step_seconds
+  return float(np.median(seconds)) if seconds else None
+
+
+def steps_between(every_s: float, step_s: Optional[float],
+                  blocking_s: float) -> int:
+  """Steps from one copy to the next, at least 1.
+
+  Args:
+    every_s: the seconds asked for.
+    step_s: the recent step time (None: unknown, one step).
+    blocking_s: what the last copy blocked the loop (0 before the first).
+
+  Example:
+    >>> steps_between(30.0, step_s=0.5, blocking_s=1.0)  # 1 % needs 100 s
+    200
+  """
+  interval_s = max(every_s, blocking_s / BLOCKING_SHARE)
+  return max(1, math.ceil(interval_s / max(step_s or interval_s, 1e-9)))
+
+
+class Cadence:
+  """Decides, every step, whether this is a step the local tier copies.
+
+  Every process must call `due` at every step and `saved` after every copy,
+  in the same order: with a cadence in seconds these are the rounds in
+  which process 0 tells the others the next step.
+  """
+
+  def __init__(self, every_steps: int = 0, every_s: float = 0.0,
+               client: Optional[coordination.Client] = None,
+               step_s: Callable[[], Optional[float]] = recent_step_s):
+    self.every_steps, self.every_s = every_steps, every_s
+    self.client, self._step_s = client, step_s
+    self.next_step: Optional[int] = None
+    self.blocking_s = 0.0
+    self._warned = False
+
+  @classmethod
+  def from_config(cls, config: ConfigDict,
+                  client: Optional[coordination.Client]) -> 'Cadence':
+    return cls(config.local_checkpoint_every,
+               config.get('local_checkpoint_every_s', 0.0) or 0.0, client)
+
+  @property
+  def enabled(self) -> bool:
+    return self.every_steps > 0 or self.every_s > 0
+
+  @property
+  def in_seconds(self) -> bool:
+    return self.every_s > 0
+
+  def due(self, step: int, count: int) -> bool:
+    """Whether to copy after `step`, the `count`-th step of this process."""
+    if not self.in_seconds:
+      return self.every_steps > 0 and step % self.every_steps == 0
+    if count < progress.WARMUP_STEPS:
+      return False  # Its step times say nothing yet.
+    if self.next_step is None:
+      self.next_step = self._agree(step)
+    return step >= self.next_step
+
+  def saved(self, step: int, blocking_s: float) -> None:
+    """A copy of `step` blocked the loop `blocking_s`: plans the next."""
+    self.blocking_s = blocking_s
+    if self.in_seconds:
+      self.next_step = self._agree(step)
+      return
+    step_s = self._step_s()
+    if (not self._warned and step_s and blocking_s >= _WARN_FROM_S and
+        blocking_s > BLOCKING_SHARE * self.every_steps * step_s):
+      # Steps are what was asked for: every process must copy the same
+      # ones, so the cadence stays; the user is told how to bound it.
+      self._warned = True
+      logging.warning(
+          'a local copy blocks the loop %.3f s, %.1f %% of the %d steps '
+          '(%.3f s) between copies; config.local_checkpoint_every_s=%g keeps '
+          'it under %g %%', blocking_s,
+          100 * blocking_s / (self.every_steps * step_s), self.every_steps,
+          self.every_steps * step_s,
+          math.ceil(self.every_steps * step_s), 100 * BLOCKING_SHARE)
+
+  def _agree(self, step: int) -> int:
+    def decide() -> str:
+      return str(step + steps_between(self.every_s, self._step_s(),
+                                      self.blocking_s))
+    if self.client is None:
+      return int(decide())
+    return int(self.client.from_0(_NEXT_KEY.format(step), decide))
