@@ -9,7 +9,9 @@ os.environ['XLA_FLAGS'] = ' '.join(
 os.environ['JAX_PLATFORMS'] = 'cpu'
 
 import shutil  # pylint: disable=g-import-not-at-top,wrong-import-position
+import signal  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tempfile  # pylint: disable=g-import-not-at-top,wrong-import-position
+import uuid  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -78,6 +80,47 @@ def _launchers_only_in_the_processes_tier(request, monkeypatch):
   monkeypatch.setattr(helpers, 'start_launcher', refuse)
   monkeypatch.setattr(cluster.Cluster, '__init__', refuse)
   monkeypatch.setattr(tpu_emulation.FakePod, 'start', refuse)
+
+
+# Every process a processes-tier test starts (launchers, ranks, emulated
+# workers, srun's tasks) inherits this variable, with a value of the test's
+# own: once the test is over, none may be left (README, Tests).
+SURVIVOR_MARK = 'PODRUN_TEST_PROCESSES'
+_SURVIVOR_WAIT_S = 15.0
+
+
+@pytest.fixture(autouse=True)
+def _no_process_survives_its_test(request, monkeypatch):
+  """Fails a processes-tier test that leaves a process of its own behind,
+  naming it, after stopping it by its id."""
+  if 'processes' not in module_tiers(request.module):
+    yield
+    return
+  from tests import helpers  # pylint: disable=g-import-not-at-top
+  mark = f'{os.getpid()}-{uuid.uuid4().hex[:12]}'
+  monkeypatch.setenv(SURVIVOR_MARK, mark)
+  yield
+  entry = f'{SURVIVOR_MARK}={mark}'
+  if helpers.wait_for(lambda: not helpers.processes_with_env(entry),
+                      _SURVIVOR_WAIT_S):
+    return
+  left = {pid: _command_line(pid) for pid in helpers.processes_with_env(entry)}
+  for pid in left:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+  pytest.fail(f'{request.node.nodeid} left {len(left)} process(es) running '
+              f'{_SURVIVOR_WAIT_S:g} s after it ended (now killed): ' +
+              '; '.join(f'{pid}: {cmd}' for pid, cmd in left.items()))
+
+
+def _command_line(pid: int) -> str:
+  try:
+    with open(f'/proc/{pid}/cmdline', 'rb') as f:
+      return f.read().replace(b'\0', b' ').decode(errors='replace')[:200]
+  except OSError:
+    return '?'
 
 
 def pytest_report_header(config):

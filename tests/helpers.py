@@ -149,3 +149,29 @@ def fingerprints(workdir, ranks: int = 2) -> list[str]:
   return [read_json(pathlib.Path(workdir) / 'ranks' /
                     f'rank_{i}.json')['fingerprint']['sha256']
           for i in range(ranks)]
+
+
+def final_state(workdir) -> dict:
+  """The newest persistent checkpoint's TrainState as nested numpy dicts
+  ({'params', 'model_state', 'opt_state', 'rng'}), for comparing arrays."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  root = pathlib.Path(workdir) / 'checkpoints'
+  newest = max((p for p in root.iterdir() if p.name.isdigit()),
+               key=lambda p: int(p.name))
+  return ocp.PyTreeCheckpointer().restore(str(newest / 'state'))
+
+
+def assert_trees_close(one, two, rtol: float, atol: float) -> None:
+  """Every array of `one` equals its counterpart in `two` within rtol/atol:
+  sign, order and place, not only a sum."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  assert (jax.tree_util.tree_structure(one) ==
+          jax.tree_util.tree_structure(two)), (one, two)
+  for path, a in jax.tree_util.tree_flatten_with_path(one)[0]:
+    b = two
+    for key in path:
+      b = b[key.key]
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol,
+                               atol=atol, err_msg=jax.tree_util.keystr(path))
+

@@ -153,6 +153,20 @@ class Slurm:
                            f'{result.stdout}{result.stderr}')
     return result
 
+  def set_kill_wait(self, seconds: int) -> None:
+    """Rewrites KillWait in slurm.conf and has slurmctld read it again."""
+    with open(self.conf) as f:
+      text = f.read()
+    with open(self.conf, 'w') as f:
+      f.write(text.replace(f'KillWait={self.kill_wait_s}\n',
+                           f'KillWait={seconds}\n'))
+    self.kill_wait_s = seconds
+    self.run(['scontrol', 'reconfigure'])
+    if not helpers.wait_for(lambda: f'= {seconds} sec' in next(
+        (l for l in self.run(['scontrol', 'show', 'config']).stdout
+         .splitlines() if l.startswith('KillWait')), ''), 30):
+      raise AssertionError(f'slurmctld did not take KillWait={seconds}')
+
   def job_state(self, job_id: str) -> Optional[str]:
     """The job's state (PENDING, RUNNING, ...) or None once it is gone."""
     result = self.run(['squeue', '-h', '-j', job_id, '-o', '%T'], check=False)

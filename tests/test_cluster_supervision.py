@@ -15,6 +15,7 @@ import time
 import pytest
 
 from runtime.common import exit_codes
+from runtime.common import goodput
 from tests import cluster
 from tests import helpers
 
@@ -239,3 +240,46 @@ def test_a_loop_of_its_own_started_by_hand(tmp_path):
     assert exits[rank].code == exit_codes.STALLED, exits[rank].output
   assert 'runtime.progress.report(step)' in (exits[0].output +
                                              exits[1].output)
+
+
+def _restore_notes(workdir) -> list[tuple]:
+  """(restore_tier, restore_step) per rank of the attempt that started last."""
+  attempts = {}
+  for path in workdir.glob('goodput/*/rank_*.json'):
+    attempts.setdefault(path.parent.name, {})[
+        int(path.stem[len('rank_'):])] = helpers.read_json(path)
+  last = max(attempts.values(), key=lambda a: a[0]['started'])
+  return [(last[r]['notes'].get('restore_tier'),
+           last[r]['notes'].get('restore_step')) for r in sorted(last)]
+
+
+def test_a_sigkill_and_a_restart_loop_resume_from_the_local_tier(tmp_path):
+  # A scheduler's loop, played by the test: start both processes, and once
+  # they have ended start them again, until both exit 0. Rank 1 is
+  # SIGKILLed while loading step 26; a copy every 10 steps.
+  args = [PROBE, '--config.steps=60', '--config.checkpoint_every=1000',
+          '--config.local_checkpoint_every=10', '--heartbeat_timeout=3']
+  same_job = {r: {'PODRUN_JOB_ID': 'loop'} for r in (0, 1)}
+  with cluster.Cluster(tmp_path / 'straight', 2, args) as job:
+    assert [e.code for e in job.wait(timeout=120).values()] == [0, 0]
+  codes = []
+  for attempt in range(1, 4):
+    kill = (['--config.fail_rank=1', '--config.fail_step=25',
+             '--config.fail_mode=sigkill'] if attempt == 1 else [])
+    with cluster.Cluster(tmp_path / 'loop', 2, [*args, *kill],
+                         rank_env=same_job) as job:
+      exits = job.wait(timeout=120)
+    codes.append([exits[r].code for r in (0, 1)])
+    if attempt == 1:
+      assert re.search(r'rank 1 on \S+ was lost: no heartbeat', exits[0].output
+                       ), exits[0].output
+    if codes[-1] == [0, 0]:
+      break
+  assert codes == [[exit_codes.PEER_FAILED, -signal.SIGKILL], [0, 0]], codes
+  assert _restore_notes(tmp_path / 'loop') == [('local', 20)] * 2
+  assert (helpers.fingerprints(tmp_path / 'loop') ==
+          helpers.fingerprints(tmp_path / 'straight'))
+  rollup = goodput.rollup(str(tmp_path / 'loop'))
+  recovery = rollup['attempts'][1]['recovery']
+  assert recovery is not None and recovery['restore_tier'] == 'local'
+  assert recovery['total_s'] == pytest.approx(sum(recovery['phases'].values()))

@@ -30,6 +30,9 @@ def test_mnist_on_2x4_matches_1x8(tmp_path):
   # for bit.
   assert one['fingerprint']['abs_sum'] == pytest.approx(
       two['fingerprint']['abs_sum'], rel=1e-6)
+  helpers.assert_trees_close(helpers.final_state(tmp_path / '1x8')['params'],
+                             helpers.final_state(tmp_path / '2x4')['params'],
+                             rtol=1e-4, atol=1e-6)
   assert one['eval']['eval_num_examples'] == two['eval'][
       'eval_num_examples'] == 1001
   assert abs(one['eval']['eval_accuracy'] -

@@ -315,9 +315,11 @@ def test_status_and_stop(pod, tmp_path):
     for w in range(2):
       assert f'[worker {w}] podrun: job long-a1 stopped' in stopped.stdout
     launcher = helpers.finish(proc, 60, time.monotonic())
-    assert launcher.returncode != 0
+    # --stop is SIGTERM: the job saves and every worker exits 75, which the
+    # launching side passes on.
+    assert launcher.returncode == exit_codes.PREEMPTED, launcher.output
     status = pod.run('--status', job_id='')
-    assert '[worker 0] podrun: job long-a1: finished with exit code' in (
+    assert '[worker 0] podrun: job long-a1: finished with exit code 75' in (
         status.stdout)
   finally:
     helpers.kill_group(proc)

@@ -33,5 +33,9 @@ def test_2x4_matches_1x8(data_dir, tmp_path):
   for key in ('fingerprint', 'model_state_fingerprint'):
     assert one[key]['abs_sum'] == pytest.approx(two[key]['abs_sum'],
                                                 rel=1e-5), key
+  states = [helpers.final_state(tmp_path / name) for name in ('1x8', '2x4')]
+  for part in ('params', 'model_state'):
+    helpers.assert_trees_close(states[0][part], states[1][part], rtol=1e-4,
+                               atol=1e-6)
   assert one['eval']['eval_loss'] == pytest.approx(two['eval']['eval_loss'],
                                                    rel=1e-4)

@@ -9,9 +9,11 @@ JAX_COORDINATOR_PORT fixing JAX's port), and so do the SLURM daemons.
 """
 
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -134,11 +136,13 @@ def test_a_task_that_raises_is_named_and_the_other_exits_10(slurm, tmp_path):
 
 
 def test_kill_on_bad_exit_ends_the_step_as_well(slurm, tmp_path):
-  # SLURM stops the other task itself once one fails; podrun's broadcast
-  # usually ends it first (exit 10), and either way nothing is left.
+  # SLURM would stop the other task once one fails; podrun's broadcast ends
+  # it first (the failing task waits for its acknowledgement before it
+  # exits), so the other task still exits 10, and nothing is left.
   code, out = _raise_on_rank_1(slurm, tmp_path, ('--kill-on-bad-exit=1',))
   assert 'task 1: Exited with exit code 1' in out, out
-  assert code != 0, out
+  assert f'task 0: Exited with exit code {exit_codes.PEER_FAILED}' in out, out
+  assert code == exit_codes.PEER_FAILED, out
 
 
 def test_scancel_signal_term_is_a_preemption(slurm, tmp_path):
@@ -156,6 +160,70 @@ def test_scancel_signal_term_is_a_preemption(slurm, tmp_path):
   assert proc.returncode == exit_codes.PREEMPTED, out
   assert out.count('preempted: saved the checkpoint of step') == 2, out
   _assert_nothing_left(port, slurm)
+
+
+def test_kill_wait_is_the_time_a_preemption_save_has(slurm, tmp_path):
+  # Rank 0's input sleeps 60 s at step 20, so no step boundary comes and
+  # no preemption save can happen: scancel's SIGTERM is followed by SIGKILL
+  # after KillWait (2 s here, 30 s by default), and the checkpoints are the
+  # ones from before.
+  slurm.set_kill_wait(2)
+  port = cluster.free_port()
+  try:
+    proc = _srun(slurm, tmp_path, port, '--config.fail_rank=0',
+                 '--config.fail_step=20', '--config.fail_mode=sleep',
+                 '--config.fail_seconds=60')
+    assert helpers.wait_for(lambda: _last_step(tmp_path) >= 19 or
+                            proc.poll() is not None, 180)
+    assert proc.poll() is None, _finish(proc, 10)
+    job_id = slurm.run(['squeue', '-h', '-o', '%i']).stdout.split()[0]
+    cancelled = time.monotonic()
+    slurm.run(['scancel', job_id])
+    out = _finish(proc, 120)
+    took = time.monotonic() - cancelled
+  finally:
+    slurm.set_kill_wait(30)
+  assert 'preempted: saved the checkpoint' not in out, out
+  # Well under the sleep and the default KillWait: SLURM's SIGKILL ended it.
+  assert took < 20, (took, out)
+  assert sorted(int(p.name) for p in (tmp_path / 'checkpoints').iterdir()
+                if p.name.isdigit()) == [10, 20]
+  _assert_nothing_left(port, slurm)
+
+
+def test_a_sigkilled_task_is_named_and_a_rerun_resumes_locally(
+    slurm, straight, tmp_path):
+  # Only the local tier between the start and the end: a copy every 10
+  # steps, rank 1 SIGKILLed while loading step 26's batch. The test then
+  # runs the same srun again, as a requeue would.
+  tiers = ['--config.checkpoint_every=1000',
+           '--config.local_checkpoint_every=10', '--heartbeat_timeout=3']
+  port = cluster.free_port()
+  proc = _srun(slurm, tmp_path, port, *tiers, '--config.fail_rank=1',
+               '--config.fail_step=25', '--config.fail_mode=sigkill')
+  out = _finish(proc, 240)
+  _assert_nothing_left(port, slurm)
+  assert 'task 1: Killed' in out, out
+  assert re.search(r'rank 1 on \S+ (was lost|failed first)', out), out
+  port = cluster.free_port()
+  proc = _srun(slurm, tmp_path, port, *tiers)
+  again = _finish(proc, 240)
+  assert proc.returncode == 0, again
+  _assert_nothing_left(port, slurm)
+  assert helpers.fingerprints(tmp_path) == [straight] * 2
+  ledgers = _last_attempt_ledgers(tmp_path)
+  assert [(ledgers[r]['notes']['restore_tier'],
+           ledgers[r]['notes']['restore_step']) for r in (0, 1)] == [
+               ('local', 20)] * 2
+
+
+def _last_attempt_ledgers(workdir) -> dict[int, dict]:
+  """{rank: goodput ledger} of the attempt that started last."""
+  attempts = {}
+  for path in pathlib.Path(workdir).glob('goodput/*/rank_*.json'):
+    attempts.setdefault(path.parent.name, {})[
+        int(path.stem[len('rank_'):])] = helpers.read_json(path)
+  return max(attempts.values(), key=lambda a: a[0]['started'])
 
 
 def _batch_script(workdir, port: int) -> str:
@@ -206,20 +274,49 @@ def test_a_requeued_batch_job_resumes_exactly(slurm, straight, tmp_path):
   _assert_nothing_left(port, slurm)
 
 
-@pytest.mark.timeout(240)
-def test_mpirun_trains_as_a_local_pod_does(straight, tmp_path):
+def _mpirun(workdir, port: int, *args) -> subprocess.Popen:
   schedulers.require(schedulers.MPI_BINARIES)
-  port = cluster.free_port()
   command = ['mpirun', '--allow-run-as-root', '--oversubscribe', '-np', '2',
              '--mca', 'oob_tcp_if_include', 'lo',
              '--mca', 'btl_tcp_if_include', 'lo',
              '-x', 'JAX_COORDINATOR_PORT', '-x', 'PYTHONPATH',
-             *_launcher(tmp_path, port)]
-  proc = subprocess.Popen(command, cwd=helpers.REPO, env=_env(port),
+             *_launcher(workdir, port, *args)]
+  return subprocess.Popen(command, cwd=helpers.REPO, env=_env(port),
                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True,
                           start_new_session=True)
+
+
+@pytest.mark.timeout(240)
+def test_mpirun_trains_as_a_local_pod_does(straight, tmp_path):
+  port = cluster.free_port()
+  proc = _mpirun(tmp_path, port)
   out = _finish(proc, 200)
   assert proc.returncode == 0, out
   assert helpers.fingerprints(tmp_path) == [straight] * 2
   _assert_nothing_left(port)
+
+
+@pytest.mark.timeout(300)
+def test_mpirun_with_a_killed_process_resumes_from_the_local_tier(
+    straight, tmp_path):
+  tiers = ['--config.checkpoint_every=1000',
+           '--config.local_checkpoint_every=10', '--heartbeat_timeout=3']
+  port = cluster.free_port()
+  proc = _mpirun(tmp_path, port, *tiers, '--config.fail_rank=1',
+                 '--config.fail_step=25', '--config.fail_mode=sigkill')
+  out = _finish(proc, 200)
+  # mpirun names the process that died, stops the other, and exits 137.
+  assert proc.returncode == 128 + 9, out
+  assert 'process rank 1 with PID' in out and 'signal 9 (Killed)' in out, out
+  _assert_nothing_left(port)
+  port = cluster.free_port()
+  proc = _mpirun(tmp_path, port, *tiers)
+  again = _finish(proc, 200)
+  assert proc.returncode == 0, again
+  _assert_nothing_left(port)
+  assert helpers.fingerprints(tmp_path) == [straight] * 2
+  ledgers = _last_attempt_ledgers(tmp_path)
+  assert [(ledgers[r]['notes']['restore_tier'],
+           ledgers[r]['notes']['restore_step']) for r in (0, 1)] == [
+               ('local', 20)] * 2
