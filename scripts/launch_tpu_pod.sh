@@ -14,7 +14,8 @@
 #       [--create --accelerator_type=TYPE --runtime_version=IMAGE
 #        [--spot|--reserved] [--valid_until=6h] [--delete_after]
 #        [--queued_resource=NAME] [--capacity_timeout=86400]
-#        [--provisioning_timeout=1800] [--poll_interval=10]]
+#        [--provisioning_timeout=1800] [--poll_interval=10]
+#        [--lost_slice_wait=30] [--relaunch_grace=15]]
 #       -- <launcher flags>
 #   scripts/launch_tpu_pod.sh --tpu=NAME --zone=ZONE --status
 #   scripts/launch_tpu_pod.sh --tpu=NAME --zone=ZONE --stop[=JOB_ID]
@@ -67,7 +68,10 @@
 #    code) is launched again; a slice this launch created that is lost
 #    (node PREEMPTED, queued resource SUSPENDED or FAILED; read every
 #    --poll_interval seconds) is deleted and created again under its name
-#    first. The job resumes from its checkpoint. Attempts that fail in a
+#    first, once its job has ended (its preemption save; at most
+#    --lost_slice_wait seconds); a spot slice that still looks up after a
+#    job ended as a shutdown ends it is read for --relaunch_grace seconds
+#    before the job is relaunched there. The job resumes from its checkpoint. Attempts that fail in a
 #    row without progress wait --restart_backoff seconds (default 1),
 #    doubled each time; Ctrl-C or SIGTERM during that wait ends the launch
 #    as it does anywhere else (what it created deleted, exit 130/143).

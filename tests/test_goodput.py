@@ -157,3 +157,28 @@ def test_the_parts_never_exceed_the_wall_time(tmp_path, how):
   assert result['parts']['restart_backoff'] == pytest.approx(backoff)
   for attempt in result['attempts']:
     assert sum(attempt['parts'].values()) == pytest.approx(attempt['wall_s'])
+
+
+def test_an_attempt_whose_processes_all_died_unrecorded_still_recovers():
+  # Rank 0 SIGKILLed (its ledger last written at 100.0); rank 1 aborted by
+  # JAX's coordination service moments later (last written at 100.4):
+  # neither wrote an end, and no launcher ran them.
+  before = {0: {'started': 50.0, 'updated': 100.0, 'final': False,
+                'parts': {}, 'notes': {}},
+            1: {'started': 50.0, 'updated': 100.4, 'final': False,
+                'parts': {}, 'notes': {}}}
+  ledger_0 = {'started': 102.0, 'updated': 130.0, 'final': True, 'parts': {},
+              'notes': {'restore_tier': 'local', 'first_productive': {
+                  'wall': 105.0, 'step': 448, 'parts': {
+                      'startup': 1.0, 'distributed_init': 0.2,
+                      'checkpoint_restore': 0.3, 'compile': 0.4,
+                      'recomputed': 0.5}}}}
+  assert time_to_recover.fault_of(before, None) == {
+      'at': 100.0, 'detected': 100.4, 'rank': 0, 'kind': 'unrecorded'}
+  found = time_to_recover.phases(before, None, 100.4, ledger_0, None)
+  assert found['total_s'] == pytest.approx(5.0)
+  assert found['total_s'] == pytest.approx(sum(found['phases'].values()))
+  assert found['phases']['detection'] == pytest.approx(0.4)
+  # An attempt that one process ended in order is not guessed at.
+  before[1]['final'] = True
+  assert time_to_recover.fault_of(before, None) is None

@@ -157,14 +157,46 @@ def test_each_phase_has_its_own_timeout(tmp_path, cleanup):
   assert 'the job ended' not in result.stderr
 
 
-def test_a_lost_slice_without_restarts_left_is_deleted(tmp_path, cleanup):
-  fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG='step 3\n')
+def test_a_lost_slice_is_deleted_once_its_job_has_saved(tmp_path, cleanup):
+  # The VMs get 10 s from SIGTERM to SIGKILL, the job's preemption save
+  # takes 3 s, and a delete would end the VMs at once: the driver waits for
+  # the job to end before it deletes the slice.
+  saved = tmp_path / 'saved'
+  saved.mkdir()
+  fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG='step 3\n',
+                 FAKE_TPU_PREEMPT_GRACE_S='10')
   cleanup(fleet)
-  result = fleet.run(*CREATE, '--spot', '--', *ENDLESS, standin=True)
+  result = fleet.run(*CREATE, '--spot', '--', *ENDLESS,
+                     '--standin.term_save_s=3', f'--standin.saved_dir={saved}',
+                     standin=True)
   assert result.returncode == exit_codes.PREEMPTED, result.output
   assert 'the slice is lost under job test-job' in result.stderr
+  assert 'for the job on the lost slice to end' in result.stderr
   assert 'the slice is not up: deleting queued resource' in result.stderr
+  assert sorted(p.name for p in saved.iterdir()) == ['saved_0', 'saved_1'], (
+      result.output)
   assert fleet.queued_resources() == []
+
+
+def test_a_relaunch_waits_for_a_slice_that_is_still_going(tmp_path, cleanup):
+  # The service shows the preemption 4 s after the VMs got SIGTERM; the job
+  # exits 75 at once. Without the grace the driver would relaunch on VMs
+  # that are going, and lose that attempt too.
+  fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG='step 3\n',
+                 FAKE_QR_STATE_LAG_S='4')
+  cleanup(fleet)
+  result = fleet.run(*CREATE, '--spot', '--max_restarts=1', '--delete_after',
+                     '--', *SHORT, '--standin.term_save_s=0',
+                     f'--standin.saved_dir={tmp_path}', standin=True)
+  assert result.returncode == 0, result.output
+  assert '(--relaunch_grace) before relaunching there' in result.stderr
+  attempts = helpers.read_jsonl(fleet.logs / 'attempts.jsonl')
+  assert [a['kind'] for a in attempts] == ['preempted', 'ok'], attempts
+  assert attempts[1]['infrastructure']['seconds'] > 0  # Recreated first.
+  helpers.wait_for(lambda: len(fleet.events()) >= 7, 10)
+  assert [e['event'] for e in fleet.events()] == [
+      'created', 'preempted', 'delete', 'deleted', 'created', 'delete',
+      'deleted']
 
 
 def test_a_failed_queued_resource_is_named_and_deleted(tmp_path, cleanup):

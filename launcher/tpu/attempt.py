@@ -104,13 +104,29 @@ class Attempt:
         if self._signals:
           self._stop(f'got {signal.Signals(self._signals[0]).name}')
         if self.slice_lost is not None:
-          for c in clients:
-            if c.poll() is None:
-              c.terminate()  # gcloud alone; the VMs are gone anyway.
-          for c in clients:
-            c.wait()
+          self._let_the_lost_slice_end(clients)
           return
         time.sleep(0.1)
+
+  def _let_the_lost_slice_end(self, clients: list[subprocess.Popen]) -> None:
+    """Gives the job on a lost slice --lost_slice_wait seconds to end by
+    itself (a preempted VM's job saves between the soft and the hard
+    power-off, and deleting the slice would end it at once), then ends the
+    gcloud sessions still open."""
+    wait_s = self.launch.options.lost_slice_wait
+    deadline = time.monotonic() + wait_s
+    if any(c.poll() is None for c in clients):
+      self.launch.say(f'waiting up to {wait_s:g} s (--lost_slice_wait) for '
+                      'the job on the lost slice to end (its preemption '
+                      'save) before anything deletes it')
+    while (any(c.poll() is None for c in clients) and
+           time.monotonic() < deadline and not self._signals):
+      time.sleep(0.1)
+    for c in clients:
+      if c.poll() is None:
+        c.terminate()  # gcloud alone; the VMs are going anyway.
+    for c in clients:
+      c.wait()
 
   def _on_lost(self, lost) -> None:
     self.slice_lost = lost.describe()
@@ -125,11 +141,16 @@ class Attempt:
   def _code(self, gcloud_codes: list[int]) -> int:
     if self._signals:
       return exit_codes.SIGNAL_BASE + self._signals[0]
-    if self.slice_lost is None and self._cause is not None and (
-        self.launch.fleet is not None):
+    if self.slice_lost is None and self.launch.fleet is not None and (
+        self._cause is not None or self._ended_as_a_shutdown_would()):
       # The VMs' shutdown can reach the job before the watch sees the
-      # slice go: ask once more.
-      lost = _lost_or_none(self.launch.fleet)
+      # slice go, and a spot slice's node can show it seconds later still:
+      # ask again (for --relaunch_grace on a spot slice) before taking the
+      # job's own code, and relaunching on VMs that are going.
+      lost = (babysit.lost_within(self.launch,
+                                  self.launch.options.relaunch_grace)
+              if self._ended_as_a_shutdown_would() and
+              self.launch.options.spot else _lost_or_none(self.launch.fleet))
       if lost is not None:
         self._on_lost(lost)
     if self.slice_lost is not None:
@@ -224,6 +245,15 @@ class Attempt:
         continue
       self.launch.write('gcloud.log', line)
       print(line, file=sys.stderr, flush=True)
+
+  def _ended_as_a_shutdown_would(self) -> bool:
+    """SIGTERM's codes (75 after a save, or 143) from a worker, or sessions
+    cut before every worker said how its job ended."""
+    workers = self.launch.workers * len(self.launch.nodes)
+    codes = {code for _, code in self._exits.values()}
+    return bool(codes & {exit_codes.PREEMPTED,
+                         exit_codes.SIGNAL_BASE + signal.SIGTERM}) or (
+                             len(self._exits) < workers)
 
 
 def _run_each(gcloud_commands: list[list[str]], log_path: str) -> None:

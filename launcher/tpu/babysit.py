@@ -56,6 +56,27 @@ class Watch:
         return
 
 
+def lost_within(launch, grace_s: float) -> Optional[queued.Observation]:
+  """Reads the slice every --poll_interval for `grace_s` seconds; the
+  observation once it shows lost, None if it stays up.
+
+  A VM's shutdown reaches the job (SIGTERM, exit 75 or 143) before the node
+  turns PREEMPTED; relaunching in between would cost an attempt.
+  """
+  launch.say(f'the job ended as a preemption does while the slice still '
+             f'looks up: reading it for up to {grace_s:g} s '
+             '(--relaunch_grace) before relaunching there')
+  deadline = time.monotonic() + grace_s
+  while True:
+    if launch.interrupted():
+      raise queued.Interrupted()
+    lost = launch.fleet.lost()
+    if lost is not None or time.monotonic() >= deadline:
+      return lost
+    time.sleep(min(launch.options.poll_interval,
+                   max(0.0, deadline - time.monotonic())))
+
+
 def recreate(launch, lost: queued.Observation, attempt) -> bool:
   """Deletes the lost slice, creates it again, waits for it and sets its
   workers up; records the time in `attempt.infrastructure`.

@@ -49,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
   add('--capacity_timeout', type=float, default=24 * 3600)
   add('--provisioning_timeout', type=float, default=1800)
   add('--poll_interval', type=float, default=10)
+  # A Spot VM gets 30 s from the soft to the hard power-off: the job on a
+  # lost slice may save in that time, and the delete would end it at once.
+  add('--lost_slice_wait', type=float, default=30)
+  # After a 75/143 from a spot slice whose node does not show it lost yet.
+  add('--relaunch_grace', type=float, default=15)
   add('--num_slices', type=int, default=1)
   add('--megascale_port', type=int, default=8080)
   # Accelerator preflight on every worker.
@@ -85,6 +90,9 @@ def _check(parser: argparse.ArgumentParser, options, launcher_args) -> None:
   for name in ('poll_interval', 'capacity_timeout', 'provisioning_timeout'):
     if getattr(options, name) <= 0:
       parser.error(f'--{name} must be positive')
+  for name in ('lost_slice_wait', 'relaunch_grace'):
+    if getattr(options, name) < 0:
+      parser.error(f'--{name} must be 0 or more')
 
 
 def parse(argv: list[str], launcher_args: list[str]

@@ -32,7 +32,8 @@ class Fault:
     at: wall time of the failed process's last sign of life.
     detected: wall time at which the job learned of it.
     rank: the process it is pinned on.
-    kind: 'failed', 'lost' or 'stalled' (a supervisor's view).
+    kind: 'failed', 'lost' or 'stalled' (a supervisor's view), or
+      'unrecorded' (read from ledgers that all stopped without an end).
     exit_code: the failed process's code (a launcher's view).
   """
   at: float

@@ -31,7 +31,24 @@ def _fault(ranks: dict[int, dict[str, Any]],
     return launch.fault
   noticed = [n.fault for n in (records.Notes.from_json(r.get('notes'))
                                for r in ranks.values()) if n.fault]
-  return min(noticed, key=lambda f: f.detected) if noticed else None
+  if noticed:
+    return min(noticed, key=lambda f: f.detected)
+  return _unwritten_ends(ranks) if launch is None else None
+
+
+def _unwritten_ends(ranks: dict[int, dict[str, Any]]
+                    ) -> Optional[records.Fault]:
+  """The fault of an attempt whose processes all died without writing
+  their end (a SIGKILL, and survivors that JAX's coordination service then
+  aborted with SIGABRT, before any supervisor could note it): the first to
+  stop writing its ledger failed then, the last one's end is when the job
+  knew. None when a process ended in order."""
+  if not ranks or any(r.get('final') for r in ranks.values()):
+    return None
+  first = min(ranks, key=lambda r: ranks[r]['updated'])
+  return records.Fault(at=ranks[first]['updated'],
+                       detected=max(r['updated'] for r in ranks.values()),
+                       rank=first, kind='unrecorded')
 
 
 def fault_of(ranks: dict[int, dict[str, Any]],

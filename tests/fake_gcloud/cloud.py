@@ -21,9 +21,12 @@ first three creations 8 s after each turns ACTIVE, and
 FAKE_QR_PREEMPT_ON_LOG="step 12/,step 24/" the first two once worker 0 of
 their first node has a job whose log holds that text (an event, not a time,
 so that a slow machine preempts at the same step). The nodes turn
-PREEMPTED and the queued resource SUSPENDING, then SUSPENDED after a second.
-Each worker VM gets SIGTERM, and SIGKILL FAKE_TPU_PREEMPT_GRACE_S (default
-2) s later, as a Compute Engine VM's shutdown does; its disk is gone.
+PREEMPTED and the queued resource SUSPENDING, then SUSPENDED after a second
+(both FAKE_QR_STATE_LAG_S, default 0, after the VMs' shutdown began, as the
+service can show it late). Each worker VM gets SIGTERM, and SIGKILL
+FAKE_TPU_PREEMPT_GRACE_S (default 2) s later, as a Compute Engine VM's
+shutdown does, or at once when the queued resource is deleted meanwhile;
+its disk is gone.
 
 A worker VM is its home directory, FAKE_TPU_POD_ROOT/NODE/worker_W, and the
 processes whose environment holds FAKE_TPU_VM=NODE#INCARNATION/W. A
@@ -145,9 +148,10 @@ def qr_state(qr: dict, now: float) -> str:
   """The queued resource's state at `now`, as the service reports it."""
   if qr['deleting'] is not None:
     return 'DELETING'
-  if qr['preempted'] is not None and now >= qr['preempted']:
-    return 'SUSPENDED' if now >= qr['preempted'] + _SUSPEND_S else (
-        'SUSPENDING')
+  shown = (None if qr['preempted'] is None else
+           qr['preempted'] + _env_s('FAKE_QR_STATE_LAG_S', 0))
+  if shown is not None and now >= shown:
+    return 'SUSPENDED' if now >= shown + _SUSPEND_S else 'SUSPENDING'
   for phase, start in zip(reversed(QR_PHASES),
                           ('active', 'provisioning', 'waiting', 'created')):
     if now >= qr[start]:
@@ -214,14 +218,16 @@ def _signal_all(pids: list[int], signum: int) -> None:
 
 
 def shut_down(qr: dict, grace: float) -> None:
-  """The VMs of every node of `qr` go: SIGTERM, SIGKILL after grace, disks
-  removed."""
+  """The VMs of every node of `qr` go: SIGTERM, SIGKILL after grace (at
+  once when the queued resource is deleted meanwhile), disks removed."""
   prefixes = [f'{node}#{qr["creation"]}/' for node in qr['node_ids']]
   for prefix in prefixes:
     _signal_all(_vm_processes(prefix), signal.SIGTERM)
   deadline = time.monotonic() + grace
   while time.monotonic() < deadline and any(
       _vm_processes(p) for p in prefixes):
+    if (load(qr['name']) or {}).get('deleting') is not None:
+      break  # A delete ends the VMs at once, their shutdown or not.
     time.sleep(0.1)
   for prefix in prefixes:
     _signal_all(_vm_processes(prefix), signal.SIGKILL)
