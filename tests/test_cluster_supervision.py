@@ -283,3 +283,47 @@ def test_a_sigkill_and_a_restart_loop_resume_from_the_local_tier(tmp_path):
   recovery = rollup['attempts'][1]['recovery']
   assert recovery is not None and recovery['restore_tier'] == 'local'
   assert recovery['total_s'] == pytest.approx(sum(recovery['phases'].values()))
+
+
+def _ledgers(workdir) -> dict[str, dict[int, dict]]:
+  """{attempt: {rank: goodput ledger}}."""
+  out = {}
+  for path in workdir.glob('goodput/*/rank_*.json'):
+    out.setdefault(path.parent.name, {})[int(path.stem[len('rank_'):])] = (
+        helpers.read_json(path))
+  return out
+
+
+def test_every_end_reaches_its_ledger_when_process_0_is_killed(tmp_path):
+  # Process 0 holds JAX's coordination service: SIGKILLed, it takes the
+  # service with it, and the service's client aborts the survivor (SIGABRT)
+  # before any supervisor of ours can act. Each obituary writes its
+  # process's end; a restart then has a complete time to recover.
+  args = [PROBE, '--config.steps=60', '--config.checkpoint_every=1000',
+          '--config.local_checkpoint_every=10', '--heartbeat_timeout=5']
+  same_job = {r: {'PODRUN_JOB_ID': 'abort'} for r in (0, 1)}
+  with cluster.Cluster(tmp_path, 2, args, rank_env=same_job) as job:
+    job.wait_until_stepping(step=25)
+    job.signal(0, signal.SIGKILL)
+    exits = job.wait(timeout=60)
+  assert exits[0].code == -signal.SIGKILL
+  [first] = _ledgers(tmp_path).values()
+  notes = {r: first[r]['notes'] for r in (0, 1)}
+  assert notes[0]['exit_code'] == 137, notes[0]
+  assert notes[0]['cause'].startswith('killed without a trace'), notes[0]
+  assert notes[0]['fault']['rank'] == 0
+  if exits[1].code == -signal.SIGABRT:
+    assert notes[1]['exit_code'] == 134, notes[1]
+    assert notes[1]['cause'].startswith('aborted (SIGABRT)'), notes[1]
+    assert 'ended without writing its end: aborted (SIGABRT)' in (
+        exits[1].output)
+  else:  # Our supervisor was first: its own end, naming process 0.
+    assert exits[1].code == exit_codes.PEER_FAILED, exits[1].output
+    assert notes[1]['fault']['rank'] == 0, notes[1]
+  with cluster.Cluster(tmp_path, 2, args, rank_env=same_job) as job:
+    assert [e.code for e in job.wait(timeout=120).values()] == [0, 0]
+  rollup = goodput.rollup(str(tmp_path))
+  recovery = rollup['attempts'][1]['recovery']
+  assert recovery is not None and recovery['restore_tier'] == 'local'
+  assert recovery['total_s'] == pytest.approx(sum(recovery['phases'].values()))
+  assert all(v >= 0 for v in recovery['phases'].values()), recovery

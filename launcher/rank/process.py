@@ -24,6 +24,7 @@ from launcher.rank import distributed
 from launcher.rank import failure
 from launcher.rank import interrupt
 from launcher.rank import lease as lease_lib
+from launcher.rank import obituary
 from launcher.rank import roll_call
 from launcher.rank import summary
 from launcher.rank import supervisor as supervisor_lib
@@ -151,6 +152,9 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
   running.supervisor.learn_in(workdir)
   summary.open_ledger(running.ledger, workdir, running.supervisor.client,
                       actual.process_index)
+  # From here a fatal signal's traceback goes through the obituary, which
+  # also writes the end this process cannot write itself.
+  obituary.start(running.ledger.path, actual.process_index)
   compilation.use_cache(options.compilation_cache_dir, workdir)
   topology.check(expected, actual)
   if actual.process_index == 0:

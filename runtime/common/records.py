@@ -92,6 +92,8 @@ class Notes:
     compile_cache_hits: programs read from the persistent cache.
     fault: what ended the attempt, as this process learned it.
     exit_code: what this process exited with.
+    cause: how it ended, when it could not say so itself (written by its
+      obituary, launcher/rank/obituary.py: aborted, killed ...).
   """
   attempt: Optional[str] = None
   process_index: Optional[int] = None
@@ -104,6 +106,7 @@ class Notes:
   compile_cache_hits: Optional[int] = None
   fault: Optional[Fault] = None
   exit_code: Optional[int] = None
+  cause: Optional[str] = None
 
   def to_json(self) -> dict[str, Any]:
     return _to_json(self)

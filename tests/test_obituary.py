@@ -1,0 +1,45 @@
+"""The obituary: a process's end written into its ledger however it ends."""
+
+import json
+
+import pytest
+
+from launcher.rank import obituary
+
+pytestmark = pytest.mark.unit
+
+
+def _ledger(path, final):
+  path.write_text(json.dumps({
+      'started': 100.0, 'updated': 108.0, 'final': final,
+      'parts': {'startup': 1.0, 'productive': 5.0, 'other': 2.0},
+      'notes': {'attempt': 'a1', 'last_step': 40}}))
+
+
+def test_what_faulthandler_wrote_names_the_end():
+  assert obituary.classify(b'Fatal Python error: Aborted\n\nThread ...')[0] == 134
+  assert obituary.classify(b'Fatal Python error: Segmentation fault')[0] == 139
+  code, cause = obituary.classify(b'')
+  assert code == 137 and cause.startswith('killed without a trace')
+
+
+def test_an_unwritten_end_is_written_and_a_written_one_kept(tmp_path):
+  path = tmp_path / 'rank_1.json'
+  _ledger(path, final=False)
+  cause = obituary.record_end(str(path), 1, 110.0,
+                              b'Fatal Python error: Aborted\n')
+  assert cause.startswith('aborted (SIGABRT)')
+  ledger = json.loads(path.read_text())
+  assert ledger['updated'] == 110.0 and not ledger['final']
+  assert ledger['notes']['exit_code'] == 134
+  assert ledger['notes']['last_step'] == 40  # What it knew stays.
+  assert ledger['notes']['fault'] == {'at': 110.0, 'detected': 110.0,
+                                      'rank': 1, 'kind': 'aborted',
+                                      'exit_code': 134}
+  # Its whole life is accounted for: 10 s, the unrecorded end in 'other'.
+  assert sum(ledger['parts'].values()) == pytest.approx(10.0)
+  _ledger(path, final=True)
+  before = path.read_text()
+  assert obituary.record_end(str(path), 1, 110.0, b'') is None
+  assert path.read_text() == before
+  assert obituary.record_end(str(tmp_path / 'none.json'), 1, 1.0, b'') is None
