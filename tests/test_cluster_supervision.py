@@ -161,7 +161,9 @@ def test_a_preemption_with_a_dead_rank_ends_in_a_bounded_wait(tmp_path):
 
 
 def test_stragglers_are_warned_about_and_step_times_summarised(tmp_path):
-  with cluster.Cluster(tmp_path, 2, [PROBE, '--config.steps=40',
+  # No straggler is judged from the first 20 steps (the warm-up): 70 steps
+  # leave 5 s of 0.1 s steps after it for process 0 to see rank 1's.
+  with cluster.Cluster(tmp_path, 2, [PROBE, '--config.steps=70',
                                      '--config.log_every=10', NO_CKPT,
                                      '--config.fail_rank=1',
                                      '--config.fail_step=5',
