@@ -358,7 +358,7 @@ def test_dry_run_prints_the_queued_resource_commands(tmp_path):
              'JAX ') in plan.stdout) == warned, plan.stdout
 
 
-STEPS = 48
+STEPS = 80
 BABYSAT = [*PROBE, f'--config.steps={STEPS}', '--config.log_every=1',
            '--config.checkpoint_every=5', '--config.fail_mode=slow',
            '--config.fail_rank=0', '--config.fail_step=0',
@@ -375,9 +375,12 @@ def test_three_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup):
       [*BABYSAT, '--local_processes=2', f'--workdir={tmp_path / "straight"}'],
       timeout=150)
   assert straight.returncode == 0, straight.output
-  # Spot preemption whenever worker 0's job reaches these steps: an event,
-  # so a slow machine is preempted at the same place.
-  fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG='step 12/,step 24/,step 36/')
+  # Spot preemption when worker 0's job reaches step 12, then, on each new
+  # slice, once its job has logged its second step (`eta=` is on every
+  # step line but an attempt's first): events, so a slow machine is
+  # preempted at the same place, and relative to wherever the preemption
+  # save before let the job resume (the driver now lets that save finish).
+  fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG='step 12/,eta=,eta=')
   cleanup(fleet)
   workdir = tmp_path / 'work'
   result = fleet.run(*CREATE, '--spot', '--max_restarts=3', '--delete_after',
@@ -394,7 +397,7 @@ def test_three_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup):
     assert _fingerprint(workdir, rank) == _fingerprint(
         tmp_path / 'straight'), 'the resumed job trained other bits'
   assert helpers.read_json(workdir / 'ranks' / 'rank_0.json')[
-      'start_step'] >= 36  # It resumed, not started over.
+      'start_step'] > 12  # It resumed, not started over.
   # gcloud's delete returns once the resource is gone; the emulated
   # service's clock records 'deleted' a tick later.
   helpers.wait_for(lambda: len(fleet.events()) >= 15, 10)
