@@ -13,7 +13,7 @@ import ast
 import json
 import os
 import sys
-from typing import NoReturn
+from typing import NoReturn, Optional
 
 from absl import app
 from absl import flags
@@ -318,12 +318,23 @@ def _between_commands(result: dict) -> str:
           if idle > 0 else '')
 
 
+def _workdir(flag: Optional[str]) -> str:
+  """The job's workdir as an absolute local path; a bucket is refused,
+  never taken for a relative path named 'gs:'."""
+  if flag and '://' in flag:
+    _fail(f'--workdir={flag}: the workdir (logs, metrics, the ledgers) must '
+          'be a local or shared directory for now; put the checkpoints in the '
+          f'bucket with --config.checkpoint_dir={flag.rstrip("/")}/checkpoints '
+          'and keep --workdir local (copy it to the bucket after the run if '
+          'it must outlive the machine)')
+  return os.path.abspath(flag or os.path.join('workdirs', config_name()))
+
+
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value')
   config = _CONFIG.value
-  workdir = os.path.abspath(_WORKDIR.value or
-                            os.path.join('workdirs', config_name()))
+  workdir = _workdir(_WORKDIR.value)
   workload.parse(config.get('workload'))
 
   if _LOCAL_PROCESSES.value is not None:

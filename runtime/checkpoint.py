@@ -135,6 +135,7 @@ class Checkpoints:
     self.every = every
     self._async = async_save
     self._thread: Optional[threading.Thread] = None
+    self._saving: Optional[int] = None
     self._error: Optional[BaseException] = None
     # Naming every process makes orbax meet at the coordination service's
     # barriers instead of at collectives over the devices, which a save on
@@ -163,6 +164,16 @@ class Checkpoints:
     """Whether `step` is one of the periodic checkpoint steps."""
     return self.every > 0 and step % self.every == 0
 
+  def describe_save(self, step: int) -> str:
+    """What a save of `step` works on, for the hang watchdog's message:
+    its path, and the save still being written that it waits for."""
+    target = f'saving step {step} to {self.path.rstrip("/")}/{step}'
+    if self._thread is not None and self._thread.is_alive():
+      target += (f', after the save of step {self._saving} to '
+                 f'{self.path.rstrip("/")}/{self._saving} completes (is the '
+                 'storage reachable?)')
+    return target
+
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
     """Starts saving `state` (host arrays) as step `step`; returns at once.
 
@@ -177,6 +188,7 @@ class Checkpoints:
     if not self._async:
       self._save(step, state, meta)
       return
+    self._saving = step
     self._thread = threading.Thread(target=self._save,
                                     args=(step, state, meta),
                                     name=f'checkpoint-{step}', daemon=True)

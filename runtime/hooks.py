@@ -221,7 +221,8 @@ class SaveCheckpoints(Hook):
     for check in self.checks:
       check.ensure_done(run)
     with (run.clock.timing('checkpoint_blocking'),
-          progress.working('checkpoint')):
+          progress.working('checkpoint',
+                           self.checkpoints.describe_save(run.step))):
       # Every record up to this step is on disk before its checkpoint is:
       # a run resumed from it then misses none (metrics.py).
       run.writer.flush()

@@ -227,3 +227,15 @@ def test_ctrl_c_of_a_single_process_says_how_to_resume(tmp_path):
   assert result.returncode == 130, result.output
   assert 'the same command resumes from the newest checkpoint' in (
       result.stderr)
+
+
+def test_a_bucket_workdir_is_refused_not_taken_for_a_directory(tmp_path):
+  result = helpers.run_launcher(
+      [f'--config={helpers.REPO}/configs/linear_regression.py',
+       '--config.steps=5', '--workdir=gs://bar-bucket/y/wd'], cwd=tmp_path)
+  assert result.returncode == 2, result.output  # CONFIG_ERROR.
+  assert ('--workdir=gs://bar-bucket/y/wd: the workdir (logs, metrics, the '
+          'ledgers) must be a local or shared directory') in result.stderr
+  assert '--config.checkpoint_dir=gs://bar-bucket/y/wd/checkpoints' in (
+      result.stderr)
+  assert not (tmp_path / 'gs:').exists()

@@ -16,10 +16,13 @@ renews it every few seconds:
   once;
 - a clean exit releases it.
 
-Creation is exclusive on a local or shared POSIX file system (O_EXCL). On
-object stores (gs://, through etils.epath as orbax uses) a write cannot be
-exclusive, so the taker writes, waits a moment and reads back: of two
-takers, the one whose token is not there any more backs off.
+Creation is exclusive on a local or shared POSIX file system (O_EXCL) and
+in a gs:// bucket (an upload with the precondition ifGenerationMatch=0,
+through gcsfs: of two jobs started at once exactly one creates it). Taking
+over a bucket's lease deletes the generation that was read, on condition
+that it is still that one, then creates afresh: of two takers, the second
+finds the object changed and backs off. Elsewhere (other object stores)
+the taker writes, waits a moment and reads back.
 """
 
 import dataclasses
@@ -100,6 +103,54 @@ def _create_exclusive(path: epath.Path, holder: Holder) -> bool:
   return True
 
 
+def _in_bucket(path: epath.Path) -> bool:
+  return str(path).startswith('gs://')
+
+
+def _bucket_fs():
+  """gcsfs's file system (what etils' epath uses for gs://)."""
+  try:
+    import gcsfs  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise exit_codes.ConfigError(
+        'a gs:// checkpoint directory needs gcsfs: pip install -e ".[gcs]" '
+        '(the tpu extra has it)') from e
+  return gcsfs.GCSFileSystem()
+
+
+def _create_in_bucket(path: epath.Path, holder: Holder) -> bool:
+  """Creates the lease object unless one exists (ifGenerationMatch=0)."""
+  try:
+    _bucket_fs().pipe_file(str(path), json.dumps(
+        dataclasses.asdict(holder)).encode(), mode='create')
+  except FileExistsError:
+    return False
+  return True
+
+
+def _generation(path: epath.Path) -> Optional[str]:
+  try:
+    return str(_bucket_fs().info(str(path))['generation'])
+  except (FileNotFoundError, KeyError, OSError):
+    return None
+
+
+def _delete_if_unchanged(path: epath.Path, generation: Optional[str]) -> bool:
+  """Deletes the lease object if it is still `generation`."""
+  if generation is None:
+    return True  # Gone meanwhile: nothing to delete.
+  fs = _bucket_fs()
+  bucket, key, _ = fs.split_path(str(path))
+  try:
+    fs.call('DELETE', 'b/{}/o/{}', bucket, key, ifGenerationMatch=generation)
+  except FileNotFoundError:
+    return True
+  except OSError:
+    return False  # 412: another job wrote it since.
+  fs.invalidate_cache()
+  return True
+
+
 def _write(path: epath.Path, holder: Holder) -> None:
   """Replaces the lease file whole, so that readers never see half of it."""
   text = json.dumps(dataclasses.asdict(holder))
@@ -154,6 +205,9 @@ class Lease:
     self._thread.start()
 
   def _take(self, path: epath.Path) -> None:
+    if _in_bucket(path):
+      self._take_in_bucket(path)
+      return
     path.parent.mkdir(parents=True, exist_ok=True)
     local = _is_local(str(path))
     if local and _create_exclusive(path, self.holder):
@@ -167,6 +221,23 @@ class Lease:
     time.sleep(_SETTLE_S if not local else _SETTLE_S / 5)
     current = _read(path)
     if current is None or current.token != self.holder.token:
+      raise WorkdirBusyError(
+          f'{path.parent} was taken by '
+          f'{current.describe() if current else "another job"} at the same '
+          'moment; this job stops without touching it.')
+
+  def _take_in_bucket(self, path: epath.Path) -> None:
+    """Creates the lease object, or takes over one that may be taken, with
+    preconditions only: no read-then-write window."""
+    if _create_in_bucket(path, self.holder):
+      return
+    generation = _generation(path)
+    current = _read(path)
+    if current is not None:
+      self._check_takeover(path, current)
+    if not (_delete_if_unchanged(path, generation) and
+            _create_in_bucket(path, self.holder)):
+      current = _read(path)
       raise WorkdirBusyError(
           f'{path.parent} was taken by '
           f'{current.describe() if current else "another job"} at the same '

@@ -183,6 +183,8 @@ class StallWatch:
       return None
     limit, idle, why = found
     doing = (f' while {snapshot.working}' if snapshot.working else '')
+    if snapshot.working and snapshot.working_on:
+      doing += f' ({snapshot.working_on})'
     return peers_lib.Cause('stalled', self.process_index, self.host, summary=(
         f'no step completed for {idle:.0f} s after step '
         f'{snapshot.done_step}{doing} (deadline {limit:.3g} s: {why})'),

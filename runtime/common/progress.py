@@ -58,6 +58,7 @@ class Snapshot:
   working_since: Optional[float] = None
   worked_until: Optional[float] = None
   learned: Optional['Learned'] = None
+  working_on: str = ''
 
   @property
   def idle_since(self) -> Optional[float]:
@@ -101,6 +102,7 @@ class _Progress:
     self.fd = int(fd) if fd else None
     self.last_write = None
     self.working = self.working_since = self.worked_until = None
+    self.working_on = ''
     self.learned_steps = collections.deque(maxlen=_LEARNED_STEPS)
     self.work_seconds: dict[str, float] = {}
 
@@ -118,9 +120,10 @@ class _Progress:
       self.done_step, self.done_at = step, now
     self._write_pipe(step, process_index, force, now)
 
-  def start_work(self, kind: str) -> None:
+  def start_work(self, kind: str, on: str = '') -> None:
     with self.lock:
       self.working, self.working_since = kind, time.monotonic()
+      self.working_on = on
 
   def end_work(self) -> None:
     now = time.monotonic()
@@ -164,7 +167,7 @@ class _Progress:
                       list(self.step_seconds), list(self.own_seconds),
                       self.working, self.working_since, self.worked_until,
                       Learned(list(self.learned_steps),
-                              dict(self.work_seconds)))
+                              dict(self.work_seconds)), self.working_on)
 
 
 _progress = _Progress()
@@ -197,16 +200,17 @@ def begin(step: int, own_seconds: float = 0.0) -> None:
 
 
 @contextlib.contextmanager
-def working(kind: str) -> Iterator[None]:
+def working(kind: str, on: str = '') -> Iterator[None]:
   """Announces periodic work between steps (a save, an evaluation), so that
   the hang watchdog allows for it: the longest of each kind it has seen, or
-  its ceiling the first time (launcher/rank/stall.py).
+  its ceiling the first time (launcher/rank/stall.py). `on` says what it
+  works on (a checkpoint's path), for the watchdog's message.
 
   Example:
     >>> with progress.working('evaluation'):
     ...   values = evaluate(params)
   """
-  _progress.start_work(kind)
+  _progress.start_work(kind, on)
   try:
     yield
   finally:

@@ -1,0 +1,109 @@
+"""Checkpoints on local disk against a bucket: save, restore, the loop's wait.
+
+The MNIST MLP's TrainState (784-512-512-10, Adam: parameters and two
+moments) saved and restored by runtime/checkpoint.py, side by side in one
+run, into a local temporary directory and into a bucket of fake-gcs-server
+on 127.0.0.1 (tests/gcs.py; the test extra installs it). Each round times:
+
+- blocking: what the training loop waits for a save, as SaveCheckpoints
+  does it: the copy of the state (on this process's first device) to the
+  host and the save call, before orbax's asynchronous write goes on;
+- save: from the call to the committed checkpoint;
+- restore: reading the newest checkpoint back into host arrays.
+
+  python scripts/benchmark_buckets.py [--rounds=5] [--out=FILE.json]
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from launcher.rank import devices  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+devices.configure(None, multi_process=False)
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+import optax  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from configs import mnist as mnist_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime import checkpoint  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime import fingerprint  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime import step as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests import gcs as gcs_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _state():
+  config = mnist_config.get_config()
+  params = mnist.init_params(config, 784)
+  state = step_lib.init_state(params, optax.adam(1e-3), config.seed)
+  return (jax.device_put(state, jax.devices()[0]),
+          fingerprint.fingerprint(params)['num_params'])
+
+
+def _round(directory: str, state, step: int) -> dict:
+  ckpt = checkpoint.Checkpoints(directory, every=0, keep=2, async_save=True)
+  started = time.perf_counter()
+  host_state = jax.device_get(state)
+  ckpt.save(step, host_state, {'step': step})
+  blocking = time.perf_counter() - started
+  ckpt.close()
+  saved = time.perf_counter() - started
+  started = time.perf_counter()
+  restored = ckpt_restore(directory, host_state)
+  restore = time.perf_counter() - started
+  for got, want in zip(jax.tree_util.tree_leaves(restored),
+                       jax.tree_util.tree_leaves(host_state)):
+    np.testing.assert_array_equal(got, want)
+  return {'blocking_s': blocking, 'save_s': saved, 'restore_s': restore}
+
+
+def ckpt_restore(directory: str, like):
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  manager = ocp.CheckpointManager(directory, item_names=('state', 'meta'))
+  step = manager.latest_step()
+  return manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(like)))['state']
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--rounds', type=int, default=5)
+  parser.add_argument('--out', default='')
+  args = parser.parse_args()
+  state, num_params = _state()
+  results = {'num_params': num_params, 'saved_floats': 3 * num_params,
+             'jax_version': jax.__version__}
+  with tempfile.TemporaryDirectory() as tmp:
+    server = gcs_lib.FakeGcs(pathlib.Path(tmp)).start()
+    try:
+      server.bucket('bench')
+      os.environ.update(server.env())
+      rounds = {'local': [], 'bucket': []}
+      for i in range(args.rounds):  # Alternated: the machine's noise shared.
+        rounds['local'].append(_round(f'{tmp}/local/{i}', state, 1))
+        rounds['bucket'].append(_round(f'gs://bench/ckpt/{i}', state, 1))
+    finally:
+      server.stop()
+  for where, found in rounds.items():
+    results[where] = {k: statistics.median(r[k] for r in found)
+                      for k in found[0]}
+  results['bucket_over_local'] = {
+      k: results['bucket'][k] / results['local'][k] for k in results['local']}
+  text = json.dumps(results, indent=2)
+  print(text)
+  if args.out:
+    pathlib.Path(args.out).write_text(text + '\n')
+
+
+if __name__ == '__main__':
+  main()

