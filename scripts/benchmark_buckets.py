@@ -3,7 +3,9 @@
 The MNIST MLP's TrainState (784-512-512-10, Adam: parameters and two
 moments) saved and restored by runtime/checkpoint.py, side by side in one
 run, into a local temporary directory and into a bucket of fake-gcs-server
-on 127.0.0.1 (tests/gcs.py; the test extra installs it). Each round times:
+on 127.0.0.1 (tests/gcs.py; the test extra installs it), and into the
+same bucket behind a proxy that delays every request by --latency_ms (a
+distant bucket's round trip). Each round times:
 
 - blocking: what the training loop waits for a save, as SaveCheckpoints
   does it: the copy of the state (on this process's first device) to the
@@ -11,7 +13,8 @@ on 127.0.0.1 (tests/gcs.py; the test extra installs it). Each round times:
 - save: from the call to the committed checkpoint;
 - restore: reading the newest checkpoint back into host arrays.
 
-  python scripts/benchmark_buckets.py [--rounds=5] [--out=FILE.json]
+  python scripts/benchmark_buckets.py [--rounds=5] [--latency_ms=50]
+      [--out=FILE.json]
 """
 
 import argparse
@@ -19,6 +22,7 @@ import json
 import os
 import pathlib
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -75,30 +79,57 @@ def ckpt_restore(directory: str, like):
       state=ocp.args.StandardRestore(like)))['state']
 
 
+def _one(where: str, directory: str) -> None:
+  """One round in this process (the clients read their endpoints once per
+  process, so each round runs in a fresh one)."""
+  state, _ = _state()
+  print(json.dumps(_round(directory, state, 1)))
+
+
+def _in_a_process(where: str, directory: str, env: dict) -> dict:
+  out = subprocess.run(
+      [sys.executable, __file__, f'--one={where}', f'--directory={directory}'],
+      env={**os.environ, **env}, capture_output=True, text=True, check=True,
+      timeout=600)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--rounds', type=int, default=5)
+  parser.add_argument('--latency_ms', type=float, default=50)
   parser.add_argument('--out', default='')
+  parser.add_argument('--one', default='', help=argparse.SUPPRESS)
+  parser.add_argument('--directory', default='', help=argparse.SUPPRESS)
   args = parser.parse_args()
-  state, num_params = _state()
+  if args.one:
+    _one(args.one, args.directory)
+    return
+  _, num_params = _state()
   results = {'num_params': num_params, 'saved_floats': 3 * num_params,
-             'jax_version': jax.__version__}
+             'jax_version': jax.__version__, 'latency_ms': args.latency_ms}
+  rounds = {'local': [], 'bucket': [], 'slow_bucket': []}
   with tempfile.TemporaryDirectory() as tmp:
     server = gcs_lib.FakeGcs(pathlib.Path(tmp)).start()
     try:
       server.bucket('bench')
-      os.environ.update(server.env())
-      rounds = {'local': [], 'bucket': []}
-      for i in range(args.rounds):  # Alternated: the machine's noise shared.
-        rounds['local'].append(_round(f'{tmp}/local/{i}', state, 1))
-        rounds['bucket'].append(_round(f'gs://bench/ckpt/{i}', state, 1))
+      with gcs_lib.SlowProxy(server.url, args.latency_ms / 1000) as slow:
+        for i in range(args.rounds):  # Alternated: the noise is shared.
+          rounds['local'].append(_in_a_process('local', f'{tmp}/local/{i}',
+                                               {}))
+          rounds['bucket'].append(_in_a_process(
+              'bucket', f'gs://bench/ckpt/{i}', server.env()))
+          rounds['slow_bucket'].append(_in_a_process(
+              'slow_bucket', f'gs://bench/slow/{i}',
+              {**server.env(), **slow.env()}))
     finally:
       server.stop()
   for where, found in rounds.items():
     results[where] = {k: statistics.median(r[k] for r in found)
                       for k in found[0]}
-  results['bucket_over_local'] = {
-      k: results['bucket'][k] / results['local'][k] for k in results['local']}
+  for where in ('bucket', 'slow_bucket'):
+    results[f'{where}_over_local'] = {
+        k: results[where][k] / results['local'][k] for k in results['local']}
   text = json.dumps(results, indent=2)
   print(text)
   if args.out:

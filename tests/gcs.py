@@ -21,7 +21,9 @@ import pathlib
 import signal
 import socket
 import subprocess
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Optional
 
@@ -127,3 +129,69 @@ class FakeGcs:
 
   def __exit__(self, *exc_info) -> None:
     self.stop()
+
+
+class SlowProxy:
+  """The bucket behind a delay: every request to it waits `delay_s` first,
+  as a distant bucket's round trip does (127.0.0.1 only).
+
+  Example:
+    >>> with SlowProxy(gcs.url, delay_s=0.1) as slow:
+    ...   env = {**gcs.env(), **slow.env()}
+  """
+
+  def __init__(self, target_url: str, delay_s: float):
+    import http.server  # pylint: disable=g-import-not-at-top
+    import threading  # pylint: disable=g-import-not-at-top
+    target = urllib.parse.urlsplit(target_url)
+    proxy = self
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+      protocol_version = 'HTTP/1.1'
+
+      def log_message(self, *args):
+        del args
+
+      def _forward(self):
+        import http.client  # pylint: disable=g-import-not-at-top
+        time.sleep(delay_s)
+        length = int(self.headers.get('Content-Length') or 0)
+        body = self.rfile.read(length) if length else None
+        connection = http.client.HTTPConnection(target.hostname, target.port,
+                                                timeout=60)
+        headers = {k: v for k, v in self.headers.items()
+                   if k.lower() not in ('host', 'connection')}
+        connection.request(self.command, self.path, body=body,
+                           headers=headers)
+        response = connection.getresponse()
+        data = response.read()
+        self.send_response(response.status)
+        for key, value in response.getheaders():
+          if key.lower() in ('transfer-encoding', 'connection',
+                             'content-length'):
+            continue
+          self.send_header(key, value.replace(target_url, proxy.url))
+        self.send_header('Content-Length', str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        connection.close()
+
+      do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _forward
+
+    self._server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    self._server.daemon_threads = True
+    self.url = f'http://127.0.0.1:{self._server.server_address[1]}'
+    self._thread = threading.Thread(target=self._server.serve_forever,
+                                    daemon=True)
+
+  def env(self) -> dict[str, str]:
+    return {'STORAGE_EMULATOR_HOST': self.url,
+            'TENSORSTORE_GCS_HTTP_URL': self.url}
+
+  def __enter__(self) -> 'SlowProxy':
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self._server.shutdown()
+    self._server.server_close()
