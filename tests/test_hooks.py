@@ -183,6 +183,9 @@ class _FakeCheckpoints:
   def save(self, step, state, meta):
     self.events.append(('save', step))
 
+  def describe_save(self, step):
+    return f'saving step {step}'
+
   def wait(self):
     self.events.append(('wait',))
 
