@@ -154,9 +154,14 @@ def test_a_sigkilled_launching_side_leaves_nothing_running(pod, tmp_path):
     assert helpers.wait_for(lambda: not pod.processes(), 40), pod.processes()
   finally:
     helpers.kill_group(proc)
-  job_dir = pod.root / 'worker_0' / 'podrun' / 'jobs' / 'test-job-a1'
-  assert 'the launching side is gone' in (job_dir / 'log').read_text()
-  assert (job_dir / 'exit').exists()
+  job_dirs = [pod.root / f'worker_{w}' / 'podrun' / 'jobs' / 'test-job-a1'
+              for w in range(2)]
+  # The first keeper to see its follower gone stops its job; the other job
+  # may then end by the preemption agreement before its own keeper looks.
+  assert any('the launching side is gone' in (d / 'log').read_text()
+             for d in job_dirs), [(d / 'log').read_text()[-500:]
+                                  for d in job_dirs]
+  assert all((d / 'exit').exists() for d in job_dirs)
 
 
 def test_a_launch_over_a_running_job_names_it_or_replaces_it(pod, tmp_path):
