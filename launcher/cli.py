@@ -10,6 +10,7 @@ pod of N such processes on this machine.
 """
 
 import ast
+import importlib.util
 import json
 import os
 import sys
@@ -27,6 +28,7 @@ from runtime.common import cluster
 from runtime.common import exit_codes
 from runtime.common import files
 from runtime.common import goodput
+from runtime.common import record_mirror
 from runtime.common import workload
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -294,8 +296,9 @@ def _retryable_exit_codes(config: ConfigDict
     _fail(f'--retry_exit_codes / config.retry_exit_codes: {e}')
 
 
-def _report_goodput(workdir: str) -> None:
-  """Rolls up the job's ledgers with the launcher's view of its attempts."""
+def _report_goodput(workdir: str, shown_as: Optional[str] = None) -> None:
+  """Rolls up the job's ledgers with the launcher's view of its attempts
+  (in `workdir`, a local directory; `shown_as` names it for the reader)."""
   result = goodput.write_rollup(workdir)
   if result['goodput'] is None:
     return
@@ -309,7 +312,7 @@ def _report_goodput(workdir: str) -> None:
         f'{result["parts"]["productive"]:.1f} s of productive steps in '
         f'{result["wall_s"]:.1f} s over {len(result["attempts"])} '
         f'attempt(s){_between_commands(result)}; scripts/goodput.py '
-        f'{workdir} shows where the rest went', file=sys.stderr, flush=True)
+        f'{shown_as or workdir} shows where the rest went', file=sys.stderr, flush=True)
 
 
 def _between_commands(result: dict) -> str:
@@ -319,15 +322,33 @@ def _between_commands(result: dict) -> str:
 
 
 def _workdir(flag: Optional[str]) -> str:
-  """The job's workdir as an absolute local path; a bucket is refused,
-  never taken for a relative path named 'gs:'."""
+  """The job's workdir: an absolute local path, or a gs:// URL (never taken
+  for a relative path named 'gs:')."""
+  if flag and record_mirror.in_bucket(flag):
+    if not flag[len('gs://'):].strip('/'):
+      _fail(f'--workdir={flag}: name the bucket, as gs://BUCKET/RUN')
+    if importlib.util.find_spec('gcsfs') is None:
+      _fail(f'--workdir={flag}: a workdir in a bucket needs gcsfs, which is '
+            'not installed: pip install -e ".[gcs]" (the tpu extra has it)')
+    return flag.rstrip('/')
   if flag and '://' in flag:
-    _fail(f'--workdir={flag}: the workdir (logs, metrics, the ledgers) must '
-          'be a local or shared directory for now; put the checkpoints in the '
-          f'bucket with --config.checkpoint_dir={flag.rstrip("/")}/checkpoints '
-          'and keep --workdir local (copy it to the bucket after the run if '
-          'it must outlive the machine)')
+    _fail(f'--workdir={flag}: a workdir is a local or shared directory or a '
+          'gs:// bucket; no other storage is supported')
   return os.path.abspath(flag or os.path.join('workdirs', config_name()))
+
+
+def _launcher_mirror(workdir: str) -> Optional[record_mirror.Mirror]:
+  """For a bucket's workdir, the launcher's part of the record (the
+  attempts, the goodput roll-up), after it fetched the earlier attempts'."""
+  if not record_mirror.in_bucket(workdir):
+    return None
+  mirror = record_mirror.Mirror(workdir, record_mirror.local_copy(workdir),
+                                owns=record_mirror.launcher_owns)
+  try:
+    mirror.fetch()
+  except Exception as e:  # pylint: disable=broad-except
+    _fail(f'--workdir={workdir}: cannot read the bucket: {e}')
+  return mirror
 
 
 def main(argv: list[str]) -> int:
@@ -341,6 +362,7 @@ def main(argv: list[str]) -> int:
     pod = _make_pod(config, workdir)
     if _DRY_RUN.value:
       return pod.print_plan()
+    mirror = _launcher_mirror(workdir)
     retryable = _retryable_exit_codes(config)
     code = restart.run(
         lambda attempt: pod if attempt == 1 else _make_pod(
@@ -348,7 +370,11 @@ def main(argv: list[str]) -> int:
         max_restarts=_MAX_RESTARTS.value,
         first_backoff_s=_RESTART_BACKOFF.value, retryable=retryable,
         logs_dir=pod.logs_dir)
-    _report_goodput(workdir)
+    if mirror is None:
+      _report_goodput(workdir)
+    else:
+      _report_goodput(mirror.local_dir, shown_as=workdir)
+      mirror.finish()
     return code
   if _MAX_RESTARTS.value:
     _fail('--max_restarts needs --local_processes: on a cluster every host '

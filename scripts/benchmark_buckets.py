@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from runtime import checkpoint  # pylint: disable=g-import-not-at-top,wrong-impo
 from runtime import fingerprint  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime import step as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from scripts import side_by_side  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests import gcs as gcs_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -124,16 +124,7 @@ def main():
               {**server.env(), **slow.env()}))
     finally:
       server.stop()
-  for where, found in rounds.items():
-    results[where] = {k: statistics.median(r[k] for r in found)
-                      for k in found[0]}
-  for where in ('bucket', 'slow_bucket'):
-    results[f'{where}_over_local'] = {
-        k: results[where][k] / results['local'][k] for k in results['local']}
-  text = json.dumps(results, indent=2)
-  print(text)
-  if args.out:
-    pathlib.Path(args.out).write_text(text + '\n')
+  side_by_side.report(results, rounds, args.out)
 
 
 if __name__ == '__main__':

@@ -2,6 +2,7 @@
 
   python scripts/goodput.py WORKDIR [--out=WORKDIR/goodput.png]
       [--attempts=tpu_logs/JOB/attempts.jsonl]
+  python scripts/goodput.py gs://BUCKET/RUN      # a workdir in a bucket
 
 Reads the ledgers every process of every attempt wrote under
 WORKDIR/goodput/ (and the launcher's WORKDIR/logs/attempts.jsonl, or
@@ -11,16 +12,19 @@ one row per attempt and one per process of each attempt (seconds per category), 
 draws a stacked bar per attempt with every kind of lost time named; after
 a failure, the next attempt's time to recover in phases (detection,
 teardown, back-off, start-up, distributed init, restore and its tier,
-compile, recomputed steps).
+compile, recomputed steps). A gs:// workdir is first copied to a temporary
+directory (runtime/common/record_mirror.py), where the picture goes too.
 """
 
 import argparse
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from runtime.common import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.common import record_mirror  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.common import time_to_recover  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 PARTS = goodput.PROCESS_PARTS + goodput.JOB_PARTS
@@ -104,7 +108,11 @@ def main(argv=None) -> int:
   parser.add_argument('--attempts', default='', help="the launcher's "
                       'attempts.jsonl; default WORKDIR/logs/attempts.jsonl')
   args = parser.parse_args(argv)
-  result = goodput.write_rollup(args.workdir, args.attempts or None)
+  workdir = args.workdir
+  if record_mirror.in_bucket(workdir):
+    workdir = record_mirror.fetch_record(
+        workdir, tempfile.mkdtemp(prefix='podrun-record-'))
+  result = goodput.write_rollup(workdir, args.attempts or None)
   if not result['attempts']:
     print(f'no goodput ledgers under {args.workdir}/goodput', file=sys.stderr)
     return 2
@@ -126,7 +134,7 @@ def main(argv=None) -> int:
   if recoveries:
     print('\ntime to recover (from the fault to the first productive step):')
     print(recoveries)
-  out = args.out or os.path.join(args.workdir, 'goodput.png')
+  out = args.out or os.path.join(workdir, 'goodput.png')
   plot(result, out)
   print(f'\nwrote {out}')
   return 0

@@ -1,26 +1,36 @@
 """Draws a run's loss (and accuracy, where logged) against the step into a PNG.
 
   python scripts/plot_metrics.py WORKDIR [--out=WORKDIR/metrics.png]
+  python scripts/plot_metrics.py gs://BUCKET/RUN [--out=metrics.png]
 
 Reads WORKDIR/metrics.jsonl, the file process 0 writes while training: one
 panel for the losses (training loss, and eval_loss where the run evaluated),
 one for the accuracies when there are any. Training curves are the means over
-each log window; evaluation points are marked.
+each log window; evaluation points are marked. A gs:// workdir is read from
+the bucket (every attempt's records; runtime/common/record_mirror.py).
 """
 
 import argparse
 import json
 import os
 import sys
+import tempfile
 
 import matplotlib
 
 matplotlib.use('Agg')  # Files only: no display needed.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from runtime.common import record_mirror  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 
 def read_records(workdir: str) -> list[dict]:
   """The records of WORKDIR/metrics.jsonl, in file order."""
+  if record_mirror.in_bucket(workdir):
+    workdir = record_mirror.fetch_record(
+        workdir, tempfile.mkdtemp(prefix='podrun-record-'))
   path = os.path.join(workdir, 'metrics.jsonl')
   if not os.path.exists(path):
     raise FileNotFoundError(f'{path}: no such file; is {workdir} the --workdir '
@@ -74,7 +84,9 @@ def main(argv=None) -> int:
   parser.add_argument('workdir')
   parser.add_argument('--out', help='default: WORKDIR/metrics.png')
   args = parser.parse_args(argv)
-  out = args.out or os.path.join(args.workdir, 'metrics.png')
+  out = args.out or (
+      'metrics.png' if record_mirror.in_bucket(args.workdir)
+      else os.path.join(args.workdir, 'metrics.png'))
   try:
     drawn = plot(read_records(args.workdir), out,
                  os.path.basename(os.path.abspath(args.workdir)))

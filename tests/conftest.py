@@ -141,6 +141,10 @@ def pytest_configure(config):
   # go to a directory of their own, removed at the end, not to /dev/shm.
   _CACHE_DIR.append(tempfile.mkdtemp(prefix='podrun_test_local_tier_'))
   os.environ['PODRUN_LOCAL_CHECKPOINT_DIR'] = _CACHE_DIR[-1]
+  # The same for the copies of workdirs in a bucket, unless a test gives
+  # each of its "machines" one (tests/test_buckets.py).
+  _CACHE_DIR.append(tempfile.mkdtemp(prefix='podrun_test_record_'))
+  os.environ['PODRUN_RECORD_CACHE'] = _CACHE_DIR[-1]
   jax.config.update('jax_compilation_cache_dir', _CACHE_DIR[0])
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)

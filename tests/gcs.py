@@ -21,6 +21,7 @@ import pathlib
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -102,6 +103,24 @@ class FakeGcs:
       token = page.get('nextPageToken', '')
       if not token:
         return sorted(names)
+
+  def read(self, bucket: str, name: str) -> bytes:
+    """The contents of object `name` (raises HTTPError 404 if missing)."""
+    quoted = urllib.parse.quote(name, safe='')
+    with urllib.request.urlopen(
+        f'{self.url}/storage/v1/b/{bucket}/o/{quoted}?alt=media',
+        timeout=10) as r:
+      return r.read()
+
+  def fetch_record(self, url: str, into: pathlib.Path) -> pathlib.Path:
+    """A bucket's workdir copied to `into` by the mirror readers use
+    (in a child, whose gcsfs sees this server)."""
+    subprocess.run(
+        [sys.executable, '-c', 'import sys; from runtime.common import '
+         'record_mirror; record_mirror.fetch_record(sys.argv[1], sys.argv[2])',
+         url, str(into)], cwd=helpers.REPO,
+        env=helpers.launcher_env(**self.env()), check=True, timeout=120)
+    return into
 
   def env(self) -> dict[str, str]:
     """What points gcsfs, etils and tensorstore at this server, and keeps

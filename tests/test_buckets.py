@@ -1,18 +1,27 @@
 """Checkpoints in a gs:// bucket, against a real GCS JSON API on 127.0.0.1.
 
 Every job is the probe linear regression as a 2x4 local pod, its
-checkpoints in a bucket of fake-gcs-server (tests/gcs.py) and its workdir
-local; the reference is the same job with its checkpoints on local disk.
+checkpoints in a bucket of fake-gcs-server (tests/gcs.py), its workdir
+there too (the record mirrored from a copy per "machine",
+runtime/common/record_mirror.py) or local; the reference is the same job
+on local disk alone.
 No test touches a real bucket: the environment points every client at the
 emulator and keeps the auth libraries off any metadata server.
 """
 
+import json
 import os
+import pathlib
+import re
+import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
+from runtime.common import env_vars
 from runtime.common import exit_codes
 from tests import gcs as gcs_lib
 from tests import helpers
@@ -43,14 +52,17 @@ def straight(tmp_path_factory) -> str:
   return helpers.fingerprints(workdir)[0]
 
 
-def _start(gcs, workdir, *args):
-  return helpers.start_launcher(
-      [*PROBE, f'--workdir={workdir}', *args],
-      env=helpers.launcher_env(**gcs.env()))
+def _start(gcs, workdir, *args, record_cache=None):
+  """The probe job; a bucket's workdir copied under `record_cache`."""
+  env = gcs.env()
+  if record_cache is not None:
+    env[env_vars.RECORD_CACHE] = str(record_cache)
+  return helpers.start_launcher([*PROBE, f'--workdir={workdir}', *args],
+                                env=helpers.launcher_env(**env))
 
 
-def _run(gcs, workdir, *args, timeout=180):
-  proc = _start(gcs, workdir, *args)
+def _run(gcs, workdir, *args, timeout=180, record_cache=None):
+  proc = _start(gcs, workdir, *args, record_cache=record_cache)
   try:
     return helpers.finish(proc, timeout, time.monotonic())
   finally:
@@ -69,37 +81,82 @@ def _steps_in(gcs, prefix) -> list[int]:
   return sorted(steps)
 
 
-def test_a_preempted_job_resumes_exactly_from_the_bucket(gcs, tmp_path,
-                                                         straight):
-  ckpt = 'gs://runs/probe/ckpt'
-  proc = _start(gcs, tmp_path, f'--config.checkpoint_dir={ckpt}', *PAUSE,
-                '--max_restarts=1', '--restart_backoff=0.5')
+def _record_copy(root, url: str) -> pathlib.Path:
+  """Where a machine whose PODRUN_RECORD_CACHE is `root` keeps `url`."""
+  return pathlib.Path(root) / url[len('gs://'):]
+
+
+def _bucket_json(gcs, name: str):
+  return json.loads(gcs.read('runs', name))
+
+
+def _bucket_steps(gcs, name: str) -> list[int]:
+  return [json.loads(line)['step'] for line in
+          gcs.read('runs', name).decode().splitlines() if '"step"' in line]
+
+
+def test_a_preempted_job_on_a_bucket_workdir_resumes_with_one_record(
+    gcs, tmp_path, straight):
+  # The whole workdir in the bucket, each run on a "machine" of its own:
+  # the first machine's copy of the record is deleted before the second
+  # run, as a preempted VM's disk is.
+  url = 'gs://runs/probe'
+  first_copy = _record_copy(tmp_path / 'machine_a', url)
+  proc = _start(gcs, url, *PAUSE, record_cache=tmp_path / 'machine_a')
   started = time.monotonic()
   try:
-    assert helpers.wait_for(lambda: (tmp_path / 'metrics.jsonl').exists() and
-                            '"step": 20' in (tmp_path / 'metrics.jsonl')
+    assert helpers.wait_for(lambda: (first_copy / 'metrics.jsonl').exists() and
+                            '"step": 20' in (first_copy / 'metrics.jsonl')
                             .read_text() or proc.poll() is not None, 120)
-    os.kill(helpers.rank_pids(tmp_path)[1], signal.SIGTERM)
-    result = helpers.finish(proc, 180, started)
+    os.kill(helpers.rank_pids(first_copy)[1], signal.SIGTERM)
+    first = helpers.finish(proc, 180, started)
   finally:
     helpers.kill_group(proc)
-  assert result.returncode == 0, result.output
-  attempts = helpers.read_jsonl(tmp_path / 'logs' / 'attempts.jsonl')
-  assert [a['exit_code'] for a in attempts] == [exit_codes.PREEMPTED, 0]
-  assert helpers.fingerprints(tmp_path) == [straight] * 2
-  steps = _steps_in(gcs, 'probe/ckpt')
-  assert steps and steps[-1] == STEPS, steps
-  assert not (tmp_path / 'checkpoints').exists()  # All of it in the bucket.
-  helpers.assert_no_survivors(tmp_path)
+  assert first.returncode == exit_codes.PREEMPTED, first.output
+  helpers.assert_no_survivors(first_copy)
+  shutil.rmtree(tmp_path / 'machine_a')
+  second = _run(gcs, url, record_cache=tmp_path / 'machine_b')
+  assert second.returncode == 0, second.output
+  assert re.search(r'resuming at step 2\d', second.stderr), second.stderr
+  # The record, read from the bucket alone: the fingerprints of the
+  # finished job, and one loss curve and one goodput ledger over both
+  # attempts.
+  assert [_bucket_json(gcs, f'probe/ranks/rank_{i}.json')['fingerprint'][
+      'sha256'] for i in range(2)] == [straight] * 2
+  steps = _bucket_steps(gcs, 'probe/metrics.jsonl')
+  assert steps[0] == 1 and steps[-1] == STEPS, steps
+  assert set(range(1, STEPS + 1)) <= set(steps), steps  # Nothing missing.
+  ledgers = [n for n in gcs.objects('runs', 'probe/goodput/')
+             if n.endswith('.json')]
+  assert len(ledgers) == 4, ledgers  # 2 attempts x 2 processes.
+  assert _bucket_json(gcs, 'probe/summary.json')['goodput']['attempts'] == 2
+  table = subprocess.run(
+      [sys.executable, str(helpers.REPO / 'scripts' / 'goodput.py'), url,
+       f'--out={tmp_path / "goodput.png"}'],
+      env=helpers.launcher_env(**gcs.env()), capture_output=True, text=True,
+      timeout=120)
+  assert table.returncode == 0, table.stderr
+  assert '2 attempt(s)' in table.stdout, table.stdout
+  plot = subprocess.run(
+      [sys.executable, str(helpers.REPO / 'scripts' / 'plot_metrics.py'), url,
+       f'--out={tmp_path / "metrics.png"}'],
+      env=helpers.launcher_env(**gcs.env()), capture_output=True, text=True,
+      timeout=120)
+  assert plot.returncode == 0 and (tmp_path / 'metrics.png').exists(), (
+      plot.stderr)
+  assert [n for n in gcs.objects('runs', 'probe/tensorboard/')
+          if '/events.out.tfevents.' in n]
+  assert _steps_in(gcs, 'probe/checkpoints')[-1] == STEPS
+  assert not (helpers.REPO / 'gs:').exists()
 
 
-def test_two_jobs_on_one_bucket_directory_at_once_one_runs(gcs, tmp_path):
-  # Two workdirs, one checkpoint directory in the bucket, started together:
-  # the lease object is created with ifGenerationMatch=0, so exactly one
-  # job takes it and the other stops with 11 before writing anything.
-  ckpt = 'gs://runs/shared/ckpt'
-  procs = [_start(gcs, tmp_path / f'job_{i}', f'--config.checkpoint_dir={ckpt}',
-                  '--config.steps=30') for i in range(2)]
+def test_two_jobs_on_one_bucket_workdir_at_once_one_runs(gcs, tmp_path):
+  # Two machines, one workdir in the bucket, started together: the lease
+  # object is created with ifGenerationMatch=0, so exactly one job takes
+  # it and the other stops with 11 before it trains.
+  url = 'gs://runs/shared'
+  procs = [_start(gcs, url, '--config.steps=30',
+                  record_cache=tmp_path / f'machine_{i}') for i in range(2)]
   started = time.monotonic()
   try:
     results = [helpers.finish(p, 180, started) for p in procs]
@@ -110,10 +167,11 @@ def test_two_jobs_on_one_bucket_directory_at_once_one_runs(gcs, tmp_path):
   assert codes == [0, exit_codes.WORKDIR_BUSY], [r.output[-3000:]
                                                  for r in results]
   refused = next(r for r in results if r.returncode)
-  assert f'{ckpt} is in use by job' in refused.output or (
-      f'{ckpt} was taken by' in refused.output), refused.output
+  assert f'{url} is in use by job' in refused.output or (
+      f'{url} was taken by' in refused.output), refused.output
   for i in range(2):
-    helpers.assert_no_survivors(tmp_path / f'job_{i}')
+    helpers.assert_no_survivors(_record_copy(tmp_path / f'machine_{i}', url))
+  assert _bucket_steps(gcs, 'shared/metrics.jsonl')[-1] == 30
 
 
 def test_a_sigkill_restores_locally_with_the_persistent_tier_in_the_bucket(

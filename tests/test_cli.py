@@ -229,13 +229,15 @@ def test_ctrl_c_of_a_single_process_says_how_to_resume(tmp_path):
       result.stderr)
 
 
-def test_a_bucket_workdir_is_refused_not_taken_for_a_directory(tmp_path):
-  result = helpers.run_launcher(
-      [f'--config={helpers.REPO}/configs/linear_regression.py',
-       '--config.steps=5', '--workdir=gs://bar-bucket/y/wd'], cwd=tmp_path)
-  assert result.returncode == 2, result.output  # CONFIG_ERROR.
-  assert ('--workdir=gs://bar-bucket/y/wd: the workdir (logs, metrics, the '
-          'ledgers) must be a local or shared directory') in result.stderr
-  assert '--config.checkpoint_dir=gs://bar-bucket/y/wd/checkpoints' in (
-      result.stderr)
-  assert not (tmp_path / 'gs:').exists()
+def test_a_workdir_url_is_a_bucket_or_refused_never_a_directory(tmp_path):
+  # A bucket's workdir runs (tests/test_buckets.py); these never start.
+  for workdir, says in (
+      ('gs://', 'name the bucket, as gs://BUCKET/RUN'),
+      ('s3://bar-bucket/y/wd', 'a workdir is a local or shared directory or '
+       'a gs:// bucket')):
+    result = helpers.run_launcher(
+        [f'--config={helpers.REPO}/configs/linear_regression.py',
+         '--config.steps=5', f'--workdir={workdir}'], cwd=tmp_path)
+    assert result.returncode == 2, result.output  # CONFIG_ERROR.
+    assert f'--workdir={workdir}: {says}' in result.stderr, result.stderr
+  assert list(tmp_path.iterdir()) == []

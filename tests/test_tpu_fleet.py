@@ -8,6 +8,7 @@ SUSPENDED with its nodes PREEMPTED and its VMs shut down; a delete passes
 DELETING and needs --force while nodes exist.
 """
 
+import json
 import os
 import pathlib
 import shlex
@@ -20,6 +21,7 @@ import time
 import pytest
 
 from runtime.common import exit_codes
+from tests import gcs as gcs_lib
 from tests import helpers
 from tests import tpu_emulation
 
@@ -317,6 +319,11 @@ def test_dry_run_prints_the_queued_resource_commands(tmp_path):
       timeout=120, check=False)
   assert result.returncode == 0, result.stderr
   assert not fleet.calls.exists()
+  # The workdir would die with the slice: said loudly, naming the fix.
+  assert ("warning: the launcher's default workdir (workdirs/CONFIG) is on "
+          "the VMs' own disks, and its disks go with the slice") in (
+              result.stderr), result.stderr
+  assert 'Put it in a bucket: --workdir=gs://BUCKET/RUN' in result.stderr
   lines = result.stdout.splitlines()
   create = next(l for l in lines if ' queued-resources create ' in l)
   assert shlex.split(create)[5:] == [
@@ -347,12 +354,19 @@ def test_dry_run_prints_the_queued_resource_commands(tmp_path):
   assert '# warning: the image' not in result.stdout  # --worker_python.
   # Without --worker_python the image's Python 3.10 stops the launch unless
   # --provision_python is given; the set-up uses what the check found.
+  in_bucket = subprocess.run(
+      fleet.args(*CREATE, '--dry_run', '--', *LINEAR,
+                 '--workdir=gs://runs/linear'), cwd=helpers.REPO,
+      env=fleet.env, capture_output=True, text=True, timeout=120, check=False)
+  assert in_bucket.returncode == 0, in_bucket.stderr
+  assert 'its disks go with the slice' not in in_bucket.stderr
   for extra, warned in (((), True), (('--provision_python',), False)):
     plan = subprocess.run(
         fleet.args(*CREATE, *extra, '--dry_run', '--', *LINEAR, python=''),
         cwd=helpers.REPO, env=fleet.env, capture_output=True, text=True,
         timeout=120, check=False)
     assert plan.returncode == 0, plan.stderr
+    assert 'its disks go with the slice' in plan.stderr
     assert plan.stdout.count('for p in python3.13 ') == 1, plan.stdout
     assert (('# warning: the image tpu-ubuntu2204-base has Python 3.10, and '
              'JAX ') in plan.stdout) == warned, plan.stdout
@@ -370,7 +384,15 @@ def _fingerprint(workdir: pathlib.Path, rank: int = 0) -> str:
       'fingerprint']['sha256']
 
 
-def test_three_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup):
+@pytest.fixture
+def gcs(tmp_path):
+  with gcs_lib.FakeGcs(tmp_path) as server:
+    server.bucket('runs')
+    yield server
+
+
+def test_three_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup,
+                                                          gcs):
   straight = helpers.run_launcher(
       [*BABYSAT, '--local_processes=2', f'--workdir={tmp_path / "straight"}'],
       timeout=150)
@@ -380,24 +402,32 @@ def test_three_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup):
   # step line but an attempt's first): events, so a slow machine is
   # preempted at the same place, and relative to wherever the preemption
   # save before let the job resume (the driver now lets that save finish).
-  fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG='step 12/,eta=,eta=')
+  # Every VM reaches the bucket (as one with credentials would), and a
+  # preempted or deleted VM's disk goes, so the record must live there.
+  fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG='step 12/,eta=,eta=',
+                 FAKE_TPU_WORKER_ENV=json.dumps(gcs.env()))
   cleanup(fleet)
-  workdir = tmp_path / 'work'
+  url = 'gs://runs/babysat'
   result = fleet.run(*CREATE, '--spot', '--max_restarts=3', '--delete_after',
                      '--poll_interval=1', '--', *BABYSAT,
-                     f'--workdir={workdir}', timeout=280)
+                     f'--workdir={url}', timeout=280)
   assert result.returncode == 0, result.output
+  assert 'its disks go with the slice' not in result.stderr
   assert result.stderr.count('the slice is lost under job test-job: queued '
                              'resource SUSPENDING; node(s) fleet-run '
                              'PREEMPTED') + result.stderr.count(
                                  'SUSPENDED; node(s) fleet-run PREEMPTED'
                                  ) >= 3, result.stderr
   assert 'after 3 restart(s): 3 preemption(s)' in result.stderr
+  assert not list(fleet.root.glob('fleet-run/worker_*'))  # Disks gone.
+  record = gcs.fetch_record(url, tmp_path / 'record')
   for rank in (0, 1):
-    assert _fingerprint(workdir, rank) == _fingerprint(
+    assert _fingerprint(record, rank) == _fingerprint(
         tmp_path / 'straight'), 'the resumed job trained other bits'
-  assert helpers.read_json(workdir / 'ranks' / 'rank_0.json')[
+  assert helpers.read_json(record / 'ranks' / 'rank_0.json')[
       'start_step'] > 12  # It resumed, not started over.
+  steps = [r['step'] for r in helpers.read_jsonl(record / 'metrics.jsonl')]
+  assert steps[0] == 1 and set(range(1, STEPS + 1)) <= set(steps), steps
   # gcloud's delete returns once the resource is gone; the emulated
   # service's clock records 'deleted' a tick later.
   helpers.wait_for(lambda: len(fleet.events()) >= 15, 10)
@@ -413,13 +443,15 @@ def test_three_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup):
   attempts = helpers.read_jsonl(fleet.logs / 'attempts.jsonl')
   assert [a['kind'] for a in attempts] == ['preempted'] * 3 + ['ok']
   assert all(a['infrastructure']['seconds'] > 0 for a in attempts[1:])
+  # The driver left its attempts beside the record, so the bucket alone
+  # tells where the time of all four attempts went.
   table = subprocess.run(
-      [sys.executable, str(helpers.REPO / 'scripts' / 'goodput.py'),
-       str(workdir), '--attempts', str(fleet.logs / 'attempts.jsonl')],
-      capture_output=True, text=True, timeout=120, check=True).stdout
-  assert 'infra' in table
-  parts = helpers.read_jsonl(workdir / 'goodput.jsonl')
-  assert all(p['parts']['infrastructure_recovery'] > 0 for p in parts[1:])
+      [sys.executable, str(helpers.REPO / 'scripts' / 'goodput.py'), url,
+       f'--out={tmp_path / "goodput.png"}'], env=helpers.launcher_env(
+           **gcs.env()), capture_output=True, text=True, timeout=120,
+      check=True).stdout
+  assert '4 attempt(s)' in table and 'infra' in table, table
+  assert len(list(record.glob('goodput/*/rank_*.json'))) == 4 * 2
 
 
 def test_two_slices_form_one_job_that_trains_as_a_four_process_pod(

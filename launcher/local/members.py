@@ -51,7 +51,7 @@ class Member:
 
 
 def plan(num_processes: int, local_devices: int, workdir: str,
-         rank_args: list[str], coordinator_address: str,
+         logs_dir: str, rank_args: list[str], coordinator_address: str,
          env: dict[str, str]) -> list[Member]:
   """Every rank's command line and the variables it gets beyond ours."""
   extra = dict(env)
@@ -60,7 +60,6 @@ def plan(num_processes: int, local_devices: int, workdir: str,
               if k in os.environ}
     cluster.exempt_from_proxy(list(LOOPBACK_HOSTS), exempt)
     extra.update(exempt)
-  logs_dir = os.path.join(workdir, 'logs')
   return [Member(index, [
       sys.executable, '-u', '-m', 'launcher', *rank_args,
       f'--workdir={workdir}', f'--local_devices={local_devices}',

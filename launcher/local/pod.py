@@ -41,6 +41,7 @@ from launcher.local import report
 from launcher import signals
 from runtime.common import env_vars
 from runtime.common import exit_codes
+from runtime.common import record_mirror
 from runtime.common import records
 
 
@@ -94,7 +95,10 @@ class Gang:
     self.num_processes = num_processes
     self.local_devices = local_devices
     self.workdir = workdir
-    self.logs_dir = os.path.join(workdir, 'logs')
+    # A bucket's workdir: the logs stay on this machine, in its copy.
+    self.logs_dir = os.path.join(
+        record_mirror.local_copy(workdir) if record_mirror.in_bucket(workdir)
+        else workdir, 'logs')
     self.coordinator_address = _loopback_address(coordinator_address)
     self.timeouts = monitor_lib.Timeouts(stall_timeout, first_step_timeout,
                                          preemption_grace)
@@ -110,7 +114,7 @@ class Gang:
     self.fault: Optional[records.Fault] = None
     self.progressed = False  # Whether any rank completed a step.
     self._members = members_lib.plan(
-        num_processes, local_devices, workdir, rank_args,
+        num_processes, local_devices, workdir, self.logs_dir, rank_args,
         self.coordinator_address,
         {'PYTHONUNBUFFERED': '1', env_vars.SUPERVISED: '1',
          env_vars.JOB_ID: self.job_id, env_vars.ATTEMPT: self.attempt_name})

@@ -35,6 +35,7 @@ from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import goodput
 from runtime.common import output_prefix
+from runtime.common import record_mirror
 from runtime.common import workload
 from runtime import coordination
 from runtime import topology
@@ -141,21 +142,47 @@ def _take_lease(config: ConfigDict, workdir: str, options: Options,
       options.supervision.barrier_timeout)
 
 
+def _mirror_record(config: ConfigDict, url: str, record_dir: str,
+                   process_index: int) -> None:
+  """Fetches what earlier attempts left of the record in the bucket to this
+  machine's copy, and starts uploading this process's part of it."""
+  if 'checkpoint_dir' in config and not config.checkpoint_dir:
+    config.checkpoint_dir = f'{url}/checkpoints'
+  mirror = record_mirror.Mirror(url, record_dir,
+                                record_mirror.rank_owns(process_index))
+  try:
+    held = mirror.fetch()
+  except Exception as e:  # pylint: disable=broad-except
+    raise RuntimeError(f'--workdir={url}: cannot read the record in the '
+                       f'bucket: {e}') from e
+  if process_index == 0:
+    logging.info('the record lives in %s (this machine\'s copy: %s; %d '
+                 'file(s) of earlier attempts)', url, record_dir, held)
+  record_mirror.use(mirror)
+  mirror.start()
+
+
 def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
          running: _Running) -> None:
-  mode, expected = _join(config, workdir, options, supervised)
+  # A bucket's workdir is written here and mirrored (record_mirror.py); its
+  # lease and checkpoints are in the bucket itself.
+  record_dir = (record_mirror.local_copy(workdir)
+                if record_mirror.in_bucket(workdir) else workdir)
+  mode, expected = _join(config, record_dir, options, supervised)
   coordination.set_default_timeout(options.supervision.barrier_timeout)
   running.supervisor = supervisor_lib.Supervisor(coordination.current(),
                                                  options.supervision)
   running.supervisor.start()
   actual = topology.current()
-  running.supervisor.learn_in(workdir)
-  summary.open_ledger(running.ledger, workdir, running.supervisor.client,
+  if record_dir != workdir:
+    _mirror_record(config, workdir, record_dir, actual.process_index)
+  running.supervisor.learn_in(record_dir)
+  summary.open_ledger(running.ledger, record_dir, running.supervisor.client,
                       actual.process_index)
   # From here a fatal signal's traceback goes through the obituary, which
   # also writes the end this process cannot write itself.
   obituary.start(running.ledger.path, actual.process_index)
-  compilation.use_cache(options.compilation_cache_dir, workdir)
+  compilation.use_cache(options.compilation_cache_dir, record_dir)
   topology.check(expected, actual)
   if actual.process_index == 0:
     logging.info('topology: %s', actual.describe())
@@ -168,9 +195,9 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
   if options.supervision.enabled:
     running.lease = _take_lease(config, workdir, options, running.supervisor)
   run_workload = workload.resolve(config.workload)
-  os.makedirs(workdir, exist_ok=True)
-  results = run_workload(config, workdir) or {}
-  summary.finish(config, workdir, actual, results, running.supervisor,
+  os.makedirs(record_dir, exist_ok=True)
+  results = run_workload(config, record_dir) or {}
+  summary.finish(config, record_dir, actual, results, running.supervisor,
                  running.ledger)
 
 
@@ -222,6 +249,7 @@ def run(config: ConfigDict, workdir: str, options: Options) -> int:
       logging.warning('interrupted (exit %d); %s', code, _RESUME_HINT)
   finally:
     running.ledger.flush(final=True)
+    record_mirror.finish_current()
     if running.lease is not None:
       running.lease.release()
   if code != exit_codes.OK and coordination.current() is not None:

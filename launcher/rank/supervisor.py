@@ -42,6 +42,7 @@ from launcher.rank import stall
 from runtime.common import exit_codes
 from runtime.common import goodput
 from runtime.common import progress
+from runtime.common import record_mirror
 from runtime.common import records
 from runtime import coordination
 
@@ -76,6 +77,7 @@ def _flush(code: int) -> None:
   """Writes out what this process has to say before it exits with `code`."""
   goodput.current().note(exit_code=code)
   goodput.current().flush(final=True)
+  record_mirror.finish_current()
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()

@@ -55,6 +55,8 @@ from launcher.tpu import preflight as preflight_lib
 from launcher.tpu import queued
 from runtime.common import accelerators
 from runtime.common import exit_codes
+from runtime.common import record_mirror
+from runtime.common import records
 
 
 @dataclasses.dataclass(frozen=True)
@@ -338,6 +340,20 @@ def _clean_up(launch: Launch, code: int) -> None:
                '--delete_after')
 
 
+def _keep_attempts_with_the_record(launch: Launch) -> None:
+  """Adds this launch's attempts to WORKDIR/logs/attempts.jsonl when the
+  workdir is a bucket, so that scripts/goodput.py gs://... finds them."""
+  url = flags.workdir_of(launch.launcher_args)
+  path = launch.path(records.ATTEMPTS_FILE)
+  if not url.startswith('gs://') or not os.path.exists(path):
+    return
+  try:
+    record_mirror.merge_lines(url, 'logs/' + records.ATTEMPTS_FILE, path)
+  except Exception as e:  # pylint: disable=broad-except
+    launch.say(f'warning: cannot add the attempts to {url}/logs/'
+               f'{records.ATTEMPTS_FILE} ({e}); they are in {path}')
+
+
 def launch_job(launch: Launch) -> int:
   options = launch.options
   try:
@@ -360,6 +376,7 @@ def launch_job(launch: Launch) -> int:
       if launch.signals:
         code = exit_codes.SIGNAL_BASE + launch.signals[0]
       _clean_up(launch, code)
+  _keep_attempts_with_the_record(launch)
   if code == exit_codes.OK:
     launch.say(f'job {launch.job_id} finished on every worker')
   else:
@@ -376,9 +393,13 @@ def main(argv: list[str], launcher_args: list[str]) -> int:
     return exit_codes.CONFIG_ERROR if e.code else exit_codes.OK
   try:
     launch = Launch(options, launcher_args)
+    control_only = options.stop is not None or options.status
+    warning = flags.local_workdir_warning(options, launcher_args)
+    if warning and not control_only:
+      launch.say(warning)
     if options.dry_run:
       return control.print_plan(launch)
-    if options.stop is not None or options.status:
+    if control_only:
       return control.control(launch)
     os.makedirs(launch.log_dir, exist_ok=True)
     return launch_job(launch)

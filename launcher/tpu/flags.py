@@ -95,6 +95,31 @@ def _check(parser: argparse.ArgumentParser, options, launcher_args) -> None:
       parser.error(f'--{name} must be 0 or more')
 
 
+def workdir_of(launcher_args: list[str]) -> str:
+  """The --workdir the launcher gets ('' for its default), the last given."""
+  found = ''
+  for arg in launcher_args:
+    if arg.startswith('--workdir='):
+      found = arg[len('--workdir='):]
+  return found
+
+
+def local_workdir_warning(options, launcher_args: list[str]) -> str:
+  """A loud warning when a slice this launch creates would take the run's
+  record with it ('' when the workdir is in a bucket, or nothing is
+  created)."""
+  workdir = workdir_of(launcher_args)
+  if not options.create or workdir.startswith('gs://'):
+    return ''
+  where = (f'--workdir={workdir}' if workdir else
+           "the launcher's default workdir (workdirs/CONFIG)")
+  return (f'warning: {where} is on the VMs\' own disks, and its disks go '
+          'with the slice: a preemption or --delete_after deletes the run\'s '
+          'record (metrics, TensorBoard, summary.json, the goodput ledgers, '
+          'the checkpoints unless config.checkpoint_dir is elsewhere). Put it '
+          'in a bucket: --workdir=gs://BUCKET/RUN')
+
+
 def parse(argv: list[str], launcher_args: list[str]
           ) -> tuple[argparse.Namespace, list[str]]:
   """The script's flags, and the launcher flags (those after `--`).

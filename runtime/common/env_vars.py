@@ -32,3 +32,8 @@ SUPERVISED = 'PODRUN_SUPERVISED'
 PROGRESS_FD = 'PODRUN_PROGRESS_FD'
 # Where the local checkpoint tier lives (default /dev/shm/podrun).
 LOCAL_CHECKPOINT_DIR = 'PODRUN_LOCAL_CHECKPOINT_DIR'
+# Where a machine keeps its copy of a gs:// workdir (default
+# ~/.cache/podrun/record; runtime/common/record_mirror.py).
+RECORD_CACHE = 'PODRUN_RECORD_CACHE'
+# Seconds between its uploads to the bucket (default 10).
+RECORD_UPLOAD_EVERY_S = 'PODRUN_RECORD_UPLOAD_EVERY_S'

@@ -1,0 +1,323 @@
+"""A workdir in a bucket: written on local disk, mirrored to gs:// whole.
+
+Object storage has no append, and the record's writers append (metrics.jsonl,
+the goodput ledgers, TensorBoard's event files). So a job run with
+`--workdir=gs://BUCKET/RUN` writes its record to a local copy
+(`local_copy(url)`), and each process keeps the bucket in step with a
+`Mirror`: at its start it fetches what earlier attempts left in the bucket
+(the newer of two copies wins), then it uploads the files it owns whole,
+when they changed, every `PUSH_EVERY_S` seconds and once more at its end.
+A reader (scripts/goodput.py, scripts/plot_metrics.py) fetches the record
+the same way, so it sees every attempt; TensorBoard reads gs:// itself.
+
+Who owns what: process i the files named `rank_<i>.*` (its ledger, its
+fingerprint, its stall figures), process 0 every other file of the record
+(metrics, TensorBoard, summary.json), the launcher `LAUNCHER_FILES`. Never
+mirrored: the checkpoints (orbax writes those to the bucket itself), the
+lease and the roll call (`.podrun/`, which coordinate live processes), the
+compilation cache and the launcher's per-process logs (local to the
+machine that launched them).
+
+JAX-free: the launcher's side runs it too. gcsfs is imported only for a
+bucket (the `gcs` and `tpu` extras install it).
+
+Example:
+  >>> mirror = Mirror('gs://runs/mnist', local_copy('gs://runs/mnist'),
+  ...                 owns=rank_owns(0))
+  >>> mirror.fetch()          # the record of earlier attempts, if any
+  >>> mirror.start()          # uploads every PUSH_EVERY_S
+  >>> ...                     # the job writes to mirror.local_dir
+  >>> mirror.finish()         # the last upload
+"""
+
+import base64
+import calendar
+import hashlib
+import os
+import re
+import threading
+import time
+from typing import Callable, Optional
+
+from absl import logging
+
+from runtime.common import env_vars
+
+PUSH_EVERY_S = 10.0
+# The end's upload may not hold up a process that is being preempted.
+FINISH_TIMEOUT_S = 30.0
+NEVER_MIRRORED = ('checkpoints/', '.podrun/', 'compilation_cache/', 'logs/')
+LAUNCHER_FILES = ('summary.json', 'goodput.jsonl', 'logs/attempts.jsonl',
+                  'logs/job.json')
+_RANK_FILE = re.compile(r'(?:^|/)rank_(\d+)\.[^/]*$')
+# Small files are compared by content: a memory-mapped write (the ledger's
+# high-water step) need not change the file's mtime.
+_ALWAYS_COMPARE_BYTES = 4096
+
+
+def in_bucket(path: Optional[str]) -> bool:
+  """True for a gs:// URL."""
+  return bool(path) and path.startswith('gs://')
+
+
+def local_copy(url: str) -> str:
+  """The local directory that holds this machine's copy of a bucket's
+  workdir: $PODRUN_RECORD_CACHE (default ~/.cache/podrun/record) /
+  BUCKET/PATH.
+
+  Example:
+    >>> local_copy('gs://runs/mnist/')
+    '/home/me/.cache/podrun/record/runs/mnist'
+  """
+  root = os.environ.get(env_vars.RECORD_CACHE) or os.path.join(
+      os.path.expanduser('~'), '.cache', 'podrun', 'record')
+  return os.path.join(root, url[len('gs://'):].strip('/'))
+
+
+def rank_owns(process_index: int) -> Callable[[str], bool]:
+  """Which record files process `process_index` uploads (see the module
+  docstring); paths are relative to the workdir, with '/'."""
+  def owns(relative: str) -> bool:
+    match = _RANK_FILE.search(relative)
+    if match:
+      return int(match.group(1)) == process_index
+    return process_index == 0 and relative not in LAUNCHER_FILES[1:]
+  return owns
+
+
+def launcher_owns(relative: str) -> bool:
+  return relative in LAUNCHER_FILES
+
+
+def _mirrored(relative: str) -> bool:
+  if relative in LAUNCHER_FILES:
+    return True
+  return not (relative.startswith(NEVER_MIRRORED) or '.tmp' in relative)
+
+
+def _bucket_fs():
+  try:
+    import gcsfs  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise RuntimeError(
+        'a gs:// workdir needs gcsfs: pip install -e ".[gcs]" (the tpu extra '
+        'has it)') from e
+  return gcsfs.GCSFileSystem()
+
+
+def _md5(data: bytes) -> str:
+  return base64.b64encode(hashlib.md5(data).digest()).decode()
+
+
+def _object_time(info: dict) -> float:
+  """An object's last write, in seconds since the epoch."""
+  updated = info.get('updated', '')
+  stamp = time.strptime(updated[:19], '%Y-%m-%dT%H:%M:%S')
+  fraction = re.match(r'\.(\d+)', updated[19:])
+  return calendar.timegm(stamp) + (
+      float('0.' + fraction.group(1)) if fraction else 0.0)
+
+
+class Mirror:
+  """One process's copy of a bucket's workdir and its uploads.
+
+  Attributes:
+    url: the workdir, gs://BUCKET/PATH.
+    local_dir: where this machine's processes write the record.
+    unwritten: files whose last upload failed, relative to the workdir.
+  """
+
+  def __init__(self, url: str, local_dir: str, owns: Callable[[str], bool],
+               fs=None):
+    self.url = url.rstrip('/')
+    self.local_dir = local_dir
+    self._owns = owns
+    self._fs = fs
+    self._uploaded: dict[str, tuple[tuple[int, int], str]] = {}
+    self._lock = threading.Lock()
+    self._stop = threading.Event()
+    self._thread: Optional[threading.Thread] = None
+    self.unwritten: set[str] = set()
+
+  @property
+  def fs(self):
+    if self._fs is None:
+      self._fs = _bucket_fs()
+    return self._fs
+
+  def _local(self, relative: str) -> str:
+    return os.path.join(self.local_dir, *relative.split('/'))
+
+  def _objects(self) -> dict[str, dict]:
+    """{relative path: object info} of the record in the bucket."""
+    prefix = self.url[len('gs://'):] + '/'
+    found = self.fs.find(self.url, detail=True)
+    return {name[len(prefix):]: info for name, info in found.items()
+            if name.startswith(prefix) and _mirrored(name[len(prefix):])}
+
+  def fetch(self) -> int:
+    """Copies to local disk each object newer than its local copy, and
+    counts the local copies that match the bucket as uploaded; returns
+    how many objects the bucket held."""
+    objects = self._objects()
+    for relative, info in objects.items():
+      path = self._local(relative)
+      local = _read(path)
+      if local is not None and _md5(local) == info.get('md5Hash'):
+        self._uploaded[relative] = (_signature(path), info.get('md5Hash'))
+        continue
+      if local is not None and os.stat(path).st_mtime > _object_time(info):
+        continue  # Written here since (an obituary's end): ours to upload.
+      data = self.fs.cat_file(f'{self.url}/{relative}')
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      tmp = f'{path}.tmp{os.getpid()}'
+      with open(tmp, 'wb') as f:
+        f.write(data)
+      os.utime(tmp, (time.time(), _object_time(info)))
+      os.replace(tmp, path)
+      self._uploaded[relative] = (_signature(path), _md5(data))
+    return len(objects)
+
+  def push(self) -> list[str]:
+    """Uploads, whole, each owned file that changed since its last upload;
+    returns their paths relative to the workdir."""
+    with self._lock:
+      sent = []
+      for relative in self._owned_files():
+        path = self._local(relative)
+        signature = _signature(path)
+        known = self._uploaded.get(relative)
+        if (known and known[0] == signature and signature[1] >
+            _ALWAYS_COMPARE_BYTES and relative not in self.unwritten):
+          continue
+        data = _whole_lines(relative, _read(path))
+        if data is None or (known and known[1] == _md5(data) and
+                            relative not in self.unwritten):
+          continue
+        try:
+          self.fs.pipe_file(f'{self.url}/{relative}', data)
+        except Exception as e:  # pylint: disable=broad-except
+          if relative not in self.unwritten:
+            logging.warning('cannot write %s/%s (%s); it stays in %s and the '
+                            'next upload tries again', self.url, relative,
+                            e, path)
+          self.unwritten.add(relative)
+          continue
+        self.unwritten.discard(relative)
+        self._uploaded[relative] = (signature, _md5(data))
+        sent.append(relative)
+      return sent
+
+  def _owned_files(self) -> list[str]:
+    out = []
+    for directory, subdirs, names in os.walk(self.local_dir):
+      if directory == self.local_dir:  # logs/ holds launcher files.
+        subdirs[:] = [d for d in subdirs if d + '/' not in NEVER_MIRRORED or
+                      d == 'logs']
+      for name in names:
+        relative = os.path.relpath(os.path.join(directory, name),
+                                   self.local_dir).replace(os.sep, '/')
+        if _mirrored(relative) and self._owns(relative):
+          out.append(relative)
+    return sorted(out)
+
+  def start(self, every_s: Optional[float] = None) -> None:
+    """Uploads every `every_s` seconds (default $PODRUN_RECORD_UPLOAD_EVERY_S,
+    else PUSH_EVERY_S) from a thread of its own."""
+    every_s = every_s or float(os.environ.get(env_vars.RECORD_UPLOAD_EVERY_S)
+                               or PUSH_EVERY_S)
+    def loop():
+      while not self._stop.wait(every_s):
+        try:
+          self.push()
+        except Exception as e:  # pylint: disable=broad-except
+          logging.warning('the upload of %s failed: %s', self.url, e)
+    self._thread = threading.Thread(target=loop, name='record-mirror',
+                                    daemon=True)
+    self._thread.start()
+
+  def finish(self, timeout_s: float = FINISH_TIMEOUT_S) -> bool:
+    """The last upload, bounded by `timeout_s`; False (after a warning
+    naming what is missing) when some file did not reach the bucket."""
+    self._stop.set()
+    done = threading.Event()
+    def last():
+      try:
+        self.push()
+      finally:
+        done.set()
+    threading.Thread(target=last, name='record-mirror-end',
+                     daemon=True).start()
+    if not done.wait(timeout_s):
+      logging.warning('the record did not reach %s within %g s; this '
+                      "machine's copy is in %s", self.url, timeout_s,
+                      self.local_dir)
+      return False
+    if self.unwritten:
+      logging.warning('%s misses %s; this machine\'s copy is in %s',
+                      self.url, ', '.join(sorted(self.unwritten)),
+                      self.local_dir)
+      return False
+    return True
+
+
+def _whole_lines(relative: str, data: Optional[bytes]) -> Optional[bytes]:
+  """A JSON-lines file up to its last complete line: a reader of the
+  bucket never gets half a record."""
+  if data is None or not relative.endswith('.jsonl'):
+    return data
+  return data[:data.rfind(b'\n') + 1]
+
+
+def _signature(path: str) -> tuple[int, int]:
+  stat = os.stat(path)
+  return (stat.st_mtime_ns, stat.st_size)
+
+
+def _read(path: str) -> Optional[bytes]:
+  try:
+    with open(path, 'rb') as f:
+      return f.read()
+  except OSError:
+    return None
+
+
+_current: Optional[Mirror] = None
+
+
+def use(mirror: Optional[Mirror]) -> None:
+  """Makes `mirror` this process's, for `finish_current`."""
+  global _current
+  _current = mirror
+
+
+def finish_current() -> None:
+  """The last upload of this process's mirror, if it has one: called on
+  every way out, also those that skip `finally` (os._exit)."""
+  if _current is not None:
+    _current.finish()
+
+
+def merge_lines(url: str, relative: str, path: str, fs=None) -> None:
+  """Appends to object URL/RELATIVE the lines of local file `path` that it
+  lacks (a launcher on another machine may have written others)."""
+  fs = fs or _bucket_fs()
+  target = f'{url.rstrip("/")}/{relative}'
+  try:
+    have = fs.cat_file(target).decode().splitlines()
+  except FileNotFoundError:
+    have = []
+  with open(path) as f:
+    ours = [line for line in f.read().splitlines() if line.strip()]
+  known = set(have)
+  merged = have + [line for line in ours if line not in known]
+  if merged != have:
+    fs.pipe_file(target, ('\n'.join(merged) + '\n').encode())
+
+
+def fetch_record(url: str, into: Optional[str] = None) -> str:
+  """Copies a bucket's workdir to local disk for a reader; returns the
+  local directory (`local_copy(url)` unless `into`)."""
+  mirror = Mirror(url, into or local_copy(url), owns=lambda _: False)
+  mirror.fetch()
+  return mirror.local_dir

@@ -1,0 +1,196 @@
+"""A bucket's workdir mirrored from local disk (runtime/common/record_mirror.py).
+
+Against an in-memory bucket with the calls the mirror makes of gcsfs
+(find with details, cat_file, pipe_file) and the fields GCS gives
+(md5Hash, updated); tests/test_buckets.py runs it against fake-gcs-server.
+"""
+
+import base64
+import datetime
+import hashlib
+import os
+import threading
+import time
+
+import pytest
+
+from runtime.common import record_mirror
+
+pytestmark = pytest.mark.unit
+
+URL = 'gs://runs/job'
+
+
+class Bucket:
+  """Objects by name ('runs/job/metrics.jsonl'), each with its write time."""
+
+  def __init__(self):
+    self.objects: dict[str, tuple[bytes, float]] = {}
+    self.writes: list[str] = []
+    self.failing = False
+    self.hang = threading.Event()
+
+  def find(self, url, detail=True):
+    assert detail
+    prefix = url[len('gs://'):]
+    return {name: self._info(name) for name in self.objects
+            if name.startswith(prefix + '/')}
+
+  def _info(self, name):
+    data, written = self.objects[name]
+    stamp = datetime.datetime.fromtimestamp(written, datetime.timezone.utc)
+    return {'name': name, 'size': len(data),
+            'md5Hash': base64.b64encode(hashlib.md5(data).digest()).decode(),
+            'updated': stamp.strftime('%Y-%m-%dT%H:%M:%S.%fZ')}
+
+  def cat_file(self, url):
+    return self.objects[url[len('gs://'):]][0]
+
+  def pipe_file(self, url, data):
+    if self.hang.is_set():
+      time.sleep(3)
+    if self.failing:
+      raise OSError('connection refused')
+    self.objects[url[len('gs://'):]] = (bytes(data), time.time())
+    self.writes.append(url[len(URL) + 1:])
+
+  def put(self, relative, data, written=None):
+    self.objects[f'runs/job/{relative}'] = (data, written or time.time())
+
+
+def _write(root, relative, data: bytes, mtime=None):
+  path = os.path.join(root, relative)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'wb') as f:
+    f.write(data)
+  if mtime is not None:
+    os.utime(path, (mtime, mtime))
+  return path
+
+
+def _mirror(tmp_path, bucket, owns=None):
+  return record_mirror.Mirror(URL, str(tmp_path / 'copy'),
+                              owns or record_mirror.rank_owns(0), fs=bucket)
+
+
+def test_each_file_has_one_owner():
+  zero, one = record_mirror.rank_owns(0), record_mirror.rank_owns(1)
+  for relative in ('metrics.jsonl', 'summary.json',
+                   'tensorboard/events.out.tfevents.1.host'):
+    assert zero(relative) and not one(relative), relative
+  for relative in ('ranks/rank_1.json', 'stall/rank_1.json',
+                   'goodput/abc-a2/rank_1.json', 'goodput/abc-a2/rank_1.step'):
+    assert one(relative) and not zero(relative), relative
+  for relative in ('goodput.jsonl', 'logs/attempts.jsonl', 'logs/job.json'):
+    assert record_mirror.launcher_owns(relative)
+    assert not zero(relative) and not one(relative), relative
+  assert not record_mirror.launcher_owns('logs/rank_0.log')
+
+
+def test_a_push_uploads_what_changed_and_only_what_this_process_owns(
+    tmp_path):
+  bucket = Bucket()
+  mirror = _mirror(tmp_path, bucket)
+  copy = tmp_path / 'copy'
+  _write(copy, 'metrics.jsonl', b'{"step": 1}\n')
+  _write(copy, 'ranks/rank_1.json', b'{}')  # Process 1's.
+  _write(copy, 'logs/rank_0.log', b'a log')  # The launcher's, never.
+  _write(copy, 'checkpoints/10/x', b'orbax writes these itself')
+  _write(copy, '.podrun/join/rank_0.json', b'{}')
+  assert mirror.push() == ['metrics.jsonl']
+  assert mirror.push() == []  # Nothing changed.
+  with open(copy / 'metrics.jsonl', 'ab') as f:
+    f.write(b'{"step": 2}\n')
+  assert mirror.push() == ['metrics.jsonl']
+  assert bucket.cat_file(f'{URL}/metrics.jsonl') == (
+      b'{"step": 1}\n{"step": 2}\n')
+
+
+def test_a_small_file_changed_in_place_is_seen_without_its_mtime(tmp_path):
+  # The ledger's high-water step is written through a memory map.
+  bucket = Bucket()
+  mirror = _mirror(tmp_path, bucket)
+  path = _write(tmp_path / 'copy', 'goodput/a1/rank_0.step', bytes(8), 1000)
+  assert mirror.push() == ['goodput/a1/rank_0.step']
+  with open(path, 'r+b') as f:
+    f.write((7).to_bytes(8, 'little'))
+  os.utime(path, (1000, 1000))
+  assert mirror.push() == ['goodput/a1/rank_0.step']
+
+
+def test_a_fetch_brings_the_earlier_attempts_and_keeps_newer_local_files(
+    tmp_path):
+  bucket = Bucket()
+  bucket.put('metrics.jsonl', b'{"step": 1}\n', written=time.time() - 100)
+  bucket.put('goodput/a1/rank_1.json', b'{"end": null}',
+             written=time.time() - 100)
+  bucket.put('checkpoints/10/x', b'not the record')
+  copy = tmp_path / 'copy'
+  # Written here after the last upload: an obituary's end of process 1.
+  _write(copy, 'goodput/a1/rank_1.json', b'{"end": 137}')
+  mirror = _mirror(tmp_path, bucket, owns=record_mirror.rank_owns(1))
+  assert mirror.fetch() == 2
+  assert (copy / 'metrics.jsonl').read_bytes() == b'{"step": 1}\n'
+  assert (copy / 'goodput/a1/rank_1.json').read_bytes() == b'{"end": 137}'
+  assert not (copy / 'checkpoints').exists()
+  # The fetched file matches the bucket; the newer local one goes up.
+  assert mirror.push() == ['goodput/a1/rank_1.json']
+  assert bucket.cat_file(f'{URL}/goodput/a1/rank_1.json') == b'{"end": 137}'
+
+
+def test_a_fetch_replaces_an_older_local_copy(tmp_path):
+  bucket = Bucket()
+  copy = tmp_path / 'copy'
+  _write(copy, 'metrics.jsonl', b'{"step": 1}\n', mtime=time.time() - 100)
+  bucket.put('metrics.jsonl', b'{"step": 1}\n{"step": 2}\n')
+  mirror = _mirror(tmp_path, bucket)
+  mirror.fetch()
+  assert (copy / 'metrics.jsonl').read_bytes() == b'{"step": 1}\n{"step": 2}\n'
+  assert mirror.push() == []  # What it fetched is what the bucket has.
+
+
+def test_a_failed_upload_is_named_and_tried_again(tmp_path, caplog):
+  bucket = Bucket()
+  mirror = _mirror(tmp_path, bucket)
+  _write(tmp_path / 'copy', 'summary.json', b'{}')
+  bucket.failing = True
+  assert mirror.push() == []
+  assert mirror.unwritten == {'summary.json'}
+  assert 'cannot write gs://runs/job/summary.json' in caplog.text
+  assert not mirror.finish(timeout_s=5)
+  assert 'gs://runs/job misses summary.json' in caplog.text
+  bucket.failing = False
+  assert mirror.push() == ['summary.json']
+  assert mirror.unwritten == set()
+
+
+def test_the_last_upload_is_bounded(tmp_path, caplog):
+  bucket = Bucket()
+  mirror = _mirror(tmp_path, bucket)
+  _write(tmp_path / 'copy', 'summary.json', b'{}')
+  bucket.hang.set()
+  started = time.monotonic()
+  assert not mirror.finish(timeout_s=0.5)
+  assert time.monotonic() - started < 30
+  assert 'the record did not reach gs://runs/job within 0.5 s' in caplog.text
+
+
+def test_the_local_copy_is_named_by_the_bucket_path(monkeypatch, tmp_path):
+  monkeypatch.setenv('PODRUN_RECORD_CACHE', str(tmp_path))
+  assert record_mirror.local_copy('gs://runs/a/b/') == str(
+      tmp_path / 'runs' / 'a' / 'b')
+  assert record_mirror.in_bucket('gs://runs/a')
+  assert not record_mirror.in_bucket('/runs/a')
+
+
+def test_a_json_lines_file_goes_up_to_its_last_whole_line(tmp_path):
+  bucket = Bucket()
+  mirror = _mirror(tmp_path, bucket)
+  path = _write(tmp_path / 'copy', 'metrics.jsonl', b'{"step": 1}\n{"st')
+  assert mirror.push() == ['metrics.jsonl']
+  assert bucket.cat_file(f'{URL}/metrics.jsonl') == b'{"step": 1}\n'
+  with open(path, 'ab') as f:
+    f.write(b'ep": 2}\n')
+  assert mirror.push() == ['metrics.jsonl']
+  assert bucket.cat_file(f'{URL}/metrics.jsonl') == (
+      b'{"step": 1}\n{"step": 2}\n')
