@@ -47,6 +47,14 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   # 'pmap', or 'shard_map' (jit + jax.shard_map over a mesh of all devices):
   # the same step, the same pmean (runtime/parallelism/).
   config.parallelism = 'pmap'
+  # Examples per device in one forward and backward pass (0: no limit), and
+  # passes per device (0: as few as the limit allows). Beyond the limit
+  # the step accumulates gradients over microbatches, and a global batch
+  # that does not divide over the devices is padded with groups that never
+  # count (runtime/parallelism/microbatches.py). Neither changes what a
+  # step computes, only how: a run may resume with others.
+  config.device_batch_limit = 0
+  config.microbatches = 0
   # Batches read and copied to the devices ahead of the step that needs them.
   config.prefetch = 2
   # Every integrity_every steps, each device's copy of the parameters is

@@ -161,3 +161,24 @@ def read_batch(source, ids: np.ndarray):
     return reader(ids)
   examples = [source[int(i)] for i in ids]
   return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *examples)
+
+
+def read_padded(source, ids: np.ndarray, rows: int):
+  """The examples `ids`, then zero rows up to `rows` (a layout's padding,
+  which the step never counts; runtime/parallelism/microbatches.py).
+
+  Returns:
+    The batch: each leaf (rows, ...).
+  """
+  if len(ids) == rows:
+    return read_batch(source, ids)
+  if len(ids):
+    batch = read_batch(source, ids)
+  elif getattr(source, 'read_batch', None) is not None:
+    batch = source.read_batch(ids)  # No example, but every leaf's shape.
+  else:
+    batch = jax.tree_util.tree_map(lambda x: np.asarray(x)[None][:0],
+                                   source[0])
+  return jax.tree_util.tree_map(
+      lambda x: np.concatenate([x, np.zeros((rows - len(x),) + x.shape[1:],
+                                            x.dtype)]), batch)

@@ -65,8 +65,11 @@ class MetricsWriter:
   """
 
   def __init__(self, workdir: str, is_process_0: bool,
-               resume_step: Optional[int] = None, tensorboard_events=True):
+               resume_step: Optional[int] = None, tensorboard_events=True,
+               fields: Optional[dict[str, Any]] = None):
     self.is_process_0 = is_process_0
+    # On every row, in TensorBoard too: a resume on another topology shows.
+    self.fields = dict(fields or {})
     self._file = None
     self._events = None
     if is_process_0 and tensorboard_events:
@@ -87,7 +90,7 @@ class MetricsWriter:
   def write(self, step: int, metrics: dict[str, Any]) -> None:
     if not self.is_process_0:
       return
-    values = to_json(metrics)
+    values = {**to_json(metrics), **self.fields}
     self._file.write(json.dumps({'step': step, **values}) + '\n')
     self._file.flush()
     if self._events is not None:

@@ -8,15 +8,17 @@ function either way.
 """
 
 import inspect
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 from jax import lax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
 from runtime.common import exit_codes
 from runtime import parallelism as parallelism_lib
+from runtime.parallelism import microbatches as microbatches_lib
 from runtime import structure
 
 # The mesh / pmap axis that spans every device of every process.
@@ -136,10 +138,57 @@ def _loss_and_grads(loss_fn: LossFn, state: TrainState, batch: Any,
   return loss, metrics, model_state, grads
 
 
+def _group_values(loss_fn: LossFn, state: TrainState, group: Any,
+                  extra: tuple, has_model_state: bool):
+  """({**metrics, 'loss'}, new model_state, grads) of one group."""
+  loss, metrics, model_state, grads = _loss_and_grads(
+      loss_fn, state, group, extra, has_model_state)
+  structure.check_same('model_state', state.model_state, model_state,
+                       _MODEL_STATE_HINT)
+  return {**metrics, 'loss': loss}, model_state, grads
+
+
+def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
+                 layout: microbatches_lib.Layout, uses_rng: bool,
+                 has_model_state: bool):
+  """Metrics, model state and grads averaged over the step's real groups.
+
+  One device's batch, (k x m, ...) per leaf, runs as k groups of m, one
+  after another (`lax.scan`, so that only one group's activations live at
+  a time); a padding group is skipped (`lax.cond`), and the sums over the
+  devices are divided by the real groups alone.
+  """
+  k, m = layout.microbatches, layout.microbatch_size
+  groups = jax.tree_util.tree_map(
+      lambda x: x.reshape((k, m) + x.shape[1:]), batch)
+  first = lax.axis_index(_AXIS) * k
+
+  def values(group, index):
+    extra = (jax.random.fold_in(step_rng, index),) if uses_rng else ()
+    return _group_values(loss_fn, state, group, extra, has_model_state)
+
+  shapes = jax.eval_shape(values, jax.tree_util.tree_map(lambda x: x[0],
+                                                         groups), first)
+  zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+  def one(sums, xs):
+    j, group = xs
+    index = first + j
+    out = lax.cond(index < layout.real_groups, lambda: values(group, index),
+                   lambda: zeros)
+    return jax.tree_util.tree_map(jnp.add, sums, out), None
+
+  sums, _ = lax.scan(one, zeros, (jnp.arange(k), groups))
+  return jax.tree_util.tree_map(
+      lambda x: lax.psum(x, _AXIS) / layout.real_groups, sums)
+
+
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                     parallelism: parallelism_lib.Parallelism,
                     uses_rng: bool = False,
-                    has_model_state: bool = False) -> Callable:
+                    has_model_state: bool = False,
+                    layout: Optional[microbatches_lib.Layout] = None
+                    ) -> Callable:
   """Builds the data-parallel step `(state, batch) -> (state, metrics)`.
 
   Each device computes the loss and gradients of its share of the batch; the
@@ -157,6 +206,13 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
       device and per step (for dropout and the like).
     has_model_state: loss_fn takes and returns model state (see `LossFn`);
       its float leaves are averaged over the devices after every step.
+    layout: how the step's examples sit on the devices
+      (`parallelism.microbatches.plan`); None or one microbatch of G / D
+      without padding: each device computes its share in one pass. Else
+      each device runs its k groups one after another and the step
+      averages over the real groups (see `_accumulated`); a group's rng is
+      folded from its global index, so the same groups draw the same
+      numbers on any topology.
 
   Returns:
     step(state, batch) with state a replicated `TrainState` and batch placed
@@ -170,18 +226,20 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   """
   check_loss_fn(loss_fn, uses_rng, has_model_state)
 
+  one_pass = layout is None or (layout.microbatches == 1 and
+                                not layout.padded_groups)
+
   def step(state: TrainState, batch: Any):
     rng, step_rng = jax.random.split(state.rng)
-    extra = ()
-    if uses_rng:
-      extra = (jax.random.fold_in(step_rng, lax.axis_index(_AXIS)),)
-    loss, metrics, model_state, grads = _loss_and_grads(
-        loss_fn, state, batch, extra, has_model_state)
-    structure.check_same('model_state', state.model_state, model_state,
-                         _MODEL_STATE_HINT)
-    grads = lax.pmean(grads, _AXIS)
-    metrics = lax.pmean({**metrics, 'loss': loss}, _AXIS)
-    model_state = lax.pmean(model_state, _AXIS)
+    if one_pass:  # The step of before accumulation, bit for bit.
+      extra = ()
+      if uses_rng:
+        extra = (jax.random.fold_in(step_rng, lax.axis_index(_AXIS)),)
+      metrics, model_state, grads = lax.pmean(_group_values(
+          loss_fn, state, batch, extra, has_model_state), _AXIS)
+    else:
+      metrics, model_state, grads = _accumulated(
+          loss_fn, state, batch, step_rng, layout, uses_rng, has_model_state)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     structure.check_same('the optimiser\'s updates', state.params, updates,
                          dtypes=False)

@@ -39,6 +39,7 @@ from runtime import local_checkpoint
 from runtime import loop
 from runtime import metrics as metrics_lib
 from runtime import parallelism as parallelism_lib
+from runtime.parallelism import microbatches
 from runtime import prefetch
 from runtime import recovery
 from runtime import step as step_lib
@@ -117,6 +118,8 @@ class TrainResult:
     start_step: the step this run started from.
     steps: the step it ended at.
     extra: anything a workload adds for summary.json's results.
+    topology: what computed the steps: num_processes, num_devices,
+      microbatches.
   """
   final_metrics: dict[str, float]
   eval_metrics: dict[str, float]
@@ -126,11 +129,12 @@ class TrainResult:
   start_step: int
   steps: int
   extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+  topology: dict[str, int] = dataclasses.field(default_factory=dict)
 
   def summary(self) -> dict[str, Any]:
     """The JSON-able part, for summary.json: no parameters."""
     out = {'fingerprint': self.fingerprint, 'start_step': self.start_step,
-           'eval': self.eval_metrics}
+           'eval': self.eval_metrics, 'topology': self.topology}
     if jax.tree_util.tree_leaves(self.model_state):
       out['model_state_fingerprint'] = fingerprint_lib.fingerprint(
           self.model_state)
@@ -191,14 +195,22 @@ def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt, local
   return built_in + list(task.hooks)
 
 
-def _step_fn(task: Task, par) -> Callable:
+def _step_fn(task: Task, par, layout: microbatches.Layout) -> Callable:
   """The compiled step, agreed on by every process before its first run and
   watched for late recompilations."""
   return structure.RecompileWatch(agreement.check_program_on_first_call(
       step_lib.make_train_step(
           task.loss_fn, task.optimizer, par, uses_rng=task.loss_uses_rng,
-          has_model_state=task.model_state is not None),
+          has_model_state=task.model_state is not None, layout=layout),
       coordination.current()))
+
+
+def plan_layout(config: ConfigDict, topo) -> microbatches.Layout:
+  """How each step's global batch sits on this job's devices."""
+  return microbatches.plan(
+      config.global_batch_size, topo.process_count * topo.local_device_count,
+      config.get('device_batch_limit') or None,
+      config.get('microbatches') or None)
 
 
 def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
@@ -227,31 +239,32 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     Preempted: after saving, on a preemption notice.
   """
   topo = topology_lib.current()
-  parallelism_lib.per_device_batch_size(
-      config.global_batch_size, topo.process_count, topo.local_device_count)
+  layout = plan_layout(config, topo)
   in_flight_limit = max_steps_in_flight(config, topo.platform)
   par = parallelism_lib.from_config(config)
-  step_fn = _step_fn(task, par)
+  step_fn = _step_fn(task, par, layout)
   state = step_lib.init_state(task.params, task.optimizer, config.seed,
                               task.model_state)
   ledger = goodput.current()
+  ledger.note(topology=layout_fields(topo, layout))
   with ledger.timing('checkpoint_restore'):
     ckpt, local = _open_checkpoints(config, workdir)
     start, state, _ = recovery.restore(config, ckpt, local, state,
                                        len(task.data))
-  writer = metrics_lib.MetricsWriter(workdir, topo.process_index == 0,
-                                     resume_step=start or None,
-                                     tensorboard_events=config.tensorboard)
+  writer = metrics_lib.MetricsWriter(
+      workdir, topo.process_index == 0, resume_step=start or None,
+      tensorboard_events=config.tensorboard, fields=layout_fields(topo, layout))
   clock = goodput.StepClock(ledger, goodput.steps_done_before(ledger))
   run = loop.Run(config, workdir, task, par.replicate(state), start, par,
                  topo.process_index, writer, clock, in_flight_limit)
   resumed = f', resuming at step {start}' if start else ''
   writer.log(f'training {config.steps} steps, global batch '
-             f'{config.global_batch_size}, {par}, {in_flight_limit} step(s) '
-             f'in flight, on {topo.describe()}{resumed}')
+             f'{config.global_batch_size} ({layout.describe()}), {par}, '
+             f'{in_flight_limit} step(s) in flight, on {topo.describe()}'
+             f'{resumed}')
   try:
     with prefetch.Prefetcher(
-        _loader(config, task, topo, par), range(start, config.steps),
+        _loader(config, task, topo, par, layout), range(start, config.steps),
         size=config.prefetch) as batches:
       loop.run_steps(run, step_fn, batches.next,
                      _hooks(config, workdir, task, topo, ckpt, local))
@@ -259,7 +272,9 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     clock.close()
     writer.close()
   _log_final_metrics(run, writer)
-  return _result(run, topo, workdir)
+  result = _result(run, topo, workdir)
+  result.topology = layout_fields(topo, layout)
+  return result
 
 
 def _log_final_metrics(run: loop.Run, writer: metrics_lib.MetricsWriter
@@ -272,13 +287,26 @@ def _log_final_metrics(run: loop.Run, writer: metrics_lib.MetricsWriter
                f'{run.config.log_every} steps)')
 
 
-def _loader(config: ConfigDict, task: Task, topo, par) -> Callable[[int], Any]:
-  """step -> this process's part of that step's batch, on its devices."""
+def layout_fields(topo, layout: microbatches.Layout) -> dict[str, int]:
+  """What every metrics row says of the topology that computed it."""
+  return {'num_processes': topo.process_count,
+          'num_devices': layout.num_devices,
+          'microbatches': layout.microbatches}
+
+
+def _loader(config: ConfigDict, task: Task, topo, par,
+            layout: microbatches.Layout) -> Callable[[int], Any]:
+  """step -> this process's part of that step's batch, on its devices:
+  its real examples, then zero rows where the layout pads."""
   def load(step: int):
-    ids = data_lib.process_batch_ids(
+    ids = data_lib.global_batch_ids(
         step, config.global_batch_size, len(task.data), config.seed,
-        topo.process_index, topo.process_count, config.data.shuffle)
-    return par.put_batch(data_lib.read_batch(task.data, ids))
+        config.data.shuffle)
+    rows, real = microbatches.process_positions(
+        layout, topo.process_index, topo.local_device_count)
+    batch = data_lib.read_padded(task.data, ids[rows.start:rows.start + real],
+                                 rows.stop - rows.start)
+    return par.put_batch(batch)
   return load
 
 

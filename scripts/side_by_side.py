@@ -10,17 +10,18 @@ Example:
 import json
 import pathlib
 import statistics
+from typing import Optional
 
 
 def report(results: dict, rounds: dict[str, list[dict]], out: str,
-           baseline: str = 'local') -> dict:
+           baseline: Optional[str] = 'local') -> dict:
   """Adds each place's medians and each other place's ratios to
-  `baseline` to `results`, prints them as JSON and writes them to `out`
-  (unless '')."""
+  `baseline` (None: no ratios) to `results`, prints them as JSON and
+  writes them to `out` (unless '')."""
   for where, found in rounds.items():
     results[where] = {k: statistics.median(r[k] for r in found)
                       for k in found[0]}
-  for where in rounds:
+  for where in rounds if baseline else ():
     if where != baseline:
       results[f'{where}_over_{baseline}'] = {
           k: results[where][k] / results[baseline][k]

@@ -97,13 +97,55 @@ def test_non_finite_loss_names_the_step(tmp_path):
     training.train(config, str(tmp_path), bad)
 
 
-def test_indivisible_batch_is_refused(tmp_path):
+def test_a_batch_that_does_not_divide_equals_one_device(tmp_path):
+  # 100 examples over 8 devices: 5 groups of 20 and 3 of padding, whose
+  # zero rows would make the loss NaN if they reached it.
   config = linear_regression_config.get_config()
   config.global_batch_size = 100
+  config.steps = 30
   task, _ = linear_regression.make_task(config)
-  with pytest.raises(ValueError, match='global batch size 100'):
-    training.train(config, str(tmp_path), task)
-  assert not os.path.exists(tmp_path / 'metrics.jsonl')
+
+  def poisoned(params, batch):
+    loss, metrics = linear_regression.loss_fn(params, batch)
+    padded = jnp.any(jnp.all(batch['x'] == 0, axis=-1))
+    return jnp.where(padded, jnp.nan, loss), metrics
+
+  result = training.train(config, str(tmp_path),
+                          dataclasses.replace(task, loss_fn=poisoned))
+  assert_trees_close(result.params, single_device_descent(config, task),
+                     rtol=1e-5, atol=1e-6)
+  assert result.topology == {'num_processes': 1, 'num_devices': 8,
+                             'microbatches': 1}
+  with open(tmp_path / 'metrics.jsonl') as f:
+    rows = [json.loads(line) for line in f]
+  assert all(r['num_devices'] == 8 and r['microbatches'] == 1 for r in rows)
+
+
+@pytest.mark.parametrize('parallelism', ['pmap', 'shard_map'])
+def test_microbatches_give_the_step_of_one_pass(tmp_path, parallelism):
+  config = mlp_config.get_config()
+  config.steps = 25
+  config.parallelism = parallelism
+  task, _ = mlp.make_task(config)
+  results = {}
+  for k in (1, 2, 4):
+    config.microbatches = k
+    results[k] = training.train(config, str(tmp_path / str(k)), task)
+    assert results[k].topology['microbatches'] == k
+  for k in (2, 4):
+    assert_trees_close(results[k].params, results[1].params, rtol=2e-5,
+                       atol=2e-6)
+  assert_trees_close(results[1].params, single_device_descent(config, task),
+                     rtol=2e-4, atol=2e-5)
+
+
+def test_a_device_batch_limit_accumulates_as_many_microbatches(tmp_path):
+  config = mlp_config.get_config()  # 512 examples: 64 per device.
+  config.steps = 3
+  config.device_batch_limit = 20
+  task, _ = mlp.make_task(config)
+  result = training.train(config, str(tmp_path), task)
+  assert result.topology['microbatches'] == 4  # Groups of 16.
 
 
 @pytest.mark.parametrize('returned, what', [

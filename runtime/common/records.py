@@ -94,6 +94,8 @@ class Notes:
     exit_code: what this process exited with.
     cause: how it ended, when it could not say so itself (written by its
       obituary, launcher/rank/obituary.py: aborted, killed ...).
+    topology: what computed the attempt's steps: num_processes,
+      num_devices, microbatches.
   """
   attempt: Optional[str] = None
   process_index: Optional[int] = None
@@ -107,6 +109,7 @@ class Notes:
   fault: Optional[Fault] = None
   exit_code: Optional[int] = None
   cause: Optional[str] = None
+  topology: Optional[dict[str, int]] = None
 
   def to_json(self) -> dict[str, Any]:
     return _to_json(self)

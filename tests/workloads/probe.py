@@ -16,7 +16,8 @@ step `flip_step`, as silent data corruption would; `fail_mode='sigkill'`
 SIGKILLs the rank, as the OOM killer would; `kill_in_local_save` SIGKILLs
 `fail_rank` halfway through writing its local copy of that step;
 `eval_seconds` makes an evaluation (every `eval_every` steps) that takes so
-long.
+long; `nan_on_padding` makes the loss NaN when a row of zeros (a layout's
+padding, runtime/parallelism/microbatches.py) reaches it.
 """
 
 import dataclasses
@@ -26,6 +27,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 from ml_collections import ConfigDict
 import numpy as np
 
@@ -91,8 +93,11 @@ def train_and_evaluate(config: ConfigDict, workdir):
         run, config.flip_step, config.flip_device)))
   evaluate = (_slow_evaluation(config.eval_seconds) if config.eval_seconds
               else None)
+  loss_fn = _nan_on_padding(task.loss_fn) if config.nan_on_padding else (
+      task.loss_fn)
   result = training.train(config, workdir, dataclasses.replace(
-      task, params=params, data=_Source(len(task.data), load_examples),
+      task, params=params, loss_fn=loss_fn,
+      data=_Source(len(task.data), load_examples),
       hooks=list(task.hooks) + extra_hooks, eval_fn=evaluate))
   if config.record_ids:
     os.makedirs(os.path.join(workdir, 'ids'), exist_ok=True)
@@ -102,6 +107,14 @@ def train_and_evaluate(config: ConfigDict, workdir):
                   'learned_bias': result.params['bias'],
                   'true_weight': dataset['true_weight']}
   return result
+
+
+def _nan_on_padding(loss_fn):
+  def poisoned(params, batch):
+    loss, metrics = loss_fn(params, batch)
+    padded = jnp.any(jnp.all(batch['x'] == 0, axis=-1))
+    return jnp.where(padded, jnp.nan, loss), metrics
+  return poisoned
 
 
 def _slow_evaluation(seconds: float):

@@ -26,6 +26,7 @@ def get_config():
   config.flip_device = 0
   config.kill_in_local_save = 0
   config.eval_seconds = 0.0
+  config.nan_on_padding = False
   # How the probe misbehaves only steers the run: outside the trajectory
   # sections, so a resumed run may change it with no registration.
   return config

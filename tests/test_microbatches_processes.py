@@ -1,0 +1,111 @@
+"""The same step on any number of devices, across real processes.
+
+256 examples on 3 processes x 2 devices (4 groups of 64, 2 devices of
+padding) against 1 x 8; a checkpoint of 2x4 resumed on 3x2 and on 1x8 with
+a device batch limit; the CNN with BatchNorm and dropout on 8, 4 and 2
+devices with the same groups (runtime/parallelism/microbatches.py).
+"""
+
+import shutil
+
+import numpy as np
+import pytest
+
+from runtime import data
+from tests import helpers
+from tests.test_mnist_cnn import data_dir  # pylint: disable=unused-import  (a fixture)
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(400)]
+
+PROBE = [f'--config={helpers.PROBE_CONFIG}', '--config.global_batch_size=256',
+         '--config.record_ids=True', '--config.nan_on_padding=True',
+         '--config.log_every=10', '--config.data.num_examples=1000']
+THREE_BY_TWO = ['--local_processes=3', '--local_devices=2']
+
+
+def _run(workdir, *args, timeout=200):
+  result = helpers.run_launcher([*PROBE, f'--workdir={workdir}', *args],
+                                timeout=timeout)
+  assert result.returncode == 0, result.output
+  return result
+
+
+def _ids(workdir, processes: int) -> np.ndarray:
+  """(steps, G): each step's examples, the processes' in order."""
+  return np.concatenate([np.load(workdir / 'ids' / f'rank_{i}.npy')
+                         for i in range(processes)], axis=1)
+
+
+def test_3x2_matches_1x8_and_padding_never_reaches_the_loss(tmp_path):
+  _run(tmp_path / '1x8', '--config.steps=50')
+  result = _run(tmp_path / '3x2', '--config.steps=50', *THREE_BY_TWO)
+  assert ('global batch 256 (1 microbatch(es) of 64 example(s) per device, '
+          '2 of 6 group(s) padding (33% of the passes))') in result.stderr
+  # Process 2's devices hold padding alone: it reads no example.
+  assert np.load(tmp_path / '3x2' / 'ids' / 'rank_2.npy').shape == (50, 0)
+  ids = _ids(tmp_path / '3x2', 3)
+  for step in (0, 7, 49):
+    np.testing.assert_array_equal(
+        ids[step], data.global_batch_ids(step, 256, 1000, seed=0))
+  np.testing.assert_array_equal(ids, _ids(tmp_path / '1x8', 1))
+  states = [helpers.final_state(tmp_path / n) for n in ('1x8', '3x2')]
+  helpers.assert_trees_close(states[0]['params'], states[1]['params'],
+                             rtol=1e-5, atol=1e-6)
+  rows = helpers.read_jsonl(tmp_path / '3x2' / 'metrics.jsonl')
+  assert {(r['num_processes'], r['num_devices'], r['microbatches'])
+          for r in rows} == {(3, 6, 1)}
+  summary = helpers.read_json(tmp_path / '3x2' / 'summary.json')
+  assert summary['results']['topology'] == {
+      'num_processes': 3, 'num_devices': 6, 'microbatches': 1}
+  ledger = next((tmp_path / '3x2' / 'goodput').glob('*/rank_2.json'))
+  assert helpers.read_json(ledger)['notes']['topology']['num_devices'] == 6
+
+
+def test_a_2x4_checkpoint_resumes_on_3x2_and_on_1x8_with_a_limit(tmp_path):
+  _run(tmp_path / 'straight', '--config.steps=60')
+  _run(tmp_path / 'first', '--config.steps=30', '--local_processes=2',
+       '--local_devices=4')
+  for name, args, processes in (
+      ('3x2', THREE_BY_TWO, 3),
+      ('1x8_limit', ['--config.device_batch_limit=8'], 1)):
+    shutil.copytree(tmp_path / 'first' / 'checkpoints',
+                    tmp_path / name / 'checkpoints')
+    result = _run(tmp_path / name, '--config.steps=60', *args)
+    assert 'resuming at step 30' in result.stderr, result.stderr
+    # The examples of steps 30..59 are those of the run that never stopped.
+    np.testing.assert_array_equal(_ids(tmp_path / name, processes),
+                                  _ids(tmp_path / 'straight', 1)[30:])
+    helpers.assert_trees_close(
+        helpers.final_state(tmp_path / name)['params'],
+        helpers.final_state(tmp_path / 'straight')['params'], rtol=1e-5,
+        atol=1e-6)
+  rows = helpers.read_jsonl(tmp_path / '1x8_limit' / 'metrics.jsonl')
+  assert rows[-1]['microbatches'] == 4  # 32 a device, 8 at a time.
+
+
+_CNN = ['--config=configs/mnist_cnn.py', '--config.steps=6',
+        '--config.model.features=(4, 8)', '--config.model.dense=16',
+        '--config.optimizer.warmup_steps=2', '--config.optimizer.decay_steps=10',
+        '--config.eval_batch_size=128', '--config.global_batch_size=64',
+        '--config.checkpoint_every=0']
+
+
+def test_the_cnn_computes_the_same_groups_alike_on_8_4_and_2_devices(
+    data_dir, tmp_path):
+  # BatchNorm's statistics and the dropout masks are per group of 8 here:
+  # 8 devices x 1, 4 x 2 and 2 x 4 cut the batch into the same groups.
+  # The last runs as jit(shard_map), the others as pmap.
+  for devices, parallelism in ((8, 'pmap'), (4, 'pmap'), (2, 'shard_map')):
+    result = helpers.run_launcher(
+        [*_CNN, f'--config.data_dir={data_dir}', f'--local_devices={devices}',
+         f'--config.microbatches={8 // devices}',
+         f'--config.parallelism={parallelism}',
+         f'--workdir={tmp_path / str(devices)}'], timeout=200)
+    assert result.returncode == 0, result.output
+    assert (f'{8 // devices} microbatch(es) of 8 example(s) per device' in
+            result.stderr), result.stderr
+  states = [helpers.final_state(tmp_path / str(d)) for d in (8, 4, 2)]
+  for other in states[1:]:
+    for part in ('params', 'model_state'):
+      helpers.assert_trees_close(states[0][part], other[part], rtol=2e-4,
+                                 atol=2e-6)
