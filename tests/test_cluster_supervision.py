@@ -283,7 +283,10 @@ def test_a_sigkill_and_a_restart_loop_resume_from_the_local_tier(tmp_path):
           helpers.fingerprints(tmp_path / 'straight'))
   rollup = goodput.rollup(str(tmp_path / 'loop'))
   recovery = rollup['attempts'][1]['recovery']
-  assert recovery is not None and recovery['restore_tier'] == 'local'
+  # From the local tier; 'peer' when the kill landed between the two
+  # processes' local copies of one step (the newer copy then crosses over).
+  assert recovery is not None and recovery['restore_tier'] in ('local',
+                                                               'peer')
   assert recovery['total_s'] == pytest.approx(sum(recovery['phases'].values()))
 
 
@@ -326,6 +329,9 @@ def test_every_end_reaches_its_ledger_when_process_0_is_killed(tmp_path):
     assert [e.code for e in job.wait(timeout=120).values()] == [0, 0]
   rollup = goodput.rollup(str(tmp_path))
   recovery = rollup['attempts'][1]['recovery']
-  assert recovery is not None and recovery['restore_tier'] == 'local'
+  # From the local tier; 'peer' when the kill landed between the two
+  # processes' local copies of one step (the newer copy then crosses over).
+  assert recovery is not None and recovery['restore_tier'] in ('local',
+                                                               'peer')
   assert recovery['total_s'] == pytest.approx(sum(recovery['phases'].values()))
   assert all(v >= 0 for v in recovery['phases'].values()), recovery
