@@ -154,31 +154,38 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
   """Metrics, model state and grads averaged over the step's real groups.
 
   One device's batch, (k x m, ...) per leaf, runs as k groups of m, one
-  after another (`lax.scan`, so that only one group's activations live at
-  a time); a padding group is skipped (`lax.cond`), and the sums over the
-  devices are divided by the real groups alone.
+  after another (`lax.scan` when k > 1, so that only one group's
+  activations live at a time). A padding group's zero rows are computed
+  like any others, and its values are then replaced by zeros (`where`,
+  which also drops a NaN they gave); the sums over the devices are divided
+  by the real groups alone. Computing the padding costs no wall time: the
+  padding is the batch's tail, so device 0 runs k real groups whenever a
+  step has any padding. (Skipping it with `lax.cond` instead made the CNN
+  of configs/mnist_cnn.py 9x slower on XLA:CPU; BUILD_NOTES.md.)
   """
   k, m = layout.microbatches, layout.microbatch_size
   groups = jax.tree_util.tree_map(
       lambda x: x.reshape((k, m) + x.shape[1:]), batch)
   first = lax.axis_index(_AXIS) * k
 
-  def values(group, index):
-    extra = (jax.random.fold_in(step_rng, index),) if uses_rng else ()
-    return _group_values(loss_fn, state, group, extra, has_model_state)
-
-  shapes = jax.eval_shape(values, jax.tree_util.tree_map(lambda x: x[0],
-                                                         groups), first)
-  zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-  def one(sums, xs):
-    j, group = xs
+  def counted(group, j):
     index = first + j
-    out = lax.cond(index < layout.real_groups, lambda: values(group, index),
-                   lambda: zeros)
-    return jax.tree_util.tree_map(jnp.add, sums, out), None
+    extra = (jax.random.fold_in(step_rng, index),) if uses_rng else ()
+    out = _group_values(loss_fn, state, group, extra, has_model_state)
+    real = index < layout.real_groups
+    return jax.tree_util.tree_map(
+        lambda x: jnp.where(real, x, jnp.zeros_like(x)), out)
 
-  sums, _ = lax.scan(one, zeros, (jnp.arange(k), groups))
+  if k == 1:
+    sums = counted(jax.tree_util.tree_map(lambda x: x[0], groups), 0)
+  else:
+    def one(sums, xs):
+      return jax.tree_util.tree_map(jnp.add, sums, counted(xs[1], xs[0])), None
+    zeros = jax.tree_util.tree_map(
+        lambda s: jnp.zeros(s.shape, s.dtype),
+        jax.eval_shape(counted, jax.tree_util.tree_map(lambda x: x[0], groups),
+                       0))
+    sums, _ = lax.scan(one, zeros, (jnp.arange(k), groups))
   return jax.tree_util.tree_map(
       lambda x: lax.psum(x, _AXIS) / layout.real_groups, sums)
 
