@@ -1,7 +1,7 @@
 """The same step on any number of devices, across real processes.
 
 256 examples on 3 processes x 2 devices (4 groups of 64, 2 devices of
-padding) against 1 x 8; a checkpoint of 2x4 resumed on 3x2 and on 1x8 with
+padding) against 1 x 8 after 60 steps; a checkpoint of 2x4 resumed on 3x2 and on 1x8 with
 a device batch limit; the CNN with BatchNorm and dropout on 8, 4 and 2
 devices with the same groups (runtime/parallelism/microbatches.py).
 """
@@ -36,19 +36,27 @@ def _ids(workdir, processes: int) -> np.ndarray:
                          for i in range(processes)], axis=1)
 
 
-def test_3x2_matches_1x8_and_padding_never_reaches_the_loss(tmp_path):
-  _run(tmp_path / '1x8', '--config.steps=50')
-  result = _run(tmp_path / '3x2', '--config.steps=50', *THREE_BY_TWO)
+@pytest.fixture(scope='module')
+def straight(tmp_path_factory):
+  """1x8, 60 steps: the run every other one is compared with."""
+  workdir = tmp_path_factory.mktemp('straight')
+  _run(workdir, '--config.steps=60')
+  return workdir
+
+
+def test_3x2_matches_1x8_and_padding_never_reaches_the_loss(tmp_path,
+                                                             straight):
+  result = _run(tmp_path / '3x2', '--config.steps=60', *THREE_BY_TWO)
   assert ('global batch 256 (1 microbatch(es) of 64 example(s) per device, '
           '2 of 6 group(s) padding (33% of the passes))') in result.stderr
   # Process 2's devices hold padding alone: it reads no example.
-  assert np.load(tmp_path / '3x2' / 'ids' / 'rank_2.npy').shape == (50, 0)
+  assert np.load(tmp_path / '3x2' / 'ids' / 'rank_2.npy').shape == (60, 0)
   ids = _ids(tmp_path / '3x2', 3)
-  for step in (0, 7, 49):
+  for step in (0, 7, 59):
     np.testing.assert_array_equal(
         ids[step], data.global_batch_ids(step, 256, 1000, seed=0))
-  np.testing.assert_array_equal(ids, _ids(tmp_path / '1x8', 1))
-  states = [helpers.final_state(tmp_path / n) for n in ('1x8', '3x2')]
+  np.testing.assert_array_equal(ids, _ids(straight, 1))
+  states = [helpers.final_state(w) for w in (straight, tmp_path / '3x2')]
   helpers.assert_trees_close(states[0]['params'], states[1]['params'],
                              rtol=1e-5, atol=1e-6)
   rows = helpers.read_jsonl(tmp_path / '3x2' / 'metrics.jsonl')
@@ -61,8 +69,8 @@ def test_3x2_matches_1x8_and_padding_never_reaches_the_loss(tmp_path):
   assert helpers.read_json(ledger)['notes']['topology']['num_devices'] == 6
 
 
-def test_a_2x4_checkpoint_resumes_on_3x2_and_on_1x8_with_a_limit(tmp_path):
-  _run(tmp_path / 'straight', '--config.steps=60')
+def test_a_2x4_checkpoint_resumes_on_3x2_and_on_1x8_with_a_limit(tmp_path,
+                                                                 straight):
   _run(tmp_path / 'first', '--config.steps=30', '--local_processes=2',
        '--local_devices=4')
   for name, args, processes in (
@@ -74,10 +82,10 @@ def test_a_2x4_checkpoint_resumes_on_3x2_and_on_1x8_with_a_limit(tmp_path):
     assert 'resuming at step 30' in result.stderr, result.stderr
     # The examples of steps 30..59 are those of the run that never stopped.
     np.testing.assert_array_equal(_ids(tmp_path / name, processes),
-                                  _ids(tmp_path / 'straight', 1)[30:])
+                                  _ids(straight, 1)[30:])
     helpers.assert_trees_close(
         helpers.final_state(tmp_path / name)['params'],
-        helpers.final_state(tmp_path / 'straight')['params'], rtol=1e-5,
+        helpers.final_state(straight)['params'], rtol=1e-5,
         atol=1e-6)
   rows = helpers.read_jsonl(tmp_path / '1x8_limit' / 'metrics.jsonl')
   assert rows[-1]['microbatches'] == 4  # 32 a device, 8 at a time.
