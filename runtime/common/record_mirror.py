@@ -8,7 +8,8 @@ the goodput ledgers, TensorBoard's event files). So a job run with
 (the newer of two copies wins), then it uploads the files it owns whole,
 when they changed, every `PUSH_EVERY_S` seconds and once more at its end.
 A reader (scripts/goodput.py, scripts/plot_metrics.py) fetches the record
-the same way, so it sees every attempt; TensorBoard reads gs:// itself.
+the same way, so it sees every attempt; the TensorBoard event files are in
+the bucket too, each uploaded whole.
 
 Who owns what: process i the files named `rank_<i>.*` (its ledger, its
 fingerprint, its stall figures), process 0 every other file of the record
