@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from typing import NoReturn, Optional
 
 from absl import app
@@ -21,6 +22,7 @@ from absl import flags
 from ml_collections import ConfigDict
 from ml_collections import config_flags
 
+from launcher.local import elastic
 from launcher.local import pod as local_pod
 from launcher import restart
 from launcher import usage
@@ -127,6 +129,19 @@ _RETRY_EXIT_CODES = flags.DEFINE_list(
     'Exit codes besides 75 (preempted) that --max_restarts retries, e.g. '
     '137,124; added to config.retry_exit_codes. 0, 1, 2, 3, 5 and 11 never '
     'are.')
+_MIN_PROCESSES = flags.DEFINE_integer(
+    'min_processes', None,
+    'Local pod, elastic: a process lost (SIGKILL, or a --retry_exit_codes '
+    'code) is taken for a lost host, and the job starts again at once on '
+    'the others, the same global batch on fewer devices, while at least '
+    'this many are left; it grows back after --regrow_after seconds. '
+    'Shrinks and growths do not use --max_restarts.')
+_REGROW_AFTER = flags.DEFINE_float(
+    'regrow_after', 60,
+    'Local pod, elastic: seconds after a process is lost until it is back '
+    '(the stand-in for a replacement host); the running attempt then '
+    'saves at a step boundary, as on a preemption, and the job starts '
+    'again on every process.')
 _DRY_RUN = flags.DEFINE_bool(
     'dry_run', False, 'Print what each process would run, and start nothing.')
 _LOG_ALL_RANKS = flags.DEFINE_bool(
@@ -136,7 +151,8 @@ _LOG_ALL_RANKS = flags.DEFINE_bool(
 POD_FLAGS = ('local_processes', 'coordinator_address', 'num_processes',
              'process_id', 'coordinator_bind_address', 'workdir',
              'local_devices', 'dry_run', 'max_restarts', 'restart_backoff',
-             'retry_exit_codes', 'preemption_grace')
+             'retry_exit_codes', 'preemption_grace', 'min_processes',
+             'regrow_after')
 
 
 def _fail(message: str) -> NoReturn:
@@ -258,19 +274,24 @@ def distributed_options():
 
 
 def _make_pod(config: ConfigDict, workdir: str, job_id=None,
-              attempt: int = 1) -> local_pod.Gang:
-  """The local pod that --local_processes asks for."""
+              attempt: int = 1,
+              capacity: Optional[elastic.Capacity] = None) -> local_pod.Gang:
+  """The local pod that --local_processes asks for (`capacity`: how many
+  of its processes an elastic pod has now)."""
   for name in ('num_processes', 'process_id', 'coordinator_bind_address'):
     if flags.FLAGS[name].present:
       _fail(f'--{name} is chosen by the launcher with --local_processes; '
             'drop it')
   num_processes = _LOCAL_PROCESSES.value
   topology = config.get('topology') or {}
+  # Each process keeps its devices when others are lost: a host's.
   local_devices = (_LOCAL_DEVICES.value or topology.get('local_devices') or
                    max(1, 8 // max(num_processes, 1)))
   try:
     return local_pod.Gang(
-        num_processes=num_processes,
+        num_processes=(capacity.take_back(time.monotonic()) if capacity
+                       else num_processes),
+        regrow_due=capacity.regrow_due if capacity else lambda now: False,
         local_devices=local_devices,
         workdir=workdir,
         rank_args=pod_passthrough_args(sys.argv[1:]),
@@ -282,6 +303,23 @@ def _make_pod(config: ConfigDict, workdir: str, job_id=None,
         preemption_grace=_PREEMPTION_GRACE.value,
         job_id=job_id,
         attempt=attempt)
+  except ValueError as e:
+    _fail(str(e))
+
+
+def _capacity(config: ConfigDict) -> Optional[elastic.Capacity]:
+  """The processes of an elastic local pod (--min_processes), or None."""
+  if _MIN_PROCESSES.value is None:
+    return None
+  fixed = (config.get('topology') or {}).get('num_processes')
+  if fixed is not None:
+    _fail(f'config.topology.num_processes={fixed} fixes the process count, '
+          f'and --min_processes={_MIN_PROCESSES.value} lets it change: '
+          'unset one of them')
+  try:
+    return elastic.Capacity(full=_LOCAL_PROCESSES.value,
+                            minimum=_MIN_PROCESSES.value,
+                            regrow_after_s=_REGROW_AFTER.value)
   except ValueError as e:
     _fail(str(e))
 
@@ -359,23 +397,31 @@ def main(argv: list[str]) -> int:
   workload.parse(config.get('workload'))
 
   if _LOCAL_PROCESSES.value is not None:
-    pod = _make_pod(config, workdir)
+    capacity = _capacity(config)
+    pod = _make_pod(config, workdir, capacity=capacity)
     if _DRY_RUN.value:
       return pod.print_plan()
     mirror = _launcher_mirror(workdir)
     retryable = _retryable_exit_codes(config)
     code = restart.run(
         lambda attempt: pod if attempt == 1 else _make_pod(
-            config, workdir, job_id=pod.job_id, attempt=attempt),
+            config, workdir, job_id=pod.job_id, attempt=attempt,
+            capacity=capacity),
         max_restarts=_MAX_RESTARTS.value,
         first_backoff_s=_RESTART_BACKOFF.value, retryable=retryable,
-        logs_dir=pod.logs_dir)
+        logs_dir=pod.logs_dir,
+        resize=(elastic.resize_after(capacity, retryable, restart.console_say)
+                if capacity else lambda pod, code: None))
     if mirror is None:
       _report_goodput(workdir)
     else:
       _report_goodput(mirror.local_dir, shown_as=workdir)
       mirror.finish()
     return code
+  if _MIN_PROCESSES.value is not None:
+    _fail('--min_processes needs --local_processes; a cluster\'s job '
+          'started on fewer processes resumes by itself (README, Elastic '
+          'jobs)')
   if _MAX_RESTARTS.value:
     _fail('--max_restarts needs --local_processes: on a cluster every host '
           'must restart together, which is the scheduler\'s job (for example '

@@ -14,7 +14,7 @@ import dataclasses
 import signal
 import sys
 import time
-from typing import Callable, Iterable, Optional, Protocol
+from typing import Any, Callable, Iterable, Optional, Protocol
 
 from launcher import signals
 from runtime.common import exit_codes
@@ -73,10 +73,21 @@ class Tally:
   restarts: int = 0
   # Attempts in a row that ended without completing a step.
   unproductive: int = 0
+  # An elastic job's starts on fewer or more processes (no restarts).
+  shrinks: int = 0
+  grows: int = 0
+  waits: int = 0  # For lost processes to be back, too few being left.
+
+  def count_resize(self, kind: str) -> None:
+    setattr(self, kind + 's', getattr(self, kind + 's') + 1)
 
   def describe(self) -> str:
-    return (f'{self.restarts} restart(s): {self.preemptions} preemption(s), '
+    text = (f'{self.restarts} restart(s): {self.preemptions} preemption(s), '
             f'{self.failures} retryable failure(s)')
+    if self.shrinks or self.grows or self.waits:
+      text += (f'; {self.shrinks} shrink(s), {self.grows} growth(s) and '
+               f'{self.waits} wait(s) for capacity')
+    return text
 
 
 def kind_of(code: int, retryable: tuple[int, ...]) -> str:
@@ -104,7 +115,7 @@ def backoff_s(first: float, restart_number: int) -> float:
   return min(first * 2 ** (restart_number - 2), MAX_BACKOFF_S)
 
 
-def _say(message: str) -> None:
+def console_say(message: str) -> None:
   print(f'[launcher] {message}', file=sys.stderr, flush=True)
 
 
@@ -121,9 +132,11 @@ def _sleep_unless_signalled(seconds: float) -> Optional[int]:
 
 def run(start_pod: Callable[[int], Attempt], max_restarts: int,
         first_backoff_s: float, retryable: tuple[int, ...],
-        logs_dir: str, say: Callable[[str], None] = _say,
+        logs_dir: str, say: Callable[[str], None] = console_say,
         on_signal: Optional[Callable[[int], None]] = None,
-        pending_signal: Callable[[], Optional[int]] = lambda: None) -> int:
+        pending_signal: Callable[[], Optional[int]] = lambda: None,
+        resize: Callable[[Attempt, int], Optional[Any]] = lambda pod, c: None
+        ) -> int:
   """Runs pods until one ends for good; returns the last one's exit code.
 
   Args:
@@ -137,6 +150,10 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
       so that the caller ends the launch as that signal does elsewhere
       (the TPU driver deletes what it created).
     pending_signal: a signal the caller already got between attempts.
+    resize: (the attempt that ended, its exit code) -> a resize (`.kind`:
+      'shrink', 'grow' or 'wait'; `.wait_s`) when an elastic job starts
+      again on another number of processes (launcher/local/elastic.py),
+      which uses no restart; None for the usual rules.
 
   A pod whose launcher itself got SIGINT or SIGTERM is not restarted: that
   stop came from whoever runs the launcher. A signal during a back-off ends
@@ -150,34 +167,25 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
     started = time.time()
     code = pod.run()
     kind = kind_of(code, retryable)
+    resized = (None if kind == 'ok' or pod.launcher_signalled
+               else resize(pod, code))
     records.append_attempt(logs_dir, records.LauncherAttempt(
         attempt=attempt, exit_code=code, kind=kind,
         name=getattr(pod, 'attempt_name', None),
         launcher_started=launcher_started, started=started, ended=time.time(),
         launcher_signalled=pod.launcher_signalled,
         fault=getattr(pod, 'fault', None),
-        infrastructure=getattr(pod, 'infrastructure', None)))
-    if kind == 'ok' or kind == 'final' or pod.launcher_signalled:
-      break
-    if kind == 'preempted':
-      tally.preemptions += 1
+        infrastructure=getattr(pod, 'infrastructure', None),
+        resize=resized.kind if resized else None,
+        processes=getattr(pod, 'num_processes', None)))
+    if resized:
+      tally.count_resize(resized.kind)
+      wait = resized.wait_s
     else:
-      tally.failures += 1
-    if tally.restarts >= max_restarts:
-      say(f'not restarting: --max_restarts={max_restarts} used up')
-      break
-    tally.restarts += 1
-    # Backing off is for a job that fails without training: one that made
-    # progress before it failed (a sporadic SIGKILL, a preemption) restarts
-    # at once, however many restarts came before.
-    tally.unproductive = (0 if getattr(pod, 'progressed', False)
-                          else tally.unproductive + 1)
-    wait = backoff_s(first_backoff_s, tally.unproductive + 1)
-    what = ('a preemption' if kind == 'preempted'
-            else f'retryable exit code {code}')
-    say(f'restart {tally.restarts}/{max_restarts} after {what} in {wait:g} '
-         f's; so far {tally.preemptions} preemption(s) and {tally.failures} '
-         'retryable failure(s)')
+      wait = _restart_wait(pod, code, kind, max_restarts, first_backoff_s,
+                           tally, say)
+      if wait is None:
+        break
     signalled = pending_signal() or _sleep_unless_signalled(wait)
     if signalled:
       say(f'got {signal.Signals(signalled).name} while waiting to restart: '
@@ -187,7 +195,35 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
       code = exit_codes.SIGNAL_BASE + signalled
       break
     attempt += 1
-  if max_restarts:
+  if max_restarts or tally.shrinks or tally.grows or tally.waits:
     say(f'job ended with exit code {code} after {tally.describe()}')
   return code
 
+
+def _restart_wait(pod: Attempt, code: int, kind: str, max_restarts: int,
+                  first_backoff_s: float, tally: Tally,
+                  say: Callable[[str], None]) -> Optional[float]:
+  """The back-off before the next attempt, counted in `tally`; None when
+  the job ends here."""
+  if kind == 'ok' or kind == 'final' or pod.launcher_signalled:
+    return None
+  if kind == 'preempted':
+    tally.preemptions += 1
+  else:
+    tally.failures += 1
+  if tally.restarts >= max_restarts:
+    say(f'not restarting: --max_restarts={max_restarts} used up')
+    return None
+  tally.restarts += 1
+  # Backing off is for a job that fails without training: one that made
+  # progress before it failed (a sporadic SIGKILL, a preemption) restarts
+  # at once, however many restarts came before.
+  tally.unproductive = (0 if getattr(pod, 'progressed', False)
+                        else tally.unproductive + 1)
+  wait = backoff_s(first_backoff_s, tally.unproductive + 1)
+  what = ('a preemption' if kind == 'preempted'
+          else f'retryable exit code {code}')
+  say(f'restart {tally.restarts}/{max_restarts} after {what} in {wait:g} '
+      f's; so far {tally.preemptions} preemption(s) and {tally.failures} '
+      'retryable failure(s)')
+  return wait

@@ -49,6 +49,8 @@ GROUPS = (
         ('max_restarts', 'restart the job up to N times, resuming'),
         ('restart_backoff', 'seconds before a restart after no progress'),
         ('retry_exit_codes', 'exit codes to retry besides 75 (preempted)'),
+        ('min_processes', 'elastic: go on with K or more after a lost one'),
+        ('regrow_after', 'elastic: seconds until a lost process is back'),
     )),
 )
 

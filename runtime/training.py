@@ -27,6 +27,7 @@ from ml_collections import ConfigDict
 import optax
 
 from runtime import agreement
+from runtime import batch_limit
 from runtime import checkpoint
 from runtime import checkpoint_meta
 from runtime.common import goodput
@@ -205,12 +206,16 @@ def _step_fn(task: Task, par, layout: microbatches.Layout) -> Callable:
       coordination.current()))
 
 
-def plan_layout(config: ConfigDict, topo) -> microbatches.Layout:
-  """How each step's global batch sits on this job's devices."""
-  return microbatches.plan(
-      config.global_batch_size, topo.process_count * topo.local_device_count,
-      config.get('device_batch_limit') or None,
-      config.get('microbatches') or None)
+def plan_layout(config: ConfigDict, topo, workdir: Optional[str] = None
+                ) -> microbatches.Layout:
+  """How each step's global batch sits on this job's devices; with a
+  workdir, no device takes more examples a pass than on the job's first
+  attempt (runtime/batch_limit.py)."""
+  num_devices = topo.process_count * topo.local_device_count
+  limit = (batch_limit.device_batch_limit(config, workdir, num_devices)
+           if workdir is not None else config.get('device_batch_limit'))
+  return microbatches.plan(config.global_batch_size, num_devices,
+                           limit or None, config.get('microbatches') or None)
 
 
 def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
@@ -239,7 +244,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     Preempted: after saving, on a preemption notice.
   """
   topo = topology_lib.current()
-  layout = plan_layout(config, topo)
+  layout = plan_layout(config, topo, workdir)
   in_flight_limit = max_steps_in_flight(config, topo.platform)
   par = parallelism_lib.from_config(config)
   step_fn = _step_fn(task, par, layout)

@@ -51,6 +51,21 @@ def table(rows: list[tuple[str, dict[str, float]]], first: str) -> str:
   return '\n'.join(lines)
 
 
+def capacity_line(result: dict) -> str:
+  """The job at reduced size: how long, and the goodput by device-seconds."""
+  if result.get('capacity_goodput') is None:
+    return 'capacity-weighted goodput: no attempt noted its devices'
+  def devices(attempt: dict):
+    notes = attempt['notes'] or {}
+    return (notes.get('topology') or {}).get('num_devices', '?')
+  sizes = ', '.join(f'a{a["attempt"]}: {devices(a)}'
+                    for a in result['attempts'])
+  return (f'capacity-weighted goodput {result["capacity_goodput"]:.3f} '
+          f'(productive device-seconds / {result["full_devices"]} devices x '
+          f'the wall time); {result["reduced_size_s"]:.2f} s at reduced size; '
+          f'devices per attempt: {sizes}')
+
+
 def recovery_table(attempts: list[dict]) -> str:
   """One row per attempt after a failure: its time to recover in phases,
   the tier it restored from and the steps it trained again ('' if none)."""
@@ -120,7 +135,8 @@ def main(argv=None) -> int:
         f'{result["goodput"]:.3f} (productive steps / wall time), '
         f'{len(result["attempts"])} attempt(s); '
         f'{result["between_commands_s"]:.2f} s between commands, outside '
-        'the wall time\n')
+        'the wall time')
+  print(capacity_line(result) + '\n')
   print(table([(f'attempt {a["attempt"]}', a['parts'])
                for a in result['attempts']] + [('job', result['parts'])],
               'seconds'))

@@ -13,7 +13,7 @@ from tests import helpers
 pytestmark = pytest.mark.unit
 
 
-def _ledger(path, started, updated, final, **parts):
+def _ledger(path, started, updated, final, devices=None, **parts):
   path.parent.mkdir(parents=True, exist_ok=True)
   full = {p: 0.0 for p in goodput.PROCESS_PARTS}
   full.update(parts)
@@ -21,7 +21,9 @@ def _ledger(path, started, updated, final, **parts):
                                           if k != 'other')
   path.write_text(json.dumps({'started': started, 'updated': updated,
                               'final': final, 'parts': full,
-                              'notes': {'last_step': 10}}))
+                              'notes': {'last_step': 10, **(
+                                  {'topology': {'num_devices': devices}}
+                                  if devices else {})}}))
 
 
 def test_rollup_accounts_for_every_second(tmp_path):
@@ -46,6 +48,31 @@ def test_rollup_accounts_for_every_second(tmp_path):
   assert a1['parts']['launch_overhead'] == pytest.approx(0.5 + 0.5)
   assert result['parts']['productive'] == 15
   assert result['goodput'] == pytest.approx(15 / 30.5)
+
+
+def test_capacity_goodput_weighs_each_attempt_by_its_devices(tmp_path):
+  # 8 devices for 10 s (8 productive), then 6 for 10 s (9 productive), then
+  # 8 again for 10 s (8 productive); one command, restarts at once.
+  for name, start, devices, productive in (('a1', 0, 8, 8), ('a2', 10, 6, 9),
+                                           ('a3', 20, 8, 8)):
+    _ledger(tmp_path / 'goodput' / name / 'rank_0.json', start, start + 10,
+            True, devices=devices, productive=productive)
+  result = goodput.rollup(str(tmp_path))
+  assert result['goodput'] == pytest.approx(25 / 30)
+  assert result['full_devices'] == 8
+  assert result['reduced_size_s'] == pytest.approx(10)
+  assert result['capacity_goodput'] == pytest.approx(
+      (8 * 8 + 9 * 6 + 8 * 8) / (8 * 30))
+  assert goodput.summary(result)['capacity_goodput'] == pytest.approx(
+      result['capacity_goodput'])
+  out = subprocess.run(
+      [sys.executable, str(helpers.REPO / 'scripts' / 'goodput.py'),
+       str(tmp_path)], capture_output=True, text=True, timeout=120,
+      check=False)
+  assert out.returncode == 0, out.stderr
+  assert ('capacity-weighted goodput 0.758 (productive device-seconds / 8 '
+          'devices x the wall time); 10.00 s at reduced size; devices per '
+          'attempt: a1: 8, a2: 6, a3: 8') in out.stdout, out.stdout
 
 
 def test_goodput_script_prints_and_draws(tmp_path):

@@ -4,9 +4,11 @@ the wait's per-phase clock, and the flags that go with --create."""
 import pytest
 
 from launcher.tpu import commands
+from launcher.tpu import elastic
 from launcher.tpu import flags
 from launcher.tpu import queued
 from runtime.common import exit_codes
+from tests import helpers
 
 pytestmark = pytest.mark.unit
 
@@ -112,11 +114,32 @@ def test_a_lost_slice_is_not_up(monkeypatch):
     (['--num_slices=0'], '--num_slices=0: at least 1'),
     (['--create', '--accelerator_type=v4-8', '--runtime_version=i',
       '--poll_interval=0'], '--poll_interval must be positive'),
+    (['--num_slices=2', '--min_slices=1'], '--min_slices needs --create'),
+    (['--create', '--accelerator_type=v4-8', '--runtime_version=i',
+      '--num_slices=2', '--min_slices=2'],
+     '--min_slices=2 with --num_slices=2: it must be from 1 to 1'),
+    (['--create', '--accelerator_type=v4-8', '--runtime_version=i',
+      '--num_slices=2', '--min_slices=1', '--',
+      '--config.topology.num_slices=2'],
+     '--config.topology.num_slices=2 fixes what --min_slices lets change'),
 ])
 def test_flags_that_do_not_go_together(argv, message, capsys):
+  argv, _, extra = ' '.join(argv).partition(' -- ')
   with pytest.raises(SystemExit):
-    flags.parse(['--tpu=t', '--zone=z', *argv], ['--config=c.py'])
+    flags.parse(['--tpu=t', '--zone=z', *argv.split()],
+                ['--config=c.py', *extra.split()])
   assert message in capsys.readouterr().err
+
+
+def test_an_elastic_launch_has_a_queued_resource_per_slice():
+  base = queued.Request('run', ('tpu-0', 'tpu-1'), 'v4-16', 'image',
+                        tier='spot')
+  requests = elastic.requests(base)
+  assert [(r.name, r.nodes) for r in requests] == [
+      ('run-0', ('tpu-0',)), ('run-1', ('tpu-1',))]
+  assert requests[1].create_args() == [
+      'run-1', '--accelerator-type=v4-16', '--runtime-version=image',
+      '--node-id=tpu-1', '--spot']
 
 
 def test_the_tier_and_the_queued_resource_name():
@@ -125,3 +148,81 @@ def test_the_tier_and_the_queued_resource_name():
        '--runtime_version=i', '--reserved', '--workdir=w'], ['--config=c'])
   assert (options.tier, options.queued_resource) == ('reserved', 't')
   assert launcher_args == ['--config=c', '--workdir=w']
+
+
+class _FakeFleet:
+  """A slice's queued resource: up, or lost; recreated when asked."""
+
+  def __init__(self, request):
+    self.request, self.up, self.ours = request, True, True
+    self.created = 0
+
+  def lost(self):
+    return None if self.up else queued.Observation('SUSPENDED', {})
+
+  def delete(self, why):
+    del why
+    self.ours = False
+
+  def create(self):
+    self.created += 1
+    self.ours = True
+
+  def wait_up(self):
+    self.up = True
+
+
+class _Launch:
+  def __init__(self):
+    self.options = type('Options', (), {'queued_resource': 'run'})()
+    self.gcloud, self.said, self.prepared = None, [], []
+
+  def say(self, line):
+    self.said.append(line)
+
+  def interrupted(self):
+    return False
+
+  def prepare(self, nodes):
+    self.prepared.append(nodes)
+
+
+class _Attempt:
+  def __init__(self, slice_lost=None, regrew=False):
+    self.slice_lost, self.regrew, self.infrastructure = slice_lost, regrew, None
+
+
+def _group(minimum: int):
+  """Two slices, run-a and run-b, behind fake queued resources."""
+  launch = _Launch()
+  base = queued.Request('run', ('run-a', 'run-b'), 'v4-16', 'image')
+  group = elastic.SliceGroup(launch, base, queued.Timeouts(1, 1, 1), 0.1,
+                             '/dev/null', minimum=minimum)
+  group.fleets = [_FakeFleet(r) for r in elastic.requests(base)]
+  return launch, group
+
+
+def test_a_lost_slice_shrinks_the_job_and_comes_back_to_grow_it():
+  launch, group = _group(minimum=1)
+  group.fleets[0].up = False  # Slice 0 (process 0, the coordinator) lost.
+  assert group.lost() is not None
+  assert group.after_attempt(_Attempt('SUSPENDED'), 75) == elastic.Resize(
+      'shrink')
+  assert group.nodes() == ('run-b',)
+  assert helpers.wait_for(group.grow_due, 10)
+  assert launch.prepared == [('run-a',)] and group.fleets[0].created == 1
+  assert group.describe() == ('runs on run-b; run-a back, joining at the '
+                              'next step boundary')
+  assert group.after_attempt(_Attempt(regrew=True), 75) == elastic.Resize(
+      'grow')
+  assert group.nodes() == ('run-a', 'run-b') and not group.grow_due()
+  assert group.after_attempt(_Attempt(), 1) is None  # A plain failure.
+
+
+def test_below_min_slices_the_next_attempt_waits_for_them():
+  _, group = _group(minimum=2)
+  group.fleets[1].up = False
+  assert group.after_attempt(_Attempt('SUSPENDED'), 75) is None
+  attempt = _Attempt()
+  assert group.ready_for_attempt(attempt)
+  assert group.nodes() == ('run-a', 'run-b')

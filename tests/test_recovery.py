@@ -232,7 +232,7 @@ def test_the_learned_deadline_allows_for_a_long_evaluation(tmp_path):
   # Steps of milliseconds, a floor of 5 s (--heartbeat_timeout + 2 s) and
   # evaluations of 7 s: only the announced evaluation keeps the deadline
   # from firing.
-  result = _run(tmp_path, *POD, '--config.steps=220',
+  result = _run(tmp_path, *POD, '--config.steps=200',
                 '--config.eval_every=100', '--config.eval_seconds=7',
                 '--stall_floor=1', '--heartbeat_timeout=3')
   assert result.returncode == 0, result.output

@@ -226,11 +226,12 @@ def _last_attempt_ledgers(workdir) -> dict[int, dict]:
   return max(attempts.values(), key=lambda a: a[0]['started'])
 
 
-def _batch_script(workdir, port: int) -> str:
-  command = shlex.join(_launcher(workdir, port, *PAUSE))
+def _batch_script(workdir, port: int, *args: str, srun: str = 'srun -l'
+                  ) -> str:
+  command = shlex.join(_launcher(workdir, port, *PAUSE, *args))
   return ('#!/bin/bash\n'
           f'cd {shlex.quote(str(helpers.REPO))}\n'
-          f'exec srun -l {command}\n')
+          f'exec {srun} {command}\n')
 
 
 def test_a_requeued_batch_job_resumes_exactly(slurm, straight, tmp_path):
@@ -271,6 +272,61 @@ def test_a_requeued_batch_job_resumes_exactly(slurm, straight, tmp_path):
       tmp_path / 'work' / 'metrics.jsonl')]
   assert steps == list(range(1, STEPS + 1))
   assert not lease.exists()  # Released at the end of the resumed run.
+  _assert_nothing_left(port, slurm)
+
+
+def _requeue_when_past(slurm, job_id: str, workdir, step: int,
+                       *updates: str) -> None:
+  """Requeues the job once it trained `step` steps, applies `updates`
+  (scontrol update fields) while it is pending, releases it and waits for
+  its end."""
+  assert helpers.wait_for(
+      lambda: _last_step(workdir) >= step or
+      slurm.job_state(job_id) is None, 180), slurm.logs()
+  slurm.run(['scontrol', 'requeue', job_id])
+  # A requeued job waits on a begin time of about two minutes; a user (or
+  # this test) may release it at once.
+  assert helpers.wait_for(lambda: slurm.job_state(job_id) == 'PENDING', 120)
+  slurm.run(['scontrol', 'update', f'JobId={job_id}', *updates,
+             'StartTime=now'])
+  assert helpers.wait_for(lambda: slurm.job_state(job_id) is None, 240)
+
+
+def test_a_job_requeued_with_fewer_tasks_trains_the_same_batch(slurm,
+                                                               tmp_path):
+  # 4 tasks x 2 devices, requeued, then 2 tasks x 2 devices: the same 256
+  # examples a step, 2 microbatches of the first attempt's 32 a device.
+  port = cluster.free_port()
+  script = tmp_path / 'job.sh'
+  # A requeued batch job keeps SLURM_NTASKS of its submission (4); its
+  # allocation's task count is in SLURM_TASKS_PER_NODE (one node here).
+  script.write_text(_batch_script(
+      tmp_path / 'work', port, '--local_devices=2',
+      srun='srun -l -n "${SLURM_TASKS_PER_NODE%%(*}"'))
+  log = tmp_path / 'job.log'
+  job_id = slurm.run(
+      ['sbatch', '--parsable', '--requeue', '-n', '4', '--overcommit',
+       '--open-mode=append',
+       f'--output={log}', str(script)], env=_env(port)).stdout.strip()
+  try:
+    _requeue_when_past(slurm, job_id, tmp_path / 'work', 15, 'NumTasks=2')
+  finally:
+    slurm.run(['scancel', job_id], check=False)
+  out = log.read_text()
+  first, _, requeued = out.partition('Exited with exit code 75')
+  assert 'on process 0 of 4' in first and requeued, out
+  assert ('on process 0 of 2, 2 local x 2 processes' in requeued and
+          '2 microbatch(es) of 32 example(s) per device' in requeued), out
+  rows = helpers.read_jsonl(tmp_path / 'work' / 'metrics.jsonl')
+  assert [r['step'] for r in rows] == list(range(1, STEPS + 1))
+  assert {(r['num_processes'], r['microbatches']) for r in rows} == {
+      (4, 1), (2, 2)}
+  reference = tmp_path / 'reference'
+  result = helpers.run_launcher([*PROBE, f'--workdir={reference}'])
+  assert result.returncode == 0, result.output
+  helpers.assert_trees_close(helpers.final_state(tmp_path / 'work')['params'],
+                             helpers.final_state(reference)['params'],
+                             rtol=1e-5, atol=1e-6)
   _assert_nothing_left(port, slurm)
 
 

@@ -68,13 +68,19 @@ class Monitor:
     changed: set whenever a rank exits or a signal comes.
     timeouts: see Timeouts.
     forward: sends a signal to every running rank.
+    regrow_due: monotonic time -> whether lost processes are back, so that
+      the gang should save at a step boundary and end to grow (an elastic
+      pod, launcher/local/elastic.py); `regrowing` then says so.
   """
 
   def __init__(self, members: list[members_lib.Member],
                progress: output.Progress,
                signals: list[int], changed: threading.Event,
                timeouts: Timeouts,
-               forward: Callable[[int], None]):
+               forward: Callable[[int], None],
+               regrow_due: Callable[[float], bool] = lambda now: False):
+    self._regrow_due = regrow_due
+    self.regrowing = False
     self._members = members
     self._progress = progress
     self._signals = signals
@@ -97,7 +103,9 @@ class Monitor:
       self._changed.clear()
 
   def _begin_draining(self) -> None:
-    if self._signals:  # SIGTERM to the launcher: a notice for every rank.
+    # SIGTERM to the launcher, or lost processes back: a notice for every
+    # rank, which saves the step they agree on.
+    if self._signals or self.regrowing:
       self._forward(signal.SIGTERM)
     self._grace_deadline = (time.monotonic() +
                             self._timeouts.preemption_grace)
@@ -119,6 +127,12 @@ class Monitor:
       return End(GangState.INTERRUPTED, signum=self._signals[0])
     if state is GangState.RUNNING:
       if self._signals or preempted:
+        return End(GangState.DRAINING)
+      # Only once this attempt trains: a notice during start-up saves
+      # nothing new.
+      if (self._progress.last_advance is not None and
+          self._regrow_due(now)):
+        self.regrowing = True
         return End(GangState.DRAINING)
       stall = self._stall_message(now - started)
       return End(GangState.STALLED, message=stall) if stall else End(state)

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Optional
+from typing import Callable, Optional
 
 from launcher.local import members as members_lib
 from launcher.local import monitor as monitor_lib
@@ -88,7 +88,8 @@ class Gang:
                stall_timeout: float = 600, first_step_timeout: float = 1800,
                kill_grace: float = 5, log_all_ranks: bool = False,
                preemption_grace: float = 120, job_id: Optional[str] = None,
-               attempt: int = 1):
+               attempt: int = 1,
+               regrow_due: Callable[[float], bool] = lambda now: False):
     if num_processes < 1:
       raise ValueError(f'--local_processes={num_processes}; it must be at '
                        'least 1')
@@ -113,6 +114,9 @@ class Gang:
     # failed, 'rank', 'exit_code'} (wall times), after a failure.
     self.fault: Optional[records.Fault] = None
     self.progressed = False  # Whether any rank completed a step.
+    # Whether the pod was stopped at a step boundary to grow (elastic.py).
+    self.regrew = False
+    self._regrow_due = regrow_due
     self._members = members_lib.plan(
         num_processes, local_devices, workdir, self.logs_dir, rank_args,
         self.coordinator_address,
@@ -145,10 +149,12 @@ class Gang:
       try:
         progress_reader = output.Progress(self._members)
         threads = self._start(progress_reader)
-        end = monitor_lib.Monitor(
+        monitor = monitor_lib.Monitor(
             self._members, progress_reader, self._signals, self._changed,
             self.timeouts, lambda s: members_lib.forward(self._members, s),
-        ).watch(started)
+            self._regrow_due)
+        end = monitor.watch(started)
+        self.regrew = monitor.regrowing
         self.progressed = progress_reader.last_advance is not None
         if end.state is monitor_lib.GangState.FAILED:
           self.fault = records.Fault(
@@ -165,7 +171,7 @@ class Gang:
           if r.log_file is not None:
             r.log_file.close()
     return report.report(end, self._members, self._console, started,
-                         self.logs_dir, self._signals)
+                         self.logs_dir, self._signals, self.regrew)
 
   def _start(self, progress_reader: output.Progress
              ) -> list[threading.Thread]:

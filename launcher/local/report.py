@@ -37,7 +37,7 @@ def exit_code(end: monitor.End, launcher_signals: list[int]) -> int:
 
 def report(end: monitor.End, members: list[members_lib.Member],
            console: output.Console, started: float, logs_dir: str,
-           launcher_signals: list[int]) -> int:
+           launcher_signals: list[int], regrew: bool = False) -> int:
   """Says how the pod ended and returns the launcher's exit code.
 
   Args:
@@ -47,6 +47,7 @@ def report(end: monitor.End, members: list[members_lib.Member],
     started: time.monotonic() when the pod started.
     logs_dir: where the ranks' logs are.
     launcher_signals: the signals the launcher got.
+    regrew: the launcher stopped the pod to grow it (launcher/local/elastic.py).
   """
   code = exit_code(end, launcher_signals)
   say, elapsed_s = console.say, time.monotonic() - started
@@ -56,6 +57,10 @@ def report(end: monitor.End, members: list[members_lib.Member],
     return code
   if end.state is GangState.FAILED:
     _say_root_cause(end.member, members, say, end.member.exited_at - started)
+  elif end.state is GangState.PREEMPTED and regrew:
+    say(f'stopped at a step boundary to grow, {elapsed_s:.1f} s after start: '
+        f'every rank saved a checkpoint and exited with code {code}')
+    return code
   elif end.state is GangState.PREEMPTED:
     notice = ('SIGTERM to the launcher' if launcher_signals else
               'a preemption notice to a rank')

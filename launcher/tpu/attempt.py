@@ -50,6 +50,9 @@ class Attempt:
     # Set by babysit.recreate when this attempt had to bring the slice back.
     self.infrastructure: Optional[records.Recreate] = None
     self.slice_lost: Optional[str] = None
+    # Stopped at a step boundary for slices back (elastic.py).
+    self.regrew = False
+    self._processes = 0
     self._exits: dict[str, tuple[float, int]] = {}  # worker: (when, code)
     self._last_line: dict[str, int] = {}
     self._headed: set[str] = set()
@@ -61,7 +64,12 @@ class Attempt:
   @property
   def progressed(self) -> bool:
     """A lost slice is no fault of the job: relaunch without backing off."""
-    return self.slice_lost is not None
+    return self.slice_lost is not None or self.regrew
+
+  @property
+  def num_processes(self) -> int:
+    """The processes this attempt ran (an elastic launch's change)."""
+    return self._processes or self.launch.workers * len(self.launch.nodes)
 
   def run(self) -> int:
     launch = self.launch
@@ -70,6 +78,7 @@ class Attempt:
         self.launcher_signalled = True
         return exit_codes.SIGNAL_BASE + launch.signals[0]
       return exit_codes.POD_UNAVAILABLE
+    self._processes = launch.workers * len(launch.nodes)
     with signals.handled((signal.SIGINT, signal.SIGTERM), self._on_signal):
       clients = [subprocess.Popen(
           launch.gcloud.ssh(launch.run_command(self.number, s), node=node,
@@ -103,10 +112,21 @@ class Attempt:
       while any(c.poll() is None for c in clients):
         if self._signals:
           self._stop(f'got {signal.Signals(self._signals[0]).name}')
+        self._grow_if_due()
         if self.slice_lost is not None:
           self._let_the_lost_slice_end(clients)
           return
         time.sleep(0.1)
+
+  def _grow_if_due(self) -> None:
+    """Slices back (an elastic launch): every process saves the step they
+    agree on, as on a preemption, and the attempt ends to grow."""
+    slices = self.launch.slices
+    if (slices is None or self.regrew or self._stopper is not None or
+        not slices.grow_due()):
+      return
+    self.regrew = True
+    self._stop('slice(s) back and set up: saving at a step boundary to grow')
 
   def _let_the_lost_slice_end(self, clients: list[subprocess.Popen]) -> None:
     """Gives the job on a lost slice --lost_slice_wait seconds to end by
@@ -141,8 +161,9 @@ class Attempt:
   def _code(self, gcloud_codes: list[int]) -> int:
     if self._signals:
       return exit_codes.SIGNAL_BASE + self._signals[0]
-    if self.slice_lost is None and self.launch.fleet is not None and (
-        self._cause is not None or self._ended_as_a_shutdown_would()):
+    if (self.slice_lost is None and self.launch.fleet is not None and
+        not self.regrew and (self._cause is not None or
+                             self._ended_as_a_shutdown_would())):
       # The VMs' shutdown can reach the job before the watch sees the
       # slice go, and a spot slice's node can show it seconds later still:
       # ask again (for --relaunch_grace on a spot slice) before taking the

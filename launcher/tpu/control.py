@@ -12,25 +12,35 @@ import subprocess
 import sys
 
 from launcher.tpu import commands
+from launcher.tpu import elastic
 from launcher.tpu import queued
 from runtime.common import accelerators
 from runtime.common import exit_codes
 
 
+def _requests(launch) -> list[queued.Request]:
+  """What the launch creates: one queued resource, or one per slice."""
+  if launch.slices is not None:
+    return [f.request for f in launch.slices.fleets]
+  return [] if launch.fleet is None else [launch.fleet.request]
+
+
 def _planned_fleet(launch) -> list[str]:
   options, gcloud = launch.options, launch.gcloud
-  if launch.fleet is None:
+  lines = []
+  for request in _requests(launch):
+    lines += [
+        shlex.join(gcloud.queued('describe', request.name, '--format=json')) +
+        '  # must not exist yet',
+        shlex.join(gcloud.queued('create', *request.create_args()))]
+  if not lines:
     return []
-  request = launch.fleet.request
-  return [
-      shlex.join(gcloud.queued('describe', request.name, '--format=json')) +
-      '  # must not exist yet',
-      shlex.join(gcloud.queued('create', *request.create_args())),
+  return lines + [
       f'# wait: capacity <= {options.capacity_timeout:g} s, provisioning <= '
       f'{options.provisioning_timeout:g} s, READY and HEALTHY <= '
-      f'{options.wait_healthy:g} s; every {options.poll_interval:g} s:',
-      shlex.join(gcloud.queued('describe', request.name, '--format=json')),
-  ]
+      f'{options.wait_healthy:g} s; every {options.poll_interval:g} s, each:',
+      shlex.join(gcloud.queued('describe', _requests(launch)[0].name,
+                               '--format=json'))]
 
 
 # The system Python of the images Google lists for JAX on TPU VMs (all
@@ -103,12 +113,17 @@ def print_plan(launch) -> int:
         short, launch.job_id, options.worker_python, options.env,
         launch.launcher_args, workers, options, 1, launch.place(slice_id)),
                                 node=node, workers=batch)))
-  if launch.fleet is not None:
-    delete = shlex.join(gcloud.queued('delete', launch.fleet.request.name,
-                                      '--force', '--quiet'))
+  for request in _requests(launch):
+    delete = shlex.join(gcloud.queued('delete', request.name, '--force',
+                                      '--quiet'))
     print(f'# at the end{" (--delete_after)" if options.delete_after else ""}'
           f', on Ctrl-C or SIGTERM{", or after a preemption" if options.max_restarts else ""}:'
           f' {delete}')
+  if launch.slices is not None:
+    print(f'# a lost slice: the job relaunches at once on the others (at '
+          f'least --min_slices={options.min_slices}) while that slice is '
+          'deleted, created and set up again; then it grows back at a step '
+          'boundary')
   print('# on a failure, Ctrl-C or SIGTERM:')
   for node in launch.nodes:
     print(shlex.join(gcloud.ssh(commands.stop_command(
@@ -117,10 +132,18 @@ def print_plan(launch) -> int:
   return exit_codes.OK
 
 
-def _queued_status(launch) -> bool:
-  """Prints the queued resource's state; False when it has no live node."""
-  request = queued.Request(launch.options.queued_resource, launch.nodes,
+def _queued_status(launch) -> tuple[str, ...]:
+  """Prints the queued resource's state (an elastic launch's, each
+  slice's); returns the nodes that are up (every node without --create)."""
+  request = queued.Request(launch.options.queued_resource, launch.all_nodes,
                            '', '')
+  if not launch.options.min_slices:
+    return launch.all_nodes if _one_queued_status(launch, request) else ()
+  return tuple(r.nodes[0] for r in elastic.requests(request)
+               if _one_queued_status(launch, r))
+
+
+def _one_queued_status(launch, request: queued.Request) -> bool:
   try:
     seen = queued.observe(launch.gcloud, request)
   except exit_codes.PodrunError as e:
@@ -130,7 +153,9 @@ def _queued_status(launch) -> bool:
     print(f'queued resource {request.name}: none (a slice created without '
           'one, or none at all)')
     return True
-  print(f'queued resource {request.name}: {seen.describe()}')
+  print(f'queued resource {request.name}: {seen.describe()}' + (
+      '' if seen.phase() == 'up' or not launch.options.min_slices else
+      ' (not in the job: coming back)'))
   return seen.phase() == 'up'
 
 
@@ -138,14 +163,16 @@ def control(launch) -> int:
   """--stop and --status: one command on every worker of every slice,
   output as it comes; --status first shows the queued resource."""
   options = launch.options
+  nodes = launch.all_nodes
   if options.status:
-    if not _queued_status(launch):
+    nodes = _queued_status(launch)
+    if not nodes:
       return exit_codes.OK
     command = commands.status_command()
   else:
     command = commands.stop_command(
         None if options.stop == 'all' else options.stop, options.stop_grace)
-  codes = [_on_slice(launch, command, node) for node in launch.nodes]
+  codes = [_on_slice(launch, command, node) for node in nodes]
   return next((c for c in codes if c), exit_codes.OK)
 
 

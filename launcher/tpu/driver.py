@@ -48,6 +48,7 @@ from launcher.tpu import attempt as attempt_lib
 from launcher.tpu import babysit
 from launcher.tpu import bundle as bundle_lib
 from launcher.tpu import commands
+from launcher.tpu import elastic
 from launcher.tpu.commands import LaunchError
 from launcher.tpu import control
 from launcher.tpu import flags
@@ -131,19 +132,34 @@ class Launch:
         f'podrun-{time.strftime("%Y%m%d-%H%M%S", time.gmtime())}-{os.getpid()}')
     self.log_dir = os.path.abspath(options.log_dir or os.path.join(
         'tpu_logs', self.job_id))
-    self.nodes = queued.node_names(options.tpu, options.num_slices)
+    self.all_nodes = queued.node_names(options.tpu, options.num_slices)
     self.workers = 0  # Per slice.
     self.coordinator = ''
+    self.infos: dict[str, SliceInfo] = {}
     self.signals: list[int] = []
     self.fleet: Optional[queued.Fleet] = None
+    self.slices: Optional[elastic.SliceGroup] = None
     if options.create:
-      self.fleet = queued.Fleet(
-          self.gcloud, request_of(options, self.nodes), queued.Timeouts(
-              options.capacity_timeout, options.provisioning_timeout,
-              options.wait_healthy), options.poll_interval,
-          self.path('gcloud.log'), self.say, self.interrupted)
+      timeouts = queued.Timeouts(options.capacity_timeout,
+                                 options.provisioning_timeout,
+                                 options.wait_healthy)
+      if options.min_slices:
+        self.slices = self.fleet = elastic.SliceGroup(
+            self, request_of(options, self.all_nodes), timeouts,
+            options.poll_interval, self.path('gcloud.log'),
+            options.min_slices)
+      else:
+        self.fleet = queued.Fleet(
+            self.gcloud, request_of(options, self.all_nodes), timeouts,
+            options.poll_interval, self.path('gcloud.log'), self.say,
+            self.interrupted)
     self._short_hash = ''
     self._log_lock = threading.Lock()
+
+  @property
+  def nodes(self) -> tuple[str, ...]:
+    """The slices the job runs on: every one, or an elastic job's now."""
+    return self.slices.nodes() if self.slices else self.all_nodes
 
   @functools.cached_property
   def jax_version(self) -> str:
@@ -173,10 +189,10 @@ class Launch:
   def say(self, message: str) -> None:
     print(f'launch_tpu_pod: {message}', file=sys.stderr, flush=True)
 
-  def preflight(self) -> None:
+  def preflight(self, nodes: tuple[str, ...]) -> None:
     if self.options.skip_preflight:
       return
-    for node in self.nodes:
+    for node in nodes:
       info = preflight_lib.check(
           node, self.options.zone, self.options.project,
           self.launcher_args, self.options.wait_healthy, log=self.say)
@@ -198,31 +214,34 @@ class Launch:
         return False
     return True
 
-  def describe_slices(self, gcloud_log: str) -> None:
-    infos = {n: describe_slice(self.gcloud, n, gcloud_log)
-             for n in self.nodes}
-    check_slices_agree(infos)
-    first = infos[self.nodes[0]]
-    self.workers, self.coordinator = first.workers, first.first_address
-    slices = (f'{len(self.nodes)} slices of ' if len(self.nodes) > 1 else '')
+  def describe_slices(self, gcloud_log: str, nodes: tuple[str, ...]) -> None:
+    infos = {n: describe_slice(self.gcloud, n, gcloud_log) for n in nodes}
+    check_slices_agree({**self.infos, **infos})
+    self.infos.update(infos)
+    first = infos[nodes[0]]
+    self.workers = first.workers
+    slices = (f'{len(nodes)} slices of ' if len(nodes) > 1 else '')
     self.say(f'TPU {self.options.tpu}: {slices}{first.accelerator_type}, '
              f'{self.workers} worker(s){" each" if slices else ""}')
 
-  def prepare(self) -> None:
-    """Describe, preflight, Python check, copy and set up: nothing runs yet.
-    Again after a slice is recreated: its VMs start with empty disks."""
+  def prepare(self, nodes: Optional[tuple[str, ...]] = None) -> None:
+    """Describe, preflight, Python check, copy and set up `nodes` (default
+    the job's): nothing runs yet. Again after a slice is recreated: its VMs
+    start with empty disks."""
+    nodes = nodes or self.nodes
     gcloud_log = self.path('gcloud.log')
-    self.describe_slices(gcloud_log)
-    self.preflight()
-    for node in self.nodes:
+    self.describe_slices(gcloud_log, nodes)
+    self.preflight(nodes)
+    for node in nodes:
       self.stop_if_interrupted()
       self._check_pythons(gcloud_log, node)
     with tempfile.TemporaryDirectory() as tmp:  # LOG_DIR holds only logs.
       bundle = os.path.join(tmp, 'code.tar.gz')
       code_hash = bundle_lib.bundle(bundle)
       short = code_hash[:16]
-      self.say(f'copying the code (sha256 {code_hash}) to every worker')
-      for node in self.nodes:
+      self.say(f'copying the code (sha256 {code_hash}) to every worker of '
+               + ', '.join(nodes))
+      for node in nodes:
         self.stop_if_interrupted()
         copy = self.gcloud.scp(bundle, f'podrun-{short}.tar.gz', node)
         if commands.run_logged(copy, gcloud_log).returncode:
@@ -237,7 +256,7 @@ class Launch:
                'installs the project)')
     setup = commands.setup_command(short, self.options.worker_python,
                                    self.jax_version)
-    for node in self.nodes:
+    for node in nodes:
       self.stop_if_interrupted()
       if commands.run_logged(self.gcloud.ssh(setup, node=node,
                                              workers=self.workers),
@@ -269,8 +288,12 @@ class Launch:
         f'worker {w}: {p}' for w, p in sorted(pythons.items())))
 
   def place(self, slice_id: int) -> commands.SlicePlace:
-    return commands.SlicePlace(slice_id, len(self.nodes), self.coordinator,
-                               self.options.megascale_port)
+    """Slice `slice_id` of the job's; the first holds the coordinator."""
+    first = self.infos.get(self.nodes[0])
+    return commands.SlicePlace(
+        slice_id, len(self.nodes),
+        first.first_address if first else self.coordinator,
+        self.options.megascale_port)
 
   def run_command(self, attempt: int, slice_id: int = 0) -> str:
     return commands.run_command(
@@ -284,6 +307,8 @@ class Launch:
     the time that took."""
     if self.fleet is None:
       return self.recoverable()
+    if self.slices is not None:
+      return self.slices.ready_for_attempt(attempt)
     try:
       lost = self.fleet.lost()
       if lost is None:
@@ -316,7 +341,9 @@ def _run(launch: Launch, retryable: tuple[int, ...]) -> int:
                      retryable=retryable, logs_dir=launch.log_dir,
                      say=launch.say,
                      on_signal=lambda signum: launch.on_signal(signum, None),
-                     pending_signal=lambda: (launch.signals or [None])[0])
+                     pending_signal=lambda: (launch.signals or [None])[0],
+                     resize=(launch.slices.after_attempt if launch.slices
+                             else lambda pod, code: None))
 
 
 def _clean_up(launch: Launch, code: int) -> None:
@@ -333,11 +360,22 @@ def _clean_up(launch: Launch, code: int) -> None:
   elif launch.options.delete_after:
     fleet.delete('the job ended (--delete_after)')
   else:
-    launch.say(f'queued resource {fleet.request.name} is kept (exit code '
-               f'{code}); delete it with `gcloud compute tpus '
-               f'queued-resources delete {fleet.request.name} '
-               f'--zone={launch.options.zone} --force`, or launch with '
-               '--delete_after')
+    launch.say(_kept(launch, code))
+
+
+def _kept(launch: Launch, code: int) -> str:
+  """What is left billing, and how to delete it."""
+  names = ([f.request.name for f in launch.slices.fleets if f.ours]
+           if launch.slices else [launch.fleet.request.name])
+  zone = launch.options.zone
+  if len(names) == 1:
+    return (f'queued resource {names[0]} is kept (exit code {code}); delete '
+            f'it with `gcloud compute tpus queued-resources delete '
+            f'{names[0]} --zone={zone} --force`, or launch with '
+            '--delete_after')
+  return (f'queued resources {", ".join(names)} are kept (exit code {code}); '
+          'delete each with `gcloud compute tpus queued-resources delete NAME '
+          f'--zone={zone} --force`, or launch with --delete_after')
 
 
 def _keep_attempts_with_the_record(launch: Launch) -> None:

@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
   # After a 75/143 from a spot slice whose node does not show it lost yet.
   add('--relaunch_grace', type=float, default=15)
   add('--num_slices', type=int, default=1)
+  # Elastic: go on with this many slices or more while others come back.
+  add('--min_slices', type=int, default=0)
   add('--megascale_port', type=int, default=8080)
   # Accelerator preflight on every worker.
   add('--accelerator_devices', default='/dev/accel*,/dev/vfio/*')
@@ -77,6 +79,7 @@ def _check(parser: argparse.ArgumentParser, options, launcher_args) -> None:
     parser.error('--spot and --reserved: choose one (neither: on demand)')
   if options.num_slices < 1:
     parser.error(f'--num_slices={options.num_slices}: at least 1')
+  _check_elastic(parser, options, launcher_args)
   if options.create and not control:
     missing = [f for f in ('accelerator_type', 'runtime_version')
                if not getattr(options, f)]
@@ -93,6 +96,26 @@ def _check(parser: argparse.ArgumentParser, options, launcher_args) -> None:
   for name in ('lost_slice_wait', 'relaunch_grace'):
     if getattr(options, name) < 0:
       parser.error(f'--{name} must be 0 or more')
+
+
+def _check_elastic(parser: argparse.ArgumentParser, options,
+                   launcher_args) -> None:
+  """--min_slices=K needs --create and 1 <= K < --num_slices, and a job
+  whose config does not fix the number of slices."""
+  if not options.min_slices:
+    return
+  if not options.create:
+    parser.error('--min_slices needs --create: the launch recreates the '
+                 'slices it lost, and only its own')
+  if not 1 <= options.min_slices < options.num_slices:
+    parser.error(f'--min_slices={options.min_slices} with --num_slices='
+                 f'{options.num_slices}: it must be from 1 to '
+                 f'{options.num_slices - 1}')
+  fixed = [a for a in launcher_args
+           if a.startswith(('--config.topology.num_slices=',
+                            '--config.topology.num_processes='))]
+  if fixed:
+    parser.error(f'{fixed[0]} fixes what --min_slices lets change: drop it')
 
 
 def workdir_of(launcher_args: list[str]) -> str:

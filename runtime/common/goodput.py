@@ -293,9 +293,38 @@ def rollup(workdir: str, attempts_path: Optional[str] = None
           'goodput': parts['productive'] / wall if wall > 0 else None,
           'between_commands_s': sum(a['between_commands_s']
                                     for a in attempts),
+          **capacity(attempts),
           'parts': parts, 'attempts': attempts,
           'ranks': {name: {r: rec['parts'] for r, rec in sorted(
               ledgers[name].items())} for name in order}}
+
+
+def capacity(attempts: list[dict[str, Any]]) -> dict[str, Any]:
+  """Goodput weighed by the devices each attempt ran on.
+
+  A job that goes on at reduced size (an elastic job's fewer processes)
+  trains, but more slowly: its productive seconds are worth less of the
+  full job's. The full size is the most devices any attempt ran on.
+
+  Returns:
+    {'full_devices': D, 'reduced_size_s': the wall time of attempts on
+     fewer than D devices, 'capacity_goodput': productive device-seconds
+     over D x the wall time}; None values when no attempt noted its
+    topology.
+  """
+  devices = [((a['notes'] or {}).get('topology') or {}).get('num_devices')
+             for a in attempts]
+  if not any(devices):
+    return {'full_devices': None, 'reduced_size_s': None,
+            'capacity_goodput': None}
+  full = max(d for d in devices if d)
+  wall = sum(a['wall_s'] for a in attempts)
+  used = sum(a['parts']['productive'] * (d or full)
+             for a, d in zip(attempts, devices))
+  return {'full_devices': full,
+          'reduced_size_s': sum(a['wall_s'] for a, d in zip(attempts, devices)
+                                if d and d < full),
+          'capacity_goodput': used / (full * wall) if wall > 0 else None}
 
 
 def _ledger_of_0(ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -394,6 +423,8 @@ def write_rollup(workdir: str, attempts_path: Optional[str] = None
 def summary(result: dict[str, Any]) -> dict[str, Any]:
   """The part of a roll-up that goes into summary.json."""
   return {'wall_s': result['wall_s'], 'goodput': result['goodput'],
+          'capacity_goodput': result.get('capacity_goodput'),
+          'reduced_size_s': result.get('reduced_size_s'),
           'parts': result['parts'], 'attempts': len(result['attempts'])}
 
 

@@ -139,6 +139,9 @@ class LauncherAttempt:
     launcher_signalled: the launcher itself got SIGINT or SIGTERM.
     fault: when the failed process died and the launcher noticed.
     infrastructure: a lost slice brought back before this attempt.
+    resize: 'shrink' or 'grow' when the next attempt runs on fewer or more
+      processes because of how this one ended (an elastic job).
+    processes: how many processes this attempt ran.
   """
   started: Optional[float] = None
   ended: Optional[float] = None
@@ -150,6 +153,8 @@ class LauncherAttempt:
   launcher_signalled: bool = False
   fault: Optional[Fault] = None
   infrastructure: Optional[Recreate] = None
+  resize: Optional[str] = None
+  processes: Optional[int] = None
 
   @property
   def recreate_s(self) -> float:

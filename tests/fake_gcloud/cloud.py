@@ -9,7 +9,8 @@ the same service:
 
 A queued resource's state is a function of the clock and its timeline, as
 the service reports it: ACCEPTED, then WAITING_FOR_RESOURCES for
-FAKE_QR_WAIT_S (default 1; 'inf' never gets capacity), PROVISIONING for
+FAKE_QR_WAIT_S (default 1; 'inf' never gets capacity; '1,1,30': one value
+per creation, the last for the rest), PROVISIONING for
 FAKE_QR_PROVISION_S (default 1), then ACTIVE with its nodes READY and
 HEALTHY (FAKE_NODE_UNHEALTHY_S, default 0, after ACTIVE the nodes report
 health TIMEOUT first). A delete turns it DELETING for FAKE_QR_DELETE_S (default 1), then
@@ -19,8 +20,9 @@ ACTIVE.
 Spot preemption is scripted: FAKE_QR_PREEMPT_AFTER_S="8,8,8" preempts the
 first three creations 8 s after each turns ACTIVE, and
 FAKE_QR_PREEMPT_ON_LOG="step 12/,step 24/" the first two once worker 0 of
-their first node has a job whose log holds that text (an event, not a time,
-so that a slow machine preempts at the same step). The nodes turn
+their first node (or of FAKE_QR_LOG_NODE, where process 0 of a multislice
+job logs) has a job whose log holds that text (an event, not a time, so
+that a slow machine preempts at the same step; an empty entry never). The nodes turn
 PREEMPTED and the queued resource SUSPENDING, then SUSPENDED after a second
 (both FAKE_QR_STATE_LAG_S, default 0, after the VMs' shutdown began, as the
 service can show it late). Each worker VM gets SIGTERM, and SIGKILL
@@ -82,6 +84,15 @@ def _env_s(name: str, default: float) -> float:
   return float(os.environ.get(name, default))
 
 
+def _per_creation_s(name: str, creation: int, default: float) -> float:
+  """One value for every creation ('2'), or one each ('1,1,30'; the last
+  for the creations after)."""
+  values = [v for v in os.environ.get(name, '').split(',') if v.strip()]
+  if not values:
+    return default
+  return float(values[min(creation, len(values)) - 1])
+
+
 def _qr_path(name: str) -> str:
   return os.path.join(cloud_dir(), 'queued', f'{name}.json')
 
@@ -129,7 +140,7 @@ def new_queued_resource(name: str, node_ids: list[str], request: dict
   creation = _next_creation()
   now = time.time()
   waiting = now + _ACCEPT_S
-  provisioning = waiting + _env_s('FAKE_QR_WAIT_S', 1)
+  provisioning = waiting + _per_creation_s('FAKE_QR_WAIT_S', creation, 1)
   active = provisioning + _env_s('FAKE_QR_PROVISION_S', 1)
   preempt_after = _scripted('FAKE_QR_PREEMPT_AFTER_S', creation)
   qr = {'name': name, 'node_ids': node_ids, 'request': request,
@@ -236,7 +247,8 @@ def shut_down(qr: dict, grace: float) -> None:
 
 
 def _log_shows(qr: dict, text: str) -> bool:
-  jobs = os.path.join(root(), qr['node_ids'][0], 'worker_0', 'podrun', 'jobs')
+  node = os.environ.get('FAKE_QR_LOG_NODE') or qr['node_ids'][0]
+  jobs = os.path.join(root(), node, 'worker_0', 'podrun', 'jobs')
   try:
     names = os.listdir(jobs)
   except OSError:

@@ -17,10 +17,17 @@ SIGKILLs the rank, as the OOM killer would; `kill_in_local_save` SIGKILLs
 `fail_rank` halfway through writing its local copy of that step;
 `eval_seconds` makes an evaluation (every `eval_every` steps) that takes so
 long; `nan_on_padding` makes the loss NaN when a row of zeros (a layout's
-padding, runtime/parallelism/microbatches.py) reaches it.
+padding, runtime/parallelism/microbatches.py) reaches it; `log_ids` appends
+each load's example ids, as it happens, to
+WORKDIR/ids/<attempt>/rank_<i>.jsonl (one line a load, so a SIGKILLed
+attempt keeps what it read); `step_seconds` sleeps after every step, to
+pace the job as a longer step would, and `slow_below_seconds` more in an
+attempt of fewer than `slow_below_processes` processes (an elastic job's
+reduced size lasting until it grows back, whatever the machine's speed).
 """
 
 import dataclasses
+import json
 import os
 import signal
 import sys
@@ -31,6 +38,7 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 import numpy as np
 
+from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime import hooks
 from runtime import local_checkpoint
@@ -64,7 +72,12 @@ def train_and_evaluate(config: ConfigDict, workdir):
 
   once_marker = os.path.join(workdir, f'probe_failed_rank_{config.fail_rank}')
 
+  id_log = _id_log(workdir) if config.log_ids else None
+
   def load_examples(ids):
+    if id_log is not None:
+      id_log.write(json.dumps([int(i) for i in ids]) + '\n')
+      id_log.flush()
     if config.fail_mode == 'slow' and jax.process_index() == config.fail_rank:
       if len(seen) >= config.fail_step:
         time.sleep(config.fail_seconds)
@@ -88,6 +101,12 @@ def train_and_evaluate(config: ConfigDict, workdir):
     config.checkpoint_dir = os.path.join(
         workdir, f'checkpoints_rank_{jax.process_index()}')
   extra_hooks = []
+  if config.step_seconds:  # In the loop, so the ledger books it productive.
+    extra_hooks.append(hooks.Periodic(
+        1, lambda run: time.sleep(config.step_seconds)))
+  if jax.process_count() < config.slow_below_processes:
+    extra_hooks.append(hooks.Periodic(
+        1, lambda run: time.sleep(config.slow_below_seconds)))
   if config.flip_rank == jax.process_index():
     extra_hooks.append(hooks.Periodic(config.flip_step, lambda run: flip_bit(
         run, config.flip_step, config.flip_device)))
@@ -107,6 +126,14 @@ def train_and_evaluate(config: ConfigDict, workdir):
                   'learned_bias': result.params['bias'],
                   'true_weight': dataset['true_weight']}
   return result
+
+
+def _id_log(workdir: str):
+  """This process's ids log of this attempt, opened for appending."""
+  attempt = os.environ.get(env_vars.ATTEMPT, 'unnamed')
+  folder = os.path.join(workdir, 'ids', attempt)
+  os.makedirs(folder, exist_ok=True)
+  return open(os.path.join(folder, f'rank_{jax.process_index()}.jsonl'), 'a')
 
 
 def _nan_on_padding(loss_fn):

@@ -27,6 +27,10 @@ def get_config():
   config.kill_in_local_save = 0
   config.eval_seconds = 0.0
   config.nan_on_padding = False
+  config.log_ids = False
+  config.step_seconds = 0.0
+  config.slow_below_processes = 0
+  config.slow_below_seconds = 0.0
   # How the probe misbehaves only steers the run: outside the trajectory
   # sections, so a resumed run may change it with no registration.
   return config

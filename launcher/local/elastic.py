@@ -1,0 +1,149 @@
+"""An elastic local pod: fewer processes while a lost one is away, then back.
+
+With --min_processes=K a local pod of P processes takes a process that dies
+of SIGKILL, or of an exit code the restart policy retries, for a lost host.
+The job starts again at once on the others (at least K), from the state they
+hold; the lost process "comes back" --regrow_after seconds later (the local
+stand-in for a replacement host), and then the running attempt is stopped
+at a step boundary as a preemption stops it (every process saves the step
+they agree on) and the job starts again on all of them. Every attempt trains
+the same global batch on the same data (runtime/parallelism/microbatches.py
+pads and accumulates), so a shrink or a growth changes how fast the job
+runs, not what it computes.
+
+Fewer than K left: the launcher waits until enough are back, then starts
+the job on all it has (the local stand-in for waiting for capacity). With
+--min_processes equal to --local_processes every loss waits so: the job of
+a launcher that waits for every host, side by side with an elastic one.
+
+Shrinks, growths and waits do not use --max_restarts when the attempt
+before them trained; a loss before any step completed is judged by the
+usual restart rules (a process that cannot start is no lost host).
+
+Example:
+  >>> capacity = Capacity(full=4, minimum=2, regrow_after_s=30)
+  >>> capacity.after_lost(now=100.0)   # one process lost: 3 run on
+  Resize(kind='shrink', wait_s=0.0)
+  >>> capacity.current, capacity.regrow_due(now=131.0)
+  (3, True)
+"""
+
+import dataclasses
+import signal
+import time
+from typing import Callable, Optional
+
+from runtime.common import exit_codes
+
+SHRINK, GROW, WAIT = 'shrink', 'grow', 'wait'
+
+
+@dataclasses.dataclass(frozen=True)
+class Resize:
+  """The next attempt runs on another number of processes.
+
+  Attributes:
+    kind: SHRINK (on the others, at once), GROW (lost ones are back) or
+      WAIT (too few left: wait until enough are back).
+    wait_s: how long to wait before that attempt starts.
+  """
+  kind: str
+  wait_s: float = 0.0
+
+
+def is_lost_process(exit_code: Optional[int], retryable: tuple[int, ...]
+                    ) -> bool:
+  """Whether a process that ended with `exit_code` is taken for a lost host:
+  SIGKILL (the OOM killer, a machine gone) or a retried exit code."""
+  if exit_code is None or exit_code == exit_codes.PREEMPTED:
+    return False
+  return (exit_code == exit_codes.SIGNAL_BASE + signal.SIGKILL or
+          exit_code in retryable)
+
+
+@dataclasses.dataclass
+class Capacity:
+  """How many processes the job has now, and when lost ones come back.
+
+  Attributes:
+    full: P, the processes the job was started with.
+    minimum: K, the fewest it runs on; below that it waits (restarts).
+    regrow_after_s: how long a lost process stays away.
+    current: the processes of the next attempt.
+    returns: monotonic times at which lost processes come back.
+  """
+  full: int
+  minimum: int
+  regrow_after_s: float
+  current: int = 0
+  returns: list[float] = dataclasses.field(default_factory=list)
+
+  def __post_init__(self):
+    if not 1 <= self.minimum <= self.full:
+      raise ValueError(
+          f'--min_processes={self.minimum} with --local_processes='
+          f'{self.full}: it must be from 1 to {self.full}')
+    if self.regrow_after_s < 0:
+      raise ValueError(f'--regrow_after={self.regrow_after_s:g}: it must be '
+                       'at least 0 seconds')
+    self.current = self.current or self.full
+
+  def after_lost(self, now: float) -> Resize:
+    """One process is lost: SHRINK when the others are enough, else WAIT
+    until enough are back."""
+    self.current -= 1
+    self.returns.append(now + self.regrow_after_s)
+    if self.current >= self.minimum:
+      return Resize(SHRINK)
+    needed = sorted(self.returns)[self.minimum - self.current - 1]
+    return Resize(WAIT, max(0.0, needed - now))
+
+  def regrow_due(self, now: float) -> bool:
+    """Whether a lost process is back, so the running attempt should stop
+    at a step boundary and the job grow."""
+    return bool(self.returns) and min(self.returns) <= now
+
+  def take_back(self, now: float) -> int:
+    """Takes back every lost process whose time has come; returns how many
+    processes the next attempt has."""
+    back = [t for t in self.returns if t <= now]
+    self.returns = [t for t in self.returns if t > now]
+    self.current += len(back)
+    return self.current
+
+  def describe(self) -> str:
+    away = self.full - self.current
+    return (f'{self.current} of {self.full} process(es)' +
+            (f', {away} coming back' if away else ''))
+
+
+def resize_after(capacity: Capacity, retryable: tuple[int, ...],
+                 say: Callable[[str], None], now=time.monotonic):
+  """restart.run's `resize` for an elastic local pod.
+
+  Returns:
+    (the attempt that ended, its exit code) -> a Resize after a lost
+    process or a stop to grow, else None (the usual restart rules).
+  """
+  def resize(pod, code: int) -> Optional[Resize]:
+    if code == exit_codes.PREEMPTED and getattr(pod, 'regrew', False):
+      capacity.take_back(now())
+      say(f'lost process(es) back: starting again at once on '
+          f'{capacity.describe()}, from the step every rank saved')
+      return Resize(GROW)
+    fault = getattr(pod, 'fault', None)
+    if (fault is None or not getattr(pod, 'progressed', False) or
+        not is_lost_process(fault.exit_code, retryable)):
+      return None
+    lost = f'rank {fault.rank} lost (exit code {fault.exit_code})'
+    resized = capacity.after_lost(now())
+    back = f'back in {capacity.regrow_after_s:g} s, --regrow_after'
+    if resized.kind == SHRINK:
+      say(f'{lost}: starting again at once on {capacity.describe()} '
+          f'({back}), the same global batch on fewer devices')
+    else:
+      say(f'{lost}: {capacity.current} left, fewer than --min_processes='
+          f'{capacity.minimum}; waiting {resized.wait_s:.1f} s for enough '
+          f'to be back ({back})')
+    return resized
+  return resize

@@ -1,0 +1,217 @@
+"""Elastic slices: a multislice job that trains on the slices it has.
+
+With --min_slices=K (and --create --num_slices=N, K < N) each slice is a
+queued resource of its own, NAME-0 ... NAME-(N-1), with a node of the same
+name, so that losing one never takes the others. When a slice is lost the
+attempt ends as before (the preemption notice makes every process save the
+step they agree on; without it they restore their local copies), and:
+
+- at least K left: the job starts again at once on them, renumbered (the
+  first of them holds process 0 and the MEGASCALE coordinator), while the
+  lost slice is deleted, created again and set up in the background, each
+  phase with its own timeout;
+- once it is READY, HEALTHY and set up, the running attempt is stopped at
+  a step boundary as a preemption stops it (SIGTERM: every process saves
+  the agreed step) and the job starts again on every slice; the new
+  slice's processes have empty disks and restore from the others;
+- fewer than K left: the next attempt waits for enough to be back (a
+  restart, as without --min_slices).
+
+Shrinks and growths use none of --max_restarts. `SliceGroup` stands where
+one queued.Fleet stands without --min_slices (create, wait_up, lost,
+delete), so the rest of the driver does not tell them apart.
+
+Example:
+  >>> group = SliceGroup(launch, request, timeouts, 10, 'gcloud.log', 1)
+  >>> group.after_attempt(attempt, 75)      # slice 1 was lost
+  Resize(kind='shrink', wait_s=0.0)
+  >>> group.describe()
+  'runs on fleet-0; fleet-1 coming back'
+"""
+
+import dataclasses
+import threading
+import time
+from typing import Optional
+
+from launcher.tpu import queued
+from runtime.common import exit_codes
+from runtime.common import records
+
+
+@dataclasses.dataclass(frozen=True)
+class Resize:
+  """The next attempt runs on other slices (restart.run's `resize`)."""
+  kind: str
+  wait_s: float = 0.0
+
+
+def requests(base: queued.Request) -> list[queued.Request]:
+  """One queued resource per slice: NAME-i, with its node named as a
+  multislice queued resource names it."""
+  return [dataclasses.replace(base, name=f'{base.name}-{i}', nodes=(node,))
+          for i, node in enumerate(base.nodes)]
+
+
+class SliceGroup:
+  """The slices of an elastic launch: which run the job, which come back.
+
+  Attributes:
+    active: indices of the slices the next (or running) attempt runs on.
+    ready: slices back and set up, not yet in the job.
+  """
+
+  def __init__(self, launch, base: queued.Request, timeouts: queued.Timeouts,
+               poll_s: float, log_path: str, minimum: int):
+    self.launch = launch
+    self._stopping = threading.Event()
+    self.fleets = [queued.Fleet(launch.gcloud, request, timeouts, poll_s,
+                                log_path, launch.say, self.interrupted)
+                   for request in requests(base)]
+    self.minimum = minimum
+    self.active = list(range(len(self.fleets)))
+    self.ready: set[int] = set()
+    self.failed: dict[int, str] = {}
+    self.request = base
+    self._threads: dict[int, threading.Thread] = {}
+    self._lock = threading.Lock()
+
+  # The queued.Fleet interface the driver uses.
+  @property
+  def ours(self) -> bool:
+    return any(f.ours for f in self.fleets)
+
+  @property
+  def up(self) -> bool:
+    return any(f.up for f in self.fleets)
+
+  def create(self) -> None:
+    for fleet in self.fleets:
+      fleet.create()
+
+  def wait_up(self) -> None:
+    for fleet in self.fleets:
+      fleet.wait_up()
+
+  def lost(self) -> Optional[queued.Observation]:
+    """The first slice of the job seen lost, or None."""
+    for i in list(self.active):
+      seen = self.fleets[i].lost()
+      if seen is not None:
+        return seen
+    return None
+
+  def delete(self, why: str) -> None:
+    """Stops bringing slices back, then deletes every one this launch made."""
+    self._stopping.set()
+    for thread in list(self._threads.values()):
+      thread.join()
+    for fleet in self.fleets:
+      fleet.delete(why)
+
+  def interrupted(self) -> bool:
+    return self._stopping.is_set() or self.launch.interrupted()
+
+  def nodes(self) -> tuple[str, ...]:
+    return tuple(self.request.nodes[i] for i in self.active)
+
+  def describe(self) -> str:
+    names = self.request.nodes
+    text = 'runs on ' + ', '.join(names[i] for i in self.active)
+    coming = sorted(set(self._threads) - set(self.active))
+    if coming:
+      text += '; ' + ', '.join(
+          names[i] + (' back, joining at the next step boundary'
+                      if i in self.ready else ' coming back')
+          for i in coming)
+    return text
+
+  def grow_due(self) -> bool:
+    """Whether a slice is back and set up, so the running attempt should
+    stop at a step boundary and the job grow."""
+    return bool(self.ready)
+
+  def after_attempt(self, attempt, code: int) -> Optional[Resize]:
+    """restart.run's `resize`: GROW after the stop for slices back, SHRINK
+    after a lost slice with at least --min_slices left, else None."""
+    if getattr(attempt, 'regrew', False) and code == exit_codes.PREEMPTED:
+      self._take_ready()
+      self.launch.say(f'slices back: relaunching at once; the job '
+                      f'{self.describe()}')
+      return Resize('grow')
+    if getattr(attempt, 'slice_lost', None) is None:
+      return None
+    lost = [i for i in self.active if not self.fleets[i].up or
+            self.fleets[i].lost() is not None]
+    self.active = [i for i in self.active if i not in lost]
+    for i in lost:
+      self._bring_back(i)
+    if len(self.active) < self.minimum:
+      self.launch.say(f'{len(self.active)} slice(s) left, fewer than '
+                      f'--min_slices={self.minimum}: the next attempt waits '
+                      'for enough to be back')
+      return None
+    self.launch.say(f'slice(s) {", ".join(self.request.nodes[i] for i in lost)}'
+                    f' lost: relaunching at once on the others, the same '
+                    f'global batch on fewer devices; the job {self.describe()}')
+    return Resize('shrink')
+
+  def ready_for_attempt(self, attempt) -> bool:
+    """Before an attempt: takes in slices back; waits while fewer than
+    --min_slices are; False when none can come (their recreate failed)."""
+    began = time.time()
+    while True:
+      self._take_ready()
+      if len(self.active) >= self.minimum:
+        break
+      with self._lock:
+        coming = [i for i, t in self._threads.items() if t.is_alive()]
+      if not coming or self.interrupted():
+        return False
+      time.sleep(0.2)
+    if time.time() - began > 1:
+      attempt.infrastructure = _waited(began)
+    return True
+
+  def _take_ready(self) -> None:
+    with self._lock:
+      back, self.ready = self.ready, set()
+      for i in back:
+        self._threads.pop(i, None)
+    self.active = sorted(set(self.active) | back)
+
+  def _bring_back(self, index: int) -> None:
+    """Deletes, creates, waits for and sets up slice `index` in a thread."""
+    thread = threading.Thread(target=self._recreate, args=(index,),
+                              daemon=True)
+    with self._lock:
+      self._threads[index] = thread
+    thread.start()
+
+  def _recreate(self, index: int) -> None:
+    fleet, node = self.fleets[index], self.request.nodes[index]
+    began = time.time()
+    try:
+      fleet.delete('the slice is lost')
+      fleet.create()
+      fleet.wait_up()
+      self.launch.prepare(nodes=(node,))
+    except queued.Interrupted:
+      return
+    except exit_codes.PodrunError as e:
+      self.failed[index] = str(e)
+      self.launch.say(f'slice {node} did not come back: {e}')
+      return
+    with self._lock:
+      self.ready.add(index)
+    self.launch.say(f'slice {node} is back after {time.time() - began:.1f} s '
+                    '(delete, create, set-up): the job grows at its next step '
+                    'boundary')
+
+
+def _waited(began: float) -> records.Recreate:
+  """The wait for enough slices, as goodput's infrastructure recovery."""
+  now = time.time()
+  return records.Recreate(lost='fewer than --min_slices up', began=began,
+                          recreate_requested=began, up=now, ready=now,
+                          seconds=now - began)

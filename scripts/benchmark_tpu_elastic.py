@@ -1,0 +1,197 @@
+"""Elastic slices against waiting for the lost one, on the emulated Cloud TPU.
+
+2 spot slices x 2 workers x 2 emulated devices, the probe linear
+regression (--steps, --step_seconds a step); one slice is preempted when
+process 0 logs step --preempt_at, and creating it again waits --capacity_s
+for capacity. Side by side, for slice 1 lost and for slice 0 lost:
+
+- elastic: --min_slices=1, a queued resource per slice: the job goes on
+  on the other slice and grows back when the lost one is set up;
+- waiting: one multislice queued resource, as without --min_slices: the
+  job waits for the slice to be recreated.
+
+Every driver line is stamped as it arrives. Reports the seconds from
+PREEMPTED (the service's event) to the first step of the next attempt,
+the steps and the longest gap between steps while the slice was away,
+from the slice set up to the first step on both, the steps recomputed,
+the wall time, goodput and capacity-weighted goodput, and how far the
+final parameters are from an undisturbed run's.
+
+  python scripts/benchmark_tpu_elastic.py [--steps=2000] [--preempt_at=100]
+      [--capacity_s=60] [--step_seconds=0.05] [--poll_interval=1]
+      [--out=FILE.json]
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from runtime.common import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests import tpu_emulation  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+NAME = 'elastic'
+_STEP = re.compile(r'metrics\.py:\d+\] step (\d+)/')
+
+
+def _job(args) -> list[str]:
+  return [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
+          f'--config.steps={args.steps}', '--config.log_every=1',
+          '--config.global_batch_size=40',
+          f'--config.step_seconds={args.step_seconds}']
+
+
+def _stamped(proc) -> list[tuple[float, str]]:
+  """Every line of the driver's stdout and stderr, with its arrival."""
+  lines, lock = [], threading.Lock()
+  def read(pipe):
+    for line in pipe:
+      with lock:
+        lines.append((time.time(), line.rstrip('\n')))
+  threads = [threading.Thread(target=read, args=(p,), daemon=True)
+             for p in (proc.stdout, proc.stderr)]
+  for t in threads:
+    t.start()
+  proc.wait(timeout=1800)
+  for t in threads:
+    t.join(timeout=10)
+  return sorted(lines)
+
+
+def run(args, mode: str, lost: int, tmp: pathlib.Path) -> dict:
+  """One launch; its figures."""
+  preempt = ['', '']
+  preempt[lost if mode == 'elastic' else 0] = f'step {args.preempt_at}/'
+  waits = (f'0.5,0.5,{args.capacity_s}' if mode == 'elastic'
+           else f'0.5,{args.capacity_s}')
+  fleet = tpu_emulation.FakePod(
+      tmp, FAKE_QR_WAIT_S=waits, FAKE_QR_PROVISION_S='0.5',
+      FAKE_QR_PREEMPT_ON_LOG=','.join(preempt), FAKE_QR_LOG_NODE=f'{NAME}-0')
+  elastic = ['--min_slices=1'] if mode == 'elastic' else []
+  started = time.time()
+  proc = fleet.start(
+      '--create', '--accelerator_type=v4-16', '--spot',
+      '--runtime_version=tpu-ubuntu2204-base', '--num_slices=2',
+      f'--poll_interval={args.poll_interval}', '--max_restarts=3',
+      '--delete_after', *elastic, '--', *_job(args),
+      f'--workdir={tmp / "work"}', tpu=NAME)
+  try:
+    lines = _stamped(proc)
+  finally:
+    _stop(proc)
+  if proc.returncode:
+    raise SystemExit(f'{mode}: exit {proc.returncode}\n' +
+                     '\n'.join(l for _, l in lines[-40:]))
+  return {'mode': mode, 'lost': lost, 'wall_s': time.time() - started,
+          **_timeline(lines, fleet.events()),
+          **_rollup(tmp / 'work', fleet.logs / 'attempts.jsonl')}
+
+
+def _stop(proc) -> None:
+  """A driver still running (this script was stopped) gets SIGTERM, which
+  deletes what it created, then its group SIGKILL."""
+  if proc.poll() is None:
+    proc.terminate()
+    try:
+      proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+      pass
+  helpers.kill_group(proc)
+
+
+def _timeline(lines, events) -> dict:
+  """Seconds between the service's PREEMPTED, the driver's lines and the
+  job's steps (its lines as they reached the driver)."""
+  preempted = next(e['t'] for e in events if e['event'] == 'preempted')
+  steps = [t for t, l in lines if _STEP.search(l)]
+  def at(needle: str):
+    return next((t for t, l in lines if needle in l), None)
+  def first_step_after(when):
+    return next(t for t in steps if t > when)
+  # Elastic: the shrink; waiting: the recreated slice's relaunch.
+  relaunch = at('relaunching at once on the others') or at('s): relaunching')
+  out = {'first_step_after_preempted_s':
+         first_step_after(relaunch) - preempted}
+  back = at(' is back after ')
+  if at('slices back: relaunching') is not None:
+    away = [t for t in steps if relaunch < t < back]
+    out.update(
+        steps_while_away=len(away),
+        longest_gap_away_s=float(max(np.diff(away), default=0.0)),
+        ready_to_first_step_on_both_s=first_step_after(
+            at('slices back: relaunching')) - back)
+  return out
+
+
+def _rollup(workdir: pathlib.Path, attempts: pathlib.Path) -> dict:
+  """Goodput with the driver's attempts, so its waits count."""
+  roll = goodput.rollup(str(workdir), str(attempts))
+  return {'goodput': roll['goodput'],
+          'capacity_goodput': roll['capacity_goodput'],
+          'recomputed_steps': sum(a['notes'].get('recomputed_steps') or 0
+                                  for a in roll['attempts']),
+          'attempts': len(roll['attempts'])}
+
+
+def straight(args, tmp: pathlib.Path) -> dict:
+  result = helpers.run_launcher([*_job(args), '--local_devices=8',
+                                 f'--workdir={tmp}'], timeout=1800)
+  assert result.returncode == 0, result.output
+  return helpers.final_state(tmp)['params']
+
+
+def max_relative(one, two) -> float:
+  return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)) /
+                          np.maximum(np.abs(np.asarray(b)), 1e-12)))
+             for a, b in zip(_leaves(one), _leaves(two)))
+
+
+def _leaves(tree):
+  if isinstance(tree, dict):
+    return [x for k in sorted(tree) for x in _leaves(tree[k])]
+  return [tree]
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser()
+  parser.add_argument('--steps', type=int, default=2000)
+  parser.add_argument('--preempt_at', type=int, default=100)
+  parser.add_argument('--capacity_s', type=float, default=60)
+  parser.add_argument('--step_seconds', type=float, default=0.05)
+  parser.add_argument('--poll_interval', type=float, default=1)
+  parser.add_argument('--out', default='')
+  args = parser.parse_args(argv)
+  # SIGTERM unwinds, so that every driver started is stopped.
+  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+  results = []
+  with tempfile.TemporaryDirectory(prefix='tpu-elastic-') as tmp:
+    reference = straight(args, pathlib.Path(tmp) / 'straight')
+    for lost in (1, 0):
+      for mode in ('elastic', 'waiting'):
+        here = pathlib.Path(tmp) / f'{mode}-{lost}'
+        figures = run(args, mode, lost, here)
+        figures['max_relative_error'] = max_relative(
+            helpers.final_state(here / 'work')['params'], reference)
+        results.append(figures)
+        print(json.dumps(figures), flush=True)
+  if args.out:
+    with open(args.out, 'w') as f:
+      json.dump({'args': vars(args), 'runs': results}, f, indent=2)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

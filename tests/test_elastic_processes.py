@@ -1,0 +1,121 @@
+"""An elastic local pod: a lost process, the job on the others, then back.
+
+4 processes x 2 devices, process 3 SIGKILLed at step 30: the job starts
+again at once on 3 processes (the same 40 examples a step, in 2 microbatches
+of 4 a device since the first attempt's 5 a device is the limit, 2 groups
+padding), grows back to 4 after --regrow_after at a step boundary, and ends
+0 with --max_restarts=0. Every step of the final lineage was read once, by
+the processes of one attempt, and each epoch's examples once each; the
+parameters match an uninterrupted 1x8 run (launcher/local/elastic.py).
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from runtime.common import goodput
+from tests import helpers
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(400)]
+
+STEPS, BATCH, EXAMPLES, EVERY = 100, 40, 400, 5
+PROBE = [f'--config={helpers.PROBE_CONFIG}', f'--config.steps={STEPS}',
+         f'--config.global_batch_size={BATCH}',
+         f'--config.data.num_examples={EXAMPLES}', '--config.log_ids=True',
+         '--config.nan_on_padding=True', '--config.log_every=5',
+         f'--config.local_checkpoint_every={EVERY}',
+         '--config.checkpoint_every=50', '--config.step_seconds=0.03']
+
+
+def _read_ids(path) -> list[list[int]]:
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _lineage(workdir, attempts) -> dict[int, list[int]]:
+  """{step: the ids the processes of the attempt that trained it in the
+  final lineage read for it, in process order}.
+
+  Attempt a restored step r_a and its k-th load was step r_a + k; its part
+  of the lineage ends where the next attempt restored.
+  """
+  restored = []
+  for attempt in attempts:
+    notes = helpers.read_json(workdir / 'goodput' / attempt['name'] /
+                              'rank_0.json')['notes']
+    restored.append(notes.get('restore_step') or 0)
+  steps = {}
+  for i, attempt in enumerate(attempts):
+    end = restored[i + 1] if i + 1 < len(attempts) else STEPS
+    logs = [_read_ids(workdir / 'ids' / attempt['name'] / f'rank_{p}.jsonl')
+            for p in range(attempt['processes'])]
+    for step in range(restored[i], end):
+      k = step - restored[i]
+      assert all(k < len(log) for log in logs), (attempt, step)
+      steps[step] = [i for log in logs for i in log[k]]
+  return steps
+
+
+@pytest.fixture(scope='module')
+def straight(tmp_path_factory):
+  """One process x 8 devices, never interrupted."""
+  workdir = tmp_path_factory.mktemp('straight')
+  result = helpers.run_launcher([*PROBE, f'--workdir={workdir}'], timeout=200)
+  assert result.returncode == 0, result.output
+  return workdir
+
+
+def test_a_lost_process_shrinks_the_pod_and_it_grows_back(tmp_path,
+                                                          straight):
+  workdir = tmp_path / 'elastic'
+  result = helpers.run_launcher(
+      [*PROBE, f'--workdir={workdir}', '--local_processes=4',
+       '--local_devices=2', '--min_processes=3', '--regrow_after=3',
+       '--max_restarts=0', '--config.fail_rank=3', '--config.fail_step=30',
+       '--config.fail_mode=sigkill', '--config.fail_once=True'],
+      timeout=360)
+  assert result.returncode == 0, result.output
+  helpers.assert_no_survivors(workdir)
+  assert 'rank 3 lost (exit code 137): starting again at once on 3 of 4' in (
+      result.stderr), result.stderr
+  assert 'lost process(es) back: starting again at once on 4 of 4' in (
+      result.stderr)
+  assert '1 shrink(s), 1 growth(s) and 0 wait(s) for capacity' in result.stderr
+  attempts = [a.to_json() for a in goodput.records.read_attempts(
+      workdir / 'logs' / 'attempts.jsonl')]
+  assert [(a['processes'], a['exit_code'], a.get('resize'))
+          for a in attempts] == [(4, 137, 'shrink'), (3, 75, 'grow'),
+                                 (4, 0, None)]
+  rows = helpers.read_jsonl(workdir / 'metrics.jsonl')
+  assert {(r['num_processes'], r['num_devices'], r['microbatches'])
+          for r in rows} == {(4, 8, 1), (3, 6, 2)}
+  assert rows[-1]['step'] == STEPS
+
+  # Exactly once: each step by one attempt's processes, the same examples
+  # as the run that never stopped, each example once an epoch.
+  reference = _read_ids(straight / 'ids' / next(
+      (straight / 'ids').iterdir()).name / 'rank_0.jsonl')
+  steps = _lineage(workdir, attempts)
+  assert sorted(steps) == list(range(STEPS))
+  for step, ids in steps.items():
+    assert ids == reference[step], step
+  per_epoch = EXAMPLES // BATCH
+  for epoch in range(STEPS // per_epoch):
+    seen = sorted(i for s in range(epoch * per_epoch, (epoch + 1) * per_epoch)
+                  for i in steps[s])
+    assert seen == list(range(EXAMPLES)), epoch
+
+  # The preemption-style stop to grow saves its step: only the SIGKILL
+  # recomputes, at most two local copies' worth (the kill may tear one).
+  recomputed = [helpers.read_json(workdir / 'goodput' / a['name'] /
+                                  'rank_0.json')['notes'].get(
+                                      'recomputed_steps') or 0
+                for a in attempts]
+  assert recomputed[2] == 0 and sum(recomputed) <= 2 * EVERY, recomputed
+  helpers.assert_trees_close(helpers.final_state(workdir)['params'],
+                             helpers.final_state(straight)['params'],
+                             rtol=1e-5, atol=1e-6)
+  roll = goodput.rollup(str(workdir))
+  assert roll['full_devices'] == 8 and roll['reduced_size_s'] > 0
+  assert 0 < roll['capacity_goodput'] < roll['goodput']
