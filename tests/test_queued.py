@@ -226,3 +226,17 @@ def test_below_min_slices_the_next_attempt_waits_for_them():
   attempt = _Attempt()
   assert group.ready_for_attempt(attempt)
   assert group.nodes() == ('run-a', 'run-b')
+
+
+def test_a_slice_that_does_not_come_back_is_named_and_not_awaited():
+  launch, group = _group(minimum=2)
+
+  def never_up():
+    raise commands.LaunchError('the capacity phase took over 1 s')
+  group.fleets[1].wait_up = never_up
+  group.fleets[1].up = False
+  assert group.after_attempt(_Attempt('SUSPENDED'), 75) is None
+  assert not group.ready_for_attempt(_Attempt())
+  assert any('slice run-b did not come back: the capacity phase' in line
+             for line in launch.said), launch.said
+  assert group.describe() == 'runs on run-a'

@@ -118,7 +118,8 @@ class SliceGroup:
   def describe(self) -> str:
     names = self.request.nodes
     text = 'runs on ' + ', '.join(names[i] for i in self.active)
-    coming = sorted(set(self._threads) - set(self.active))
+    with self._lock:
+      coming = sorted(set(self._threads) - set(self.active))
     if coming:
       text += '; ' + ', '.join(
           names[i] + (' back, joining at the next step boundary'
@@ -151,9 +152,10 @@ class SliceGroup:
                       f'--min_slices={self.minimum}: the next attempt waits '
                       'for enough to be back')
       return None
-    self.launch.say(f'slice(s) {", ".join(self.request.nodes[i] for i in lost)}'
-                    f' lost: relaunching at once on the others, the same '
-                    f'global batch on fewer devices; the job {self.describe()}')
+    names = ', '.join(self.request.nodes[i] for i in lost)
+    self.launch.say(f'slice(s) {names} lost: relaunching at once on the '
+                    'others, the same global batch on fewer devices; the job '
+                    f'{self.describe()}')
     return Resize('shrink')
 
   def ready_for_attempt(self, attempt) -> bool:
@@ -199,7 +201,10 @@ class SliceGroup:
     except queued.Interrupted:
       return
     except exit_codes.PodrunError as e:
-      self.failed[index] = str(e)
+      # Not tried again: the job goes on with the others while it can.
+      with self._lock:
+        self.failed[index] = str(e)
+        self._threads.pop(index, None)
       self.launch.say(f'slice {node} did not come back: {e}')
       return
     with self._lock:
