@@ -40,6 +40,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from runtime.common import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.common import mappings  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests import tpu_emulation  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -154,15 +155,11 @@ def straight(args, tmp: pathlib.Path) -> dict:
 
 
 def max_relative(one, two) -> float:
-  return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)) /
-                          np.maximum(np.abs(np.asarray(b)), 1e-12)))
-             for a, b in zip(_leaves(one), _leaves(two)))
-
-
-def _leaves(tree):
-  if isinstance(tree, dict):
-    return [x for k in sorted(tree) for x in _leaves(tree[k])]
-  return [tree]
+  """The largest relative difference between matching leaves of two trees."""
+  two = mappings.flatten(two)
+  return max(float(np.max(np.abs(np.asarray(a) - np.asarray(two[name])) /
+                          np.maximum(np.abs(np.asarray(two[name])), 1e-12)))
+             for name, a in mappings.flatten(one).items())
 
 
 def main(argv=None) -> int:

@@ -71,7 +71,6 @@ class SliceGroup:
     self.minimum = minimum
     self.active = list(range(len(self.fleets)))
     self.ready: set[int] = set()
-    self.failed: dict[int, str] = {}
     self.request = base
     self._threads: dict[int, threading.Thread] = {}
     self._lock = threading.Lock()
@@ -203,7 +202,6 @@ class SliceGroup:
     except exit_codes.PodrunError as e:
       # Not tried again: the job goes on with the others while it can.
       with self._lock:
-        self.failed[index] = str(e)
         self._threads.pop(index, None)
       self.launch.say(f'slice {node} did not come back: {e}')
       return
