@@ -110,6 +110,17 @@ class FakePod:
     assert listed.returncode == 0, listed.stderr
     return json.loads(listed.stdout)
 
+  def states_shown(self, name: str) -> list[str]:
+    """The states the service's describes of `name` answered, each once,
+    in the order they were first shown."""
+    path = self.root / '.cloud' / 'answers.jsonl'
+    shown = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+      answer = json.loads(line)
+      if answer['name'] == name and answer['state'] not in shown:
+        shown.append(answer['state'])
+    return shown
+
   def events(self) -> list[dict]:
     """What the service did: created, preempted, delete, deleted."""
     path = self.root / '.cloud' / 'events.jsonl'

@@ -5,6 +5,7 @@ the same service:
 
   queued/NAME.json   a queued resource: its request and its timeline
   events.jsonl       what happened when (created, preempted, deleted ...)
+  answers.jsonl      the state each queued-resources describe answered
   creations          how many queued resources were ever created
 
 A queued resource's state is a function of the clock and its timeline, as
@@ -78,6 +79,11 @@ class locked:
 def event(kind: str, **fields) -> None:
   with open(os.path.join(cloud_dir(), 'events.jsonl'), 'a') as f:
     f.write(json.dumps({'t': time.time(), 'event': kind, **fields}) + '\n')
+
+
+def answer(name: str, state: str) -> None:
+  with open(os.path.join(cloud_dir(), 'answers.jsonl'), 'a') as f:
+    f.write(json.dumps({'name': name, 'state': state}) + '\n')
 
 
 def _env_s(name: str, default: float) -> float:
