@@ -115,6 +115,23 @@ def _no_process_survives_its_test(request, monkeypatch):
               '; '.join(f'{pid}: {cmd}' for pid, cmd in left.items()))
 
 
+@pytest.fixture(scope='session')
+def probe_2x4_straight(tmp_path_factory):
+  """The workdir of the probe job trained helpers.STRAIGHT_STEPS steps on
+  2 processes x 4 devices without interruption (every step logged, a
+  checkpoint every 10): what the resumed runs of test_preemption,
+  test_buckets and test_tpu_fleet are compared with, trained once."""
+  from tests import helpers  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path_factory.mktemp('probe_2x4_straight')
+  result = helpers.run_launcher([
+      f'--config={helpers.PROBE_CONFIG}', '--config.log_every=1',
+      '--config.checkpoint_every=10',
+      f'--config.steps={helpers.STRAIGHT_STEPS}', '--local_processes=2',
+      '--local_devices=4', f'--workdir={workdir}'], timeout=200)
+  assert result.returncode == 0, result.output
+  return workdir
+
+
 def _command_line(pid: int) -> str:
   try:
     with open(f'/proc/{pid}/cmdline', 'rb') as f:

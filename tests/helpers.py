@@ -16,12 +16,27 @@ from typing import Optional
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PROBE_CONFIG = 'tests/workloads/probe_config.py'
+# The steps of the uninterrupted probe run (conftest's probe_2x4_straight).
+STRAIGHT_STEPS = 60
+
+
+# Where the Cloud Storage and metadata clients of a process a test starts
+# go unless the test's emulator says otherwise: a loopback port that
+# refuses at once, so that nothing a test starts reaches Google.
+NOWHERE = 'http://127.0.0.1:9'
+NO_CLOUD = {'STORAGE_EMULATOR_HOST': NOWHERE,
+            'TENSORSTORE_GCS_HTTP_URL': NOWHERE, 'NO_GCE_CHECK': 'True',
+            'GCE_METADATA_HOST': '127.0.0.1:9', 'GCE_METADATA_IP': '127.0.0.1:9',
+            'GCE_METADATA_ROOT': '127.0.0.1:9'}
 
 
 def launcher_env(**extra: str) -> dict[str, str]:
-  """The environment a user's shell would give the launcher: no test XLA_FLAGS."""
+  """The environment a user's shell would give the launcher: no test
+  XLA_FLAGS, and no way to Google's servers (NO_CLOUD)."""
   env = {k: v for k, v in os.environ.items()
          if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')}
+  for name, value in NO_CLOUD.items():
+    env.setdefault(name, value)
   env['PYTHONPATH'] = os.pathsep.join(
       [str(REPO)] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep)
                      if p])

@@ -28,7 +28,7 @@ from tests import helpers
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
-STEPS = 60
+STEPS = helpers.STRAIGHT_STEPS
 PROBE = [f'--config={helpers.PROBE_CONFIG}', '--config.log_every=1',
          '--config.checkpoint_every=10', f'--config.steps={STEPS}',
          '--local_processes=2', '--local_devices=4']
@@ -43,13 +43,10 @@ def gcs(tmp_path):
     yield server
 
 
-@pytest.fixture(scope='module')
-def straight(tmp_path_factory) -> str:
+@pytest.fixture
+def straight(probe_2x4_straight) -> str:
   """The fingerprint of the job with its checkpoints on local disk."""
-  workdir = tmp_path_factory.mktemp('straight')
-  result = helpers.run_launcher([*PROBE, f'--workdir={workdir}'])
-  assert result.returncode == 0, result.output
-  return helpers.fingerprints(workdir)[0]
+  return helpers.fingerprints(probe_2x4_straight)[0]
 
 
 def _start(gcs, workdir, *args, record_cache=None):

@@ -21,7 +21,7 @@ from tests import helpers
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
-STEPS = 60
+STEPS = helpers.STRAIGHT_STEPS
 PROBE = [f'--config={helpers.PROBE_CONFIG}', '--config.log_every=1',
          '--config.checkpoint_every=10']
 PAUSE = ['--config.fail_rank=0', '--config.fail_step=20',
@@ -72,12 +72,10 @@ def _signal_mid_run(args, workdir, target, timeout=180):
     helpers.kill_group(proc)
 
 
-@pytest.fixture(scope='module')
-def straight_2x4(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp('straight_2x4')
-  result = _run(workdir, *POD, f'--config.steps={STEPS}')
-  assert result.returncode == 0, result.output
-  return helpers.fingerprints(workdir, 2)[0], _records(workdir)
+@pytest.fixture
+def straight_2x4(probe_2x4_straight):
+  return (helpers.fingerprints(probe_2x4_straight, 2)[0],
+          _records(probe_2x4_straight))
 
 
 @pytest.fixture(scope='module')

@@ -43,10 +43,11 @@ def test_a_lost_slice_leaves_the_job_on_the_other_until_it_is_back(
                  FAKE_QR_LOG_NODE=f'{NAME}-0', FAKE_QR_WAIT_S='0.5,0.5,3')
   cleanup(fleet)
   workdir = tmp_path / 'work'
+  # A VM is killed 2 s into its shutdown here: 5 s is time enough for the
+  # lost slice's save, and the gcloud sessions' retries take longer.
   result = fleet.run(*CREATE, '--spot', '--num_slices=2', '--min_slices=1',
-                     '--delete_after', '--', *JOB, *SHRUNK,
-                     f'--workdir={workdir}',
-                     timeout=330)
+                     '--delete_after', '--lost_slice_wait=5', '--', *JOB,
+                     *SHRUNK, f'--workdir={workdir}', timeout=330)
   assert result.returncode == 0, result.output
   assert (f'slice(s) {NAME}-{lost} lost: relaunching at once on the others'
           in result.stderr), result.stderr

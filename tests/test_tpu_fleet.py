@@ -380,7 +380,7 @@ def test_dry_run_prints_the_queued_resource_commands(tmp_path):
              'JAX ') in plan.stdout) == warned, plan.stdout
 
 
-STEPS = 60
+STEPS = helpers.STRAIGHT_STEPS
 BABYSAT = [*PROBE, f'--config.steps={STEPS}', '--config.log_every=1',
            '--config.checkpoint_every=5', '--config.fail_mode=slow',
            '--config.fail_rank=0', '--config.fail_step=0',
@@ -400,27 +400,29 @@ def gcs(tmp_path):
 
 
 def test_two_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup,
-                                                        gcs):
-  straight = helpers.run_launcher(
-      [*BABYSAT, '--local_processes=2', f'--workdir={tmp_path / "straight"}'],
-      timeout=150)
-  assert straight.returncode == 0, straight.output
+                                                        gcs,
+                                                        probe_2x4_straight):
+  # The uninterrupted run is conftest's: BABYSAT's slow steps and its
+  # checkpoints change no bit of what is trained.
   # Spot preemption when worker 0's job reaches step 12, then, on each new
   # slice, once its job has logged its second step (`eta=` is on every
   # step line but an attempt's first): events, so a slow machine is
   # preempted at the same place, and relative to wherever the preemption
   # save before let the job resume (the driver now lets that save finish).
-  # Every VM reaches the bucket (as one with credentials would), and a
-  # preempted or deleted VM's disk goes, so the record must live there.
+  # Every VM and the driver reach the bucket (as ones with credentials
+  # would), and a preempted or deleted VM's disk goes, so the record must
+  # live there. A VM is killed 2 s into its shutdown here, so a save that
+  # has not ended 5 s after the driver saw the slice go never will.
   fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG='step 12/,eta=',
-                 FAKE_TPU_WORKER_ENV=json.dumps(gcs.env()))
+                 FAKE_TPU_WORKER_ENV=json.dumps(gcs.env()), **gcs.env())
   cleanup(fleet)
   url = 'gs://runs/babysat'
   result = fleet.run(*CREATE, '--spot', '--max_restarts=2', '--delete_after',
-                     '--poll_interval=1', '--', *BABYSAT,
-                     f'--workdir={url}', timeout=280)
+                     '--poll_interval=1', '--lost_slice_wait=5', '--',
+                     *BABYSAT, f'--workdir={url}', timeout=280)
   assert result.returncode == 0, result.output
   assert 'its disks go with the slice' not in result.stderr
+  assert 'cannot add the attempts' not in result.stderr, result.stderr
   assert result.stderr.count('the slice is lost under job test-job: queued '
                              'resource SUSPENDING; node(s) fleet-run '
                              'PREEMPTED') + result.stderr.count(
@@ -431,7 +433,7 @@ def test_two_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup,
   record = gcs.fetch_record(url, tmp_path / 'record')
   for rank in (0, 1):
     assert _fingerprint(record, rank) == _fingerprint(
-        tmp_path / 'straight'), 'the resumed job trained other bits'
+        probe_2x4_straight), 'the resumed job trained other bits'
   assert helpers.read_json(record / 'ranks' / 'rank_0.json')[
       'start_step'] > 12  # It resumed, not started over.
   steps = [r['step'] for r in helpers.read_jsonl(record / 'metrics.jsonl')]
@@ -459,6 +461,10 @@ def test_two_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup,
            **gcs.env()), capture_output=True, text=True, timeout=120,
       check=True).stdout
   assert '3 attempt(s)' in table and 'infra' in table, table
+  in_bucket = helpers.read_jsonl(record / 'logs' / 'attempts.jsonl')
+  assert [a['name'] for a in in_bucket
+          if (a.get('infrastructure') or {}).get('seconds', 0) > 0] == [
+              'test-job-a2', 'test-job-a3'], in_bucket
   assert len(list(record.glob('goodput/*/rank_*.json'))) == 3 * 2
 
 
