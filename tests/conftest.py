@@ -60,6 +60,10 @@ def pytest_collection_modifyitems(config, items):
   if problems:
     raise pytest.UsageError(
         f'the test tiers ({", ".join(TIERS)}): ' + '; '.join(problems))
+  from tests import pairs  # pylint: disable=g-import-not-at-top
+  for item in items:
+    if pairs.is_version_dependent(item.path.name, item.originalname):
+      item.add_marker(pytest.mark.versions)
 
 
 @pytest.fixture(autouse=True)
