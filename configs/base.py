@@ -47,14 +47,18 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   # 'pmap', or 'shard_map' (jit + jax.shard_map over a mesh of all devices):
   # the same step, the same pmean (runtime/parallelism/).
   config.parallelism = 'pmap'
-  # Examples per device in one forward and backward pass (0: no limit), and
-  # passes per device (0: as few as the limit allows). Beyond the limit
-  # the step accumulates gradients over microbatches, and a global batch
-  # that does not divide over the devices is padded with groups that never
-  # count (runtime/parallelism/microbatches.py). Neither changes what a
-  # step computes, only how: a run may resume with others.
+  # Examples per device in one forward and backward pass (0: no limit),
+  # passes per device (0: as few as the limit allows), or the examples of
+  # one pass exactly (0: chosen from the other two). Beyond the limit the
+  # step accumulates gradients over microbatches, and a global batch that
+  # does not divide over the devices is padded with groups that never count
+  # (runtime/parallelism/microbatches.py). None changes what a step
+  # computes, only how, except statistics over a pass (BatchNorm's), which
+  # microbatch_size keeps the same on any topology: a run may resume with
+  # others. Left at 0, an elastic job keeps its first attempt's pass size.
   config.device_batch_limit = 0
   config.microbatches = 0
+  config.microbatch_size = 0
   # Batches read and copied to the devices ahead of the step that needs them.
   config.prefetch = 2
   # Every integrity_every steps, each device's copy of the parameters is

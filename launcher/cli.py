@@ -11,7 +11,6 @@ pod of N such processes on this machine.
 
 import ast
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -28,7 +27,6 @@ from launcher import restart
 from launcher import usage
 from runtime.common import cluster
 from runtime.common import exit_codes
-from runtime.common import files
 from runtime.common import goodput
 from runtime.common import record_mirror
 from runtime.common import workload
@@ -109,7 +107,8 @@ _LEASE_TIMEOUT = flags.DEFINE_float(
     'since, is taken for the lease of a dead job and taken over.')
 _KILL_GRACE = flags.DEFINE_float(
     'kill_grace', 5,
-    'Local pod: seconds between SIGTERM and SIGKILL when tearing down.')
+    'Local pod: seconds between the SIGINT that stops the other ranks after '
+    'a failure (or the signal forwarded from a Ctrl-C) and SIGKILL.')
 _PREEMPTION_GRACE = flags.DEFINE_float(
     'preemption_grace', 120,
     'Local pod: seconds the ranks get, after a preemption notice, to save a '
@@ -292,6 +291,8 @@ def _make_pod(config: ConfigDict, workdir: str, job_id=None,
         num_processes=(capacity.take_back(time.monotonic()) if capacity
                        else num_processes),
         regrow_due=capacity.regrow_due if capacity else lambda now: False,
+        elastic_processes=((capacity.minimum, capacity.full) if capacity
+                           else None),
         local_devices=local_devices,
         workdir=workdir,
         rank_args=pod_passthrough_args(sys.argv[1:]),
@@ -337,15 +338,9 @@ def _retryable_exit_codes(config: ConfigDict
 def _report_goodput(workdir: str, shown_as: Optional[str] = None) -> None:
   """Rolls up the job's ledgers with the launcher's view of its attempts
   (in `workdir`, a local directory; `shown_as` names it for the reader)."""
-  result = goodput.write_rollup(workdir)
+  result = goodput.roll_up_into_summary(workdir)
   if result['goodput'] is None:
     return
-  path = os.path.join(workdir, 'summary.json')
-  if os.path.exists(path):
-    with open(path) as f:
-      summary = json.load(f)
-    summary['goodput'] = goodput.summary(result)
-    files.write_json(path, summary)
   print(f'[launcher] goodput {result["goodput"]:.3f}: '
         f'{result["parts"]["productive"]:.1f} s of productive steps in '
         f'{result["wall_s"]:.1f} s over {len(result["attempts"])} '

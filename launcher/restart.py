@@ -57,6 +57,9 @@ class Attempt(Protocol):
     infrastructure: {'seconds': ..., ...} when the attempt first had to
       bring its machines back (a TPU slice recreated after a preemption),
       which goodput counts as infrastructure recovery (optional).
+    furthest_step: the furthest step any process completed, or None
+      (optional: without it a resize is taken to have trained something
+      new).
   """
   attempt_name: Optional[str]
   launcher_signalled: bool
@@ -153,7 +156,9 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
     resize: (the attempt that ended, its exit code) -> a resize (`.kind`:
       'shrink', 'grow' or 'wait'; `.wait_s`) when an elastic job starts
       again on another number of processes (launcher/local/elastic.py),
-      which uses no restart; None for the usual rules.
+      which uses no restart unless the attempt trained no new step (then a
+      shrink or wait uses one, and ends the job when none are left); None
+      for the usual rules.
 
   A pod whose launcher itself got SIGINT or SIGTERM is not restarted: that
   stop came from whoever runs the launcher. A signal during a back-off ends
@@ -162,13 +167,21 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
   tally = Tally()
   attempt = 1
   launcher_started = goodput.process_start_time()
+  high_water = HighWater()
   while True:
     pod = start_pod(attempt)
     started = time.time()
     code = pod.run()
     kind = kind_of(code, retryable)
+    newly_productive = high_water.advanced_by(pod)
     resized = (None if kind == 'ok' or pod.launcher_signalled
                else resize(pod, code))
+    # A stop to grow is the launcher's own doing; a loss after an attempt
+    # that trained nothing new may be the same failure again.
+    bounded = (bool(resized) and resized.kind != 'grow' and
+               not newly_productive and not _resize_counted(
+                   resized.kind, code, high_water, max_restarts, tally, say))
+    resized = None if bounded else resized
     records.append_attempt(logs_dir, records.LauncherAttempt(
         attempt=attempt, exit_code=code, kind=kind,
         name=getattr(pod, 'attempt_name', None),
@@ -178,12 +191,14 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
         infrastructure=getattr(pod, 'infrastructure', None),
         resize=resized.kind if resized else None,
         processes=getattr(pod, 'num_processes', None)))
+    if bounded:
+      break
     if resized:
       tally.count_resize(resized.kind)
       wait = resized.wait_s
     else:
       wait = _restart_wait(pod, code, kind, max_restarts, first_backoff_s,
-                           tally, say)
+                           tally, say, newly_productive)
       if wait is None:
         break
     signalled = pending_signal() or _sleep_unless_signalled(wait)
@@ -200,9 +215,47 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
   return code
 
 
+class HighWater:
+  """The furthest step any attempt of this launch completed."""
+
+  def __init__(self):
+    self.step: Optional[int] = None
+
+  def advanced_by(self, pod: Attempt) -> bool:
+    """Whether `pod` completed a step past every attempt before it (True
+    when it cannot tell); keeps its furthest step."""
+    if not hasattr(pod, 'furthest_step'):
+      return True
+    furthest = pod.furthest_step
+    if furthest is None:
+      return False
+    advanced = self.step is None or furthest > self.step
+    self.step = furthest if advanced else self.step
+    return advanced
+
+
+def _resize_counted(what: str, code: int, high_water: HighWater,
+                    max_restarts: int, tally: Tally,
+                    say: Callable[[str], None]) -> bool:
+  """Counts against --max_restarts a resize after an attempt that trained
+  no new step (a failure that comes back at the same step on any number of
+  processes would otherwise resize forever); False when none are left."""
+  reached = ('no step' if high_water.step is None else
+             f'no step past {high_water.step}, reached before')
+  if tally.restarts >= max_restarts:
+    say(f'not starting again ({what}) after exit code {code}: the attempt '
+        f'trained {reached}, and --max_restarts={max_restarts} is used up')
+    return False
+  tally.restarts += 1
+  say(f'{what} after exit code {code} counted as restart {tally.restarts}/'
+      f'{max_restarts}: the attempt trained {reached}')
+  return True
+
+
 def _restart_wait(pod: Attempt, code: int, kind: str, max_restarts: int,
                   first_backoff_s: float, tally: Tally,
-                  say: Callable[[str], None]) -> Optional[float]:
+                  say: Callable[[str], None],
+                  newly_productive: bool = True) -> Optional[float]:
   """The back-off before the next attempt, counted in `tally`; None when
   the job ends here."""
   if kind == 'ok' or kind == 'final' or pod.launcher_signalled:
@@ -217,9 +270,11 @@ def _restart_wait(pod: Attempt, code: int, kind: str, max_restarts: int,
   tally.restarts += 1
   # Backing off is for a job that fails without training: one that made
   # progress before it failed (a sporadic SIGKILL, a preemption) restarts
-  # at once, however many restarts came before.
-  tally.unproductive = (0 if getattr(pod, 'progressed', False)
-                        else tally.unproductive + 1)
+  # at once, however many restarts came before. Steps trained again after
+  # a restore are no progress: a failure at the same step each time backs
+  # off.
+  progressed = getattr(pod, 'progressed', False) and newly_productive
+  tally.unproductive = 0 if progressed else tally.unproductive + 1
   wait = backoff_s(first_backoff_s, tally.unproductive + 1)
   what = ('a preemption' if kind == 'preempted'
           else f'retryable exit code {code}')

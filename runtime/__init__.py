@@ -12,6 +12,8 @@ A workload is a function `(config, workdir)` that builds a `Task` and calls
   parallelism                pmap or jit(shard_map), chosen by the config:
                              parallelism.from_config(config)
   progress                   progress.report(step), for a loop of one's own
+  dropout                    dropout(rng, rate, x) with a key per example,
+                             the same on any topology (runtime/randomness.py)
   fingerprint                fingerprint(tree), to compare processes
 
 Example:
@@ -33,8 +35,15 @@ import warnings
 
 __all__ = [
     'ArraySource', 'ConfigError', 'PodrunError', 'Task', 'TrainResult',
-    'evaluate', 'fingerprint', 'hooks', 'parallelism', 'progress', 'train',
+    'dropout', 'evaluate', 'fingerprint', 'hooks', 'parallelism', 'progress',
+    'train',
 ]
+
+# Python hides a DeprecationWarning raised outside __main__, so a workload's
+# author would never see that a name of ours goes in the next release:
+# show ours, once per place that uses an old name.
+warnings.filterwarnings('default', category=DeprecationWarning,
+                        message=r'(?s).*goes in the next release')
 
 # name -> (module, attribute); attribute None: the module itself.
 _EXPORTS = {
@@ -43,6 +52,7 @@ _EXPORTS = {
     'PodrunError': ('runtime.common.exit_codes', 'PodrunError'),
     'Task': ('runtime.training', 'Task'),
     'TrainResult': ('runtime.training', 'TrainResult'),
+    'dropout': ('runtime.randomness', 'dropout'),
     'evaluate': ('runtime.evaluation', 'evaluate'),
     'fingerprint': ('runtime.fingerprint', None),
     'hooks': ('runtime.hooks', None),

@@ -1,16 +1,21 @@
-"""A job's first per-device batch, kept as the limit of its later attempts.
+"""A job's first group size, kept by its later attempts.
 
 A job that loses processes trains the same global batch on fewer devices
-(runtime/parallelism/microbatches.py). Without `config.device_batch_limit`
-each device would then take more examples in one pass than on the first
-attempt, and a model that just fitted in a device's memory would run out of
-it. So the first attempt's examples per pass are written to
-WORKDIR/device_batch_limit.json, and a later attempt that names no limit
-takes them as its limit: it accumulates microbatches instead.
+(runtime/parallelism/microbatches.py). Left to choose, each device would
+then take more examples in one pass than on the first attempt, and a model
+that just fitted in a device's memory would run out of it; and a model with
+statistics over a group (BatchNorm) would compute them over other groups.
+So the first attempt's examples per pass (its group size m) are written to
+WORKDIR/device_batch_limit.json, and a later attempt whose config fixes
+none of device_batch_limit, microbatches and microbatch_size keeps m as its
+group size: on fewer devices it accumulates microbatches, on any number of
+devices the groups, and so the step, are the same. That costs no passes: on
+D devices no group of at most m examples needs fewer than
+ceil(G / m / D).
 
 Example:
-  >>> limit = batch_limit.device_batch_limit(config, workdir, num_devices=6)
-  >>> microbatches.plan(config.global_batch_size, 6, limit)
+  >>> size = batch_limit.first_group_size(config, workdir, num_devices=6)
+  >>> microbatches.plan(config.global_batch_size, 6, microbatch_size=size)
 """
 
 import json
@@ -50,23 +55,22 @@ def _first_or_new(workdir: str, global_batch_size: int,
   return layout.microbatch_size
 
 
-def device_batch_limit(config: ConfigDict, workdir: str,
-                       num_devices: int) -> Optional[int]:
-  """The most examples a device takes in one pass in this attempt.
+def first_group_size(config: ConfigDict, workdir: str,
+                     num_devices: int) -> Optional[int]:
+  """The group size of this attempt, as the job's first attempt chose it.
 
   Args:
-    config: the job's config; its device_batch_limit wins when set, and
-      with config.microbatches set nothing is remembered (the user steers).
-    workdir: where the first attempt's limit is kept.
+    config: the job's config; when it sets device_batch_limit, microbatches
+      or microbatch_size, the user steers and nothing is remembered (None).
+    workdir: where the first attempt's group size is kept.
     num_devices: every device of this attempt.
 
   Returns:
-    The limit, the same on every process (process 0 reads or writes it),
-    or None.
+    The group size, the same on every process (process 0 reads or writes
+    it), or None.
   """
-  if config.get('device_batch_limit'):
-    return config.device_batch_limit
-  if config.get('microbatches'):
+  if any(config.get(f) for f in ('device_batch_limit', 'microbatches',
+                                 'microbatch_size')):
     return None
   def make() -> str:
     return str(_first_or_new(workdir, config.global_batch_size, num_devices))

@@ -1,17 +1,22 @@
 """Exact evaluation over every device of every process.
 
 Every example of the evaluation set is scored exactly once: the set is cut
-into global batches of `global_batch_size` ids; the last batch is padded with
-copies of example 0 whose mask is 0; each process takes its slice of every
-global batch (so every process runs the same number of eval steps, which the
-collectives need) and splits it over its devices. Each step psums, over all
-devices, the masked sums of the per-example metrics and the number of real
-examples, so the result is weighted by examples, not by batches or devices.
+into eval steps of `global_batch_size` ids (fewer where a device batch limit
+asks), and each step's rows are padded up to a multiple of the device count
+with copies of example 0 whose mask is 0, as training pads its global batch
+with groups that never count. So `eval_batch_size` need not divide the
+devices of any topology an elastic job runs on. Each process takes its slice
+of every step's rows (so every process runs the same number of eval steps,
+which the collectives need) and splits it over its devices. Each step psums,
+over all devices, the masked sums of the per-example metrics and the number
+of real examples, so the result is weighted by examples, not by batches,
+devices or padding.
 """
 
+import dataclasses
 import functools
 import math
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 from jax import lax
@@ -25,35 +30,75 @@ from runtime import parallelism as parallelism_lib
 MetricFn = Callable[[Any, Any], dict[str, jax.Array]]
 
 
-def eval_batches(num_examples: int, global_batch_size: int,
+@dataclasses.dataclass(frozen=True)
+class EvalLayout:
+  """How one eval step's examples sit on the devices.
+
+  Attributes:
+    examples: real examples per eval step (the last step may have fewer).
+    rows: examples plus padding, a multiple of the device count.
+  """
+  examples: int
+  rows: int
+
+
+def plan(global_batch_size: int, num_devices: int,
+         device_batch_limit: Optional[int] = None) -> EvalLayout:
+  """The eval step's layout on `num_devices` devices.
+
+  Args:
+    global_batch_size: config.eval_batch_size, examples per eval step.
+    num_devices: every device of every process.
+    device_batch_limit: the most rows a device takes in one pass
+      (config.device_batch_limit; None or 0: no limit); an eval step then
+      takes at most num_devices x the limit examples.
+
+  Example:
+    >>> plan(1024, 48)     # 1024 do not divide over 48 devices
+    EvalLayout(examples=1024, rows=1056)
+    >>> plan(1024, 8, device_batch_limit=64)
+    EvalLayout(examples=512, rows=512)
+  """
+  if global_batch_size <= 0 or num_devices <= 0:
+    raise parallelism_lib.BatchSizeError(
+        f'eval batch size {global_batch_size} over {num_devices} devices: '
+        'both must be positive (config.eval_batch_size)')
+  examples = global_batch_size
+  if device_batch_limit:
+    examples = min(examples, num_devices * device_batch_limit)
+  return EvalLayout(examples, num_devices * math.ceil(examples / num_devices))
+
+
+def eval_batches(num_examples: int, layout: EvalLayout,
                  process_index: int, process_count: int
                  ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-  """Yields this process's (ids, mask) for each global eval batch.
+  """Yields this process's (ids, mask) for each eval step.
 
   Args:
     num_examples: size of the evaluation set.
-    global_batch_size: examples per eval step over all devices.
+    layout: the eval step's examples and rows (`plan`).
     process_index, process_count: this process and how many there are.
 
   Yields:
-    ids: (global_batch_size // process_count,) int64, padding ids are 0.
+    ids: (layout.rows // process_count,) int64, padding ids are 0.
     mask: same shape, float32, 1 for a real example and 0 for padding.
 
   Example:
-    >>> [m.sum() for _, m in eval_batches(10, 4, 0, 1)]
+    >>> [m.sum() for _, m in eval_batches(10, plan(4, 3), 0, 1)]
     [4.0, 4.0, 2.0]
   """
-  for start in range(0, num_examples, global_batch_size):
-    ids = np.arange(start, start + global_batch_size, dtype=np.int64)
-    mask = (ids < num_examples).astype(np.float32)
+  part = parallelism_lib.process_rows(layout.rows, process_index,
+                                      process_count)
+  for start in range(0, num_examples, layout.examples):
+    ids = np.arange(start, start + layout.rows, dtype=np.int64)
+    real = min(start + layout.examples, num_examples)
+    mask = (ids < real).astype(np.float32)
     ids = np.where(mask > 0, ids, 0)
-    part = parallelism_lib.process_rows(global_batch_size, process_index,
-                                        process_count)
     yield ids[part], mask[part]
 
 
-def num_eval_steps(num_examples: int, global_batch_size: int) -> int:
-  return math.ceil(num_examples / global_batch_size)
+def num_eval_steps(num_examples: int, layout: EvalLayout) -> int:
+  return math.ceil(num_examples / layout.examples)
 
 
 @functools.lru_cache(maxsize=8)
@@ -103,7 +148,8 @@ def _sum(x):
 
 def evaluate(params: Any, metric_fn: MetricFn, source: Any,
              global_batch_size: int,
-             parallelism: parallelism_lib.Parallelism) -> dict[str, float]:
+             parallelism: parallelism_lib.Parallelism,
+             device_batch_limit: Optional[int] = None) -> dict[str, float]:
   """Scores every example once; returns example-weighted means.
 
   Args:
@@ -112,8 +158,9 @@ def evaluate(params: Any, metric_fn: MetricFn, source: Any,
     metric_fn: per-example metrics of one device's batch.
     source: the evaluation set, a data source as `runtime.data.read_batch`
       reads one.
-    global_batch_size: examples per eval step; must divide over the devices.
+    global_batch_size: examples per eval step, on any number of devices.
     parallelism: as the parameters were placed.
+    device_batch_limit: the most rows a device takes in one pass (`plan`).
 
   Returns:
     {name: sum over examples / num_examples, ..., 'num_examples': int}.
@@ -123,14 +170,12 @@ def evaluate(params: Any, metric_fn: MetricFn, source: Any,
     {'accuracy': 0.97..., 'loss': 0.09..., 'num_examples': 10001}
   """
   process_index, process_count = jax.process_index(), jax.process_count()
-  local_devices = jax.local_device_count()
-  parallelism_lib.per_device_batch_size(global_batch_size, process_count,
-                                 local_devices)
+  layout = plan(global_batch_size, jax.device_count(), device_batch_limit)
   step = make_eval_step(metric_fn, parallelism)
   num_examples = len(source)
   totals = None
-  for ids, mask in eval_batches(num_examples, global_batch_size,
-                                process_index, process_count):
+  for ids, mask in eval_batches(num_examples, layout, process_index,
+                                process_count):
     batch = data_lib.read_batch(source, ids)
     sums = step(params, *parallelism.put_batch((batch, mask)))
     # float64 on host: float32 would lose counts beyond 2**24 examples.

@@ -21,6 +21,14 @@ complete: a SIGKILL during a save leaves the previous copy, and the torn one
 is removed at the next start. Copies other jobs left behind are removed at
 start when no run can use them (runtime/local_leftovers.py).
 
+A process writes under its current index, but restores from any copy of
+the job on its own disk, whatever index wrote it: an elastic job renumbers
+its processes when it shrinks or grows (a survivor of slice 1 may be
+process 0 next), and its disk still holds what it wrote before. Each
+directory names the attempt that last wrote into it (`.attempt`), so that
+at a successful end a process removes, besides its own, the directories an
+earlier attempt's numbering left on its disk.
+
 Why not orbax here: its numpy handler writes arrays on process 0 only, so a
 per-process CheckpointManager (active_processes={i}) of host arrays leaves
 every other process's copy without its arrays (measured with orbax 0.12.8).
@@ -53,6 +61,8 @@ from runtime import local_cadence
 from runtime import local_leftovers
 
 JOB_ID_FILE = '.podrun_local_tier_id'
+RANK_PREFIX = 'rank_'
+_ATTEMPT_FILE = '.attempt'
 _STEP_PREFIX = 'step_'
 _TMP_PREFIX = '.tmp_step_'
 _JOB_ID_KEY = 'podrun/local_tier_id'
@@ -111,9 +121,10 @@ def open_for(config: ConfigDict, persistent_dir: str
   index = client.process_index if client is not None else 0
   _sweep_leftovers(config, root, jid, index)
   local_leftovers.write_owner(os.path.join(root, jid), persistent_dir)
-  return LocalCheckpoints(os.path.join(root, jid, f'rank_{index}'),
+  return LocalCheckpoints(os.path.join(root, jid, f'{RANK_PREFIX}{index}'),
                           every=config.local_checkpoint_every,
-                          keep=config.keep_local_checkpoints, cadence=cadence)
+                          keep=config.keep_local_checkpoints, cadence=cadence,
+                          attempt=os.environ.get(env_vars.ATTEMPT, ''))
 
 
 def _sweep_leftovers(config: ConfigDict, root: str, jid: str,
@@ -139,32 +150,58 @@ class LocalCheckpoints:
   """
 
   def __init__(self, path: str, every: int, keep: int = 2,
-               cadence: Optional[local_cadence.Cadence] = None):
+               cadence: Optional[local_cadence.Cadence] = None,
+               attempt: str = ''):
     if keep < 1:
       raise ValueError(f'config.keep_local_checkpoints={keep}; keep at '
                        'least 1')
     self.path, self.every, self.keep = path, every, keep
+    self.attempt = attempt
     self.cadence = cadence or local_cadence.Cadence(every_steps=every)
     self._thread: Optional[threading.Thread] = None
     os.makedirs(path, exist_ok=True)
     for name in os.listdir(path):
       if name.startswith(_TMP_PREFIX):  # A save cut short.
         shutil.rmtree(os.path.join(path, name), ignore_errors=True)
+    with open(os.path.join(path, _ATTEMPT_FILE), 'w') as f:
+      f.write(attempt)
 
   def due(self, step: int) -> bool:
     """Whether a cadence in steps copies `step` (see `cadence`)."""
     return self.every > 0 and step % self.every == 0
 
   def steps(self) -> list[int]:
-    """The complete copies' steps, oldest first."""
-    out = []
-    for name in os.listdir(self.path):
-      if name.startswith(_STEP_PREFIX) and name[len(_STEP_PREFIX):].isdigit():
-        out.append(int(name[len(_STEP_PREFIX):]))
-    return sorted(out)
+    """The complete copies' steps in this process's directory, oldest
+    first."""
+    return _steps_in(self.path)
+
+  def _siblings(self) -> list[str]:
+    """The job's other directories on this disk (other indices)."""
+    parent = os.path.dirname(self.path)
+    try:
+      names = os.listdir(parent)
+    except OSError:
+      return []
+    return [os.path.join(parent, n) for n in sorted(names)
+            if n.startswith(RANK_PREFIX) and
+            os.path.join(parent, n) != self.path]
+
+  def held(self) -> dict[int, str]:
+    """{step: directory} of every complete copy of the job on this disk,
+    this process's own first, then any other index's."""
+    found: dict[int, str] = {}
+    for directory in [self.path] + self._siblings():
+      for step in _steps_in(directory):
+        found.setdefault(step, directory)
+    return dict(sorted(found.items()))
 
   def _dir(self, step: int) -> str:
     return os.path.join(self.path, f'{_STEP_PREFIX}{step}')
+
+  def _held_dir(self, step: int) -> str:
+    """The copy of `step` on this disk: this process's, else another's."""
+    return os.path.join(self.held().get(step, self.path),
+                        f'{_STEP_PREFIX}{step}')
 
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
     """Starts writing `state` (host arrays) as step `step`; returns at once.
@@ -197,7 +234,7 @@ class LocalCheckpoints:
       shutil.rmtree(tmp, ignore_errors=True)
 
   def meta(self, step: int) -> dict[str, Any]:
-    with open(os.path.join(self._dir(step), 'meta.json')) as f:
+    with open(os.path.join(self._held_dir(step), 'meta.json')) as f:
       return json.load(f)
 
   def load(self, step: int, like: Any) -> Any:
@@ -206,7 +243,7 @@ class LocalCheckpoints:
     Raises:
       KeyError: when the copy lacks an array of `like`.
     """
-    with np.load(os.path.join(self._dir(step), 'state.npz')) as saved:
+    with np.load(os.path.join(self._held_dir(step), 'state.npz')) as saved:
       arrays = {k: saved[k] for k in saved.files}
     paths, treedef = jax.tree_util.tree_flatten_with_path(like)
     return jax.tree_util.tree_unflatten(
@@ -225,9 +262,14 @@ class LocalCheckpoints:
       shutil.rmtree(self._dir(step), ignore_errors=True)
 
   def remove(self) -> None:
-    """Removes every copy (the job ended well: they are not needed)."""
+    """Removes every copy (the job ended well: they are not needed): this
+    process's, and those an earlier attempt's numbering left on this disk
+    (another process of this attempt removes its own)."""
     self.wait()
     shutil.rmtree(self.path, ignore_errors=True)
+    for sibling in self._siblings():
+      if _attempt_of(sibling) != self.attempt:
+        shutil.rmtree(sibling, ignore_errors=True)
     parent = os.path.dirname(self.path)
     try:
       if set(os.listdir(parent)) <= {local_leftovers.OWNER_FILE}:
@@ -235,3 +277,22 @@ class LocalCheckpoints:
         shutil.rmtree(parent, ignore_errors=True)
     except OSError:
       pass
+
+
+def _steps_in(directory: str) -> list[int]:
+  """The complete copies' steps in one process's directory, oldest first."""
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return []
+  return sorted(int(n[len(_STEP_PREFIX):]) for n in names
+                if n.startswith(_STEP_PREFIX) and
+                n[len(_STEP_PREFIX):].isdigit())
+
+
+def _attempt_of(directory: str) -> Optional[str]:
+  try:
+    with open(os.path.join(directory, _ATTEMPT_FILE)) as f:
+      return f.read()
+  except OSError:
+    return None

@@ -1,7 +1,8 @@
 """Where a run resumes from: the newest copy of the state anywhere in the job.
 
 At start every process says, through the coordination service, which steps
-its local tier holds (runtime/local_checkpoint.py); process 0 adds the
+the local tier on its disk holds, whatever process index wrote them
+(runtime/local_checkpoint.py); process 0 adds the
 persistent tier's latest (runtime/checkpoint.py). All of them then take the
 same decision (`plan`, a pure function):
 
@@ -143,16 +144,18 @@ def broadcast(state: Any, is_source: bool) -> Any:
 
 def check_local(local: local_checkpoint.LocalCheckpoints, config: ConfigDict,
                 like: Any, num_examples: int) -> list[int]:
-  """This process's restorable local steps, after checking the newest.
+  """The steps this process can restore from its own disk (whatever index
+  wrote them), after checking the newest.
 
   Raises:
     CheckpointError: when the newest copy was made by a different run or on
       other data, naming the difference.
   """
-  steps = local.steps()
+  held = local.held()
+  steps = list(held)
   if steps:
     meta = local.meta(steps[-1])
-    where = f'the local copy {local.path} (step {steps[-1]})'
+    where = f'the local copy {held[steps[-1]]} (step {steps[-1]})'
     checkpoint_meta.check_restorable(meta, config, like, where)
     checkpoint_meta.check_same_data(meta, num_examples, steps[-1], where)
   return steps

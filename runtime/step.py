@@ -19,6 +19,7 @@ import optax
 from runtime.common import exit_codes
 from runtime import parallelism as parallelism_lib
 from runtime.parallelism import microbatches as microbatches_lib
+from runtime import randomness
 from runtime import structure
 
 # The mesh / pmap axis that spans every device of every process.
@@ -170,7 +171,8 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
 
   def counted(group, j):
     index = first + j
-    extra = (jax.random.fold_in(step_rng, index),) if uses_rng else ()
+    extra = ((randomness.example_keys(step_rng, index * m, m),) if uses_rng
+             else ())
     out = _group_values(loss_fn, state, group, extra, has_model_state)
     real = index < layout.real_groups
     return jax.tree_util.tree_map(
@@ -209,17 +211,17 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     loss_fn: see `LossFn`.
     optimizer: an optax transformation.
     parallelism: `parallelism.PMAP` or `parallelism.SHARD_MAP`.
-    uses_rng: pass loss_fn a last argument, a PRNG key that differs per
-      device and per step (for dropout and the like).
+    uses_rng: pass loss_fn a last argument, uint32 (n, 2): a PRNG key for
+      each of its n examples, from the step and the example's position in
+      the global batch (runtime/randomness.py), so that an example draws
+      the same numbers on any topology and in any microbatch.
     has_model_state: loss_fn takes and returns model state (see `LossFn`);
       its float leaves are averaged over the devices after every step.
     layout: how the step's examples sit on the devices
       (`parallelism.microbatches.plan`); None or one microbatch of G / D
       without padding: each device computes its share in one pass. Else
       each device runs its k groups one after another and the step
-      averages over the real groups (see `_accumulated`); a group's rng is
-      folded from its global index, so the same groups draw the same
-      numbers on any topology.
+      averages over the real groups (see `_accumulated`).
 
   Returns:
     step(state, batch) with state a replicated `TrainState` and batch placed
@@ -241,7 +243,9 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     if one_pass:  # The step of before accumulation, bit for bit.
       extra = ()
       if uses_rng:
-        extra = (jax.random.fold_in(step_rng, lax.axis_index(_AXIS)),)
+        rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
+        extra = (randomness.example_keys(
+            step_rng, lax.axis_index(_AXIS) * rows, rows),)
       metrics, model_state, grads = lax.pmean(_group_values(
           loss_fn, state, batch, extra, has_model_state), _AXIS)
     else:

@@ -22,6 +22,7 @@ import os
 from typing import Any, Callable, Optional, Sequence
 import warnings
 
+from absl import logging
 import jax
 from ml_collections import ConfigDict
 import optax
@@ -30,6 +31,7 @@ from runtime import agreement
 from runtime import batch_limit
 from runtime import checkpoint
 from runtime import checkpoint_meta
+from runtime.common import env_vars
 from runtime.common import goodput
 from runtime import coordination
 from runtime import data as data_lib
@@ -69,8 +71,11 @@ class Task:
     model_state: the model's variables besides params that the forward pass
       updates, such as Flax's `batch_stats`; float leaves, kept identical on
       every device by a pmean after every step. None: the model has none.
-    loss_uses_rng: pass loss_fn a last argument, a PRNG key that differs per
-      device and per step; it comes from the checkpointed state, so a
+    loss_uses_rng: pass loss_fn a last argument, uint32 (n, 2): a PRNG key
+      for each of its n examples, from the step and the example's position
+      in the global batch, so an example draws the same numbers on any
+      topology and microbatching (`runtime.dropout(rng, rate, x)` drops
+      per example); the step's key comes from the checkpointed state, so a
       resumed run draws the same keys.
     eval_fn: optional `(params, model_state) -> {name: value}`, run on
       every process every config.eval_every steps and at the end with the
@@ -206,16 +211,62 @@ def _step_fn(task: Task, par, layout: microbatches.Layout) -> Callable:
       coordination.current()))
 
 
-def plan_layout(config: ConfigDict, topo, workdir: Optional[str] = None
-                ) -> microbatches.Layout:
+def plan_layout(config: ConfigDict, topo, workdir: Optional[str] = None,
+                has_model_state: bool = False) -> microbatches.Layout:
   """How each step's global batch sits on this job's devices; with a
-  workdir, no device takes more examples a pass than on the job's first
-  attempt (runtime/batch_limit.py)."""
+  workdir and nothing fixed by the config, in the group size of the job's
+  first attempt (runtime/batch_limit.py)."""
   num_devices = topo.process_count * topo.local_device_count
-  limit = (batch_limit.device_batch_limit(config, workdir, num_devices)
-           if workdir is not None else config.get('device_batch_limit'))
-  return microbatches.plan(config.global_batch_size, num_devices,
-                           limit or None, config.get('microbatches') or None)
+  size = config.get('microbatch_size') or None
+  if workdir is not None and size is None:
+    size = batch_limit.first_group_size(config, workdir, num_devices)
+  limits = (config.get('device_batch_limit') or None,
+            config.get('microbatches') or None, size)
+  sizes = check_elastic_layouts(config.global_batch_size,
+                                topo.local_device_count, limits)
+  if has_model_state and len(sizes) > 1 and topo.process_index == 0:
+    logging.warning(
+        'the model state (BatchNorm\'s statistics) is computed over groups '
+        'of %s examples depending on how many processes this elastic job '
+        'runs on: set config.microbatch_size to one of them to keep the '
+        'groups, and the step, the same', sorted(sizes))
+  return microbatches.plan(config.global_batch_size, num_devices, *limits)
+
+
+def check_elastic_layouts(global_batch_size: int, local_device_count: int,
+                          limits: tuple, elastic: Optional[str] = None
+                          ) -> set[int]:
+  """Refuses, before step 1, a config that one of the process counts an
+  elastic job may run on (env_vars.ELASTIC_PROCESSES, "K-P") cannot lay out.
+
+  Args:
+    global_batch_size: G.
+    local_device_count: each process's devices (hosts are alike).
+    limits: (device_batch_limit, microbatches, microbatch_size) as
+      `microbatches.plan` takes them.
+    elastic: "K-P"; None reads the environment.
+
+  Returns:
+    The group sizes those layouts have (empty when the job is not elastic).
+
+  Raises:
+    LayoutError: naming the process count, the devices and why.
+  """
+  elastic = elastic or os.environ.get(env_vars.ELASTIC_PROCESSES)
+  if not elastic:
+    return set()
+  fewest, most = (int(n) for n in elastic.split('-'))
+  sizes = set()
+  for processes in range(fewest, most + 1):
+    try:
+      sizes.add(microbatches.plan(
+          global_batch_size, processes * local_device_count,
+          *limits).microbatch_size)
+    except microbatches.LayoutError as e:
+      raise microbatches.LayoutError(
+          f'this elastic job may run on {fewest} to {most} processes, and '
+          f'on {processes} x {local_device_count} devices: {e}') from None
+  return sizes
 
 
 def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
@@ -244,7 +295,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     Preempted: after saving, on a preemption notice.
   """
   topo = topology_lib.current()
-  layout = plan_layout(config, topo, workdir)
+  layout = plan_layout(config, topo, workdir, task.model_state is not None)
   in_flight_limit = max_steps_in_flight(config, topo.platform)
   par = parallelism_lib.from_config(config)
   step_fn = _step_fn(task, par, layout)

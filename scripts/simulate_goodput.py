@@ -152,7 +152,8 @@ def main(argv=None) -> int:
   parser.add_argument('--days', type=float, default=30)
   parser.add_argument('--trials', type=int, default=20)
   parser.add_argument('--seed', type=int, default=0)
-  # Measured here (BUILD_NOTES.md, "Elastic jobs").
+  # Measured here (BUILD_NOTES.md, "Elastic jobs"); `_ASSUMED` says which
+  # of the others are guesses.
   parser.add_argument('--restart_s', type=float, default=15.0)
   parser.add_argument('--shrink_s', type=float, default=14.0)
   parser.add_argument('--grow_s', type=float, default=7.3)
@@ -164,10 +165,41 @@ def main(argv=None) -> int:
   args.preemptions_per_day = _floats(args.preemptions_per_day)
   costs = Costs(args.restart_s, args.shrink_s, args.grow_s, args.recreate_s,
                 args.local_every_s / 2, args.hard_fraction)
-  print(f'{costs}; capacity wait mean {args.capacity_wait_s:g} s; '
-        f'{args.days:g} days x {args.trials} trials')
+  print('\n'.join(describe_inputs(args)))
+  print(f'{args.days:g} days x {args.trials} trials')
   print('\n'.join(table(args, costs)))
   return 0
+
+
+# Which inputs this project measured, and where; the rest are assumptions.
+_MEASURED = {
+    'restart_s': 'measured: a local pod\'s restart (BUILD_NOTES.md, '
+                 '"Elastic data parallelism", scripts/benchmark_elastic.py)',
+    'shrink_s': 'measured: the same, a shrink',
+    'grow_s': 'measured: the same, a growth',
+}
+_ASSUMED = {
+    'recreate_s': 'assumed: Cloud TPU\'s delete, create and set-up (the '
+                  'emulated one takes 4 to 6 s here)',
+    'local_every_s': 'assumed: the local tier\'s cadence in seconds',
+    'hard_fraction': 'assumed: the losses whose notice does not reach the '
+                     'job',
+    'preemptions_per_day': 'assumed: Cloud TPU publishes no spot rate',
+    'capacity_wait_s': 'assumed: the mean wait for capacity',
+    'min_fraction': 'chosen: the elastic job\'s fewest slices, a share',
+}
+
+
+def describe_inputs(args) -> list[str]:
+  """One line per input: its value, and whether it was measured here or
+  is an assumption."""
+  lines = []
+  for name, why in {**_MEASURED, **_ASSUMED}.items():
+    value = getattr(args, name)
+    shown = (','.join(f'{v:g}' for v in value) if isinstance(value, list)
+             else f'{value:g}')
+    lines.append(f'--{name}={shown}: {why}')
+  return lines
 
 
 if __name__ == '__main__':

@@ -176,6 +176,22 @@ def pytest_configure(config):
         'initialised JAX before tests/conftest.py set XLA_FLAGS.')
 
 
+def pytest_terminal_summary(terminalreporter):
+  """Names the tests over tests/budget.SLOW_S that do not say why."""
+  from tests import budget  # pylint: disable=g-import-not-at-top
+  durations = {}
+  for reports in terminalreporter.stats.values():
+    for report in reports:
+      if getattr(report, 'when', None) == 'call':
+        durations[report.nodeid] = report.duration
+  slow = budget.unexplained(durations, terminalreporter.config.rootpath)
+  if slow:
+    terminalreporter.section('tests over the budget that do not say why')
+    terminalreporter.write_line(
+        f'over {budget.SLOW_S:g} s without a docstring saying why (README, '
+        'Tests): ' + '; '.join(slow))
+
+
 def pytest_unconfigure(config):
   del config
   for directory in _CACHE_DIR:

@@ -18,6 +18,7 @@ Example:
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -151,19 +152,27 @@ class FakeGcs:
 
 
 class SlowProxy:
-  """The bucket behind a delay: every request to it waits `delay_s` first,
-  as a distant bucket's round trip does (127.0.0.1 only).
+  """The bucket behind a layer on 127.0.0.1: every request waits `delay_s`
+  first, as a distant bucket's round trip does; with
+  `enforce_preconditions`, every write and delete that names
+  `ifGenerationMatch` is refused with 412 unless the object is that
+  generation (0: absent), as Cloud Storage does and fake-gcs-server does
+  not for a delete. Requests then run one at a time, so a check and the
+  change it guards are one step.
 
   Example:
     >>> with SlowProxy(gcs.url, delay_s=0.1) as slow:
     ...   env = {**gcs.env(), **slow.env()}
   """
 
-  def __init__(self, target_url: str, delay_s: float):
+  def __init__(self, target_url: str, delay_s: float = 0.0,
+               enforce_preconditions: bool = False):
     import http.server  # pylint: disable=g-import-not-at-top
     import threading  # pylint: disable=g-import-not-at-top
     target = urllib.parse.urlsplit(target_url)
     proxy = self
+    self.refused = 0
+    lock = threading.Lock() if enforce_preconditions else None
 
     class Handler(http.server.BaseHTTPRequestHandler):
       protocol_version = 'HTTP/1.1'
@@ -171,21 +180,9 @@ class SlowProxy:
       def log_message(self, *args):
         del args
 
-      def _forward(self):
-        import http.client  # pylint: disable=g-import-not-at-top
-        time.sleep(delay_s)
-        length = int(self.headers.get('Content-Length') or 0)
-        body = self.rfile.read(length) if length else None
-        connection = http.client.HTTPConnection(target.hostname, target.port,
-                                                timeout=60)
-        headers = {k: v for k, v in self.headers.items()
-                   if k.lower() not in ('host', 'connection')}
-        connection.request(self.command, self.path, body=body,
-                           headers=headers)
-        response = connection.getresponse()
-        data = response.read()
-        self.send_response(response.status)
-        for key, value in response.getheaders():
+      def _send(self, status, headers, data):
+        self.send_response(status)
+        for key, value in headers:
           if key.lower() in ('transfer-encoding', 'connection',
                              'content-length'):
             continue
@@ -193,7 +190,26 @@ class SlowProxy:
         self.send_header('Content-Length', str(len(data)))
         self.end_headers()
         self.wfile.write(data)
-        connection.close()
+
+      def _forward(self):
+        time.sleep(delay_s)
+        length = int(self.headers.get('Content-Length') or 0)
+        body = self.rfile.read(length) if length else None
+        headers = {k: v for k, v in self.headers.items()
+                   if k.lower() not in ('host', 'connection')}
+        if lock is None:
+          self._send(*_request(target, self.command, self.path, body,
+                               headers))
+          return
+        with lock:
+          if _precondition_fails(target, self.command, self.path, body):
+            proxy.refused += 1
+            self._send(412, [('Content-Type', 'application/json')], json.dumps(
+                {'error': {'code': 412, 'message': 'conditionNotMet'}}
+            ).encode())
+            return
+          self._send(*_request(target, self.command, self.path, body,
+                               headers))
 
       do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _forward
 
@@ -214,3 +230,40 @@ class SlowProxy:
   def __exit__(self, *exc_info) -> None:
     self._server.shutdown()
     self._server.server_close()
+
+
+def _request(target, method: str, path: str, body, headers):
+  """(status, headers, body) of one request to the emulator."""
+  import http.client  # pylint: disable=g-import-not-at-top
+  connection = http.client.HTTPConnection(target.hostname, target.port,
+                                          timeout=60)
+  try:
+    connection.request(method, path, body=body, headers=headers or {})
+    response = connection.getresponse()
+    return response.status, response.getheaders(), response.read()
+  finally:
+    connection.close()
+
+
+def _precondition_fails(target, method: str, path: str,
+                        body: Optional[bytes]) -> bool:
+  """Whether a write or delete names an ifGenerationMatch the object is
+  not (its generation, 0 when absent, asked of the emulator)."""
+  parts = urllib.parse.urlsplit(path)
+  query = urllib.parse.parse_qs(parts.query)
+  if method == 'GET' or 'ifGenerationMatch' not in query:
+    return False
+  if parts.path.startswith('/upload/'):
+    bucket = parts.path.split('/b/', 1)[1].split('/', 1)[0]
+    # A media upload names the object in the query, a multipart one in
+    # its metadata part.
+    name = (query['name'][0] if 'name' in query else json.loads(re.search(
+        rb'\{[^{}]*"name"[^{}]*\}', body or b'').group(0))['name'])
+  else:
+    bucket, _, name = parts.path.split('/b/', 1)[1].partition('/o/')
+    name = urllib.parse.unquote(name)
+  status, _, data = _request(
+      target, 'GET', f'/storage/v1/b/{bucket}/o/'
+      f'{urllib.parse.quote(name, safe="")}', None, None)
+  current = int(json.loads(data)['generation']) if status == 200 else 0
+  return current != int(query['ifGenerationMatch'][0])

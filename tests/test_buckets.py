@@ -94,6 +94,8 @@ def _bucket_steps(gcs, name: str) -> list[int]:
 
 def test_a_preempted_job_on_a_bucket_workdir_resumes_with_one_record(
     gcs, tmp_path, straight):
+  """About 25-35 s: two 2 x 4 attempts on two "machines" against the
+  emulator."""
   # The whole workdir in the bucket, each run on a "machine" of its own:
   # the first machine's copy of the record is deleted before the second
   # run, as a preempted VM's disk is.
@@ -197,6 +199,8 @@ def test_a_sigkill_restores_locally_with_the_persistent_tier_in_the_bucket(
 
 def test_the_bucket_gone_mid_run_names_it_and_the_next_run_resumes(
     gcs, tmp_path, straight):
+  """About 40 s: the watchdog must see a save hang past its learned
+  deadline, then a second run resumes; both against the emulator."""
   # Rank 0 pauses 6 s at step 25, after the checkpoint of step 20; the
   # bucket goes meanwhile, so the save of step 30 cannot reach it.
   # No local tier: the resume must come from the bucket's checkpoints.

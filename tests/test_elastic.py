@@ -7,6 +7,8 @@ import pytest
 from launcher import restart
 from launcher.local import elastic
 from runtime import batch_limit
+from runtime import training
+from runtime.parallelism import microbatches
 from runtime.common import records
 
 pytestmark = pytest.mark.unit
@@ -44,9 +46,11 @@ def test_which_exits_are_lost_hosts():
 
 class _Pod:
   def __init__(self, code, fault_code=None, progressed=True, regrew=False,
-               processes=4):
+               processes=4, furthest_step=None):
     self.code, self.progressed, self.regrew = code, progressed, regrew
     self.num_processes = processes
+    if furthest_step is not None:
+      self.furthest_step = furthest_step
     self.fault = (records.Fault(at=0, detected=0, rank=3,
                                 exit_code=fault_code)
                   if fault_code else None)
@@ -78,6 +82,62 @@ def test_shrinks_and_growths_use_no_restart(tmp_path, capsys):
       ('shrink', 4), ('grow', 3), (None, 4)]
 
 
+@pytest.mark.parametrize('max_restarts', [0, 2])
+def test_a_loss_at_the_same_step_each_time_ends_after_the_bound(
+    tmp_path, max_restarts):
+  # Rank 3 dies 137 at step 40 on any number of processes: the first loss
+  # shrinks (steps 1-39 were new), and every later one, which only trained
+  # again up to 39, uses a restart.
+  capacity = elastic.Capacity(full=8, minimum=2, regrow_after_s=1e9)
+  attempts = []
+
+  def start(attempt):
+    attempts.append(attempt)
+    return _Pod(137, 137, furthest_step=39)
+
+  said = []
+  code = restart.run(
+      start, max_restarts=max_restarts, first_backoff_s=0, retryable=(),
+      logs_dir=str(tmp_path), say=said.append,
+      resize=elastic.resize_after(capacity, (), said.append))
+  assert code == 137
+  assert attempts == list(range(1, max_restarts + 3))
+  assert any(f'--max_restarts={max_restarts} is used up' in line
+             for line in said), said
+  assert ('shrink after exit code 137 counted as restart 1/2: the attempt '
+          'trained no step past 39, reached before' in said) == (
+              max_restarts == 2)
+  kept = records.read_attempts(str(tmp_path / 'attempts.jsonl'))
+  assert [a.resize for a in kept] == ['shrink'] * (max_restarts + 1) + [None]
+
+
+def test_losses_that_each_train_new_steps_shrink_freely(tmp_path):
+  capacity = elastic.Capacity(full=4, minimum=2, regrow_after_s=1e9)
+  pods = iter([_Pod(137, 137, furthest_step=10),
+               _Pod(137, 137, processes=3, furthest_step=12),
+               _Pod(0, processes=2, furthest_step=20)])
+  code = restart.run(
+      lambda attempt: next(pods), max_restarts=0, first_backoff_s=0,
+      retryable=(), logs_dir=str(tmp_path), say=lambda line: None,
+      resize=elastic.resize_after(capacity, (), lambda line: None))
+  assert code == 0 and capacity.current == 2
+
+
+def test_a_growth_uses_no_restart_even_without_a_new_step(tmp_path):
+  # The shrunk attempt is stopped to grow before it passes step 10 again.
+  clock = [0.0]
+  capacity = elastic.Capacity(full=4, minimum=3, regrow_after_s=10)
+  pods = iter([_Pod(137, 137, furthest_step=10),
+               _Pod(75, regrew=True, processes=3, furthest_step=8),
+               _Pod(0, furthest_step=30)])
+  code = restart.run(
+      lambda attempt: next(pods), max_restarts=0, first_backoff_s=0,
+      retryable=(), logs_dir=str(tmp_path), say=lambda line: None,
+      resize=elastic.resize_after(capacity, (), lambda line: None,
+                                  now=lambda: clock[0]))
+  assert code == 0
+
+
 def test_a_loss_before_any_step_follows_the_usual_rules(tmp_path):
   capacity = elastic.Capacity(full=4, minimum=3, regrow_after_s=10)
   code = restart.run(
@@ -93,11 +153,42 @@ def _config(**fields) -> ConfigDict:
                      'microbatches': 0, **fields})
 
 
-def test_the_first_attempts_device_batch_is_the_limit_of_later_ones(tmp_path):
-  assert batch_limit.device_batch_limit(_config(), str(tmp_path), 8) == 32
+def test_the_first_attempts_group_size_is_kept_by_later_ones(tmp_path):
+  assert batch_limit.first_group_size(_config(), str(tmp_path), 8) == 32
   # A smaller attempt: 32 a pass, not 64.
-  assert batch_limit.device_batch_limit(_config(), str(tmp_path), 4) == 32
-  assert batch_limit.device_batch_limit(
-      _config(device_batch_limit=16), str(tmp_path), 4) == 16
-  assert batch_limit.device_batch_limit(
-      _config(microbatches=2), str(tmp_path), 4) is None
+  assert batch_limit.first_group_size(_config(), str(tmp_path), 4) == 32
+  for fixed in ({'device_batch_limit': 16}, {'microbatches': 2},
+                {'microbatch_size': 8}):
+    assert batch_limit.first_group_size(
+        _config(**fixed), str(tmp_path), 4) is None, fixed
+
+
+def test_an_elastic_job_keeps_its_groups_on_any_number_of_devices(tmp_path):
+  # 40 on 8 devices: groups of 5. On 6, left to choose, groups of 4 (fewest
+  # passes, then least padding) would change BatchNorm's statistics; kept,
+  # 5 costs the same 2 passes.
+  assert batch_limit.first_group_size(_config(global_batch_size=40),
+                                      str(tmp_path), 8) == 5
+  assert microbatches.plan(40, 6, device_batch_limit=5).microbatch_size == 4
+  kept = microbatches.plan(40, 6, microbatch_size=5)
+  assert (kept.microbatch_size, kept.microbatches, kept.padded_groups) == (
+      5, 2, 4)
+
+
+def test_a_config_one_elastic_topology_cannot_lay_out_is_refused_first():
+  # One pass of at most 40 examples: 256 fits on 4 x 2 devices (32 each),
+  # not on 2 x 2 (64 each), which --min_processes=2 allows.
+  training.check_elastic_layouts(256, 2, (40, 1, None), elastic='4-4')
+  with pytest.raises(microbatches.LayoutError,
+                     match=r'this elastic job may run on 2 to 4 processes, '
+                     r'and on 2 x 2 devices: global batch size 256 in 1 '
+                     r'microbatch\(es\) on 4 devices needs groups of 64'):
+    training.check_elastic_layouts(256, 2, (40, 1, None), elastic='2-4')
+  # Left to choose, the groups change with the count (BatchNorm would);
+  # a fixed group size keeps them.
+  assert training.check_elastic_layouts(
+      40, 2, (5, None, None), elastic='3-4') == {4, 5}
+  assert training.check_elastic_layouts(
+      40, 2, (None, None, 5), elastic='3-4') == {5}
+  assert training.check_elastic_layouts(256, 2, (None, None, None),
+                                        elastic=None) == set()

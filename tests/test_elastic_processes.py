@@ -2,20 +2,22 @@
 
 4 processes x 2 devices, process 3 SIGKILLed at step 30: the job starts
 again at once on 3 processes (the same 40 examples a step, in 2 microbatches
-of 4 a device since the first attempt's 5 a device is the limit, 2 groups
-padding), grows back to 4 after --regrow_after at a step boundary, and ends
-0 with --max_restarts=0. Every step of the final lineage was read once, by
-the processes of one attempt, and each epoch's examples once each; the
-parameters match an uninterrupted 1x8 run (launcher/local/elastic.py).
+of 5 a device, the first attempt's group size, 4 groups padding), grows
+back to 4 after --regrow_after at a step boundary, and ends 0 with
+--max_restarts=0. Every step of the final lineage was read once, by the
+processes of one attempt, and each epoch's examples once each; the census
+of what was trained (tests/workloads/census.py) equals an uninterrupted 1x8
+run's, exactly (launcher/local/elastic.py). A failure that comes back at the
+same step on any number of processes ends the job after --max_restarts.
 """
 
 import json
 
-import numpy as np
 import pytest
 
 from runtime.common import goodput
 from tests import helpers
+from tests.workloads import census
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(400)]
 
@@ -25,7 +27,8 @@ PROBE = [f'--config={helpers.PROBE_CONFIG}', f'--config.steps={STEPS}',
          f'--config.data.num_examples={EXAMPLES}', '--config.log_ids=True',
          '--config.nan_on_padding=True', '--config.log_every=5',
          f'--config.local_checkpoint_every={EVERY}',
-         '--config.checkpoint_every=50', '--config.step_seconds=0.03']
+         '--config.checkpoint_every=50', '--config.step_seconds=0.03',
+         '--config.census=True']
 
 
 def _read_ids(path) -> list[list[int]]:
@@ -68,6 +71,8 @@ def straight(tmp_path_factory):
 
 def test_a_lost_process_shrinks_the_pod_and_it_grows_back(tmp_path,
                                                           straight):
+  """About 25-40 s: three attempts of a 4-process pod, the second on 3, with
+  --regrow_after=3 between."""
   workdir = tmp_path / 'elastic'
   result = helpers.run_launcher(
       [*PROBE, f'--workdir={workdir}', '--local_processes=4',
@@ -116,6 +121,36 @@ def test_a_lost_process_shrinks_the_pod_and_it_grows_back(tmp_path,
   helpers.assert_trees_close(helpers.final_state(workdir)['params'],
                              helpers.final_state(straight)['params'],
                              rtol=1e-5, atol=1e-6)
+  census.assert_exactly_once(helpers.final_state(workdir)['params'],
+                             helpers.final_state(straight)['params'],
+                             BATCH, EXAMPLES, STEPS)
   roll = goodput.rollup(str(workdir))
   assert roll['full_devices'] == 8 and roll['reduced_size_s'] > 0
   assert 0 < roll['capacity_goodput'] < roll['goodput']
+
+
+def test_a_failure_at_the_same_step_each_time_ends_after_max_restarts(
+    tmp_path):
+  # Process 0 is SIGKILLed right after step 12 in every attempt, however
+  # many processes it has: the first loss shrinks 3 -> 2 (steps 1-12 were
+  # new), the second, which trained nothing past 12, uses the one restart
+  # (2 -> 1), the third ends the job with 137.
+  workdir = tmp_path / 'doomed'
+  result = helpers.run_launcher(
+      [*PROBE, f'--workdir={workdir}', '--local_processes=3',
+       '--local_devices=2', '--min_processes=1', '--regrow_after=600',
+       '--max_restarts=1', '--config.fail_rank=0', '--config.fail_step=-1',
+       '--config.fail_at_step=12', '--config.fail_mode=sigkill',
+       '--config.step_seconds=0'],
+      timeout=300)
+  assert result.returncode == 137, result.output
+  helpers.assert_no_survivors(workdir)
+  assert ('shrink after exit code 137 counted as restart 1/1: the attempt '
+          'trained no step past 12, reached before') in result.stderr
+  # The third loss leaves none: a wait for capacity, refused the same way.
+  assert ('not starting again (wait) after exit code 137: the attempt '
+          'trained no step past 12, reached before, and --max_restarts=1 is '
+          'used up') in result.stderr, result.stderr
+  attempts = goodput.records.read_attempts(workdir / 'logs' / 'attempts.jsonl')
+  assert [(a.processes, a.exit_code, a.resize) for a in attempts] == [
+      (3, 137, 'shrink'), (2, 137, 'shrink'), (1, 137, None)]

@@ -12,19 +12,33 @@ from runtime.workloads import mnist
 pytestmark = pytest.mark.devices
 
 
-@pytest.mark.parametrize('process_count', [1, 2, 4])
-def test_eval_batches_cover_every_example_once(process_count):
+@pytest.mark.parametrize('process_count,devices', [
+    (1, 8), (2, 8), (4, 8), (3, 6), (6, 48), (5, 5)])
+def test_eval_batches_cover_every_example_once(process_count, devices):
+  # 512 divides over 8 devices; over 6, 48 and 5 the rows are padded.
+  layout = evaluation.plan(512, devices)
+  assert layout.rows % devices == 0 and 0 <= layout.rows - 512 < devices
   seen = []
   steps = []
   for p in range(process_count):
-    batches = list(evaluation.eval_batches(10001, 512, p, process_count))
+    batches = list(evaluation.eval_batches(10001, layout, p, process_count))
     steps.append(len(batches))
     for ids, mask in batches:
-      assert len(ids) == 512 // process_count
+      assert len(ids) == layout.rows // process_count
       seen.extend(ids[mask > 0].tolist())
-  assert steps == [evaluation.num_eval_steps(10001, 512)] * process_count == (
-      [20] * process_count)
+  assert steps == [evaluation.num_eval_steps(10001, layout)] * process_count
+  assert steps == [20] * process_count
   assert sorted(seen) == list(range(10001))
+
+
+def test_a_device_batch_limit_takes_fewer_examples_per_eval_step():
+  assert evaluation.plan(1024, 48) == evaluation.EvalLayout(1024, 1056)
+  assert evaluation.plan(1024, 8, device_batch_limit=64) == (
+      evaluation.EvalLayout(512, 512))
+  assert evaluation.plan(1024, 6, device_batch_limit=100) == (
+      evaluation.EvalLayout(600, 600))
+  with pytest.raises(parallelism.BatchSizeError, match='eval_batch_size'):
+    evaluation.plan(0, 8)
 
 
 def _numpy_logits(params, images):
@@ -36,7 +50,9 @@ def _numpy_logits(params, images):
   return x @ last['w'] + last['b']
 
 
-def test_10001_examples_match_a_numpy_reference(tmp_path):
+@pytest.mark.parametrize('eval_batch_size', [512, 1001])
+def test_10001_examples_match_a_numpy_reference(tmp_path, eval_batch_size):
+  # 1001 does not divide over the 8 devices: each eval step is padded.
   assert jax.device_count() == 8
   mnist.write_synthetic(str(tmp_path), num_train=16, num_test=10001)
   data = mnist.load(str(tmp_path))
@@ -45,7 +61,7 @@ def test_10001_examples_match_a_numpy_reference(tmp_path):
   params = mnist.init_params(config, 784)
   result = evaluation.evaluate(
       parallelism.PMAP.replicate(params), mnist.example_metrics,
-      mnist.sources(data)['test'], 512, parallelism.PMAP)
+      mnist.sources(data)['test'], eval_batch_size, parallelism.PMAP)
   logits = _numpy_logits(params, data['test_images'].astype(np.float64))
   labels = data['test_labels']
   accuracy = np.mean(np.argmax(logits, -1) == labels)

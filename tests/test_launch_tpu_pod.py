@@ -165,6 +165,8 @@ def test_a_sigkilled_launching_side_leaves_nothing_running(pod, tmp_path):
 
 
 def test_a_launch_over_a_running_job_names_it_or_replaces_it(pod, tmp_path):
+  """About 30-45 s: a long job on the emulated pod, a second launch refused,
+  then one that replaces it (stop grace included)."""
   first = _start_long_job(pod, tmp_path, job_id='first')
   try:
     refused = pod.run('--', *LINEAR, f'--workdir={tmp_path / "second"}',
@@ -323,8 +325,12 @@ def test_status_and_stop(pod, tmp_path):
           status.stdout)
     stopped = pod.run('--stop=long', job_id='')
     assert stopped.returncode == 0, stopped.output
-    for w in range(2):
-      assert f'[worker {w}] podrun: job long-a1 stopped' in stopped.stdout
+    # The stops run on both workers at once, and one job may end by the
+    # preemption agreement with the other before its own stop looks.
+    said = [re.search(rf'\[worker {w}\] podrun: job long-a1 (stopped|is not '
+                      'running here)', stopped.stdout) for w in range(2)]
+    assert all(said) and 'stopped' in [m.group(1) for m in said], (
+        stopped.stdout)
     launcher = helpers.finish(proc, 60, time.monotonic())
     # --stop is SIGTERM: the job saves and every worker exits 75, which the
     # launching side passes on.
@@ -337,6 +343,8 @@ def test_status_and_stop(pod, tmp_path):
 
 
 def test_a_preempted_run_is_relaunched(pod, tmp_path):
+  """About 25-35 s: two attempts of a job on the emulated pod, the first
+  preempted."""
   workdir = tmp_path / 'work'
   result = pod.run(
       '--max_restarts=1', '--', *PROBE,

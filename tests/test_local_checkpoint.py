@@ -79,6 +79,33 @@ def test_clear_and_remove(tmp_path):
   assert not (tmp_path / 'job').exists()
 
 
+def test_a_renumbered_process_restores_what_its_disk_holds(tmp_path):
+  # Process 1 of attempt a1 copies step 20; in attempt a2 the same host's
+  # process is number 0 (an elastic job renumbered it), and its neighbour
+  # on this disk is process 1 of a2.
+  job = tmp_path / 'job'
+  before = local_checkpoint.LocalCheckpoints(str(job / 'rank_1'), every=20,
+                                             attempt='a1')
+  before.save(20, _state(), {'step': 20})
+  before.wait()
+  now = local_checkpoint.LocalCheckpoints(str(job / 'rank_0'), every=20,
+                                          attempt='a2')
+  assert now.steps() == [] and list(now.held()) == [20]
+  assert now.meta(20) == {'step': 20}
+  _assert_same_bits(now.load(20, _state()), _state())
+  now.save(40, _state(), {'step': 40})
+  now.wait()
+  assert now.held() == {20: str(job / 'rank_1'), 40: str(job / 'rank_0')}
+  neighbour = local_checkpoint.LocalCheckpoints(str(job / 'rank_2'),
+                                                every=20, attempt='a2')
+  # A successful end: this process's copies and the directory a1's
+  # numbering left go; the neighbour of this attempt removes its own.
+  now.remove()
+  assert sorted(p.name for p in job.iterdir()) == ['rank_2']
+  neighbour.remove()
+  assert not job.exists()
+
+
 def test_the_job_id_lives_beside_the_persistent_checkpoints(tmp_path):
   first = local_checkpoint.job_id(str(tmp_path))
   assert local_checkpoint.job_id(str(tmp_path)) == first

@@ -1,9 +1,11 @@
 """The same step on any number of devices, across real processes.
 
 256 examples on 3 processes x 2 devices (4 groups of 64, 2 devices of
-padding) against 1 x 8 after 60 steps; a checkpoint of 2x4 resumed on 3x2 and on 1x8 with
-a device batch limit; the CNN with BatchNorm and dropout on 8 and 2
-devices with the same groups (runtime/parallelism/microbatches.py).
+padding) against 1 x 8 after 60 steps; a checkpoint of 2x4 resumed on 3x2
+and on 1x8 with a device batch limit (runtime/parallelism/microbatches.py).
+The CNN with BatchNorm and dropout on 1x8, 2x4 and 3x2 devices with the
+same groups is in tests/test_mnist_cnn_processes.py, which trains its 1x8
+run once for both.
 """
 
 import shutil
@@ -13,7 +15,6 @@ import pytest
 
 from runtime import data
 from tests import helpers
-from tests.test_mnist_cnn import data_dir  # pylint: disable=unused-import  (a fixture)
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(400)]
 
@@ -89,31 +90,3 @@ def test_a_2x4_checkpoint_resumes_on_3x2_and_on_1x8_with_a_limit(tmp_path,
         atol=1e-6)
   rows = helpers.read_jsonl(tmp_path / '1x8_limit' / 'metrics.jsonl')
   assert rows[-1]['microbatches'] == 4  # 32 a device, 8 at a time.
-
-
-_CNN = ['--config=configs/mnist_cnn.py', '--config.steps=6',
-        '--config.model.features=(4, 8)', '--config.model.dense=16',
-        '--config.optimizer.warmup_steps=2', '--config.optimizer.decay_steps=10',
-        '--config.eval_batch_size=128', '--config.global_batch_size=64',
-        '--config.checkpoint_every=0']
-
-
-def test_the_cnn_computes_the_same_groups_alike_on_8_and_2_devices(
-    data_dir, tmp_path):
-  # BatchNorm's statistics and the dropout masks are per group of 8 here:
-  # 8 devices x 1 and 2 x 4 cut the batch into the same groups. The second
-  # runs as jit(shard_map), the first as pmap.
-  for devices, parallelism in ((8, 'pmap'), (2, 'shard_map')):
-    result = helpers.run_launcher(
-        [*_CNN, f'--config.data_dir={data_dir}', f'--local_devices={devices}',
-         f'--config.microbatches={8 // devices}',
-         f'--config.parallelism={parallelism}',
-         f'--workdir={tmp_path / str(devices)}'], timeout=200)
-    assert result.returncode == 0, result.output
-    assert (f'{8 // devices} microbatch(es) of 8 example(s) per device' in
-            result.stderr), result.stderr
-  states = [helpers.final_state(tmp_path / str(d)) for d in (8, 2)]
-  for other in states[1:]:
-    for part in ('params', 'model_state'):
-      helpers.assert_trees_close(states[0][part], other[part], rtol=2e-4,
-                                 atol=2e-6)

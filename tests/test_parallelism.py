@@ -10,6 +10,7 @@ import pytest
 from configs import linear_regression as linear_regression_config
 from configs import mlp as mlp_config
 from configs import mnist as mnist_config
+import runtime
 from runtime import parallelism
 from runtime import training
 from runtime.workloads import linear_regression
@@ -91,8 +92,8 @@ def test_per_device_rng_is_the_same_on_both_paths(tmp_path):
 
   def noisy_loss(params, batch, rng):
     # Input dropout: the gradients, not only the loss, depend on the key.
-    keep = jax.random.bernoulli(rng, 0.8, batch['x'].shape)
-    loss, metrics = plain.loss_fn(params, {**batch, 'x': batch['x'] * keep})
+    loss, metrics = plain.loss_fn(
+        params, {**batch, 'x': runtime.dropout(rng, 0.2, batch['x'])})
     return loss, metrics
 
   task = dataclasses.replace(plain, loss_fn=noisy_loss, loss_uses_rng=True)

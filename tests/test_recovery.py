@@ -57,10 +57,16 @@ def straight(tmp_path_factory):
   return helpers.fingerprints(workdir, 2)[0]
 
 
-def _local_job_dir(workdir) -> pathlib.Path:
+# Each rank's local tier on a "host" of its own (LOCAL_DIR/host_<i>), as on
+# machines of their own: a rank then holds no copy another rank wrote.
+HOSTS = ['--config.per_rank_local_dir=True']
+
+
+def _local_job_dir(workdir, host=None) -> pathlib.Path:
   job = (pathlib.Path(workdir) / 'checkpoints' /
          local_checkpoint.JOB_ID_FILE).read_text().strip()
-  return pathlib.Path(os.environ[env_vars.LOCAL_CHECKPOINT_DIR]) / job
+  root = pathlib.Path(os.environ[env_vars.LOCAL_CHECKPOINT_DIR])
+  return (root if host is None else root / f'host_{host}') / job
 
 
 def _ledgers(workdir):
@@ -156,11 +162,11 @@ def test_copies_of_a_deleted_workdir_go_at_the_next_start(tmp_path):
 
 
 def test_a_replaced_host_restores_from_a_peer(tmp_path, straight):
-  killed = _run(tmp_path, *POD, *_kill(1))
+  killed = _run(tmp_path, *POD, *HOSTS, *_kill(1))
   assert killed.returncode == 137, killed.output
   helpers.assert_no_survivors(tmp_path)
-  shutil.rmtree(_local_job_dir(tmp_path) / 'rank_1')  # A new host.
-  rest = _run(tmp_path, *POD)
+  shutil.rmtree(_local_job_dir(tmp_path, host=1))  # A new host.
+  rest = _run(tmp_path, *POD, *HOSTS)
   assert rest.returncode == 0, rest.output
   last = list(_ledgers(tmp_path).values())[-1]
   assert [last[r]['notes']['restore_tier'] for r in (0, 1)] == ['local',
@@ -202,9 +208,10 @@ def test_a_sigkill_during_a_local_save_falls_back_to_the_copy_before(
 
 
 def test_a_1x8_local_copy_restores_on_2x4(tmp_path, straight):
-  killed = _run(tmp_path, *_kill(0))  # The launcher is the process killed.
+  # The launcher is the process killed.
+  killed = _run(tmp_path, *HOSTS, *_kill(0))
   assert killed.returncode == -signal.SIGKILL, killed.output
-  rest = _run(tmp_path, *POD)
+  rest = _run(tmp_path, *POD, *HOSTS)
   assert rest.returncode == 0, rest.output
   assert 'resuming at step 60' in rest.stderr
   last = list(_ledgers(tmp_path).values())[-1]

@@ -294,6 +294,8 @@ def _requeue_when_past(slurm, job_id: str, workdir, step: int,
 
 def test_a_job_requeued_with_fewer_tasks_trains_the_same_batch(slurm,
                                                                tmp_path):
+  """About 30-45 s: two SLURM jobs of 4 and 2 tasks, each starting JAX in
+  every task."""
   # 4 tasks x 2 devices, requeued, then 2 tasks x 2 devices: the same 256
   # examples a step, 2 microbatches of the first attempt's 32 a device.
   port = cluster.free_port()

@@ -3,22 +3,28 @@
 Two spot slices of 2 workers, --min_slices=1: one slice is preempted when
 process 0 logs step 15, its recreate waits 3 s for capacity, and the job
 trains on the other slice meanwhile, then grows back to both at a step
-boundary and ends 0 with its queued resources deleted. Once slice 1 is
-lost, once slice 0 (which holds process 0 and the MEGASCALE coordinator:
-the survivor takes both over).
+boundary and ends 0 with its queued resources deleted. Slice 0 (which holds
+process 0 and the MEGASCALE coordinator: the survivor takes both over) is
+lost once with the VMs' notice (every process saves the agreed step) and
+once without (the VMs SIGKILLed: the survivors, renumbered, restore the
+local copies their own disks hold); slice 1 without. The census of what
+was trained (tests/workloads/census.py) equals the undisturbed run's.
 """
 
 import pytest
 
 from tests import helpers
+from tests.workloads import census
 from tests.test_tpu_fleet import CREATE, NAME, PROBE, _fleet, cleanup  # pylint: disable=unused-import
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(400)]
 
 STEPS = 60
+LOCAL_EVERY = 5
 JOB = [*PROBE, '--local_devices=2', f'--config.steps={STEPS}',
        '--config.log_every=1', '--config.global_batch_size=40',
-       '--config.step_seconds=0.02']
+       '--config.step_seconds=0.02', '--config.census=True',
+       f'--config.local_checkpoint_every={LOCAL_EVERY}']
 # On one slice, a second a step: the job outlasts the recreate however
 # slow this machine is (a step boundary comes every second to grow at).
 SHRUNK = ['--config.slow_below_processes=4', '--config.slow_below_seconds=1']
@@ -34,13 +40,17 @@ def straight(tmp_path_factory):
   return workdir
 
 
-@pytest.mark.parametrize('lost', [1, 0])
+@pytest.mark.parametrize('lost, notice', [(0, True), (1, False),
+                                          (0, False)])
 def test_a_lost_slice_leaves_the_job_on_the_other_until_it_is_back(
-    tmp_path, cleanup, straight, lost):
+    tmp_path, cleanup, straight, lost, notice):
+  """About 40 s each: two slices' VMs start JAX three times, with a 3 s
+  wait for capacity between."""
   preempt = ['', '']
   preempt[lost] = 'step 15/'
   fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG=','.join(preempt),
-                 FAKE_QR_LOG_NODE=f'{NAME}-0', FAKE_QR_WAIT_S='0.5,0.5,3')
+                 FAKE_QR_LOG_NODE=f'{NAME}-0', FAKE_QR_WAIT_S='0.5,0.5,3',
+                 FAKE_TPU_PREEMPT_NOTICE='1' if notice else '0')
   cleanup(fleet)
   workdir = tmp_path / 'work'
   # A VM is killed 2 s into its shutdown here: 5 s is time enough for the
@@ -54,20 +64,36 @@ def test_a_lost_slice_leaves_the_job_on_the_other_until_it_is_back(
   assert f'slice {NAME}-{lost} is back after' in result.stderr
   assert '1 shrink(s), 1 growth(s)' in result.stderr
   attempts = helpers.read_jsonl(fleet.logs / 'attempts.jsonl')
-  assert [(a['exit_code'], a.get('resize'), a['processes'])
-          for a in attempts] == [(75, 'shrink', 4), (75, 'grow', 2),
-                                 (0, None, 4)]
+  assert [(a.get('resize'), a['processes']) for a in attempts] == [
+      ('shrink', 4), ('grow', 2), (None, 4)]
+  assert [a['exit_code'] for a in attempts][1:] == [75, 0]
   rows = helpers.read_jsonl(workdir / 'metrics.jsonl')
   assert {r['num_processes'] for r in rows} == {4, 2}
   assert set(range(1, STEPS + 1)) <= {r['step'] for r in rows}
-  # Both stops came with a notice (the VMs' SIGTERM, the driver's): every
-  # process saved the step they agreed on, and nothing was trained twice.
-  ledgers = [helpers.read_json(p) for p in workdir.glob('goodput/*/rank_0.json')]
+  ledgers = sorted((helpers.read_json(p) for p in
+                    workdir.glob('goodput/*/rank_0.json')),
+                   key=lambda l: l['started'])
   assert len(ledgers) == 3
-  assert sum(l['notes'].get('recomputed_steps') or 0 for l in ledgers) == 0
+  recomputed = [l['notes'].get('recomputed_steps') or 0 for l in ledgers]
+  if notice:
+    # The VMs' SIGTERM and the driver's: every process saved the step they
+    # agreed on, and nothing was trained twice.
+    assert sum(recomputed) == 0, recomputed
+  else:
+    # SIGKILLed: the survivors, whatever their new numbers, restored the
+    # copies their own disks hold, not the persistent tier (every 1000).
+    shrunk = ledgers[1]['notes']
+    assert shrunk['restore_tier'] == 'local', shrunk
+    assert shrunk['restore_step'] >= 15 - LOCAL_EVERY, shrunk
+    # At most two copies' worth: the kill may tear the newest (and none
+    # when it lands right after a copy).
+    assert sum(recomputed) <= 2 * LOCAL_EVERY, recomputed
   helpers.assert_trees_close(helpers.final_state(workdir)['params'],
                              helpers.final_state(straight)['params'],
                              rtol=1e-4, atol=1e-6)
+  census.assert_exactly_once(helpers.final_state(workdir)['params'],
+                             helpers.final_state(straight)['params'],
+                             40, 4096, STEPS)
   assert fleet.queued_resources() == []
   events = [(e['event'], e.get('name')) for e in fleet.events()]
   assert ('preempted', f'{NAME}-{lost}') in events

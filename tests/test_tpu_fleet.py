@@ -189,6 +189,8 @@ def test_a_lost_slice_is_deleted_once_its_job_has_saved(tmp_path, cleanup):
 
 
 def test_a_relaunch_waits_for_a_slice_that_is_still_going(tmp_path, cleanup):
+  """About 25-40 s: the emulated service shows the preemption 4 s late, the
+  driver's --relaunch_grace waits for it, then the slice is recreated."""
   # The service shows the preemption 4 s after the VMs got SIGTERM; the job
   # exits 75 at once. Without the grace the driver would relaunch on VMs
   # that are going, and lose that attempt too.
@@ -402,6 +404,8 @@ def gcs(tmp_path):
 def test_two_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup,
                                                         gcs,
                                                         probe_2x4_straight):
+  """About 50 s: three slices created in turn (two preempted with an 8 s
+  shutdown), JAX started on each; the straight run is shared."""
   # The uninterrupted run is conftest's: BABYSAT's slow steps and its
   # checkpoints change no bit of what is trained.
   # Spot preemption when worker 0's job reaches step 12, then, on each new
@@ -411,14 +415,17 @@ def test_two_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup,
   # save before let the job resume (the driver now lets that save finish).
   # Every VM and the driver reach the bucket (as ones with credentials
   # would), and a preempted or deleted VM's disk goes, so the record must
-  # live there. A VM is killed 2 s into its shutdown here, so a save that
-  # has not ended 5 s after the driver saw the slice go never will.
+  # live there. A VM is killed 8 s into its shutdown here (Compute Engine
+  # gives 30): time for the save and the record's last upload on a loaded
+  # machine (at 2 s, steps 1-21 once never reached the bucket), so a save
+  # that has not ended 10 s after the driver saw the slice go never will.
   fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG='step 12/,eta=',
+                 FAKE_TPU_PREEMPT_GRACE_S='8',
                  FAKE_TPU_WORKER_ENV=json.dumps(gcs.env()), **gcs.env())
   cleanup(fleet)
   url = 'gs://runs/babysat'
   result = fleet.run(*CREATE, '--spot', '--max_restarts=2', '--delete_after',
-                     '--poll_interval=1', '--lost_slice_wait=5', '--',
+                     '--poll_interval=1', '--lost_slice_wait=10', '--',
                      *BABYSAT, f'--workdir={url}', timeout=280)
   assert result.returncode == 0, result.output
   assert 'its disks go with the slice' not in result.stderr
@@ -466,10 +473,22 @@ def test_two_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup,
           if (a.get('infrastructure') or {}).get('seconds', 0) > 0] == [
               'test-job-a2', 'test-job-a3'], in_bucket
   assert len(list(record.glob('goodput/*/rank_*.json'))) == 3 * 2
+  # The launcher's files too: the roll-up over all three attempts, the
+  # driver's recreates included, in goodput.jsonl and summary.json.
+  lines = helpers.read_jsonl(record / 'goodput.jsonl')
+  assert [l['attempt'] for l in lines] == [1, 2, 3], lines
+  summary = helpers.read_json(record / 'summary.json')['goodput']
+  assert summary['attempts'] == 3, summary
+  assert summary['parts']['infrastructure_recovery'] > 0, summary
+  job = helpers.read_json(record / 'logs' / 'job.json')
+  assert (job['job_id'], job['launched_by'], job['exit_code']) == (
+      'test-job', 'launch_tpu_pod', 0), job
 
 
 def test_two_slices_form_one_job_that_trains_as_a_four_process_pod(
     tmp_path, cleanup):
+  """About 30 s: a local 4 x 2 pod as the reference, then two emulated
+  slices created and set up, with JAX started on four VMs."""
   job = [*PROBE[:1], '--local_devices=2', '--config.steps=30',
          '--config.topology.num_slices=2']
   local = helpers.run_launcher(
@@ -511,6 +530,8 @@ def test_two_slices_form_one_job_that_trains_as_a_four_process_pod(
 
 def test_a_job_that_does_not_span_every_slice_stops_with_3(tmp_path,
                                                            cleanup):
+  """About 25-40 s: two emulated slices created and set up before the job
+  can refuse them."""
   # The config insists on one slice; the launch runs two.
   fleet = _fleet(tmp_path)
   cleanup(fleet)

@@ -12,6 +12,7 @@ import pytest
 
 from configs import linear_regression as linear_regression_config
 from configs import mlp as mlp_config
+import runtime
 from runtime import data
 from runtime import fingerprint
 from runtime import training
@@ -137,6 +138,35 @@ def test_microbatches_give_the_step_of_one_pass(tmp_path, parallelism):
                        atol=2e-6)
   assert_trees_close(results[1].params, single_device_descent(config, task),
                      rtol=2e-4, atol=2e-5)
+
+
+def test_dropout_gives_the_same_step_in_any_microbatches(tmp_path):
+  """Dropout's mask is drawn per example from its global position: groups
+  of 64, 32, 16 and 8 examples drop the same values."""
+  config = mlp_config.get_config()
+  config.steps = 12
+  config.data.shuffle = False  # So that the seed reaches only the key.
+  plain, _ = mlp.make_task(config)
+
+  def dropped(params, batch, rng):
+    return plain.loss_fn(
+        params, {**batch, 'x': runtime.dropout(rng, 0.3, batch['x'])})
+
+  task = dataclasses.replace(plain, loss_fn=dropped, loss_uses_rng=True)
+  results = {}
+  for k in (1, 2, 4):
+    config.microbatches = k
+    results[k] = training.train(config, str(tmp_path / str(k)), task)
+  config.microbatches, config.microbatch_size = 0, 8
+  results['fixed'] = training.train(config, str(tmp_path / 'fixed'), task)
+  assert results['fixed'].topology['microbatches'] == 8
+  for k in (2, 4, 'fixed'):
+    assert_trees_close(results[k].params, results[1].params, rtol=2e-5,
+                       atol=2e-6)
+  # And the masks do matter: another step key, other parameters.
+  config.seed, config.microbatch_size = 1, 0
+  other = training.train(config, str(tmp_path / 'seed1'), task)
+  assert other.fingerprint != results[1].fingerprint
 
 
 def test_a_device_batch_limit_accumulates_as_many_microbatches(tmp_path):

@@ -16,8 +16,12 @@ the job on all it has (the local stand-in for waiting for capacity). With
 --min_processes equal to --local_processes every loss waits so: the job of
 a launcher that waits for every host, side by side with an elastic one.
 
-Shrinks, growths and waits do not use --max_restarts when the attempt
-before them trained; a loss before any step completed is judged by the
+Shrinks and waits do not use --max_restarts when the attempt before them
+trained a step past every attempt before it; after one that only trained
+again what was trained before (a failure that comes back at the same step,
+on any number of processes), each uses a restart, and the job ends with the
+failure's exit code once --max_restarts is used up (launcher/restart.py).
+Growths never use one. A loss before any step completed is judged by the
 usual restart rules (a process that cannot start is no lost host).
 
 Example:

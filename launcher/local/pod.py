@@ -23,6 +23,7 @@ stalls or the launcher is told to stop:
 - ranks die with the launcher even when it is SIGKILLed (PR_SET_PDEATHSIG).
 """
 
+import glob
 import json
 import os
 import shlex
@@ -41,6 +42,7 @@ from launcher.local import report
 from launcher import signals
 from runtime.common import env_vars
 from runtime.common import exit_codes
+from runtime.common import goodput
 from runtime.common import record_mirror
 from runtime.common import records
 
@@ -89,7 +91,8 @@ class Gang:
                kill_grace: float = 5, log_all_ranks: bool = False,
                preemption_grace: float = 120, job_id: Optional[str] = None,
                attempt: int = 1,
-               regrow_due: Callable[[float], bool] = lambda now: False):
+               regrow_due: Callable[[float], bool] = lambda now: False,
+               elastic_processes: Optional[tuple[int, int]] = None):
     if num_processes < 1:
       raise ValueError(f'--local_processes={num_processes}; it must be at '
                        'least 1')
@@ -114,6 +117,7 @@ class Gang:
     # failed, 'rank', 'exit_code'} (wall times), after a failure.
     self.fault: Optional[records.Fault] = None
     self.progressed = False  # Whether any rank completed a step.
+    self.furthest_step: Optional[int] = None  # The furthest it completed.
     # Whether the pod was stopped at a step boundary to grow (elastic.py).
     self.regrew = False
     self._regrow_due = regrow_due
@@ -121,7 +125,9 @@ class Gang:
         num_processes, local_devices, workdir, self.logs_dir, rank_args,
         self.coordinator_address,
         {'PYTHONUNBUFFERED': '1', env_vars.SUPERVISED: '1',
-         env_vars.JOB_ID: self.job_id, env_vars.ATTEMPT: self.attempt_name})
+         env_vars.JOB_ID: self.job_id, env_vars.ATTEMPT: self.attempt_name,
+         **({env_vars.ELASTIC_PROCESSES: '%d-%d' % elastic_processes}
+            if elastic_processes else {})})
     self._console = output.Console(num_processes, log_all_ranks)
     self._changed = threading.Event()
     self._signals: list[int] = []
@@ -156,6 +162,7 @@ class Gang:
         end = monitor.watch(started)
         self.regrew = monitor.regrowing
         self.progressed = progress_reader.last_advance is not None
+        self.furthest_step = self._furthest_step() if self.progressed else None
         if end.state is monitor_lib.GangState.FAILED:
           self.fault = records.Fault(
               at=end.member.exited_wall, detected=time.time(),
@@ -172,6 +179,16 @@ class Gang:
             r.log_file.close()
     return report.report(end, self._members, self._console, started,
                          self.logs_dir, self._signals, self.regrew)
+
+  def _furthest_step(self) -> int:
+    """The furthest step any rank completed: the ranks' high-water marks,
+    written every step (the progress pipe is written at most once a
+    second)."""
+    marks = glob.glob(os.path.join(os.path.dirname(self.logs_dir),
+                                   goodput.LEDGER_DIR, self.attempt_name,
+                                   'rank_*.step'))
+    return max([goodput.HighWater.read(m) for m in marks] +
+               [m.step for m in self._members])
 
   def _start(self, progress_reader: output.Progress
              ) -> list[threading.Thread]:

@@ -17,11 +17,14 @@ renews it every few seconds:
 - a clean exit releases it.
 
 Creation is exclusive on a local or shared POSIX file system (O_EXCL) and
-in a gs:// bucket (an upload with the precondition ifGenerationMatch=0,
-through gcsfs: of two jobs started at once exactly one creates it). Taking
-over a bucket's lease deletes the generation that was read, on condition
-that it is still that one, then creates afresh: of two takers, the second
-finds the object changed and backs off. Elsewhere (other object stores)
+in a gs:// bucket, where every change is conditional on the object's
+generation (launcher/rank/lease_object.py): of two jobs started at once
+exactly one creates it; a takeover deletes the generation it read, on
+condition that it is still that one, then creates afresh, so of two takers
+of one stale lease the second finds it changed and backs off; a renewal
+writes over the generation this job wrote last, never over a taker's; a
+release deletes only that generation; a lease that exists but cannot be
+read is refused, never taken for absent. Elsewhere (other object stores)
 the taker writes, waits a moment and reads back.
 """
 
@@ -37,6 +40,7 @@ from typing import Callable, Optional
 from absl import logging
 from etils import epath
 
+from launcher.rank import lease_object
 from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import files
@@ -107,48 +111,34 @@ def _in_bucket(path: epath.Path) -> bool:
   return str(path).startswith('gs://')
 
 
-def _bucket_fs():
-  """gcsfs's file system (what etils' epath uses for gs://)."""
+def _bucket_read(path: epath.Path) -> Optional[tuple[Holder, int]]:
+  """The bucket's lease and its generation, or None when there is none.
+
+  Raises:
+    WorkdirBusyError: for a lease that exists but cannot be read or is not
+      a lease: it may be held, so it is never taken for absent.
+  """
   try:
-    import gcsfs  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise exit_codes.ConfigError(
-        'a gs:// checkpoint directory needs gcsfs: pip install -e ".[gcs]" '
-        '(the tpu extra has it)') from e
-  return gcsfs.GCSFileSystem()
-
-
-def _create_in_bucket(path: epath.Path, holder: Holder) -> bool:
-  """Creates the lease object unless one exists (ifGenerationMatch=0)."""
-  try:
-    _bucket_fs().pipe_file(str(path), json.dumps(
-        dataclasses.asdict(holder)).encode(), mode='create')
-  except FileExistsError:
-    return False
-  return True
-
-
-def _generation(path: epath.Path) -> Optional[str]:
-  try:
-    return str(_bucket_fs().info(str(path))['generation'])
-  except (FileNotFoundError, KeyError, OSError):
+    found = lease_object.read(str(path))
+  except lease_object.Unreadable as e:
+    raise WorkdirBusyError(
+        f'{path.parent} holds a lease this job cannot read ({e}), so it '
+        'cannot tell whether another job holds it; this job stops without '
+        f'touching it. Delete {path} only if you are sure no job uses '
+        f'{path.parent}.') from e
+  if found is None:
     return None
-
-
-def _delete_if_unchanged(path: epath.Path, generation: Optional[str]) -> bool:
-  """Deletes the lease object if it is still `generation`."""
-  if generation is None:
-    return True  # Gone meanwhile: nothing to delete.
-  fs = _bucket_fs()
-  bucket, key, _ = fs.split_path(str(path))
+  content, generation = found
   try:
-    fs.call('DELETE', 'b/{}/o/{}', bucket, key, ifGenerationMatch=generation)
-  except FileNotFoundError:
-    return True
-  except OSError:
-    return False  # 412: another job wrote it since.
-  fs.invalidate_cache()
-  return True
+    return Holder(**content), generation
+  except TypeError as e:
+    raise WorkdirBusyError(
+        f'{path.parent} holds {path}, which is not a podrun lease '
+        f'({sorted(content)}); this job stops without touching it.') from e
+
+
+def _encoded(holder: Holder) -> bytes:
+  return json.dumps(dataclasses.asdict(holder)).encode()
 
 
 def _write(path: epath.Path, holder: Holder) -> None:
@@ -184,6 +174,8 @@ class Lease:
     self.holder = Holder(job_id, socket.gethostname(), os.getpid(), now, now,
                          uuid.uuid4().hex)
     self._held: list[epath.Path] = []
+    # A bucket's lease: the generation this job wrote last.
+    self._generations: dict[str, int] = {}
     self._stop = threading.Event()
     self._thread = None
 
@@ -228,20 +220,27 @@ class Lease:
 
   def _take_in_bucket(self, path: epath.Path) -> None:
     """Creates the lease object, or takes over one that may be taken, with
-    preconditions only: no read-then-write window."""
-    if _create_in_bucket(path, self.holder):
+    preconditions only (launcher/rank/lease_object.py): no read-then-write
+    window."""
+    url = str(path)
+    try:
+      self._generations[url] = lease_object.create(url, _encoded(self.holder))
       return
-    generation = _generation(path)
-    current = _read(path)
-    if current is not None:
-      self._check_takeover(path, current)
-    if not (_delete_if_unchanged(path, generation) and
-            _create_in_bucket(path, self.holder)):
-      current = _read(path)
+    except lease_object.Changed:
+      pass
+    found = _bucket_read(path)
+    if found is not None:
+      self._check_takeover(path, found[0])
+    try:
+      if found is not None and not lease_object.delete(url, found[1]):
+        raise lease_object.Changed(url)
+      self._generations[url] = lease_object.create(url, _encoded(self.holder))
+    except lease_object.Changed:
+      now = _bucket_read(path)
       raise WorkdirBusyError(
           f'{path.parent} was taken by '
-          f'{current.describe() if current else "another job"} at the same '
-          'moment; this job stops without touching it.')
+          f'{now[0].describe() if now else "another job"} at the same '
+          'moment; this job stops without touching it.') from None
 
   def _check_takeover(self, path: epath.Path, current: Holder) -> None:
     age = self._clock() - current.renewed
@@ -271,18 +270,41 @@ class Lease:
   def _renew_loop(self) -> None:
     while not self._stop.wait(self.renew_every_s):
       for path in list(self._held):
-        current = _read(path)
-        if current is None or current.token != self.holder.token:
-          taker = current.describe() if current else 'someone (it is gone)'
-          message = (f'lost the lease on {path.parent} to {taker}; this job '
-                     'stops so that the two jobs do not both write there')
-          logging.error('%s', message)
-          self._held.remove(path)
-          if self._on_lost is not None:
-            self._on_lost(message)
+        if not self._renew(path):
           return
-        self.holder = dataclasses.replace(self.holder, renewed=self._clock())
+
+  def _renew(self, path: epath.Path) -> bool:
+    """Writes a newer renewal time; False (after on_lost) when the lease is
+    no longer this job's. In a bucket the write is conditional on the
+    generation this job wrote last, so it never overwrites a taker."""
+    renewed = dataclasses.replace(self.holder, renewed=self._clock())
+    url = str(path)
+    if _in_bucket(path):
+      try:
+        self._generations[url] = lease_object.replace(
+            url, _encoded(renewed), self._generations[url])
+        self.holder = renewed
+        return True
+      except lease_object.Changed:
+        current = _read(path)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning('cannot renew the lease %s now (%s); trying again '
+                        'in %g s', path, e, self.renew_every_s)
+        return True
+    else:
+      current = _read(path)
+      if current is not None and current.token == self.holder.token:
+        self.holder = renewed
         _write(path, self.holder)
+        return True
+    taker = current.describe() if current else 'someone (it is gone)'
+    message = (f'lost the lease on {path.parent} to {taker}; this job '
+               'stops so that the two jobs do not both write there')
+    logging.error('%s', message)
+    self._held.remove(path)
+    if self._on_lost is not None:
+      self._on_lost(message)
+    return False
 
   def release(self) -> None:
     """Stops renewing and removes the leases this job still holds."""
@@ -290,6 +312,12 @@ class Lease:
     if self._thread not in (None, threading.current_thread()):
       self._thread.join(timeout=5)
     for path in self._held:
+      if _in_bucket(path):  # Only the generation this job wrote.
+        try:
+          lease_object.delete(str(path), self._generations[str(path)])
+        except Exception:  # pylint: disable=broad-except
+          pass  # It goes stale and is taken over.
+        continue
       current = _read(path)
       if current is not None and current.token == self.holder.token:
         try:

@@ -143,13 +143,15 @@ def _take_lease(config: ConfigDict, workdir: str, options: Options,
 
 
 def _mirror_record(config: ConfigDict, url: str, record_dir: str,
-                   process_index: int) -> None:
+                   process_index: int, supervised: bool) -> None:
   """Fetches what earlier attempts left of the record in the bucket to this
-  machine's copy, and starts uploading this process's part of it."""
+  machine's copy, and starts uploading this process's part of it (without
+  a launcher over it, process 0 uploads the launcher's files it writes)."""
   if 'checkpoint_dir' in config and not config.checkpoint_dir:
     config.checkpoint_dir = f'{url}/checkpoints'
-  mirror = record_mirror.Mirror(url, record_dir,
-                                record_mirror.rank_owns(process_index))
+  mirror = record_mirror.Mirror(
+      url, record_dir, record_mirror.rank_owns(process_index,
+                                               launcher_files=not supervised))
   try:
     held = mirror.fetch()
   except Exception as e:  # pylint: disable=broad-except
@@ -175,7 +177,8 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
   running.supervisor.start()
   actual = topology.current()
   if record_dir != workdir:
-    _mirror_record(config, workdir, record_dir, actual.process_index)
+    _mirror_record(config, workdir, record_dir, actual.process_index,
+                   supervised)
   running.supervisor.learn_in(record_dir)
   summary.open_ledger(running.ledger, record_dir, running.supervisor.client,
                       actual.process_index)

@@ -50,6 +50,7 @@ class Attempt:
     # Set by babysit.recreate when this attempt had to bring the slice back.
     self.infrastructure: Optional[records.Recreate] = None
     self.slice_lost: Optional[str] = None
+    self._lost_nodes: tuple[str, ...] = ()  # The lost slice's nodes.
     # Stopped at a step boundary for slices back (elastic.py).
     self.regrew = False
     self._processes = 0
@@ -129,10 +130,12 @@ class Attempt:
     self._stop('slice(s) back and set up: saving at a step boundary to grow')
 
   def _let_the_lost_slice_end(self, clients: list[subprocess.Popen]) -> None:
-    """Gives the job on a lost slice --lost_slice_wait seconds to end by
-    itself (a preempted VM's job saves between the soft and the hard
+    """Gives the job on a lost slice up to --lost_slice_wait seconds to end
+    by itself (a preempted VM's job saves between the soft and the hard
     power-off, and deleting the slice would end it at once), then ends the
-    gcloud sessions still open."""
+    gcloud sessions still open. It goes on as soon as the job has ended
+    (`_job_over`): gcloud re-runs a session its VM's shutdown cut, so
+    the lost slice's gcloud does not end by itself."""
     wait_s = self.launch.options.lost_slice_wait
     deadline = time.monotonic() + wait_s
     if any(c.poll() is None for c in clients):
@@ -141,6 +144,10 @@ class Attempt:
                       'save) before anything deletes it')
     while (any(c.poll() is None for c in clients) and
            time.monotonic() < deadline and not self._signals):
+      over = self._job_over()
+      if over:
+        self.launch.say(f'{over}: going on')
+        break
       time.sleep(0.1)
     for c in clients:
       if c.poll() is None:
@@ -148,8 +155,27 @@ class Attempt:
     for c in clients:
       c.wait()
 
+  def _job_over(self) -> Optional[str]:
+    """Why nothing of the job can still be saving, or None: every worker
+    reported its job's end; or every worker of the slices not lost did,
+    none after a save (75), so the job on the lost slice cannot save
+    either (a save takes every process) and was lost without notice."""
+    workers = self.launch.workers
+    ids = {str(s * workers + w): node for s, node in enumerate(
+        self.launch.nodes) for w in range(workers)}
+    exits = dict(self._exits)
+    if set(ids) <= set(exits):
+      return 'every worker reported its job\'s end'
+    survivors = [i for i, node in ids.items() if node not in self._lost_nodes]
+    if survivors and all(i in exits for i in survivors) and all(
+        exits[i][1] != exit_codes.PREEMPTED for i in survivors):
+      return ('the job ended on the other slice(s) without a save, so the '
+              'lost slice\'s cannot save')
+    return None
+
   def _on_lost(self, lost) -> None:
     self.slice_lost = lost.describe()
+    self._lost_nodes = tuple(getattr(lost, 'nodes', ()) or ())
     self.launch.say(f'the slice is lost under job {self.launch.job_id}: '
                     f'{self.slice_lost}')
 

@@ -35,11 +35,13 @@ import json
 import os
 import shlex
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import weakref
 from typing import Optional
 
 from launcher import restart
@@ -55,7 +57,10 @@ from launcher.tpu import flags
 from launcher.tpu import preflight as preflight_lib
 from launcher.tpu import queued
 from runtime.common import accelerators
+from runtime.common import env_vars
 from runtime.common import exit_codes
+from runtime.common import files
+from runtime.common import goodput
 from runtime.common import record_mirror
 from runtime.common import records
 
@@ -154,6 +159,7 @@ class Launch:
             options.poll_interval, self.path('gcloud.log'), self.say,
             self.interrupted)
     self._short_hash = ''
+    self._code: Optional[tuple[str, str]] = None  # (archive, sha256).
     self._log_lock = threading.Lock()
 
   @property
@@ -235,19 +241,17 @@ class Launch:
     for node in nodes:
       self.stop_if_interrupted()
       self._check_pythons(gcloud_log, node)
-    with tempfile.TemporaryDirectory() as tmp:  # LOG_DIR holds only logs.
-      bundle = os.path.join(tmp, 'code.tar.gz')
-      code_hash = bundle_lib.bundle(bundle)
-      short = code_hash[:16]
-      self.say(f'copying the code (sha256 {code_hash}) to every worker of '
-               + ', '.join(nodes))
-      for node in nodes:
-        self.stop_if_interrupted()
-        copy = self.gcloud.scp(bundle, f'podrun-{short}.tar.gz', node)
-        if commands.run_logged(copy, gcloud_log).returncode:
-          raise LaunchError(f'gcloud scp to {node} failed; see {gcloud_log}. '
-                            'With an ssh-agent running, add the key gcloud '
-                            'uses: `ssh-add ~/.ssh/google_compute_engine`.')
+    bundle, code_hash = self._bundle()
+    short = code_hash[:16]
+    self.say(f'copying the code (sha256 {code_hash}) to every worker of '
+             + ', '.join(nodes))
+    for node in nodes:
+      self.stop_if_interrupted()
+      copy = self.gcloud.scp(bundle, f'podrun-{short}.tar.gz', node)
+      if commands.run_logged(copy, gcloud_log).returncode:
+        raise LaunchError(f'gcloud scp to {node} failed; see {gcloud_log}. '
+                          'With an ssh-agent running, add the key gcloud '
+                          'uses: `ssh-add ~/.ssh/google_compute_engine`.')
     if self.options.worker_python:
       self.say('setting up every worker (unpacking the code; nothing is '
                f'installed: --worker_python={self.options.worker_python})')
@@ -263,6 +267,18 @@ class Launch:
                              gcloud_log).returncode:
         raise LaunchError(f'worker set-up on {node} failed; see {gcloud_log}')
     self._short_hash = short
+
+  def _bundle(self) -> tuple[str, str]:
+    """(path, sha256) of the code archive, made once per launch: a slice
+    recreated later gets the very code the others run, whatever changed in
+    the working tree since (LOG_DIR holds only logs: the archive lives in
+    a temporary directory of the launch's)."""
+    if self._code is None:
+      tmp = tempfile.mkdtemp(prefix='podrun_code_')
+      weakref.finalize(self, shutil.rmtree, tmp, True)
+      path = os.path.join(tmp, 'code.tar.gz')
+      self._code = (path, bundle_lib.bundle(path))
+    return self._code
 
   def _check_pythons(self, gcloud_log: str, node: str) -> None:
     """Every worker has a Python for this JAX, or gets one, or we stop."""
@@ -296,9 +312,16 @@ class Launch:
         self.options.megascale_port)
 
   def run_command(self, attempt: int, slice_id: int = 0) -> str:
+    envs = list(self.options.env)
+    if self.options.min_slices and isinstance(self.workers, int):
+      # Every count of slices from --min_slices up: refused before step 1
+      # when the config cannot run on one of them.
+      envs.append(f'{env_vars.ELASTIC_PROCESSES}='
+                  f'{self.options.min_slices * self.workers}-'
+                  f'{self.options.num_slices * self.workers}')
     return commands.run_command(
         self._short_hash, self.job_id, self.options.worker_python,
-        self.options.env, self.launcher_args, self.workers, self.options,
+        envs, self.launcher_args, self.workers, self.options,
         attempt, self.place(slice_id))
 
   def ready_for_attempt(self, attempt) -> bool:
@@ -378,18 +401,60 @@ def _kept(launch: Launch, code: int) -> str:
           f'--zone={zone} --force`, or launch with --delete_after')
 
 
-def _keep_attempts_with_the_record(launch: Launch) -> None:
-  """Adds this launch's attempts to WORKDIR/logs/attempts.jsonl when the
-  workdir is a bucket, so that scripts/goodput.py gs://... finds them."""
+def _job_record(launch: Launch, code: int) -> dict:
+  """WORKDIR/logs/job.json of a TPU launch: where and how the job ran."""
+  return {'job_id': launch.job_id, 'launched_by': 'launch_tpu_pod',
+          'exit_code': code, 'tpu': launch.options.tpu,
+          'zone': launch.options.zone, 'slices': list(launch.all_nodes),
+          'workers_per_slice': launch.workers,
+          'accelerator_type': launch.options.accelerator_type or None,
+          'launcher_args': launch.launcher_args, 'log_dir': launch.log_dir}
+
+
+def _complete_the_record(launch: Launch, url: str, path: str,
+                         code: int) -> None:
+  """Adds the attempts to URL/logs/attempts.jsonl, then the roll-up over
+  every attempt (URL/goodput.jsonl, the goodput of URL/summary.json) and
+  URL/logs/job.json: the launcher's files, which no process on the VMs
+  could write (they end before the driver's last attempt is known)."""
+  record_mirror.merge_lines(url, 'logs/' + records.ATTEMPTS_FILE, path)
+  with tempfile.TemporaryDirectory(prefix='podrun_record_') as local:
+    mirror = record_mirror.Mirror(url, local,
+                                  owns=record_mirror.launcher_owns)
+    mirror.fetch()
+    goodput.roll_up_into_summary(local)
+    files.write_json(os.path.join(local, 'logs', 'job.json'),
+                     _job_record(launch, code))
+    mirror.push()
+    if mirror.unwritten:
+      raise RuntimeError(f'{", ".join(sorted(mirror.unwritten))} not written')
+
+
+def _keep_attempts_with_the_record(launch: Launch, code: int) -> None:
+  """When the workdir is a bucket, completes its record with this launch's
+  part (`_complete_the_record`), so that scripts/goodput.py gs://... and
+  summary.json account for every attempt; bounded, as a process's last
+  upload is."""
   url = flags.workdir_of(launch.launcher_args)
   path = launch.path(records.ATTEMPTS_FILE)
   if not url.startswith('gs://') or not os.path.exists(path):
     return
-  try:
-    record_mirror.merge_lines(url, 'logs/' + records.ATTEMPTS_FILE, path)
-  except Exception as e:  # pylint: disable=broad-except
-    launch.say(f'warning: cannot add the attempts to {url}/logs/'
-               f'{records.ATTEMPTS_FILE} ({e}); they are in {path}')
+  failed: list[Exception] = []
+
+  def complete():
+    try:
+      _complete_the_record(launch, url, path, code)
+    except Exception as e:  # pylint: disable=broad-except
+      failed.append(e)
+
+  worker = threading.Thread(target=complete, name='record', daemon=True)
+  worker.start()
+  worker.join(record_mirror.FINISH_TIMEOUT_S)
+  if worker.is_alive() or failed:
+    why = (failed[0] if failed else
+           f'no answer in {record_mirror.FINISH_TIMEOUT_S:g} s')
+    launch.say(f'warning: cannot add the attempts and the goodput roll-up '
+               f'to {url} ({why}); the attempts are in {path}')
 
 
 def launch_job(launch: Launch) -> int:
@@ -414,7 +479,7 @@ def launch_job(launch: Launch) -> int:
       if launch.signals:
         code = exit_codes.SIGNAL_BASE + launch.signals[0]
       _clean_up(launch, code)
-  _keep_attempts_with_the_record(launch)
+  _keep_attempts_with_the_record(launch, code)
   if code == exit_codes.OK:
     launch.say(f'job {launch.job_id} finished on every worker')
   else:

@@ -25,6 +25,10 @@ JOB_ID = 'PODRUN_JOB_ID'
 ATTEMPT = 'PODRUN_ATTEMPT'
 # The process count a TPU driver expects from the accelerator type.
 EXPECTED_PROCESSES = 'PODRUN_EXPECTED_PROCESSES'
+# "K-P": the fewest and most processes an elastic job may run on
+# (--min_processes, --min_slices), so that a config that cannot run on
+# one of them is refused before step 1.
+ELASTIC_PROCESSES = 'PODRUN_ELASTIC_PROCESSES'
 # Set by a local-pod launcher: it prefixes, files and filters the process's
 # output itself.
 SUPERVISED = 'PODRUN_SUPERVISED'

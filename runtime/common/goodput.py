@@ -407,6 +407,20 @@ def _take_out(parts: dict[str, float], seconds: float,
     seconds -= taken
 
 
+def roll_up_into_summary(workdir: str) -> dict[str, Any]:
+  """Writes WORKDIR/goodput.jsonl and the goodput of WORKDIR/summary.json
+  (when it exists) from every ledger and launcher attempt the workdir
+  holds; returns the roll-up (`rollup`)."""
+  result = write_rollup(workdir)
+  path = os.path.join(workdir, 'summary.json')
+  if result['goodput'] is not None and os.path.exists(path):
+    with open(path) as f:
+      record = json.load(f)
+    record['goodput'] = summary(result)
+    files.write_json(path, record)
+  return result
+
+
 def write_rollup(workdir: str, attempts_path: Optional[str] = None
                  ) -> dict[str, Any]:
   """Writes WORKDIR/goodput.jsonl (one line per attempt) and returns the

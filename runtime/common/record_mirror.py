@@ -13,7 +13,10 @@ the bucket too, each uploaded whole.
 
 Who owns what: process i the files named `rank_<i>.*` (its ledger, its
 fingerprint, its stall figures), process 0 every other file of the record
-(metrics, TensorBoard, summary.json), the launcher `LAUNCHER_FILES`. Never
+(metrics, TensorBoard, summary.json), the launcher `LAUNCHER_FILES` (process
+0 too where no launcher supervises it: a cluster's or a TPU VM's job; the
+TPU driver adds its attempts, the roll-up over them and logs/job.json at
+the end, `complete_record`). Never
 mirrored: the checkpoints (orbax writes those to the bucket itself), the
 lease and the roll call (`.podrun/`, which coordinate live processes), the
 compilation cache and the launcher's per-process logs (local to the
@@ -75,14 +78,23 @@ def local_copy(url: str) -> str:
   return os.path.join(root, url[len('gs://'):].strip('/'))
 
 
-def rank_owns(process_index: int) -> Callable[[str], bool]:
+def rank_owns(process_index: int, launcher_files: bool = False
+              ) -> Callable[[str], bool]:
   """Which record files process `process_index` uploads (see the module
-  docstring); paths are relative to the workdir, with '/'."""
+  docstring); paths are relative to the workdir, with '/'.
+
+  Args:
+    process_index: the process.
+    launcher_files: process 0 also owns the launcher's files, which it
+      writes itself when no launcher supervises it (a cluster's or a TPU
+      VM's process: goodput.jsonl).
+  """
   def owns(relative: str) -> bool:
     match = _RANK_FILE.search(relative)
     if match:
       return int(match.group(1)) == process_index
-    return process_index == 0 and relative not in LAUNCHER_FILES[1:]
+    return process_index == 0 and (launcher_files or
+                                   relative not in LAUNCHER_FILES[1:])
   return owns
 
 

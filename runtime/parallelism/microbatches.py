@@ -12,7 +12,10 @@ When G divides over the D devices and nothing asks for microbatches, m is
 G / D, k is 1 and nothing is padded: the step of before, bit for bit.
 Groups of the same size are the same groups on any topology (8 devices x
 1 and 4 devices x 2 cut the batch alike), so a model with batch statistics
-(BatchNorm) or per-group random numbers computes the same step on both.
+(BatchNorm) computes the same step on both; `microbatch_size` keeps the
+group size on any number of devices (an elastic job keeps its first
+attempt's, runtime/batch_limit.py). Random numbers do not depend on groups
+at all: each example draws from its own key (runtime/step.py).
 
 Example:
   >>> layout = plan(256, 24)             # 3 processes x 8 devices
@@ -86,9 +89,32 @@ def _smallest_group(global_batch_size: int, groups_at_most: int) -> int:
               if global_batch_size // m <= groups_at_most)
 
 
+def _fixed_group(global_batch_size: int, num_devices: int,
+                 microbatch_size: int, device_batch_limit: Optional[int],
+                 microbatches: Optional[int]) -> Layout:
+  """The layout whose groups are `microbatch_size` examples, on any D."""
+  if global_batch_size % microbatch_size or (
+      device_batch_limit and microbatch_size > device_batch_limit):
+    raise LayoutError(
+        f'groups of {microbatch_size} examples (config.microbatch_size) '
+        f'must divide global batch size {global_batch_size}'
+        + (f' and be at most config.device_batch_limit={device_batch_limit}'
+           if device_batch_limit else '') + '; choose a divisor of '
+        f'{global_batch_size}')
+  needed = math.ceil(global_batch_size // microbatch_size / num_devices)
+  if microbatches and microbatches != needed:
+    raise LayoutError(
+        f'config.microbatches={microbatches} and config.microbatch_size='
+        f'{microbatch_size}: global batch size {global_batch_size} on '
+        f'{num_devices} devices in groups of {microbatch_size} takes '
+        f'{needed} microbatch(es); set only one of the two')
+  return Layout(global_batch_size, num_devices, microbatch_size, needed)
+
+
 def plan(global_batch_size: int, num_devices: int,
          device_batch_limit: Optional[int] = None,
-         microbatches: Optional[int] = None) -> Layout:
+         microbatches: Optional[int] = None,
+         microbatch_size: Optional[int] = None) -> Layout:
   """The layout with the fewest passes per device, then the least padding.
 
   Args:
@@ -98,6 +124,10 @@ def plan(global_batch_size: int, num_devices: int,
       (config.device_batch_limit; None or 0: no limit).
     microbatches: k, the passes per device (config.microbatches; None or
       0: as few as the limit allows).
+    microbatch_size: m, the examples of one group, the same on every D
+      (config.microbatch_size, or an elastic job's first attempt's; None
+      or 0: chosen as above). Statistics over a group (BatchNorm's) are
+      then the same on any topology.
 
   Raises:
     LayoutError: naming G, D and the limits when none fits.
@@ -105,6 +135,9 @@ def plan(global_batch_size: int, num_devices: int,
   if global_batch_size <= 0 or num_devices <= 0:
     raise LayoutError(f'global batch size {global_batch_size} over '
                       f'{num_devices} devices: both must be positive')
+  if microbatch_size:
+    return _fixed_group(global_batch_size, num_devices, microbatch_size,
+                        device_batch_limit, microbatches)
   if microbatches:
     m = _smallest_group(global_batch_size, microbatches * num_devices)
   else:

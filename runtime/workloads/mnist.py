@@ -159,7 +159,8 @@ def make_task(config: ConfigDict, dataset: dict[str, np.ndarray]
       data=split['train'],
       eval_fn=lambda params, _: runtime.evaluate(
           params, example_metrics, split['test'], config.eval_batch_size,
-          runtime.parallelism.from_config(config)))
+          runtime.parallelism.from_config(config),
+          config.get('device_batch_limit')))
 
 
 def train_and_evaluate(config: ConfigDict, workdir: str) -> runtime.TrainResult:

@@ -2,8 +2,9 @@
 
 Written only against the public API: `runtime.Task`, `runtime.train`,
 `runtime.ArraySource` (via mnist.sources) and `runtime.evaluate`. BatchNorm's
-batch statistics are the task's model state; dropout draws from the key the
-loop passes, so a resumed run is exact.
+batch statistics are the task's model state; dropout draws each example's
+mask from that example's key (`runtime.dropout`), so a resumed run is exact
+and any topology drops the same values.
 """
 
 import functools
@@ -29,7 +30,7 @@ class CNN(nnx.Module):
     self.conv2 = nnx.Conv(c1, c2, (3, 3), use_bias=False, rngs=rngs)
     self.norm2 = nnx.BatchNorm(c2, momentum=0.9, rngs=rngs)
     self.dense = nnx.Linear(side * side * c2, dense, rngs=rngs)
-    self.dropout = nnx.Dropout(dropout)
+    self.dropout_rate = dropout
     self.out = nnx.Linear(dense, mnist.NUM_CLASSES, rngs=rngs)
 
   def __call__(self, images, train: bool, rng=None):
@@ -38,7 +39,9 @@ class CNN(nnx.Module):
       x = nnx.relu(norm(conv(x), use_running_average=not train))
       x = nnx.max_pool(x, (2, 2), strides=(2, 2))
     x = nnx.relu(self.dense(x.reshape(x.shape[0], -1)))
-    return self.out(self.dropout(x, deterministic=not train, rngs=rng))
+    if train:  # A mask per example, the same on any topology.
+      x = runtime.dropout(rng, self.dropout_rate, x)
+    return self.out(x)
 
 
 def _forward(graphdef, params, batch_stats, images, train, rng=None):
@@ -89,7 +92,8 @@ def make_task(config: ConfigDict, dataset) -> runtime.Task:
       data=split['train'],
       eval_fn=lambda params, stats: runtime.evaluate(
           (params, stats), metrics_fn, split['test'], config.eval_batch_size,
-          runtime.parallelism.from_config(config)))
+          runtime.parallelism.from_config(config),
+          config.get('device_batch_limit')))
 
 
 def train_and_evaluate(config: ConfigDict, workdir: str) -> runtime.TrainResult:

@@ -27,7 +27,8 @@ that a slow machine preempts at the same step; an empty entry never). The nodes 
 PREEMPTED and the queued resource SUSPENDING, then SUSPENDED after a second
 (both FAKE_QR_STATE_LAG_S, default 0, after the VMs' shutdown began, as the
 service can show it late). Each worker VM gets SIGTERM, and SIGKILL
-FAKE_TPU_PREEMPT_GRACE_S (default 2) s later, as a Compute Engine VM's
+FAKE_TPU_PREEMPT_GRACE_S (default 2) s later (with FAKE_TPU_PREEMPT_NOTICE=0
+SIGKILL alone, at once: a host lost without notice), as a Compute Engine VM's
 shutdown does, or at once when the queued resource is deleted meanwhile;
 its disk is gone.
 
@@ -238,8 +239,9 @@ def shut_down(qr: dict, grace: float) -> None:
   """The VMs of every node of `qr` go: SIGTERM, SIGKILL after grace (at
   once when the queued resource is deleted meanwhile), disks removed."""
   prefixes = [f'{node}#{qr["creation"]}/' for node in qr['node_ids']]
-  for prefix in prefixes:
-    _signal_all(_vm_processes(prefix), signal.SIGTERM)
+  if grace > 0 or os.environ.get('FAKE_TPU_PREEMPT_NOTICE', '1') != '0':
+    for prefix in prefixes:
+      _signal_all(_vm_processes(prefix), signal.SIGTERM)
   deadline = time.monotonic() + grace
   while time.monotonic() < deadline and any(
       _vm_processes(p) for p in prefixes):
@@ -299,7 +301,8 @@ def clock(name: str) -> int:
     if (not preempted_done and qr['preempted'] is not None and
         now >= qr['preempted'] and qr['deleting'] is None):
       event('preempted', name=name, creation=creation)
-      shut_down(qr, _env_s('FAKE_TPU_PREEMPT_GRACE_S', 2))
+      notice = os.environ.get('FAKE_TPU_PREEMPT_NOTICE', '1') != '0'
+      shut_down(qr, _env_s('FAKE_TPU_PREEMPT_GRACE_S', 2) if notice else 0)
       preempted_done = True
     if qr['deleting'] is not None and now >= qr['deleting'] + _env_s(
         'FAKE_QR_DELETE_S', 1):

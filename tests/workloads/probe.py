@@ -9,7 +9,9 @@ step from `fail_step` on (a straggler); `record_ids` saves which example ids
 each rank loaded to WORKDIR/ids/rank_<i>.npy, shape (steps, ids per rank);
 `ballast_floats` adds an untrained parameter of that many random floats, to make
 checkpoints big enough to be caught mid-save; `per_rank_checkpoint_dir` gives
-each rank a checkpoint directory of its own, as host-local disks would;
+each rank a checkpoint directory of its own, as host-local disks would, and
+`per_rank_local_dir` a local tier of its own (LOCAL_DIR/host_<i>), as
+processes on hosts of their own have;
 `fail_once` misbehaves only in the first run in a workdir; `flip_rank`
 flips one bit of the first parameter on its local device `flip_device` after
 step `flip_step`, as silent data corruption would; `fail_mode='sigkill'`
@@ -23,7 +25,11 @@ WORKDIR/ids/<attempt>/rank_<i>.jsonl (one line a load, so a SIGKILLed
 attempt keeps what it read); `step_seconds` sleeps after every step, to
 pace the job as a longer step would, and `slow_below_seconds` more in an
 attempt of fewer than `slow_below_processes` processes (an elastic job's
-reduced size lasting until it grows back, whatever the machine's speed).
+reduced size lasting until it grows back, whatever the machine's speed);
+`census` adds parameters that count every example and step trained
+(tests/workloads/census.py); `fail_at_step` misbehaves as `fail_mode` says
+on `fail_rank` right after the step of that number, in every attempt that
+trains it (a failure that comes back at the same step).
 """
 
 import dataclasses
@@ -44,6 +50,7 @@ from runtime import hooks
 from runtime import local_checkpoint
 from runtime import training
 from runtime.workloads import linear_regression
+from tests.workloads import census
 
 
 def _misbehave(config: ConfigDict) -> None:
@@ -68,6 +75,7 @@ def _misbehave(config: ConfigDict) -> None:
 
 def train_and_evaluate(config: ConfigDict, workdir):
   task, dataset = linear_regression.make_task(config)
+  source = task.data
   seen = []
 
   once_marker = os.path.join(workdir, f'probe_failed_rank_{config.fail_rank}')
@@ -88,7 +96,7 @@ def train_and_evaluate(config: ConfigDict, workdir):
         open(once_marker, 'w').close()
       _misbehave(config)
     seen.append(np.array(ids))
-    return task.data.read_batch(ids)
+    return source.read_batch(ids)
 
   params = dict(task.params)
   if config.ballast_floats:
@@ -100,6 +108,9 @@ def train_and_evaluate(config: ConfigDict, workdir):
   if config.per_rank_checkpoint_dir:
     config.checkpoint_dir = os.path.join(
         workdir, f'checkpoints_rank_{jax.process_index()}')
+  if config.per_rank_local_dir:
+    config.local_checkpoint_dir = os.path.join(
+        local_checkpoint.default_root(), f'host_{jax.process_index()}')
   extra_hooks = []
   if config.step_seconds:  # In the loop, so the ledger books it productive.
     extra_hooks.append(hooks.Periodic(
@@ -107,6 +118,9 @@ def train_and_evaluate(config: ConfigDict, workdir):
   if jax.process_count() < config.slow_below_processes:
     extra_hooks.append(hooks.Periodic(
         1, lambda run: time.sleep(config.slow_below_seconds)))
+  if config.fail_at_step and config.fail_rank == jax.process_index():
+    extra_hooks.append(hooks.Periodic(1, lambda run: (
+        _misbehave(config) if run.step == config.fail_at_step else None)))
   if config.flip_rank == jax.process_index():
     extra_hooks.append(hooks.Periodic(config.flip_step, lambda run: flip_bit(
         run, config.flip_step, config.flip_device)))
@@ -114,10 +128,13 @@ def train_and_evaluate(config: ConfigDict, workdir):
               else None)
   loss_fn = _nan_on_padding(task.loss_fn) if config.nan_on_padding else (
       task.loss_fn)
-  result = training.train(config, workdir, dataclasses.replace(
+  task = dataclasses.replace(
       task, params=params, loss_fn=loss_fn,
-      data=_Source(len(task.data), load_examples),
-      hooks=list(task.hooks) + extra_hooks, eval_fn=evaluate))
+      data=_Source(len(source), load_examples),
+      hooks=list(task.hooks) + extra_hooks, eval_fn=evaluate)
+  if config.census:
+    task = census.add(task, config.global_batch_size)
+  result = training.train(config, workdir, task)
   if config.record_ids:
     os.makedirs(os.path.join(workdir, 'ids'), exist_ok=True)
     np.save(os.path.join(workdir, 'ids', f'rank_{jax.process_index()}.npy'),

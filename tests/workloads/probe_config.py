@@ -20,7 +20,9 @@ def get_config():
   config.record_ids = False
   config.ballast_floats = 0
   config.per_rank_checkpoint_dir = False
+  config.per_rank_local_dir = False
   config.fail_once = False
+  config.fail_at_step = 0
   config.flip_rank = -1
   config.flip_step = 0
   config.flip_device = 0
@@ -31,6 +33,7 @@ def get_config():
   config.step_seconds = 0.0
   config.slow_below_processes = 0
   config.slow_below_seconds = 0.0
+  config.census = False
   # How the probe misbehaves only steers the run: outside the trajectory
   # sections, so a resumed run may change it with no registration.
   return config
