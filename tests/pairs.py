@@ -29,7 +29,7 @@ VERSION_DEPENDENT = {
         'a TPU pod: the per-worker environment that initialize reads',
     'test_tpu_fleet.py::test_two_slices_form_one_job_that_trains_as_a_four_process_pod':
         'TPU slices: the multislice environment of one job',
-    'test_elastic_processes.py':
+    'test_elastic_processes.py::test_a_lost_process_shrinks_the_pod_and_it_grows_back':
         'an elastic pod: initialize again with another process count',
     'test_cluster_env_processes.py::test_srun_style_job_is_detected_by_jax':
         "jax._src.clusters' detection, which moves between versions",
@@ -66,7 +66,7 @@ VERSION_DEPENDENT = {
     # pmap against jit(shard_map); optax and Flax across processes.
     'test_parallelism_processes.py':
         'pmap (on shard_map since 0.10) against jit(shard_map) on 2x4',
-    'test_mnist_cnn_processes.py':
+    'test_mnist_cnn_processes.py::test_2x4_matches_1x8':
         "Flax's modules, BatchNorm's state and optax's state on 2x4",
     'test_evaluation_processes.py':
         'evaluation gathered across processes',
