@@ -33,7 +33,9 @@ CLIENT_METHODS = ('key_value_set', 'key_value_try_get',
                   'blocking_key_value_get', 'key_value_dir_get',
                   'key_value_delete', 'wait_at_barrier')
 
-_default_timeout_s = 300.0
+# Until the launcher sets --barrier_timeout's value (set_default_timeout).
+DEFAULT_TIMEOUT_S = 300.0
+_default_timeout_s = DEFAULT_TIMEOUT_S
 
 
 def set_default_timeout(seconds: float) -> None:

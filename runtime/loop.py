@@ -125,10 +125,12 @@ def run_steps(run: Run, step_fn: Callable, next_batch: Callable,
     next_batch: `step -> (placed batch, seconds waited for it)`, 0-based.
     hooks: each with begin, after_step and end (runtime/hooks.py).
   """
-  for hook in hooks:
-    hook.begin(run)
+  begun = []  # Ended in `finally`, also when a later hook's begin fails.
   error: Optional[BaseException] = None
   try:
+    for hook in hooks:
+      hook.begin(run)
+      begun.append(hook)
     for step in range(run.start_step, run.steps):
       batch, waited_s = next_batch(step)
       run.window.waited(waited_s)
@@ -151,7 +153,7 @@ def run_steps(run: Run, step_fn: Callable, next_batch: Callable,
     error = e
     raise
   finally:
-    for hook in reversed(hooks):
+    for hook in reversed(begun):
       _end(hook, run, error)
 
 

@@ -64,6 +64,46 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if pairs.is_version_dependent(item.path.name, item.originalname):
       item.add_marker(pytest.mark.versions)
+  items[:] = reordered(items, os.environ.get(ORDER_VARIABLE, ''))
+
+
+# Runs the modules in another order, to show that no test depends on what
+# ran before it: `reverse`, or `shuffle:SEED` (the modules, and the tests
+# within each, in a seeded random order). Empty: the order collected.
+ORDER_VARIABLE = 'PODRUN_TEST_ORDER'
+
+
+def reordered(items: list, order: str) -> list:
+  """`items` in the order PODRUN_TEST_ORDER names; a module's tests stay
+  together, so that its module-scoped fixtures are made once."""
+  if not order:
+    return list(items)
+  modules: dict = {}
+  for item in items:
+    modules.setdefault(item.path, []).append(item)
+  groups = list(modules.values())
+  if order == 'reverse':
+    return [item for group in reversed(groups) for item in group]
+  kind, _, seed = order.partition(':')
+  if kind != 'shuffle' or not seed.isdigit():
+    raise pytest.UsageError(f'{ORDER_VARIABLE}={order!r}: use reverse or '
+                            'shuffle:SEED (SEED a whole number)')
+  import random  # pylint: disable=g-import-not-at-top
+  shuffler = random.Random(int(seed))
+  shuffler.shuffle(groups)
+  for group in groups:
+    shuffler.shuffle(group)
+  return [item for group in groups for item in group]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_state():
+  """Every test starts from fresh process-wide state, whatever ran before
+  it in this process, and leaves none behind (tests/process_state.py)."""
+  from tests import process_state  # pylint: disable=g-import-not-at-top
+  saved = process_state.fresh()
+  yield
+  process_state.restore(saved)
 
 
 @pytest.fixture(autouse=True)

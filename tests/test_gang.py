@@ -217,10 +217,13 @@ def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
 
 
 def test_a_loop_of_its_own_that_reports_progress_is_not_stalled(tmp_path):
-  # Ten steps of 0.5 s: longer than both timeouts, each step reported.
+  # Ten steps of 0.6 s: 6 s in all, longer than --stall_timeout, each step
+  # reported. The first step's clock starts before the processes' set-up
+  # and compilation, which a loaded machine may stretch: it gets 60 s.
   result = helpers.run_launcher(
       [OWN_LOOP, f'--workdir={tmp_path}', '--local_processes=2',
-       '--first_step_timeout=3', '--stall_timeout=3'])
+       '--config.step_seconds=0.6', '--first_step_timeout=60',
+       '--stall_timeout=4'])
   assert result.returncode == 0, result.output
   summary = helpers.read_json(tmp_path / 'summary.json')
   assert summary['results'] == {'steps': 10, 'rows_per_step': 16.0}

@@ -3,6 +3,7 @@
 import contextlib
 import dataclasses
 import glob
+import signal
 import types
 
 import jax
@@ -85,6 +86,30 @@ def test_a_hook_error_stops_the_run_and_the_others_still_end(tmp_path):
   with pytest.raises(RuntimeError, match='hook fails at step 2'):
     _train(_config(6), tmp_path, Ends(), hooks.Periodic(2, fail))
   assert ended == ['RuntimeError']
+
+
+def test_a_failed_begin_still_ends_the_hooks_that_began(tmp_path):
+  # The preemption notice's hook begins before the user's and installs a
+  # SIGTERM handler: a failing begin after it must not leave that handler
+  # in the process.
+  before = signal.getsignal(signal.SIGTERM)
+  ended = []
+
+  class Ends(hooks.Hook):
+    def end(self, run, error):
+      ended.append(type(error).__name__)
+
+  class FailsToBegin(hooks.Hook):
+    def begin(self, run):
+      raise RuntimeError('cannot begin')
+
+    def end(self, run, error):
+      ended.append('never began')
+
+  with pytest.raises(RuntimeError, match='cannot begin'):
+    _train(_config(6, checkpointing=False), tmp_path, Ends(), FailsToBegin())
+  assert ended == ['RuntimeError']
+  assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_the_learning_rate_is_logged_from_the_schedule(tmp_path):

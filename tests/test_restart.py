@@ -9,6 +9,7 @@ import pytest
 
 from launcher import restart
 from runtime.common import exit_codes
+from tests import helpers
 
 pytestmark = pytest.mark.unit
 
@@ -99,11 +100,20 @@ def test_only_failures_without_progress_back_off(tmp_path, monkeypatch):
 def test_a_signal_during_the_back_off_ends_the_run_with_128_plus_n(
     tmp_path, capsys):
   started, told = [], []
+  before = signal.getsignal(signal.SIGTERM)
+
+  def term_once_the_back_off_handles_it():
+    # Not at a fixed delay: before the back-off's handler is in, SIGTERM
+    # would meet another (or the default, which ends this process).
+    if helpers.wait_for(lambda: signal.getsignal(signal.SIGTERM) != before,
+                        20, 0.01):
+      os.kill(os.getpid(), signal.SIGTERM)
 
   def start(attempt):
     started.append(attempt)
     if attempt == 1:  # SIGTERM arrives while the launcher waits 30 s.
-      threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+      threading.Thread(target=term_once_the_back_off_handles_it,
+                       daemon=True).start()
     return _FakePod(137)
   began = time.monotonic()
   code = restart.run(start, max_restarts=3, first_backoff_s=30,

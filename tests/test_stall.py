@@ -74,13 +74,12 @@ def test_the_floor_is_a_flag():
 
 def test_what_was_learned_is_kept_and_used_from_the_next_first_step(
     tmp_path):
-  progress.reset_for_tests()
   for step in range(1, 31):
     progress.report(step, process_index=0)
   with progress.working('checkpoint'):
     pass
   stall.save(str(tmp_path), 0, progress.snapshot().learned)
-  progress.reset_for_tests()
+  progress.reset_for_tests()  # The next attempt: a new process.
   progress.seed(stall.load(str(tmp_path), 0))
   progress.report(1, process_index=0)  # The next attempt's first step.
   snapshot = progress.snapshot()
@@ -88,7 +87,6 @@ def test_what_was_learned_is_kept_and_used_from_the_next_first_step(
   assert 'checkpoint' in snapshot.learned.work_seconds
   _, _, why = stall.deadline(snapshot, 600, now=snapshot.done_at + 1)
   assert why.startswith('learned')
-  progress.reset_for_tests()
 
 
 def test_a_missing_or_torn_file_teaches_nothing(tmp_path):

@@ -83,8 +83,11 @@ def test_a_silent_peer_is_declared_lost_and_everyone_exits_10():
   client = _FakeJob(process_index=0, process_count=2)
   exited = []
   done = threading.Event()
+  # The stall watch off: this process completes no step, and only the
+  # heartbeat is under test.
   sup = supervisor.Supervisor(
-      client, supervisor.Options(heartbeat_timeout=1.5), host='h0',
+      client, supervisor.Options(heartbeat_timeout=1.5, stall_timeout=0,
+                                 first_step_timeout=0), host='h0',
       exit_process=lambda code: (exited.append(code), done.set()))
   sup.start()
   assert done.wait(10), 'rank 1 was never declared lost'
@@ -95,7 +98,6 @@ def test_a_silent_peer_is_declared_lost_and_everyone_exits_10():
 
 
 def test_the_own_watchdog_publishes_a_stall_and_dumps_stacks():
-  progress.reset_for_tests()
   client = _FakeJob(process_index=1, process_count=2)
   exited, dumped = [], []
   done = threading.Event()
@@ -130,16 +132,12 @@ def test_fail_keeps_its_code_unless_another_failed_first(first_is_consequence):
 def test_no_straggler_is_judged_from_the_warm_up():
   # A first-steps own time of 1 s (a prefetcher starting) would make this
   # rank a straggler against one whose own time is 1 ms.
-  progress.reset_for_tests()
-  try:
-    for step in range(1, progress.WARMUP_STEPS + 1):
-      progress.begin(step, own_seconds=1.0)
-    assert progress.snapshot().own_seconds == []
-    for step in range(progress.WARMUP_STEPS + 1, progress.WARMUP_STEPS + 31):
-      progress.begin(step, own_seconds=0.001)
-    own = progress.snapshot().own_seconds
-  finally:
-    progress.reset_for_tests()
+  for step in range(1, progress.WARMUP_STEPS + 1):
+    progress.begin(step, own_seconds=1.0)
+  assert progress.snapshot().own_seconds == []
+  for step in range(progress.WARMUP_STEPS + 1, progress.WARMUP_STEPS + 31):
+    progress.begin(step, own_seconds=0.001)
+  own = progress.snapshot().own_seconds
   assert own == [0.001] * 30
   quick = {'own': progress.summarize(own), 'step': {'median': 0.1}}
   assert peers.straggler_warnings({0: quick, 1: quick}) == []

@@ -248,6 +248,8 @@ def summarize(seconds: list[float]) -> dict[str, Optional[float]]:
 
 
 def reset_for_tests() -> None:
-  """Forgets every report (tests run several loops in one process)."""
+  """Forgets every report, as a new process would start (a test that plays
+  two attempts in one process; tests/process_state.py gives every test a
+  fresh report)."""
   global _progress
   _progress = _Progress()
