@@ -14,6 +14,7 @@ import importlib.util
 import os
 import sys
 import time
+import uuid
 from typing import NoReturn, Optional
 
 from absl import app
@@ -24,8 +25,10 @@ from ml_collections import config_flags
 from launcher.local import elastic
 from launcher.local import pod as local_pod
 from launcher import restart
+from launcher import tls
 from launcher import usage
 from runtime.common import cluster
+from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import goodput
 from runtime.common import record_mirror
@@ -56,6 +59,16 @@ _PROCESS_ID = flags.DEFINE_integer('process_id', None,
 _COORDINATOR_BIND_ADDRESS = flags.DEFINE_string(
     'coordinator_bind_address', None,
     'HOST:PORT the coordinator listens on; default every interface.')
+_TLS = flags.DEFINE_enum(
+    'tls', tls.AUTO, tls.MODES,
+    'Mutual TLS on the coordinator (JAX 0.12 and newer): auto uses it where '
+    'JAX has it (a local pod makes its own authority; a cluster\'s job needs '
+    '--tls_dir) and says so where not; require refuses to start without it; '
+    'off joins without it (README, Trust and the network).')
+_TLS_DIR = flags.DEFINE_string(
+    'tls_dir', None,
+    'The job\'s certificate authority (`podrun-tls DIR` makes one), on a '
+    'path every host reads; default $PODRUN_TLS_DIR.')
 _INITIALIZATION_TIMEOUT = flags.DEFINE_integer(
     'initialization_timeout', 300,
     'Seconds to wait for every process to join the job.')
@@ -151,7 +164,7 @@ POD_FLAGS = ('local_processes', 'coordinator_address', 'num_processes',
              'process_id', 'coordinator_bind_address', 'workdir',
              'local_devices', 'dry_run', 'max_restarts', 'restart_backoff',
              'retry_exit_codes', 'preemption_grace', 'min_processes',
-             'regrow_after')
+             'regrow_after', 'tls', 'tls_dir')
 
 
 def _fail(message: str) -> NoReturn:
@@ -269,14 +282,16 @@ def distributed_options():
       **values,
       initialization_timeout=_INITIALIZATION_TIMEOUT.value,
       heartbeat_timeout=_HEARTBEAT_TIMEOUT.value,
-      shutdown_timeout=_BARRIER_TIMEOUT.value)
+      shutdown_timeout=_BARRIER_TIMEOUT.value,
+      tls=_TLS.value,
+      tls_dir=_TLS_DIR.value or os.environ.get(env_vars.TLS_DIR) or None)
 
 
-def _make_pod(config: ConfigDict, workdir: str, job_id=None,
-              attempt: int = 1,
+def _make_pod(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
+              job_id=None, attempt: int = 1,
               capacity: Optional[elastic.Capacity] = None) -> local_pod.Gang:
   """The local pod that --local_processes asks for (`capacity`: how many
-  of its processes an elastic pod has now)."""
+  of its processes an elastic pod has now; `authority`: its TLS)."""
   for name in ('num_processes', 'process_id', 'coordinator_bind_address'):
     if flags.FLAGS[name].present:
       _fail(f'--{name} is chosen by the launcher with --local_processes; '
@@ -295,7 +310,8 @@ def _make_pod(config: ConfigDict, workdir: str, job_id=None,
                            else None),
         local_devices=local_devices,
         workdir=workdir,
-        rank_args=pod_passthrough_args(sys.argv[1:]),
+        rank_args=(pod_passthrough_args(sys.argv[1:]) +
+                   authority.rank_args()),
         coordinator_address=_COORDINATOR_ADDRESS.value,
         stall_timeout=_STALL_TIMEOUT.value,
         first_step_timeout=_FIRST_STEP_TIMEOUT.value,
@@ -391,28 +407,45 @@ def main(argv: list[str]) -> int:
   workdir = _workdir(_WORKDIR.value)
   workload.parse(config.get('workload'))
 
+  tls.check_required(_TLS.value)
   if _LOCAL_PROCESSES.value is not None:
-    capacity = _capacity(config)
-    pod = _make_pod(config, workdir, capacity=capacity)
+    return _run_local_pod(config, workdir)
+  return _run_process(config, workdir)
+
+
+def _run_local_pod(config: ConfigDict, workdir: str) -> int:
+  """--local_processes: the pod, restarted and resized as its flags say."""
+  capacity = _capacity(config)
+  job_id = uuid.uuid4().hex
+  authority = tls.PodAuthority(_TLS.value, job_id, restart.console_say)
+  try:
+    pod = _make_pod(config, workdir, authority, job_id=job_id,
+                    capacity=capacity)
     if _DRY_RUN.value:
       return pod.print_plan()
     mirror = _launcher_mirror(workdir)
     retryable = _retryable_exit_codes(config)
     code = restart.run(
         lambda attempt: pod if attempt == 1 else _make_pod(
-            config, workdir, job_id=pod.job_id, attempt=attempt,
+            config, workdir, authority, job_id=pod.job_id, attempt=attempt,
             capacity=capacity),
         max_restarts=_MAX_RESTARTS.value,
         first_backoff_s=_RESTART_BACKOFF.value, retryable=retryable,
         logs_dir=pod.logs_dir,
         resize=(elastic.resize_after(capacity, retryable, restart.console_say)
                 if capacity else lambda pod, code: None))
-    if mirror is None:
-      _report_goodput(workdir)
-    else:
-      _report_goodput(mirror.local_dir, shown_as=workdir)
-      mirror.finish()
-    return code
+  finally:
+    authority.close()
+  if mirror is None:
+    _report_goodput(workdir)
+  else:
+    _report_goodput(mirror.local_dir, shown_as=workdir)
+    mirror.finish()
+  return code
+
+
+def _run_process(config: ConfigDict, workdir: str) -> int:
+  """Without --local_processes: this process is one of the job's."""
   if _MIN_PROCESSES.value is not None:
     _fail('--min_processes needs --local_processes; a cluster\'s job '
           'started on fewer processes resumes by itself (README, Elastic '

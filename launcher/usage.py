@@ -33,6 +33,10 @@ GROUPS = (
         ('coordinator_bind_address', 'HOST:PORT process 0 listens on'),
         ('initialization_timeout', 'seconds for every process to join'),
     )),
+    ('Who may join (README, Trust and the network)', (
+        ('tls', 'auto, require or off: mutual TLS on the coordinator'),
+        ('tls_dir', 'the job\'s certificate authority (podrun-tls DIR)'),
+    )),
     ('Supervision in every process', (
         ('supervision', 'failure broadcast, watchdog, stragglers, lease'),
         ('heartbeat_timeout', 'seconds of silence before a process is lost'),

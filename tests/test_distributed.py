@@ -63,3 +63,12 @@ def test_proxy_warning_and_exemption():
 ])
 def test_cluster_detection_reads_the_environment(env, name):
   assert cluster.detect(env) == name
+
+
+def test_the_coordinator_listens_where_the_job_names_it():
+  assert distributed.bind_address('127.0.0.1:8476') == (
+      '127.0.0.1:8476', 'the address --coordinator_address names')
+  assert distributed.bind_address('[::1]:8476')[0] in ('[::1]:8476', None)
+  # Not this machine's: every interface, JAX's default, and why.
+  bind, why = distributed.bind_address('192.0.2.7:8476')  # TEST-NET-1
+  assert bind is None and why.startswith('192.0.2.7 is not an address of')

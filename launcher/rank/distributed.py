@@ -8,6 +8,7 @@ the timeout) and then calls `jax.distributed.initialize`.
 
 import dataclasses
 import errno
+import ipaddress
 import os
 import socket
 import time
@@ -15,9 +16,11 @@ from typing import Mapping, MutableMapping, Optional
 
 from absl import logging
 
+from launcher.rank import credentials
 from launcher.rank import roll_call
 from runtime.common import cluster
 from runtime.common import exit_codes
+from runtime.common import job_tls
 
 EXPLICIT = 'explicit'  # All of coordinator, count and id given.
 DETECT = 'detect'      # None given, on a cluster JAX configures itself.
@@ -44,7 +47,8 @@ class Options:
     process_id: this process, in [0, num_processes).
     coordinator_bind_address: 'HOST:PORT' the coordinator listens on, also
       on a cluster JAX detects (where JAX_COORDINATOR_PORT fixes the port);
-      None lets JAX listen on every interface, as a real cluster needs.
+      None: the address --coordinator_address names, where it is one of
+      this machine's (`bind_address`), else every interface.
     initialization_timeout: seconds to wait for every process to join.
     heartbeat_timeout: seconds of silence after which the project's own
       supervision (supervisor.py) declares a process lost; JAX's heartbeat,
@@ -52,6 +56,8 @@ class Options:
       JAX_HEARTBEAT_MARGIN_S later as a backstop.
     shutdown_timeout: seconds JAX's shutdown barrier waits at exit for the
       other processes.
+    tls: --tls, 'auto', 'require' or 'off' (credentials.py).
+    tls_dir: --tls_dir, the job's certificate authority.
   """
   coordinator_address: Optional[str] = None
   num_processes: Optional[int] = None
@@ -60,6 +66,8 @@ class Options:
   initialization_timeout: int = 300
   heartbeat_timeout: float = 15
   shutdown_timeout: float = 300
+  tls: str = credentials.AUTO
+  tls_dir: Optional[str] = None
 
 
 def split_address(address: str, flag: str = '--coordinator_address'
@@ -123,6 +131,50 @@ def _check_port_free(bind_address: str) -> None:
           f'cannot bind the coordinator to {bind_address}: {e}') from e
 
 
+def bind_address(coordinator_address: str) -> tuple[Optional[str], str]:
+  """Where process 0's coordinator listens when --coordinator_bind_address
+  is not given, and why: the address the job names, so that the port is not
+  open on interfaces the job does not use, where this machine has it.
+
+  A name that resolves to a loopback address other than the job's own
+  (Debian maps the host's name to 127.0.1.1) would shut the other hosts
+  out, so such a name, and one this machine cannot bind, listen on every
+  interface (None: JAX's default).
+
+  Example:
+    >>> bind_address('10.0.0.2:8476')
+    ('10.0.0.2:8476', 'the address --coordinator_address names')
+  """
+  host, port = split_address(coordinator_address)
+  try:
+    found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+  except OSError:
+    found = []
+  literal = _is_ip(host)
+  for family, _, _, _, sockaddr in found:
+    ip = ipaddress.ip_address(sockaddr[0])
+    if ip.is_loopback and not literal and host != 'localhost':
+      break  # A host name mapped to loopback: other hosts use its real one.
+    try:
+      with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((sockaddr[0], 0))
+    except OSError:
+      continue  # Not this machine's address.
+    shown = f'[{ip}]' if ip.version == 6 else str(ip)
+    return f'{shown}:{port}', 'the address --coordinator_address names'
+  return None, (f'{host} is not an address of this machine that other hosts '
+                'reach')
+
+
+def _is_ip(host: str) -> bool:
+  try:
+    ipaddress.ip_address(host)
+    return True
+  except ValueError:
+    return False
+
+
 def _wait_for_coordinator(host: str, port: int, timeout_s: float) -> None:
   deadline = time.monotonic() + timeout_s
   last_error = None
@@ -153,6 +205,29 @@ def check_jax_untouched() -> None:
         'into the workload function.')
 
 
+def _before_joining(options: Options,
+                    found: Optional[job_tls.Credentials]
+                    ) -> Options:
+  """Process 0: chooses where its coordinator listens and checks the port
+  is free. The others: wait for the coordinator and check it is this
+  attempt's. Returns the options with the bind address chosen."""
+  host, port = split_address(options.coordinator_address)
+  if options.process_id != 0:
+    _wait_for_coordinator(host, port, options.initialization_timeout)
+    if found is not None:
+      credentials.check_coordinator(host, port, found, timeout_s=10)
+    return options
+  bind = options.coordinator_bind_address
+  if not bind:
+    bind, why = bind_address(options.coordinator_address)
+    logging.info('the coordinator listens on %s (%s; '
+                 '--coordinator_bind_address chooses)',
+                 bind or 'every interface', why)
+    options = dataclasses.replace(options, coordinator_bind_address=bind)
+  _check_port_free(bind or f'0.0.0.0:{port}')
+  return options
+
+
 def initialize(mode: str, options: Options,
                roll: Optional[roll_call.RollCall] = None) -> None:
   """Starts jax.distributed as `mode` says; must run before any JAX work.
@@ -171,12 +246,10 @@ def initialize(mode: str, options: Options,
   check_jax_untouched()
   if mode == SINGLE:
     return
+  found = credentials.issue_for(options.tls, options.tls_dir,
+                                options.process_id, jax.__version__)
   if mode == EXPLICIT:
-    host, port = split_address(options.coordinator_address)
-    if options.process_id == 0:
-      _check_port_free(options.coordinator_bind_address or f'0.0.0.0:{port}')
-    else:
-      _wait_for_coordinator(host, port, options.initialization_timeout)
+    options = _before_joining(options, found)
   kwargs = {}
   if mode == EXPLICIT:
     kwargs = dict(coordinator_address=options.coordinator_address,
@@ -185,8 +258,11 @@ def initialize(mode: str, options: Options,
   if options.coordinator_bind_address:
     # On a detected cluster too: JAX otherwise listens on every interface.
     kwargs['coordinator_bind_address'] = options.coordinator_bind_address
-  logging.info('jax.distributed.initialize(%s)', ', '.join(
-      f'{k}={v!r}' for k, v in kwargs.items()) or 'detected from the cluster')
+  logging.info('jax.distributed.initialize(%s)%s', ', '.join(
+      f'{k}={v!r}' for k, v in kwargs.items()) or 'detected from the cluster',
+      f' with mutual TLS as {found.uri}' if found else '')
+  if found is not None:
+    kwargs.update(found.jax_kwargs())
   try:
     with roll_call.Watch(roll, options.initialization_timeout):
       # JAX's own timeout, which aborts without naming anyone, comes later.

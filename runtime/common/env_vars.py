@@ -18,6 +18,9 @@ NUM_PROCESSES = 'PODRUN_NUM_PROCESSES'
 PROCESS_ID = 'PODRUN_PROCESS_ID'
 COORDINATOR_BIND_ADDRESS = 'PODRUN_COORDINATOR_BIND_ADDRESS'
 
+# The job's certificate authority, for --tls_dir (flags win).
+TLS_DIR = 'PODRUN_TLS_DIR'
+
 # The job's id, the same on every attempt: names its local checkpoints and
 # its workdir lease.
 JOB_ID = 'PODRUN_JOB_ID'
