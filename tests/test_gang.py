@@ -4,6 +4,7 @@ names its cause, and leaves no process behind."""
 import os
 import signal
 import socket
+import threading
 import time
 
 import pytest
@@ -156,6 +157,7 @@ def test_a_single_process_has_its_watchdog_too(tmp_path):
 
 
 def test_coordinator_port_in_use(tmp_path):
+  # Held for good: process 0 waits half --initialization_timeout.
   with socket.socket() as holder:
     holder.bind(('127.0.0.1', 0))
     holder.listen()
@@ -163,11 +165,24 @@ def test_coordinator_port_in_use(tmp_path):
     result = helpers.run_launcher(
         ['--config=configs/linear_regression.py', f'--workdir={tmp_path}',
          '--local_processes=2', f'--coordinator_address=127.0.0.1:{port}',
-         '--initialization_timeout=20'], timeout=90)
+         '--initialization_timeout=8'], timeout=90)
   assert result.returncode == exit_codes.DISTRIBUTED_INIT_FAILED, result.output
-  assert f'the coordinator port {port} on 127.0.0.1 is already in use' in (
-      result.stderr)
+  assert (f'the coordinator port {port} on 127.0.0.1 is still in use after '
+          '4 s') in result.stderr
   helpers.assert_no_survivors(tmp_path)
+
+
+def test_a_coordinator_port_let_go_soon_is_waited_for(tmp_path):
+  # As an earlier attempt's coordinator that is still exiting.
+  holder = socket.create_server(('127.0.0.1', 0))
+  port = holder.getsockname()[1]
+  threading.Timer(3, holder.close).start()
+  result = helpers.run_launcher(
+      ['--config=configs/linear_regression.py', f'--workdir={tmp_path}',
+       '--config.steps=5', '--local_processes=2',
+       f'--coordinator_address=127.0.0.1:{port}'], timeout=90)
+  assert result.returncode == 0, result.output
+  assert f'the coordinator port {port} is in use' in result.stderr
 
 
 def test_nobody_listens_at_the_coordinator_address(tmp_path):

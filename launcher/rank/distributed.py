@@ -8,6 +8,7 @@ the timeout) and then calls `jax.distributed.initialize`.
 
 import dataclasses
 import errno
+import itertools
 import ipaddress
 import os
 import socket
@@ -112,23 +113,43 @@ def plan(options: Options, env: Optional[Mapping[str, str]] = None) -> str:
   return EXPLICIT
 
 
-def _check_port_free(bind_address: str) -> None:
-  host, port = split_address(bind_address, '--coordinator_bind_address')
+# How long process 0 waits for its coordinator's port to be let go: an
+# earlier attempt's coordinator on this machine may still be exiting.
+PORT_WAIT_S = 20.0
+
+
+def _bind_once(host: str, port: int) -> None:
   family = socket.AF_INET6 if ':' in host else socket.AF_INET
   with socket.socket(family, socket.SOCK_STREAM) as s:
     # As gRPC does: reuse a port in TIME_WAIT, but not one with a listener.
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port))
+
+
+def _check_port_free(bind_address: str, wait_s: float = PORT_WAIT_S) -> None:
+  """Raises DistributedInitError unless the port can be bound, waiting up to
+  `wait_s` seconds for a listener to let it go."""
+  host, port = split_address(bind_address, '--coordinator_bind_address')
+  deadline = time.monotonic() + wait_s
+  for tries in itertools.count():
     try:
-      s.bind((host, port))
+      _bind_once(host, port)
+      return
     except OSError as e:
-      if e.errno == errno.EADDRINUSE:
+      if e.errno != errno.EADDRINUSE:
+        raise DistributedInitError(
+            f'cannot bind the coordinator to {bind_address}: {e}') from e
+      if time.monotonic() >= deadline:
         raise DistributedInitError(
             f'the coordinator port {port} on {host or "every interface"} is '
-            'already in use by another program, so process 0 cannot start '
-            'the coordinator there. Choose a free port in '
-            '--coordinator_address (or stop the program holding it).') from e
-      raise DistributedInitError(
-          f'cannot bind the coordinator to {bind_address}: {e}') from e
+            f'still in use after {wait_s:g} s, so process 0 cannot start the '
+            'coordinator there. Choose a free port in --coordinator_address '
+            '(or stop the program holding it).') from e
+      if tries == 0:
+        logging.warning('the coordinator port %d is in use (an earlier '
+                        'attempt\'s coordinator still exiting?); waiting up '
+                        'to %g s for it', port, wait_s)
+    time.sleep(0.5)
 
 
 def bind_address(coordinator_address: str) -> tuple[Optional[str], str]:
@@ -224,7 +245,10 @@ def _before_joining(options: Options,
                  '--coordinator_bind_address chooses)',
                  bind or 'every interface', why)
     options = dataclasses.replace(options, coordinator_bind_address=bind)
-  _check_port_free(bind or f'0.0.0.0:{port}')
+  # Half the join's time at most: the others' roll call, which would
+  # blame process 0 for not joining, must not end first.
+  _check_port_free(bind or f'0.0.0.0:{port}',
+                   min(PORT_WAIT_S, options.initialization_timeout / 2))
   return options
 
 
