@@ -14,6 +14,9 @@ A workload is a function `(config, workdir)` that builds a `Task` and calls
   progress                   progress.report(step), for a loop of one's own
   dropout                    dropout(rng, rate, x) with a key per example,
                              the same on any topology (runtime/randomness.py)
+  per_example                per_example(forward)(rng, x): Flax's dropout
+                             layers with a key per example, under
+                             Task(rng='example')
   fingerprint                fingerprint(tree), to compare processes
 
 Example:
@@ -35,8 +38,8 @@ import warnings
 
 __all__ = [
     'ArraySource', 'ConfigError', 'PodrunError', 'Task', 'TrainResult',
-    'dropout', 'evaluate', 'fingerprint', 'hooks', 'parallelism', 'progress',
-    'train',
+    'dropout', 'evaluate', 'fingerprint', 'hooks', 'parallelism',
+    'per_example', 'progress', 'train',
 ]
 
 # Python hides a DeprecationWarning raised outside __main__, so a workload's
@@ -57,6 +60,7 @@ _EXPORTS = {
     'fingerprint': ('runtime.fingerprint', None),
     'hooks': ('runtime.hooks', None),
     'parallelism': ('runtime.parallelism', None),
+    'per_example': ('runtime.randomness', 'per_example'),
     'progress': ('runtime.progress', None),
     'train': ('runtime.training', 'train'),
 }

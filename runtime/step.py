@@ -55,8 +55,9 @@ class TrainState(NamedTuple):
 
 def loss_fn_signatures() -> str:
   """The four shapes a loss_fn may take, for error messages."""
-  return ('loss_fn(params, batch) -> (loss, metrics); with loss_uses_rng, '
-          'loss_fn(params, batch, rng); with model state, loss_fn(params, '
+  return ('loss_fn(params, batch) -> (loss, metrics); with Task.rng (or '
+          'loss_uses_rng), loss_fn(params, batch, rng); with model state, '
+          'loss_fn(params, '
           'model_state, batch) -> (loss, (metrics, new_model_state)); with '
           'both, loss_fn(params, model_state, batch, rng)')
 
@@ -84,8 +85,8 @@ def check_loss_fn(loss_fn: LossFn, uses_rng: bool,
         f'loss_fn({names}) takes {len(positional)} positional argument(s), '
         f'but the step calls it with {given} (model state: '
         f'{"yes" if has_model_state else "no"}, rng: '
-        f'{"yes" if uses_rng else "no"}; Task.model_state and '
-        f'Task.loss_uses_rng decide). The signatures: '
+        f'{"yes" if uses_rng else "no"}; Task.model_state and Task.rng '
+        f'(or Task.loss_uses_rng) decide). The signatures: '
         f'{loss_fn_signatures()}.')
 
 
@@ -150,7 +151,7 @@ def _group_values(loss_fn: LossFn, state: TrainState, group: Any,
 
 
 def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
-                 layout: microbatches_lib.Layout, uses_rng: bool,
+                 layout: microbatches_lib.Layout, rng: Optional[str],
                  has_model_state: bool):
   """Metrics, model state and grads averaged over the step's real groups.
 
@@ -171,8 +172,7 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
 
   def counted(group, j):
     index = first + j
-    extra = ((randomness.example_keys(step_rng, index * m, m),) if uses_rng
-             else ())
+    extra = randomness.keys_for(rng, step_rng, index, index * m, m)
     out = _group_values(loss_fn, state, group, extra, has_model_state)
     real = index < layout.real_groups
     return jax.tree_util.tree_map(
@@ -194,7 +194,7 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                     parallelism: parallelism_lib.Parallelism,
-                    uses_rng: bool = False,
+                    rng: Optional[str] = None,
                     has_model_state: bool = False,
                     layout: Optional[microbatches_lib.Layout] = None
                     ) -> Callable:
@@ -211,10 +211,11 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     loss_fn: see `LossFn`.
     optimizer: an optax transformation.
     parallelism: `parallelism.PMAP` or `parallelism.SHARD_MAP`.
-    uses_rng: pass loss_fn a last argument, uint32 (n, 2): a PRNG key for
-      each of its n examples, from the step and the example's position in
-      the global batch (runtime/randomness.py), so that an example draws
-      the same numbers on any topology and in any microbatch.
+    rng: None, or pass loss_fn a last argument (runtime/randomness.py):
+      'example', uint32 (n, 2), a key for each of its n examples, from the
+      step and the example's position in the global batch, the same on any
+      topology and in any microbatch; 'device', uint32 (2,), one key for
+      the call, from the step and the call's device and microbatch.
     has_model_state: loss_fn takes and returns model state (see `LossFn`);
       its float leaves are averaged over the devices after every step.
     layout: how the step's examples sit on the devices
@@ -233,31 +234,32 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     >>> step = make_train_step(loss_fn, optax.sgd(0.1), parallelism.PMAP)
     >>> state, metrics = step(state, parallelism.PMAP.put_batch(batch))
   """
-  check_loss_fn(loss_fn, uses_rng, has_model_state)
+  check_loss_fn(loss_fn, rng is not None, has_model_state)
+  loss_fn = randomness.explained(loss_fn, rng)
+  contract = rng
 
   one_pass = layout is None or (layout.microbatches == 1 and
                                 not layout.padded_groups)
 
   def step(state: TrainState, batch: Any):
-    rng, step_rng = jax.random.split(state.rng)
+    next_rng, step_rng = jax.random.split(state.rng)
     if one_pass:  # The step of before accumulation, bit for bit.
-      extra = ()
-      if uses_rng:
-        rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
-        extra = (randomness.example_keys(
-            step_rng, lax.axis_index(_AXIS) * rows, rows),)
+      rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
+      device = lax.axis_index(_AXIS)
+      extra = randomness.keys_for(contract, step_rng, device, device * rows,
+                                  rows)
       metrics, model_state, grads = lax.pmean(_group_values(
           loss_fn, state, batch, extra, has_model_state), _AXIS)
     else:
       metrics, model_state, grads = _accumulated(
-          loss_fn, state, batch, step_rng, layout, uses_rng, has_model_state)
+          loss_fn, state, batch, step_rng, layout, contract, has_model_state)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     structure.check_same('the optimiser\'s updates', state.params, updates,
                          dtypes=False)
     structure.check_same('the optimiser state', state.opt_state, opt_state)
     params = optax.apply_updates(state.params, updates)
     structure.check_same('params', state.params, params)
-    return TrainState(params, model_state, opt_state, rng), metrics
+    return TrainState(params, model_state, opt_state, next_rng), metrics
 
   return parallelism.map(step, in_axes=(None, 0), out_axes=(None, None),
                          donate_argnums=(0,))

@@ -44,6 +44,7 @@ from runtime import metrics as metrics_lib
 from runtime import parallelism as parallelism_lib
 from runtime.parallelism import microbatches
 from runtime import prefetch
+from runtime import randomness
 from runtime import recovery
 from runtime import step as step_lib
 from runtime import structure
@@ -71,12 +72,18 @@ class Task:
     model_state: the model's variables besides params that the forward pass
       updates, such as Flax's `batch_stats`; float leaves, kept identical on
       every device by a pmean after every step. None: the model has none.
-    loss_uses_rng: pass loss_fn a last argument, uint32 (n, 2): a PRNG key
-      for each of its n examples, from the step and the example's position
-      in the global batch, so an example draws the same numbers on any
-      topology and microbatching (`runtime.dropout(rng, rate, x)` drops
-      per example); the step's key comes from the checkpointed state, so a
-      resumed run draws the same keys.
+    rng: pass loss_fn a last argument, a PRNG key, by one of two contracts
+      (runtime/randomness.py). 'example': uint32 (n, 2), a key for each of
+      its n examples, from the step and the example's position in the
+      global batch, so an example draws the same numbers on any topology
+      and microbatching (`runtime.dropout(rng, rate, x)` drops per
+      example; `runtime.per_example` runs Flax's dropout layers per
+      example). 'device': uint32 (2,), one key per call, what Flax's
+      nnx.Dropout, linen's Dropout and jax.random take as they are; its
+      draws change with the number of devices and microbatches. Either
+      way the step's key comes from the checkpointed state, so a resumed
+      run draws the same keys.
+    loss_uses_rng: True is rng='device' (what it meant before rng existed).
     eval_fn: optional `(params, model_state) -> {name: value}`, run on
       every process every config.eval_every steps and at the end with the
       replicated state placed for the run's parallelism (`runtime.evaluate`
@@ -93,12 +100,14 @@ class Task:
   data: Any
   model_state: Any = None
   loss_uses_rng: bool = False
+  rng: Optional[str] = None
   eval_fn: Optional[Callable[[Any, Any], dict[str, float]]] = None
   schedule: Optional[Callable[[int], Any]] = None
   hooks: Sequence[hooks_lib.Hook] = ()
   evaluate: Optional[Callable[[Any, Any], dict[str, float]]] = None
 
   def __post_init__(self):
+    randomness.contract(self.rng, self.loss_uses_rng)  # Refuses a typo now.
     if self.evaluate is not None:
       warnings.warn('Task(evaluate=...) is now Task(eval_fn=...); the old '
                     'name goes in the next release', DeprecationWarning,
@@ -204,9 +213,18 @@ def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt, local
 def _step_fn(task: Task, par, layout: microbatches.Layout) -> Callable:
   """The compiled step, agreed on by every process before its first run and
   watched for late recompilations."""
+  chosen = randomness.contract(task.rng, task.loss_uses_rng)
+  if chosen == randomness.DEVICE and jax.process_index() == 0:
+    logging.warning(
+        'Task(%s): loss_fn gets one key per call, so its dropout changes '
+        'with the number of devices and microbatches. For the same step on '
+        'any layout, Task(rng=\'example\') gives a key per example: '
+        'runtime.dropout(rng, rate, x), or Flax\'s dropout layers under '
+        'runtime.per_example (README, Randomness)',
+        'rng=\'device\'' if task.rng else 'loss_uses_rng=True')
   return structure.RecompileWatch(agreement.check_program_on_first_call(
       step_lib.make_train_step(
-          task.loss_fn, task.optimizer, par, uses_rng=task.loss_uses_rng,
+          task.loss_fn, task.optimizer, par, rng=chosen,
           has_model_state=task.model_state is not None, layout=layout),
       coordination.current()))
 

@@ -74,11 +74,13 @@ def _bare_examples_per_sec(config: ConfigDict, task) -> float:
   """The hand-written loop: same step, same batches, nothing else."""
   from runtime import data  # pylint: disable=g-import-not-at-top
   from runtime import parallelism  # pylint: disable=g-import-not-at-top
+  from runtime import randomness  # pylint: disable=g-import-not-at-top
   from runtime import step as step_lib  # pylint: disable=g-import-not-at-top
 
   par = parallelism.PMAP
   step_fn = step_lib.make_train_step(
-      task.loss_fn, task.optimizer, par, uses_rng=task.loss_uses_rng,
+      task.loss_fn, task.optimizer, par,
+      rng=randomness.contract(task.rng, task.loss_uses_rng),
       has_model_state=task.model_state is not None)
   state = par.replicate(step_lib.init_state(task.params, task.optimizer,
                                             config.seed, task.model_state))

@@ -96,7 +96,7 @@ def test_per_device_rng_is_the_same_on_both_paths(tmp_path):
         params, {**batch, 'x': runtime.dropout(rng, 0.2, batch['x'])})
     return loss, metrics
 
-  task = dataclasses.replace(plain, loss_fn=noisy_loss, loss_uses_rng=True)
+  task = dataclasses.replace(plain, loss_fn=noisy_loss, rng='example')
   results = [_train(config, str(tmp_path / str(k)), task, k)
              for k in parallelism.CHOICES]
   assert results[0].fingerprint == results[1].fingerprint

@@ -84,7 +84,7 @@ def test_a_loss_fn_of_the_wrong_arity_names_the_signatures():
          'new_model_state))' in message
   # With the rng asked for, it is accepted.
   step_lib.make_train_step(loss_fn, optax.sgd(0.1), parallelism.PMAP,
-                           uses_rng=True)
+                           rng='device')
 
 
 def test_the_recompile_watch_keeps_no_argument_alive():

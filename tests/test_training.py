@@ -152,7 +152,7 @@ def test_dropout_gives_the_same_step_in_any_microbatches(tmp_path):
     return plain.loss_fn(
         params, {**batch, 'x': runtime.dropout(rng, 0.3, batch['x'])})
 
-  task = dataclasses.replace(plain, loss_fn=dropped, loss_uses_rng=True)
+  task = dataclasses.replace(plain, loss_fn=dropped, rng='example')
   results = {}
   for k in (1, 2, 4):
     config.microbatches = k

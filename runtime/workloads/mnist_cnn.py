@@ -86,7 +86,7 @@ def make_task(config: ConfigDict, dataset) -> runtime.Task:
       params=jax.device_get(params),
       model_state=jax.device_get(batch_stats),
       loss_fn=functools.partial(_loss, graphdef),
-      loss_uses_rng=True,
+      rng='example',
       optimizer=optax.adamw(schedule, weight_decay=opt.weight_decay),
       schedule=schedule,
       data=split['train'],
