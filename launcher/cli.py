@@ -31,6 +31,7 @@ from runtime.common import cluster
 from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import goodput
+from runtime.common import output_prefix
 from runtime.common import record_mirror
 from runtime.common import workload
 
@@ -403,6 +404,7 @@ def _launcher_mirror(workdir: str) -> Optional[record_mirror.Mirror]:
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value')
+  output_prefix.quiet_routine_logs()
   config = _CONFIG.value
   workdir = _workdir(_WORKDIR.value)
   workload.parse(config.get('workload'))

@@ -120,11 +120,11 @@ def open_for(config: ConfigDict, persistent_dir: str
   root = config.local_checkpoint_dir or default_root()
   index = client.process_index if client is not None else 0
   _sweep_leftovers(config, root, jid, index)
-  local_leftovers.write_owner(os.path.join(root, jid), persistent_dir)
   return LocalCheckpoints(os.path.join(root, jid, f'{RANK_PREFIX}{index}'),
                           every=config.local_checkpoint_every,
                           keep=config.keep_local_checkpoints, cadence=cadence,
-                          attempt=os.environ.get(env_vars.ATTEMPT, ''))
+                          attempt=os.environ.get(env_vars.ATTEMPT, ''),
+                          owner=persistent_dir)
 
 
 def _sweep_leftovers(config: ConfigDict, root: str, jid: str,
@@ -151,7 +151,7 @@ class LocalCheckpoints:
 
   def __init__(self, path: str, every: int, keep: int = 2,
                cadence: Optional[local_cadence.Cadence] = None,
-               attempt: str = ''):
+               attempt: str = '', owner: str = ''):
     if keep < 1:
       raise ValueError(f'config.keep_local_checkpoints={keep}; keep at '
                        'least 1')
@@ -159,12 +159,24 @@ class LocalCheckpoints:
     self.attempt = attempt
     self.cadence = cadence or local_cadence.Cadence(every_steps=every)
     self._thread: Optional[threading.Thread] = None
-    os.makedirs(path, exist_ok=True)
-    for name in os.listdir(path):
-      if name.startswith(_TMP_PREFIX):  # A save cut short.
-        shutil.rmtree(os.path.join(path, name), ignore_errors=True)
-    with open(os.path.join(path, _ATTEMPT_FILE), 'w') as f:
-      f.write(attempt)
+    self._owner = owner
+    self._made = False
+    if os.path.isdir(path):
+      for name in os.listdir(path):
+        if name.startswith(_TMP_PREFIX):  # A save cut short.
+          shutil.rmtree(os.path.join(path, name), ignore_errors=True)
+
+  def _make(self) -> None:
+    """Makes the directories at the first save, so that a run refused
+    before it (or one that never saves) leaves nothing in /dev/shm."""
+    if self._made:
+      return
+    os.makedirs(self.path, exist_ok=True)
+    if self._owner:
+      local_leftovers.write_owner(os.path.dirname(self.path), self._owner)
+    with open(os.path.join(self.path, _ATTEMPT_FILE), 'w') as f:
+      f.write(self.attempt)
+    self._made = True
 
   def due(self, step: int) -> bool:
     """Whether a cadence in steps copies `step` (see `cadence`)."""
@@ -218,6 +230,7 @@ class LocalCheckpoints:
              meta: dict[str, Any]) -> None:
     tmp = os.path.join(self.path, f'{_TMP_PREFIX}{step}')
     try:
+      self._make()
       shutil.rmtree(tmp, ignore_errors=True)
       os.makedirs(tmp)
       np.savez(os.path.join(tmp, 'state.npz'), **arrays)

@@ -14,6 +14,11 @@ here, by every process at its job's start, for the copies beside its own
 - named, with their size, otherwise: a job that may still resume (one
   stopped with Ctrl-C or the TPU driver's --stop) keeps them.
 
+A job's directory that holds no copy is never named: nothing resumes from
+it. It is removed once it is an hour old (before that it may be a job
+that is starting: the local tier makes its directories at its first save,
+so a refused run leaves none).
+
 Only directories named as the local tier names its jobs are touched, so a
 local_checkpoint_dir shared with other files is safe.
 
@@ -31,6 +36,9 @@ import time
 from typing import Optional
 
 OWNER_FILE = 'owner.json'
+# A job's directory with no copy in it, unwritten this long, is not a job
+# that is starting (its first save comes later).
+_EMPTY_AGE_S = 3600.0
 _JOB_DIR = re.compile(r'^[0-9a-f]{16}$')
 
 
@@ -64,6 +72,17 @@ def _size_and_newest(job_dir: str) -> tuple[int, float]:
       size += stat.st_size
       newest = max(newest, stat.st_mtime)
   return size, newest
+
+
+def _holds_copies(job_dir: str) -> bool:
+  """Whether any process's directory under `job_dir` holds a copy (a
+  `step_N` directory, complete or being written)."""
+  for top, subdirs, _ in os.walk(job_dir):
+    if any(d.startswith(('step_', '.tmp_step_')) for d in subdirs):
+      return True
+    if top != job_dir:
+      subdirs[:] = []  # Copies sit one level down: JOB/rank_i/step_N.
+  return False
 
 
 def _gone(checkpoint_dir: Optional[str]) -> bool:
@@ -102,6 +121,12 @@ def sweep(root: str, own_job: str, max_age_s: float,
     age_h = (now - newest) / 3600
     what = (f'{job_dir} ({size / 1e6:.1f} MB, last written {age_h:.1f} h '
             f'ago, checkpoints in {owner or "an unrecorded directory"})')
+    if not _holds_copies(job_dir):
+      # Nothing to resume from (a job that was refused or never saved):
+      # not worth a line, and removed once it cannot be a job starting.
+      if _gone(owner) or now - newest > _EMPTY_AGE_S:
+        shutil.rmtree(job_dir, ignore_errors=True)
+      continue
     if _gone(owner) or now - newest > max_age_s:
       why = ('its checkpoint directory is gone' if _gone(owner) else
              f'not resumed within {max_age_s / 3600:g} h')

@@ -11,7 +11,8 @@ for capacity. Side by side, for slice 1 lost and for slice 0 lost:
   job waits for the slice to be recreated.
 
 Every driver line is stamped as it arrives. Reports the seconds from
-PREEMPTED (the service's event) to the first step of the next attempt,
+PREEMPTED (the service's event) to the first step of the next attempt and
+to the next create request,
 the steps and the longest gap between steps while the slice was away,
 from the slice set up to the first step on both, the steps recomputed,
 the wall time, goodput and capacity-weighted goodput, and how far the
@@ -19,7 +20,7 @@ final parameters are from an undisturbed run's.
 
   python scripts/benchmark_tpu_elastic.py [--steps=2000] [--preempt_at=100]
       [--capacity_s=60] [--step_seconds=0.05] [--poll_interval=1]
-      [--out=FILE.json]
+      [--modes=elastic,waiting] [--lost=1,0] [--out=FILE.json]
 """
 
 import argparse
@@ -124,8 +125,12 @@ def _timeline(lines, events) -> dict:
     return next(t for t in steps if t > when)
   # Elastic: the shrink; waiting: the recreated slice's relaunch.
   relaunch = at('relaunching at once on the others') or at('s): relaunching')
+  created = [e['t'] for e in events
+             if e['event'] == 'created' and e['t'] > preempted]
   out = {'first_step_after_preempted_s':
-         first_step_after(relaunch) - preempted}
+         first_step_after(relaunch) - preempted,
+         'preempted_to_create_request_s':
+         created[0] - preempted if created else None}
   back = at(' is back after ')
   if at('slices back: relaunching') is not None:
     away = [t for t in steps if relaunch < t < back]
@@ -169,6 +174,9 @@ def main(argv=None) -> int:
   parser.add_argument('--capacity_s', type=float, default=60)
   parser.add_argument('--step_seconds', type=float, default=0.05)
   parser.add_argument('--poll_interval', type=float, default=1)
+  parser.add_argument('--modes', default='elastic,waiting')
+  parser.add_argument('--lost', default='1,0',
+                      help='which slices to lose, one launch per mode each')
   parser.add_argument('--out', default='')
   args = parser.parse_args(argv)
   # SIGTERM unwinds, so that every driver started is stopped.
@@ -176,8 +184,8 @@ def main(argv=None) -> int:
   results = []
   with tempfile.TemporaryDirectory(prefix='tpu-elastic-') as tmp:
     reference = straight(args, pathlib.Path(tmp) / 'straight')
-    for lost in (1, 0):
-      for mode in ('elastic', 'waiting'):
+    for lost in (int(l) for l in args.lost.split(',')):
+      for mode in args.modes.split(','):
         here = pathlib.Path(tmp) / f'{mode}-{lost}'
         figures = run(args, mode, lost, here)
         figures['max_relative_error'] = max_relative(

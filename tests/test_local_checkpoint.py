@@ -98,12 +98,29 @@ def test_a_renumbered_process_restores_what_its_disk_holds(tmp_path):
   assert now.held() == {20: str(job / 'rank_1'), 40: str(job / 'rank_0')}
   neighbour = local_checkpoint.LocalCheckpoints(str(job / 'rank_2'),
                                                 every=20, attempt='a2')
+  neighbour.save(40, _state(), {'step': 40})
+  neighbour.wait()
   # A successful end: this process's copies and the directory a1's
   # numbering left go; the neighbour of this attempt removes its own.
   now.remove()
   assert sorted(p.name for p in job.iterdir()) == ['rank_2']
   neighbour.remove()
   assert not job.exists()
+
+
+def test_nothing_is_made_on_disk_before_the_first_save(tmp_path):
+  # A run refused before step 1 (or one that never saves) leaves no empty
+  # directory in /dev/shm; the first save makes them, owner.json included.
+  job = tmp_path / 'job'
+  local = local_checkpoint.LocalCheckpoints(
+      str(job / 'rank_0'), every=20, attempt='a1', owner='/runs/a/checkpoints')
+  assert local.steps() == [] and local.held() == {}
+  local.remove()
+  assert not job.exists()
+  local.save(20, _state(), {'step': 20})
+  local.wait()
+  assert sorted(p.name for p in job.iterdir()) == ['owner.json', 'rank_0']
+  assert local.steps() == [20]
 
 
 def test_the_job_id_lives_beside_the_persistent_checkpoints(tmp_path):

@@ -50,3 +50,26 @@ def test_copies_whose_checkpoints_are_gone_or_stale_are_removed(tmp_path):
 
 def test_a_missing_root_is_nothing_to_sweep(tmp_path):
   assert local_leftovers.sweep(str(tmp_path / 'none'), 'a' * 16, DAY) == []
+
+
+def test_a_job_directory_without_copies_is_never_reported(tmp_path):
+  # What a refused run of an older podrun left: owner.json and an empty
+  # rank directory. Nothing in it resumes anything, so no line names it;
+  # a recent one may be a job that is starting, and stays.
+  root = tmp_path / 'shm'
+  alive = tmp_path / 'run' / 'checkpoints'
+  alive.mkdir(parents=True)
+  empty_old = root / ('f' * 16)
+  empty_new = root / ('1' * 16)
+  for job_dir in (empty_old, empty_new):
+    local_leftovers.write_owner(str(job_dir), str(alive))
+    (job_dir / 'rank_0').mkdir()
+  then = os.path.getmtime(empty_old) - 2 * 3600
+  for path in (empty_old, empty_old / 'rank_0',
+               empty_old / local_leftovers.OWNER_FILE):
+    os.utime(path, (then, then))
+  with_copies = _job(root, 'b' * 16, alive)
+  lines = local_leftovers.sweep(str(root), 'a' * 16, DAY)
+  assert not empty_old.exists() and empty_new.exists()
+  assert with_copies.exists()
+  assert len(lines) == 1 and str(with_copies) in lines[0], lines

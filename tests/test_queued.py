@@ -1,6 +1,10 @@
 """launcher/tpu/queued.py and flags.py without gcloud: requests, phases,
 the wait's per-phase clock, and the flags that go with --create."""
 
+import os
+import subprocess
+import time
+
 import pytest
 
 from launcher.tpu import commands
@@ -8,6 +12,7 @@ from launcher.tpu import elastic
 from launcher.tpu import flags
 from launcher.tpu import queued
 from runtime.common import exit_codes
+from runtime.common import files
 from tests import helpers
 
 pytestmark = pytest.mark.unit
@@ -173,9 +178,15 @@ class _FakeFleet:
 
 
 class _Launch:
-  def __init__(self):
-    self.options = type('Options', (), {'queued_resource': 'run'})()
+  def __init__(self, log_dir='/nonexistent', backoff=0.05, timeout=5.0):
+    self.options = type('Options', (), {
+        'queued_resource': 'run', 'tpu': 'run', 'slice_back_backoff': backoff,
+        'slice_back_timeout': timeout})()
     self.gcloud, self.said, self.prepared = None, [], []
+    self.log_dir = log_dir
+
+  def path(self, name):
+    return os.path.join(self.log_dir, name)
 
   def say(self, line):
     self.said.append(line)
@@ -192,9 +203,9 @@ class _Attempt:
     self.slice_lost, self.regrew, self.infrastructure = slice_lost, regrew, None
 
 
-def _group(minimum: int):
+def _group(minimum: int, **launch_options):
   """Two slices, run-a and run-b, behind fake queued resources."""
-  launch = _Launch()
+  launch = _Launch(**launch_options)
   base = queued.Request('run', ('run-a', 'run-b'), 'v4-16', 'image')
   group = elastic.SliceGroup(launch, base, queued.Timeouts(1, 1, 1), 0.1,
                              '/dev/null', minimum=minimum)
@@ -228,15 +239,65 @@ def test_below_min_slices_the_next_attempt_waits_for_them():
   assert group.nodes() == ('run-a', 'run-b')
 
 
-def test_a_slice_that_does_not_come_back_is_named_and_not_awaited():
-  launch, group = _group(minimum=2)
+def test_a_slice_that_does_not_come_back_is_retried_then_given_up():
+  launch, group = _group(minimum=2, backoff=0.05, timeout=0.5)
+  tries = []
 
   def never_up():
+    tries.append(time.monotonic())
     raise commands.LaunchError('the capacity phase took over 1 s')
   group.fleets[1].wait_up = never_up
   group.fleets[1].up = False
   assert group.after_attempt(_Attempt('SUSPENDED'), 75) is None
   assert not group.ready_for_attempt(_Attempt())
-  assert any('slice run-b did not come back: the capacity phase' in line
+  assert len(tries) >= 3, tries
+  gaps = [b - a for a, b in zip(tries, tries[1:])]
+  assert all(g >= 0.05 for g in gaps) and gaps[-1] >= 2 * 0.05, gaps
+  assert any('slice run-b did not come back (try 1): the capacity phase '
+             'took over 1 s; trying again in 0.05 s' in line
+             for line in launch.said), launch.said
+  assert any(f'slice run-b did not come back in {len(tries)} tries '
+             '(--slice_back_timeout=0.5 s)' in line
              for line in launch.said), launch.said
   assert group.describe() == 'runs on run-a'
+
+
+def test_a_slice_back_on_its_second_try_grows_the_job(tmp_path):
+  launch, group = _group(minimum=1, log_dir=str(tmp_path), backoff=0.2)
+  failures = ['the service answered FAILED']
+  real_wait_up = group.fleets[1].wait_up
+
+  def up_on_the_second_try():
+    if failures:
+      raise commands.LaunchError(failures.pop())
+    real_wait_up()
+  group.fleets[1].wait_up = up_on_the_second_try
+  group.fleets[1].up = False
+  assert group.after_attempt(_Attempt('SUSPENDED'), 75) == elastic.Resize(
+      'shrink')
+  # --status, from another process of this machine, while the driver
+  # waits to try again.
+  assert helpers.wait_for(lambda: 'retrying' in ' '.join(
+      elastic.status_lines([str(tmp_path)], 'run')), 5, 0.01)
+  line, = elastic.status_lines([str(tmp_path)], 'run')
+  assert line.startswith(f'slice run-b (driver pid {os.getpid()}): retrying '
+                         'in '), line
+  assert line.endswith('s: try 1 failed: the service answered FAILED'), line
+  assert elastic.status_lines([str(tmp_path)], 'another-tpu') == []
+  assert helpers.wait_for(group.grow_due, 10)
+  assert group.fleets[1].created == 2 and launch.prepared == [('run-b',)]
+  assert elastic.status_lines([str(tmp_path)], 'run') == [
+      f'slice run-b (driver pid {os.getpid()}): back, joining at the next '
+      'step boundary']
+  assert group.after_attempt(_Attempt(regrew=True), 75) == elastic.Resize(
+      'grow')
+  assert elastic.status_lines([str(tmp_path)], 'run') == [
+      f'slice run-b (driver pid {os.getpid()}): in the job']
+
+
+def test_status_ignores_a_driver_that_has_ended(tmp_path):
+  dead = subprocess.Popen(['true'])
+  dead.wait()
+  files.write_json(str(tmp_path / elastic.STATUS_FILE), {
+      'tpu': 'run', 'pid': dead.pid, 'slices': {'run-b': {'state': 'x'}}})
+  assert elastic.status_lines([str(tmp_path)], 'run') == []

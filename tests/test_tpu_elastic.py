@@ -3,7 +3,8 @@
 Two spot slices of 2 workers, --min_slices=1: one slice is preempted when
 process 0 logs step 15, its recreate waits 3 s for capacity, and the job
 trains on the other slice meanwhile, then grows back to both at a step
-boundary and ends 0 with its queued resources deleted. Slice 0 (which holds
+boundary and ends 0 with its queued resources deleted (slice 1's first
+recreate fails: it is tried again after a back-off). Slice 0 (which holds
 process 0 and the MEGASCALE coordinator: the survivor takes both over) is
 lost once with the VMs' notice (every process saves the agreed step) and
 once without (the VMs SIGKILLed: the survivors, renumbered, restore the
@@ -48,17 +49,29 @@ def test_a_lost_slice_leaves_the_job_on_the_other_until_it_is_back(
   wait for capacity between."""
   preempt = ['', '']
   preempt[lost] = 'step 15/'
+  # Slice 1's first recreate ends FAILED (the service's third creation):
+  # it is tried again after --slice_back_backoff.
+  fail_once = {'FAKE_QR_FAIL': '3'} if lost == 1 else {}
   fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG=','.join(preempt),
                  FAKE_QR_LOG_NODE=f'{NAME}-0', FAKE_QR_WAIT_S='0.5,0.5,3',
-                 FAKE_TPU_PREEMPT_NOTICE='1' if notice else '0')
+                 FAKE_TPU_PREEMPT_NOTICE='1' if notice else '0', **fail_once)
   cleanup(fleet)
   workdir = tmp_path / 'work'
-  # A VM is killed 2 s into its shutdown here: 5 s is time enough for the
-  # lost slice's save, and the gcloud sessions' retries take longer.
   result = fleet.run(*CREATE, '--spot', '--num_slices=2', '--min_slices=1',
-                     '--delete_after', '--lost_slice_wait=5', '--', *JOB,
+                     '--delete_after', '--slice_back_backoff=1', '--', *JOB,
                      *SHRUNK, f'--workdir={workdir}', timeout=330)
   assert result.returncode == 0, result.output
+  if fail_once:
+    assert (f'slice {NAME}-1 did not come back (try 1): ' in result.stderr
+            and 'trying again in 1 s' in result.stderr), result.stderr
+  if notice:
+    # The driver knew when the lost slice's job was over (launcher/tpu/
+    # ends.py) rather than waiting out --lost_slice_wait (30 s), which the
+    # gcloud sessions' retries to the lost VMs would fill. (Without a
+    # notice the survivors end on the heartbeat's timeout, when the lost
+    # slice's gcloud may have given up already.)
+    assert ('the other slice(s) saved, and what the lost VMs still write '
+            'goes with their disks: going on') in result.stderr, result.stderr
   assert (f'slice(s) {NAME}-{lost} lost: relaunching at once on the others'
           in result.stderr), result.stderr
   assert f'slice {NAME}-{lost} is back after' in result.stderr

@@ -417,17 +417,20 @@ def test_two_preemptions_are_babysat_to_an_exact_resume(tmp_path, cleanup,
   # would), and a preempted or deleted VM's disk goes, so the record must
   # live there. A VM is killed 8 s into its shutdown here (Compute Engine
   # gives 30): time for the save and the record's last upload on a loaded
-  # machine (at 2 s, steps 1-21 once never reached the bucket), so a save
-  # that has not ended 10 s after the driver saw the slice go never will.
+  # machine (at 2 s, steps 1-21 once never reached the bucket). The driver
+  # goes on once both processes' last ledgers are in the bucket, not after
+  # --lost_slice_wait (30 s), which gcloud's ssh retries would fill.
   fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG='step 12/,eta=',
                  FAKE_TPU_PREEMPT_GRACE_S='8',
                  FAKE_TPU_WORKER_ENV=json.dumps(gcs.env()), **gcs.env())
   cleanup(fleet)
   url = 'gs://runs/babysat'
   result = fleet.run(*CREATE, '--spot', '--max_restarts=2', '--delete_after',
-                     '--poll_interval=1', '--lost_slice_wait=10', '--',
-                     *BABYSAT, f'--workdir={url}', timeout=280)
+                     '--poll_interval=1', '--', *BABYSAT, f'--workdir={url}',
+                     timeout=280)
   assert result.returncode == 0, result.output
+  assert result.stderr.count(f'the lost processes 0, 1 wrote their last '
+                             f'ledgers to {url}: going on') == 2, result.stderr
   assert 'its disks go with the slice' not in result.stderr
   assert 'cannot add the attempts' not in result.stderr, result.stderr
   assert result.stderr.count('the slice is lost under job test-job: queued '

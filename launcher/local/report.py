@@ -14,6 +14,7 @@ from launcher.local import members as members_lib
 from launcher.local import monitor
 from launcher.local import output
 from runtime.common import exit_codes
+from runtime.common import output_prefix
 
 GangState = monitor.GangState
 _TAIL_LINES = 20
@@ -91,9 +92,13 @@ def _name(member: members_lib.Member, members: list[members_lib.Member]) -> str:
 
 
 def _tail(member: members_lib.Member) -> list[str]:
+  """The last _TAIL_LINES lines of the member's log that are not a
+  library's routine chatter (output_prefix.routine)."""
   with open(member.log_path, 'rb') as f:
-    lines = collections.deque(f, maxlen=_TAIL_LINES)
-  return [l.decode('utf-8', 'replace').rstrip('\n') for l in lines]
+    lines = collections.deque(
+        (l for l in (raw.decode('utf-8', 'replace').rstrip('\n') for raw in f)
+         if not output_prefix.routine(l)), maxlen=_TAIL_LINES)
+  return list(lines)
 
 
 def _say_root_cause(root: members_lib.Member,

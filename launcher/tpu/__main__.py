@@ -23,6 +23,7 @@ from launcher.tpu import bundle
 from launcher.tpu import driver
 from launcher.tpu import preflight
 from runtime.common import exit_codes
+from runtime.common import output_prefix
 
 
 def split_launcher_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -76,6 +77,7 @@ def _check(args, launcher_args: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
   argv, launcher_args = split_launcher_args(argv)
+  output_prefix.quiet_routine_logs()
   if argv[:1] == ['launch']:
     return driver.main(argv[1:], launcher_args)
   args = _parser().parse_args(argv)

@@ -22,8 +22,11 @@ from typing import Optional
 from launcher import signals
 from launcher.tpu import babysit
 from launcher.tpu import commands
+from launcher.tpu import ends
+from launcher.tpu import flags
 from runtime.common import exit_codes
 from runtime.common import output_prefix
+from runtime.common import record_mirror
 from runtime.common import records
 
 # How long the output of ssh sessions to a lost slice is still read.
@@ -134,44 +137,55 @@ class Attempt:
     by itself (a preempted VM's job saves between the soft and the hard
     power-off, and deleting the slice would end it at once), then ends the
     gcloud sessions still open. It goes on as soon as the job has ended
-    (`_job_over`): gcloud re-runs a session its VM's shutdown cut, so
-    the lost slice's gcloud does not end by itself."""
+    (ends.over): gcloud re-runs a session its VM's shutdown cut, so the
+    lost slice's gcloud does not end by itself."""
     wait_s = self.launch.options.lost_slice_wait
     deadline = time.monotonic() + wait_s
     if any(c.poll() is None for c in clients):
       self.launch.say(f'waiting up to {wait_s:g} s (--lost_slice_wait) for '
                       'the job on the lost slice to end (its preemption '
                       'save) before anything deletes it')
-    while (any(c.poll() is None for c in clients) and
-           time.monotonic() < deadline and not self._signals):
-      over = self._job_over()
-      if over:
-        self.launch.say(f'{over}: going on')
-        break
-      time.sleep(0.1)
+    url = flags.workdir_of(self.launch.launcher_args)
+    ledgers = (ends.Ledgers(url, self.attempt_name, self._lost_ids()).start()
+               if record_mirror.in_bucket(url) else None)
+    try:
+      while (any(c.poll() is None for c in clients) and
+             time.monotonic() < deadline and not self._signals):
+        over = self._job_over(ledgers)
+        if over:
+          self.launch.say(f'{over}: going on')
+          break
+        time.sleep(0.1)
+    finally:
+      if ledgers is not None:
+        ledgers.stop()
     for c in clients:
       if c.poll() is None:
         c.terminate()  # gcloud alone; the VMs are going anyway.
     for c in clients:
       c.wait()
 
-  def _job_over(self) -> Optional[str]:
-    """Why nothing of the job can still be saving, or None: every worker
-    reported its job's end; or every worker of the slices not lost did,
-    none after a save (75), so the job on the lost slice cannot save
-    either (a save takes every process) and was lost without notice."""
+  def _process_ids(self) -> dict[str, str]:
+    """{process id: its slice's node} of this attempt."""
     workers = self.launch.workers
-    ids = {str(s * workers + w): node for s, node in enumerate(
+    return {str(s * workers + w): node for s, node in enumerate(
         self.launch.nodes) for w in range(workers)}
-    exits = dict(self._exits)
-    if set(ids) <= set(exits):
-      return 'every worker reported its job\'s end'
-    survivors = [i for i, node in ids.items() if node not in self._lost_nodes]
-    if survivors and all(i in exits for i in survivors) and all(
-        exits[i][1] != exit_codes.PREEMPTED for i in survivors):
-      return ('the job ended on the other slice(s) without a save, so the '
-              'lost slice\'s cannot save')
-    return None
+
+  def _lost_ids(self) -> list[int]:
+    return [int(i) for i, node in self._process_ids().items()
+            if node in self._lost_nodes]
+
+  def _job_over(self, ledgers: Optional[ends.Ledgers] = None
+                ) -> Optional[str]:
+    """Why nothing of the job can still be saving, or None (ends.over)."""
+    url = flags.workdir_of(self.launch.launcher_args)
+    kept_in_bucket = record_mirror.in_bucket(url) or any(
+        '=gs://' in arg for arg in self.launch.launcher_args)
+    return ends.over(
+        {w: code for w, (_, code) in dict(self._exits).items()},
+        self._process_ids(), {str(i) for i in self._lost_ids()},
+        kept_in_bucket, ledgers.final() if ledgers else set(),
+        url if ledgers else '')
 
   def _on_lost(self, lost) -> None:
     self.slice_lost = lost.describe()

@@ -6,7 +6,9 @@ Example:
   # [worker 0] podrun: job run7-a1: running since ...
 """
 
+import glob
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -139,8 +141,20 @@ def _queued_status(launch) -> tuple[str, ...]:
                            '', '')
   if not launch.options.min_slices:
     return launch.all_nodes if _one_queued_status(launch, request) else ()
-  return tuple(r.nodes[0] for r in elastic.requests(request)
-               if _one_queued_status(launch, r))
+  up = tuple(r.nodes[0] for r in elastic.requests(request)
+             if _one_queued_status(launch, r))
+  for line in elastic.status_lines(_log_dirs(launch.options),
+                                   launch.options.tpu):
+    print(line)
+  return up
+
+
+def _log_dirs(options) -> list[str]:
+  """Where a driver of this machine may say how its slices stand: its
+  --log_dir, else every launch's default one under ./tpu_logs."""
+  if options.log_dir:
+    return [options.log_dir]
+  return sorted(glob.glob(os.path.join('tpu_logs', '*')))
 
 
 def _one_queued_status(launch, request: queued.Request) -> bool:

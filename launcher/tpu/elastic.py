@@ -30,13 +30,23 @@ Example:
 """
 
 import dataclasses
+import itertools
+import json
+import os
+import re
 import threading
 import time
 from typing import Optional
 
 from launcher.tpu import queued
 from runtime.common import exit_codes
+from runtime.common import files
 from runtime.common import records
+
+# Where a running elastic driver says which slices come back (--status).
+STATUS_FILE = 'slices.json'
+# The longest wait between two tries to bring a lost slice back.
+_MAX_BACKOFF_S = 600.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +83,7 @@ class SliceGroup:
     self.ready: set[int] = set()
     self.request = base
     self._threads: dict[int, threading.Thread] = {}
+    self._states: dict[str, dict] = {}
     self._lock = threading.Lock()
 
   # The queued.Fleet interface the driver uses.
@@ -180,6 +191,8 @@ class SliceGroup:
       for i in back:
         self._threads.pop(i, None)
     self.active = sorted(set(self.active) | back)
+    for i in back:
+      self._note(i, 'in the job')
 
   def _bring_back(self, index: int) -> None:
     """Deletes, creates, waits for and sets up slice `index` in a thread."""
@@ -190,26 +203,103 @@ class SliceGroup:
     thread.start()
 
   def _recreate(self, index: int) -> None:
-    fleet, node = self.fleets[index], self.request.nodes[index]
+    """Brings slice `index` back; a failed try is tried again after a
+    back-off (--slice_back_backoff, doubling up to _MAX_BACKOFF_S) for as
+    long as the job runs, or until --slice_back_timeout has passed."""
+    node = self.request.nodes[index]
+    options = self.launch.options
     began = time.time()
+    backoff = options.slice_back_backoff
+    for tries in itertools.count(1):
+      self._note(index, f'coming back (try {tries})')
+      error = self._try_recreate(index)
+      if error is None:
+        break
+      if error == 'interrupted':
+        return
+      left = began + options.slice_back_timeout - time.time()
+      if left <= backoff:
+        with self._lock:
+          self._threads.pop(index, None)
+        self._note(index, f'not coming back: {tries} tries failed in '
+                   f'{time.time() - began:.0f} s (--slice_back_timeout); the '
+                   f'last: {error}')
+        self.launch.say(f'slice {node} did not come back in {tries} tries '
+                        f'(--slice_back_timeout={options.slice_back_timeout:g}'
+                        f' s): {error}; the job goes on without it')
+        return
+      self._note(index, f'retrying in {backoff:g} s: try {tries} failed: '
+                 f'{error}', retry_at=time.time() + backoff)
+      self.launch.say(f'slice {node} did not come back (try {tries}): '
+                      f'{error}; trying again in {backoff:g} s')
+      if self._stopping.wait(backoff) or self.interrupted():
+        return
+      backoff = min(2 * backoff, _MAX_BACKOFF_S)
+    with self._lock:
+      self.ready.add(index)
+    self._note(index, 'back, joining at the next step boundary')
+    self.launch.say(f'slice {node} is back after {time.time() - began:.1f} s '
+                    '(delete, create, set-up): the job grows at its next step '
+                    'boundary')
+
+  def _try_recreate(self, index: int) -> Optional[str]:
+    """One delete, create, wait and set-up of slice `index`: None when it
+    is up and set up, 'interrupted', or why it failed."""
+    fleet = self.fleets[index]
     try:
       fleet.delete('the slice is lost')
       fleet.create()
       fleet.wait_up()
-      self.launch.prepare(nodes=(node,))
+      self.launch.prepare(nodes=(self.request.nodes[index],))
     except queued.Interrupted:
-      return
+      return 'interrupted'
     except exit_codes.PodrunError as e:
-      # Not tried again: the job goes on with the others while it can.
-      with self._lock:
-        self._threads.pop(index, None)
-      self.launch.say(f'slice {node} did not come back: {e}')
-      return
+      return str(e)
+    return None
+
+  def _note(self, index: int, text: str, retry_at: float = 0.0) -> None:
+    """Records where slice `index` stands for --status (LOG_DIR/slices.json,
+    `status_lines`)."""
     with self._lock:
-      self.ready.add(index)
-    self.launch.say(f'slice {node} is back after {time.time() - began:.1f} s '
-                    '(delete, create, set-up): the job grows at its next step '
-                    'boundary')
+      self._states[self.request.nodes[index]] = {'state': text,
+                                                 'retry_at': retry_at}
+      states = dict(self._states)
+    try:
+      files.write_json(self.launch.path(STATUS_FILE), {
+          'tpu': self.launch.options.tpu, 'pid': os.getpid(),
+          'updated': time.time(), 'slices': states})
+    except OSError:
+      pass  # The state is for --status; it must never stop the job.
+
+
+def status_lines(log_dirs: list[str], tpu: str) -> list[str]:
+  """What a running elastic driver of TPU `tpu` says of the slices it is
+  bringing back, from LOG_DIR/slices.json in each of `log_dirs`: one
+  line a slice; nothing when no such driver runs.
+
+  Example:
+    >>> status_lines(['tpu_logs/podrun-20261202-1'], 'fleet')
+    ['slice fleet-1 (driver pid 4242): retrying in 38 s: try 2 failed: ...']
+  """
+  lines = []
+  for log_dir in log_dirs:
+    try:
+      with open(os.path.join(log_dir, STATUS_FILE)) as f:
+        status = json.load(f)
+      os.kill(int(status['pid']), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+      continue  # None there, or its driver has ended.
+    if status.get('tpu') != tpu:
+      continue
+    for node, slice_state in sorted(status.get('slices', {}).items()):
+      text = slice_state.get('state', '')
+      retry_at = slice_state.get('retry_at') or 0
+      if retry_at:
+        left = max(0.0, retry_at - time.time())
+        text = re.sub(r'^retrying in [0-9.]+ s', f'retrying in {left:.0f} s',
+                      text)
+      lines.append(f'slice {node} (driver pid {status["pid"]}): {text}')
+  return lines
 
 
 def _waited(began: float) -> records.Recreate:

@@ -57,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
   add('--num_slices', type=int, default=1)
   # Elastic: go on with this many slices or more while others come back.
   add('--min_slices', type=int, default=0)
+  # A lost slice whose recreate fails is tried again after this many
+  # seconds, doubling (at most 10 min), until --slice_back_timeout.
+  add('--slice_back_backoff', type=float, default=60)
+  add('--slice_back_timeout', type=float, default=24 * 3600)
   add('--megascale_port', type=int, default=8080)
   # Accelerator preflight on every worker.
   add('--accelerator_devices', default='/dev/accel*,/dev/vfio/*')
@@ -90,10 +94,11 @@ def _check(parser: argparse.ArgumentParser, options, launcher_args) -> None:
   if needs_create and not options.create:
     parser.error(' '.join(f'--{f}' for f in needs_create) + ' go(es) with '
                  '--create (a slice this launch creates)')
-  for name in ('poll_interval', 'capacity_timeout', 'provisioning_timeout'):
+  for name in ('poll_interval', 'capacity_timeout', 'provisioning_timeout',
+               'slice_back_backoff'):
     if getattr(options, name) <= 0:
       parser.error(f'--{name} must be positive')
-  for name in ('lost_slice_wait', 'relaunch_grace'):
+  for name in ('lost_slice_wait', 'relaunch_grace', 'slice_back_timeout'):
     if getattr(options, name) < 0:
       parser.error(f'--{name} must be 0 or more')
 

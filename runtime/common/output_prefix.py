@@ -6,6 +6,8 @@ itself (it also catches what C++ code writes). A process started by a cluster
 """
 
 import io
+import logging as std_logging
+import os
 import re
 import sys
 from typing import TextIO
@@ -78,24 +80,75 @@ _ALARMING = re.compile(r'(?i)\b(warn|warning|error|exception|traceback|'
 
 
 # Gloo's line for every CPU collective group a process joins, whenever all
-# its peers are there: a 2x4 pod prints four per rank. Kept in the logs.
+# its peers are there: a 2x4 pod prints four per rank, from threads whose
+# writes can interleave ('[Gloo] Rank [Gloo] Rank 0 is ...', then '3 is
+# ...'). Kept in the logs.
 _GLOO_ALL_CONNECTED = re.compile(
-    r'^\[Gloo\] Rank \d+ is connected to (\d+) peer ranks\. Expected number '
-    r'of connected peer ranks is : (\d+)\s*$')
+    r'^(?:\[Gloo\] Rank )*\d+ is connected to (\d+) peer ranks\. Expected '
+    r'number of connected peer ranks is : (\d+)\s*$')
+# The pieces such an interleaving leaves: '[Gloo] Rank ', or ' peer ranks.
+# Expected number of connected peer ranks is : 7'.
+_GLOO_FRAGMENT = re.compile(
+    r'^(?:(?:\[Gloo\] Rank )+|\s*peer ranks\. Expected number of connected '
+    r'peer ranks is : \d+)\s*$')
+# JAX's INFO line for each platform it tried and does not have.
+_UNUSED_BACKEND = re.compile(
+    r"^I\d{4} [^\]]*\] Unable to initialize backend '[\w-]+'")
 
 
 def routine(line: str) -> bool:
   """Whether a line is a library's routine chatter, kept from the console
   (it stays in the logs): Gloo's "connected to 7 peer ranks" when 7 were
-  expected. A group that did not connect fully is shown.
+  expected (a group that did not connect fully is shown), and JAX's INFO
+  line for a platform it tried and does not have ('tpu' on a machine
+  without one; a failing platform the job asked for raises instead).
 
   Example:
     >>> routine('[Gloo] Rank 0 is connected to 7 peer ranks. Expected '
     ...         'number of connected peer ranks is : 7')
     True
   """
-  found = _GLOO_ALL_CONNECTED.match(_RANK_PREFIX.sub('', line))
+  line = _RANK_PREFIX.sub('', line)
+  if _UNUSED_BACKEND.match(line) or _GLOO_FRAGMENT.match(line):
+    return True
+  if _emulated_storage() and _EMULATOR_AUTH.match(line):
+    return True
+  found = _GLOO_ALL_CONNECTED.match(line)
   return bool(found) and found.group(1) == found.group(2)
+
+
+# tensorstore's line (C++, so not a Python log record) when it finds no
+# credentials, which a storage emulator does not need.
+_EMULATOR_AUTH = re.compile(
+    r'^E\d{4} [^\]]*google_auth_provider\.cc:\d+\] Could not find the '
+    r'credentials file')
+# google-auth's loggers that warn, several times a client, when there is no
+# metadata server: the case of every machine that uses a storage emulator.
+_AUTH_LOGGERS = ('google.auth._default', 'google.auth.compute_engine._metadata')
+
+
+def _emulated_storage() -> bool:
+  return bool(os.environ.get('STORAGE_EMULATOR_HOST'))
+
+
+def _not_routine(record: std_logging.LogRecord) -> bool:
+  return not (record.levelno <= std_logging.INFO and
+              record.getMessage().startswith('Unable to initialize backend'))
+
+
+def _above_warning(record: std_logging.LogRecord) -> bool:
+  return record.levelno > std_logging.WARNING
+
+
+def quiet_routine_logs() -> None:
+  """Keeps this process's routine library log lines off its output: JAX's
+  INFO line for each platform it does not have, and, when a storage
+  emulator is set (STORAGE_EMULATOR_HOST), google-auth's warnings that
+  there is no metadata server. Call it before JAX picks its backends."""
+  std_logging.getLogger('jax._src.xla_bridge').addFilter(_not_routine)
+  if _emulated_storage():
+    for name in _AUTH_LOGGERS:
+      std_logging.getLogger(name).addFilter(_above_warning)
 
 
 def alarming(line: str) -> bool:

@@ -53,6 +53,7 @@ FINISH_TIMEOUT_S = 30.0
 NEVER_MIRRORED = ('checkpoints/', '.podrun/', 'compilation_cache/', 'logs/')
 LAUNCHER_FILES = ('summary.json', 'goodput.jsonl', 'logs/attempts.jsonl',
                   'logs/job.json')
+_LEDGERS = 'goodput/'  # goodput.LEDGER_DIR
 _RANK_FILE = re.compile(r'(?:^|/)rank_(\d+)\.[^/]*$')
 # Small files are compared by content: a memory-mapped write (the ledger's
 # high-water step) need not change the file's mtime.
@@ -108,7 +109,8 @@ def _mirrored(relative: str) -> bool:
   return not (relative.startswith(NEVER_MIRRORED) or '.tmp' in relative)
 
 
-def _bucket_fs():
+def bucket_fs():
+  """gcsfs's file system for gs:// URLs; a missing gcsfs is named."""
   try:
     import gcsfs  # pylint: disable=g-import-not-at-top
   except ImportError as e:
@@ -155,7 +157,7 @@ class Mirror:
   @property
   def fs(self):
     if self._fs is None:
-      self._fs = _bucket_fs()
+      self._fs = bucket_fs()
     return self._fs
 
   def _local(self, relative: str) -> str:
@@ -232,7 +234,9 @@ class Mirror:
                                    self.local_dir).replace(os.sep, '/')
         if _mirrored(relative) and self._owns(relative):
           out.append(relative)
-    return sorted(out)
+    # The ledgers last: a final ledger in the bucket tells the TPU driver
+    # that the process's last upload is complete (launcher/tpu/ends.py).
+    return sorted(out, key=lambda r: (r.startswith(_LEDGERS), r))
 
   def start(self, every_s: Optional[float] = None) -> None:
     """Uploads every `every_s` seconds (default $PODRUN_RECORD_UPLOAD_EVERY_S,
@@ -314,7 +318,7 @@ def finish_current() -> None:
 def merge_lines(url: str, relative: str, path: str, fs=None) -> None:
   """Appends to object URL/RELATIVE the lines of local file `path` that it
   lacks (a launcher on another machine may have written others)."""
-  fs = fs or _bucket_fs()
+  fs = fs or bucket_fs()
   target = f'{url.rstrip("/")}/{relative}'
   try:
     have = fs.cat_file(target).decode().splitlines()
