@@ -285,7 +285,13 @@ def distributed_options():
       heartbeat_timeout=_HEARTBEAT_TIMEOUT.value,
       shutdown_timeout=_BARRIER_TIMEOUT.value,
       tls=_TLS.value,
-      tls_dir=_TLS_DIR.value or os.environ.get(env_vars.TLS_DIR) or None)
+      tls_dir=_tls_dir())
+
+
+def _tls_dir() -> Optional[str]:
+  """--tls_dir, else $PODRUN_TLS_DIR (a TPU driver sets it, as ~/...)."""
+  found = _TLS_DIR.value or os.environ.get(env_vars.TLS_DIR)
+  return os.path.expanduser(found) if found else None
 
 
 def _make_pod(config: ConfigDict, workdir: str, authority: tls.PodAuthority,

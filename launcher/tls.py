@@ -11,8 +11,10 @@ Example:
 
 import argparse
 import importlib.metadata
+import os
 import shutil
 import sys
+import tarfile
 import tempfile
 import uuid
 from typing import Optional
@@ -89,6 +91,26 @@ class PodAuthority:
     if self.directory is not None:
       shutil.rmtree(self.directory, ignore_errors=True)
       self.directory = None
+
+
+def mode_of(launcher_args: list[str]) -> str:
+  """The --tls a job's launcher gets (the last given; auto if none)."""
+  found = AUTO
+  for i, arg in enumerate(launcher_args):
+    if arg.startswith('--tls='):
+      found = arg[len('--tls='):]
+    elif arg == '--tls' and i + 1 < len(launcher_args):
+      found = launcher_args[i + 1]
+  return found
+
+
+def archive(directory: str, out: str) -> None:
+  """The authority's files as a .tar.gz that keeps their mode (0600), for a
+  driver to copy to its workers."""
+  with tarfile.open(out, 'w:gz') as tar:
+    for name in (job_tls.CA_CERT, job_tls.CA_KEY):
+      tar.add(os.path.join(directory, name), arcname=name)
+  os.chmod(out, 0o600)
 
 
 def _parser() -> argparse.ArgumentParser:

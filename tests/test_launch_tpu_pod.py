@@ -14,14 +14,17 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 
+import jax
 import pytest
 
 from launcher.tpu import commands
 from runtime.common import exit_codes
+from runtime.common import job_tls
 from tests import helpers
 from tests import tpu_emulation
 
@@ -86,8 +89,22 @@ def test_runs_the_job_on_every_emulated_worker(pod, tmp_path):
   summary = helpers.read_json(workdir / 'summary.json')
   assert (summary['process_count'], summary['device_count']) == (2, 8)
   verbs = [c[3] for c in pod.gcloud_calls()]
-  assert verbs == ['describe', 'ssh', 'scp', 'ssh', 'ssh']  # ssh: check,
-  # set-up, run. Every worker got the same code, named by its hash.
+  # ssh: check, set-up, run; scp: the code, and where JAX has mutual TLS
+  # the launch's authority, unpacked on every worker for its job alone.
+  with_tls = job_tls.supported(jax.__version__)
+  assert verbs == ['describe', 'ssh', 'scp'] + ['scp'] * with_tls + [
+      'ssh', 'ssh']
+  for w in range(2):
+    home = pod.root / f'worker_{w}'
+    authority = home / 'podrun' / 'tls-test-job'
+    assert authority.exists() == with_tls
+    if with_tls:
+      assert stat.S_IMODE(os.stat(authority).st_mode) == 0o700
+      assert not list(home.glob('podrun-tls-*'))  # The archive is gone.
+  if with_tls:  # Rank 0's INFO lines say how it joined.
+    assert 'with mutual TLS as podrun://test-job/test-job-a1/' in (
+        pod.job_log(0))
+  # Every worker got the same code, named by its hash.
   code_dirs = [sorted((pod.root / f'worker_{w}' / 'podrun').glob('code-*'))
                for w in range(2)]
   assert len(code_dirs[0]) == 1 and code_dirs[0][0].name == code_dirs[1][0].name

@@ -18,6 +18,7 @@ import subprocess
 from typing import Optional
 
 from runtime.common import exit_codes
+from runtime.common import job_tls
 
 WORKER_SCRIPT = '$HOME/podrun/tpu_worker.py'
 
@@ -225,16 +226,25 @@ def provision_command(worker_python: str, jax_version: str) -> str:
                             ).replace('VERSION', _dotted(minimum))
 
 
+def tls_dir(job_id: str) -> str:
+  """Where a launch's certificate authority lives on its workers, under
+  their home ('~' as the job's launcher expands it)."""
+  return f'~/podrun/tls-{job_tls.uri_part(job_id)}'
+
+
 def setup_command(short_hash: str, worker_python: str,
-                  jax_version: str) -> str:
+                  jax_version: str, tls_job: str = '') -> str:
   """Unpacks the code and, once per pyproject.toml and JAX version, installs
-  ~/podrun/venv with the project and exactly that JAX."""
+  ~/podrun/venv with the project and exactly that JAX; with `tls_job`,
+  unpacks the launch's authority (copied as ~/podrun-tls-JOB.tar.gz) into
+  a directory only the user reads."""
   code = f'$HOME/podrun/code-{short_hash}'
   steps = [
       'set -e', f'd="{code}"', 'mkdir -p "$HOME/podrun"',
       'if [ ! -f "$d/.podrun-ready" ]; then rm -rf "$d"; mkdir -p "$d"; '
       f'tar -xzf "$HOME/podrun-{short_hash}.tar.gz" -C "$d"; '
       'touch "$d/.podrun-ready"; fi',
+      *_unpack_authority(tls_job),
       f'cp "$d/launcher/tpu/worker.py" "{WORKER_SCRIPT}"',
       'cp "$d/launcher/tpu/worker_accelerator.py" '
       '"$HOME/podrun/tpu_worker_accelerator.py"',
@@ -253,6 +263,17 @@ def setup_command(short_hash: str, worker_python: str,
         f'"$v/bin/pip" install -q "$d[tpu]" {jax}; touch "$s"; fi',
     ]
   return '; '.join(steps)
+
+
+def _unpack_authority(tls_job: str) -> list[str]:
+  if not tls_job:
+    return []
+  name = job_tls.uri_part(tls_job)
+  where = '"$HOME/podrun/tls-' + name + '"'
+  archive = '"$HOME/podrun-tls-' + name + '.tar.gz"'
+  return [f'if [ -f {archive} ]; then (umask 077; rm -rf {where}; '
+          f'mkdir -p {where}; tar -xzf {archive} -C {where}; '
+          f'rm -f {archive}); fi']
 
 
 def attempt_id(job_id: str, attempt) -> str:

@@ -46,6 +46,7 @@ from typing import Optional
 
 from launcher import restart
 from launcher import signals
+from launcher import tls
 from launcher.tpu import attempt as attempt_lib
 from launcher.tpu import babysit
 from launcher.tpu import bundle as bundle_lib
@@ -61,6 +62,7 @@ from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import files
 from runtime.common import goodput
+from runtime.common import job_tls
 from runtime.common import record_mirror
 from runtime.common import records
 
@@ -245,13 +247,19 @@ class Launch:
     short = code_hash[:16]
     self.say(f'copying the code (sha256 {code_hash}) to every worker of '
              + ', '.join(nodes))
+    copies = [(bundle, f'podrun-{short}.tar.gz')]
+    tls_job = self.job_id if self.authority.directory else ''
+    if tls_job:
+      copies.append((self._tls_archive(),
+                     f'podrun-tls-{job_tls.uri_part(tls_job)}.tar.gz'))
     for node in nodes:
-      self.stop_if_interrupted()
-      copy = self.gcloud.scp(bundle, f'podrun-{short}.tar.gz', node)
-      if commands.run_logged(copy, gcloud_log).returncode:
-        raise LaunchError(f'gcloud scp to {node} failed; see {gcloud_log}. '
-                          'With an ssh-agent running, add the key gcloud '
-                          'uses: `ssh-add ~/.ssh/google_compute_engine`.')
+      for source, dest in copies:
+        self.stop_if_interrupted()
+        copy = self.gcloud.scp(source, dest, node)
+        if commands.run_logged(copy, gcloud_log).returncode:
+          raise LaunchError(f'gcloud scp to {node} failed; see {gcloud_log}. '
+                            'With an ssh-agent running, add the key gcloud '
+                            'uses: `ssh-add ~/.ssh/google_compute_engine`.')
     if self.options.worker_python:
       self.say('setting up every worker (unpacking the code; nothing is '
                f'installed: --worker_python={self.options.worker_python})')
@@ -259,7 +267,7 @@ class Launch:
       self.say('setting up every worker (the first time for this version: '
                'installs the project)')
     setup = commands.setup_command(short, self.options.worker_python,
-                                   self.jax_version)
+                                   self.jax_version, tls_job)
     for node in nodes:
       self.stop_if_interrupted()
       if commands.run_logged(self.gcloud.ssh(setup, node=node,
@@ -267,6 +275,23 @@ class Launch:
                              gcloud_log).returncode:
         raise LaunchError(f'worker set-up on {node} failed; see {gcloud_log}')
     self._short_hash = short
+
+  @functools.cached_property
+  def authority(self) -> tls.PodAuthority:
+    """The launch's certificate authority for mutual TLS on the job's
+    coordinator (launcher/tls.py), where --tls and the workers' JAX allow;
+    removed from this machine with the launch."""
+    authority = tls.PodAuthority(tls.mode_of(self.launcher_args),
+                                 self.job_id, self.say, self.jax_version)
+    weakref.finalize(self, authority.close)
+    return authority
+
+  def _tls_archive(self) -> str:
+    """The authority as one file to copy, beside the code's archive."""
+    path = os.path.join(os.path.dirname(self._bundle()[0]), 'tls.tar.gz')
+    if not os.path.exists(path):
+      tls.archive(self.authority.directory, path)
+    return path
 
   def _bundle(self) -> tuple[str, str]:
     """(path, sha256) of the code archive, made once per launch: a slice
@@ -319,6 +344,8 @@ class Launch:
       envs.append(f'{env_vars.ELASTIC_PROCESSES}='
                   f'{self.options.min_slices * self.workers}-'
                   f'{self.options.num_slices * self.workers}')
+    if self.authority.directory:
+      envs.append(f'{env_vars.TLS_DIR}={commands.tls_dir(self.job_id)}')
     return commands.run_command(
         self._short_hash, self.job_id, self.options.worker_python,
         envs, self.launcher_args, self.workers, self.options,
