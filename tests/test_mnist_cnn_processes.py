@@ -43,6 +43,8 @@ def _assert_same_model(one, other, rtol):
 
 
 def test_2x4_matches_1x8(data_dir, tmp_path, one_by_eight):
+  """About 20-40 s: two processes compile the CNN's step (BatchNorm, Adam)
+  and its evaluation."""
   _run(data_dir, tmp_path, '--local_processes=2', '--local_devices=4')
   summaries = [helpers.read_json(w / 'summary.json')
                for w in (one_by_eight, tmp_path)]
