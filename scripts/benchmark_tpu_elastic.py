@@ -182,7 +182,9 @@ def main(argv=None) -> int:
   # SIGTERM unwinds, so that every driver started is stopped.
   signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
   results = []
-  with tempfile.TemporaryDirectory(prefix='tpu-elastic-') as tmp:
+  # A recreated VM's worker may still be writing as the run ends.
+  with tempfile.TemporaryDirectory(prefix='tpu-elastic-',
+                                   ignore_cleanup_errors=True) as tmp:
     reference = straight(args, pathlib.Path(tmp) / 'straight')
     for lost in (int(l) for l in args.lost.split(',')):
       for mode in args.modes.split(','):
