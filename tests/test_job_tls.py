@@ -4,6 +4,7 @@ process's check of its coordinator (launcher/rank/credentials.py), against
 a TLS server of the test's own."""
 
 import os
+import re
 import socket
 import ssl
 import stat
@@ -203,3 +204,16 @@ def test_nothing_listening_is_left_to_jax(tmp_path):
   port = free.getsockname()[1]
   free.close()
   credentials.check_coordinator('127.0.0.1', port, mine, 1)
+
+
+def test_require_is_judged_on_the_installed_jax():
+  # The oldest pair (JAX 0.10.2) refuses, naming its version; the newest
+  # (0.12) starts.
+  version = tls.jax_version()
+  if job_tls.supported(version):
+    tls.check_required(tls.REQUIRE)
+  else:
+    with pytest.raises(exit_codes.ConfigError,
+                       match=f'the installed JAX {re.escape(version)} has no '
+                       'mutual TLS'):
+      tls.check_required(tls.REQUIRE)

@@ -9,6 +9,7 @@ The preflight needs the Cloud TPU API, which tests/test_tpu_pod.py covers
 with a fake service, so these runs pass --skip_preflight.
 """
 
+import json
 import os
 import re
 import shlex
@@ -88,12 +89,14 @@ def test_runs_the_job_on_every_emulated_worker(pod, tmp_path):
   assert prints[0]['fingerprint'] == prints[1]['fingerprint']
   summary = helpers.read_json(workdir / 'summary.json')
   assert (summary['process_count'], summary['device_count']) == (2, 8)
-  verbs = [c[3] for c in pod.gcloud_calls()]
+  verbs = [c[3] if c[1] == 'tpus' else c[1] for c in pod.gcloud_calls()]
+  # The network's firewall rules (ports the job needs: none closed here);
   # ssh: check, set-up, run; scp: the code, and where JAX has mutual TLS
   # the launch's authority, unpacked on every worker for its job alone.
   with_tls = job_tls.supported(jax.__version__)
-  assert verbs == ['describe', 'ssh', 'scp'] + ['scp'] * with_tls + [
-      'ssh', 'ssh']
+  assert verbs == ['describe', 'firewall-rules', 'ssh', 'scp'] + [
+      'scp'] * with_tls + ['ssh', 'ssh']
+  assert 'no firewall rule' not in result.stderr
   for w in range(2):
     home = pod.root / f'worker_{w}'
     authority = home / 'podrun' / 'tls-test-job'
@@ -111,6 +114,22 @@ def test_runs_the_job_on_every_emulated_worker(pod, tmp_path):
   assert not (code_dirs[0][0] / '.venv').exists()  # --worker_python
   assert sorted(os.listdir(pod.logs)) == [
       'attempts.jsonl', 'gcloud.log', 'worker_0.log', 'worker_1.log']
+
+
+def test_a_closed_coordinator_port_is_named_before_the_job_starts(tmp_path):
+  # An older recipe's rule: 8476 open, 8482 (JAX's TPU port since 0.8.1)
+  # not. A warning: a rule by tags or a policy may open it unseen.
+  old_recipe = [{'name': 'jax', 'direction': 'INGRESS',
+                 'network': 'projects/p/global/networks/default',
+                 'sourceRanges': ['127.0.0.0/8'],
+                 'allowed': [{'IPProtocol': 'tcp', 'ports': ['8476']}]}]
+  pod = FakePod(tmp_path, FAKE_FIREWALL_RULES=json.dumps(old_recipe))
+  result = pod.run('--', *LINEAR, f'--workdir={tmp_path / "work"}')
+  assert result.returncode == 0, result.output
+  assert ("no firewall rule of network default lets the workers reach "
+          "tcp:8482 (JAX's coordinator)") in result.stderr
+  assert ('gcloud compute firewall-rules create podrun-tcp-8482 '
+          '--network=default --allow=tcp:8482') in result.stderr
 
 
 def test_a_failing_worker_stops_the_others_and_every_line_arrives(pod,
@@ -231,7 +250,8 @@ def test_a_worker_with_python_3_10_fails_at_once_naming_it(tmp_path):
   assert 'worker 1: found ' + str(old / 'python3') + '=3.10' in result.stderr
   assert 'launch with --provision_python' in result.stderr
   assert 'worker 0: found' not in result.stderr
-  assert [c[3] for c in pod.gcloud_calls()] == ['describe', 'ssh']  # No copy.
+  assert [c[3] for c in pod.gcloud_calls() if c[1] == 'tpus'] == [
+      'describe', 'ssh']  # No copy.
   assert result.elapsed < 120  # Stops at the check; generous for the machine.
 
 

@@ -55,6 +55,11 @@ class Gcloud:
     return [*self.base('scp'), source, f'{node or self.tpu}:{dest}',
             '--worker=all']
 
+  def firewall_rules(self) -> list[str]:
+    """Every firewall rule of the project, as JSON (rules are global)."""
+    return ['gcloud', 'compute', 'firewall-rules', 'list', '--format=json',
+            *([f'--project={self.project}'] if self.project else [])]
+
   def describe(self, node: str = '') -> list[str]:
     return [*self.base('describe'), node or self.tpu, '--format=json']
 

@@ -52,6 +52,7 @@ from launcher.tpu import babysit
 from launcher.tpu import bundle as bundle_lib
 from launcher.tpu import commands
 from launcher.tpu import elastic
+from launcher.tpu import firewall
 from launcher.tpu.commands import LaunchError
 from launcher.tpu import control
 from launcher.tpu import flags
@@ -74,6 +75,8 @@ class SliceInfo:
   accelerator_type: str
   # Worker 0's address: slice 0's is every slice's MEGASCALE coordinator.
   first_address: str
+  # The VPC network its workers are on (its name).
+  network: str = 'default'
 
 
 def describe_slice(gcloud: commands.Gcloud, node: str, log_path: str
@@ -108,7 +111,9 @@ def describe_slice(gcloud: commands.Gcloud, node: str, log_path: str
         'check it with `gcloud compute tpus tpu-vm describe`.',
         exit_code=exit_codes.TOPOLOGY_MISMATCH)
   first = endpoints[0].get('ipAddress', '') if endpoints else ''
-  return SliceInfo(len(endpoints) or hosts, kind, first)
+  network = ((info.get('networkConfig') or {}).get('network') or
+             'default').rsplit('/', 1)[-1]
+  return SliceInfo(len(endpoints) or hosts, kind, first, network)
 
 
 def check_slices_agree(infos: dict[str, SliceInfo]) -> None:
@@ -240,6 +245,7 @@ class Launch:
     gcloud_log = self.path('gcloud.log')
     self.describe_slices(gcloud_log, nodes)
     self.preflight(nodes)
+    self._check_firewall(nodes, gcloud_log)
     for node in nodes:
       self.stop_if_interrupted()
       self._check_pythons(gcloud_log, node)
@@ -275,6 +281,34 @@ class Launch:
                              gcloud_log).returncode:
         raise LaunchError(f'worker set-up on {node} failed; see {gcloud_log}')
     self._short_hash = short
+
+  def _check_firewall(self, nodes: tuple[str, ...], gcloud_log: str) -> None:
+    """Names each port the job needs that no firewall rule opens to the
+    workers (launcher/tpu/firewall.py); a warning, since a rule by tags or
+    a hierarchical policy may open it where this cannot see."""
+    info = self.infos[nodes[0]]
+    if not info.first_address:
+      return
+    command = self.gcloud.firewall_rules()
+    result = subprocess.run(command, stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, check=False)
+    with open(gcloud_log, 'a') as log:
+      log.write(f'$ {shlex.join(command)}\n{result.stdout}{result.stderr}')
+    try:
+      rules = [r for r in json.loads(result.stdout or '[]')
+               if str(r.get('network', '')).rsplit('/', 1)[-1] ==
+               info.network]
+    except (ValueError, AttributeError):
+      rules = None
+    if result.returncode or rules is None:
+      self.say(f'cannot read the firewall rules of network {info.network} '
+               f'(see {gcloud_log}): the ports the job needs are not checked')
+      return
+    needed = firewall.ports_needed(self.options.num_slices,
+                                   self.options.megascale_port)
+    for port in firewall.missing(rules, needed, info.first_address):
+      self.say('warning: ' + firewall.advice(info.network, port, needed[port],
+                                             info.first_address))
 
   @functools.cached_property
   def authority(self) -> tls.PodAuthority:

@@ -33,7 +33,7 @@ shutdown does, or at once when the queued resource is deleted meanwhile;
 its disk is gone.
 
 A worker VM is its home directory, FAKE_TPU_POD_ROOT/NODE/worker_W, and the
-processes whose environment holds FAKE_TPU_VM=NODE#INCARNATION/W. A
+processes whose environment holds FAKE_TPU_VM=ROOT|NODE#INCARNATION/W. A
 created node's VMs are killed and their homes removed when it is preempted
 or deleted; a recreated node starts with empty homes. A node that no queued
 resource created is the pre-existing pod FAKE_TPU_NAME, whose homes are
@@ -202,8 +202,16 @@ def owner_of(node: str):
   return None
 
 
+def _vm_prefix(node: str, creation) -> str:
+  """What every process of one incarnation of a node's VMs carries, the
+  emulated service's root first: two tests' services on one machine may
+  both have a node fleet-run-0 in its first incarnation, and one's
+  preemption must never reach the other's VMs."""
+  return f'{root()}|{node}#{creation}/'
+
+
 def vm_marker(node: str, qr: dict, worker: int) -> str:
-  return f'{node}#{qr["creation"]}/{worker}'
+  return f'{_vm_prefix(node, qr["creation"])}{worker}'
 
 
 def node_home(node: str, worker: int, created: bool) -> str:
@@ -238,7 +246,7 @@ def _signal_all(pids: list[int], signum: int) -> None:
 def shut_down(qr: dict, grace: float) -> None:
   """The VMs of every node of `qr` go: SIGTERM, SIGKILL after grace (at
   once when the queued resource is deleted meanwhile), disks removed."""
-  prefixes = [f'{node}#{qr["creation"]}/' for node in qr['node_ids']]
+  prefixes = [_vm_prefix(node, qr['creation']) for node in qr['node_ids']]
   if grace > 0 or os.environ.get('FAKE_TPU_PREEMPT_NOTICE', '1') != '0':
     for prefix in prefixes:
       _signal_all(_vm_processes(prefix), signal.SIGTERM)
