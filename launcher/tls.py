@@ -22,8 +22,8 @@ from typing import Optional
 from runtime.common import exit_codes
 from runtime.common import job_tls
 
-AUTO, REQUIRE, OFF = 'auto', 'require', 'off'
-MODES = (AUTO, REQUIRE, OFF)
+AUTO, REQUIRE, OFF, MODES = (job_tls.AUTO, job_tls.REQUIRE, job_tls.OFF,
+                             job_tls.MODES)
 
 
 def jax_version() -> str:

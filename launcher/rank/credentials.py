@@ -20,7 +20,7 @@ from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import job_tls
 
-AUTO, REQUIRE, OFF = 'auto', 'require', 'off'
+AUTO, REQUIRE, OFF = job_tls.AUTO, job_tls.REQUIRE, job_tls.OFF
 
 
 class TlsError(exit_codes.PodrunError, RuntimeError):

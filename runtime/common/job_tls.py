@@ -28,6 +28,10 @@ import os
 import re
 from typing import Optional
 
+# --tls: use it where JAX has it, refuse to start without it, or not at all.
+AUTO, REQUIRE, OFF = 'auto', 'require', 'off'
+MODES = (AUTO, REQUIRE, OFF)
+
 CA_CERT = 'ca.pem'
 CA_KEY = 'ca.key'
 # The first JAX whose jax.distributed.initialize takes mtls_* arguments.
