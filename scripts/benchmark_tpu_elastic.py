@@ -10,20 +10,28 @@ for capacity. Side by side, for slice 1 lost and for slice 0 lost:
 - waiting: one multislice queued resource, as without --min_slices: the
   job waits for the slice to be recreated.
 
+With --notice=0 the lost slice's VMs are SIGKILLed at once, no notice.
+
 Every driver line is stamped as it arrives. Reports the seconds from
-PREEMPTED (the service's event) to the first step of the next attempt and
-to the next create request,
-the steps and the longest gap between steps while the slice was away,
-from the slice set up to the first step on both, the steps recomputed,
-the wall time, goodput and capacity-weighted goodput, and how far the
-final parameters are from an undisturbed run's.
+PREEMPTED (the service's event) to the survivors' relaunch, to their first
+step and to the next create request, with what ended the driver's wait
+for the lost slice's job; from READY (the driver's first sight of the
+recreated slice ACTIVE) to the first step on every slice; both in phases
+that the driver's lines mark (`preempted_phases`, `ready_phases`: the
+detection, the wait, the set-up, the agreed save, ssh, the processes'
+start-up, jax.distributed's init, the restore, the compile and first
+step); the steps and the longest gap between steps while the slice was
+away, the steps recomputed, the wall time, goodput and capacity-weighted
+goodput, and how far the final parameters are from an undisturbed run's.
 
   python scripts/benchmark_tpu_elastic.py [--steps=2000] [--preempt_at=100]
       [--capacity_s=60] [--step_seconds=0.05] [--poll_interval=1]
-      [--modes=elastic,waiting] [--lost=1,0] [--out=FILE.json]
+      [--modes=elastic,waiting] [--lost=1,0] [--notice=1,0]
+      [--out=FILE.json] [--lines_dir=DIR]
 """
 
 import argparse
+import itertools
 import json
 import os
 import pathlib
@@ -73,7 +81,7 @@ def _stamped(proc) -> list[tuple[float, str]]:
   return sorted(lines)
 
 
-def run(args, mode: str, lost: int, tmp: pathlib.Path) -> dict:
+def run(args, mode: str, lost: int, notice: bool, tmp: pathlib.Path) -> dict:
   """One launch; its figures."""
   preempt = ['', '']
   preempt[lost if mode == 'elastic' else 0] = f'step {args.preempt_at}/'
@@ -81,7 +89,8 @@ def run(args, mode: str, lost: int, tmp: pathlib.Path) -> dict:
            else f'0.5,{args.capacity_s}')
   fleet = tpu_emulation.FakePod(
       tmp, FAKE_QR_WAIT_S=waits, FAKE_QR_PROVISION_S='0.5',
-      FAKE_QR_PREEMPT_ON_LOG=','.join(preempt), FAKE_QR_LOG_NODE=f'{NAME}-0')
+      FAKE_QR_PREEMPT_ON_LOG=','.join(preempt), FAKE_QR_LOG_NODE=f'{NAME}-0',
+      FAKE_TPU_PREEMPT_NOTICE='1' if notice else '0')
   elastic = ['--min_slices=1'] if mode == 'elastic' else []
   started = time.time()
   proc = fleet.start(
@@ -97,7 +106,11 @@ def run(args, mode: str, lost: int, tmp: pathlib.Path) -> dict:
   if proc.returncode:
     raise SystemExit(f'{mode}: exit {proc.returncode}\n' +
                      '\n'.join(l for _, l in lines[-40:]))
-  return {'mode': mode, 'lost': lost, 'wall_s': time.time() - started,
+  if args.lines_dir:
+    with open(os.path.join(args.lines_dir, f'{mode}-{lost}-{int(notice)}.log'),
+              'w') as f:
+      f.writelines(f'{t:.3f} {l}\n' for t, l in lines)
+  return {'mode': mode, 'lost': lost, 'notice': notice, 'wall_s': time.time() - started,
           **_timeline(lines, fleet.events()),
           **_rollup(tmp / 'work', fleet.logs / 'attempts.jsonl')}
 
@@ -114,31 +127,75 @@ def _stop(proc) -> None:
   helpers.kill_group(proc)
 
 
+# What the driver's lines mark after a relaunch, in order: (phase, the
+# line that ends it). A phase is the time from the mark before.
+_AFTER_RELAUNCH = (
+    ('ssh', '[worker 0] podrun: starting job'),
+    ('startup', 'jax.distributed.initialize('),
+    ('distributed_init', '] topology: process 0'),
+    ('restore', 'restored '),
+    ('compile_and_step', _STEP))
+# PREEMPTED (the service's event) to the survivors' relaunch.
+_TO_RELAUNCH = (
+    ('detection', 'the slice is lost under job'),
+    ('lost_slice_wait', 'relaunching at once on the others'))
+# READY (the driver's first sight of the recreated slice ACTIVE) to the
+# relaunch on every slice.
+_TO_GROW = (
+    ('set_up', ' is back after '),
+    ('agreed_save', 'slices back: relaunching'))
+
+
+def _phases(lines, since: float, marks) -> tuple[dict, float]:
+  """{phase: seconds} between the first lines after `since` that match
+  each mark in turn; None from a mark no line matched. Returns the phases
+  and the time of the last mark found."""
+  out, at = {}, since
+  for phase, needle in marks:
+    found = next((t for t, l in lines if t >= at and (
+        needle.search(l) if hasattr(needle, 'search') else needle in l)),
+                 None)
+    out[phase] = None if found is None else round(found - at, 2)
+    at = found if found is not None else at
+  return out, at
+
+
 def _timeline(lines, events) -> dict:
   """Seconds between the service's PREEMPTED, the driver's lines and the
   job's steps (its lines as they reached the driver)."""
   preempted = next(e['t'] for e in events if e['event'] == 'preempted')
   steps = [t for t, l in lines if _STEP.search(l)]
-  def at(needle: str):
-    return next((t for t, l in lines if needle in l), None)
+  def at(needle: str, after: float = 0.0):
+    return next((t for t, l in lines if t >= after and needle in l), None)
   def first_step_after(when):
     return next(t for t in steps if t > when)
   # Elastic: the shrink; waiting: the recreated slice's relaunch.
   relaunch = at('relaunching at once on the others') or at('s): relaunching')
   created = [e['t'] for e in events
              if e['event'] == 'created' and e['t'] > preempted]
+  to_relaunch, _ = _phases(lines, preempted, _TO_RELAUNCH)
+  after, _ = _phases(lines, relaunch, _AFTER_RELAUNCH)
   out = {'first_step_after_preempted_s':
          first_step_after(relaunch) - preempted,
+         'preempted_to_relaunch_s': relaunch - preempted,
          'preempted_to_create_request_s':
-         created[0] - preempted if created else None}
+         created[0] - preempted if created else None,
+         'what_ended_the_wait': next(
+             (l.split('launch_tpu_pod: ', 1)[-1] for t, l in lines
+              if t >= preempted and l.endswith(': going on')), None),
+         'preempted_phases': {**to_relaunch, **after}}
   back = at(' is back after ')
-  if at('slices back: relaunching') is not None:
+  grew = at('slices back: relaunching')
+  if grew is not None:
     away = [t for t in steps if relaunch < t < back]
+    ready = at('queued resource ACTIVE', after=relaunch)
+    to_grow, _ = _phases(lines, ready, _TO_GROW)
+    after, _ = _phases(lines, grew, _AFTER_RELAUNCH)
     out.update(
         steps_while_away=len(away),
         longest_gap_away_s=float(max(np.diff(away), default=0.0)),
-        ready_to_first_step_on_both_s=first_step_after(
-            at('slices back: relaunching')) - back)
+        ready_to_first_step_on_both_s=first_step_after(grew) - ready,
+        ready_phases={**to_grow, **after})
   return out
 
 
@@ -177,7 +234,12 @@ def main(argv=None) -> int:
   parser.add_argument('--modes', default='elastic,waiting')
   parser.add_argument('--lost', default='1,0',
                       help='which slices to lose, one launch per mode each')
+  parser.add_argument('--notice', default='1',
+                      help='1: the VMs get SIGTERM first (a preemption '
+                      'notice); 0: SIGKILL at once; 1,0: both')
   parser.add_argument('--out', default='')
+  parser.add_argument('--lines_dir', default='',
+                      help='writes each driver\'s stamped lines there')
   args = parser.parse_args(argv)
   # SIGTERM unwinds, so that every driver started is stopped.
   signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
@@ -186,14 +248,15 @@ def main(argv=None) -> int:
   with tempfile.TemporaryDirectory(prefix='tpu-elastic-',
                                    ignore_cleanup_errors=True) as tmp:
     reference = straight(args, pathlib.Path(tmp) / 'straight')
-    for lost in (int(l) for l in args.lost.split(',')):
-      for mode in args.modes.split(','):
-        here = pathlib.Path(tmp) / f'{mode}-{lost}'
-        figures = run(args, mode, lost, here)
-        figures['max_relative_error'] = max_relative(
-            helpers.final_state(here / 'work')['params'], reference)
-        results.append(figures)
-        print(json.dumps(figures), flush=True)
+    for lost, notice, mode in itertools.product(
+        [int(l) for l in args.lost.split(',')],
+        [n == '1' for n in args.notice.split(',')], args.modes.split(',')):
+      here = pathlib.Path(tmp) / f'{mode}-{lost}-{int(notice)}'
+      figures = run(args, mode, lost, notice, here)
+      figures['max_relative_error'] = max_relative(
+          helpers.final_state(here / 'work')['params'], reference)
+      results.append(figures)
+      print(json.dumps(figures), flush=True)
   if args.out:
     with open(args.out, 'w') as f:
       json.dump({'args': vars(args), 'runs': results}, f, indent=2)

@@ -1,6 +1,7 @@
 """The per-process supervisor's decisions, without processes: what it names."""
 
 import threading
+import time
 
 import pytest
 
@@ -95,6 +96,63 @@ def test_a_silent_peer_is_declared_lost_and_everyone_exits_10():
   cause = peers.Cause.from_json(client.store[end_of_job.END_KEY])
   assert (cause.kind, cause.rank) == ('lost', 1)
   assert exited == [exit_codes.PEER_FAILED]
+
+
+def test_a_process_the_launcher_saw_go_is_lost_after_a_few_silent_seconds(
+    tmp_path):
+  client = _FakeJob(process_index=0, process_count=3)
+  watch = peers.Peers(client, 'h0', heartbeat_timeout=60)
+  gone_file = tmp_path / 'gone'
+  assert peers.gone(str(gone_file)) == peers.Gone()
+  gone_file.write_text('{"processes": [2], "why": "node n-1 PREEMPTED"}')
+  gone = peers.gone(str(gone_file))
+  def beats(one, two):
+    client.set(f'{peers.BEAT_DIR}/1', f'{{"beat": {one}, "host": "h1"}}', True)
+    client.set(f'{peers.BEAT_DIR}/2', f'{{"beat": {two}, "host": "h2"}}', True)
+  beats(1, 1)
+  assert watch.find_lost(100.0, gone) is None  # First sight of both.
+  beats(2, 1)
+  assert watch.find_lost(102.0, gone) is None  # 2 s: not yet.
+  beats(3, 1)
+  # Rank 2 went silent with its host; rank 1, silent as long, is not
+  # named, nor would rank 2 be without the launcher's word (60 s).
+  assert watch.find_lost(103.5, peers.Gone()) is None
+  lost = watch.find_lost(103.6, gone)
+  assert (lost.kind, lost.rank, lost.host) == ('lost', 2, 'h2')
+  assert lost.summary == (
+      'no heartbeat for 4 s (--heartbeat_timeout=60), and the launcher saw '
+      'its host go (node n-1 PREEMPTED); its last completed step was None')
+  # A process named gone that still beats (saving the agreed step with the
+  # others after its notice) stays in the job.
+  watch = peers.Peers(client, 'h0', heartbeat_timeout=60)
+  for second in range(10):
+    beats(second, second)
+    assert watch.find_lost(200.0 + second, gone) is None
+  gone_file.write_text('not json')
+  assert peers.gone(str(gone_file)) == peers.Gone()
+
+
+def test_process_0_waits_for_no_ack_from_processes_the_launcher_saw_go(
+    tmp_path, monkeypatch):
+  client = _FakeJob(process_index=0, process_count=4)
+  client.set(f'{end_of_job.ACK_DIR}/1', '1')
+  end = end_of_job.EndOfJob(client)
+  lost = peers.Cause('lost', 2, 'h2')
+  gone_file = tmp_path / 'gone'
+  gone_file.write_text('{"processes": [2, 3]}')
+  monkeypatch.setenv('PODRUN_GONE_FILE', str(gone_file))
+  # Rank 3 went with rank 2's slice: no ack is awaited from it (the wait
+  # would run out its 60 s otherwise).
+  monkeypatch.setattr(end_of_job, '_ACK_WAIT_S', 60.0)
+  started = time.monotonic()
+  end.wait_for_acks(lost)
+  assert time.monotonic() - started < 30
+  # Without the launcher's word, rank 3's ack is awaited to the end.
+  monkeypatch.setattr(end_of_job, '_ACK_WAIT_S', 0.5)
+  monkeypatch.delenv('PODRUN_GONE_FILE')
+  started = time.monotonic()
+  end.wait_for_acks(lost)
+  assert time.monotonic() - started >= 0.5
 
 
 def test_the_own_watchdog_publishes_a_stall_and_dumps_stacks():

@@ -8,7 +8,9 @@ recreate fails: it is tried again after a back-off). Slice 0 (which holds
 process 0 and the MEGASCALE coordinator: the survivor takes both over) is
 lost once with the VMs' notice (every process saves the agreed step) and
 once without (the VMs SIGKILLed: the survivors, renumbered, restore the
-local copies their own disks hold); slice 1 without. The census of what
+local copies their own disks hold); slice 1 without (the driver tells the
+survivors that processes 2 and 3 went with their slice, and process 0
+ends the attempt after a few seconds of their silence). The census of what
 was trained (tests/workloads/census.py) equals the undisturbed run's.
 """
 
@@ -72,6 +74,16 @@ def test_a_lost_slice_leaves_the_job_on_the_other_until_it_is_back(
     # slice's gcloud may have given up already.)
     assert ('the other slice(s) saved, and what the lost VMs still write '
             'goes with their disks: going on') in result.stderr, result.stderr
+  if lost == 1 and not notice:
+    # The driver told the survivors which processes went with the slice
+    # (launcher/rank/peers.py, Gone): process 0 named them lost after a
+    # few silent seconds rather than --heartbeat_timeout (15 s). Gloo may
+    # abort the survivors first, inside the step they had begun with the
+    # dead ('Received data size doesn't match'): then they end 134.
+    assert (f'telling the job on {NAME}-0 that processes 2, 3 are gone'
+            in result.stderr), result.stderr
+    assert ('and the launcher saw its host go' in result.output or
+            '[worker 0] podrun: exit 134' in result.output), result.output
   assert (f'slice(s) {NAME}-{lost} lost: relaunching at once on the others'
           in result.stderr), result.stderr
   assert f'slice {NAME}-{lost} is back after' in result.stderr

@@ -80,3 +80,23 @@ def test_holders_and_a_stale_lockfile_are_named(tmp_path, monkeypatch,
 ])
 def test_which_lines_of_other_workers_reach_the_console(line, shown):
   assert output_prefix.alarming(line) == shown
+
+
+def test_gone_tells_the_job_which_processes_went(tmp_path, monkeypatch,
+                                                 capsys):
+  from launcher.rank import peers  # pylint: disable=g-import-not-at-top
+  from runtime.common import env_vars  # pylint: disable=g-import-not-at-top
+  assert worker.GONE_FILE_VAR == env_vars.GONE_FILE
+  monkeypatch.setattr(worker, 'JOBS_DIR', str(tmp_path))
+  monkeypatch.setenv('PODRUN_PROCESS_ID', '0')
+  assert worker.main(['gone', 'job-a2', '--processes=3,2',
+                      '--why=node n-1 PREEMPTED']) == 0
+  assert 'job job-a2 never ran here' in capsys.readouterr().out
+  os.makedirs(tmp_path / 'job-a2')
+  assert worker.main(['gone', 'job-a2', '--processes=3,2',
+                      '--why=node n-1 PREEMPTED']) == 0
+  assert ('told job job-a2 that processes 2, 3 are gone' in
+          capsys.readouterr().out)
+  # What the job's processes read back (launcher/rank/peers.py).
+  assert peers.gone(str(tmp_path / 'job-a2' / 'gone')) == peers.Gone(
+      frozenset({2, 3}), 'node n-1 PREEMPTED')

@@ -76,11 +76,13 @@ class EndOfJob:
     """Process 0 keeps the service up until the others have seen the end.
 
     The process a failure or a loss names is not waited for: it is on its
-    way out, or gone. (A stalled one ends like everyone else.)
+    way out, or gone; nor are those whose hosts the launcher saw go
+    (peers.Gone). (A stalled one ends like everyone else.)
     """
     if self.process_index != 0 or self.client is None:
       return
     expected = set(range(1, self.client.process_count))
+    expected -= peers_lib.gone().processes
     if cause is not None and cause.kind in ('failed', 'lost'):
       expected.discard(cause.rank)
     waited_for = bool(expected)

@@ -6,6 +6,13 @@ and completed steps, and its recent step times. From these, process 0
 finds lost processes and stragglers, and every process names the laggards
 of a stalled job. The functions on records are pure, so they are tested
 without processes (tests/test_supervisor.py).
+
+A launcher that saw hosts go (the TPU driver, a slice PREEMPTED) says so
+in the file PODRUN_GONE_FILE names (`Gone`): a process it names is lost
+after GONE_SILENCE_S without a heartbeat rather than --heartbeat_timeout,
+which is long so that a slow process is not taken for a dead one. Its
+heartbeat going on (a preempted process saving, with the others, the step
+they agreed on) keeps it in the job.
 """
 
 import dataclasses
@@ -19,6 +26,7 @@ from typing import Any, Optional
 from absl import logging
 import numpy as np
 
+from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import progress
 from runtime import coordination
@@ -29,6 +37,43 @@ _STRAGGLER_MIN_STEPS = 10
 _STRAGGLER_WARN_EVERY_S = 60.0
 # Seconds between two heartbeats of a process.
 BEAT_EVERY_S = 1.0
+# Seconds without a heartbeat after which a process whose host the launcher
+# saw go is lost: three beats missed.
+GONE_SILENCE_S = 3 * BEAT_EVERY_S
+
+
+@dataclasses.dataclass(frozen=True)
+class Gone:
+  """The processes whose hosts the launcher saw go, and what it saw."""
+  processes: frozenset = frozenset()
+  why: str = ''
+
+  def silence_allowed(self, process_index: int,
+                      heartbeat_timeout: float) -> float:
+    if process_index in self.processes:
+      return min(GONE_SILENCE_S, heartbeat_timeout)
+    return heartbeat_timeout
+
+  def reason(self, process_index: int) -> str:
+    if process_index not in self.processes:
+      return ''
+    seen = f' ({self.why})' if self.why else ''
+    return f', and the launcher saw its host go{seen}'
+
+
+def gone(path: Optional[str] = None) -> Gone:
+  """What the launcher wrote to `path` (default: the file PODRUN_GONE_FILE
+  names); Gone() when it wrote nothing, or nothing readable."""
+  path = path if path is not None else os.environ.get(env_vars.GONE_FILE)
+  if not path:
+    return Gone()
+  try:
+    with open(path) as f:
+      record = json.load(f)
+    return Gone(frozenset(int(p) for p in record.get('processes', ())),
+                str(record.get('why', '')))
+  except (OSError, ValueError, TypeError, AttributeError):
+    return Gone()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +158,10 @@ class Peers:
     return {rank: json.loads(value) for rank, value
             in self.client.by_rank(BEAT_DIR).items()}
 
-  def find_lost(self, now: float) -> Optional[Cause]:
+  def find_lost(self, now: float, gone_now: Gone = Gone()
+                ) -> Optional[Cause]:
+    """The first process silent for --heartbeat_timeout (GONE_SILENCE_S
+    when `gone_now` names it), or None."""
     starved_after = max(self.heartbeat_timeout / 2, 3 * BEAT_EVERY_S)
     if self.last_check is not None and now - self.last_check > starved_after:
       # This thread itself was starved (a long GIL hold): forgive everyone.
@@ -130,11 +178,12 @@ class Peers:
         self.last_change[rank] = (record['beat'], now)
         continue
       silent = now - seen[1]
-      if silent > self.heartbeat_timeout:
+      if silent > gone_now.silence_allowed(rank, self.heartbeat_timeout):
         return Cause('lost', rank, record.get('host', '?'), summary=(
             f'no heartbeat for {silent:.0f} s (--heartbeat_timeout='
-            f'{self.heartbeat_timeout:g}); its last completed step was '
-            f'{record.get("done")}'), since=time.time() - silent)
+            f'{self.heartbeat_timeout:g}){gone_now.reason(rank)}; its last '
+            f'completed step was {record.get("done")}'),
+                     since=time.time() - silent)
     return None
 
   def warn_stragglers(self, now: float) -> None:

@@ -12,7 +12,8 @@ service (runtime/coordination.py), with a thread beside the training loop:
 - lost processes: every process publishes a heartbeat each second; process 0
   declares one lost after --heartbeat_timeout seconds of silence and
   publishes that as the cause. A process that cannot reach the coordinator
-  (process 0) for as long does the same for process 0;
+  (process 0) for as long does the same for process 0. A process whose host
+  the launcher saw go (peers.Gone) is lost after a few seconds' silence;
 - the hang watchdog: no step completed for --stall_timeout seconds (or no
   first step within --first_step_timeout) makes this process publish a
   stall; every process then dumps all its threads' stacks into its log,
@@ -207,11 +208,13 @@ class Supervisor:
       cause = self._end.poll(_TICK_S)
     except Exception as e:  # pylint: disable=broad-except
       silent = time.monotonic() - self._last_contact
-      if silent > self.options.heartbeat_timeout:
+      gone = peers_lib.gone()
+      if silent > gone.silence_allowed(0, self.options.heartbeat_timeout):
         return peers_lib.Cause('lost', 0, _coordinator_host(), summary=(
             f'the coordinator (process 0) did not answer for {silent:.0f} s '
-            f'(--heartbeat_timeout={self.options.heartbeat_timeout:g}); last '
-            f'error: {peers_lib.first_line(e)}'), since=time.time() - silent)
+            f'(--heartbeat_timeout={self.options.heartbeat_timeout:g})'
+            f'{gone.reason(0)}; last error: {peers_lib.first_line(e)}'),
+                               since=time.time() - silent)
       self._stop.wait(_TICK_S)
       return None
     self._last_contact = time.monotonic()
@@ -230,7 +233,7 @@ class Supervisor:
     if not self._watching_steps:
       return None
     if self.process_index == 0 and self.client is not None:
-      lost = self._peers.find_lost(now)
+      lost = self._peers.find_lost(now, peers_lib.gone())
       if lost is not None:
         return lost
       self._peers.warn_stragglers(now)

@@ -141,6 +141,7 @@ class Attempt:
     lost slice's gcloud does not end by itself."""
     wait_s = self.launch.options.lost_slice_wait
     deadline = time.monotonic() + wait_s
+    self._tell_the_others()
     if any(c.poll() is None for c in clients):
       self.launch.say(f'waiting up to {wait_s:g} s (--lost_slice_wait) for '
                       'the job on the lost slice to end (its preemption '
@@ -164,6 +165,26 @@ class Attempt:
         c.terminate()  # gcloud alone; the VMs are going anyway.
     for c in clients:
       c.wait()
+
+  def _tell_the_others(self) -> None:
+    """Tells the job on the other slices which processes' hosts went
+    (peers.Gone): a process of the lost slice killed without a notice
+    then ends the job within seconds, not after --heartbeat_timeout; one
+    that saves (it beats meanwhile) is waited for as before."""
+    launch, lost = self.launch, self._lost_ids()
+    others = [n for n in launch.nodes if n not in self._lost_nodes]
+    if not lost or not others:
+      return
+    gone = commands.gone_command(
+        commands.attempt_id(launch.job_id, self.number), lost,
+        self.slice_lost or 'the slice is lost')
+    launch.say(f'telling the job on {", ".join(others)} that processes '
+               f'{", ".join(map(str, lost))} are gone with their slice')
+    threading.Thread(target=_run_each, daemon=True, name='tell-the-others',
+                     args=([launch.gcloud.ssh(gone, node=n,
+                                              workers=launch.workers)
+                            for n in others], launch.path('gone.log'))
+                     ).start()
 
   def _process_ids(self) -> dict[str, str]:
     """{process id: its slice's node} of this attempt."""

@@ -360,5 +360,12 @@ def stop_command(job_id: Optional[str], grace: float) -> str:
   return f'python3 "{WORKER_SCRIPT}" stop {target} --grace={grace:g}'
 
 
+def gone_command(job_id: str, processes: list[int], why: str) -> str:
+  """Tells the job on a worker that these processes' hosts are gone."""
+  return (f'python3 "{WORKER_SCRIPT}" gone {shlex.quote(job_id)} '
+          f'--processes={",".join(map(str, processes))} '
+          f'--why={shlex.quote(why)}')
+
+
 def status_command() -> str:
   return f'python3 "{WORKER_SCRIPT}" status'

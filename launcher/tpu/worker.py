@@ -11,6 +11,7 @@ the job's own interpreter may not exist yet. The driver copies it to
       [--accelerator_devices=GLOBS] [--kill_accelerator_holders]
       -- <launcher flags>
   python3 ~/podrun/tpu_worker.py stop (JOB_ID | --all) [--grace=60]
+  python3 ~/podrun/tpu_worker.py gone JOB_ID --processes=I,J --why=TEXT
   python3 ~/podrun/tpu_worker.py status
 
 Before a job starts, `run` checks that nothing holds the accelerator
@@ -34,6 +35,11 @@ keepalive every few seconds and touches ~/podrun/jobs/JOB_ID/attached while
 its output works; the keeper stops the job (SIGTERM, so it saves a
 checkpoint, then SIGKILL after --stop_grace) when nobody has been attached
 for --orphan_timeout seconds.
+
+`gone` tells the job on this worker that the driver saw the hosts of
+processes I, J go (their slice PREEMPTED): it writes ~/podrun/jobs/JOB_ID/
+gone, the file the job's processes read (PODRUN_GONE_FILE), so that their
+silence ends the job within seconds rather than a heartbeat timeout.
 
 A worker command never exits 255, which gcloud would take for a dropped
 connection and run again: a job's exit code 255 leaves `run` as 254 (the
@@ -66,6 +72,8 @@ _KEEPALIVE_S = 5.0
 # JAX's default coordinator port, on slice 0's worker 0.
 _JAX_COORDINATOR_PORT = 8476
 _POLL_S = 0.05
+# runtime/common/env_vars.py's GONE_FILE (tests/test_tpu_worker.py checks).
+GONE_FILE_VAR = 'PODRUN_GONE_FILE'
 
 
 def worker_id() -> str:
@@ -198,6 +206,7 @@ def keep(args) -> int:
     key, _, value = pair.partition('=')
     env[key] = value
   env.setdefault('PODRUN_JOB_ID', base_id(job.id))
+  env[GONE_FILE_VAR] = job.path('gone')
   if args.expected_processes:
     env['PODRUN_EXPECTED_PROCESSES'] = str(args.expected_processes)
   env.update(multislice_env(args, env))
@@ -352,6 +361,20 @@ def stop(args) -> int:
   return 0
 
 
+def gone(args) -> int:
+  """Writes which processes' hosts are gone, for the job's processes."""
+  job = Job(args.job_id)
+  worker = worker_id()
+  if not os.path.isdir(job.dir):
+    print(f'[worker {worker}] podrun: job {job.id} never ran here')
+    return 0
+  processes = sorted({int(p) for p in args.processes.split(',') if p})
+  job.write('gone', json.dumps({'processes': processes, 'why': args.why}))
+  print(f'[worker {worker}] podrun: told job {job.id} that processes '
+        f'{", ".join(map(str, processes))} are gone', flush=True)
+  return 0
+
+
 def status(args) -> int:
   del args
   worker = worker_id()
@@ -390,6 +413,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument('job_id', nargs='?')
   p.add_argument('--all', action='store_true')
   p.add_argument('--grace', type=float, default=60)
+  p = sub.add_parser('gone')
+  p.add_argument('job_id')
+  p.add_argument('--processes', required=True)
+  p.add_argument('--why', default='')
   sub.add_parser('status')
   return parser
 
@@ -409,8 +436,8 @@ def main(argv) -> int:
   if args.command == 'stop' and not (args.all or args.job_id):
     print('tpu_worker.py: stop needs a JOB_ID or --all', file=sys.stderr)
     return NOT_RUN
-  return {'run': run, 'keep': keep, 'stop': stop, 'status': status}[
-      args.command](args)
+  return {'run': run, 'keep': keep, 'stop': stop, 'status': status,
+          'gone': gone}[args.command](args)
 
 
 if __name__ == '__main__':

@@ -37,6 +37,11 @@ ELASTIC_PROCESSES = 'PODRUN_ELASTIC_PROCESSES'
 SUPERVISED = 'PODRUN_SUPERVISED'
 # The pipe a local-pod launcher reads each process's progress from.
 PROGRESS_FD = 'PODRUN_PROGRESS_FD'
+# A file the launcher writes when its infrastructure saw processes' hosts
+# go (a TPU slice PREEMPTED): JSON {"processes": [...], "why": "..."}. Their
+# silence then ends the job within seconds rather than --heartbeat_timeout
+# (launcher/rank/peers.py).
+GONE_FILE = 'PODRUN_GONE_FILE'
 # Where the local checkpoint tier lives (default /dev/shm/podrun).
 LOCAL_CHECKPOINT_DIR = 'PODRUN_LOCAL_CHECKPOINT_DIR'
 # Where a machine keeps its copy of a gs:// workdir (default
