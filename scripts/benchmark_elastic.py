@@ -1,7 +1,9 @@
 """What an elastic pod saves over one that waits for every host, side by side.
 
 The probe linear regression on a local pod of 4 processes x 2 emulated CPU
-devices, paced by --step_seconds a step; rank 3 SIGKILLs itself at step
+devices, paced by --device_example_seconds for each example of a device's
+share of the batch (a job on fewer devices takes longer steps, as devices
+that compute do); rank 3 SIGKILLs itself at step
 --kill_at and is "away" for --away seconds (--regrow_after). Alternating,
 --rounds times each:
 
@@ -18,7 +20,8 @@ save to the first productive step on 4), a restart at full size (the
 SIGKILL to the first productive step on 4, less the wait for capacity).
 
   python scripts/benchmark_elastic.py [--rounds=2] [--steps=600]
-      [--kill_at=100] [--away=30] [--step_seconds=0.05] [--out=FILE.json]
+      [--kill_at=100] [--away=30] [--device_example_seconds=0.01]
+      [--out=FILE.json]
 """
 
 import argparse
@@ -46,14 +49,16 @@ def run_once(mode: str, args, workdir: str) -> dict:
       '--local_processes=4', '--local_devices=2',
       f'--min_processes={MODES[mode]}', f'--regrow_after={args.away}',
       f'--config.steps={args.steps}', '--config.global_batch_size=40',
-      f'--config.step_seconds={args.step_seconds}', '--config.log_every=50',
+      f'--config.device_example_seconds={args.device_example_seconds}',
+      '--config.log_every=50',
       '--config.local_checkpoint_every=25', '--config.checkpoint_every=1000',
       '--config.fail_rank=3', f'--config.fail_step={args.kill_at}',
       '--config.fail_mode=sigkill', '--config.fail_once=True']
   started = time.time()
+  # A step on 3 of 4 processes: at most 10 examples a device.
+  timeout = args.steps * args.device_example_seconds * 10 * 4 + 600
   result = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                          timeout=args.steps * args.step_seconds * 4 + 600,
-                          check=False)
+                          timeout=timeout, check=False)
   if result.returncode:
     raise SystemExit(f'{mode}: exit {result.returncode}\n{result.stderr[-3000:]}')
   roll = goodput.rollup(workdir)
@@ -94,7 +99,9 @@ def main(argv=None) -> int:
   parser.add_argument('--steps', type=int, default=600)
   parser.add_argument('--kill_at', type=int, default=100)
   parser.add_argument('--away', type=float, default=30.0)
-  parser.add_argument('--step_seconds', type=float, default=0.05)
+  # 5 examples per device at full size (40 on 8 devices): 0.05 s steps,
+  # 0.1 s on half the devices.
+  parser.add_argument('--device_example_seconds', type=float, default=0.01)
   parser.add_argument('--out', default='')
   args = parser.parse_args(argv)
   runs = []

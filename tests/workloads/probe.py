@@ -23,7 +23,10 @@ padding, runtime/parallelism/microbatches.py) reaches it; `log_ids` appends
 each load's example ids, as it happens, to
 WORKDIR/ids/<attempt>/rank_<i>.jsonl (one line a load, so a SIGKILLed
 attempt keeps what it read); `step_seconds` sleeps after every step, to
-pace the job as a longer step would, and `slow_below_seconds` more in an
+pace the job as a longer step would; `device_example_seconds` sleeps that
+long for each example of a device's share of the global batch
+(global_batch_size / device count), so that a job on fewer devices takes
+longer steps, as devices that compute would; `slow_below_seconds` more in an
 attempt of fewer than `slow_below_processes` processes (an elastic job's
 reduced size lasting until it grows back, whatever the machine's speed);
 `census` adds parameters that count every example and step trained
@@ -115,6 +118,10 @@ def train_and_evaluate(config: ConfigDict, workdir):
   if config.step_seconds:  # In the loop, so the ledger books it productive.
     extra_hooks.append(hooks.Periodic(
         1, lambda run: time.sleep(config.step_seconds)))
+  if config.device_example_seconds:
+    per_device = config.global_batch_size / jax.device_count()
+    extra_hooks.append(hooks.Periodic(1, lambda run: time.sleep(
+        config.device_example_seconds * per_device)))
   if jax.process_count() < config.slow_below_processes:
     extra_hooks.append(hooks.Periodic(
         1, lambda run: time.sleep(config.slow_below_seconds)))

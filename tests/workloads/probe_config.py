@@ -31,6 +31,7 @@ def get_config():
   config.nan_on_padding = False
   config.log_ids = False
   config.step_seconds = 0.0
+  config.device_example_seconds = 0.0
   config.slow_below_processes = 0
   config.slow_below_seconds = 0.0
   config.census = False
