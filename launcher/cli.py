@@ -315,6 +315,7 @@ def _make_pod(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
         regrow_due=capacity.regrow_due if capacity else lambda now: False,
         elastic_processes=((capacity.minimum, capacity.full) if capacity
                            else None),
+        attempts_may_follow=bool(capacity) or _MAX_RESTARTS.value > 0,
         local_devices=local_devices,
         workdir=workdir,
         rank_args=(pod_passthrough_args(sys.argv[1:]) +

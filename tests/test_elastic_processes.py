@@ -84,6 +84,10 @@ def test_a_lost_process_shrinks_the_pod_and_it_grows_back(tmp_path,
   helpers.assert_no_survivors(workdir)
   assert 'rank 3 lost (exit code 137): starting again at once on 3 of 4' in (
       result.stderr), result.stderr
+  # The first attempt's end does not read as the job's.
+  assert ('[launcher] attempt 1 ended with exit code 137 (SIGKILL); logs in'
+          in result.stderr), result.stderr
+  assert '[launcher] exit code 137' not in result.stderr
   assert 'lost process(es) back: starting again at once on 4 of 4' in (
       result.stderr)
   assert '1 shrink(s), 1 growth(s) and 0 wait(s) for capacity' in result.stderr

@@ -92,7 +92,8 @@ class Gang:
                preemption_grace: float = 120, job_id: Optional[str] = None,
                attempt: int = 1,
                regrow_due: Callable[[float], bool] = lambda now: False,
-               elastic_processes: Optional[tuple[int, int]] = None):
+               elastic_processes: Optional[tuple[int, int]] = None,
+               attempts_may_follow: bool = False):
     if num_processes < 1:
       raise ValueError(f'--local_processes={num_processes}; it must be at '
                        'least 1')
@@ -112,6 +113,8 @@ class Gang:
     self.attempt = attempt
     # The goodput ledgers of this attempt (runtime/common/goodput.py).
     self.attempt_name = f'{self.job_id[:12]}-a{attempt}'
+    # An elastic or restarting job: this pod's end is not the job's.
+    self.attempts_may_follow = attempts_may_follow
     self.launcher_signalled = False
     # {'at': the failed rank's exit, 'detected': when the pod was declared
     # failed, 'rank', 'exit_code'} (wall times), after a failure.
@@ -178,7 +181,9 @@ class Gang:
           if r.log_file is not None:
             r.log_file.close()
     return report.report(end, self._members, self._console, started,
-                         self.logs_dir, self._signals, self.regrew)
+                         self.logs_dir, self._signals, self.regrew,
+                         attempt=(self.attempt if self.attempts_may_follow
+                                  else None))
 
   def _furthest_step(self) -> int:
     """The furthest step any rank completed: the ranks' high-water marks,

@@ -38,7 +38,8 @@ def exit_code(end: monitor.End, launcher_signals: list[int]) -> int:
 
 def report(end: monitor.End, members: list[members_lib.Member],
            console: output.Console, started: float, logs_dir: str,
-           launcher_signals: list[int], regrew: bool = False) -> int:
+           launcher_signals: list[int], regrew: bool = False,
+           attempt: Optional[int] = None) -> int:
   """Says how the pod ended and returns the launcher's exit code.
 
   Args:
@@ -49,6 +50,9 @@ def report(end: monitor.End, members: list[members_lib.Member],
     logs_dir: where the ranks' logs are.
     launcher_signals: the signals the launcher got.
     regrew: the launcher stopped the pod to grow it (launcher/local/elastic.py).
+    attempt: this pod's attempt number when more attempts may follow (an
+      elastic or restarting job), so that its end does not read as the
+      job's; None: the pod is the job.
   """
   code = exit_code(end, launcher_signals)
   say, elapsed_s = console.say, time.monotonic() - started
@@ -71,7 +75,8 @@ def report(end: monitor.End, members: list[members_lib.Member],
   else:
     say(_what_stopped_it(end, logs_dir))
     _describe_others(None, members, say)
-  say(f'exit code {code}{exit_codes.signal_suffix(code)}; logs in {logs_dir}')
+  ended = f'attempt {attempt} ended with exit code' if attempt else 'exit code'
+  say(f'{ended} {code}{exit_codes.signal_suffix(code)}; logs in {logs_dir}')
   return code
 
 

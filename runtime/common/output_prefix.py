@@ -82,10 +82,14 @@ _ALARMING = re.compile(r'(?i)\b(warn|warning|error|exception|traceback|'
 # Gloo's line for every CPU collective group a process joins, whenever all
 # its peers are there: a 2x4 pod prints four per rank, from threads whose
 # writes can interleave ('[Gloo] Rank [Gloo] Rank 0 is ...', then '3 is
-# ...'). Kept in the logs.
+# ...'; or 'Rank 0 is connected to 3[Gloo] Rank 1 is connected to 3 peer
+# ranks. ...'). Kept in the logs. With every '[Gloo] Rank ' taken out, a
+# whole line is one or more 'N is connected to M' and the expected count.
+_GLOO_PREFIX = re.compile(r'\[Gloo\] Rank ')
 _GLOO_ALL_CONNECTED = re.compile(
-    r'^(?:\[Gloo\] Rank )*\d+ is connected to (\d+) peer ranks\. Expected '
-    r'number of connected peer ranks is : (\d+)\s*$')
+    r'^((?:\d+ is connected to \d+)+) peer ranks\. Expected number of '
+    r'connected peer ranks is : (\d+)\s*$')
+_GLOO_CONNECTED = re.compile(r'\d+ is connected to (\d+)')
 # The pieces such an interleaving leaves: '[Gloo] Rank ', or ' peer ranks.
 # Expected number of connected peer ranks is : 7'.
 _GLOO_FRAGMENT = re.compile(
@@ -113,8 +117,10 @@ def routine(line: str) -> bool:
     return True
   if _emulated_storage() and _EMULATOR_AUTH.match(line):
     return True
-  found = _GLOO_ALL_CONNECTED.match(line)
-  return bool(found) and found.group(1) == found.group(2)
+  found = _GLOO_ALL_CONNECTED.match(_GLOO_PREFIX.sub('', line))
+  return bool(found) and all(
+      connected == found.group(2)
+      for connected in _GLOO_CONNECTED.findall(found.group(1)))
 
 
 # tensorstore's line (C++, so not a Python log record) when it finds no
