@@ -8,6 +8,8 @@ A workload is a function `(config, workdir)` that builds a `Task` and calls
   evaluate                   exact evaluation over every device
                              (runtime/evaluation.py)
   PodrunError, ConfigError   raise them to end the job with a chosen exit code
+  Preempted, CheckpointError what `train` raises after a preemption's save,
+                             and for a checkpoint it cannot use
   hooks                      periodic work in the loop: hooks.Periodic
   parallelism                pmap or jit(shard_map), chosen by the config:
                              parallelism.from_config(config)
@@ -36,8 +38,11 @@ import importlib
 from typing import Any, Callable
 import warnings
 
+from runtime.common import deprecations
+
 __all__ = [
-    'ArraySource', 'ConfigError', 'PodrunError', 'Task', 'TrainResult',
+    'ArraySource', 'CheckpointError', 'ConfigError', 'PodrunError',
+    'Preempted', 'Task', 'TrainResult',
     'dropout', 'evaluate', 'fingerprint', 'hooks', 'parallelism',
     'per_example', 'progress', 'train',
 ]
@@ -46,13 +51,15 @@ __all__ = [
 # author would never see that a name of ours goes in the next release:
 # show ours, once per place that uses an old name.
 warnings.filterwarnings('default', category=DeprecationWarning,
-                        message=r'(?s).*goes in the next release')
+                        message=r'(?s).*' + deprecations.ENDING)
 
 # name -> (module, attribute); attribute None: the module itself.
 _EXPORTS = {
     'ArraySource': ('runtime.data', 'ArraySource'),
+    'CheckpointError': ('runtime.checkpoint_meta', 'CheckpointError'),
     'ConfigError': ('runtime.common.exit_codes', 'ConfigError'),
     'PodrunError': ('runtime.common.exit_codes', 'PodrunError'),
+    'Preempted': ('runtime.preemption', 'Preempted'),
     'Task': ('runtime.training', 'Task'),
     'TrainResult': ('runtime.training', 'TrainResult'),
     'dropout': ('runtime.randomness', 'dropout'),
@@ -89,11 +96,8 @@ class _FunctionThatWasAModule:
     if attribute.startswith('__'):
       raise AttributeError(attribute)
     value = getattr(importlib.import_module(self._module_name), attribute)
-    warnings.warn(
-        f'runtime.{self._old}.{attribute}: runtime.{self._old} is now the '
-        f'function itself; write runtime.{attribute} or '
-        f'{self._module_name}.{attribute}. The old spelling goes in the next '
-        'release.', DeprecationWarning, stacklevel=2)
+    deprecations.warn('runtime.MODULE.NAME', old=self._old,
+                      attribute=attribute, module=self._module_name)
     return value
 
 

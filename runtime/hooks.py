@@ -17,12 +17,12 @@ Example (a hook of one's own):
 
 import time
 from typing import Callable, Optional, Sequence
-import warnings
 
 from absl import logging
 import jax
 
 from runtime import checkpoint
+from runtime.common import deprecations
 from runtime.common import progress
 from runtime import coordination
 from runtime import metrics as metrics_lib
@@ -88,9 +88,7 @@ class Periodic(Hook):
   def work(self, run) -> None:
     """The work itself; by default calls the `callback` given."""
     if type(self).run is not Periodic.run:
-      warnings.warn(f'{type(self).__name__}.run(run): override work(run) '
-                    'instead; Periodic.run goes in the next release',
-                    DeprecationWarning, stacklevel=2)
+      deprecations.warn('Periodic.run', hook=type(self).__name__)
       self.run(run)
       return
     self._callback(run)

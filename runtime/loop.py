@@ -9,12 +9,12 @@ metrics window) and calls every hook (runtime/hooks.py).
 import collections
 import time
 from typing import Any, Callable, Optional, Sequence
-import warnings
 
 from absl import logging
 from ml_collections import ConfigDict
 import numpy as np
 
+from runtime.common import deprecations
 from runtime.common import exit_codes
 from runtime.common import goodput
 from runtime.common import progress
@@ -86,9 +86,7 @@ class Run:
 
   def host_state(self) -> step_lib.TrainState:
     """Deprecated: the old name of `numpy_state`, kept for one release."""
-    warnings.warn('run.host_state() is now run.numpy_state(); the old name '
-                  'goes in the next release', DeprecationWarning,
-                  stacklevel=2)
+    deprecations.warn('Run.host_state')
     return self.numpy_state()
 
   def dispatched(self, step: int, metrics: Any) -> None:

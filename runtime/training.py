@@ -20,7 +20,6 @@ Example (a workload):
 import dataclasses
 import os
 from typing import Any, Callable, Optional, Sequence
-import warnings
 
 from absl import logging
 import jax
@@ -31,6 +30,7 @@ from runtime import agreement
 from runtime import batch_limit
 from runtime import checkpoint
 from runtime import checkpoint_meta
+from runtime.common import deprecations
 from runtime.common import env_vars
 from runtime.common import goodput
 from runtime import coordination
@@ -109,9 +109,7 @@ class Task:
   def __post_init__(self):
     randomness.contract(self.rng, self.loss_uses_rng)  # Refuses a typo now.
     if self.evaluate is not None:
-      warnings.warn('Task(evaluate=...) is now Task(eval_fn=...); the old '
-                    'name goes in the next release', DeprecationWarning,
-                    stacklevel=3)
+      deprecations.warn('Task(evaluate=...)', stacklevel=4)
       if self.eval_fn is not None:
         raise ValueError('Task got both eval_fn and evaluate (its old name); '
                          'give eval_fn alone')

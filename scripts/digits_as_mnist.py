@@ -17,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from runtime import idx  # pylint: disable=g-import-not-at-top
+from runtime.workloads import idx  # pylint: disable=g-import-not-at-top
 from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top
 
 NUM_TEST = 300

@@ -14,7 +14,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from runtime import idx  # pylint: disable=g-import-not-at-top
+from runtime.workloads import idx  # pylint: disable=g-import-not-at-top
 from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top
 
 MIRROR = 'https://storage.googleapis.com/cvdf-datasets/mnist/'

@@ -1,6 +1,7 @@
 """`import runtime`: the names a workload needs, loaded on first use, and the
 old spellings that still work for one release, with a warning."""
 
+import ast
 import subprocess
 import sys
 import warnings
@@ -113,3 +114,60 @@ def test_host_state_is_the_old_name_of_numpy_state():
   run.numpy_state = lambda: 'the state'
   with pytest.warns(DeprecationWarning, match='numpy_state'):
     assert run.host_state() == 'the state'
+
+
+def test_preempted_and_checkpoint_error_are_at_the_front_door():
+  from runtime import checkpoint_meta  # pylint: disable=g-import-not-at-top
+  from runtime import preemption  # pylint: disable=g-import-not-at-top
+  assert runtime.Preempted is preemption.Preempted
+  assert runtime.CheckpointError is checkpoint_meta.CheckpointError
+  assert issubclass(runtime.Preempted, runtime.PodrunError)
+
+
+def _project_sources():
+  for top in ('runtime', 'launcher', 'configs'):
+    yield from sorted((helpers.REPO / top).rglob('*.py'))
+
+
+def test_every_old_spelling_is_in_the_one_table():
+  """A DeprecationWarning comes from deprecations.warn alone, and every key
+  of its table is still used by a shim (one that went takes its row)."""
+  from runtime.common import deprecations  # pylint: disable=g-import-not-at-top
+  used = set()
+  for path in _project_sources():
+    if path.name == 'deprecations.py':
+      continue
+    text = path.read_text()
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr == 'warn'):
+        owner = ast.unparse(node.func.value)
+        assert owner != 'warnings' or 'DeprecationWarning' not in (
+            ast.unparse(node)), f'{path}: {ast.unparse(node)}'
+        if owner == 'deprecations':
+          key = node.args[0].value
+          assert key in deprecations.RENAMED, f'{path}: {key}'
+          used.add(key)
+  assert used == set(deprecations.RENAMED)
+
+
+def test_the_built_in_workloads_import_the_runtime_by_its_front_door():
+  """`import runtime`, `from runtime import NAME` for NAME in __all__, or a
+  sibling of runtime/workloads/, as a user's workload would."""
+  for path in sorted((helpers.REPO / 'runtime' / 'workloads').glob('*.py')):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom):
+        names = [f'{node.module}.{a.name}' for a in node.names]
+        assert node.level == 0, path
+      else:
+        continue
+      for name in names:
+        if not name.startswith('runtime'):
+          continue
+        front_door = (name == 'runtime' or
+                      name.removeprefix('runtime.') in runtime.__all__)
+        assert front_door or name.startswith('runtime.workloads.'), (
+            f'{path.name} imports {name}')

@@ -5,7 +5,7 @@ import gzip
 import numpy as np
 import pytest
 
-from runtime import idx
+from runtime.workloads import idx
 from runtime.workloads import mnist
 
 pytestmark = pytest.mark.unit

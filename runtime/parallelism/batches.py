@@ -7,12 +7,12 @@ count). Across processes the slices are disjoint and together are exactly the
 global batch.
 """
 
-import warnings
 from typing import Any
 
 import jax
 import numpy as np
 
+from runtime.common import deprecations
 from runtime.common import exit_codes
 
 
@@ -75,9 +75,7 @@ def process_rows(global_batch_size: int, process_index: int,
 def process_slice(global_batch_size: int, process_index: int,
                   process_count: int) -> slice:
   """Deprecated: the old name of `process_rows`, kept for one release."""
-  warnings.warn('parallelism.process_slice is now parallelism.process_rows; '
-                'the old name goes in the next release', DeprecationWarning,
-                stacklevel=2)
+  deprecations.warn('parallelism.process_slice')
   return process_rows(global_batch_size, process_index, process_count)
 
 

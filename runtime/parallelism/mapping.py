@@ -21,13 +21,13 @@ arguments whole, mapped ones as (per_device_batch, ...), and `lax.pmean` /
 
 import functools
 from typing import Any, Callable, Optional, Sequence
-import warnings
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ml_collections import ConfigDict
 import numpy as np
 
+from runtime.common import deprecations
 from runtime.parallelism import batches
 
 # The mesh / pmap axis that spans every device of every process.
@@ -209,7 +209,5 @@ def from_config(config: ConfigDict) -> Parallelism:
 
 def of(config: ConfigDict) -> Parallelism:
   """Deprecated: the old name of `from_config`, kept for one release."""
-  warnings.warn('parallelism.of(config) is now '
-                'parallelism.from_config(config); the old name goes in the '
-                'next release', DeprecationWarning, stacklevel=2)
+  deprecations.warn('parallelism.of')
   return from_config(config)

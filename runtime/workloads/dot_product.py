@@ -16,9 +16,8 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 import numpy as np
 
-from runtime.common import progress
+import runtime
 from runtime import parallelism
-from runtime import topology
 
 
 def make_vectors(config: ConfigDict, process_index: int, process_count: int
@@ -38,15 +37,15 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict[str, Any]:
   """Compares the two ways of computing the dot products; returns shapes and
   whether they agree, on this process and on all of them."""
   del workdir
-  topo = topology.current()
-  v1s, v2s = make_vectors(config, topo.process_index, topo.process_count)
+  process_index, local_devices = jax.process_index(), jax.local_device_count()
+  v1s, v2s = make_vectors(config, process_index, jax.process_count())
   dot_batched = jax.jit(jax.vmap(jnp.dot))
   flat = np.asarray(dot_batched(v1s, v2s))
 
   dot_parallel = parallelism.device_map(jax.vmap(jnp.dot))
   if config.reshape:
-    v1s = parallelism.split_for_devices(v1s, topo.local_device_count, 'v1s')
-    v2s = parallelism.split_for_devices(v2s, topo.local_device_count, 'v2s')
+    v1s = parallelism.split_for_devices(v1s, local_devices, 'v1s')
+    v2s = parallelism.split_for_devices(v2s, local_devices, 'v2s')
   per_device = np.asarray(dot_parallel(v1s, v2s))
 
   equal = bool(np.array_equal(per_device.reshape(-1), flat))
@@ -54,8 +53,8 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict[str, Any]:
   # Agreement on every process, through one collective over all devices.
   all_equal = parallelism.device_map(
       lambda x: lax.pmin(x, parallelism.DATA_AXIS))(
-          np.full(topo.local_device_count, equal, np.int32))
-  progress.report(1, topo.process_index, force=True)
+          np.full(local_devices, equal, np.int32))
+  runtime.progress.report(1, process_index, force=True)
   return {
       'num_pairs': config.num_pairs,
       'process_input_shape': list(flat.shape) + [3],

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 
 import runtime
-from runtime import idx
+from runtime.workloads import idx
 
 FILES = {
     'train_images': 'train-images-idx3-ubyte',

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from runtime.common import exit_codes
+import runtime
 
 _TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype('>i2'),
           0x0C: np.dtype('>i4'), 0x0D: np.dtype('>f4'), 0x0E: np.dtype('>f8')}
@@ -20,7 +20,7 @@ _CODES = {np.dtype(v).newbyteorder('>') if np.dtype(v).itemsize > 1
 _GZIP_MAGIC = b'\x1f\x8b'
 
 
-class IdxError(exit_codes.ConfigError):
+class IdxError(runtime.ConfigError):
   """A missing or malformed IDX file; the message names the file."""
 
 
