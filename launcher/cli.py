@@ -27,13 +27,13 @@ from launcher.local import pod as local_pod
 from launcher import restart
 from launcher import tls
 from launcher import usage
-from runtime.common import cluster
+from launcher.common import cluster
 from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import goodput
-from runtime.common import output_prefix
-from runtime.common import record_mirror
-from runtime.common import workload
+from launcher.common import output_prefix
+from launcher.common import record_mirror
+from launcher.common import workload
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file, PATH[:ARG]; --config.KEY=VALUE overrides.',

@@ -5,7 +5,7 @@ workdir in a local temporary directory and in a bucket of fake-gcs-server
 on 127.0.0.1 (tests/gcs.py; the test extra installs it), and in the same
 bucket behind a proxy that delays every request by --latency_ms. The
 bucket's workdir has its checkpoints there too, and its record mirrored
-(runtime/common/record_mirror.py) with uploads every --upload_every_s
+(launcher/common/record_mirror.py) with uploads every --upload_every_s
 seconds instead of the default 10, to make their cost visible. Each round
 times, from process 0's metrics.jsonl and the launcher:
 

@@ -13,7 +13,7 @@ draws a stacked bar per attempt with every kind of lost time named; after
 a failure, the next attempt's time to recover in phases (detection,
 teardown, back-off, start-up, distributed init, restore and its tier,
 compile, recomputed steps). A gs:// workdir is first copied to a temporary
-directory (runtime/common/record_mirror.py), where the picture goes too.
+directory (launcher/common/record_mirror.py), where the picture goes too.
 """
 
 import argparse
@@ -24,7 +24,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from runtime.common import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
-from runtime.common import record_mirror  # pylint: disable=g-import-not-at-top,wrong-import-position
+from launcher.common import record_mirror  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.common import time_to_recover  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 PARTS = goodput.PROCESS_PARTS + goodput.JOB_PARTS

@@ -7,7 +7,7 @@ Reads WORKDIR/metrics.jsonl, the file process 0 writes while training: one
 panel for the losses (training loss, and eval_loss where the run evaluated),
 one for the accuracies when there are any. Training curves are the means over
 each log window; evaluation points are marked. A gs:// workdir is read from
-the bucket (every attempt's records; runtime/common/record_mirror.py).
+the bucket (every attempt's records; launcher/common/record_mirror.py).
 """
 
 import argparse
@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-imp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from runtime.common import record_mirror  # pylint: disable=g-import-not-at-top,wrong-import-position
+from launcher.common import record_mirror  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def read_records(workdir: str) -> list[dict]:

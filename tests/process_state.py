@@ -33,7 +33,7 @@ FRESH: dict[tuple[str, str], Callable[[Any], Any]] = {
         lambda m: m.Ledger(process_start=time.time()),
     ('runtime.common.goodput', '_clock'): lambda m: None,
     # The bucket mirror that every way out finishes.
-    ('runtime.common.record_mirror', '_current'): lambda m: None,
+    ('launcher.common.record_mirror', '_current'): lambda m: None,
     # --barrier_timeout, as the last rank set-up in this process set it.
     ('runtime.coordination', '_default_timeout_s'): lambda m: m.DEFAULT_TIMEOUT_S,
     # Who hears of each compilation: a ledger a finished test counted into

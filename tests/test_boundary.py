@@ -6,13 +6,20 @@ The rule, module by module (the README's Layout states it):
                          only inside a function that a process of the job
                          calls, never the supervisor
   runtime (the rest)  -> runtime
-  launcher.rank       -> launcher.rank, runtime
+  launcher.common     -> launcher.common, runtime.common; JAX-free as
+                         runtime.common
+  launcher.rank       -> launcher.rank, launcher.common, runtime
   launcher (the rest) -> launcher outside launcher.rank, runtime.common
   launcher.tpu.worker, launcher.tpu.worker_accelerator -> each other only
                          (they run on a TPU VM without the project)
+  configs             -> configs (a config is data: ml_collections alone)
 
 with one door: `launcher.cli`, when the launcher is itself a process of the
 job, imports launcher.rank inside the function that runs it (`_DOORS`).
+An import is an `import`, a `from ... import` (relative ones resolved
+against the importer's package) or `importlib.import_module` of a literal
+name. The scripts import no module of tests/ but the emulations they
+measure against (`_SCRIPT_HARNESS`).
 """
 
 import ast
@@ -46,19 +53,27 @@ def _module_name(path) -> str:
 def project_modules() -> dict[str, ast.Module]:
   """{dotted name: parsed source} of every module in launcher/ and runtime/."""
   out = {}
-  for top in ('launcher', 'runtime'):
+  for top in ('launcher', 'runtime', 'configs'):
     for path in sorted((helpers.REPO / top).rglob('*.py')):
       out[_module_name(path)] = ast.parse(path.read_text(), str(path))
   return out
 
 
-def imports(name: str, tree: ast.Module) -> Iterator[tuple[str, bool]]:
+# The packages' __init__ modules, for relative imports.
+def _packages(modules) -> set[str]:
+  return {n for n in modules if any(m.startswith(n + '.') for m in modules)}
+
+
+def imports(name: str, tree: ast.Module, package: bool = False
+            ) -> Iterator[tuple[str, bool]]:
   """(imported module, whether inside a function) for each import in tree.
 
-  `from a.b import c` yields a.b.c; `_owner` then finds the module. The
-  project imports absolutely only (`name` is for the messages).
+  `from a.b import c` yields a.b.c; `_owner` then finds the module. A
+  relative import is resolved against `name`'s package (`name` itself when
+  `package`: an __init__), and `importlib.import_module('a.b')` counts as
+  `import a.b` when its argument is a literal.
   """
-  del name
+  here = name.split('.') if package else name.split('.')[:-1]
   def visit(node, in_function):
     for child in ast.iter_child_nodes(node):
       inside = in_function or isinstance(
@@ -67,9 +82,17 @@ def imports(name: str, tree: ast.Module) -> Iterator[tuple[str, bool]]:
         for alias in child.names:
           yield alias.name, inside
       elif isinstance(child, ast.ImportFrom):
-        base = '.' * child.level + (child.module or '')
+        base = child.module or ''
+        if child.level:
+          up = here[:len(here) - child.level + 1]
+          base = '.'.join(up + ([base] if base else []))
         for alias in child.names:
           yield f'{base}.{alias.name}', inside
+      elif (isinstance(child, ast.Call) and
+            ast.unparse(child.func).endswith('import_module') and
+            child.args and isinstance(child.args[0], ast.Constant) and
+            isinstance(child.args[0].value, str)):
+        yield child.args[0].value, inside
       yield from visit(child, inside)
   yield from visit(tree, False)
 
@@ -86,12 +109,18 @@ def _allowed(importer: str, imported: str) -> bool:
     return module == package or module.startswith(package + '.')
   if importer in _STANDALONE:
     return imported in _STANDALONE
+  if under(importer, 'configs'):
+    return under(imported, 'configs')
   if under(importer, 'runtime.common'):
     return under(imported, 'runtime.common')
   if under(importer, 'runtime'):
     return under(imported, 'runtime')
+  if under(importer, 'launcher.common'):
+    return (under(imported, 'launcher.common') or
+            under(imported, 'runtime.common'))
   if under(importer, 'launcher.rank'):
-    return under(imported, 'launcher.rank') or under(imported, 'runtime')
+    return (under(imported, 'launcher.rank') or
+            under(imported, 'launcher.common') or under(imported, 'runtime'))
   return ((under(imported, 'launcher') and
            not under(imported, 'launcher.rank')) or
           under(imported, 'runtime.common'))
@@ -100,12 +129,14 @@ def _allowed(importer: str, imported: str) -> bool:
 def violations(modules: dict[str, ast.Module]) -> list[str]:
   """Every import across the parts that the rule above forbids."""
   found = []
+  packages = _packages(modules)
   for name, tree in modules.items():
-    for imported, in_function in imports(name, tree):
+    for imported, in_function in imports(name, tree, name in packages):
       top = imported.split('.')[0]
       if (top in _JAX and not in_function and
-          name.startswith('runtime.common')):
-        found.append(f'{name} imports {imported}: runtime/common is JAX-free')
+          name.startswith(('runtime.common', 'launcher.common'))):
+        found.append(f'{name} imports {imported}: {name.rsplit(".", 1)[0]} '
+                     'is JAX-free')
         continue
       if top not in _PROJECT:
         continue
@@ -131,6 +162,13 @@ def test_the_check_finds_an_import_against_the_rule():
       'launcher.local.pod': 'from launcher.rank import process',
       'runtime.common.progress': 'import jax',
       'launcher.tpu.worker': 'from runtime.common import env_vars',
+      'launcher.common.cluster': 'from launcher.rank import peers',
+      'launcher.common.workload': 'import jax',
+      # Spelled so that a search for the name misses them.
+      'runtime.metrics': 'importlib.import_module("launcher.restart")',
+      'runtime.common.records': 'from .. import metrics',
+      'launcher.local.pod': 'from ..rank import process',
+      'configs.mnist': 'from runtime import parallelism',
   }
   for importer, line in bad.items():
     tree = ast.parse(line)
@@ -139,6 +177,31 @@ def test_the_check_finds_an_import_against_the_rule():
   at_top = ast.parse('from launcher.rank import process')
   assert violations({**modules, 'launcher.cli': at_top}) == [
       'launcher.cli imports launcher.rank.process']
+
+
+# What the benchmarks in scripts/ measure against: the emulated services
+# and clusters, and the test workloads they time. Nothing else of tests/.
+_SCRIPT_HARNESS = {'tests.cluster', 'tests.gcs', 'tests.helpers',
+                   'tests.tpu_emulation', 'tests.workloads.charlm',
+                   'tests.workloads.charlm_config'}
+
+
+def script_imports_of_tests() -> dict[str, set[str]]:
+  """{script: the modules of tests/ it imports}."""
+  out = {}
+  for path in sorted((helpers.REPO / 'scripts').glob('*.py')):
+    names = {name for name, _ in imports(f'scripts.{path.stem}',
+                                          ast.parse(path.read_text()))
+             if name.split('.')[0] == 'tests'}
+    # `from tests import helpers` yields tests.helpers; `import tests`
+    # alone, tests.
+    out[path.name] = {n for n in names if n != 'tests'}
+  return out
+
+
+def test_scripts_import_only_the_harness_of_tests():
+  for script, names in script_imports_of_tests().items():
+    assert names <= _SCRIPT_HARNESS, (script, names - _SCRIPT_HARNESS)
 
 
 def supervisor_modules() -> list[str]:

@@ -3,7 +3,7 @@
 Every job is the probe linear regression as a 2x4 local pod, its
 checkpoints in a bucket of fake-gcs-server (tests/gcs.py), its workdir
 there too (the record mirrored from a copy per "machine",
-runtime/common/record_mirror.py) or local; the reference is the same job
+launcher/common/record_mirror.py) or local; the reference is the same job
 on local disk alone.
 No test touches a real bucket: the environment points every client at the
 emulator and keeps the auth libraries off any metadata server.

@@ -7,7 +7,7 @@ variables `srun` or a Kubernetes indexed Job would set.
 
 import pytest
 
-from runtime.common import cluster
+from launcher.common import cluster
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 import pytest
 
 from launcher.rank import distributed
-from runtime.common import cluster
+from launcher.common import cluster
 
 pytestmark = pytest.mark.unit
 

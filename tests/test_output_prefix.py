@@ -4,7 +4,7 @@ import logging as std_logging
 import pytest
 
 from launcher import cli
-from runtime.common import output_prefix
+from launcher.common import output_prefix
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,7 @@ from runtime import compile_events
 from runtime import coordination
 from runtime.common import goodput
 from runtime.common import progress
-from runtime.common import record_mirror
+from launcher.common import record_mirror
 from tests import conftest
 from tests import process_state
 

@@ -1,4 +1,4 @@
-"""A bucket's workdir mirrored from local disk (runtime/common/record_mirror.py).
+"""A bucket's workdir mirrored from local disk (launcher/common/record_mirror.py).
 
 Against an in-memory bucket with the calls the mirror makes of gcsfs
 (find with details, cat_file, pipe_file) and the fields GCS gives
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from runtime.common import record_mirror
+from launcher.common import record_mirror
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ import pytest
 
 from launcher.tpu import worker
 from launcher.tpu import worker_accelerator
-from runtime.common import output_prefix
+from launcher.common import output_prefix
 
 pytestmark = pytest.mark.unit
 

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from runtime.common import cluster
+from launcher.common import cluster
 from runtime.common import env_vars
 from runtime.common import exit_codes
 

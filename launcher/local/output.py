@@ -18,7 +18,7 @@ import time
 from typing import Optional
 
 from launcher.local import members as members_lib
-from runtime.common import output_prefix
+from launcher.common import output_prefix
 
 
 class Console:

@@ -43,7 +43,7 @@ from launcher import signals
 from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import goodput
-from runtime.common import record_mirror
+from launcher.common import record_mirror
 from runtime.common import records
 
 

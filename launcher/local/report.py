@@ -14,7 +14,7 @@ from launcher.local import members as members_lib
 from launcher.local import monitor
 from launcher.local import output
 from runtime.common import exit_codes
-from runtime.common import output_prefix
+from launcher.common import output_prefix
 
 GangState = monitor.GangState
 _TAIL_LINES = 20

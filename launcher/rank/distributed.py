@@ -19,7 +19,7 @@ from absl import logging
 
 from launcher.rank import credentials
 from launcher.rank import roll_call
-from runtime.common import cluster
+from launcher.common import cluster
 from runtime.common import exit_codes
 from runtime.common import job_tls
 

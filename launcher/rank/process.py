@@ -30,13 +30,13 @@ from launcher.rank import summary
 from launcher.rank import supervisor as supervisor_lib
 from runtime import agreement
 from runtime import checkpoint
-from runtime.common import cluster
+from launcher.common import cluster
 from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import goodput
-from runtime.common import output_prefix
-from runtime.common import record_mirror
-from runtime.common import workload
+from launcher.common import output_prefix
+from launcher.common import record_mirror
+from launcher.common import workload
 from runtime import coordination
 from runtime import topology
 

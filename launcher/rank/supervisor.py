@@ -43,7 +43,7 @@ from launcher.rank import stall
 from runtime.common import exit_codes
 from runtime.common import goodput
 from runtime.common import progress
-from runtime.common import record_mirror
+from launcher.common import record_mirror
 from runtime.common import records
 from runtime import coordination
 

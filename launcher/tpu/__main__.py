@@ -23,7 +23,7 @@ from launcher.tpu import bundle
 from launcher.tpu import driver
 from launcher.tpu import preflight
 from runtime.common import exit_codes
-from runtime.common import output_prefix
+from launcher.common import output_prefix
 
 
 def split_launcher_args(argv: list[str]) -> tuple[list[str], list[str]]:

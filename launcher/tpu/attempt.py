@@ -25,8 +25,8 @@ from launcher.tpu import commands
 from launcher.tpu import ends
 from launcher.tpu import flags
 from runtime.common import exit_codes
-from runtime.common import output_prefix
-from runtime.common import record_mirror
+from launcher.common import output_prefix
+from launcher.common import record_mirror
 from runtime.common import records
 
 # How long the output of ssh sessions to a lost slice is still read.

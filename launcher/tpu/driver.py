@@ -64,7 +64,7 @@ from runtime.common import exit_codes
 from runtime.common import files
 from runtime.common import goodput
 from runtime.common import job_tls
-from runtime.common import record_mirror
+from launcher.common import record_mirror
 from runtime.common import records
 
 

@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Optional
 
 from runtime.common import exit_codes
 from runtime.common import goodput
-from runtime.common import record_mirror
+from launcher.common import record_mirror
 
 # How often the bucket is read for the lost processes' ledgers.
 POLL_S = 1.0

@@ -45,7 +45,7 @@ GONE_FILE = 'PODRUN_GONE_FILE'
 # Where the local checkpoint tier lives (default /dev/shm/podrun).
 LOCAL_CHECKPOINT_DIR = 'PODRUN_LOCAL_CHECKPOINT_DIR'
 # Where a machine keeps its copy of a gs:// workdir (default
-# ~/.cache/podrun/record; runtime/common/record_mirror.py).
+# ~/.cache/podrun/record; launcher/common/record_mirror.py).
 RECORD_CACHE = 'PODRUN_RECORD_CACHE'
 # Seconds between its uploads to the bucket (default 10).
 RECORD_UPLOAD_EVERY_S = 'PODRUN_RECORD_UPLOAD_EVERY_S'
