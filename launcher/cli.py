@@ -30,7 +30,7 @@ from launcher import usage
 from launcher.common import cluster
 from runtime.common import env_vars
 from runtime.common import exit_codes
-from runtime.common import goodput
+from launcher.common import goodput_rollup
 from launcher.common import output_prefix
 from launcher.common import record_mirror
 from launcher.common import workload
@@ -362,7 +362,7 @@ def _retryable_exit_codes(config: ConfigDict
 def _report_goodput(workdir: str, shown_as: Optional[str] = None) -> None:
   """Rolls up the job's ledgers with the launcher's view of its attempts
   (in `workdir`, a local directory; `shown_as` names it for the reader)."""
-  result = goodput.roll_up_into_summary(workdir)
+  result = goodput_rollup.roll_up_into_summary(workdir)
   if result['goodput'] is None:
     return
   print(f'[launcher] goodput {result["goodput"]:.3f}: '

@@ -35,7 +35,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from runtime.common import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
+from launcher.common import goodput_rollup  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.common import records  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 MODES = {'elastic': 3, 'waiting': 4}
@@ -61,7 +61,7 @@ def run_once(mode: str, args, workdir: str) -> dict:
                           timeout=timeout, check=False)
   if result.returncode:
     raise SystemExit(f'{mode}: exit {result.returncode}\n{result.stderr[-3000:]}')
-  roll = goodput.rollup(workdir)
+  roll = goodput_rollup.rollup(workdir)
   launches = records.read_attempts(os.path.join(workdir, 'logs',
                                                 records.ATTEMPTS_FILE))
   return {'mode': mode, 'wall_s': time.time() - started,

@@ -28,7 +28,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from runtime.common import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
+from launcher.common import goodput_rollup  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.common import records  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -81,7 +81,7 @@ def run_job(workdir: str, data_dir: str, steps: int, every: int,
   finally:
     stop.set()
     watcher.join()
-  result = goodput.rollup(workdir)
+  result = goodput_rollup.rollup(workdir)
   launched = {a.name: a for a in records.read_attempts(
       os.path.join(workdir, 'logs', records.ATTEMPTS_FILE))}
   first_steps = {a['name']: records.Notes.from_json(a['notes']).first_step_wall

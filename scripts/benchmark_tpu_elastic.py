@@ -50,7 +50,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from runtime.common import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
+from launcher.common import goodput_rollup  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.common import mappings  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests import tpu_emulation  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -203,7 +203,7 @@ def _timeline(lines, events) -> dict:
 
 def _rollup(workdir: pathlib.Path, attempts: pathlib.Path) -> dict:
   """Goodput with the driver's attempts, so its waits count."""
-  roll = goodput.rollup(str(workdir), str(attempts))
+  roll = goodput_rollup.rollup(str(workdir), str(attempts))
   return {'goodput': roll['goodput'],
           'capacity_goodput': roll['capacity_goodput'],
           'recomputed_steps': sum(a['notes'].get('recomputed_steps') or 0

@@ -23,9 +23,10 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from launcher.common import goodput_rollup  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.common import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
 from launcher.common import record_mirror  # pylint: disable=g-import-not-at-top,wrong-import-position
-from runtime.common import time_to_recover  # pylint: disable=g-import-not-at-top,wrong-import-position
+from launcher.common import time_to_recover  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 PARTS = goodput.PROCESS_PARTS + goodput.JOB_PARTS
 _SHORT = {'distributed_init': 'dist_init', 'checkpoint_restore': 'restore',
@@ -127,7 +128,7 @@ def main(argv=None) -> int:
   if record_mirror.in_bucket(workdir):
     workdir = record_mirror.fetch_record(
         workdir, tempfile.mkdtemp(prefix='podrun-record-'))
-  result = goodput.write_rollup(workdir, args.attempts or None)
+  result = goodput_rollup.write_rollup(workdir, args.attempts or None)
   if not result['attempts']:
     print(f'no goodput ledgers under {args.workdir}/goodput', file=sys.stderr)
     return 2

@@ -155,22 +155,22 @@ def test_imports_run_one_way():
 
 def test_the_check_finds_an_import_against_the_rule():
   modules = project_modules()
-  bad = {
-      'runtime.common.files': 'from runtime import metrics',
-      'runtime.step': 'from launcher import restart',
-      'launcher.restart': 'from runtime import train',
-      'launcher.local.pod': 'from launcher.rank import process',
-      'runtime.common.progress': 'import jax',
-      'launcher.tpu.worker': 'from runtime.common import env_vars',
-      'launcher.common.cluster': 'from launcher.rank import peers',
-      'launcher.common.workload': 'import jax',
+  bad = [
+      ('runtime.common.files', 'from runtime import metrics'),
+      ('runtime.step', 'from launcher import restart'),
+      ('launcher.restart', 'from runtime import train'),
+      ('launcher.local.pod', 'from launcher.rank import process'),
+      ('runtime.common.progress', 'import jax'),
+      ('launcher.tpu.worker', 'from runtime.common import env_vars'),
+      ('launcher.common.cluster', 'from launcher.rank import peers'),
+      ('launcher.common.workload', 'import jax'),
       # Spelled so that a search for the name misses them.
-      'runtime.metrics': 'importlib.import_module("launcher.restart")',
-      'runtime.common.records': 'from .. import metrics',
-      'launcher.local.pod': 'from ..rank import process',
-      'configs.mnist': 'from runtime import parallelism',
-  }
-  for importer, line in bad.items():
+      ('runtime.metrics', 'importlib.import_module("launcher.restart")'),
+      ('runtime.common.records', 'from .. import metrics'),
+      ('launcher.local.pod', 'from ..rank import process'),
+      ('configs.mnist', 'from runtime import parallelism'),
+  ]
+  for importer, line in bad:
     tree = ast.parse(line)
     assert violations({**modules, importer: tree}), (importer, line)
   # The door is open only inside a function.

@@ -15,6 +15,7 @@ import json
 
 import pytest
 
+from launcher.common import goodput_rollup
 from runtime.common import goodput
 from tests import helpers
 from tests.workloads import census
@@ -128,7 +129,7 @@ def test_a_lost_process_shrinks_the_pod_and_it_grows_back(tmp_path,
   census.assert_exactly_once(helpers.final_state(workdir)['params'],
                              helpers.final_state(straight)['params'],
                              BATCH, EXAMPLES, STEPS)
-  roll = goodput.rollup(str(workdir))
+  roll = goodput_rollup.rollup(str(workdir))
   assert roll['full_devices'] == 8 and roll['reduced_size_s'] > 0
   assert 0 < roll['capacity_goodput'] < roll['goodput']
 

@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
+from launcher.common import goodput_rollup
 from runtime.common import goodput
-from runtime.common import time_to_recover
+from launcher.common import time_to_recover
 from tests import helpers
 
 pytestmark = pytest.mark.unit
@@ -39,7 +40,7 @@ def test_rollup_accounts_for_every_second(tmp_path):
                   'launcher_started': 99.5}) + '\n' +
       json.dumps({'name': 'a2', 'started': 113, 'ended': 130, 'exit_code': 0,
                   'launcher_started': 99.5}) + '\n')
-  result = goodput.rollup(str(tmp_path))
+  result = goodput_rollup.rollup(str(tmp_path))
   assert result['wall_s'] == pytest.approx(130 - 99.5)
   assert sum(result['parts'].values()) == pytest.approx(result['wall_s'])
   a1, a2 = result['attempts']
@@ -57,13 +58,13 @@ def test_capacity_goodput_weighs_each_attempt_by_its_devices(tmp_path):
                                            ('a3', 20, 8, 8)):
     _ledger(tmp_path / 'goodput' / name / 'rank_0.json', start, start + 10,
             True, devices=devices, productive=productive)
-  result = goodput.rollup(str(tmp_path))
+  result = goodput_rollup.rollup(str(tmp_path))
   assert result['goodput'] == pytest.approx(25 / 30)
   assert result['full_devices'] == 8
   assert result['reduced_size_s'] == pytest.approx(10)
   assert result['capacity_goodput'] == pytest.approx(
       (8 * 8 + 9 * 6 + 8 * 8) / (8 * 30))
-  assert goodput.summary(result)['capacity_goodput'] == pytest.approx(
+  assert goodput_rollup.summary(result)['capacity_goodput'] == pytest.approx(
       result['capacity_goodput'])
   out = subprocess.run(
       [sys.executable, str(helpers.REPO / 'scripts' / 'goodput.py'),
@@ -133,7 +134,7 @@ def test_a_restart_at_once_never_counts_a_second_twice(tmp_path):
                   'launcher_started': 100}) + '\n' +
       json.dumps({'name': 'a2', 'started': 110.001, 'ended': 120,
                   'exit_code': 0, 'launcher_started': 100}) + '\n')
-  result = goodput.rollup(str(tmp_path))
+  result = goodput_rollup.rollup(str(tmp_path))
   assert sum(result['parts'].values()) == pytest.approx(result['wall_s'],
                                                         abs=1e-9)
   assert result['parts']['restart_backoff'] == 0
@@ -176,7 +177,7 @@ def test_the_parts_never_exceed_the_wall_time(tmp_path, how):
           startup=1, productive=8)
   (tmp_path / 'logs').mkdir()
   (tmp_path / 'logs' / 'attempts.jsonl').write_text(attempts)
-  result = goodput.rollup(str(tmp_path))
+  result = goodput_rollup.rollup(str(tmp_path))
   assert sum(result['parts'].values()) == pytest.approx(result['wall_s'])
   assert result['goodput'] <= 1.0
   assert result['parts']['productive'] == 16

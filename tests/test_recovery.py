@@ -22,7 +22,7 @@ from launcher.rank import stall
 from runtime.common import env_vars
 from runtime.common import goodput
 from runtime.common import progress
-from runtime.common import time_to_recover
+from launcher.common import time_to_recover
 from runtime import local_checkpoint
 from tests import helpers
 

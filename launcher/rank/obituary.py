@@ -11,7 +11,7 @@ ledger has a file, starts its obituary: a small child without JAX that
 - waits for the process to exit (a pidfd), then, if the ledger holds no
   end, writes one: the exit code and cause the traceback shows (134
   aborted, 139 segmentation fault; else 137, killed without a trace), the
-  fault for the time to recover (runtime/common/time_to_recover.py), the
+  fault for the time to recover (launcher/common/time_to_recover.py), the
   wall time of the end, and a line in the log saying so.
 
 It runs in a session of its own and ignores SIGINT, SIGTERM and SIGHUP, so

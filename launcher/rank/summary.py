@@ -20,6 +20,7 @@ from launcher.rank import peers as peers_lib
 from launcher.rank import supervisor as supervisor_lib
 from runtime.common import env_vars
 from runtime.common import files
+from launcher.common import goodput_rollup
 from runtime.common import goodput
 from runtime import coordination
 from runtime import topology
@@ -84,7 +85,7 @@ def finish(config: ConfigDict, workdir: str, actual: topology.Topology,
     ranks = (peers_lib.rank_stats(supervisor.client)
              if supervisor.options.enabled else [])
     record = summary(config, actual, results, ranks)
-    record['goodput'] = goodput.summary(goodput.write_rollup(workdir))
+    record['goodput'] = goodput_rollup.summary(goodput_rollup.write_rollup(workdir))
     files.write_json(os.path.join(workdir, 'summary.json'), record)
     logging.info('results: %s', files.to_json(record['results']))
     logging.info('wrote %s', os.path.join(workdir, 'summary.json'))

@@ -62,7 +62,7 @@ from runtime.common import accelerators
 from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import files
-from runtime.common import goodput
+from launcher.common import goodput_rollup
 from runtime.common import job_tls
 from launcher.common import record_mirror
 from runtime.common import records
@@ -483,7 +483,7 @@ def _complete_the_record(launch: Launch, url: str, path: str,
     mirror = record_mirror.Mirror(url, local,
                                   owns=record_mirror.launcher_owns)
     mirror.fetch()
-    goodput.roll_up_into_summary(local)
+    goodput_rollup.roll_up_into_summary(local)
     files.write_json(os.path.join(local, 'logs', 'job.json'),
                      _job_record(launch, code))
     mirror.push()

@@ -4,11 +4,10 @@ The supervisor (launcher/ outside launcher/rank/) never loads JAX, and
 nothing in runtime/ imports launcher/, so what both need sits here, low:
 exit codes and the errors that carry them (`exit_codes`), whole-file writes
 (`files`), the environment variables the launcher hands its processes
-(`env_vars`), what a scheduler's variables say (`cluster`), the accelerator
-types (`accelerators`), how a process's output is prefixed
-(`output_prefix`), finding the workload (`workload`), the progress pipe
-(`progress`), the goodput ledger and its roll-up (`goodput`) and the time
-to recover (`time_to_recover`).
+(`env_vars`), the accelerator types (`accelerators`), the old spellings
+still kept (`deprecations`), the progress pipe (`progress`), the goodput
+ledger a process writes (`goodput`) and the records it holds (`records`).
+What only the launcher's side reads lives in launcher/common/.
 
 Nothing here imports JAX or anything outside runtime/common/;
 tests/test_boundary.py checks both.

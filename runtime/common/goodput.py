@@ -2,9 +2,10 @@
 
 Every process of every attempt keeps a `Ledger` of seconds per category and
 rewrites it, whole, to WORKDIR/goodput/ATTEMPT/rank_<i>.json every few
-seconds and when it ends. `rollup` then reads every attempt's ledgers (and
-the launcher's WORKDIR/logs/attempts.jsonl, when a launcher restarted the
-job) and accounts for the job's whole wall time:
+seconds and when it ends. The launcher's side reads them back
+(launcher/common/goodput_rollup.py, with the launcher's
+WORKDIR/logs/attempts.jsonl when a launcher restarted the job) and accounts
+for the job's whole wall time:
 
 - per process: `startup` (process start, imports, config, devices),
   `distributed_init`, `checkpoint_restore`, `compile` (the seconds JAX's
@@ -22,13 +23,12 @@ job) and accounts for the job's whole wall time:
   hour later) is no part: it is reported as `between_commands_s`, outside
   the job's wall time.
 
-Goodput = productive / wall time. Nothing here imports JAX: the launcher
-rolls up without it.
+Goodput = productive / wall time. Nothing here imports JAX.
 
 Which steps are recomputed is exact however an attempt ended: every process
 stores the last step it completed in an 8-byte memory-mapped file beside its
 ledger (`HighWater`), which survives a SIGKILL. Each attempt after a failure
-also gets its time to recover (runtime/common/time_to_recover.py): from the
+also gets its time to recover (launcher/common/time_to_recover.py): from the
 fault to its first productive step, split into detection, teardown,
 back-off, start-up, distributed init, restore (with the tier it came from),
 compile and recomputed steps.
@@ -37,7 +37,7 @@ Example:
   >>> ledger = Ledger(process_start=time.time())
   >>> with ledger.timing('checkpoint_restore'):
   ...   restore()
-  >>> rollup('/runs/mnist')['goodput']
+  >>> goodput_rollup.rollup('/runs/mnist')['goodput']
   0.93
 """
 
@@ -53,7 +53,6 @@ from typing import Any, Iterator, Optional
 
 from runtime.common import files
 from runtime.common import records
-from runtime.common import time_to_recover
 
 PROCESS_PARTS = ('startup', 'distributed_init', 'checkpoint_restore',
                  'compile', 'productive', 'recomputed', 'input_wait',
@@ -225,221 +224,6 @@ def steps_done_before(ledger: Ledger) -> int:
     except (OSError, ValueError, KeyError):
       continue
   return furthest
-
-
-def _read_ledgers(workdir: str) -> dict[str, dict[int, dict[str, Any]]]:
-  """{attempt: {rank: ledger record}}."""
-  out: dict[str, dict[int, dict[str, Any]]] = {}
-  for path in glob.glob(os.path.join(workdir, LEDGER_DIR, '*', 'rank_*.json')):
-    try:
-      with open(path) as f:
-        record = json.load(f)
-    except (OSError, ValueError):
-      continue
-    attempt = os.path.basename(os.path.dirname(path))
-    rank = int(os.path.basename(path)[len('rank_'):-len('.json')])
-    out.setdefault(attempt, {})[rank] = record
-  return out
-
-
-def _launcher_attempts(workdir: str, path: Optional[str] = None
-                       ) -> list[records.LauncherAttempt]:
-  return records.read_attempts(
-      path or os.path.join(workdir, 'logs', records.ATTEMPTS_FILE))
-
-
-def rollup(workdir: str, attempts_path: Optional[str] = None
-           ) -> dict[str, Any]:
-  """Accounts for the job's wall time, attempt by attempt.
-
-  The job runs from its first attempt's start (the launcher's, else the
-  process's) to its last attempt's end (the launcher's, else the last ledger
-  update), less the time between commands: when an attempt was started by
-  another command than the one before it (a second `podrun` after a Ctrl-C,
-  a resume as another topology), nothing ran the job from the end of the one
-  before to that command's start. That time is `between_commands_s`, not a
-  part: no launcher waited it. Each attempt is seen through process 0's
-  ledger; the time a launcher waited between two attempts, and the
-  unrecorded end of a killed attempt, are parts of their own. The parts add
-  up to `wall_s`.
-
-  Returns:
-    {'wall_s', 'goodput', 'between_commands_s', 'parts': {category:
-     seconds}, 'attempts': [...], 'ranks': {attempt: {rank: parts}}}; empty
-    parts when nothing was recorded.
-  """
-  ledgers = _read_ledgers(workdir)
-  by_name = {a.name: a for a in _launcher_attempts(workdir, attempts_path)
-             if a.name}
-  order = sorted(ledgers, key=lambda a: _ledger_of_0(ledgers[a])['started'])
-  attempts: list[dict[str, Any]] = []
-  for number, name in enumerate(order, 1):
-    before = order[number - 2] if number > 1 else None
-    attempts.append(_attempt_record(
-        number, name, _ledger_of_0(ledgers[name]), by_name.get(name),
-        attempts[-1] if attempts else None, by_name.get(before)))
-    if before is not None:
-      attempts[-1]['recovery'] = time_to_recover.phases(
-          ledgers[before], by_name.get(before), attempts[-2]['ended'],
-          _ledger_of_0(ledgers[name]), by_name.get(name),
-          between_commands_s=attempts[-1]['between_commands_s'])
-  if not attempts:
-    return {'wall_s': 0.0, 'goodput': None, 'between_commands_s': 0.0,
-            'parts': {}, 'attempts': [], 'ranks': {}}
-  wall = sum(a['wall_s'] for a in attempts)
-  parts = {p: sum(a['parts'][p] for a in attempts)
-           for p in PROCESS_PARTS + JOB_PARTS}
-  return {'wall_s': wall,
-          'goodput': parts['productive'] / wall if wall > 0 else None,
-          'between_commands_s': sum(a['between_commands_s']
-                                    for a in attempts),
-          **capacity(attempts),
-          'parts': parts, 'attempts': attempts,
-          'ranks': {name: {r: rec['parts'] for r, rec in sorted(
-              ledgers[name].items())} for name in order}}
-
-
-def capacity(attempts: list[dict[str, Any]]) -> dict[str, Any]:
-  """Goodput weighed by the devices each attempt ran on.
-
-  A job that goes on at reduced size (an elastic job's fewer processes)
-  trains, but more slowly: its productive seconds are worth less of the
-  full job's. The full size is the most devices any attempt ran on.
-
-  Returns:
-    {'full_devices': D, 'reduced_size_s': the wall time of attempts on
-     fewer than D devices, 'capacity_goodput': productive device-seconds
-     over D x the wall time}; None values when no attempt noted its
-    topology.
-  """
-  devices = [((a['notes'] or {}).get('topology') or {}).get('num_devices')
-             for a in attempts]
-  if not any(devices):
-    return {'full_devices': None, 'reduced_size_s': None,
-            'capacity_goodput': None}
-  full = max(d for d in devices if d)
-  wall = sum(a['wall_s'] for a in attempts)
-  used = sum(a['parts']['productive'] * (d or full)
-             for a, d in zip(attempts, devices))
-  return {'full_devices': full,
-          'reduced_size_s': sum(a['wall_s'] for a, d in zip(attempts, devices)
-                                if d and d < full),
-          'capacity_goodput': used / (full * wall) if wall > 0 else None}
-
-
-def _ledger_of_0(ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
-  """Process 0's ledger, through which the job sees an attempt."""
-  return ranks.get(0) or ranks[min(ranks)]
-
-
-def _same_command(launch: Optional[records.LauncherAttempt],
-                  before: Optional[records.LauncherAttempt]) -> bool:
-  """Whether one launcher process ran both attempts (and so waited the
-  time between them)."""
-  if launch is None or before is None:
-    return False
-  if launch.launcher_started is not None:
-    return launch.launcher_started == before.launcher_started
-  return (launch.attempt or 1) > 1
-
-
-def _attempt_record(number: int, name: str, ledger_0: dict[str, Any],
-                    launch: Optional[records.LauncherAttempt],
-                    previous: Optional[dict[str, Any]],
-                    launch_before: Optional[records.LauncherAttempt]
-                    ) -> dict[str, Any]:
-  """One attempt's parts, from its command's start (or the end of the
-  attempt before, when the same command ran both) to its end."""
-  parts = {p: 0.0 for p in PROCESS_PARTS + JOB_PARTS}
-  parts.update(ledger_0['parts'])
-  started, ended = ledger_0['started'], ledger_0['updated']
-  if launch is not None:
-    # The launcher saw the attempt from before the process started to after
-    # it ended: that is launch overhead, or the process's unrecorded end.
-    ended = max(ended, launch.ended)
-    late = ended - ledger_0['updated']
-    parts['launch_overhead' if ledger_0['final'] else 'unrecorded'] += late
-    parts['launch_overhead'] += max(0.0, started - launch.started)
-    moved = min(launch.recreate_s, parts['launch_overhead'])
-    parts['launch_overhead'] -= moved
-    parts['infrastructure_recovery'] += moved
-    started = min(started, launch.started)
-  between_commands = 0.0
-  if previous is not None and _same_command(launch, launch_before):
-    _book_backoff(parts, started - previous['ended'])
-    started = previous['ended']
-  else:
-    command_started = (launch.launcher_started or launch.started
-                       if launch is not None else started)
-    if previous is not None:
-      # A command started before the one before it ended (two terminals)
-      # still starts this attempt no earlier than that end.
-      command_started = max(command_started, previous['ended'])
-      between_commands = max(0.0, command_started - previous['ended'])
-    parts['launch_overhead'] += max(0.0, started - command_started)
-    _take_out(parts, max(0.0, command_started - started),
-              ('launch_overhead', 'startup'))
-    started = command_started
-  return {'attempt': number, 'name': name, 'started': started,
-          'ended': ended, 'wall_s': ended - started, 'final': ledger_0['final'],
-          'between_commands_s': between_commands,
-          'exit_code': launch.exit_code if launch else None,
-          'notes': ledger_0['notes'], 'parts': parts}
-
-
-def _book_backoff(parts: dict[str, float], gap: float) -> None:
-  """The time one launcher waited between two attempts."""
-  if gap >= 0:
-    parts['restart_backoff'] += gap
-  else:
-    # A restart at once, and a process start read from /proc in clock
-    # ticks (10 ms), can put the start before the previous end; the
-    # overlap is an error of that estimate, not time spent twice.
-    _take_out(parts, -gap, ('launch_overhead', 'startup'))
-
-
-def _take_out(parts: dict[str, float], seconds: float,
-              categories: tuple[str, ...]) -> None:
-  """Removes `seconds` from `categories`, in order, none below zero."""
-  for category in categories:
-    taken = min(seconds, parts[category])
-    parts[category] -= taken
-    seconds -= taken
-
-
-def roll_up_into_summary(workdir: str) -> dict[str, Any]:
-  """Writes WORKDIR/goodput.jsonl and the goodput of WORKDIR/summary.json
-  (when it exists) from every ledger and launcher attempt the workdir
-  holds; returns the roll-up (`rollup`)."""
-  result = write_rollup(workdir)
-  path = os.path.join(workdir, 'summary.json')
-  if result['goodput'] is not None and os.path.exists(path):
-    with open(path) as f:
-      record = json.load(f)
-    record['goodput'] = summary(result)
-    files.write_json(path, record)
-  return result
-
-
-def write_rollup(workdir: str, attempts_path: Optional[str] = None
-                 ) -> dict[str, Any]:
-  """Writes WORKDIR/goodput.jsonl (one line per attempt) and returns the
-  roll-up (see `rollup`; `attempts_path`: the launcher's attempts.jsonl
-  where it is not WORKDIR/logs, as for the TPU pod driver's LOG_DIR)."""
-  result = rollup(workdir, attempts_path)
-  path = os.path.join(workdir, 'goodput.jsonl')
-  files.write_atomic(path, ''.join(
-      json.dumps({**attempt, 'ranks': result['ranks'][attempt['name']]}) +
-      '\n' for attempt in result['attempts']))
-  return result
-
-
-def summary(result: dict[str, Any]) -> dict[str, Any]:
-  """The part of a roll-up that goes into summary.json."""
-  return {'wall_s': result['wall_s'], 'goodput': result['goodput'],
-          'capacity_goodput': result.get('capacity_goodput'),
-          'reduced_size_s': result.get('reduced_size_s'),
-          'parts': result['parts'], 'attempts': len(result['attempts'])}
 
 
 class StepClock:
