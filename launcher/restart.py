@@ -14,7 +14,7 @@ import dataclasses
 import signal
 import sys
 import time
-from typing import Any, Callable, Iterable, Optional, Protocol
+from typing import Any, Callable, Iterable, Optional
 
 from launcher import signals
 from runtime.common import exit_codes
@@ -41,31 +41,42 @@ def check_retryable(codes: Iterable[int]) -> tuple[int, ...]:
   return codes
 
 
-class Attempt(Protocol):
-  """One start of the whole job, as `run` drives it.
+class Attempt:
+  """One start of the whole job, as `run` drives it: a local pod
+  (launcher/local/pod.py) or a TPU pod's attempt (launcher/tpu/attempt.py)
+  subclasses it and sets, in `run`, what it knows.
 
   Attributes:
     attempt_name: the name its processes' goodput ledgers are filed under
-      (optional: an attempt without one is recorded with None).
+      (None: recorded so).
     launcher_signalled: whether whoever runs the launcher sent it SIGINT or
       SIGTERM during `run`.
-    progressed: whether any process completed a step (optional; without
-      it every failed attempt counts toward the back-off).
-    fault: after a failure, {'at': when the failed process exited,
-      'detected': when the attempt was declared failed, ...} (wall times),
-      for the time to recover (optional; runtime/common/goodput.py).
-    infrastructure: {'seconds': ..., ...} when the attempt first had to
-      bring its machines back (a TPU slice recreated after a preemption),
-      which goodput counts as infrastructure recovery (optional).
-    furthest_step: the furthest step any process completed, or None
-      (optional: without it a resize is taken to have trained something
-      new).
+    progressed: whether any process completed a step (False: the failed
+      attempt counts toward the back-off).
+    fault: after a failure, when the failed process exited and when the
+      attempt was declared failed, for the time to recover.
+    infrastructure: when the attempt first had to bring its machines back
+      (a TPU slice recreated after a preemption), which goodput counts as
+      infrastructure recovery.
+    num_processes: how many processes it ran.
+    regrew: it was stopped at a step boundary so that the job grows.
+    counts_steps: whether `furthest_step` is known (False: a resize is
+      taken to have trained something new).
+    furthest_step: the furthest step any process completed, or None.
   """
-  attempt_name: Optional[str]
-  launcher_signalled: bool
+  attempt_name: Optional[str] = None
+  launcher_signalled: bool = False
+  progressed: bool = False
+  fault: Optional[records.Fault] = None
+  infrastructure: Optional[records.Recreate] = None
+  num_processes: Optional[int] = None
+  regrew: bool = False
+  counts_steps: bool = False
+  furthest_step: Optional[int] = None
 
   def run(self) -> int:
     """Runs the attempt to its end; returns its exit code."""
+    raise NotImplementedError
 
 
 @dataclasses.dataclass
@@ -184,13 +195,12 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
     resized = None if bounded else resized
     records.append_attempt(logs_dir, records.LauncherAttempt(
         attempt=attempt, exit_code=code, kind=kind,
-        name=getattr(pod, 'attempt_name', None),
+        name=pod.attempt_name,
         launcher_started=launcher_started, started=started, ended=time.time(),
         launcher_signalled=pod.launcher_signalled,
-        fault=getattr(pod, 'fault', None),
-        infrastructure=getattr(pod, 'infrastructure', None),
+        fault=pod.fault, infrastructure=pod.infrastructure,
         resize=resized.kind if resized else None,
-        processes=getattr(pod, 'num_processes', None)))
+        processes=pod.num_processes))
     if bounded:
       break
     if resized:
@@ -224,7 +234,7 @@ class HighWater:
   def advanced_by(self, pod: Attempt) -> bool:
     """Whether `pod` completed a step past every attempt before it (True
     when it cannot tell); keeps its furthest step."""
-    if not hasattr(pod, 'furthest_step'):
+    if not pod.counts_steps:
       return True
     furthest = pod.furthest_step
     if furthest is None:
@@ -273,7 +283,7 @@ def _restart_wait(pod: Attempt, code: int, kind: str, max_restarts: int,
   # at once, however many restarts came before. Steps trained again after
   # a restore are no progress: a failure at the same step each time backs
   # off.
-  progressed = getattr(pod, 'progressed', False) and newly_productive
+  progressed = pod.progressed and newly_productive
   tally.unproductive = 0 if progressed else tally.unproductive + 1
   wait = backoff_s(first_backoff_s, tally.unproductive + 1)
   what = ('a preemption' if kind == 'preempted'

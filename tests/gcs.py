@@ -117,7 +117,7 @@ class FakeGcs:
     """A bucket's workdir copied to `into` by the mirror readers use
     (in a child, whose gcsfs sees this server)."""
     subprocess.run(
-        [sys.executable, '-c', 'import sys; from runtime.common import '
+        [sys.executable, '-c', 'import sys; from launcher.common import '
          'record_mirror; record_mirror.fetch_record(sys.argv[1], sys.argv[2])',
          url, str(into)], cwd=helpers.REPO,
         env=helpers.launcher_env(**self.env()), check=True, timeout=120)

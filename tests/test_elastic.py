@@ -44,13 +44,13 @@ def test_which_exits_are_lost_hosts():
   assert not elastic.is_lost_process(1, ())
 
 
-class _Pod:
+class _Pod(restart.Attempt):
   def __init__(self, code, fault_code=None, progressed=True, regrew=False,
                processes=4, furthest_step=None):
     self.code, self.progressed, self.regrew = code, progressed, regrew
     self.num_processes = processes
     if furthest_step is not None:
-      self.furthest_step = furthest_step
+      self.counts_steps, self.furthest_step = True, furthest_step
     self.fault = (records.Fault(at=0, detected=0, rank=3,
                                 exit_code=fault_code)
                   if fault_code else None)

@@ -36,7 +36,7 @@ def test_backoff_doubles_up_to_a_minute():
   assert restart.backoff_s(1.0, 30) == restart.MAX_BACKOFF_S
 
 
-class _FakePod:
+class _FakePod(restart.Attempt):
 
   def __init__(self, code, signalled=False):
     self.code, self.launcher_signalled = code, signalled

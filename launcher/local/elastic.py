@@ -37,22 +37,13 @@ import signal
 import time
 from typing import Callable, Optional
 
+from launcher import resize as resize_lib
 from runtime.common import exit_codes
 
-SHRINK, GROW, WAIT = 'shrink', 'grow', 'wait'
-
-
-@dataclasses.dataclass(frozen=True)
-class Resize:
-  """The next attempt runs on another number of processes.
-
-  Attributes:
-    kind: SHRINK (on the others, at once), GROW (lost ones are back) or
-      WAIT (too few left: wait until enough are back).
-    wait_s: how long to wait before that attempt starts.
-  """
-  kind: str
-  wait_s: float = 0.0
+# One Resize for both launchers (launcher/resize.py); these names stay here
+# for the pod's callers.
+Resize = resize_lib.Resize
+SHRINK, GROW, WAIT = resize_lib.SHRINK, resize_lib.GROW, resize_lib.WAIT
 
 
 def is_lost_process(exit_code: Optional[int], retryable: tuple[int, ...]
@@ -130,13 +121,13 @@ def resize_after(capacity: Capacity, retryable: tuple[int, ...],
     process or a stop to grow, else None (the usual restart rules).
   """
   def resize(pod, code: int) -> Optional[Resize]:
-    if code == exit_codes.PREEMPTED and getattr(pod, 'regrew', False):
+    if code == exit_codes.PREEMPTED and pod.regrew:
       capacity.take_back(now())
       say(f'lost process(es) back: starting again at once on '
           f'{capacity.describe()}, from the step every rank saved')
       return Resize(GROW)
-    fault = getattr(pod, 'fault', None)
-    if (fault is None or not getattr(pod, 'progressed', False) or
+    fault = pod.fault
+    if (fault is None or not pod.progressed or
         not is_lost_process(fault.exit_code, retryable)):
       return None
     lost = f'rank {fault.rank} lost (exit code {fault.exit_code})'

@@ -39,6 +39,7 @@ from launcher.local import members as members_lib
 from launcher.local import monitor as monitor_lib
 from launcher.local import output
 from launcher.local import report
+from launcher import restart
 from launcher import signals
 from runtime.common import env_vars
 from runtime.common import exit_codes
@@ -73,7 +74,7 @@ def _loopback_address(address: Optional[str]) -> str:
   return address
 
 
-class Gang:
+class Gang(restart.Attempt):
   """N local processes, each one host of the job; restart.Attempt's kind.
 
   Raises ValueError for a process count below 1 or a coordinator address
@@ -121,6 +122,7 @@ class Gang:
     self.fault: Optional[records.Fault] = None
     self.progressed = False  # Whether any rank completed a step.
     self.furthest_step: Optional[int] = None  # The furthest it completed.
+    self.counts_steps = True
     # Whether the pod was stopped at a step boundary to grow (elastic.py).
     self.regrew = False
     self._regrow_due = regrow_due

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Optional
 
+from launcher import restart
 from launcher import signals
 from launcher.tpu import babysit
 from launcher.tpu import commands
@@ -35,7 +36,7 @@ _LINE = re.compile(r'^\[worker (\d+|\?)(?: #(\d+))?\] ?(.*)$')
 _EXIT = re.compile(r'^podrun: exit (\d+)$')
 
 
-class Attempt:
+class Attempt(restart.Attempt):
   """One run of the job on every worker of every slice: its output, its end,
   its stop.
 

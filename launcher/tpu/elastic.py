@@ -38,6 +38,7 @@ import threading
 import time
 from typing import Optional
 
+from launcher import resize as resize_lib
 from launcher.tpu import queued
 from runtime.common import exit_codes
 from runtime.common import files
@@ -49,11 +50,8 @@ STATUS_FILE = 'slices.json'
 _MAX_BACKOFF_S = 600.0
 
 
-@dataclasses.dataclass(frozen=True)
-class Resize:
-  """The next attempt runs on other slices (restart.run's `resize`)."""
-  kind: str
-  wait_s: float = 0.0
+# restart.run's `resize`, the local pod's too (launcher/resize.py).
+Resize = resize_lib.Resize
 
 
 def requests(base: queued.Request) -> list[queued.Request]:
@@ -145,12 +143,12 @@ class SliceGroup:
   def after_attempt(self, attempt, code: int) -> Optional[Resize]:
     """restart.run's `resize`: GROW after the stop for slices back, SHRINK
     after a lost slice with at least --min_slices left, else None."""
-    if getattr(attempt, 'regrew', False) and code == exit_codes.PREEMPTED:
+    if attempt.regrew and code == exit_codes.PREEMPTED:
       self._take_ready()
       self.launch.say(f'slices back: relaunching at once; the job '
                       f'{self.describe()}')
-      return Resize('grow')
-    if getattr(attempt, 'slice_lost', None) is None:
+      return Resize(resize_lib.GROW)
+    if attempt.slice_lost is None:
       return None
     lost = [i for i in self.active if not self.fleets[i].up or
             self.fleets[i].lost() is not None]
@@ -166,7 +164,7 @@ class SliceGroup:
     self.launch.say(f'slice(s) {names} lost: relaunching at once on the '
                     'others, the same global batch on fewer devices; the job '
                     f'{self.describe()}')
-    return Resize('shrink')
+    return Resize(resize_lib.SHRINK)
 
   def ready_for_attempt(self, attempt) -> bool:
     """Before an attempt: takes in slices back; waits while fewer than
