@@ -18,6 +18,13 @@ import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CACHE_DIR = []
 
+# A suite started in the background by a shell without job control inherits
+# SIGINT ignored, and so would every launcher it starts (an ignored signal
+# stays ignored across exec): the tests that Ctrl-C one would wait out their
+# timeouts. Python's own handler, as under a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 # Test tiers (pytest -m): `unit` needs neither devices nor processes,
 # `devices` runs in this process on its 8 emulated devices, `processes`

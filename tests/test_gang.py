@@ -176,7 +176,12 @@ def test_a_coordinator_port_let_go_soon_is_waited_for(tmp_path):
   # As an earlier attempt's coordinator that is still exiting.
   holder = socket.create_server(('127.0.0.1', 0))
   port = holder.getsockname()[1]
-  threading.Timer(3, holder.close).start()
+  # Let go once process 0 says it waits (or after 30 s), so that a slow
+  # start cannot find the port free already.
+  said = lambda: f'coordinator port {port} is in use' in ''.join(
+      p.read_text(errors='replace') for p in tmp_path.glob('logs/rank_0*'))
+  threading.Thread(target=lambda: (helpers.wait_for(said, 30),
+                                   holder.close()), daemon=True).start()
   result = helpers.run_launcher(
       ['--config=configs/linear_regression.py', f'--workdir={tmp_path}',
        '--config.steps=5', '--local_processes=2',
