@@ -1,4 +1,5 @@
-"""A bucket's workdir mirrored from local disk (launcher/common/record_mirror.py).
+"""A bucket's workdir mirrored from local disk
+(launcher/common/record_mirror.py).
 
 Against an in-memory bucket with the calls the mirror makes of gcsfs
 (find with details, cat_file, pipe_file) and the fields GCS gives

@@ -20,15 +20,14 @@ from typing import Any, Optional
 from launcher.common import time_to_recover
 from runtime.common import files
 from runtime.common import records
-from runtime.common.goodput import JOB_PARTS
-from runtime.common.goodput import LEDGER_DIR
-from runtime.common.goodput import PROCESS_PARTS
+from runtime.common import goodput
 
 
 def _read_ledgers(workdir: str) -> dict[str, dict[int, dict[str, Any]]]:
   """{attempt: {rank: ledger record}}."""
   out: dict[str, dict[int, dict[str, Any]]] = {}
-  for path in glob.glob(os.path.join(workdir, LEDGER_DIR, '*', 'rank_*.json')):
+  for path in glob.glob(os.path.join(workdir, goodput.LEDGER_DIR, '*',
+                                     'rank_*.json')):
     try:
       with open(path) as f:
         record = json.load(f)
@@ -86,7 +85,7 @@ def rollup(workdir: str, attempts_path: Optional[str] = None
             'parts': {}, 'attempts': [], 'ranks': {}}
   wall = sum(a['wall_s'] for a in attempts)
   parts = {p: sum(a['parts'][p] for a in attempts)
-           for p in PROCESS_PARTS + JOB_PARTS}
+           for p in goodput.PROCESS_PARTS + goodput.JOB_PARTS}
   return {'wall_s': wall,
           'goodput': parts['productive'] / wall if wall > 0 else None,
           'between_commands_s': sum(a['between_commands_s']
@@ -148,7 +147,7 @@ def _attempt_record(number: int, name: str, ledger_0: dict[str, Any],
                     ) -> dict[str, Any]:
   """One attempt's parts, from its command's start (or the end of the
   attempt before, when the same command ran both) to its end."""
-  parts = {p: 0.0 for p in PROCESS_PARTS + JOB_PARTS}
+  parts = {p: 0.0 for p in goodput.PROCESS_PARTS + goodput.JOB_PARTS}
   parts.update(ledger_0['parts'])
   started, ended = ledger_0['started'], ledger_0['updated']
   if launch is not None:

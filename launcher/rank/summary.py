@@ -85,7 +85,8 @@ def finish(config: ConfigDict, workdir: str, actual: topology.Topology,
     ranks = (peers_lib.rank_stats(supervisor.client)
              if supervisor.options.enabled else [])
     record = summary(config, actual, results, ranks)
-    record['goodput'] = goodput_rollup.summary(goodput_rollup.write_rollup(workdir))
+    record['goodput'] = goodput_rollup.summary(
+        goodput_rollup.write_rollup(workdir))
     files.write_json(os.path.join(workdir, 'summary.json'), record)
     logging.info('results: %s', files.to_json(record['results']))
     logging.info('wrote %s', os.path.join(workdir, 'summary.json'))
