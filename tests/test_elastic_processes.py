@@ -129,9 +129,24 @@ def test_a_lost_process_shrinks_the_pod_and_it_grows_back(tmp_path,
   census.assert_exactly_once(helpers.final_state(workdir)['params'],
                              helpers.final_state(straight)['params'],
                              BATCH, EXAMPLES, STEPS)
+  # The capacity-weighted goodput is the attempts' productive seconds, each
+  # weighed by its devices. Whether the attempt on 6 devices trains a new
+  # step before its 3 s are up depends on the machine (a slow start-up can
+  # spend them recomputing, and then the two goodputs are equal), so the
+  # strict inequality is only asserted when it did; test_goodput holds it
+  # with fixed figures.
   roll = goodput_rollup.rollup(str(workdir))
-  assert roll['full_devices'] == 8 and roll['reduced_size_s'] > 0
-  assert 0 < roll['capacity_goodput'] < roll['goodput']
+  devices = [a['notes']['topology']['num_devices'] for a in roll['attempts']]
+  assert devices == [8, 6, 8], devices
+  assert roll['full_devices'] == 8
+  assert roll['reduced_size_s'] == pytest.approx(roll['attempts'][1]['wall_s'])
+  assert roll['reduced_size_s'] > 0
+  used = sum(a['parts']['productive'] * d
+             for a, d in zip(roll['attempts'], devices))
+  assert roll['capacity_goodput'] == pytest.approx(used / (8 * roll['wall_s']))
+  assert 0 < roll['capacity_goodput'] <= roll['goodput']
+  if roll['attempts'][1]['parts']['productive'] > 0:
+    assert roll['capacity_goodput'] < roll['goodput']
 
 
 def test_a_failure_at_the_same_step_each_time_ends_after_max_restarts(
