@@ -122,7 +122,7 @@ class Checkpoints:
 
   Example:
     >>> ckpt = Checkpoints('/tmp/w/checkpoints', every=100, keep=3)
-    >>> restored = ckpt.restore_latest(config, state)  # None on a fresh start
+    >>> ckpt.latest_step()                              # None on a fresh start
     >>> ckpt.save(100, state, meta)                     # returns at once
     >>> ckpt.close()                                    # waits for the disk
   """
@@ -214,33 +214,29 @@ class Checkpoints:
       error, self._error = self._error, None
       raise error
 
-  def restore_latest(self, config: ConfigDict, like: Any
-                     ) -> Optional[tuple[int, Any, dict[str, Any]]]:
-    """Restores the newest complete checkpoint, if there is one.
+  def meta(self, step: int) -> dict[str, Any]:
+    """The 'meta' item saved with `step`: what recovery checks first."""
+    self._join()
+    return self._manager.restore(
+        step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+
+  def load(self, step: int, like: Any) -> Any:
+    """The state saved as `step`, as host arrays in the tree of `like`.
+
+    Reads what it is told: which step, and whether it fits this run, are
+    recovery.restore's to decide (every process restores the step they
+    agreed on, not each the newest it happens to see).
 
     Args:
-      config: this run's config, checked against the checkpoint's.
-      like: this run's initial state; gives the tree structure, shapes and
-        dtypes to restore into.
-
-    Returns:
-      (step, state as host arrays, meta), or None when there is no checkpoint.
-
-    Raises:
-      CheckpointError: when the checkpoint does not fit this run.
+      step: a step `all_steps()` lists.
+      like: this run's initial state (a TrainState); its tree, shapes and
+        dtypes.
     """
-    step = self._manager.latest_step()
-    if step is None:
-      return None
-    step_path = os.path.join(self.path, str(step))
-    meta = self._manager.restore(
-        step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-    checkpoint_meta.check_restorable(meta, config, like, step_path)
+    self._join()
     target = jax.tree.map(np.asarray, like)
     restored = self._manager.restore(
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
-    logging.info('restored %s (step %d)', step_path, step)
-    return step, restored.state, meta
+    return type(like)(*restored.state)
 
   def saving(self) -> bool:
     """Whether a started save is still being written."""
@@ -299,28 +295,6 @@ def refuse_existing(ckpt: Checkpoints) -> None:
         f'checkpoints of steps {ckpt.all_steps()}. Use a new --workdir (or '
         'config.checkpoint_dir) to start afresh, or drop '
         '--config.restore=False to resume.')
-
-
-def restore_latest_or_start(ckpt: Checkpoints, config, state: Any,
-                            num_examples: int) -> tuple[int, Any]:
-  """(step, state) to start from: the latest checkpoint's, or (0, `state`).
-
-  Args:
-    ckpt: the run's checkpoint directory.
-    config: its trajectory sections are checked against the checkpoint's.
-    state: the freshly initialised TrainState (host arrays).
-    num_examples: the size of the training data.
-
-  Raises:
-    CheckpointError: when the checkpoint was made by a different run or on
-      other data.
-  """
-  restored = ckpt.restore_latest(config, state)
-  if restored is None:
-    return 0, state
-  step, saved_state, meta = restored
-  checkpoint_meta.check_same_data(meta, num_examples, step, ckpt.path)
-  return step, type(state)(*saved_state)
 
 
 class _QuietOrbax(stdlib_logging.Filter):

@@ -63,6 +63,26 @@ def data_position(step: int, global_batch_size: int,
           'examples_into_epoch': consumed % num_examples}
 
 
+def check(meta: dict[str, Any], config, state: Any, num_examples: int,
+          step: int, where: str) -> None:
+  """Refuses a copy of the state, either tier's, that this run cannot resume
+  from: every check a restore makes, in one place.
+
+  Args:
+    meta: the copy's 'meta' item.
+    config: this run's config.
+    state: this run's freshly initialised state.
+    num_examples: the size of this run's training data.
+    step: the copy's step, for the message.
+    where: the copy, for the message.
+
+  Raises:
+    CheckpointError: as check_restorable and check_same_data say.
+  """
+  check_restorable(meta, config, state, where)
+  check_same_data(meta, num_examples, step, where)
+
+
 def check_restorable(meta: dict[str, Any], config, state: Any, path: str
                      ) -> None:
   """Refuses a checkpoint whose config or state shapes differ from this run's.

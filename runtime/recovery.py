@@ -26,6 +26,7 @@ Example:
 
 import dataclasses
 import json
+import os
 from typing import Any, Optional
 
 from absl import logging
@@ -154,10 +155,9 @@ def check_local(local: local_checkpoint.LocalCheckpoints, config: ConfigDict,
   held = local.held()
   steps = list(held)
   if steps:
-    meta = local.meta(steps[-1])
-    where = f'the local copy {held[steps[-1]]} (step {steps[-1]})'
-    checkpoint_meta.check_restorable(meta, config, like, where)
-    checkpoint_meta.check_same_data(meta, num_examples, steps[-1], where)
+    checkpoint_meta.check(local.meta(steps[-1]), config, like, num_examples,
+                          steps[-1], f'the local copy {held[steps[-1]]} '
+                          f'(step {steps[-1]})')
   return steps
 
 
@@ -209,9 +209,14 @@ def _restore_newest(config: ConfigDict, persistent: checkpoint.Checkpoints,
   if decided.tier == 'fresh':
     return 0, state, 'fresh'
   if decided.tier == 'persistent':
-    step, restored = checkpoint.restore_latest_or_start(
-        persistent, config, state, num_examples)
-    return step, restored, 'persistent'
+    # The step process 0 saw, not each process's own latest_step(): on a
+    # bucket a process may list a newer or older step than the others.
+    where = os.path.join(persistent.path, str(decided.step))
+    checkpoint_meta.check(persistent.meta(decided.step), config, state,
+                          num_examples, decided.step, where)
+    restored = persistent.load(decided.step, state)
+    logging.info('restored %s (step %d)', where, decided.step)
+    return decided.step, restored, 'persistent'
   mine = local.load(decided.step, state) if me in decided.holders else state
   if decided.tier == 'peer':
     mine = broadcast(mine, is_source=me == decided.source)

@@ -67,7 +67,8 @@ def test_the_rng_key_is_saved_and_restored(tmp_path):
   ckpt = checkpoint.Checkpoints(str(tmp_path / 'checkpoints'), every=4, keep=2)
   like = training.step_lib.init_state(*_params_and_optimizer(config),
                                       config.seed)
-  step, state, meta = ckpt.restore_latest(config, like)
+  step = ckpt.latest_step()
+  state, meta = ckpt.load(step, like), ckpt.meta(step)
   ckpt.close()
   assert step == 6 and meta['step'] == 6 and meta['reason'] == 'final'
   # Six splits of the seed's key, as the step does them.
