@@ -26,15 +26,15 @@ from ml_collections import ConfigDict
 
 from runtime import coordination
 from runtime.common import files
+from runtime.common import layout
 from runtime.parallelism import microbatches
 
-FILE = 'device_batch_limit.json'
 _KEY = 'podrun/device_batch_limit'
 
 
 def _read(workdir: str) -> Optional[int]:
   try:
-    with open(os.path.join(workdir, FILE)) as f:
+    with open(layout.Record(workdir).batch_limit()) as f:
       return int(json.load(f)['device_batch_limit'])
   except (OSError, ValueError, KeyError, TypeError):
     return None
@@ -46,13 +46,13 @@ def _first_or_new(workdir: str, global_batch_size: int,
   found = _read(workdir)
   if found is not None:
     return found
-  layout = microbatches.plan(global_batch_size, num_devices)
+  plan = microbatches.plan(global_batch_size, num_devices)
   os.makedirs(workdir, exist_ok=True)
-  files.write_json(os.path.join(workdir, FILE), {
-      'device_batch_limit': layout.microbatch_size,
+  files.write_json(layout.Record(workdir).batch_limit(), {
+      'device_batch_limit': plan.microbatch_size,
       'num_devices': num_devices,
       'global_batch_size': global_batch_size})
-  return layout.microbatch_size
+  return plan.microbatch_size
 
 
 def first_group_size(config: ConfigDict, workdir: str,

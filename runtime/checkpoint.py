@@ -31,6 +31,7 @@ import orbax.checkpoint as ocp
 
 from runtime import checkpoint_meta
 from runtime import coordination
+from runtime.common import layout
 
 _SHARED_CHECK_DIR = '.shared_check'
 # Defined with the checks that raise it most; every tier raises it.
@@ -45,7 +46,7 @@ def directory(config: ConfigDict, workdir: str) -> str:
     '/tmp/w/checkpoints'
   """
   configured = config.checkpoint_dir
-  return configured if configured else os.path.join(workdir, 'checkpoints')
+  return configured or layout.Record(workdir).checkpoints()
 
 
 def check_shared(path: str) -> None:

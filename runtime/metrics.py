@@ -15,6 +15,7 @@ from typing import Any, Optional
 from absl import logging
 
 from runtime.common import files
+from runtime.common import layout
 from runtime import tensorboard
 
 # Kept here too: workloads write their own JSON with them.
@@ -76,7 +77,7 @@ class MetricsWriter:
       self._events = tensorboard.EventWriter(workdir, resume_step)
     if is_process_0:
       os.makedirs(workdir, exist_ok=True)
-      path = os.path.join(workdir, 'metrics.jsonl')
+      path = layout.Record(workdir).metrics()
       if resume_step is None:
         self._file = open(path, 'w')
       else:

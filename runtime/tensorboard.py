@@ -19,7 +19,9 @@ import os
 import time
 from typing import Any, Optional
 
-SUBDIR = 'tensorboard'
+from runtime.common import layout
+
+SUBDIR = layout.TENSORBOARD
 
 
 class EventWriter:
@@ -38,7 +40,7 @@ class EventWriter:
     from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
     from tensorboardX.proto import summary_pb2  # pylint: disable=g-import-not-at-top
     self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
-    self.logdir = os.path.join(workdir, SUBDIR)
+    self.logdir = layout.Record(workdir).tensorboard()
     os.makedirs(self.logdir, exist_ok=True)
     # File names start with the second the file was opened; two writers in
     # one second would share a name and the second would overwrite the

@@ -33,6 +33,7 @@ from runtime import checkpoint_meta
 from runtime.common import deprecations
 from runtime.common import env_vars
 from runtime.common import goodput
+from runtime.common import layout
 from runtime import coordination
 from runtime import data as data_lib
 from runtime import fingerprint as fingerprint_lib
@@ -203,7 +204,7 @@ def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt, local
                                                  task.eval_fn))
   if config.profile.num_steps:
     built_in.append(hooks_lib.Profile(
-        os.path.join(workdir, 'tensorboard'), config.profile.start_step,
+        layout.Record(workdir).tensorboard(), config.profile.start_step,
         config.profile.num_steps))
   return built_in + list(task.hooks)
 
@@ -387,7 +388,7 @@ def _result(run: loop.Run, topo, workdir: str) -> TrainResult:
   host = run.numpy_state()
   fingerprint = fingerprint_lib.fingerprint(host.params)
   metrics_lib.write_json(
-      os.path.join(workdir, 'ranks', f'rank_{topo.process_index}.json'), {
+      layout.Record(workdir).result(topo.process_index), {
           'process_index': topo.process_index,
           'process_count': topo.process_count,
           'local_devices': [str(d) for d in jax.local_devices()],

@@ -1,10 +1,13 @@
 """A pod of processes on 127.0.0.1: real cross-process collectives."""
 
+import os
+
 import numpy as np
 import pytest
 
 from configs import linear_regression as linear_regression_config
 from runtime import data
+from runtime.common import layout
 from runtime.workloads import linear_regression
 from tests import helpers
 from tests.reference import single_device_descent
@@ -30,6 +33,22 @@ def _rank_fingerprints(workdir, processes):
           for i in range(processes)]
 
 
+def _assert_layout(workdir, processes):
+  """Every name at the top of the workdir is the layout's, and each
+  process's files are read back by its index (tests/test_layout.py)."""
+  assert set(os.listdir(workdir)) <= set(layout.TOP_LEVEL), os.listdir(workdir)
+  record = layout.Record(str(workdir))
+  indices = list(range(processes))
+  assert list(layout.ranks(os.path.dirname(record.result(0)))) == indices
+  assert list(layout.ranks(record.logs(), '.log')) == indices
+  (attempt, ledgers), = record.attempts_with_ledgers().items()
+  assert list(ledgers) == indices
+  assert helpers.read_json(ledgers[1])['notes']['attempt'] == attempt
+  for path in (record.summary(), record.rollup(), record.metrics(),
+               record.attempts(), record.job()):
+    assert os.path.exists(path), path
+
+
 def test_pods_agree_with_one_process_and_with_one_device(tmp_path):
   single = tmp_path / 'single'
   result = helpers.run_launcher([f'--config={LINEAR}', f'--workdir={single}',
@@ -48,6 +67,7 @@ def test_pods_agree_with_one_process_and_with_one_device(tmp_path):
     summary = helpers.read_json(workdir / 'summary.json')
     assert (summary['process_count'], summary['device_count'],
             summary['local_device_count']) == (processes, 8, devices)
+    _assert_layout(workdir, processes)
     prints = _rank_fingerprints(workdir, processes)
     # Every process ends with bit-identical parameters.
     assert len({p['sha256'] for p in prints}) == 1, prints

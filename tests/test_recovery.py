@@ -21,6 +21,7 @@ import pytest
 from launcher.rank import stall
 from runtime.common import env_vars
 from runtime.common import goodput
+from runtime.common import layout
 from runtime.common import progress
 from launcher.common import time_to_recover
 from runtime import local_checkpoint
@@ -88,9 +89,9 @@ def test_a_sigkilled_process_0_resumes_from_the_local_tier(tmp_path, straight):
   helpers.assert_no_survivors(tmp_path)
   assert helpers.fingerprints(tmp_path, 2) == [straight] * 2
   first, second = _ledgers(tmp_path).values()
-  furthest = max(goodput.HighWater.read(goodput.high_water_path(
-      os.path.join(tmp_path, 'goodput', first[r]['notes']['attempt'],
-                   f'rank_{r}.json'))) for r in first)
+  record = layout.Record(str(tmp_path))
+  furthest = max(goodput.HighWater.read(layout.high_water(
+      record.ledger(first[r]['notes']['attempt'], r))) for r in first)
   assert KILL_STEP - 5 <= furthest <= KILL_STEP, furthest
   restored = furthest // LOCAL_EVERY * LOCAL_EVERY
   for rank in (0, 1):

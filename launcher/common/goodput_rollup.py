@@ -12,13 +12,13 @@ Example:
   0.93
 """
 
-import glob
 import json
 import os
 from typing import Any, Optional
 
 from launcher.common import time_to_recover
 from runtime.common import files
+from runtime.common import layout
 from runtime.common import records
 from runtime.common import goodput
 
@@ -26,23 +26,20 @@ from runtime.common import goodput
 def _read_ledgers(workdir: str) -> dict[str, dict[int, dict[str, Any]]]:
   """{attempt: {rank: ledger record}}."""
   out: dict[str, dict[int, dict[str, Any]]] = {}
-  for path in glob.glob(os.path.join(workdir, goodput.LEDGER_DIR, '*',
-                                     'rank_*.json')):
-    try:
-      with open(path) as f:
-        record = json.load(f)
-    except (OSError, ValueError):
-      continue
-    attempt = os.path.basename(os.path.dirname(path))
-    rank = int(os.path.basename(path)[len('rank_'):-len('.json')])
-    out.setdefault(attempt, {})[rank] = record
+  for attempt, ranks in layout.Record(workdir).attempts_with_ledgers().items():
+    for rank, path in ranks.items():
+      try:
+        with open(path) as f:
+          out.setdefault(attempt, {})[rank] = json.load(f)
+      except (OSError, ValueError):
+        continue
   return out
 
 
 def _launcher_attempts(workdir: str, path: Optional[str] = None
                        ) -> list[records.LauncherAttempt]:
   return records.read_attempts(
-      path or os.path.join(workdir, 'logs', records.ATTEMPTS_FILE))
+      path or layout.Record(workdir).attempts())
 
 
 def rollup(workdir: str, attempts_path: Optional[str] = None
@@ -209,7 +206,7 @@ def roll_up_into_summary(workdir: str) -> dict[str, Any]:
   (when it exists) from every ledger and launcher attempt the workdir
   holds; returns the roll-up (`rollup`)."""
   result = write_rollup(workdir)
-  path = os.path.join(workdir, 'summary.json')
+  path = layout.Record(workdir).summary()
   if result['goodput'] is not None and os.path.exists(path):
     with open(path) as f:
       record = json.load(f)
@@ -224,7 +221,7 @@ def write_rollup(workdir: str, attempts_path: Optional[str] = None
   roll-up (see `rollup`; `attempts_path`: the launcher's attempts.jsonl
   where it is not WORKDIR/logs, as for the TPU pod driver's LOG_DIR)."""
   result = rollup(workdir, attempts_path)
-  path = os.path.join(workdir, 'goodput.jsonl')
+  path = layout.Record(workdir).rollup()
   files.write_atomic(path, ''.join(
       json.dumps({**attempt, 'ranks': result['ranks'][attempt['name']]}) +
       '\n' for attempt in result['attempts']))

@@ -11,16 +11,12 @@ A reader (scripts/goodput.py, scripts/plot_metrics.py) fetches the record
 the same way, so it sees every attempt; the TensorBoard event files are in
 the bucket too, each uploaded whole.
 
-Who owns what: process i the files named `rank_<i>.*` (its ledger, its
-fingerprint, its stall figures), process 0 every other file of the record
-(metrics, TensorBoard, summary.json), the launcher `LAUNCHER_FILES` (process
-0 too where no launcher supervises it: a cluster's or a TPU VM's job; the
-TPU driver adds its attempts, the roll-up over them and logs/job.json at
-the end, `complete_record`). Never
-mirrored: the checkpoints (orbax writes those to the bucket itself), the
-lease and the roll call (`.podrun/`, which coordinate live processes), the
-compilation cache and the launcher's per-process logs (local to the
-machine that launched them).
+Each uploads the files it writes, as runtime/common/layout.py says (`owner`):
+process i its `rank_<i>.*`, process 0 the rest of the record, the launcher
+its own files (process 0 too where no launcher supervises it: a cluster's or
+a TPU VM's job; the TPU driver adds its attempts, the roll-up over them and
+logs/job.json at the end, `complete_record`). What is never mirrored, and
+why: `layout.NEVER_MIRRORED`.
 
 JAX-free: the launcher's side runs it too. gcsfs is imported only for a
 bucket (the `gcs` and `tpu` extras install it).
@@ -46,15 +42,11 @@ from typing import Callable, Optional
 from absl import logging
 
 from runtime.common import env_vars
+from runtime.common import layout
 
 PUSH_EVERY_S = 10.0
 # The end's upload may not hold up a process that is being preempted.
 FINISH_TIMEOUT_S = 30.0
-NEVER_MIRRORED = ('checkpoints/', '.podrun/', 'compilation_cache/', 'logs/')
-LAUNCHER_FILES = ('summary.json', 'goodput.jsonl', 'logs/attempts.jsonl',
-                  'logs/job.json')
-_LEDGERS = 'goodput/'  # goodput.LEDGER_DIR
-_RANK_FILE = re.compile(r'(?:^|/)rank_(\d+)\.[^/]*$')
 # Small files are compared by content: a memory-mapped write (the ledger's
 # high-water step) need not change the file's mtime.
 _ALWAYS_COMPARE_BYTES = 4096
@@ -91,22 +83,15 @@ def rank_owns(process_index: int, launcher_files: bool = False
       VM's process: goodput.jsonl).
   """
   def owns(relative: str) -> bool:
-    match = _RANK_FILE.search(relative)
-    if match:
-      return int(match.group(1)) == process_index
-    return process_index == 0 and (launcher_files or
-                                   relative not in LAUNCHER_FILES[1:])
+    writer = layout.owner(relative)
+    if writer == layout.LAUNCHER:
+      return process_index == 0 and launcher_files
+    return writer == process_index
   return owns
 
 
 def launcher_owns(relative: str) -> bool:
-  return relative in LAUNCHER_FILES
-
-
-def _mirrored(relative: str) -> bool:
-  if relative in LAUNCHER_FILES:
-    return True
-  return not (relative.startswith(NEVER_MIRRORED) or '.tmp' in relative)
+  return layout.launcher_writes(relative)
 
 
 def bucket_fs():
@@ -168,7 +153,8 @@ class Mirror:
     prefix = self.url[len('gs://'):] + '/'
     found = self.fs.find(self.url, detail=True)
     return {name[len(prefix):]: info for name, info in found.items()
-            if name.startswith(prefix) and _mirrored(name[len(prefix):])}
+            if name.startswith(prefix) and
+            layout.mirrored(name[len(prefix):])}
 
   def fetch(self) -> int:
     """Copies to local disk each object newer than its local copy, and
@@ -227,16 +213,17 @@ class Mirror:
     out = []
     for directory, subdirs, names in os.walk(self.local_dir):
       if directory == self.local_dir:  # logs/ holds launcher files.
-        subdirs[:] = [d for d in subdirs if d + '/' not in NEVER_MIRRORED or
-                      d == 'logs']
+        subdirs[:] = [d for d in subdirs
+                      if d + '/' not in layout.NEVER_MIRRORED or
+                      d == layout.LOGS]
       for name in names:
         relative = os.path.relpath(os.path.join(directory, name),
                                    self.local_dir).replace(os.sep, '/')
-        if _mirrored(relative) and self._owns(relative):
+        if layout.mirrored(relative) and self._owns(relative):
           out.append(relative)
     # The ledgers last: a final ledger in the bucket tells the TPU driver
     # that the process's last upload is complete (launcher/tpu/ends.py).
-    return sorted(out, key=lambda r: (r.startswith(_LEDGERS), r))
+    return sorted(out, key=lambda r: (r.startswith(layout.LEDGERS + '/'), r))
 
   def start(self, every_s: Optional[float] = None) -> None:
     """Uploads every `every_s` seconds (default $PODRUN_RECORD_UPLOAD_EVERY_S,

@@ -28,6 +28,7 @@ from typing import Callable, Optional
 from launcher.common import cluster
 from runtime.common import env_vars
 from runtime.common import exit_codes
+from runtime.common import layout
 
 LOOPBACK_HOSTS = ('127.0.0.1', 'localhost', '::1')
 _STACK_DUMP_WAIT_S = 2.0
@@ -66,7 +67,7 @@ def plan(num_processes: int, local_devices: int, workdir: str,
       f'--coordinator_address={coordinator_address}',
       f'--coordinator_bind_address={coordinator_address}',
       f'--num_processes={num_processes}', f'--process_id={index}'],
-      dict(extra), os.path.join(logs_dir, f'rank_{index}.log'))
+      dict(extra), layout.rank_file(logs_dir, index, '.log'))
           for index in range(num_processes)]
 
 

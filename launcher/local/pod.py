@@ -23,7 +23,6 @@ stalls or the launcher is told to stop:
 - ranks die with the launcher even when it is SIGKILLed (PR_SET_PDEATHSIG).
 """
 
-import glob
 import json
 import os
 import shlex
@@ -44,6 +43,7 @@ from launcher import signals
 from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import goodput
+from runtime.common import layout
 from launcher.common import record_mirror
 from runtime.common import records
 
@@ -102,9 +102,10 @@ class Gang(restart.Attempt):
     self.local_devices = local_devices
     self.workdir = workdir
     # A bucket's workdir: the logs stay on this machine, in its copy.
-    self.logs_dir = os.path.join(
+    self.record = layout.Record(
         record_mirror.local_copy(workdir) if record_mirror.in_bucket(workdir)
-        else workdir, 'logs')
+        else workdir)
+    self.logs_dir = self.record.logs()
     self.coordinator_address = _loopback_address(coordinator_address)
     self.timeouts = monitor_lib.Timeouts(stall_timeout, first_step_timeout,
                                          preemption_grace)
@@ -191,10 +192,9 @@ class Gang(restart.Attempt):
     """The furthest step any rank completed: the ranks' high-water marks,
     written every step (the progress pipe is written at most once a
     second)."""
-    marks = glob.glob(os.path.join(os.path.dirname(self.logs_dir),
-                                   goodput.LEDGER_DIR, self.attempt_name,
-                                   'rank_*.step'))
-    return max([goodput.HighWater.read(m) for m in marks] +
+    marks = layout.ranks(os.path.join(self.record.ledgers(),
+                                      self.attempt_name), '.step')
+    return max([goodput.HighWater.read(m) for m in marks.values()] +
                [m.step for m in self._members])
 
   def _start(self, progress_reader: output.Progress
@@ -227,7 +227,7 @@ class Gang(restart.Attempt):
         'ranks': [{'rank': r.index, 'pid': r.popen.pid,
                    'command': r.command} for r in self._members],
     }
-    with open(os.path.join(self.logs_dir, 'job.json'), 'w') as f:
+    with open(self.record.job(), 'w') as f:
       json.dump(job, f, indent=2)
 
   def _on_signal(self, signum, frame) -> None:

@@ -9,12 +9,12 @@ Example:
   >>> count_into(goodput.current())
 """
 
-import os
 from typing import Optional
 
 import jax
 
 from runtime.common import goodput
+from runtime.common import layout
 from runtime.common import progress
 from runtime import compile_events
 
@@ -49,7 +49,7 @@ def use_cache(directory: Optional[str], workdir: str) -> None:
   """
   if directory == '':
     return
-  path = directory or os.path.join(workdir, 'compilation_cache')
+  path = directory or layout.Record(workdir).compilation_cache()
   jax.config.update('jax_compilation_cache_dir', path)
   # Cache every program: on a restart even short compilations add up.
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)

@@ -44,9 +44,10 @@ from launcher.rank import lease_object
 from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import files
+from runtime.common import layout
 from runtime import coordination
 
-LEASE_FILE = '.podrun_lease.json'
+LEASE_FILE = layout.LEASE
 _SETTLE_S = 1.0
 
 

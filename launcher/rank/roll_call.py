@@ -21,8 +21,7 @@ from typing import NoReturn, Optional
 from absl import logging
 
 from runtime.common import exit_codes
-
-JOIN_DIR = os.path.join('.podrun', 'join')
+from runtime.common import layout
 
 
 class RollCall:
@@ -38,14 +37,14 @@ class RollCall:
 
   def __init__(self, workdir: str, coordinator_address: str, process_id: int,
                num_processes: int):
-    self.directory = os.path.join(workdir, JOIN_DIR)
+    self.directory = layout.Record(workdir).join()
     self.coordinator_address = coordinator_address
     self.process_id = process_id
     self.num_processes = num_processes
     self.signed_at = time.time()
 
   def _path(self, rank: int) -> str:
-    return os.path.join(self.directory, f'rank_{rank}.json')
+    return layout.rank_file(self.directory, rank)
 
   def sign(self) -> None:
     try:

@@ -39,7 +39,6 @@ Example:
 """
 
 import json
-import os
 import time
 from typing import Optional
 
@@ -47,13 +46,13 @@ import numpy as np
 
 from launcher.rank import peers as peers_lib
 from runtime.common import files
+from runtime.common import layout
 from runtime.common import progress
 
 K = 10.0
 MARGIN = 3.0
 FLOOR_S = 10.0
 WARMUP_STEPS = progress.WARMUP_STEPS
-DIRECTORY = 'stall'
 _SAVE_EVERY_S = 30.0
 
 
@@ -105,7 +104,7 @@ def deadline(snapshot: progress.Snapshot, ceiling: float, now: float,
 
 
 def path(workdir: str, process_index: int) -> str:
-  return os.path.join(workdir, DIRECTORY, f'rank_{process_index}.json')
+  return layout.Record(workdir).stall(process_index)
 
 
 def load(workdir: str, process_index: int) -> Optional[progress.Learned]:

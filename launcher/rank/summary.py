@@ -20,6 +20,7 @@ from launcher.rank import peers as peers_lib
 from launcher.rank import supervisor as supervisor_lib
 from runtime.common import env_vars
 from runtime.common import files
+from runtime.common import layout
 from launcher.common import goodput_rollup
 from runtime.common import goodput
 from runtime import coordination
@@ -87,7 +88,8 @@ def finish(config: ConfigDict, workdir: str, actual: topology.Topology,
     record = summary(config, actual, results, ranks)
     record['goodput'] = goodput_rollup.summary(
         goodput_rollup.write_rollup(workdir))
-    files.write_json(os.path.join(workdir, 'summary.json'), record)
+    path = layout.Record(workdir).summary()
+    files.write_json(path, record)
     logging.info('results: %s', files.to_json(record['results']))
-    logging.info('wrote %s', os.path.join(workdir, 'summary.json'))
+    logging.info('wrote %s', path)
   supervisor.stop()

@@ -64,6 +64,7 @@ from runtime.common import exit_codes
 from runtime.common import files
 from launcher.common import goodput_rollup
 from runtime.common import job_tls
+from runtime.common import layout
 from launcher.common import record_mirror
 from runtime.common import records
 
@@ -478,13 +479,13 @@ def _complete_the_record(launch: Launch, url: str, path: str,
   every attempt (URL/goodput.jsonl, the goodput of URL/summary.json) and
   URL/logs/job.json: the launcher's files, which no process on the VMs
   could write (they end before the driver's last attempt is known)."""
-  record_mirror.merge_lines(url, 'logs/' + records.ATTEMPTS_FILE, path)
+  record_mirror.merge_lines(url, f'{layout.LOGS}/{layout.ATTEMPTS}', path)
   with tempfile.TemporaryDirectory(prefix='podrun_record_') as local:
     mirror = record_mirror.Mirror(url, local,
                                   owns=record_mirror.launcher_owns)
     mirror.fetch()
     goodput_rollup.roll_up_into_summary(local)
-    files.write_json(os.path.join(local, 'logs', 'job.json'),
+    files.write_json(layout.Record(local).job(),
                      _job_record(launch, code))
     mirror.push()
     if mirror.unwritten:

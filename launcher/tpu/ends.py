@@ -30,7 +30,7 @@ import threading
 from typing import Callable, Iterable, Optional
 
 from runtime.common import exit_codes
-from runtime.common import goodput
+from runtime.common import layout
 from launcher.common import record_mirror
 
 # How often the bucket is read for the lost processes' ledgers.
@@ -81,8 +81,8 @@ class Ledgers:
   def __init__(self, url: str, attempt: str, ranks: Iterable[int],
                fs_factory: Optional[Callable] = None):
     self.url = url.rstrip('/')
-    self._paths = {str(r): f'{self.url}/{goodput.LEDGER_DIR}/{attempt}/'
-                           f'rank_{r}.json' for r in ranks}
+    record = layout.Record(self.url)
+    self._paths = {str(r): record.ledger(attempt, r) for r in ranks}
     self._fs_factory = fs_factory
     self._final: set[str] = set()
     self._stop = threading.Event()

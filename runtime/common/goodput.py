@@ -52,6 +52,7 @@ import time
 from typing import Any, Iterator, Optional
 
 from runtime.common import files
+from runtime.common import layout
 from runtime.common import records
 
 PROCESS_PARTS = ('startup', 'distributed_init', 'checkpoint_restore',
@@ -62,7 +63,6 @@ PROCESS_PARTS = ('startup', 'distributed_init', 'checkpoint_restore',
 # start (a TPU slice deleted and created again after a preemption).
 JOB_PARTS = ('unrecorded', 'launch_overhead', 'restart_backoff',
              'infrastructure_recovery')
-LEDGER_DIR = 'goodput'
 _FLUSH_EVERY_S = 2.0
 
 
@@ -164,8 +164,7 @@ def open_ledger(ledger: Ledger, workdir: str, attempt: str,
                 process_index: int) -> None:
   """Makes `ledger` this process's, writing to WORKDIR/goodput/ATTEMPT."""
   global _current
-  ledger.path = os.path.join(workdir, LEDGER_DIR, attempt,
-                             f'rank_{process_index}.json')
+  ledger.path = layout.Record(workdir).ledger(attempt, process_index)
   ledger.note(attempt=attempt, process_index=process_index)
   _current = ledger
   ledger.flush(force=True)
@@ -198,10 +197,6 @@ class HighWater:
       return 0
 
 
-def high_water_path(ledger_path: str) -> str:
-  return ledger_path[:-len('.json')] + '.step'
-
-
 def steps_done_before(ledger: Ledger) -> int:
   """The furthest step any process of an earlier attempt of the job
   completed (0 when the ledger writes nowhere)."""
@@ -209,20 +204,18 @@ def steps_done_before(ledger: Ledger) -> int:
     return 0
   this_attempt = os.path.dirname(ledger.path)
   furthest = 0
-  for path in glob.glob(os.path.join(os.path.dirname(this_attempt), '*',
-                                     'rank_*.step')):
-    if os.path.dirname(path) != this_attempt:
+  for attempt in glob.glob(os.path.join(os.path.dirname(this_attempt), '*')):
+    if attempt == this_attempt:
+      continue
+    for path in layout.ranks(attempt, '.step').values():
       furthest = max(furthest, HighWater.read(path))
-  for path in glob.glob(os.path.join(os.path.dirname(this_attempt), '*',
-                                     'rank_*.json')):
-    if os.path.dirname(path) == this_attempt:
-      continue
-    try:
-      with open(path) as f:
-        notes = records.Notes.from_json(json.load(f).get('notes'))
-      furthest = max(furthest, notes.last_step or 0)
-    except (OSError, ValueError, KeyError):
-      continue
+    for path in layout.ranks(attempt).values():
+      try:
+        with open(path) as f:
+          notes = records.Notes.from_json(json.load(f).get('notes'))
+        furthest = max(furthest, notes.last_step or 0)
+      except (OSError, ValueError, KeyError):
+        continue
   return furthest
 
 
@@ -245,7 +238,7 @@ class StepClock:
     self.ledger = ledger
     self.steps_done_before = steps_done_before
     self.recomputed_steps = 0
-    self._high_water = (HighWater(high_water_path(ledger.path))
+    self._high_water = (HighWater(layout.high_water(ledger.path))
                         if ledger.path else None)
     self._mark = time.perf_counter()
     self._taken = 0.0

@@ -21,7 +21,9 @@ import json
 import os
 from typing import Any, Optional
 
-ATTEMPTS_FILE = 'attempts.jsonl'
+from runtime.common import layout
+
+ATTEMPTS_FILE = layout.ATTEMPTS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,197 @@
+"""The workdir's layout: where each file of a job's record lives, and who
+writes it. Every module reads and writes the workdir through here.
+
+  WORKDIR/
+    summary.json                the job's results and goodput
+    goodput.jsonl               the roll-up, one line an attempt
+    metrics.jsonl               process 0's metrics, one line a logged step
+    tensorboard/                process 0's event files
+    device_batch_limit.json     the largest batch a device was found to fit
+    ranks/rank_<i>.json         process i's result, for comparison
+    goodput/ATTEMPT/rank_<i>.json, rank_<i>.step
+                                process i's ledger and high-water step
+    stall/rank_<i>.json         process i's step times, for the next attempt
+    logs/rank_<i>.log           process i's output, as the launcher kept it
+    logs/attempts.jsonl         the launcher's attempts
+    logs/job.json               the launcher's processes
+    checkpoints/                orbax's (config.checkpoint_dir elsewhere)
+    compilation_cache/          JAX's
+    .podrun/join/rank_<i>.json  the roll call of live processes
+    .podrun_lease.json          the lease of the job that writes here
+
+Who writes what (`owner`): process i the files named `rank_<i>.*`; the
+launcher `LAUNCHER_FILES`; process 0 everything else. summary.json is process
+0's, and the launcher, which sees every attempt, rewrites its goodput.
+
+JAX-free: the launcher reads the record too.
+
+Example:
+  >>> record = Record('/runs/mnist')
+  >>> record.ledger('mnist-a2', 3)
+  '/runs/mnist/goodput/mnist-a2/rank_3.json'
+  >>> owner('goodput/mnist-a2/rank_3.json'), owner('summary.json')
+  (3, 0)
+"""
+
+import glob
+import os
+import re
+from typing import Union
+
+SUMMARY = 'summary.json'
+ROLLUP = 'goodput.jsonl'
+METRICS = 'metrics.jsonl'
+TENSORBOARD = 'tensorboard'
+BATCH_LIMIT = 'device_batch_limit.json'
+RESULTS = 'ranks'
+LEDGERS = 'goodput'
+STALL = 'stall'
+LOGS = 'logs'
+ATTEMPTS = 'attempts.jsonl'
+JOB = 'job.json'
+CHECKPOINTS = 'checkpoints'
+COMPILATION_CACHE = 'compilation_cache'
+JOIN = os.path.join('.podrun', 'join')
+LEASE = '.podrun_lease.json'
+# Every name the job itself writes at the top of a workdir (a workload may
+# add its own).
+TOP_LEVEL = (SUMMARY, ROLLUP, METRICS, TENSORBOARD, BATCH_LIMIT, RESULTS,
+             LEDGERS, STALL, LOGS, CHECKPOINTS, COMPILATION_CACHE, '.podrun',
+             LEASE)
+
+# What the launcher writes (process 0 where no launcher supervises it),
+# relative to the workdir, with '/'.
+LAUNCHER = 'launcher'
+LAUNCHER_FILES = (ROLLUP, f'{LOGS}/{ATTEMPTS}', f'{LOGS}/{JOB}')
+# Never mirrored to a bucket: orbax writes the checkpoints there itself; the
+# roll call and the lease coordinate live processes; the cache and the
+# launcher's per-process logs belong to the machine that made them.
+NEVER_MIRRORED = (f'{CHECKPOINTS}/', '.podrun/', f'{COMPILATION_CACHE}/',
+                  f'{LOGS}/')
+
+_RANK = 'rank_'
+_RANK_FILE = re.compile(r'(?:^|/)rank_(\d+)\.[^/]*$')
+
+
+def rank_file(directory: str, process_index: int, suffix: str = '.json'
+              ) -> str:
+  """DIRECTORY/rank_<i>SUFFIX: process i's file of a kind."""
+  return os.path.join(directory, f'{_RANK}{process_index}{suffix}')
+
+
+def rank_of(path: str) -> Union[int, None]:
+  """i for a path whose file is rank_<i>.*, else None."""
+  match = _RANK_FILE.search(path.replace(os.sep, '/'))
+  return int(match.group(1)) if match else None
+
+
+def ranks(directory: str, suffix: str = '.json') -> dict[int, str]:
+  """{i: path} of the rank_<i>SUFFIX files in `directory`, by i."""
+  found = {}
+  for path in glob.glob(os.path.join(glob.escape(directory),
+                                     f'{_RANK}*{suffix}')):
+    index = os.path.basename(path)[len(_RANK):-len(suffix)]
+    if index.isdigit():
+      found[int(index)] = path
+  return dict(sorted(found.items()))
+
+
+def owner(relative: str) -> Union[int, str]:
+  """Who writes the record file `relative` (to the workdir, with '/'):
+  a process index, or LAUNCHER."""
+  if relative in LAUNCHER_FILES:
+    return LAUNCHER
+  index = rank_of(relative)
+  return 0 if index is None else index
+
+
+def launcher_writes(relative: str) -> bool:
+  """Whether the launcher writes `relative`: its own files, and summary.json's
+  goodput over every attempt."""
+  return relative == SUMMARY or owner(relative) == LAUNCHER
+
+
+def mirrored(relative: str) -> bool:
+  """Whether a bucket's copy of the record holds `relative`."""
+  if relative in LAUNCHER_FILES:
+    return True
+  return not (relative.startswith(NEVER_MIRRORED) or '.tmp' in relative)
+
+
+class Record:
+  """The paths of one workdir, a method each.
+
+  Args:
+    workdir: a local directory (a bucket's workdir: its local copy).
+  """
+
+  def __init__(self, workdir: str):
+    self.workdir = workdir
+
+  def _path(self, *parts: str) -> str:
+    return os.path.join(self.workdir, *parts)
+
+  def summary(self) -> str:
+    return self._path(SUMMARY)
+
+  def rollup(self) -> str:
+    return self._path(ROLLUP)
+
+  def metrics(self) -> str:
+    return self._path(METRICS)
+
+  def tensorboard(self) -> str:
+    return self._path(TENSORBOARD)
+
+  def batch_limit(self) -> str:
+    return self._path(BATCH_LIMIT)
+
+  def result(self, process_index: int) -> str:
+    return rank_file(self._path(RESULTS), process_index)
+
+  def ledgers(self) -> str:
+    """The directory of every attempt's ledgers."""
+    return self._path(LEDGERS)
+
+  def ledger(self, attempt: str, process_index: int) -> str:
+    return rank_file(self._path(LEDGERS, attempt), process_index)
+
+  def attempts_with_ledgers(self) -> dict[str, dict[int, str]]:
+    """{attempt: {process index: its ledger's path}}."""
+    out = {}
+    for directory in sorted(glob.glob(os.path.join(
+        glob.escape(self.ledgers()), '*'))):
+      found = ranks(directory)
+      if found:
+        out[os.path.basename(directory)] = found
+    return out
+
+  def stall(self, process_index: int) -> str:
+    return rank_file(self._path(STALL), process_index)
+
+  def logs(self) -> str:
+    return self._path(LOGS)
+
+  def process_log(self, process_index: int) -> str:
+    return rank_file(self.logs(), process_index, '.log')
+
+  def attempts(self) -> str:
+    return self._path(LOGS, ATTEMPTS)
+
+  def job(self) -> str:
+    return self._path(LOGS, JOB)
+
+  def checkpoints(self) -> str:
+    return self._path(CHECKPOINTS)
+
+  def compilation_cache(self) -> str:
+    return self._path(COMPILATION_CACHE)
+
+  def join(self) -> str:
+    """The roll call's directory."""
+    return self._path(JOIN)
+
+
+def high_water(ledger_path: str) -> str:
+  """The high-water step's file beside a ledger: rank_<i>.step."""
+  return ledger_path[:-len('.json')] + '.step'

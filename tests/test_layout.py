@@ -1,0 +1,89 @@
+"""The workdir's layout: one place spells its paths and says who writes each.
+
+That a real pod writes nothing else: test_local_pod."""
+
+import os
+
+import pytest
+
+from runtime.common import layout
+
+pytestmark = pytest.mark.unit
+
+
+def test_every_path_is_where_the_docstring_says(tmp_path):
+  record = layout.Record(str(tmp_path))
+  relative = {
+      'summary.json': record.summary(),
+      'goodput.jsonl': record.rollup(),
+      'metrics.jsonl': record.metrics(),
+      'tensorboard': record.tensorboard(),
+      'device_batch_limit.json': record.batch_limit(),
+      'ranks/rank_2.json': record.result(2),
+      'goodput': record.ledgers(),
+      'goodput/job-a3/rank_1.json': record.ledger('job-a3', 1),
+      'goodput/job-a3/rank_1.step': layout.high_water(
+          record.ledger('job-a3', 1)),
+      'stall/rank_0.json': record.stall(0),
+      'logs/rank_5.log': record.process_log(5),
+      'logs/attempts.jsonl': record.attempts(),
+      'logs/job.json': record.job(),
+      'checkpoints': record.checkpoints(),
+      'compilation_cache': record.compilation_cache(),
+      '.podrun/join': record.join(),
+  }
+  for expected, path in relative.items():
+    assert os.path.relpath(path, tmp_path) == expected
+    assert expected.split('/')[0] in layout.TOP_LEVEL, expected
+
+
+def test_rank_files_are_read_back_by_index(tmp_path):
+  for name in ('rank_0.json', 'rank_10.json', 'rank_2.json', 'rank_2.step',
+               'rank_x.json', 'other.json'):
+    (tmp_path / name).write_text('{}')
+  found = layout.ranks(str(tmp_path))
+  assert list(found) == [0, 2, 10]
+  assert found[10] == str(tmp_path / 'rank_10.json')
+  assert list(layout.ranks(str(tmp_path), '.step')) == [2]
+  assert layout.rank_of('goodput/a/rank_12.json') == 12
+  assert layout.rank_of('summary.json') is None
+
+
+def test_attempts_with_ledgers_lists_each_attempts_processes(tmp_path):
+  record = layout.Record(str(tmp_path))
+  for attempt, index in (('job-a1', 0), ('job-a1', 1), ('job-a2', 0)):
+    os.makedirs(os.path.dirname(record.ledger(attempt, index)), exist_ok=True)
+    with open(record.ledger(attempt, index), 'w') as f:
+      f.write('{}')
+  os.makedirs(os.path.join(record.ledgers(), 'empty'))
+  assert {a: list(r) for a, r in record.attempts_with_ledgers().items()} == {
+      'job-a1': [0, 1], 'job-a2': [0]}
+
+
+@pytest.mark.parametrize('relative, writer', [
+    ('goodput/job-a1/rank_3.json', 3),
+    ('goodput/job-a1/rank_3.step', 3),
+    ('stall/rank_1.json', 1),
+    ('ranks/rank_0.json', 0),
+    ('metrics.jsonl', 0),
+    ('tensorboard/events.out.tfevents.1', 0),
+    ('summary.json', 0),
+    ('goodput.jsonl', layout.LAUNCHER),
+    ('logs/attempts.jsonl', layout.LAUNCHER),
+    ('logs/job.json', layout.LAUNCHER),
+])
+def test_each_file_has_one_writer(relative, writer):
+  assert layout.owner(relative) == writer
+  # summary.json is process 0's; the launcher rewrites its goodput.
+  assert layout.launcher_writes(relative) == (
+      writer == layout.LAUNCHER or relative == 'summary.json')
+
+
+def test_what_a_bucket_holds():
+  for relative in ('summary.json', 'goodput.jsonl', 'logs/attempts.jsonl',
+                   'logs/job.json', 'metrics.jsonl', 'goodput/a/rank_0.json'):
+    assert layout.mirrored(relative), relative
+  for relative in ('checkpoints/10/state', '.podrun/join/rank_0.json',
+                   'compilation_cache/x', 'logs/rank_0.log',
+                   'metrics.jsonl.tmp123'):
+    assert not layout.mirrored(relative), relative
