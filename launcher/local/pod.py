@@ -114,7 +114,8 @@ class Gang(restart.Attempt):
     self.job_id = job_id or uuid.uuid4().hex
     self.attempt = attempt
     # The goodput ledgers of this attempt (runtime/common/goodput.py).
-    self.attempt_name = f'{self.job_id[:12]}-a{attempt}'
+    # A uuid's first 12 hex digits keep the ledgers' folders short.
+    self.attempt_name = records.attempt_name(self.job_id[:12], attempt)
     # An elastic or restarting job: this pod's end is not the job's.
     self.attempts_may_follow = attempts_may_follow
     self.launcher_signalled = False

@@ -21,6 +21,7 @@ from launcher.rank import supervisor as supervisor_lib
 from runtime.common import env_vars
 from runtime.common import files
 from runtime.common import layout
+from runtime.common import records
 from launcher.common import goodput_rollup
 from runtime.common import goodput
 from runtime import coordination
@@ -32,7 +33,8 @@ def attempt_name(client: Optional[coordination.Client]) -> str:
   by process 0 and shared through the coordination service."""
   if os.environ.get(env_vars.ATTEMPT):
     return os.environ[env_vars.ATTEMPT]
-  made = time.strftime('%Y%m%d-%H%M%S-', time.gmtime()) + uuid.uuid4().hex[:8]
+  made = records.attempt_name(time.strftime('%Y%m%d-%H%M%S-', time.gmtime()) +
+                              uuid.uuid4().hex[:8], 1)
   if client is None:
     return made
   try:

@@ -19,6 +19,7 @@ from typing import Optional
 
 from runtime.common import exit_codes
 from runtime.common import job_tls
+from runtime.common import records
 
 WORKER_SCRIPT = '$HOME/podrun/tpu_worker.py'
 
@@ -281,9 +282,9 @@ def _unpack_authority(tls_job: str) -> list[str]:
           f'rm -f {archive}); fi']
 
 
-def attempt_id(job_id: str, attempt) -> str:
+def attempt_id(job_id: str, attempt: int) -> str:
   """The name of one attempt of a job on the workers (worker.base_id)."""
-  return f'{job_id}-a{attempt}'
+  return records.attempt_name(job_id, attempt)
 
 
 @dataclasses.dataclass(frozen=True)

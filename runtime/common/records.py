@@ -26,6 +26,13 @@ from runtime.common import layout
 ATTEMPTS_FILE = layout.ATTEMPTS
 
 
+def attempt_name(job_id: str, number: int) -> str:
+  """JOB-aN, the one name of attempt `number` (1, 2, ...) of a job: its
+  goodput ledgers' folder, its TLS identities, its jobs on TPU workers
+  (launcher/tpu/worker.py's base_id reads the job back from it)."""
+  return f'{job_id}-a{number}'
+
+
 @dataclasses.dataclass(frozen=True)
 class Fault:
   """The fault that ended an attempt, for the time to recover.
@@ -34,8 +41,10 @@ class Fault:
     at: wall time of the failed process's last sign of life.
     detected: wall time at which the job learned of it.
     rank: the process it is pinned on.
-    kind: 'failed', 'lost' or 'stalled' (a supervisor's view), or
-      'unrecorded' (read from ledgers that all stopped without an end).
+    kind: 'failed', 'lost' or 'stalled' (a supervisor's view),
+      'aborted' or 'killed' (an obituary's: launcher/rank/obituary.py, which
+      runs without the project's imports and writes these fields itself),
+      or 'unrecorded' (read from ledgers that all stopped without an end).
     exit_code: the failed process's code (a launcher's view).
   """
   at: float
