@@ -232,3 +232,16 @@ def test_no_supervisor_module_loads_jax():
                           check=False)
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip() == '[]', result.stdout
+
+
+def test_only_the_ray_driver_imports_ray():
+  """Ray is an extra: nothing every deployment runs imports it."""
+  modules = project_modules()
+  packages = _packages(modules)
+  found = sorted({name for name, tree in modules.items()
+                  for imported, _ in imports(name, tree, name in packages)
+                  if imported.split('.')[0] == 'ray' and
+                  not name.startswith('launcher.ray')})
+  assert found == []
+  assert any(imported.split('.')[0] == 'ray' for imported, _ in imports(
+      'launcher.ray.group', modules['launcher.ray.group']))

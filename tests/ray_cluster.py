@@ -1,0 +1,73 @@
+"""A real Ray cluster on this machine (ray.cluster_utils.Cluster): several
+raylets on 127.0.0.1, each a node with one {"host": 1} resource, so that a
+placement group's STRICT_SPREAD puts one process on each.
+
+Ray takes 127.0.0.1 for "this machine" and swaps in the machine's address
+unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps everything on loopback
+(ray/_private/services.py, get_node_ip_address), which Ray reads once, when
+it is imported: so this module sets it in the test process before anything
+imports Ray, and every podrun-ray a test starts gets it too (`ENV`).
+
+Example:
+  >>> with RayCluster(nodes=4) as cluster:
+  ...   result = run_podrun_ray(cluster.address, 4, [...])
+"""
+
+import os
+import subprocess
+import sys
+import time
+from typing import Optional
+
+from tests import helpers
+
+ENV = {'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER': '0'}
+os.environ.update(ENV)
+NODE = {'num_cpus': 1, 'resources': {'host': 1}, 'node_ip_address': '127.0.0.1'}
+
+
+class RayCluster:
+  """`nodes` raylets on 127.0.0.1; the test process connected to them."""
+
+  def __init__(self, nodes: int):
+    self.nodes = nodes
+    self.cluster = None
+    self.address: Optional[str] = None
+
+  def __enter__(self) -> 'RayCluster':
+    import ray  # pylint: disable=g-import-not-at-top
+    from ray import cluster_utils  # pylint: disable=g-import-not-at-top
+    self.cluster = cluster_utils.Cluster(
+        initialize_head=True, connect=False,
+        head_node_args={**NODE, 'include_dashboard': False})
+    for _ in range(self.nodes - 1):
+      self.cluster.add_node(**NODE)
+    self.cluster.wait_for_nodes()
+    self.address = self.cluster.address
+    ray.init(address=self.address, logging_level='warning',
+             log_to_driver=False)
+    return self
+
+  def free_hosts(self) -> float:
+    """How many {"host": 1} are not held by any placement group or actor."""
+    import ray  # pylint: disable=g-import-not-at-top
+    return ray.available_resources().get('host', 0.0)
+
+  def __exit__(self, *exc) -> None:
+    import ray  # pylint: disable=g-import-not-at-top
+    ray.shutdown()
+    self.cluster.shutdown()
+
+
+def run_podrun_ray(address: str, num_processes: int, launcher_args: list[str],
+                   *own: str, timeout: float = 180) -> helpers.Result:
+  """Runs `podrun-ray` to its end with one {"host": 1} a process."""
+  started = time.monotonic()
+  proc = subprocess.Popen(
+      [sys.executable, '-m', 'launcher.ray', f'--address={address}',
+       f'--num_processes={num_processes}',
+       '--resources_per_process={"host": 1}', *own, '--', *launcher_args],
+      cwd=helpers.REPO, env=helpers.launcher_env(**ENV),
+      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True, start_new_session=True)
+  return helpers.finish(proc, timeout, started)

@@ -1,0 +1,59 @@
+"""podrun-ray's own parts, without a cluster: its flags, a bundle as Ray's
+actor options, and the environment a node's process starts with. The job on
+a real Ray cluster: test_ray_processes.py."""
+
+import pytest
+
+from launcher.ray import __main__ as ray_main
+from launcher.ray import driver
+from launcher.ray import host
+
+pytestmark = pytest.mark.unit
+
+
+def test_flags_and_the_launchers_after_the_separator():
+  options = ray_main.parse(['--address=10.0.0.1:6379', '--num_processes=4',
+                            '--resources_per_process={"GPU": 8, "CPU": 16}',
+                            '--', '--config=configs/mnist.py',
+                            '--workdir=/shared/mnist'])
+  assert options == driver.Options(
+      '10.0.0.1:6379', 4, {'GPU': 8.0, 'CPU': 16.0},
+      ['--config=configs/mnist.py', '--workdir=/shared/mnist'])
+  assert driver.workdir_of(options.launcher_args) == '/shared/mnist'
+  assert driver.workdir_of(['--workdir', 'gs://b/run']) == 'gs://b/run'
+  assert driver.workdir_of(['--config=x']) is None
+
+
+@pytest.mark.parametrize('argv, says', [
+    (['--num_processes=0', '--', '--config=c'], '--num_processes=0: at least'),
+    (['--num_processes=2'], 'no launcher flags after `--`'),
+    (['--num_processes=2', '--resources_per_process={"GPU": 0}', '--',
+      '--config=c'], 'positive amounts'),
+    (['--num_processes=2', '--resources_per_process=GPU', '--', '--config=c'],
+     'not JSON'),
+])
+def test_bad_flags_are_named(argv, says, capsys):
+  with pytest.raises(SystemExit) as exited:
+    ray_main.parse(argv)
+  assert exited.value.code == 2
+  assert says in capsys.readouterr().err
+
+
+def test_a_bundle_becomes_rays_actor_options():
+  pytest.importorskip('ray')
+  from launcher.ray import group  # pylint: disable=g-import-not-at-top
+  assert group.actor_options({'GPU': 8.0, 'CPU': 4.0}) == {
+      'num_cpus': 4.0, 'num_gpus': 8.0}
+  assert group.actor_options({'TPU': 4.0}) == {
+      'num_cpus': 0, 'num_gpus': 0, 'resources': {'TPU': 4.0}}
+
+
+def test_a_process_inherits_nothing_of_an_earlier_job():
+  """A replacement node may carry a stale place or multislice set-up."""
+  node = {'PATH': '/usr/bin', 'PODRUN_PROCESS_ID': '3',
+          'PODRUN_COORDINATOR_ADDRESS': 'old:1', 'MEGASCALE_SLICE_ID': '1',
+          'CUDA_VISIBLE_DEVICES': '0,1'}
+  env = host.fresh_env(node, {'PODRUN_PROCESS_ID': '0',
+                              'PODRUN_NUM_PROCESSES': '4'})
+  assert env == {'PATH': '/usr/bin', 'CUDA_VISIBLE_DEVICES': '0,1',
+                 'PODRUN_PROCESS_ID': '0', 'PODRUN_NUM_PROCESSES': '4'}

@@ -1,0 +1,82 @@
+"""The job on a real Ray cluster (tests/ray_cluster.py: 4 raylets on
+127.0.0.1): one process per node through a STRICT_SPREAD placement group,
+the same result as a local pod of the same shape, and nothing of the job
+left on any node afterwards."""
+
+import pytest
+
+from tests import helpers
+from tests import ray_cluster  # Before Ray: it keeps Ray on 127.0.0.1.
+
+pytest.importorskip('ray')
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
+
+LINEAR = ['--config=configs/linear_regression.py', '--config.steps=60',
+          '--local_devices=2']
+
+
+@pytest.fixture(scope='module')
+def cluster():
+  with ray_cluster.RayCluster(nodes=4) as running:
+    yield running
+
+
+def _no_job_left(cluster, workdir) -> None:
+  """No process of the job on any node, and every bundle free again."""
+  job_id = helpers.read_json(workdir / 'logs' / 'job.json')['job_id']
+  assert helpers.wait_for(
+      lambda: not helpers.processes_with_env(f'PODRUN_JOB_ID={job_id}'), 10)
+  assert helpers.wait_for(lambda: cluster.free_hosts() == 4, 10), (
+      cluster.free_hosts())
+
+
+def test_four_nodes_train_as_a_local_4x2_pod(cluster, tmp_path):
+  """About 25 s: the Ray job, then the local pod it must equal."""
+  on_ray = tmp_path / 'ray'
+  result = ray_cluster.run_podrun_ray(cluster.address, 4,
+                                      [*LINEAR, f'--workdir={on_ray}'])
+  assert result.returncode == 0, result.output
+  assert 'started 4 processes, one a node' in result.stderr
+  summary = helpers.read_json(on_ray / 'summary.json')
+  assert (summary['process_count'], summary['device_count']) == (4, 8)
+  # Every rank's log, filed by the driver, and one job.json.
+  job = helpers.read_json(on_ray / 'logs' / 'job.json')
+  assert [r['rank'] for r in job['ranks']] == [0, 1, 2, 3]
+  for rank in range(4):
+    assert (on_ray / 'logs' / f'rank_{rank}.log').stat().st_size > 0
+  _no_job_left(cluster, on_ray)
+
+  local = tmp_path / 'local'
+  pod = helpers.run_launcher([*LINEAR, f'--workdir={local}',
+                              '--local_processes=4'])
+  assert pod.returncode == 0, pod.output
+  assert (helpers.fingerprints(on_ray, 4) ==
+          helpers.fingerprints(local, 4))
+  assert len(set(helpers.fingerprints(on_ray, 4))) == 1
+
+
+def test_more_processes_than_nodes_is_refused_naming_both(cluster, tmp_path):
+  result = ray_cluster.run_podrun_ray(
+      cluster.address, 5, [*LINEAR, f'--workdir={tmp_path}'],
+      '--start_timeout=3', timeout=60)
+  assert result.returncode == 6, result.output
+  assert ('--num_processes=5 needs 5 nodes with --resources_per_process='
+          "{'host': 1.0} each" in result.stderr), result.stderr
+  assert '4 of the 4 node(s) hold one' in result.stderr
+  assert helpers.wait_for(lambda: cluster.free_hosts() == 4, 10)
+
+
+def test_a_failing_process_ends_the_job_with_its_code(cluster, tmp_path):
+  """A user's error on rank 2 (exit 7 at step 5) ends every process and the
+  job with 7: the root cause, not the peers' 10."""
+  result = ray_cluster.run_podrun_ray(
+      cluster.address, 4,
+      [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
+       f'--workdir={tmp_path}', '--config.steps=40',
+       '--config.fail_rank=2', '--config.fail_step=5',
+       '--config.fail_mode=podrun_error', '--config.fail_code=7'],
+      '--stop_grace=20')
+  assert result.returncode == 7, result.output
+  assert 'rank 2 ended with exit code 7' in result.stderr, result.stderr
+  _no_job_left(cluster, tmp_path)
