@@ -48,6 +48,14 @@ class RayCluster:
              log_to_driver=False)
     return self
 
+  def remove_node_of(self, node_id: str) -> None:
+    """Kills the raylet of node `node_id` and everything on it, as a
+    machine that vanishes (not the head's)."""
+    node, = [n for n in self.cluster.list_all_nodes()
+             if n.node_id == node_id]
+    assert node is not self.cluster.head_node, 'the head holds the cluster'
+    self.cluster.remove_node(node, allow_graceful=False)
+
   def free_hosts(self) -> float:
     """How many {"host": 1} are not held by any placement group or actor."""
     import ray  # pylint: disable=g-import-not-at-top
@@ -59,15 +67,24 @@ class RayCluster:
     self.cluster.shutdown()
 
 
-def run_podrun_ray(address: str, num_processes: int, launcher_args: list[str],
-                   *own: str, timeout: float = 180) -> helpers.Result:
-  """Runs `podrun-ray` to its end with one {"host": 1} a process."""
-  started = time.monotonic()
-  proc = subprocess.Popen(
+def start_podrun_ray(address: str, num_processes: int,
+                     launcher_args: list[str], *own: str
+                     ) -> subprocess.Popen:
+  """Starts `podrun-ray` with one {"host": 1} a process, in a session of
+  its own; stdout and stderr as text pipes."""
+  return subprocess.Popen(
       [sys.executable, '-m', 'launcher.ray', f'--address={address}',
        f'--num_processes={num_processes}',
        '--resources_per_process={"host": 1}', *own, '--', *launcher_args],
       cwd=helpers.REPO, env=helpers.launcher_env(**ENV),
       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
       text=True, start_new_session=True)
-  return helpers.finish(proc, timeout, started)
+
+
+def run_podrun_ray(address: str, num_processes: int, launcher_args: list[str],
+                   *own: str, timeout: float = 180) -> helpers.Result:
+  """Runs `podrun-ray` to its end."""
+  started = time.monotonic()
+  return helpers.finish(
+      start_podrun_ray(address, num_processes, launcher_args, *own), timeout,
+      started)

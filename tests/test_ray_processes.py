@@ -3,6 +3,8 @@
 the same result as a local pod of the same shape, and nothing of the job
 left on any node afterwards."""
 
+import time
+
 import pytest
 
 from tests import helpers
@@ -80,3 +82,37 @@ def test_a_failing_process_ends_the_job_with_its_code(cluster, tmp_path):
   assert result.returncode == 7, result.output
   assert 'rank 2 ended with exit code 7' in result.stderr, result.stderr
   _no_job_left(cluster, tmp_path)
+
+
+def test_a_node_that_dies_is_a_lost_process_and_ends_the_job(cluster,
+                                                             tmp_path):
+  """About 35 s: rank 3's raylet killed at step 10 (Ray tells of its actor's
+  death in about 15 s here, as the survivors' heartbeat timeout does). Last
+  in the module: the cluster has 3 nodes after it (a node added here would
+  be a process the test leaves running)."""
+  proc = ray_cluster.start_podrun_ray(
+      cluster.address, 4,
+      [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
+       f'--workdir={tmp_path}', '--config.steps=2000',
+       '--config.step_seconds=0.05', '--config.log_every=10'])
+  started = time.monotonic()
+  try:
+    for line in proc.stderr:
+      if 'step 10/2000' in line:
+        break
+    job = helpers.read_json(tmp_path / 'logs' / 'job.json')
+    nodes = [r['node'] for r in job['ranks']]
+    head = cluster.cluster.head_node.node_id
+    rank = max(r for r, node in enumerate(nodes) if node != head)
+    cluster.remove_node_of(nodes[rank])
+    rest = helpers.finish(proc, 120, started)
+  finally:
+    helpers.kill_group(proc)
+  assert rest.returncode == 137, rest.output
+  assert f'rank {rank} lost: its node {nodes[rank][:12]} is gone' in (
+      rest.stderr), rest.stderr
+  assert 'exit code 137 (SIGKILL)' in rest.stderr
+  job_id = job['job_id']
+  assert helpers.wait_for(
+      lambda: not helpers.processes_with_env(f'PODRUN_JOB_ID={job_id}'), 10)
+  assert helpers.wait_for(lambda: cluster.free_hosts() == 3, 20)

@@ -125,7 +125,8 @@ def run(options: Options) -> int:
     coordinator, pids = group.start(options.launcher_args, job_id, attempt)
     logs.job({'job_id': job_id, 'attempt': attempt,
               'coordinator_address': coordinator, 'ray_address': options.address,
-              'ranks': [{'rank': r, 'pid': p} for r, p in enumerate(pids)]})
+              'ranks': [{'rank': r, 'pid': p, 'node': n} for r, (p, n) in
+                        enumerate(zip(pids, group.nodes))]})
     _say(f'started {options.num_processes} processes, one a node, '
          f'coordinator {coordinator}, attempt {attempt}')
     return _monitor(group, logs, options.stop_grace_s)
@@ -149,6 +150,9 @@ def _monitor(group, logs: _Logs, stop_grace_s: float) -> int:
     now = time.monotonic()
     failed += [(now, group.ended[r], r) for r in group.ended
                if r not in seen and group.ended[r] != exit_codes.OK]
+    for rank in sorted(set(group.lost) - seen):
+      _say(f'rank {rank} lost: its node {group.nodes[rank][:12]} is gone '
+           f'({group.lost[rank]})')
     if cause is None:
       cause = exit_codes.root_cause([f[:2] for f in failed], now, False)
       if cause is not None:

@@ -12,6 +12,7 @@ Example:
   >>> group.remove()
 """
 
+import signal
 from typing import Any
 
 import ray
@@ -22,6 +23,11 @@ from ray.util import scheduling_strategies
 from launcher.ray import host as host_lib
 from runtime.common import env_vars
 from runtime.common import exit_codes
+
+
+# The exit code of a process whose node died under it: what SIGKILL gives,
+# as a host that vanished does everywhere (launcher/local/elastic.py).
+LOST = exit_codes.SIGNAL_BASE + signal.SIGKILL
 
 
 class CapacityError(exit_codes.PodrunError):
@@ -53,6 +59,8 @@ class Group:
     self.placement = placement
     self.hosts = hosts
     self.ended: dict[int, int] = {}
+    self.lost: dict[int, str] = {}
+    self.nodes: list[str] = []
 
   @classmethod
   def reserve(cls, num_processes: int, resources: dict[str, float],
@@ -87,7 +95,9 @@ class Group:
             ) -> tuple[str, list[int]]:
     """Starts every process, process 0's node the coordinator; returns the
     coordinator's address and each process's pid on its node."""
-    ip, port = ray.get(self.hosts[0].address.remote())
+    places = ray.get([host.address.remote() for host in self.hosts])
+    self.nodes = [node for _, _, node in places]
+    ip, port, _ = places[0]
     coordinator = f'[{ip}]:{port}' if ':' in ip else f'{ip}:{port}'
     pids = ray.get([host.start.remote(launcher_args, {
         env_vars.COORDINATOR_ADDRESS: coordinator,
@@ -100,11 +110,20 @@ class Group:
 
   def read(self) -> list[tuple[int, str, str]]:
     """What every running process said since the last read, as
-    (rank, stream, line); notes each one's exit code in `ended`."""
+    (rank, stream, line); notes each one's exit code in `ended`, and in
+    `lost` the ranks whose actor died with its node (exit code LOST)."""
     running = [r for r in range(len(self.hosts)) if r not in self.ended]
+    replies = {r: self.hosts[r].read.remote() for r in running}
     out = []
-    replies = ray.get([self.hosts[r].read.remote() for r in running])
-    for rank, (lines, code) in zip(running, replies):
+    for rank, reply in replies.items():
+      try:
+        lines, code = ray.get(reply)
+      except ray.exceptions.ActorUnavailableError:
+        continue  # Reachable again soon, or dead at the next read.
+      except ray.exceptions.RayActorError as e:
+        self.lost[rank] = str(e).strip().splitlines()[0]
+        self.ended[rank] = LOST
+        continue
       out += [(rank, stream, line) for stream, line in lines]
       if code is not None:
         self.ended[rank] = code
@@ -112,9 +131,14 @@ class Group:
 
   def stop(self, grace_s: float) -> None:
     """Stops every process still running (SIGTERM, SIGKILL after
-    `grace_s`)."""
-    ray.get([self.hosts[r].stop.remote(grace_s)
-             for r in range(len(self.hosts)) if r not in self.ended])
+    `grace_s`); a node that dies meanwhile has stopped it too."""
+    refs = [self.hosts[r].stop.remote(grace_s)
+            for r in range(len(self.hosts)) if r not in self.ended]
+    for ref in refs:
+      try:
+        ray.get(ref)
+      except ray.exceptions.RayActorError:
+        pass
 
   def remove(self) -> None:
     """Kills the actors (their processes die with them) and frees the

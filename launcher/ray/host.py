@@ -58,14 +58,14 @@ class Host:
     self._lock = threading.Lock()
     self._readers: list[threading.Thread] = []
 
-  def address(self) -> tuple[str, int]:
-    """(this node's address, a port free on it now): the coordinator's, if
-    this is process 0's node."""
+  def address(self) -> tuple[str, int, str]:
+    """(this node's address, a port free on it now, Ray's id of the node):
+    the coordinator's address, if this is process 0's node."""
     import ray  # pylint: disable=g-import-not-at-top
     ip = ray.util.get_node_ip_address()
     with socket.socket(socket.AF_INET6 if ':' in ip else socket.AF_INET) as s:
       s.bind((ip, 0))
-      return ip, s.getsockname()[1]
+      return ip, s.getsockname()[1], ray.get_runtime_context().get_node_id()
 
   def start(self, argv: list[str], place: dict[str, str]) -> int:
     """Starts `python -m launcher ARGV` with `place` (PODRUN_*) in its
