@@ -25,12 +25,16 @@ def test_flags_and_the_launchers_after_the_separator():
 
 
 @pytest.mark.parametrize('argv, says', [
-    (['--num_processes=0', '--', '--config=c'], '--num_processes=0: at least'),
+    (['--num_processes=0', '--', '--config=c', '--workdir=/w'],
+     '--num_processes=0: at least'),
     (['--num_processes=2'], 'no launcher flags after `--`'),
     (['--num_processes=2', '--resources_per_process={"GPU": 0}', '--',
-      '--config=c'], 'positive amounts'),
-    (['--num_processes=2', '--resources_per_process=GPU', '--', '--config=c'],
-     'not JSON'),
+      '--config=c', '--workdir=/w'], 'positive amounts'),
+    (['--num_processes=2', '--resources_per_process=GPU', '--', '--config=c',
+      '--workdir=/w'], 'not JSON'),
+    (['--num_processes=2', '--', '--config=c'], 'no --workdir among'),
+    (['--num_processes=2', '--retry_exit_codes=137,2', '--', '--config=c',
+      '--workdir=/w'], 'cannot be retried'),
 ])
 def test_bad_flags_are_named(argv, says, capsys):
   with pytest.raises(SystemExit) as exited:

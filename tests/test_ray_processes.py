@@ -3,6 +3,7 @@
 the same result as a local pod of the same shape, and nothing of the job
 left on any node afterwards."""
 
+import signal
 import time
 
 import pytest
@@ -82,6 +83,67 @@ def test_a_failing_process_ends_the_job_with_its_code(cluster, tmp_path):
   assert result.returncode == 7, result.output
   assert 'rank 2 ended with exit code 7' in result.stderr, result.stderr
   _no_job_left(cluster, tmp_path)
+
+
+def test_a_retried_failure_starts_again_on_a_fresh_placement_group(
+    cluster, tmp_path):
+  """About 25 s: exit 7 on rank 1 at step 5 of the first attempt, retried
+  (--retry_exit_codes=7 --max_restarts=1): the second attempt, on new
+  bundles, trains to the end."""
+  result = ray_cluster.run_podrun_ray(
+      cluster.address, 4,
+      [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
+       f'--workdir={tmp_path}', '--config.steps=30', '--config.fail_rank=1',
+       '--config.fail_step=5', '--config.fail_mode=podrun_error',
+       '--config.fail_code=7', '--config.fail_once=True'],
+      '--max_restarts=1', '--retry_exit_codes=7', '--stop_grace=20')
+  assert result.returncode == 0, result.output
+  assert 'restart 1/1 after retryable exit code 7' in result.stderr
+  attempts = helpers.read_jsonl(tmp_path / 'logs' / 'attempts.jsonl')
+  assert [(a['attempt'], a['exit_code'], a['processes'])
+          for a in attempts] == [(1, 7, 4), (2, 0, 4)]
+  assert helpers.read_json(tmp_path / 'logs' / 'job.json')['attempt'] == 2
+  assert '===== attempt 2 =====' in (tmp_path / 'logs' /
+                                     'rank_1.log').read_text()
+  _no_job_left(cluster, tmp_path)
+
+
+def test_a_sigterm_is_a_preemption_notice_and_the_job_resumes_exactly(
+    cluster, tmp_path):
+  """About 45 s: podrun-ray SIGTERMed at step 20 ends 75 after every
+  process saved the step they agreed on; a second podrun-ray resumes there
+  and ends with the parameters of a local 4x2 pod that never stopped."""
+  probe = [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
+           '--config.steps=120', '--config.step_seconds=0.05',
+           '--config.log_every=10']
+  workdir = tmp_path / 'ray'
+  proc = ray_cluster.start_podrun_ray(cluster.address, 4,
+                                      [*probe, f'--workdir={workdir}'])
+  started = time.monotonic()
+  try:
+    for line in proc.stderr:
+      if 'step 20/120' in line:
+        break
+    proc.send_signal(signal.SIGTERM)
+    first = helpers.finish(proc, 120, started)
+  finally:
+    helpers.kill_group(proc)
+  assert first.returncode == 75, first.output
+  attempts = helpers.read_jsonl(workdir / 'logs' / 'attempts.jsonl')
+  assert [(a['exit_code'], a['launcher_signalled']) for a in attempts] == [
+      (75, True)]
+  _no_job_left(cluster, workdir)
+
+  second = ray_cluster.run_podrun_ray(cluster.address, 4,
+                                      [*probe, f'--workdir={workdir}'])
+  assert second.returncode == 0, second.output
+  resumed = helpers.read_json(workdir / 'ranks' / 'rank_0.json')
+  assert 20 <= resumed['start_step'] < 120, resumed['start_step']
+  straight = tmp_path / 'straight'
+  pod = helpers.run_launcher([*probe, f'--workdir={straight}',
+                              '--local_processes=4'])
+  assert pod.returncode == 0, pod.output
+  assert helpers.fingerprints(workdir, 4) == helpers.fingerprints(straight, 4)
 
 
 def test_a_node_that_dies_is_a_lost_process_and_ends_the_job(cluster,

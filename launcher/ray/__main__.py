@@ -16,6 +16,7 @@ import json
 import sys
 from typing import NoReturn
 
+from launcher import restart
 from launcher.ray import driver
 from runtime.common import exit_codes
 
@@ -58,7 +59,24 @@ def _parser() -> argparse.ArgumentParser:
                       help='seconds to wait for Ray to place every bundle')
   parser.add_argument('--stop_grace', type=float, default=30.0,
                       help='seconds the others have to end after a failure')
+  parser.add_argument('--max_restarts', type=int, default=0,
+                      help='times to start the job again after a preemption '
+                      'or a --retry_exit_codes failure, each on a fresh '
+                      'placement group')
+  parser.add_argument('--restart_backoff', type=float, default=1.0,
+                      help='seconds before a restart after an attempt that '
+                      'trained nothing new, doubling')
+  parser.add_argument('--retry_exit_codes', type=_codes, default=(),
+                      help='exit codes besides 75 that --max_restarts '
+                      'retries, e.g. 137 for a lost node')
   return parser
+
+
+def _codes(text: str) -> tuple[int, ...]:
+  try:
+    return tuple(int(c) for c in text.split(',') if c.strip())
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(f'{text}: give codes like 137,124') from e
 
 
 def parse(argv: list[str]) -> driver.Options:
@@ -69,10 +87,20 @@ def parse(argv: list[str]) -> driver.Options:
     parser.error(f'--num_processes={args.num_processes}: at least 1')
   if not launcher_args:
     parser.error('no launcher flags after `--`: give at least --config')
+  if driver.workdir_of(launcher_args) is None:
+    parser.error('no --workdir among the launcher flags: give one every node '
+                 'reaches (a shared file system or gs://)')
+  try:
+    retryable = restart.check_retryable(args.retry_exit_codes)
+  except ValueError as e:
+    parser.error(f'--retry_exit_codes: {e}')
   return driver.Options(args.address, args.num_processes,
                         args.resources_per_process, launcher_args,
                         start_timeout_s=args.start_timeout,
-                        stop_grace_s=args.stop_grace)
+                        stop_grace_s=args.stop_grace,
+                        max_restarts=args.max_restarts,
+                        restart_backoff_s=args.restart_backoff,
+                        retry_exit_codes=retryable)
 
 
 def run() -> NoReturn:

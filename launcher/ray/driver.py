@@ -1,12 +1,13 @@
-"""The job on a Ray cluster, one process per node: reserve, start, relay,
-end with the job's exit code.
+"""The job on a Ray cluster, one process per node: attempts until one ends
+for good, as every launcher restarts (launcher/restart.py).
 
 Each process is the per-process path every deployment runs (a cluster's
 process, launcher/rank/process.py): supervision, the agreement, checkpoints,
-goodput and the record are the job's own; this driver gives each its place
-from Ray's own view of the group (never from the nodes' environment), shows
-and files its output (WORKDIR/logs/rank_<i>.log, where the workdir is
-local), and stops the others, after a grace, once one has failed.
+goodput and the record are the job's own; each attempt (attempt.py) gives
+it its place from Ray's own view of the group (never from the node's
+environment), shows and files its output (output.py), and stops the others,
+after a grace, once one has failed. A SIGINT or SIGTERM to the driver is
+every process's preemption notice: they save the step they agree on.
 
 Example:
   >>> run(Options(address='auto', num_processes=4,
@@ -17,20 +18,14 @@ Example:
 """
 
 import dataclasses
-import os
-import sys
-import time
 import uuid
-from typing import Optional, TextIO
+from typing import Optional
 
-from launcher.common import output_prefix
-from launcher.common import record_mirror
+from launcher import restart
+from launcher.common import goodput_rollup
+from launcher.ray import attempt as attempt_lib
+from launcher.ray import output
 from runtime.common import exit_codes
-from runtime.common import files
-from runtime.common import layout
-from runtime.common import records
-
-_READ_EVERY_S = 0.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +41,8 @@ class Options:
     stop_grace_s: after a process failed, how long the others have to end
       on their own (their supervisors see the failure) before they are
       stopped; also SIGTERM's grace before SIGKILL.
+    max_restarts, restart_backoff_s, retry_exit_codes: as the launcher's
+      flags of those names (launcher/restart.py).
   """
   address: str
   num_processes: int
@@ -53,6 +50,9 @@ class Options:
   launcher_args: list[str]
   start_timeout_s: float = 120.0
   stop_grace_s: float = 30.0
+  max_restarts: int = 0
+  restart_backoff_s: float = 1.0
+  retry_exit_codes: tuple[int, ...] = ()
 
 
 def workdir_of(launcher_args: list[str]) -> Optional[str]:
@@ -65,108 +65,35 @@ def workdir_of(launcher_args: list[str]) -> Optional[str]:
   return None
 
 
-class _Logs:
-  """Each process's output, whole, in WORKDIR/logs/rank_<i>.log; on the
-  console with its `[rank i/N]` prefix (C++ code's lines lack it)."""
-
-  def __init__(self, workdir: Optional[str], num_processes: int):
-    self.num_processes = num_processes
-    self.files: dict[int, TextIO] = {}
-    self.record = None
-    if workdir:
-      self.record = layout.Record(
-          record_mirror.local_copy(workdir)
-          if record_mirror.in_bucket(workdir) else workdir)
-      os.makedirs(self.record.logs(), exist_ok=True)
-      self.files = {r: open(self.record.process_log(r), 'w')
-                    for r in range(num_processes)}
-
-  def job(self, job: dict) -> None:
-    """WORKDIR/logs/job.json: the job's id, attempt and processes."""
-    if self.record is not None:
-      files.write_json(self.record.job(), job)
-
-  def write(self, rank: int, stream: str, line: str) -> None:
-    if rank in self.files:
-      self.files[rank].write(line)
-    if output_prefix.routine(line):
-      return
-    if not line.startswith('[rank '):
-      line = output_prefix.prefix(rank, self.num_processes) + line
-    (sys.stderr if stream == 'stderr' else sys.stdout).write(line)
-
-  def close(self) -> None:
-    for f in self.files.values():
-      f.close()
-
-
-def _say(text: str) -> None:
-  print(f'[podrun-ray] {text}', file=sys.stderr, flush=True)
-
-
 def run(options: Options) -> int:
-  """Runs the job once on `options.num_processes` nodes; its exit code."""
+  """Runs the job to its end on `options.num_processes` nodes; its exit
+  code."""
   import ray  # pylint: disable=g-import-not-at-top
-  from launcher.ray import group as group_lib  # pylint: disable=g-import-not-at-top
   ray.init(address=options.address, log_to_driver=False,
            logging_level='warning')
   job_id = uuid.uuid4().hex[:12]
-  attempt = records.attempt_name(job_id, 1)
+  logs = output.Logs(workdir_of(options.launcher_args), options.num_processes)
   try:
-    group = group_lib.Group.reserve(options.num_processes,
-                                    options.resources_per_process,
-                                    options.start_timeout_s)
-  except group_lib.CapacityError as e:
-    _say(f'error: {e}')
-    ray.shutdown()
-    return exit_codes.POD_UNAVAILABLE
-  logs = _Logs(workdir_of(options.launcher_args), options.num_processes)
-  try:
-    coordinator, pids = group.start(options.launcher_args, job_id, attempt)
-    logs.job({'job_id': job_id, 'attempt': attempt,
-              'coordinator_address': coordinator, 'ray_address': options.address,
-              'ranks': [{'rank': r, 'pid': p, 'node': n} for r, (p, n) in
-                        enumerate(zip(pids, group.nodes))]})
-    _say(f'started {options.num_processes} processes, one a node, '
-         f'coordinator {coordinator}, attempt {attempt}')
-    return _monitor(group, logs, options.stop_grace_s)
+    code = restart.run(
+        lambda number: attempt_lib.Attempt(options, number, job_id, logs),
+        max_restarts=options.max_restarts,
+        first_backoff_s=options.restart_backoff_s,
+        retryable=restart.check_retryable(options.retry_exit_codes),
+        logs_dir=logs.record.logs(),
+        say=output.say)
   finally:
-    group.remove()
     logs.close()
     ray.shutdown()
-
-
-def _monitor(group, logs: _Logs, stop_grace_s: float) -> int:
-  """Relays output until every process has ended; the job's exit code: its
-  root cause's (exit_codes.root_cause, the rule of every launcher), else 0.
-  Once the cause is known, the others have `stop_grace_s` to end on their
-  own before they are stopped."""
-  failed: list[tuple[float, int, int]] = []   # (when, code, rank)
-  cause, stop_at = None, None
-  while len(group.ended) < len(group.hosts):
-    seen = set(group.ended)
-    for rank, stream, line in group.read():
-      logs.write(rank, stream, line)
-    now = time.monotonic()
-    failed += [(now, group.ended[r], r) for r in group.ended
-               if r not in seen and group.ended[r] != exit_codes.OK]
-    for rank in sorted(set(group.lost) - seen):
-      _say(f'rank {rank} lost: its node {group.nodes[rank][:12]} is gone '
-           f'({group.lost[rank]})')
-    if cause is None:
-      cause = exit_codes.root_cause([f[:2] for f in failed], now, False)
-      if cause is not None:
-        _, code, rank = failed[cause]
-        _say(f'rank {rank} ended with exit code {code}'
-             f'{exit_codes.signal_suffix(code)}; stopping the others in '
-             f'{stop_grace_s:g} s if they have not ended')
-        stop_at = now + stop_grace_s
-    if stop_at is not None and now > stop_at:
-      group.stop(stop_grace_s)
-      stop_at = None
-    time.sleep(_READ_EVERY_S)
-  if cause is None:
-    cause = exit_codes.root_cause([f[:2] for f in failed], 0.0, True)
-  code = failed[cause][1] if cause is not None else exit_codes.OK
-  _say(f'exit code {code}{exit_codes.signal_suffix(code)}')
+  _report_goodput(logs.record.workdir)
+  output.say(f'exit code {code}{exit_codes.signal_suffix(code)}')
   return code
+
+
+def _report_goodput(workdir: str) -> None:
+  """The job's goodput over every attempt, into summary.json and said."""
+  result = goodput_rollup.roll_up_into_summary(workdir)
+  if result['goodput'] is not None:
+    output.say(f'goodput {result["goodput"]:.3f}: '
+               f'{result["parts"]["productive"]:.1f} s of productive steps in '
+               f'{result["wall_s"]:.1f} s over {len(result["attempts"])} '
+               'attempt(s)')

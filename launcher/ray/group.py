@@ -129,11 +129,22 @@ class Group:
         self.ended[rank] = code
     return out
 
+  def signal(self, signum: int) -> None:
+    """Sends `signum` to every process still running (SIGTERM: the
+    preemption notice, after which each saves the step they agree on)."""
+    refs = [self.hosts[r].signal.remote(signum)
+            for r in range(len(self.hosts)) if r not in self.ended]
+    self._quietly(refs)
+
   def stop(self, grace_s: float) -> None:
     """Stops every process still running (SIGTERM, SIGKILL after
     `grace_s`); a node that dies meanwhile has stopped it too."""
-    refs = [self.hosts[r].stop.remote(grace_s)
-            for r in range(len(self.hosts)) if r not in self.ended]
+    self._quietly([self.hosts[r].stop.remote(grace_s)
+                   for r in range(len(self.hosts)) if r not in self.ended])
+
+  @staticmethod
+  def _quietly(refs: list[Any]) -> None:
+    """Waits for each call; a node that died meanwhile is no error."""
     for ref in refs:
       try:
         ray.get(ref)

@@ -103,6 +103,11 @@ class Host:
         code = None  # More to read first.
     return lines, code
 
+  def signal(self, signum: int) -> None:
+    """Sends `signum` to the process's group, if it still runs."""
+    if self._popen is not None and self._popen.poll() is None:
+      _signal_group(self._popen.pid, signum)
+
   def stop(self, grace_s: float) -> None:
     """SIGTERM to the process's group, SIGKILL after `grace_s`."""
     if self._popen is None or self._popen.poll() is not None:

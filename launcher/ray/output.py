@@ -1,0 +1,66 @@
+"""What the processes of a job on Ray say: each one's output, whole, in
+WORKDIR/logs/rank_<i>.log (where the driver reaches the workdir), and on the
+console with its `[rank i/N]` prefix, routine lines left out (as the local
+pod shows them); the attempt's processes in logs/job.json.
+
+Example:
+  >>> logs = Logs('/shared/mnist', num_processes=4)
+  >>> logs.start(1, {'job_id': '3f2a', ...})
+  >>> logs.write(2, 'stderr', 'W1203 ... slow step\n')
+"""
+
+import os
+import sys
+from typing import Any, TextIO
+
+from launcher.common import output_prefix
+from launcher.common import record_mirror
+from runtime.common import files
+from runtime.common import layout
+
+
+def say(text: str) -> None:
+  print(f'[podrun-ray] {text}', file=sys.stderr, flush=True)
+
+
+class Logs:
+  """The rank logs and job.json of a job's attempts.
+
+  Args:
+    workdir: the job's --workdir (for a gs:// one, this machine's copy
+      holds the logs).
+    num_processes: processes in the job.
+  """
+
+  def __init__(self, workdir: str, num_processes: int):
+    self.num_processes = num_processes
+    self.files: dict[int, TextIO] = {}
+    self.record = layout.Record(
+        record_mirror.local_copy(workdir)
+        if record_mirror.in_bucket(workdir) else workdir)
+
+  def start(self, attempt: int, job: dict[str, Any]) -> None:
+    """Opens the rank logs for `attempt` (a later one appends, under a
+    header) and writes job.json."""
+    self.close()
+    os.makedirs(self.record.logs(), exist_ok=True)
+    for rank in range(self.num_processes):
+      log = open(self.record.process_log(rank), 'a' if attempt > 1 else 'w')
+      if attempt > 1:
+        log.write(f'===== attempt {attempt} =====\n')
+      self.files[rank] = log
+    files.write_json(self.record.job(), job)
+
+  def write(self, rank: int, stream: str, line: str) -> None:
+    if rank in self.files:
+      self.files[rank].write(line)
+    if output_prefix.routine(line):
+      return
+    if not line.startswith('[rank '):
+      line = output_prefix.prefix(rank, self.num_processes) + line
+    (sys.stderr if stream == 'stderr' else sys.stdout).write(line)
+
+  def close(self) -> None:
+    for log in self.files.values():
+      log.close()
+    self.files = {}
