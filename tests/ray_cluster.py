@@ -56,6 +56,24 @@ class RayCluster:
     assert node is not self.cluster.head_node, 'the head holds the cluster'
     self.cluster.remove_node(node, allow_graceful=False)
 
+  def drain(self, node_id: str, deadline_s: int) -> None:
+    """`ray drain-node` as a preemption does it: the node stays up, Ray
+    schedules nothing more on it, and says when it goes."""
+    subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), 'ray'), 'drain-node',
+         f'--address={self.address}', f'--node-id={node_id}',
+         '--reason=DRAIN_NODE_REASON_PREEMPTION',
+         '--reason-message=a test preempts it',
+         f'--deadline-remaining-seconds={deadline_s}'],
+        env=helpers.launcher_env(**ENV), check=True, timeout=60,
+        capture_output=True)
+
+  def live_placement_groups(self) -> list[str]:
+    """The ids of placement groups not removed: a job's, while it runs."""
+    from ray.util import placement_group_table  # pylint: disable=g-import-not-at-top
+    return [group_id for group_id, group in placement_group_table().items()
+            if group['state'] != 'REMOVED']
+
   def free_hosts(self) -> float:
     """How many {"host": 1} are not held by any placement group or actor."""
     import ray  # pylint: disable=g-import-not-at-top

@@ -26,12 +26,12 @@ def cluster():
 
 
 def _no_job_left(cluster, workdir) -> None:
-  """No process of the job on any node, and every bundle free again."""
+  """No process of the job on any node, and no placement group left."""
   job_id = helpers.read_json(workdir / 'logs' / 'job.json')['job_id']
   assert helpers.wait_for(
       lambda: not helpers.processes_with_env(f'PODRUN_JOB_ID={job_id}'), 10)
-  assert helpers.wait_for(lambda: cluster.free_hosts() == 4, 10), (
-      cluster.free_hosts())
+  assert helpers.wait_for(lambda: not cluster.live_placement_groups(), 10), (
+      cluster.live_placement_groups())
 
 
 def test_four_nodes_train_as_a_local_4x2_pod(cluster, tmp_path):
@@ -146,14 +146,61 @@ def test_a_sigterm_is_a_preemption_notice_and_the_job_resumes_exactly(
   assert helpers.fingerprints(workdir, 4) == helpers.fingerprints(straight, 4)
 
 
+def test_a_drained_node_is_a_preemption_notice(cluster, tmp_path):
+  """About 40 s: a 3-process job on the 4 nodes; at step 20 one of its
+  nodes is drained with a deadline (`ray drain-node`, as a preemption
+  drains it). Every process saves the step they agree on, the attempt ends
+  75, and the next attempt, on the nodes Ray still schedules on, resumes
+  there with nothing recomputed and ends as a local 3x2 pod that never
+  stopped. The drained node stays drained: later tests avoid it."""
+  probe = [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
+           '--config.steps=120', '--config.step_seconds=0.05',
+           '--config.log_every=10']
+  workdir = tmp_path / 'ray'
+  proc = ray_cluster.start_podrun_ray(
+      cluster.address, 3, [*probe, f'--workdir={workdir}'],
+      '--max_restarts=1')
+  started = time.monotonic()
+  try:
+    for line in proc.stderr:
+      if 'step 20/120' in line:
+        break
+    nodes = [r['node'] for r in helpers.read_json(
+        workdir / 'logs' / 'job.json')['ranks']]
+    head = cluster.cluster.head_node.node_id
+    rank = max(r for r, node in enumerate(nodes) if node != head)
+    cluster.drain(nodes[rank], deadline_s=60)
+    result = helpers.finish(proc, 180, started)
+  finally:
+    helpers.kill_group(proc)
+  assert result.returncode == 0, result.output
+  assert (f"rank {rank}'s node {nodes[rank][:12]} is draining (deadline in "
+          in result.stderr), result.stderr
+  attempts = helpers.read_jsonl(workdir / 'logs' / 'attempts.jsonl')
+  assert [(a['exit_code'], a['kind']) for a in attempts] == [
+      (75, 'preempted'), (0, 'ok')]
+  again = helpers.read_json(workdir / 'logs' / 'job.json')
+  assert again['attempt'] == 2
+  assert nodes[rank] not in [r['node'] for r in again['ranks']]
+  second = helpers.read_json(workdir / 'goodput' / attempts[1]['name'] /
+                             'rank_0.json')['notes']
+  assert second['restore_step'] >= 20 and not second.get('recomputed_steps')
+  straight = tmp_path / 'straight'
+  pod = helpers.run_launcher([*probe, f'--workdir={straight}',
+                              '--local_processes=3'])
+  assert pod.returncode == 0, pod.output
+  assert helpers.fingerprints(workdir, 3) == helpers.fingerprints(straight, 3)
+
+
 def test_a_node_that_dies_is_a_lost_process_and_ends_the_job(cluster,
                                                              tmp_path):
-  """About 35 s: rank 3's raylet killed at step 10 (Ray tells of its actor's
+  """About 30 s: a 3-process job (one node is drained by the test before),
+  the raylet of a rank's node killed at step 10 (Ray tells of its actor's
   death in about 15 s here, as the survivors' heartbeat timeout does). Last
   in the module: the cluster has 3 nodes after it (a node added here would
   be a process the test leaves running)."""
   proc = ray_cluster.start_podrun_ray(
-      cluster.address, 4,
+      cluster.address, 3,
       [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
        f'--workdir={tmp_path}', '--config.steps=2000',
        '--config.step_seconds=0.05', '--config.log_every=10'])
@@ -174,7 +221,4 @@ def test_a_node_that_dies_is_a_lost_process_and_ends_the_job(cluster,
   assert f'rank {rank} lost: its node {nodes[rank][:12]} is gone' in (
       rest.stderr), rest.stderr
   assert 'exit code 137 (SIGKILL)' in rest.stderr
-  job_id = job['job_id']
-  assert helpers.wait_for(
-      lambda: not helpers.processes_with_env(f'PODRUN_JOB_ID={job_id}'), 10)
-  assert helpers.wait_for(lambda: cluster.free_hosts() == 3, 20)
+  _no_job_left(cluster, tmp_path)

@@ -9,6 +9,7 @@ Example:
 import os
 import signal
 import time
+from typing import Optional
 
 from launcher import restart
 from launcher import signals
@@ -19,6 +20,7 @@ from runtime.common import layout
 from runtime.common import records
 
 _READ_EVERY_S = 0.2
+_DRAIN_CHECK_EVERY_S = 1.0
 
 
 class Attempt(restart.Attempt):
@@ -42,6 +44,7 @@ class Attempt(restart.Attempt):
     self.counts_steps = True
     self._group = None
     self._signalled: list[int] = []
+    self._next_drain_check = 0.0
 
   def run(self) -> int:
     from launcher.ray import group as group_lib  # pylint: disable=g-import-not-at-top
@@ -98,9 +101,10 @@ class Attempt(restart.Attempt):
       for rank in sorted(set(group.lost) - seen):
         output.say(f'rank {rank} lost: its node {group.nodes[rank][:12]} is '
                    f'gone ({group.lost[rank]})')
-      if self._signalled and not forwarded:
-        output.say(f'got {signal.Signals(self._signalled[0]).name}: every '
-                   'process saves the step they agree on, then the job ends')
+      notice = self._notice(now)
+      if notice and not forwarded:
+        output.say(f'{notice}: every process saves the step they agree on, '
+                   'then the attempt ends')
         group.signal(signal.SIGTERM)  # The preemption notice.
         stop_at, forwarded = now + grace, True
       if cause is None:
@@ -115,6 +119,25 @@ class Attempt(restart.Attempt):
     if cause is None:
       cause = exit_codes.root_cause([f[:2] for f in failed], 0.0, True)
     return failed[cause][1] if cause is not None else exit_codes.OK
+
+  def _notice(self, now: float) -> Optional[str]:
+    """Why every process should save and stop now: the driver was
+    signalled, or a node of the job drains (checked every
+    _DRAIN_CHECK_EVERY_S); None while neither."""
+    if self._signalled:
+      return f'got {signal.Signals(self._signalled[0]).name}'
+    if now < self._next_drain_check:
+      return None
+    self._next_drain_check = now + _DRAIN_CHECK_EVERY_S
+    draining = self._group.draining()
+    if not draining:
+      return None
+    rank = min(draining)
+    deadline = draining[rank]
+    left = (f'deadline in {deadline / 1000 - time.time():.0f} s' if deadline
+            else 'no deadline')
+    return (f'rank {rank}\'s node {self._group.nodes[rank][:12]} is draining '
+            f'({left})')
 
   def _fail(self, failure: tuple[float, int, int, float]) -> None:
     _, code, rank, wall = failure

@@ -129,6 +129,15 @@ class Group:
         self.ended[rank] = code
     return out
 
+  def draining(self) -> dict[int, int]:
+    """{rank: the drain's deadline in ms since the epoch, 0 for none} of
+    every running process whose node Ray is draining (`ray drain-node`, the
+    autoscaler's or a preemption's drain; what Ray Train polls too)."""
+    from ray._private import state  # pylint: disable=g-import-not-at-top
+    nodes = state.state.get_draining_nodes()
+    return {r: nodes[node] for r, node in enumerate(self.nodes)
+            if node in nodes and r not in self.ended}
+
   def signal(self, signum: int) -> None:
     """Sends `signum` to every process still running (SIGTERM: the
     preemption notice, after which each saves the step they agree on)."""
