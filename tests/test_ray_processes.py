@@ -146,6 +146,38 @@ def test_a_sigterm_is_a_preemption_notice_and_the_job_resumes_exactly(
   assert helpers.fingerprints(workdir, 4) == helpers.fingerprints(straight, 4)
 
 
+def test_a_strangers_bundle_request_waits_and_leaves_the_job_alone(
+    cluster, tmp_path):
+  """About 15 s: another job asks Ray for a {"host": 1} bundle while this
+  one holds every node; it waits, this job trains to its end undisturbed,
+  and the stranger gets its bundle once this job is gone."""
+  from ray.util.placement_group import placement_group, remove_placement_group  # pylint: disable=g-import-not-at-top
+  proc = ray_cluster.start_podrun_ray(
+      cluster.address, 4,
+      [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
+       f'--workdir={tmp_path}', '--config.steps=60',
+       '--config.step_seconds=0.05', '--config.log_every=10'])
+  started = time.monotonic()
+  stranger = None
+  try:
+    for line in proc.stderr:
+      if 'step 10/60' in line:
+        break
+    stranger = placement_group([{'host': 1}])
+    assert not stranger.wait(timeout_seconds=2)
+    result = helpers.finish(proc, 120, started)
+    assert result.returncode == 0, result.output
+    assert stranger.wait(timeout_seconds=30)
+  finally:
+    helpers.kill_group(proc)
+    if stranger is not None:
+      remove_placement_group(stranger)
+  rows = helpers.read_jsonl(tmp_path / 'metrics.jsonl')
+  assert rows[-1]['step'] == 60
+  attempts = helpers.read_jsonl(tmp_path / 'logs' / 'attempts.jsonl')
+  assert [a['exit_code'] for a in attempts] == [0]
+
+
 def test_a_drained_node_is_a_preemption_notice(cluster, tmp_path):
   """About 40 s: a 3-process job on the 4 nodes; at step 20 one of its
   nodes is drained with a deadline (`ray drain-node`, as a preemption
