@@ -61,3 +61,17 @@ def test_a_process_inherits_nothing_of_an_earlier_job():
                               'PODRUN_NUM_PROCESSES': '4'})
   assert env == {'PATH': '/usr/bin', 'CUDA_VISIBLE_DEVICES': '0,1',
                  'PODRUN_PROCESS_ID': '0', 'PODRUN_NUM_PROCESSES': '4'}
+
+
+def test_no_cluster_at_the_address_is_named(monkeypatch, capsys):
+  """What `ray.init` raises when it finds no cluster (measured: 'auto' with
+  none running) ends podrun-ray with 6, naming the address."""
+  ray = pytest.importorskip('ray')
+  def no_cluster(**kwargs):
+    raise ConnectionError('Could not find any running Ray instance.')
+  monkeypatch.setattr(ray, 'init', no_cluster)
+  options = ray_main.parse(['--num_processes=2', '--', '--config=c',
+                            '--workdir=/w'])
+  assert driver.run(options) == 6
+  assert ('error: no Ray cluster at --address=auto: Could not find any '
+          'running Ray instance.' in capsys.readouterr().err)

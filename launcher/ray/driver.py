@@ -69,8 +69,14 @@ def run(options: Options) -> int:
   """Runs the job to its end on `options.num_processes` nodes; its exit
   code."""
   import ray  # pylint: disable=g-import-not-at-top
-  ray.init(address=options.address, log_to_driver=False,
-           logging_level='warning')
+  try:
+    ray.init(address=options.address, log_to_driver=False,
+             logging_level='warning')
+  except ConnectionError as e:
+    output.say(f'error: no Ray cluster at --address={options.address}: {e} '
+               '(`ray start --head` starts one; `ray status` shows its '
+               'address)')
+    return exit_codes.POD_UNAVAILABLE
   job_id = uuid.uuid4().hex[:12]
   logs = output.Logs(workdir_of(options.launcher_args), options.num_processes)
   try:
