@@ -55,11 +55,15 @@ def test_a_bundle_becomes_rays_actor_options():
 def test_a_process_inherits_nothing_of_an_earlier_job():
   """A replacement node may carry a stale place or multislice set-up."""
   node = {'PATH': '/usr/bin', 'PODRUN_PROCESS_ID': '3',
-          'PODRUN_COORDINATOR_ADDRESS': 'old:1', 'MEGASCALE_SLICE_ID': '1',
-          'CUDA_VISIBLE_DEVICES': '0,1'}
+          'PODRUN_COORDINATOR_ADDRESS': 'old:1', 'PODRUN_ATTEMPT': 'x-a3',
+          'PODRUN_GONE_FILE': '/old/gone', 'MEGASCALE_SLICE_ID': '1',
+          'CUDA_VISIBLE_DEVICES': '0,1',
+          'PODRUN_LOCAL_CHECKPOINT_DIR': '/mnt/ssd/podrun'}
   env = host.fresh_env(node, {'PODRUN_PROCESS_ID': '0',
                               'PODRUN_NUM_PROCESSES': '4'})
+  # The node's own settings stay.
   assert env == {'PATH': '/usr/bin', 'CUDA_VISIBLE_DEVICES': '0,1',
+                 'PODRUN_LOCAL_CHECKPOINT_DIR': '/mnt/ssd/podrun',
                  'PODRUN_PROCESS_ID': '0', 'PODRUN_NUM_PROCESSES': '4'}
 
 

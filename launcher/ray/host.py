@@ -27,19 +27,28 @@ import threading
 import time
 from typing import Optional
 
+from runtime.common import env_vars
 from runtime.common import exit_codes
 
-# Variables no process may inherit from the node: its place in the job and
-# the multislice set-up come from this attempt alone (a stale MEGASCALE_*
-# on a replacement node hangs jax.distributed.initialize).
-INHERITED_PREFIXES = ('PODRUN_', 'MEGASCALE_')
+# Variables no process may inherit from the node: its place in the job, its
+# attempt and the multislice set-up come from this attempt alone (a stale
+# MEGASCALE_* on a replacement node hangs jax.distributed.initialize). The
+# node's own settings (PODRUN_LOCAL_CHECKPOINT_DIR, PODRUN_RECORD_CACHE,
+# PODRUN_TLS_DIR, ...) stay.
+NOT_INHERITED = (env_vars.COORDINATOR_ADDRESS, env_vars.NUM_PROCESSES,
+                 env_vars.PROCESS_ID, env_vars.COORDINATOR_BIND_ADDRESS,
+                 env_vars.JOB_ID, env_vars.ATTEMPT,
+                 env_vars.EXPECTED_PROCESSES, env_vars.ELASTIC_PROCESSES,
+                 env_vars.SUPERVISED, env_vars.PROGRESS_FD,
+                 env_vars.GONE_FILE)
+NOT_INHERITED_PREFIXES = ('MEGASCALE_',)
 _MAX_LINES_PER_READ = 2000
 
 
 def fresh_env(base: dict[str, str], place: dict[str, str]) -> dict[str, str]:
   """`base` without anything of an earlier job, with `place` set."""
-  env = {k: v for k, v in base.items()
-         if not k.startswith(INHERITED_PREFIXES)}
+  env = {k: v for k, v in base.items() if k not in NOT_INHERITED and
+         not k.startswith(NOT_INHERITED_PREFIXES)}
   env.update(place)
   return env
 
