@@ -2,10 +2,10 @@
 from `get_config()` and change a few.
 
 The sections `model`, `optimizer` and `data`, with `workload`, `seed` and
-`global_batch_size`, decide what a run computes: a resumed run must agree
-with its checkpoint on them (runtime/checkpoint_meta.py TRAJECTORY_SECTIONS). A
-workload puts its own fields there. Every other field only steers the run
-and may change between a run and its resumption.
+`global_batch_size`, decide what a run computes: a resumed run must agree with
+its checkpoint on them (runtime/checkpoints/checkpoint_meta.py
+TRAJECTORY_SECTIONS). A workload puts its own fields there. Every other field
+only steers the run and may change between a run and its resumption.
 """
 
 from ml_collections import config_dict
@@ -75,30 +75,32 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
 
 def _add_checkpoints(config: config_dict.ConfigDict) -> None:
   """Saving, resuming, restarting."""
-  # Checkpoints (runtime/checkpoint.py): every checkpoint_every steps (0: only
-  # at the end and on preemption), the newest keep_checkpoints kept, written
-  # while training goes on. checkpoint_dir '' means WORKDIR/checkpoints; on a
-  # multi-host job it must be storage every host shares (e.g. gs://...).
+  # Checkpoints (runtime/checkpoints/checkpoint.py): every checkpoint_every
+  # steps (0: only at the end and on preemption), the newest keep_checkpoints
+  # kept, written while training goes on. checkpoint_dir '' means
+  # WORKDIR/checkpoints; on a multi-host job it must be storage every host
+  # shares (e.g. gs://...).
   config.checkpointing = True
   config.checkpoint_every = 1000
   config.keep_checkpoints = 3
   config.checkpoint_dir = ''
   config.async_checkpointing = True
-  # The local tier (runtime/local_checkpoint.py): every process keeps its own
-  # copy every local_checkpoint_every steps (0: never), the newest
-  # keep_local_checkpoints of them, in local_checkpoint_dir ('': /dev/shm,
-  # else the temporary directory). After a hard failure the job resumes
-  # from the newest copy any process holds (runtime/recovery.py).
-  # local_checkpoint_every_s > 0 counts seconds of training instead of steps
-  # (for a state that is slow to copy); either way copies in seconds never
-  # block the loop over 1 % of its time (runtime/local_cadence.py).
+  # The local tier (runtime/checkpoints/local_checkpoint.py): every process
+  # keeps its own copy every local_checkpoint_every steps (0: never), the
+  # newest keep_local_checkpoints of them, in local_checkpoint_dir ('':
+  # /dev/shm, else the temporary directory). After a hard failure the job
+  # resumes from the newest copy any process holds
+  # (runtime/checkpoints/recovery.py). local_checkpoint_every_s > 0 counts
+  # seconds of training instead of steps (for a state that is slow to copy);
+  # either way copies in seconds never block the loop over 1 % of its time
+  # (runtime/checkpoints/local_cadence.py).
   config.local_checkpoint_every = 25
   config.local_checkpoint_every_s = 0.0
   config.keep_local_checkpoints = 2
   config.local_checkpoint_dir = ''
   # Other jobs' copies on a host, unwritten this long, are removed at start
   # (and at once when their checkpoint directory is gone):
-  # runtime/local_leftovers.py.
+  # runtime/checkpoints/local_leftovers.py.
   config.local_checkpoint_leftover_hours = 24.0
   # Resume from the latest checkpoint in checkpoint_dir; False starts afresh
   # and refuses a directory that already holds checkpoints.

@@ -14,8 +14,9 @@ import dataclasses
 import signal
 import sys
 import time
-from typing import Any, Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional
 
+from launcher import elastic
 from launcher import signals
 from runtime.common import exit_codes
 from runtime.common import goodput
@@ -149,7 +150,8 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
         logs_dir: str, say: Callable[[str], None] = console_say,
         on_signal: Optional[Callable[[int], None]] = None,
         pending_signal: Callable[[], Optional[int]] = lambda: None,
-        resize: Callable[[Attempt, int], Optional[Any]] = lambda pod, c: None
+        resize: Callable[[Attempt, int], Optional[elastic.Resize]] = (
+            lambda pod, c: None)
         ) -> int:
   """Runs pods until one ends for good; returns the last one's exit code.
 
@@ -164,9 +166,9 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
       so that the caller ends the launch as that signal does elsewhere
       (the TPU driver deletes what it created).
     pending_signal: a signal the caller already got between attempts.
-    resize: (the attempt that ended, its exit code) -> a resize (`.kind`:
-      'shrink', 'grow' or 'wait'; `.wait_s`) when an elastic job starts
-      again on another number of processes (launcher/local/elastic.py),
+    resize: (the attempt that ended, its exit code) -> an elastic.Resize
+      when an elastic job starts again on another number of processes
+      (launcher/elastic.py decides, for every launcher),
       which uses no restart unless the attempt trained no new step (then a
       shrink or wait uses one, and ends the job when none are left); None
       for the usual rules.
@@ -189,7 +191,7 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
                else resize(pod, code))
     # A stop to grow is the launcher's own doing; a loss after an attempt
     # that trained nothing new may be the same failure again.
-    bounded = (bool(resized) and resized.kind != 'grow' and
+    bounded = (bool(resized) and resized.kind != elastic.GROW and
                not newly_productive and not _resize_counted(
                    resized.kind, code, high_water, max_restarts, tally, say))
     resized = None if bounded else resized
@@ -199,7 +201,7 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
         launcher_started=launcher_started, started=started, ended=time.time(),
         launcher_signalled=pod.launcher_signalled,
         fault=pod.fault, infrastructure=pod.infrastructure,
-        resize=resized.kind if resized else None,
+        resize=resized.kind.value if resized else None,
         processes=pod.num_processes))
     if bounded:
       break

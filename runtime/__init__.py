@@ -56,7 +56,7 @@ warnings.filterwarnings('default', category=DeprecationWarning,
 # name -> (module, attribute); attribute None: the module itself.
 _EXPORTS = {
     'ArraySource': ('runtime.data', 'ArraySource'),
-    'CheckpointError': ('runtime.checkpoint_meta', 'CheckpointError'),
+    'CheckpointError': ('runtime.checkpoints.checkpoint_meta', 'CheckpointError'),
     'ConfigError': ('runtime.common.exit_codes', 'ConfigError'),
     'PodrunError': ('runtime.common.exit_codes', 'PodrunError'),
     'Preempted': ('runtime.preemption', 'Preempted'),

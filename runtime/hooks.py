@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 from absl import logging
 import jax
 
-from runtime import checkpoint
+from runtime.checkpoints import checkpoint
 from runtime.common import deprecations
 from runtime.common import progress
 from runtime import coordination
@@ -254,9 +254,9 @@ class SaveCheckpoints(Hook):
 
 
 class SaveLocalCheckpoints(Hook):
-  """At the steps of `local.cadence` (runtime/local_cadence.py): this process's own copy of the state, in its
-  local tier (runtime/local_checkpoint.py); removed when the run ends well,
-  once the persistent tier's final save is complete.
+  """At the steps of `local.cadence` (runtime/checkpoints/local_cadence.py): this process's own copy of the state, in its
+  local tier (runtime/checkpoints/local_checkpoint.py); removed when the run
+  ends well, once the persistent tier's final save is complete.
 
   Skips the steps the persistent tier saves anyway; `checks` as for
   SaveCheckpoints.

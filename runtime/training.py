@@ -27,9 +27,9 @@ from ml_collections import ConfigDict
 import optax
 
 from runtime import agreement
-from runtime import batch_limit
-from runtime import checkpoint
-from runtime import checkpoint_meta
+from runtime.checkpoints import batch_limit
+from runtime.checkpoints import checkpoint
+from runtime.checkpoints import checkpoint_meta
 from runtime.common import deprecations
 from runtime.common import env_vars
 from runtime.common import goodput
@@ -39,14 +39,14 @@ from runtime import data as data_lib
 from runtime import fingerprint as fingerprint_lib
 from runtime import hooks as hooks_lib
 from runtime import integrity
-from runtime import local_checkpoint
+from runtime.checkpoints import local_checkpoint
 from runtime import loop
 from runtime import metrics as metrics_lib
 from runtime import parallelism as parallelism_lib
 from runtime.parallelism import microbatches
 from runtime import prefetch
 from runtime import randomness
-from runtime import recovery
+from runtime.checkpoints import recovery
 from runtime import step as step_lib
 from runtime import structure
 from runtime import topology as topology_lib
@@ -232,7 +232,7 @@ def plan_layout(config: ConfigDict, topo, workdir: Optional[str] = None,
                 has_model_state: bool = False) -> microbatches.Layout:
   """How each step's global batch sits on this job's devices; with a
   workdir and nothing fixed by the config, in the group size of the job's
-  first attempt (runtime/batch_limit.py)."""
+  first attempt (runtime/checkpoints/batch_limit.py)."""
   num_devices = topo.process_count * topo.local_device_count
   size = config.get('microbatch_size') or None
   if workdir is not None and size is None:
@@ -290,7 +290,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   """Trains `task` to step `config.steps` on every device of the job.
 
   Resumes from the newest copy of the state anywhere in the job, local or
-  persistent (config.restore; runtime/recovery.py), saves every
+  persistent (config.restore; runtime/checkpoints/recovery.py), saves every
   config.checkpoint_every steps and at the end, keeps a local copy on every
   process every config.local_checkpoint_every steps, and on a preemption
   notice saves the step every process agreed on and raises `Preempted`.

@@ -1,11 +1,11 @@
 """Checkpoints on local disk against a bucket: save, restore, the loop's wait.
 
-The MNIST MLP's TrainState (784-512-512-10, Adam: parameters and two
-moments) saved and restored by runtime/checkpoint.py, side by side in one
-run, into a local temporary directory and into a bucket of fake-gcs-server
-on 127.0.0.1 (tests/gcs.py; the test extra installs it), and into the
-same bucket behind a proxy that delays every request by --latency_ms (a
-distant bucket's round trip). Each round times:
+The MNIST MLP's TrainState (784-512-512-10, Adam: parameters and two moments)
+saved and restored by runtime/checkpoints/checkpoint.py, side by side in one
+run, into a local temporary directory and into a bucket of fake-gcs-server on
+127.0.0.1 (tests/gcs.py; the test extra installs it), and into the same bucket
+behind a proxy that delays every request by --latency_ms (a distant bucket's
+round trip). Each round times:
 
 - blocking: what the training loop waits for a save, as SaveCheckpoints
   does it: the copy of the state (on this process's first device) to the
@@ -38,7 +38,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import optax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from configs import mnist as mnist_config  # pylint: disable=g-import-not-at-top,wrong-import-position
-from runtime import checkpoint  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.checkpoints import checkpoint  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime import fingerprint  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime import step as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -32,7 +32,7 @@ devices.configure(None, multi_process=False)
 import jax  # pylint: disable=g-import-not-at-top
 
 from configs import mlp as mlp_config  # pylint: disable=g-import-not-at-top
-from runtime import checkpoint  # pylint: disable=g-import-not-at-top
+from runtime.checkpoints import checkpoint  # pylint: disable=g-import-not-at-top
 from runtime import data  # pylint: disable=g-import-not-at-top
 from runtime import fingerprint  # pylint: disable=g-import-not-at-top
 from runtime import parallelism  # pylint: disable=g-import-not-at-top

@@ -20,7 +20,6 @@ import os
 import shutil
 import signal
 import tempfile
-import time
 from typing import Any, Callable
 
 # Module-level state that each test starts from anew: (module, name) ->
@@ -28,10 +27,8 @@ from typing import Any, Callable
 FRESH: dict[tuple[str, str], Callable[[Any], Any]] = {
     # The step reports the stall watchdog and the heartbeat read.
     ('runtime.common.progress', '_progress'): lambda m: m._Progress(),
-    # The goodput ledger of "this process" and its running step clock.
-    ('runtime.common.goodput', '_current'):
-        lambda m: m.Ledger(process_start=time.time()),
-    ('runtime.common.goodput', '_clock'): lambda m: None,
+    # The goodput ledger of "this process" (with its running step clock).
+    ('runtime.common.goodput', '_this'): lambda m: m._ThisProcess(),
     # The bucket mirror that every way out finishes.
     ('launcher.common.record_mirror', '_current'): lambda m: None,
     # --barrier_timeout, as the last rank set-up in this process set it.
@@ -44,7 +41,7 @@ FRESH: dict[tuple[str, str], Callable[[Any], Any]] = {
 
 # Module-level state kept across tests on purpose, with the reason.
 KEPT = {
-    ('runtime.checkpoint', '_check_count'):
+    ('runtime.checkpoints.checkpoint', '_check_count'):
         'only makes check names unique; going back to 0 could reuse one',
     ('runtime.compile_events', '_lock'): 'a lock',
     ('runtime.compile_events', '_listening'):

@@ -10,8 +10,8 @@ import pytest
 
 from configs import linear_regression as linear_regression_config
 from configs import mlp as mlp_config
-from runtime import checkpoint
-from runtime import checkpoint_meta
+from runtime.checkpoints import checkpoint
+from runtime.checkpoints import checkpoint_meta
 from runtime import data
 from runtime import metrics
 from runtime import training

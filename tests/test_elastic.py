@@ -1,17 +1,41 @@
-"""The elastic local pod's policy (launcher/local/elastic.py) and the first
-attempt's per-device batch as the limit of the next (runtime/batch_limit.py)."""
+"""The one elastic policy (launcher/elastic.py), the local pod's use of it
+(launcher/local/elastic.py) and the first
+attempt's per-device batch as the limit of the next
+(runtime/checkpoints/batch_limit.py)."""
 
 from ml_collections import ConfigDict
 import pytest
 
+from launcher import elastic as policy
 from launcher import restart
 from launcher.local import elastic
-from runtime import batch_limit
+from runtime.checkpoints import batch_limit
 from runtime import training
 from runtime.parallelism import microbatches
 from runtime.common import records
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize('exit_code,regrew,lost,left,decided', [
+    (75, True, 0, 4, policy.GROW),      # stopped so that the job grows
+    (137, True, 1, 3, policy.SHRINK),   # a loss during a stop to grow
+    (137, False, 1, 3, policy.SHRINK),
+    (137, False, 2, 2, policy.SHRINK),  # exactly --min left
+    (137, False, 2, 1, policy.WAIT),
+    (75, False, 0, 4, None),            # a preemption: the restart rules
+    (1, False, 0, 4, None),             # a failure: the restart rules
+])
+def test_one_policy_decides_after_every_attempt(exit_code, regrew, lost, left,
+                                                decided):
+  assert policy.decide(exit_code, regrew, lost, left, minimum=2) == decided
+
+
+def test_a_resize_kind_is_one_of_three_and_recorded_as_its_word():
+  assert policy.Resize('shrink') == policy.Resize(policy.SHRINK)
+  assert policy.Resize(policy.WAIT, 3).kind.value == 'wait'
+  with pytest.raises(ValueError, match="'halve'; one of"):
+    policy.Resize('halve')
 
 
 def test_a_loss_shrinks_while_enough_are_left_then_waits():

@@ -117,7 +117,7 @@ def test_host_state_is_the_old_name_of_numpy_state():
 
 
 def test_preempted_and_checkpoint_error_are_at_the_front_door():
-  from runtime import checkpoint_meta  # pylint: disable=g-import-not-at-top
+  from runtime.checkpoints import checkpoint_meta  # pylint: disable=g-import-not-at-top
   from runtime import preemption  # pylint: disable=g-import-not-at-top
   assert runtime.Preempted is preemption.Preempted
   assert runtime.CheckpointError is checkpoint_meta.CheckpointError

@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from runtime.common import progress
-from runtime import local_cadence
+from runtime.checkpoints import local_cadence
 from tests import memory_job
 
 pytestmark = pytest.mark.unit

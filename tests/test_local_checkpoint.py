@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from configs import linear_regression as linear_regression_config
-from runtime import checkpoint
-from runtime import checkpoint_meta
-from runtime import local_checkpoint
-from runtime import recovery
+from runtime.checkpoints import checkpoint
+from runtime.checkpoints import checkpoint_meta
+from runtime.checkpoints import local_checkpoint
+from runtime.checkpoints import recovery
 from runtime import step as step_lib
 
 pytestmark = pytest.mark.unit

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from runtime import local_leftovers
+from runtime.checkpoints import local_leftovers
 
 pytestmark = pytest.mark.unit
 

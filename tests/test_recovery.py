@@ -24,7 +24,7 @@ from runtime.common import goodput
 from runtime.common import layout
 from runtime.common import progress
 from launcher.common import time_to_recover
-from runtime import local_checkpoint
+from runtime.checkpoints import local_checkpoint
 from tests import helpers
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]

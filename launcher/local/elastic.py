@@ -27,7 +27,7 @@ usual restart rules (a process that cannot start is no lost host).
 Example:
   >>> capacity = Capacity(full=4, minimum=2, regrow_after_s=30)
   >>> capacity.after_lost(now=100.0)   # one process lost: 3 run on
-  Resize(kind='shrink', wait_s=0.0)
+  Resize(kind=<Kind.SHRINK: 'shrink'>, wait_s=0.0)
   >>> capacity.current, capacity.regrow_due(now=131.0)
   (3, True)
 """
@@ -37,13 +37,12 @@ import signal
 import time
 from typing import Callable, Optional
 
-from launcher import resize as resize_lib
+from launcher import elastic
 from runtime.common import exit_codes
 
-# One Resize for both launchers (launcher/resize.py); these names stay here
-# for the pod's callers.
-Resize = resize_lib.Resize
-SHRINK, GROW, WAIT = resize_lib.SHRINK, resize_lib.GROW, resize_lib.WAIT
+# The one policy's names (launcher/elastic.py), for the pod's callers.
+Resize = elastic.Resize
+SHRINK, GROW, WAIT = elastic.SHRINK, elastic.GROW, elastic.WAIT
 
 
 def is_lost_process(exit_code: Optional[int], retryable: tuple[int, ...]
@@ -88,7 +87,7 @@ class Capacity:
     until enough are back."""
     self.current -= 1
     self.returns.append(now + self.regrow_after_s)
-    if self.current >= self.minimum:
+    if elastic.after_loss(self.current, self.minimum) == SHRINK:
       return Resize(SHRINK)
     needed = sorted(self.returns)[self.minimum - self.current - 1]
     return Resize(WAIT, max(0.0, needed - now))
@@ -121,23 +120,26 @@ def resize_after(capacity: Capacity, retryable: tuple[int, ...],
     process or a stop to grow, else None (the usual restart rules).
   """
   def resize(pod, code: int) -> Optional[Resize]:
-    if code == exit_codes.PREEMPTED and pod.regrew:
+    fault = pod.fault
+    lost = int(fault is not None and pod.progressed and
+               is_lost_process(fault.exit_code, retryable))
+    kind = elastic.decide(code, pod.regrew, lost, capacity.current - lost,
+                          capacity.minimum)
+    if kind == GROW:
       capacity.take_back(now())
       say(f'lost process(es) back: starting again at once on '
           f'{capacity.describe()}, from the step every rank saved')
       return Resize(GROW)
-    fault = pod.fault
-    if (fault is None or not pod.progressed or
-        not is_lost_process(fault.exit_code, retryable)):
+    if kind is None:
       return None
-    lost = f'rank {fault.rank} lost (exit code {fault.exit_code})'
+    what = f'rank {fault.rank} lost (exit code {fault.exit_code})'
     resized = capacity.after_lost(now())
     back = f'back in {capacity.regrow_after_s:g} s, --regrow_after'
     if resized.kind == SHRINK:
-      say(f'{lost}: starting again at once on {capacity.describe()} '
+      say(f'{what}: starting again at once on {capacity.describe()} '
           f'({back}), the same global batch on fewer devices')
     else:
-      say(f'{lost}: {capacity.current} left, fewer than --min_processes='
+      say(f'{what}: {capacity.current} left, fewer than --min_processes='
           f'{capacity.minimum}; waiting {resized.wait_s:.1f} s for enough '
           f'to be back ({back})')
     return resized

@@ -29,7 +29,7 @@ from launcher.rank import roll_call
 from launcher.rank import summary
 from launcher.rank import supervisor as supervisor_lib
 from runtime import agreement
-from runtime import checkpoint
+from runtime.checkpoints import checkpoint
 from launcher.common import cluster
 from runtime.common import env_vars
 from runtime.common import exit_codes

@@ -24,7 +24,7 @@ delete), so the rest of the driver does not tell them apart.
 Example:
   >>> group = SliceGroup(launch, request, timeouts, 10, 'gcloud.log', 1)
   >>> group.after_attempt(attempt, 75)      # slice 1 was lost
-  Resize(kind='shrink', wait_s=0.0)
+  Resize(kind=<Kind.SHRINK: 'shrink'>, wait_s=0.0)
   >>> group.describe()
   'runs on fleet-0; fleet-1 coming back'
 """
@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Optional
 
-from launcher import resize as resize_lib
+from launcher import elastic
 from launcher.tpu import queued
 from runtime.common import exit_codes
 from runtime.common import files
@@ -50,8 +50,8 @@ STATUS_FILE = 'slices.json'
 _MAX_BACKOFF_S = 600.0
 
 
-# restart.run's `resize`, the local pod's too (launcher/resize.py).
-Resize = resize_lib.Resize
+# restart.run's `resize`, the local pod's too (launcher/elastic.py).
+Resize = elastic.Resize
 
 
 def requests(base: queued.Request) -> list[queued.Request]:
@@ -143,19 +143,27 @@ class SliceGroup:
   def after_attempt(self, attempt, code: int) -> Optional[Resize]:
     """restart.run's `resize`: GROW after the stop for slices back, SHRINK
     after a lost slice with at least --min_slices left, else None."""
-    if attempt.regrew and code == exit_codes.PREEMPTED:
+    lost = ([i for i in self.active if not self.fleets[i].up or
+             self.fleets[i].lost() is not None]
+            if attempt.slice_lost is not None else [])
+    # A slice seen lost that is up again by now still ends the attempt as
+    # a loss: the job relaunches at once on every slice it has.
+    seen = len(lost) or int(attempt.slice_lost is not None)
+    kind = elastic.decide(code, attempt.regrew, seen,
+                          len(self.active) - len(lost), self.minimum)
+    if kind == elastic.GROW:
       self._take_ready()
       self.launch.say(f'slices back: relaunching at once; the job '
                       f'{self.describe()}')
-      return Resize(resize_lib.GROW)
-    if attempt.slice_lost is None:
+      return Resize(elastic.GROW)
+    if kind is None:
       return None
-    lost = [i for i in self.active if not self.fleets[i].up or
-            self.fleets[i].lost() is not None]
     self.active = [i for i in self.active if i not in lost]
     for i in lost:
       self._bring_back(i)
-    if len(self.active) < self.minimum:
+    if kind != elastic.SHRINK:
+      # Waiting for enough slices is a restart, as without --min_slices:
+      # ready_for_attempt waits before the next attempt.
       self.launch.say(f'{len(self.active)} slice(s) left, fewer than '
                       f'--min_slices={self.minimum}: the next attempt waits '
                       'for enough to be back')
@@ -164,7 +172,7 @@ class SliceGroup:
     self.launch.say(f'slice(s) {names} lost: relaunching at once on the '
                     'others, the same global batch on fewer devices; the job '
                     f'{self.describe()}')
-    return Resize(resize_lib.SHRINK)
+    return Resize(elastic.SHRINK)
 
   def ready_for_attempt(self, attempt) -> bool:
     """Before an attempt: takes in slices back; waits while fewer than

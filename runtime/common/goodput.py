@@ -100,6 +100,9 @@ class Ledger:
     self.parts = {p: 0.0 for p in PROCESS_PARTS if p != 'other'}
     self.notes = records.Notes()
     self.path: Optional[str] = None
+    # The step clock running over this ledger, if any (StepClock sets it):
+    # compilation comes out of its running step.
+    self.clock: Optional['StepClock'] = None
     self._lock = threading.Lock()
     self._last_flush = 0.0
 
@@ -146,27 +149,33 @@ class Ledger:
       pass  # A ledger must never stop a job.
 
 
-_current = Ledger(process_start=time.time())
+class _ThisProcess:
+  """This process's ledger: the one `current` returns (one that writes
+  nowhere until `open_ledger` gives it a file)."""
+
+  def __init__(self):
+    self.ledger = Ledger(process_start=time.time())
+
+
+_this = _ThisProcess()
 
 
 def current() -> Ledger:
   """This process's ledger (one that writes nowhere until `open_ledger`)."""
-  return _current
+  return _this.ledger
 
 
 def use(ledger: Ledger) -> None:
   """Makes `ledger` this process's, before it has a file to write to."""
-  global _current
-  _current = ledger
+  _this.ledger = ledger
 
 
 def open_ledger(ledger: Ledger, workdir: str, attempt: str,
                 process_index: int) -> None:
   """Makes `ledger` this process's, writing to WORKDIR/goodput/ATTEMPT."""
-  global _current
   ledger.path = layout.Record(workdir).ledger(attempt, process_index)
   ledger.note(attempt=attempt, process_index=process_index)
-  _current = ledger
+  _this.ledger = ledger
   ledger.flush(force=True)
 
 
@@ -234,7 +243,6 @@ class StepClock:
   """
 
   def __init__(self, ledger: Ledger, steps_done_before: int):
-    global _clock
     self.ledger = ledger
     self.steps_done_before = steps_done_before
     self.recomputed_steps = 0
@@ -243,7 +251,7 @@ class StepClock:
     self._mark = time.perf_counter()
     self._taken = 0.0
     self._lock = threading.Lock()
-    _clock = self
+    ledger.clock = self
 
   def take(self, category: str, seconds: float) -> None:
     self.ledger.add(category, seconds)
@@ -277,18 +285,16 @@ class StepClock:
     self.ledger.flush()
 
   def close(self) -> None:
-    global _clock
-    if _clock is self:
-      _clock = None
-
-
-_clock: Optional[StepClock] = None
+    if self.ledger.clock is self:
+      self.ledger.clock = None
 
 
 def on_compile(seconds: float) -> None:
-  """Counts compilation time, out of the running step's share if any."""
-  clock = _clock
+  """Counts compilation time into this process's ledger, out of the
+  running step's share if a step clock runs over it."""
+  ledger = _this.ledger
+  clock = ledger.clock
   if clock is not None:
     clock.take('compile', seconds)
   else:
-    _current.add('compile', seconds)
+    ledger.add('compile', seconds)

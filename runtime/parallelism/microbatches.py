@@ -8,14 +8,14 @@ step averages over the G / m real groups only (runtime/step.py). In rows:
 device d holds global batch positions [d*k*m, (d+1)*k*m), the positions
 from G on being padding, so each process still holds a contiguous slice.
 
-When G divides over the D devices and nothing asks for microbatches, m is
-G / D, k is 1 and nothing is padded: the step of before, bit for bit.
-Groups of the same size are the same groups on any topology (8 devices x
-1 and 4 devices x 2 cut the batch alike), so a model with batch statistics
-(BatchNorm) computes the same step on both; `microbatch_size` keeps the
-group size on any number of devices (an elastic job keeps its first
-attempt's, runtime/batch_limit.py). Random numbers do not depend on groups
-at all: each example draws from its own key (runtime/step.py).
+When G divides over the D devices and nothing asks for microbatches, m is G /
+D, k is 1 and nothing is padded: the step of before, bit for bit. Groups of the
+same size are the same groups on any topology (8 devices x 1 and 4 devices x 2
+cut the batch alike), so a model with batch statistics (BatchNorm) computes the
+same step on both; `microbatch_size` keeps the group size on any number of
+devices (an elastic job keeps its first attempt's,
+runtime/checkpoints/batch_limit.py). Random numbers do not depend on groups at
+all: each example draws from its own key (runtime/step.py).
 
 Example:
   >>> layout = plan(256, 24)             # 3 processes x 8 devices

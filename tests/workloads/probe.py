@@ -50,7 +50,7 @@ import numpy as np
 from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime import hooks
-from runtime import local_checkpoint
+from runtime.checkpoints import local_checkpoint
 from runtime import training
 from runtime.workloads import linear_regression
 from tests.workloads import census

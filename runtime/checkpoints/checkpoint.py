@@ -4,8 +4,8 @@ A checkpoint of step s holds what step s + 1 depends on: the parameters, the
 optimiser state and the RNG key (item 'state', host arrays that process 0
 writes), and a JSON item 'meta' with the step, the data-stream position, the
 config that decides the trajectory and the shapes of the state. Resuming from
-it gives, on CPU, bit-identical results to a run that never stopped. What
-the meta holds and how a resume is checked: runtime/checkpoint_meta.py.
+it gives, on CPU, bit-identical results to a run that never stopped. What the
+meta holds and how a resume is checked: runtime/checkpoints/checkpoint_meta.py.
 
 Orbax writes each step into a temporary directory and renames it when every
 process is done, so a save cut short by SIGKILL is never taken for a
@@ -29,7 +29,7 @@ from ml_collections import ConfigDict
 import numpy as np
 import orbax.checkpoint as ocp
 
-from runtime import checkpoint_meta
+from runtime.checkpoints import checkpoint_meta
 from runtime import coordination
 from runtime.common import layout
 

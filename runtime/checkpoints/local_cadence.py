@@ -1,15 +1,15 @@
 """When the local tier saves: every N steps, or every N seconds of training.
 
 config.local_checkpoint_every counts steps. config.local_checkpoint_every_s,
-when above 0, counts seconds instead, for a model whose copy is slow: after
-the warm-up, and again after every save, process 0 turns the seconds into
-a number of steps from the recent step time and tells the others, so that
-every process copies the same step (a restore then finds every copy local:
-runtime/recovery.py). In seconds, copies are never so frequent that the
-loop's blocking for them exceeds BLOCKING_SHARE (1 %) of its time: a state
-that blocks the loop 1 s per copy is copied at most every 100 s. A cadence
-in steps stays as asked (every process copies the same steps) and warns
-once when a copy blocks more than that (and at least 50 ms).
+when above 0, counts seconds instead, for a model whose copy is slow: after the
+warm-up, and again after every save, process 0 turns the seconds into a number
+of steps from the recent step time and tells the others, so that every process
+copies the same step (a restore then finds every copy local:
+runtime/checkpoints/recovery.py). In seconds, copies are never so frequent that
+the loop's blocking for them exceeds BLOCKING_SHARE (1 %) of its time: a state
+that blocks the loop 1 s per copy is copied at most every 100 s. A cadence in
+steps stays as asked (every process copies the same steps) and warns once when
+a copy blocks more than that (and at least 50 ms).
 
 Example:
   >>> cadence = Cadence.from_config(config, coordination.current())

@@ -1,10 +1,10 @@
 """Where a run resumes from: the newest copy of the state anywhere in the job.
 
-At start every process says, through the coordination service, which steps
-the local tier on its disk holds, whatever process index wrote them
-(runtime/local_checkpoint.py); process 0 adds the
-persistent tier's latest (runtime/checkpoint.py). All of them then take the
-same decision (`plan`, a pure function):
+At start every process says, through the coordination service, which steps the
+local tier on its disk holds, whatever process index wrote them
+(runtime/checkpoints/local_checkpoint.py); process 0 adds the persistent tier's
+latest (runtime/checkpoints/checkpoint.py). All of them then take the same
+decision (`plan`, a pure function):
 
 - the newest step anyone holds, locally or persistently;
 - when every process holds it locally, each reads its own copy ('local');
@@ -35,11 +35,11 @@ from jax.experimental import multihost_utils
 from ml_collections import ConfigDict
 import numpy as np
 
-from runtime import checkpoint
-from runtime import checkpoint_meta
+from runtime.checkpoints import checkpoint
+from runtime.checkpoints import checkpoint_meta
 from runtime.common import goodput
 from runtime import coordination
-from runtime import local_checkpoint
+from runtime.checkpoints import local_checkpoint
 
 _KEY = 'podrun/restore'
 

@@ -1,9 +1,9 @@
 """What a checkpoint records about its run, and the checks before resuming.
 
-A checkpoint's 'meta' item (both tiers: runtime/checkpoint.py and
-runtime/local_checkpoint.py) holds the step, the data-stream position, the
-config that decides the trajectory and the shapes of the state; resuming
-checks this run against it and names every difference.
+A checkpoint's 'meta' item (both tiers: runtime/checkpoints/checkpoint.py and
+runtime/checkpoints/local_checkpoint.py) holds the step, the data-stream
+position, the config that decides the trajectory and the shapes of the state;
+resuming checks this run against it and names every difference.
 
 Example:
   >>> meta = describe_run(config, topo, 60000, 400, numpy_state, 'periodic')

@@ -1,8 +1,8 @@
 """Other jobs' local copies on this host: removed when no run can use them.
 
-The local tier (runtime/local_checkpoint.py) keeps its copies in memory
-(/dev/shm) by default, and on a TPU VM that is the host's RAM. A job that
-ends well removes its own. What a failed or stopped job leaves is decided
+The local tier (runtime/checkpoints/local_checkpoint.py) keeps its copies in
+memory (/dev/shm) by default, and on a TPU VM that is the host's RAM. A job
+that ends well removes its own. What a failed or stopped job leaves is decided
 here, by every process at its job's start, for the copies beside its own
 (LOCAL_DIR/JOB for every other JOB):
 

@@ -1,13 +1,13 @@
 """The local checkpoint tier: each process's own copy of the state, often.
 
-The persistent tier (runtime/checkpoint.py) goes to storage every process
-shares, often a bucket, and is written rarely. This tier is written every
-config.local_checkpoint_every steps by every process, into a directory on
+The persistent tier (runtime/checkpoints/checkpoint.py) goes to storage every
+process shares, often a bucket, and is written rarely. This tier is written
+every config.local_checkpoint_every steps by every process, into a directory on
 its own host (or every config.local_checkpoint_every_s seconds:
-runtime/local_cadence.py), so that a hard failure (SIGKILL, the OOM killer, a lost host)
-costs a few steps instead of everything since the last persistent save. The
-state is replicated, so any one process's copy restores all of them
-(runtime/recovery.py).
+runtime/checkpoints/local_cadence.py), so that a hard failure (SIGKILL, the OOM
+killer, a lost host) costs a few steps instead of everything since the last
+persistent save. The state is replicated, so any one process's copy restores
+all of them (runtime/checkpoints/recovery.py).
 
 Layout: LOCAL_DIR/JOB/rank_<i>/step_<s>/{state.npz, meta.json}, where
 LOCAL_DIR is config.local_checkpoint_dir (default:
@@ -19,7 +19,7 @@ named by its tree path, with the leaf's own shape and dtype (no device
 axis). A copy is written into `.tmp_step_<s>` and renamed when
 complete: a SIGKILL during a save leaves the previous copy, and the torn one
 is removed at the next start. Copies other jobs left behind are removed at
-start when no run can use them (runtime/local_leftovers.py).
+start when no run can use them (runtime/checkpoints/local_leftovers.py).
 
 A process writes under its current index, but restores from any copy of
 the job on its own disk, whatever index wrote it: an elastic job renumbers
@@ -57,8 +57,8 @@ import numpy as np
 
 from runtime.common import env_vars
 from runtime import coordination
-from runtime import local_cadence
-from runtime import local_leftovers
+from runtime.checkpoints import local_cadence
+from runtime.checkpoints import local_leftovers
 
 JOB_ID_FILE = '.podrun_local_tier_id'
 RANK_PREFIX = 'rank_'
