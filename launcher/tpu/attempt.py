@@ -1,20 +1,16 @@
 """One attempt of a job on every worker of a TPU pod: its output and its end.
 
-Reads the lines of one `gcloud ... ssh --worker=all` per slice running
-worker.py: each `[worker W #N] text` goes once (N counts the job's lines,
-which a worker sends again after a reconnection) to LOG_DIR/worker_W.log,
-and to the console when W is 0 or the line is a warning or an error;
-`[worker W] podrun: exit CODE` ends that worker. The first failing worker,
-Ctrl-C (also a terminal's, which kills gcloud and ssh with it) or SIGTERM
-stops the job on every worker. A slice this launch created that is lost
-meanwhile (babysit.Watch) ends the attempt at once with PREEMPTED.
+Runs one `gcloud ... ssh --worker=all` per slice running worker.py and
+reads their lines (worker_lines.py: each worker's log, the console, each
+worker's exit). The first failing worker, Ctrl-C (also a terminal's, which
+kills gcloud and ssh with it) or SIGTERM stops the job on every worker. A
+slice this launch created that is lost meanwhile (babysit.Watch) ends the
+attempt at once with PREEMPTED.
 """
 
 import contextlib
-import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from typing import Optional
@@ -25,15 +21,13 @@ from launcher.tpu import babysit
 from launcher.tpu import commands
 from launcher.tpu import ends
 from launcher.tpu import flags
+from launcher.tpu import worker_lines
 from runtime.common import exit_codes
-from launcher.common import output_prefix
 from launcher.common import record_mirror
 from runtime.common import records
 
 # How long the output of ssh sessions to a lost slice is still read.
 _LOST_PUMP_S = 5.0
-_LINE = re.compile(r'^\[worker (\d+|\?)(?: #(\d+))?\] ?(.*)$')
-_EXIT = re.compile(r'^podrun: exit (\d+)$')
 
 
 class Attempt(restart.Attempt):
@@ -58,10 +52,7 @@ class Attempt(restart.Attempt):
     # Stopped at a step boundary for slices back (elastic.py).
     self.regrew = False
     self._processes = 0
-    self._exits: dict[str, tuple[float, int]] = {}  # worker: (when, code)
-    self._last_line: dict[str, int] = {}
-    self._headed: set[str] = set()
-    self._cause: Optional[int] = None
+    self._lines = worker_lines.WorkerLines(launch, number, self._stop)
     self._stopper: Optional[threading.Thread] = None
     self._lock = threading.Lock()
     self._signals: list[int] = []
@@ -91,8 +82,8 @@ class Attempt(restart.Attempt):
           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
           stderr=subprocess.PIPE) for s, node in enumerate(launch.nodes)]
       pumps = [threading.Thread(target=pump, args=(pipe,)) for c in clients
-               for pump, pipe in ((self._pump, c.stdout),
-                                  (self._pump_stderr, c.stderr))]
+               for pump, pipe in ((self._lines.pump, c.stdout),
+                                  (self._lines.pump_stderr, c.stderr))]
       for t in pumps:
         t.start()
       self._follow(clients)
@@ -142,7 +133,8 @@ class Attempt(restart.Attempt):
     lost slice's gcloud does not end by itself."""
     wait_s = self.launch.options.lost_slice_wait
     deadline = time.monotonic() + wait_s
-    self._tell_the_others()
+    _tell_the_others(self.launch, self.attempt_name, self._lost_ids(),
+                     self._lost_nodes, self.slice_lost or 'the slice is lost')
     if any(c.poll() is None for c in clients):
       self.launch.say(f'waiting up to {wait_s:g} s (--lost_slice_wait) for '
                       'the job on the lost slice to end (its preemption '
@@ -167,34 +159,8 @@ class Attempt(restart.Attempt):
     for c in clients:
       c.wait()
 
-  def _tell_the_others(self) -> None:
-    """Tells the job on the other slices which processes' hosts went
-    (peers.Gone): a process of the lost slice killed without a notice
-    then ends the job within seconds, not after --heartbeat_timeout; one
-    that saves (it beats meanwhile) is waited for as before."""
-    launch, lost = self.launch, self._lost_ids()
-    others = [n for n in launch.nodes if n not in self._lost_nodes]
-    if not lost or not others:
-      return
-    gone = commands.gone_command(
-        commands.attempt_id(launch.job_id, self.number), lost,
-        self.slice_lost or 'the slice is lost')
-    launch.say(f'telling the job on {", ".join(others)} that processes '
-               f'{", ".join(map(str, lost))} are gone with their slice')
-    threading.Thread(target=_run_each, daemon=True, name='tell-the-others',
-                     args=([launch.gcloud.ssh(gone, node=n,
-                                              workers=launch.workers)
-                            for n in others], launch.path('gone.log'))
-                     ).start()
-
-  def _process_ids(self) -> dict[str, str]:
-    """{process id: its slice's node} of this attempt."""
-    workers = self.launch.workers
-    return {str(s * workers + w): node for s, node in enumerate(
-        self.launch.nodes) for w in range(workers)}
-
   def _lost_ids(self) -> list[int]:
-    return [int(i) for i, node in self._process_ids().items()
+    return [int(i) for i, node in _process_nodes(self.launch).items()
             if node in self._lost_nodes]
 
   def _job_over(self, ledgers: Optional[ends.Ledgers] = None
@@ -204,8 +170,8 @@ class Attempt(restart.Attempt):
     kept_in_bucket = record_mirror.in_bucket(url) or any(
         '=gs://' in arg for arg in self.launch.launcher_args)
     return ends.over(
-        {w: code for w, (_, code) in dict(self._exits).items()},
-        self._process_ids(), {str(i) for i in self._lost_ids()},
+        {w: code for w, (_, code) in dict(self._lines.exits).items()},
+        _process_nodes(self.launch), {str(i) for i in self._lost_ids()},
         kept_in_bucket, ledgers.final() if ledgers else set(),
         url if ledgers else '')
 
@@ -223,29 +189,29 @@ class Attempt(restart.Attempt):
   def _code(self, gcloud_codes: list[int]) -> int:
     if self._signals:
       return exit_codes.SIGNAL_BASE + self._signals[0]
+    workers = self.launch.workers * len(self.launch.nodes)
+    shutdown = self._lines.ended_as_a_shutdown_would(workers)
     if (self.slice_lost is None and self.launch.fleet is not None and
-        not self.regrew and (self._cause is not None or
-                             self._ended_as_a_shutdown_would())):
+        not self.regrew and (self._lines.cause is not None or shutdown)):
       # The VMs' shutdown can reach the job before the watch sees the
       # slice go, and a spot slice's node can show it seconds later still:
       # ask again (for --relaunch_grace on a spot slice) before taking the
       # job's own code, and relaunching on VMs that are going.
       lost = (babysit.lost_within(self.launch,
                                   self.launch.options.relaunch_grace)
-              if self._ended_as_a_shutdown_would() and
-              self.launch.options.spot else _lost_or_none(self.launch.fleet))
+              if shutdown and self.launch.options.spot
+              else _lost_or_none(self.launch.fleet))
       if lost is not None:
         self._on_lost(lost)
     if self.slice_lost is not None:
       return exit_codes.PREEMPTED
-    failed = [(at, code) for at, code in self._exits.values() if code]
-    root = exit_codes.root_cause(failed, time.monotonic(), all_exited=True)
+    root = self._lines.root_cause()
     if root is not None:
-      return failed[root][1]
-    workers = self.launch.workers * len(self.launch.nodes)
+      return root
+    exits = len(self._lines.exits)
     gcloud_code = next((c for c in gcloud_codes if c), 0)
-    if gcloud_code or len(self._exits) != workers:
-      self.launch.say(f'gcloud exited {gcloud_code} with {len(self._exits)} '
+    if gcloud_code or exits != workers:
+      self.launch.say(f'gcloud exited {gcloud_code} with {exits} '
                       f'of {workers} worker(s) reporting an exit code')
       self._stop('not every worker reported its end')
       if self._stopper is not None:
@@ -270,74 +236,6 @@ class Attempt(restart.Attempt):
                for n in launch.nodes], launch.path('stop.log')))
       self._stopper.start()
 
-  def _pump(self, pipe, console=sys.stdout) -> None:
-    for raw in iter(pipe.readline, b''):
-      line = raw.decode('utf-8', 'replace').rstrip('\n')
-      match = _LINE.match(line)
-      if not match:
-        self.launch.write('gcloud.log', line)
-        print(line, file=console, flush=True)
-        continue
-      worker, number, text = match.groups()
-      if number is not None:
-        if int(number) <= self._last_line.get(worker, 0):
-          continue  # Seen before a reconnection.
-        self._last_line[worker] = int(number)
-      elif text == 'podrun: alive':
-        continue
-      self._worker_line(worker, text, console)
-
-  def _worker_line(self, worker: str, text: str, console) -> None:
-    launch = self.launch
-    log = f'worker_{worker}.log'
-    if worker not in self._headed:
-      self._headed.add(worker)
-      launch.write(log, f'===== attempt {self.number} of job '
-                   f'{launch.job_id} =====')
-    launch.write(log, text)
-    exit_match = _EXIT.match(text)
-    shown = ((worker == '0' and not output_prefix.routine(text)) or
-             output_prefix.alarming(text) or
-             (exit_match and exit_match.group(1) != '0'))
-    if shown or launch.options.log_all_workers:
-      print(f'[worker {worker}] {text}', file=console, flush=True)
-    if exit_match:
-      self._exits[worker] = (time.monotonic(), int(exit_match.group(1)))
-      self._judge_exits()
-
-  def _judge_exits(self) -> None:
-    """Stops every worker once the root cause is known (exit_codes'
-    rule, as the local pod's)."""
-    if self._cause is not None:
-      return
-    failed = [(worker, at, code)
-              for worker, (at, code) in self._exits.items() if code]
-    root = exit_codes.root_cause([(at, code) for _, at, code in failed],
-                                 time.monotonic(), all_exited=False)
-    if root is not None:
-      worker, _, self._cause = failed[root]
-      self.launch.say(f'worker {worker} exited {self._cause} first')
-      self._stop(f'worker {worker} failed')
-
-  def _pump_stderr(self, pipe) -> None:
-    for raw in iter(pipe.readline, b''):
-      line = raw.decode('utf-8', 'replace').rstrip('\n')
-      match = _LINE.match(line)
-      if match:
-        self._worker_line(match.group(1), match.group(3), sys.stderr)
-        continue
-      self.launch.write('gcloud.log', line)
-      print(line, file=sys.stderr, flush=True)
-
-  def _ended_as_a_shutdown_would(self) -> bool:
-    """SIGTERM's codes (75 after a save, or 143) from a worker, or sessions
-    cut before every worker said how its job ended."""
-    workers = self.launch.workers * len(self.launch.nodes)
-    codes = {code for _, code in self._exits.values()}
-    return bool(codes & {exit_codes.PREEMPTED,
-                         exit_codes.SIGNAL_BASE + signal.SIGTERM}) or (
-                             len(self._exits) < workers)
-
 
 def _run_each(gcloud_commands: list[list[str]], log_path: str) -> None:
   """Runs the commands at once, each in a session of its own: a second
@@ -349,6 +247,32 @@ def _run_each(gcloud_commands: list[list[str]], log_path: str) -> None:
     t.start()
   for t in threads:
     t.join()
+
+
+def _tell_the_others(launch, attempt_name: str, lost: list[int],
+                     lost_nodes: tuple[str, ...], why: str) -> None:
+  """Tells the job on the other slices which processes' hosts went
+  (peers.Gone): a process of the lost slice killed without a notice then
+  ends the job within seconds, not after --heartbeat_timeout; one that
+  saves (it beats meanwhile) is waited for as before."""
+  others = [n for n in launch.nodes if n not in lost_nodes]
+  if not lost or not others:
+    return
+  gone = commands.gone_command(attempt_name, lost, why)
+  launch.say(f'telling the job on {", ".join(others)} that processes '
+             f'{", ".join(map(str, lost))} are gone with their slice')
+  threading.Thread(target=_run_each, daemon=True, name='tell-the-others',
+                   args=([launch.gcloud.ssh(gone, node=n,
+                                            workers=launch.workers)
+                          for n in others], launch.path('gone.log'))
+                   ).start()
+
+
+def _process_nodes(launch) -> dict[str, str]:
+  """{process id: its slice's node} of an attempt on `launch.nodes`."""
+  return {str(s * launch.workers + w): node
+          for s, node in enumerate(launch.nodes)
+          for w in range(launch.workers)}
 
 
 def _lost_or_none(fleet):

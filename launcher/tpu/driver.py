@@ -29,14 +29,9 @@ order:
 --dry_run, --status and --stop are control.py; the flags are flags.py.
 """
 
-import dataclasses
 import functools
-import json
 import os
-import shlex
 import signal
-import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -49,87 +44,21 @@ from launcher import signals
 from launcher import tls
 from launcher.tpu import attempt as attempt_lib
 from launcher.tpu import babysit
-from launcher.tpu import bundle as bundle_lib
 from launcher.tpu import commands
 from launcher.tpu import elastic
-from launcher.tpu import firewall
 from launcher.tpu.commands import LaunchError
 from launcher.tpu import control
 from launcher.tpu import flags
 from launcher.tpu import preflight as preflight_lib
 from launcher.tpu import queued
-from runtime.common import accelerators
+from launcher.tpu import setup as setup_lib
 from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import files
 from launcher.common import goodput_rollup
-from runtime.common import job_tls
 from runtime.common import layout
 from launcher.common import record_mirror
 from runtime.common import records
-
-
-@dataclasses.dataclass(frozen=True)
-class SliceInfo:
-  """One slice as `gcloud ... describe` shows it."""
-  workers: int
-  accelerator_type: str
-  # Worker 0's address: slice 0's is every slice's MEGASCALE coordinator.
-  first_address: str
-  # The VPC network its workers are on (its name).
-  network: str = 'default'
-
-
-def describe_slice(gcloud: commands.Gcloud, node: str, log_path: str
-                   ) -> SliceInfo:
-  """The slice's workers, accelerator type and first worker's address.
-
-  Raises:
-    LaunchError: when describe fails, or its endpoints and its
-      accelerator type disagree on the number of hosts.
-  """
-  command = gcloud.describe(node)
-  result = subprocess.run(command, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, check=False)
-  with open(log_path, 'a') as log:
-    log.write(f'$ {shlex.join(command)}\n{result.stdout}{result.stderr}')
-  if result.returncode:
-    raise LaunchError(
-        f'gcloud could not describe TPU {node} in {gcloud.zone}: '
-        f'{result.stderr.strip()[-500:]}',
-        exit_code=exit_codes.POD_UNAVAILABLE)
-  info = json.loads(result.stdout)
-  endpoints = info.get('networkEndpoints') or []
-  kind = (info.get('acceleratorType') or '').rsplit('/', 1)[-1]
-  try:
-    hosts = accelerators.slice_topology(kind).hosts
-  except accelerators.AcceleratorTypeError:
-    hosts = len(endpoints)
-  if endpoints and hosts != len(endpoints):
-    raise LaunchError(
-        f'TPU {node} is {kind}, which has {hosts} host(s), but describe '
-        f'lists {len(endpoints)} worker endpoint(s); recreate the pod or '
-        'check it with `gcloud compute tpus tpu-vm describe`.',
-        exit_code=exit_codes.TOPOLOGY_MISMATCH)
-  first = endpoints[0].get('ipAddress', '') if endpoints else ''
-  network = ((info.get('networkConfig') or {}).get('network') or
-             'default').rsplit('/', 1)[-1]
-  return SliceInfo(len(endpoints) or hosts, kind, first, network)
-
-
-def check_slices_agree(infos: dict[str, SliceInfo]) -> None:
-  """Every slice of a multislice job must be the same.
-
-  Raises:
-    LaunchError: TOPOLOGY_MISMATCH, naming each slice's type and workers.
-  """
-  shapes = {(i.accelerator_type, i.workers) for i in infos.values()}
-  if len(shapes) > 1:
-    raise LaunchError(
-        'the slices differ: ' + ', '.join(
-            f'{n} is {i.accelerator_type} with {i.workers} worker(s)'
-            for n, i in infos.items()) + '; a multislice job needs slices '
-        'of one type.', exit_code=exit_codes.TOPOLOGY_MISMATCH)
 
 
 class Launch:
@@ -146,9 +75,11 @@ class Launch:
     self.log_dir = os.path.abspath(options.log_dir or os.path.join(
         'tpu_logs', self.job_id))
     self.all_nodes = queued.node_names(options.tpu, options.num_slices)
-    self.workers = 0  # Per slice.
     self.coordinator = ''
-    self.infos: dict[str, SliceInfo] = {}
+    self.setup = setup_lib.SliceSetup(
+        self.gcloud, options, launcher_args, self.job_id, self.say,
+        self.path('gcloud.log'), self.stop_if_interrupted,
+        lambda: self.jax_version, lambda: self.authority)
     self.signals: list[int] = []
     self.fleet: Optional[queued.Fleet] = None
     self.slices: Optional[elastic.SliceGroup] = None
@@ -166,9 +97,16 @@ class Launch:
             self.gcloud, request_of(options, self.all_nodes), timeouts,
             options.poll_interval, self.path('gcloud.log'), self.say,
             self.interrupted)
-    self._short_hash = ''
-    self._code: Optional[tuple[str, str]] = None  # (archive, sha256).
     self._log_lock = threading.Lock()
+
+  @property
+  def workers(self) -> int:
+    """Workers per slice, once described (0 before)."""
+    return self.setup.workers
+
+  @property
+  def infos(self) -> dict[str, setup_lib.SliceInfo]:
+    return self.setup.infos
 
   @property
   def nodes(self) -> tuple[str, ...]:
@@ -203,15 +141,6 @@ class Launch:
   def say(self, message: str) -> None:
     print(f'launch_tpu_pod: {message}', file=sys.stderr, flush=True)
 
-  def preflight(self, nodes: tuple[str, ...]) -> None:
-    if self.options.skip_preflight:
-      return
-    for node in nodes:
-      info = preflight_lib.check(
-          node, self.options.zone, self.options.project,
-          self.launcher_args, self.options.wait_healthy, log=self.say)
-      self.say(f'preflight of {node}: {json.dumps(info.as_dict())}')
-
   def recoverable(self) -> bool:
     """Whether a slice this launch did not create can run the job again."""
     if self.options.skip_preflight:
@@ -228,88 +157,11 @@ class Launch:
         return False
     return True
 
-  def describe_slices(self, gcloud_log: str, nodes: tuple[str, ...]) -> None:
-    infos = {n: describe_slice(self.gcloud, n, gcloud_log) for n in nodes}
-    check_slices_agree({**self.infos, **infos})
-    self.infos.update(infos)
-    first = infos[nodes[0]]
-    self.workers = first.workers
-    slices = (f'{len(nodes)} slices of ' if len(nodes) > 1 else '')
-    self.say(f'TPU {self.options.tpu}: {slices}{first.accelerator_type}, '
-             f'{self.workers} worker(s){" each" if slices else ""}')
-
   def prepare(self, nodes: Optional[tuple[str, ...]] = None) -> None:
     """Describe, preflight, Python check, copy and set up `nodes` (default
     the job's): nothing runs yet. Again after a slice is recreated: its VMs
     start with empty disks."""
-    nodes = nodes or self.nodes
-    gcloud_log = self.path('gcloud.log')
-    self.describe_slices(gcloud_log, nodes)
-    self.preflight(nodes)
-    self._check_firewall(nodes, gcloud_log)
-    for node in nodes:
-      self.stop_if_interrupted()
-      self._check_pythons(gcloud_log, node)
-    bundle, code_hash = self._bundle()
-    short = code_hash[:16]
-    self.say(f'copying the code (sha256 {code_hash}) to every worker of '
-             + ', '.join(nodes))
-    copies = [(bundle, f'podrun-{short}.tar.gz')]
-    tls_job = self.job_id if self.authority.directory else ''
-    if tls_job:
-      copies.append((self._tls_archive(),
-                     f'podrun-tls-{job_tls.uri_part(tls_job)}.tar.gz'))
-    for node in nodes:
-      for source, dest in copies:
-        self.stop_if_interrupted()
-        copy = self.gcloud.scp(source, dest, node)
-        if commands.run_logged(copy, gcloud_log).returncode:
-          raise LaunchError(f'gcloud scp to {node} failed; see {gcloud_log}. '
-                            'With an ssh-agent running, add the key gcloud '
-                            'uses: `ssh-add ~/.ssh/google_compute_engine`.')
-    if self.options.worker_python:
-      self.say('setting up every worker (unpacking the code; nothing is '
-               f'installed: --worker_python={self.options.worker_python})')
-    else:
-      self.say('setting up every worker (the first time for this version: '
-               'installs the project)')
-    setup = commands.setup_command(short, self.options.worker_python,
-                                   self.jax_version, tls_job)
-    for node in nodes:
-      self.stop_if_interrupted()
-      if commands.run_logged(self.gcloud.ssh(setup, node=node,
-                                             workers=self.workers),
-                             gcloud_log).returncode:
-        raise LaunchError(f'worker set-up on {node} failed; see {gcloud_log}')
-    self._short_hash = short
-
-  def _check_firewall(self, nodes: tuple[str, ...], gcloud_log: str) -> None:
-    """Names each port the job needs that no firewall rule opens to the
-    workers (launcher/tpu/firewall.py); a warning, since a rule by tags or
-    a hierarchical policy may open it where this cannot see."""
-    info = self.infos[nodes[0]]
-    if not info.first_address:
-      return
-    command = self.gcloud.firewall_rules()
-    result = subprocess.run(command, stdin=subprocess.DEVNULL,
-                            capture_output=True, text=True, check=False)
-    with open(gcloud_log, 'a') as log:
-      log.write(f'$ {shlex.join(command)}\n{result.stdout}{result.stderr}')
-    try:
-      rules = [r for r in json.loads(result.stdout or '[]')
-               if str(r.get('network', '')).rsplit('/', 1)[-1] ==
-               info.network]
-    except (ValueError, AttributeError):
-      rules = None
-    if result.returncode or rules is None:
-      self.say(f'cannot read the firewall rules of network {info.network} '
-               f'(see {gcloud_log}): the ports the job needs are not checked')
-      return
-    needed = firewall.ports_needed(self.options.num_slices,
-                                   self.options.megascale_port)
-    for port in firewall.missing(rules, needed, info.first_address):
-      self.say('warning: ' + firewall.advice(info.network, port, needed[port],
-                                             info.first_address))
+    self.setup.prepare(nodes or self.nodes)
 
   @functools.cached_property
   def authority(self) -> tls.PodAuthority:
@@ -320,48 +172,6 @@ class Launch:
                                  self.job_id, self.say, self.jax_version)
     weakref.finalize(self, authority.close)
     return authority
-
-  def _tls_archive(self) -> str:
-    """The authority as one file to copy, beside the code's archive."""
-    path = os.path.join(os.path.dirname(self._bundle()[0]), 'tls.tar.gz')
-    if not os.path.exists(path):
-      tls.archive(self.authority.directory, path)
-    return path
-
-  def _bundle(self) -> tuple[str, str]:
-    """(path, sha256) of the code archive, made once per launch: a slice
-    recreated later gets the very code the others run, whatever changed in
-    the working tree since (LOG_DIR holds only logs: the archive lives in
-    a temporary directory of the launch's)."""
-    if self._code is None:
-      tmp = tempfile.mkdtemp(prefix='podrun_code_')
-      weakref.finalize(self, shutil.rmtree, tmp, True)
-      path = os.path.join(tmp, 'code.tar.gz')
-      self._code = (path, bundle_lib.bundle(path))
-    return self._code
-
-  def _check_pythons(self, gcloud_log: str, node: str) -> None:
-    """Every worker has a Python for this JAX, or gets one, or we stop."""
-    options = self.options
-    try:
-      pythons = commands.check_pythons(self.gcloud, options.worker_python,
-                                       gcloud_log, self.jax_version, node,
-                                       self.workers)
-    except LaunchError:
-      if not options.provision_python:
-        raise
-      minimum = '.'.join(map(str, commands.required_python(
-          self.jax_version)))
-      self.say(f'installing Python {minimum} (for JAX {self.jax_version}) '
-               'on the workers that lack it (--provision_python)')
-      commands.run_logged(self.gcloud.ssh(commands.provision_command(
-          options.worker_python, self.jax_version), node=node,
-                                          workers=self.workers), gcloud_log)
-      pythons = commands.check_pythons(self.gcloud, options.worker_python,
-                                       gcloud_log, self.jax_version, node,
-                                       self.workers)
-    self.say(f'worker Python on {node}: ' + ', '.join(
-        f'worker {w}: {p}' for w, p in sorted(pythons.items())))
 
   def place(self, slice_id: int) -> commands.SlicePlace:
     """Slice `slice_id` of the job's; the first holds the coordinator."""
@@ -382,7 +192,7 @@ class Launch:
     if self.authority.directory:
       envs.append(f'{env_vars.TLS_DIR}={commands.tls_dir(self.job_id)}')
     return commands.run_command(
-        self._short_hash, self.job_id, self.options.worker_python,
+        self.setup.code_hash, self.job_id, self.options.worker_python,
         envs, self.launcher_args, self.workers, self.options,
         attempt, self.place(slice_id))
 
