@@ -68,6 +68,16 @@ class RayCluster:
         env=helpers.launcher_env(**ENV), check=True, timeout=60,
         capture_output=True)
 
+  def rank_off_the_head(self, workdir) -> tuple[int, str]:
+    """(the highest rank whose node is not the head's, that node's id) of
+    the running attempt (WORKDIR/logs/job.json): a node a test may kill or
+    drain without taking the cluster with it."""
+    nodes = [r['node'] for r in helpers.read_json(
+        os.path.join(workdir, 'logs', 'job.json'))['ranks']]
+    head = self.cluster.head_node.node_id
+    rank = max(r for r, node in enumerate(nodes) if node != head)
+    return rank, nodes[rank]
+
   def live_placement_groups(self) -> list[str]:
     """The ids of placement groups not removed: a job's, while it runs."""
     from ray.util import placement_group_table  # pylint: disable=g-import-not-at-top
@@ -97,6 +107,16 @@ def start_podrun_ray(address: str, num_processes: int,
       cwd=helpers.REPO, env=helpers.launcher_env(**ENV),
       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
       text=True, start_new_session=True)
+
+
+def read_until(stream, text: str, seen: Optional[list[str]] = None) -> None:
+  """Reads `stream` up to the first line that holds `text`; the lines read
+  go to `seen` (helpers.finish then has only the rest)."""
+  for line in stream:
+    if seen is not None:
+      seen.append(line)
+    if text in line:
+      return
 
 
 def run_podrun_ray(address: str, num_processes: int, launcher_args: list[str],

@@ -4,8 +4,12 @@ a real Ray cluster: test_ray_processes.py."""
 
 import pytest
 
+import dataclasses
+
+from launcher import elastic as policy
 from launcher.ray import __main__ as ray_main
 from launcher.ray import driver
+from launcher.ray import elastic
 from launcher.ray import host
 
 pytestmark = pytest.mark.unit
@@ -35,6 +39,8 @@ def test_flags_and_the_launchers_after_the_separator():
     (['--num_processes=2', '--', '--config=c'], 'no --workdir among'),
     (['--num_processes=2', '--retry_exit_codes=137,2', '--', '--config=c',
       '--workdir=/w'], 'cannot be retried'),
+    (['--num_processes=2', '--min_processes=3', '--', '--config=c',
+      '--workdir=/w'], '--min_processes=3 with --num_processes=2: it must'),
 ])
 def test_bad_flags_are_named(argv, says, capsys):
   with pytest.raises(SystemExit) as exited:
@@ -79,3 +85,46 @@ def test_no_cluster_at_the_address_is_named(monkeypatch, capsys):
   assert driver.run(options) == 6
   assert ('error: no Ray cluster at --address=auto: Could not find any '
           'running Ray instance.' in capsys.readouterr().err)
+
+
+def test_min_processes_makes_the_job_elastic():
+  options = ray_main.parse(['--num_processes=4', '--min_processes=3', '--',
+                            '--config=c', '--workdir=/w'])
+  assert options.min_processes == 3
+  assert elastic.Capacity(4, 3).elastic
+  assert not elastic.Capacity(4, 4).elastic
+
+
+@dataclasses.dataclass
+class _Attempt:
+  """What the policy reads of a Ray attempt that ended."""
+  lost_ranks: list
+  progressed: bool = True
+  regrew: bool = False
+  spare: int = 0
+
+
+def test_a_lost_node_shrinks_a_node_back_grows_too_few_wait():
+  capacity = elastic.Capacity(full=4, minimum=2)
+  said = []
+  resize = elastic.resize_after(capacity, said.append)
+  assert resize(_Attempt([2]), 137) == policy.Resize(policy.SHRINK)
+  assert capacity.current == 3 and 'rank(s) 2 lost' in said[-1]
+  assert capacity.describe() == ('3 of 4 process(es), 1 to come back when Ray '
+                                 'has a node for each')
+  # The stop to grow (75) after one spare node: back to 4.
+  assert resize(_Attempt([], regrew=True, spare=1), 75) == policy.Resize(
+      policy.GROW)
+  assert capacity.current == 4
+  # Three nodes at once leave 1 < 2: the next attempt asks for 2.
+  assert resize(_Attempt([0, 1, 3]), 137) == policy.Resize(policy.WAIT)
+  assert capacity.current == 2 and 'waits for 2 nodes' in said[-1]
+
+
+def test_what_is_no_lost_node_follows_the_restart_rules():
+  capacity = elastic.Capacity(full=4, minimum=2)
+  resize = elastic.resize_after(capacity, print)
+  assert resize(_Attempt([]), 1) is None                    # a failure
+  assert resize(_Attempt([]), 75) is None                   # a preemption
+  assert resize(_Attempt([1], progressed=False), 137) is None  # no step yet
+  assert capacity.current == 4

@@ -1,9 +1,13 @@
 """`podrun-ray` (python -m launcher.ray): the job on a Ray cluster, one
 process per node.
 
-  podrun-ray --address=auto --num_processes=4 \
+  podrun-ray --address=auto --num_processes=4 [--min_processes=3] \
       --resources_per_process='{"GPU": 8}' -- \
       --config=configs/mnist.py --workdir=/shared/runs/mnist
+
+With --min_processes=K the job goes on without a node that dies, on as few
+as K, and grows back when Ray has a node for a bundle again
+(launcher/ray/elastic.py).
 
 Everything after `--` is the launcher's flags, as for `podrun` on one host
 (--local_devices too, for CPU devices). The workdir is one every node
@@ -51,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
                       help="the Ray cluster: 'auto' or the head's HOST:PORT")
   parser.add_argument('--num_processes', type=int, required=True,
                       help='processes in the job, one per node')
+  parser.add_argument('--min_processes', type=int, default=None,
+                      help='an elastic job: go on at once without a node that '
+                      'dies, on at least this many processes, and grow back '
+                      'when Ray has a node for a bundle again')
   parser.add_argument('--resources_per_process', type=_resources,
                       default={'CPU': 1.0},
                       help='one process\'s bundle, as JSON: {"GPU": 8}, '
@@ -85,6 +93,11 @@ def parse(argv: list[str]) -> driver.Options:
   args = parser.parse_args(own)
   if args.num_processes < 1:
     parser.error(f'--num_processes={args.num_processes}: at least 1')
+  if args.min_processes is not None and not (
+      1 <= args.min_processes <= args.num_processes):
+    parser.error(f'--min_processes={args.min_processes} with --num_processes='
+                 f'{args.num_processes}: it must be from 1 to '
+                 f'{args.num_processes}')
   if not launcher_args:
     parser.error('no launcher flags after `--`: give at least --config')
   if driver.workdir_of(launcher_args) is None:
@@ -100,7 +113,8 @@ def parse(argv: list[str]) -> driver.Options:
                         stop_grace_s=args.stop_grace,
                         max_restarts=args.max_restarts,
                         restart_backoff_s=args.restart_backoff,
-                        retry_exit_codes=retryable)
+                        retry_exit_codes=retryable,
+                        min_processes=args.min_processes)
 
 
 def run() -> NoReturn:

@@ -13,7 +13,9 @@ from typing import Optional
 
 from launcher import restart
 from launcher import signals
+from launcher.ray import elastic
 from launcher.ray import output
+from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import goodput
 from runtime.common import layout
@@ -21,6 +23,10 @@ from runtime.common import records
 
 _READ_EVERY_S = 0.2
 _DRAIN_CHECK_EVERY_S = 1.0
+_GROW_CHECK_EVERY_S = 1.0
+# A rank silent this long once every other process has ended is taken for
+# lost with its node, before Ray declares the node dead (about 12 s here).
+_SILENT_LOST_S = 3.0
 
 
 class Attempt(restart.Attempt):
@@ -31,26 +37,38 @@ class Attempt(restart.Attempt):
     number: 1, 2, ... within the job.
     job_id: the same for every attempt of the job.
     logs: the rank logs and job.json (output.Logs).
+    capacity: how many processes it runs, and the fewest the job may
+      (elastic.Capacity).
+
+  Attributes (besides restart.Attempt's):
+    lost_ranks: the ranks whose node died under it.
+    spare: after a stop to grow, how many nodes it saw a bundle free on.
   """
 
-  def __init__(self, options, number: int, job_id: str, logs: output.Logs):
+  def __init__(self, options, number: int, job_id: str, logs: output.Logs,
+               capacity: elastic.Capacity):
     self.options = options
     self.number = number
     self.job_id = job_id
     self.logs = logs
+    self.capacity = capacity
     self.attempt_name = records.attempt_name(job_id, number)
-    self.num_processes = options.num_processes
+    self.num_processes = capacity.current
     # Steps are counted from the ledgers' high-water marks in the workdir.
     self.counts_steps = True
+    self.lost_ranks: list[int] = []
+    self.spare = 0
     self._group = None
     self._signalled: list[int] = []
+    self._told_gone: set[int] = set()
     self._next_drain_check = 0.0
+    self._next_grow_check = 0.0
 
   def run(self) -> int:
     from launcher.ray import group as group_lib  # pylint: disable=g-import-not-at-top
     try:
       self._group = group_lib.Group.reserve(
-          self.options.num_processes, self.options.resources_per_process,
+          self.num_processes, self.options.resources_per_process,
           self.options.start_timeout_s)
     except group_lib.CapacityError as e:
       output.say(f'error: {e}')
@@ -61,6 +79,7 @@ class Attempt(restart.Attempt):
         code = self._monitor()
     finally:
       self._group.remove()
+    self.lost_ranks = sorted(self._group.lost)
     self._note_progress()
     return code
 
@@ -71,8 +90,13 @@ class Attempt(restart.Attempt):
 
   def _start(self) -> None:
     group = self._group
+    capacity = self.capacity
+    # Every count of processes from --min_processes up: refused before
+    # step 1 when the config cannot run on one of them.
+    env = ({env_vars.ELASTIC_PROCESSES:
+            f'{capacity.minimum}-{capacity.full}'} if capacity.elastic else {})
     coordinator, pids = group.start(self.options.launcher_args, self.job_id,
-                                    self.attempt_name)
+                                    self.attempt_name, env)
     self.logs.start(self.number, {
         'job_id': self.job_id, 'attempt': self.number,
         'attempt_name': self.attempt_name,
@@ -92,16 +116,19 @@ class Attempt(restart.Attempt):
     failed: list[tuple[float, int, int, float]] = []  # (when, code, rank, wall)
     cause, stop_at, forwarded = None, None, False
     while len(group.ended) < len(group.hosts):
-      seen = set(group.ended)
-      for rank, stream, line in group.read():
+      seen, began = set(group.ended), time.monotonic()
+      for rank, stream, line in group.read(_READ_EVERY_S):
         self.logs.write(rank, stream, line)
+      time.sleep(max(0.0, began + _READ_EVERY_S - time.monotonic()))
       now = time.monotonic()
-      failed += [(now, group.ended[r], r, time.time()) for r in group.ended
+      self._judge_silent(now)
+      failed += [self._failure(r, now) for r in group.ended
                  if r not in seen and group.ended[r] != exit_codes.OK]
       for rank in sorted(set(group.lost) - seen):
         output.say(f'rank {rank} lost: its node {group.nodes[rank][:12]} is '
                    f'gone ({group.lost[rank]})')
-      notice = self._notice(now)
+      notice = self._notice(now) or (
+          self._grow_due(now) if cause is None else None)
       if notice and not forwarded:
         output.say(f'{notice}: every process saves the step they agree on, '
                    'then the attempt ends')
@@ -115,10 +142,71 @@ class Attempt(restart.Attempt):
       if stop_at is not None and now > stop_at:
         group.stop(grace)
         stop_at = None
-      time.sleep(_READ_EVERY_S)
-    if cause is None:
-      cause = exit_codes.root_cause([f[:2] for f in failed], 0.0, True)
-    return failed[cause][1] if cause is not None else exit_codes.OK
+    # Every end known: a lost node's process, dated by its last answer,
+    # may precede what its loss caused in the others (an abort, 134).
+    root = exit_codes.root_cause([f[:2] for f in failed], 0.0, True)
+    if root is not None and root != cause:
+      self._fail(failed[root], say=False)
+      _, code, rank, _ = failed[root]
+      if cause is not None:
+        output.say(f'the root cause is rank {rank}\'s exit code {code}'
+                   f'{exit_codes.signal_suffix(code)}: its node went before '
+                   'the others failed')
+    return failed[root][1] if root is not None else exit_codes.OK
+
+  def _failure(self, rank: int, now: float
+               ) -> tuple[float, int, int, float]:
+    """(when, exit code, rank, wall time) of a process that failed; a lost
+    one's when is its node's last answer."""
+    when = self._group.last_heard(rank) if rank in self._group.lost else now
+    return when, self._group.ended[rank], rank, time.time() - (now - when)
+
+  def _judge_silent(self, now: float) -> None:
+    """A rank whose node stops answering: the others hear at once that its
+    host may be gone (their supervisors then take it for lost after a few
+    seconds without a heartbeat); once every other process has ended, one
+    of them failing, it is taken for lost itself, without waiting for
+    Ray's verdict."""
+    from launcher.ray import group as group_lib  # pylint: disable=g-import-not-at-top
+    group = self._group
+    new = sorted(set(group.silent) - self._told_gone)
+    if new:
+      self._told_gone.update(new)
+      output.say(f'rank(s) {", ".join(map(str, new))} not answering for '
+                 f'{group_lib.SILENT_AFTER_S:g} s: telling the others their '
+                 'node may be gone')
+      group.tell_gone(sorted(self._told_gone),
+                      'its Ray node stopped answering')
+    # Only after a failure: at a job's good end (every other process 0) a
+    # slow answer waits for the node's own, or for Ray's verdict.
+    failed = any(code != exit_codes.OK for code in group.ended.values())
+    if failed and all(r in group.ended or r in group.silent
+                      for r in range(len(group.hosts))):
+      for rank, since in list(group.silent.items()):
+        if now - since >= _SILENT_LOST_S:
+          group.take_lost(rank, f'no answer from its node for '
+                          f'{now - since:.1f} s')
+
+  def _grow_due(self, now: float) -> Optional[str]:
+    """Why the job should grow now: an elastic job below --num_processes
+    and a live node outside its group with a bundle free (checked every
+    _GROW_CHECK_EVERY_S); None otherwise."""
+    capacity = self.capacity
+    if (self.regrew or capacity.current >= capacity.full or
+        now < self._next_grow_check):
+      return None
+    self._next_grow_check = now + _GROW_CHECK_EVERY_S
+    if not steps_done(self.logs.record, self.attempt_name):
+      # Before its first step a process may not yet take SIGTERM for a
+      # notice to save: growing waits until this attempt trains.
+      return None
+    spare = self._group.spare_nodes(self.options.resources_per_process)
+    if not spare:
+      return None
+    self.regrew = True
+    self.spare = min(spare, capacity.full - capacity.current)
+    return (f'{spare} node(s) with a bundle free outside the job: growing '
+            f'from {capacity.current} process(es)')
 
   def _notice(self, now: float) -> Optional[str]:
     """Why every process should save and stop now: the driver was
@@ -139,22 +227,31 @@ class Attempt(restart.Attempt):
     return (f'rank {rank}\'s node {self._group.nodes[rank][:12]} is draining '
             f'({left})')
 
-  def _fail(self, failure: tuple[float, int, int, float]) -> None:
+  def _fail(self, failure: tuple[float, int, int, float],
+            say: bool = True) -> None:
+    """Records the root cause as the attempt's fault; says so, and that
+    the others stop, unless `say` is False."""
     _, code, rank, wall = failure
     lost = rank in self._group.lost
-    self.fault = records.Fault(at=wall, detected=wall, rank=rank,
+    self.fault = records.Fault(at=wall, detected=time.time(), rank=rank,
                                kind='lost' if lost else 'failed',
                                exit_code=code)
-    output.say(f'rank {rank} ended with exit code {code}'
-               f'{exit_codes.signal_suffix(code)}; stopping the others in '
-               f'{self.options.stop_grace_s:g} s if they have not ended')
+    if say:
+      output.say(f'rank {rank} ended with exit code {code}'
+                 f'{exit_codes.signal_suffix(code)}; stopping the others in '
+                 f'{self.options.stop_grace_s:g} s if they have not ended')
 
   def _note_progress(self) -> None:
-    """The furthest step a process of this attempt completed, from the
-    high-water marks in the workdir's ledgers."""
-    record = self.logs.record
-    marks = layout.ranks(os.path.join(record.ledgers(), self.attempt_name),
-                         '.step')
-    steps = [goodput.HighWater.read(m) for m in marks.values()]
+    """The furthest step a process of this attempt completed."""
+    steps = steps_done(self.logs.record, self.attempt_name)
     self.furthest_step = max(steps) if steps else None
-    self.progressed = bool(steps) and max(steps) > 0
+    self.progressed = bool(steps)
+
+
+def steps_done(record: layout.Record, attempt_name: str) -> list[int]:
+  """The last step each process of attempt `attempt_name` completed, from
+  the high-water marks among the workdir's ledgers; processes that
+  completed none yet are left out."""
+  marks = layout.ranks(os.path.join(record.ledgers(), attempt_name), '.step')
+  return [step for step in (goodput.HighWater.read(m)
+                            for m in marks.values()) if step > 0]

@@ -24,6 +24,7 @@ from typing import Optional
 from launcher import restart
 from launcher.common import goodput_rollup
 from launcher.ray import attempt as attempt_lib
+from launcher.ray import elastic
 from launcher.ray import output
 from runtime.common import exit_codes
 
@@ -43,6 +44,8 @@ class Options:
       stopped; also SIGTERM's grace before SIGKILL.
     max_restarts, restart_backoff_s, retry_exit_codes: as the launcher's
       flags of those names (launcher/restart.py).
+    min_processes: the fewest processes an elastic job runs on
+      (launcher/ray/elastic.py); None: always num_processes.
   """
   address: str
   num_processes: int
@@ -53,6 +56,7 @@ class Options:
   max_restarts: int = 0
   restart_backoff_s: float = 1.0
   retry_exit_codes: tuple[int, ...] = ()
+  min_processes: Optional[int] = None
 
 
 def workdir_of(launcher_args: list[str]) -> Optional[str]:
@@ -79,14 +83,19 @@ def run(options: Options) -> int:
     return exit_codes.POD_UNAVAILABLE
   job_id = uuid.uuid4().hex[:12]
   logs = output.Logs(workdir_of(options.launcher_args), options.num_processes)
+  capacity = elastic.Capacity(options.num_processes,
+                              options.min_processes or options.num_processes)
   try:
     code = restart.run(
-        lambda number: attempt_lib.Attempt(options, number, job_id, logs),
+        lambda number: attempt_lib.Attempt(options, number, job_id, logs,
+                                           capacity),
         max_restarts=options.max_restarts,
         first_backoff_s=options.restart_backoff_s,
         retryable=restart.check_retryable(options.retry_exit_codes),
         logs_dir=logs.record.logs(),
-        say=output.say)
+        say=output.say,
+        resize=(elastic.resize_after(capacity, output.say)
+                if capacity.elastic else lambda attempt, code: None))
   finally:
     logs.close()
     ray.shutdown()

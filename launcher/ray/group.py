@@ -13,7 +13,8 @@ Example:
 """
 
 import signal
-from typing import Any
+import time
+from typing import Any, Optional
 
 import ray
 from ray.util.placement_group import placement_group
@@ -28,6 +29,13 @@ from runtime.common import exit_codes
 # The exit code of a process whose node died under it: what SIGKILL gives,
 # as a host that vanished does everywhere (launcher/local/elastic.py).
 LOST = exit_codes.SIGNAL_BASE + signal.SIGKILL
+# How long an actor's answer may take before its rank counts as silent.
+# Ray declares a node dead only after its health checks fail (about 12 s
+# here, as measured); an actor whose node died answers nothing meanwhile.
+SILENT_AFTER_S = 1.0
+# How long a call that changes a process (signal, stop, gone) is waited
+# for, beyond its own grace, before its node is left to Ray.
+_CALL_TIMEOUT_S = 5.0
 
 
 class CapacityError(exit_codes.PodrunError):
@@ -53,14 +61,27 @@ def _what_fits(resources: dict[str, float]) -> str:
 
 
 class Group:
-  """The processes of one attempt, one per node."""
+  """The processes of one attempt, one per node.
+
+  Attributes:
+    hosts: the actors, one a rank.
+    nodes: Ray's id of each rank's node.
+    ended: {rank: exit code} of every process known to have ended.
+    lost: {rank: what Ray said} of ranks whose node died.
+    silent: {rank: monotonic time since when} of running ranks whose actor
+      has not answered a read for SILENT_AFTER_S (a node gone that Ray has
+      not declared dead yet, or one very busy).
+  """
 
   def __init__(self, placement, hosts: list[Any]):
     self.placement = placement
     self.hosts = hosts
     self.ended: dict[int, int] = {}
     self.lost: dict[int, str] = {}
+    self.silent: dict[int, float] = {}
     self.nodes: list[str] = []
+    self._reads: dict[int, Any] = {}  # rank: its pending read
+    self._heard: dict[int, float] = {}  # rank: when its actor last answered
 
   @classmethod
   def reserve(cls, num_processes: int, resources: dict[str, float],
@@ -91,15 +112,17 @@ class Group:
              for i in range(num_processes)]
     return cls(placement, hosts)
 
-  def start(self, launcher_args: list[str], job_id: str, attempt: str
-            ) -> tuple[str, list[int]]:
-    """Starts every process, process 0's node the coordinator; returns the
-    coordinator's address and each process's pid on its node."""
+  def start(self, launcher_args: list[str], job_id: str, attempt: str,
+            env: Optional[dict[str, str]] = None) -> tuple[str, list[int]]:
+    """Starts every process, process 0's node the coordinator, with `env`
+    besides its place; returns the coordinator's address and each
+    process's pid on its node."""
     places = ray.get([host.address.remote() for host in self.hosts])
     self.nodes = [node for _, _, node in places]
     ip, port, _ = places[0]
     coordinator = f'[{ip}]:{port}' if ':' in ip else f'{ip}:{port}'
     pids = ray.get([host.start.remote(launcher_args, {
+        **(env or {}),
         env_vars.COORDINATOR_ADDRESS: coordinator,
         env_vars.COORDINATOR_BIND_ADDRESS: coordinator,
         env_vars.NUM_PROCESSES: str(len(self.hosts)),
@@ -108,26 +131,74 @@ class Group:
         env_vars.ATTEMPT: attempt}) for rank, host in enumerate(self.hosts)])
     return coordinator, pids
 
-  def read(self) -> list[tuple[int, str, str]]:
+  def read(self, wait_s: float = 0.2) -> list[tuple[int, str, str]]:
     """What every running process said since the last read, as
-    (rank, stream, line); notes each one's exit code in `ended`, and in
-    `lost` the ranks whose actor died with its node (exit code LOST)."""
-    running = [r for r in range(len(self.hosts)) if r not in self.ended]
-    replies = {r: self.hosts[r].read.remote() for r in running}
+    (rank, stream, line), waiting at most `wait_s`; notes each one's exit
+    code in `ended`, in `lost` the ranks whose actor died with its node
+    (exit code LOST), and in `silent` those whose actor has not answered
+    for SILENT_AFTER_S."""
+    now = time.monotonic()
+    for rank in self._running():
+      self._heard.setdefault(rank, now)
+      if rank not in self._reads:
+        self._reads[rank] = self.hosts[rank].read.remote()
+    refs = {ref: rank for rank, ref in self._reads.items()}
+    done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s)
     out = []
-    for rank, reply in replies.items():
+    for ref in done:
+      rank = refs[ref]
+      del self._reads[rank]
       try:
-        lines, code = ray.get(reply)
+        lines, code = ray.get(ref)
       except ray.exceptions.ActorUnavailableError:
         continue  # Reachable again soon, or dead at the next read.
       except ray.exceptions.RayActorError as e:
         self.lost[rank] = str(e).strip().splitlines()[0]
         self.ended[rank] = LOST
+        self.silent.pop(rank, None)
         continue
+      self._heard[rank] = time.monotonic()
+      self.silent.pop(rank, None)
       out += [(rank, stream, line) for stream, line in lines]
       if code is not None:
         self.ended[rank] = code
+    now = time.monotonic()
+    for rank in self._running():
+      if now - self._heard[rank] > SILENT_AFTER_S:
+        self.silent[rank] = self._heard[rank]
     return out
+
+  def take_lost(self, rank: int, why: str) -> None:
+    """Counts silent `rank` as lost with its node (exit code LOST) before
+    Ray declares it dead: every other process has ended."""
+    self.lost[rank] = why
+    self.ended[rank] = LOST
+    self.silent.pop(rank, None)
+    self._reads.pop(rank, None)
+
+  def last_heard(self, rank: int) -> float:
+    """When `rank`'s actor last answered (monotonic): a lost node's process
+    ended about then, before the consequences seen in the others."""
+    return self._heard.get(rank, time.monotonic())
+
+  def tell_gone(self, ranks: list[int], why: str) -> None:
+    """Tells every other running process that `ranks`' hosts went
+    (launcher/rank/peers.py, Gone): their supervisors take those processes
+    for lost after a few seconds without a heartbeat, not after
+    --heartbeat_timeout; one that still beats stays in the job."""
+    self._quietly([self.hosts[r].gone.remote(ranks, why)
+                   for r in self._running() if r not in ranks],
+                  _CALL_TIMEOUT_S)
+
+  def spare_nodes(self, resources: dict[str, float]) -> int:
+    """How many live nodes outside the group, not draining, have a bundle
+    of `resources` free now: the nodes the job could grow onto."""
+    from ray._private import state  # pylint: disable=g-import-not-at-top
+    draining = state.state.get_draining_nodes()
+    free = state.available_resources_per_node()
+    return sum(1 for node, available in free.items()
+               if node not in self.nodes and node not in draining and all(
+                   available.get(k, 0) >= v for k, v in resources.items()))
 
   def draining(self) -> dict[int, int]:
     """{rank: the drain's deadline in ms since the epoch, 0 for none} of
@@ -141,20 +212,28 @@ class Group:
   def signal(self, signum: int) -> None:
     """Sends `signum` to every process still running (SIGTERM: the
     preemption notice, after which each saves the step they agree on)."""
-    refs = [self.hosts[r].signal.remote(signum)
-            for r in range(len(self.hosts)) if r not in self.ended]
-    self._quietly(refs)
+    self._quietly([self.hosts[r].signal.remote(signum)
+                   for r in self._running()], _CALL_TIMEOUT_S)
 
   def stop(self, grace_s: float) -> None:
     """Stops every process still running (SIGTERM, SIGKILL after
     `grace_s`); a node that dies meanwhile has stopped it too."""
     self._quietly([self.hosts[r].stop.remote(grace_s)
-                   for r in range(len(self.hosts)) if r not in self.ended])
+                   for r in self._running()], grace_s + _CALL_TIMEOUT_S)
+
+  def _running(self) -> list[int]:
+    """The ranks not known to have ended, silent ones included."""
+    return [r for r in range(len(self.hosts)) if r not in self.ended]
 
   @staticmethod
-  def _quietly(refs: list[Any]) -> None:
-    """Waits for each call; a node that died meanwhile is no error."""
-    for ref in refs:
+  def _quietly(refs: list[Any], timeout_s: float) -> None:
+    """Waits up to `timeout_s` for the calls; a node that died meanwhile
+    (its call fails, or never answers) is no error: Ray's death notice or
+    `take_lost` ends its rank."""
+    if not refs:
+      return
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    for ref in done:
       try:
         ray.get(ref)
       except ray.exceptions.RayActorError:

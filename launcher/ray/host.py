@@ -19,16 +19,19 @@ Example (on the driver, through Ray):
 import collections
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Optional
 
 from runtime.common import env_vars
 from runtime.common import exit_codes
+from runtime.common import files
 
 # Variables no process may inherit from the node: its place in the job, its
 # attempt and the multislice set-up come from this attempt alone (a stale
@@ -66,6 +69,9 @@ class Host:
     self._lines: collections.deque = collections.deque()
     self._lock = threading.Lock()
     self._readers: list[threading.Thread] = []
+    # Where the driver's word that other processes' hosts went is written
+    # for this node's process (PODRUN_GONE_FILE); removed when it ends.
+    self._gone_dir = ''
 
   def address(self) -> tuple[str, int, str]:
     """(this node's address, a port free on it now, Ray's id of the node):
@@ -79,6 +85,9 @@ class Host:
   def start(self, argv: list[str], place: dict[str, str]) -> int:
     """Starts `python -m launcher ARGV` with `place` (PODRUN_*) in its
     environment; returns its pid."""
+    self._gone_dir = tempfile.mkdtemp(prefix='podrun-gone-')
+    place = {**place,
+             env_vars.GONE_FILE: os.path.join(self._gone_dir, 'gone.json')}
     self._popen = subprocess.Popen(
         [sys.executable, '-u', '-m', 'launcher', *argv],
         env=fresh_env(dict(os.environ), place), stdin=subprocess.DEVNULL,
@@ -105,12 +114,24 @@ class Host:
       for reader in self._readers:
         reader.join(timeout=5)
       code = exit_codes.from_returncode(self._popen.returncode)
+      self._remove_gone_dir()
     with self._lock:
       count = min(len(self._lines), _MAX_LINES_PER_READ)
       lines = [self._lines.popleft() for _ in range(count)]
       if self._lines:
         code = None  # More to read first.
     return lines, code
+
+  def gone(self, processes: list[int], why: str) -> None:
+    """Tells this node's process that `processes`' hosts went
+    (launcher/rank/peers.py reads it: Gone)."""
+    if self._gone_dir and os.path.isdir(self._gone_dir):
+      files.write_json(os.path.join(self._gone_dir, 'gone.json'),
+                       {'processes': sorted(processes), 'why': why})
+
+  def _remove_gone_dir(self) -> None:
+    if self._gone_dir:
+      shutil.rmtree(self._gone_dir, ignore_errors=True)
 
   def signal(self, signum: int) -> None:
     """Sends `signum` to the process's group, if it still runs."""
@@ -127,6 +148,7 @@ class Host:
       time.sleep(0.1)
     _signal_group(self._popen.pid, signal.SIGKILL)
     self._popen.wait()
+    self._remove_gone_dir()
 
 
 def _signal_group(pid: int, signum: int) -> None:
