@@ -182,7 +182,8 @@ def test_the_check_finds_an_import_against_the_rule():
 # What the benchmarks in scripts/ measure against: the emulated services
 # and clusters, and the test workloads they time. Nothing else of tests/.
 _SCRIPT_HARNESS = {'tests.cluster', 'tests.gcs', 'tests.helpers',
-                   'tests.tpu_emulation', 'tests.workloads.charlm',
+                   'tests.ray_cluster', 'tests.tpu_emulation',
+                   'tests.workloads.census', 'tests.workloads.charlm',
                    'tests.workloads.charlm_config'}
 
 
