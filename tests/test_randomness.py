@@ -8,7 +8,6 @@ import dataclasses
 import logging
 
 from flax import linen
-from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -10,12 +10,14 @@ take it for lost after a few seconds without a heartbeat, not after Ray's
 own verdict), and starts the job again at once on 3 nodes, restored from
 the survivors' local copies. Once a fifth raylet joins, every process saves
 the step they agree on and the job grows back to 4. The census of what was
-trained (tests/workloads/census.py) equals an uninterrupted 1x8 run's,
-exactly, with no help from the workload.
+trained (tests/workloads/census.py) equals, exactly, what the data order
+says an uninterrupted run trains (test_census holds that such a run's
+census is that), with no help from the workload.
 """
 
 import time
 
+import numpy as np
 import pytest
 
 from tests import helpers
@@ -36,14 +38,9 @@ PROBE = [f'--config={helpers.PROBE_CONFIG}', f'--config.steps={STEPS}',
 
 
 def test_a_dead_node_shrinks_the_job_and_a_new_one_grows_it(tmp_path):
-  """About 90 s: a 4-node cluster of its own (the test adds a node and
-  kills one, which the other Ray tests' cluster must not see), three
-  attempts on it, and the 1x8 run the census is compared with."""
-  straight = tmp_path / 'straight'
-  result = helpers.run_launcher([*PROBE, f'--workdir={straight}'],
-                                timeout=200)
-  assert result.returncode == 0, result.output
-
+  """About 60 s: a 4-node cluster of its own (the test adds a node and
+  kills one, which the other Ray tests' cluster must not see), and three
+  attempts on it."""
   workdir = tmp_path / 'ray'
   with ray_cluster.RayCluster(nodes=4) as cluster:
     proc = ray_cluster.start_podrun_ray(
@@ -86,9 +83,7 @@ def test_a_dead_node_shrinks_the_job_and_a_new_one_grows_it(tmp_path):
   rows = helpers.read_jsonl(workdir / 'metrics.jsonl')
   assert {(r['num_processes'], r['num_devices']) for r in rows} == {
       (4, 8), (3, 6)}
-  census.assert_exactly_once(helpers.final_state(workdir)['params'],
-                             helpers.final_state(straight)['params'],
-                             BATCH, EXAMPLES, STEPS)
-  helpers.assert_trees_close(helpers.final_state(workdir)['params'],
-                             helpers.final_state(straight)['params'],
-                             rtol=1e-5, atol=1e-6)
+  trained = census.counts(helpers.final_state(workdir)['params'])
+  assert trained.steps == STEPS
+  np.testing.assert_array_equal(
+      trained.examples, census.expected(BATCH, EXAMPLES, 0, STEPS))

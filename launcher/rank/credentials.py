@@ -54,7 +54,7 @@ def issue_for(mode: str, tls_dir: Optional[str], process_id: Optional[int],
   speaks = job_tls.supported(jax_version)
   if mode == REQUIRE and not (speaks and tls_dir):
     raise exit_codes.ConfigError(
-        f'--tls=require: ' + (f'JAX {jax_version} has no mutual TLS (0.12 '
+        '--tls=require: ' + (f'JAX {jax_version} has no mutual TLS (0.12 '
                               'and newer have it)' if not speaks else
                               'no --tls_dir (make one with `podrun-tls DIR` '
                               'on a path every host reads)'))

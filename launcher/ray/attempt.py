@@ -24,9 +24,12 @@ from runtime.common import records
 _READ_EVERY_S = 0.2
 _DRAIN_CHECK_EVERY_S = 1.0
 _GROW_CHECK_EVERY_S = 1.0
-# A rank silent this long once every other process has ended is taken for
-# lost with its node, before Ray declares the node dead (about 12 s here).
-_SILENT_LOST_S = 3.0
+# A rank silent this long once every other process has ended, one failing,
+# is taken for lost with its node, before Ray declares the node dead (about
+# 12 s here). Its failure is dated by its last answer, so it is the root
+# cause, and 137 the code --retry_exit_codes sees: the bar is high enough
+# that an actor merely slow on a loaded machine does not reach it.
+_SILENT_LOST_S = 5.0
 
 
 class Attempt(restart.Attempt):
