@@ -38,9 +38,9 @@ PROBE = [f'--config={helpers.PROBE_CONFIG}', f'--config.steps={STEPS}',
 
 
 def test_a_dead_node_shrinks_the_job_and_a_new_one_grows_it(tmp_path):
-  """About 60 s: a 4-node cluster of its own (the test adds a node and
-  kills one, which the other Ray tests' cluster must not see), and three
-  attempts on it."""
+  """About 60 s alone, 100 s beside test_ray_processes' cluster: a 4-node
+  cluster of its own (the test adds a node and kills one, which the other
+  Ray tests' cluster must not see), and three attempts on it."""
   workdir = tmp_path / 'ray'
   with ray_cluster.RayCluster(nodes=4) as cluster:
     proc = ray_cluster.start_podrun_ray(
