@@ -442,7 +442,7 @@ def _run_local_pod(config: ConfigDict, workdir: str) -> int:
         first_backoff_s=_RESTART_BACKOFF.value, retryable=retryable,
         logs_dir=pod.logs_dir,
         resize=(elastic.resize_after(capacity, retryable, restart.console_say)
-                if capacity else lambda pod, code: None))
+                if capacity else None))
   finally:
     authority.close()
   if mirror is None:

@@ -7,14 +7,14 @@ config.retry_exit_codes); a user's own mistake (exit_codes.NEVER_RETRIED) is
 never retried, since it would fail the same way again. Each restart waits a
 back-off that doubles from --restart_backoff up to a minute. A local pod
 (launcher/local/pod.py) and a TPU pod's attempt (launcher/tpu/attempt.py)
-are both an `Attempt`.
+are both an `Attempt`, whose `run` returns an `AttemptEnd`.
 """
 
 import dataclasses
 import signal
 import sys
 import time
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Protocol
 
 from launcher import elastic
 from launcher import signals
@@ -42,42 +42,57 @@ def check_retryable(codes: Iterable[int]) -> tuple[int, ...]:
   return codes
 
 
-class Attempt:
-  """One start of the whole job, as `run` drives it: a local pod
-  (launcher/local/pod.py) or a TPU pod's attempt (launcher/tpu/attempt.py)
-  subclasses it and sets, in `run`, what it knows.
+@dataclasses.dataclass(frozen=True)
+class AttemptEnd:
+  """How one start of the job ended: all that `run` and an elastic policy
+  read of it, as torchelastic's agent reads a worker group's RunResult.
 
   Attributes:
-    attempt_name: the name its processes' goodput ledgers are filed under
-      (None: recorded so).
+    code: the attempt's exit code (its root cause's, exit_codes).
+    name: the name its processes' goodput ledgers are filed under (None:
+      recorded so).
+    processes: how many processes it ran (None: not known).
     launcher_signalled: whether whoever runs the launcher sent it SIGINT or
-      SIGTERM during `run`.
+      SIGTERM meanwhile.
     progressed: whether any process completed a step (False: the failed
       attempt counts toward the back-off).
+    counts_steps: whether `furthest_step` is known (False: a resize is
+      taken to have trained something new).
+    furthest_step: the furthest step any process completed, or None.
     fault: after a failure, when the failed process exited and when the
       attempt was declared failed, for the time to recover.
     infrastructure: when the attempt first had to bring its machines back
       (a TPU slice recreated after a preemption), which goodput counts as
       infrastructure recovery.
-    num_processes: how many processes it ran.
     regrew: it was stopped at a step boundary so that the job grows.
-    counts_steps: whether `furthest_step` is known (False: a resize is
-      taken to have trained something new).
-    furthest_step: the furthest step any process completed, or None.
+    loss: what the launcher saw lost under it (a TPU slice, Ray nodes), in
+      words; None when nothing was.
+    lost: the process indices lost with their machines, ascending.
+    back: after a stop to grow, how many lost units it saw back (0: the
+      policy counts them itself).
   """
-  attempt_name: Optional[str] = None
+  code: int
+  name: Optional[str] = None
+  processes: Optional[int] = None
   launcher_signalled: bool = False
   progressed: bool = False
-  fault: Optional[records.Fault] = None
-  infrastructure: Optional[records.Recreate] = None
-  num_processes: Optional[int] = None
-  regrew: bool = False
   counts_steps: bool = False
   furthest_step: Optional[int] = None
+  fault: Optional[records.Fault] = None
+  infrastructure: Optional[records.Recreate] = None
+  regrew: bool = False
+  loss: Optional[str] = None
+  lost: tuple[int, ...] = ()
+  back: int = 0
 
-  def run(self) -> int:
-    """Runs the attempt to its end; returns its exit code."""
-    raise NotImplementedError
+
+class Attempt(Protocol):
+  """One start of the whole job, as `run` drives it: a local pod
+  (launcher/local/pod.py), a TPU pod's attempt (launcher/tpu/attempt.py)
+  or a Ray job's (launcher/ray/attempt.py)."""
+
+  def run(self) -> AttemptEnd:
+    """Runs the attempt to its end; returns how it ended."""
 
 
 @dataclasses.dataclass
@@ -145,18 +160,17 @@ def _sleep_unless_signalled(seconds: float) -> Optional[int]:
   return signalled[0] if signalled else None
 
 
-def run(start_pod: Callable[[int], Attempt], max_restarts: int,
+def run(start_attempt: Callable[[int], Attempt], max_restarts: int,
         first_backoff_s: float, retryable: tuple[int, ...],
         logs_dir: str, say: Callable[[str], None] = console_say,
         on_signal: Optional[Callable[[int], None]] = None,
         pending_signal: Callable[[], Optional[int]] = lambda: None,
-        resize: Callable[[Attempt, int], Optional[elastic.Resize]] = (
-            lambda pod, c: None)
-        ) -> int:
-  """Runs pods until one ends for good; returns the last one's exit code.
+        resize: Optional[Callable[[AttemptEnd], Optional[elastic.Resize]]]
+        = None) -> int:
+  """Runs attempts until one ends for good; returns its exit code.
 
   Args:
-    start_pod: attempt number (1, 2, ...) -> the Attempt to run.
+    start_attempt: attempt number (1, 2, ...) -> the Attempt to run.
     max_restarts: how many times to start the job again at most.
     first_backoff_s: the wait before the first restart.
     retryable: exit codes besides PREEMPTED that are retried.
@@ -166,14 +180,14 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
       so that the caller ends the launch as that signal does elsewhere
       (the TPU driver deletes what it created).
     pending_signal: a signal the caller already got between attempts.
-    resize: (the attempt that ended, its exit code) -> an elastic.Resize
-      when an elastic job starts again on another number of processes
-      (launcher/elastic.py decides, for every launcher),
-      which uses no restart unless the attempt trained no new step (then a
-      shrink or wait uses one, and ends the job when none are left); None
-      for the usual rules.
+    resize: how an attempt ended -> an elastic.Resize when an elastic job
+      starts again on another number of processes (launcher/elastic.py
+      decides, for every launcher), which uses no restart unless the
+      attempt trained no new step (then a shrink or wait uses one, and
+      ends the job when none are left), or None for the usual rules;
+      None: always the usual rules.
 
-  A pod whose launcher itself got SIGINT or SIGTERM is not restarted: that
+  An attempt whose launcher got SIGINT or SIGTERM is not restarted: that
   stop came from whoever runs the launcher. A signal during a back-off ends
   the launch with 128 + its number.
   """
@@ -182,13 +196,14 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
   launcher_started = goodput.process_start_time()
   high_water = HighWater()
   while True:
-    pod = start_pod(attempt)
+    one = start_attempt(attempt)
     started = time.time()
-    code = pod.run()
+    end = one.run()
+    code = end.code
     kind = kind_of(code, retryable)
-    newly_productive = high_water.advanced_by(pod)
-    resized = (None if kind == 'ok' or pod.launcher_signalled
-               else resize(pod, code))
+    newly_productive = high_water.advanced_by(end)
+    resized = (None if kind == 'ok' or end.launcher_signalled or not resize
+               else resize(end))
     # A stop to grow is the launcher's own doing; a loss after an attempt
     # that trained nothing new may be the same failure again.
     bounded = (bool(resized) and resized.kind != elastic.GROW and
@@ -196,20 +211,19 @@ def run(start_pod: Callable[[int], Attempt], max_restarts: int,
                    resized.kind, code, high_water, max_restarts, tally, say))
     resized = None if bounded else resized
     records.append_attempt(logs_dir, records.LauncherAttempt(
-        attempt=attempt, exit_code=code, kind=kind,
-        name=pod.attempt_name,
+        attempt=attempt, exit_code=code, kind=kind, name=end.name,
         launcher_started=launcher_started, started=started, ended=time.time(),
-        launcher_signalled=pod.launcher_signalled,
-        fault=pod.fault, infrastructure=pod.infrastructure,
+        launcher_signalled=end.launcher_signalled,
+        fault=end.fault, infrastructure=end.infrastructure,
         resize=resized.kind.value if resized else None,
-        processes=pod.num_processes))
+        processes=end.processes))
     if bounded:
       break
     if resized:
       tally.count_resize(resized.kind)
       wait = resized.wait_s
     else:
-      wait = _restart_wait(pod, code, kind, max_restarts, first_backoff_s,
+      wait = _restart_wait(end, kind, max_restarts, first_backoff_s,
                            tally, say, newly_productive)
       if wait is None:
         break
@@ -233,12 +247,13 @@ class HighWater:
   def __init__(self):
     self.step: Optional[int] = None
 
-  def advanced_by(self, pod: Attempt) -> bool:
-    """Whether `pod` completed a step past every attempt before it (True
-    when it cannot tell); keeps its furthest step."""
-    if not pod.counts_steps:
+  def advanced_by(self, end: AttemptEnd) -> bool:
+    """Whether the attempt that ended so completed a step past every
+    attempt before it (True when it cannot tell); keeps its furthest
+    step."""
+    if not end.counts_steps:
       return True
-    furthest = pod.furthest_step
+    furthest = end.furthest_step
     if furthest is None:
       return False
     advanced = self.step is None or furthest > self.step
@@ -264,13 +279,13 @@ def _resize_counted(what: str, code: int, high_water: HighWater,
   return True
 
 
-def _restart_wait(pod: Attempt, code: int, kind: str, max_restarts: int,
+def _restart_wait(end: AttemptEnd, kind: str, max_restarts: int,
                   first_backoff_s: float, tally: Tally,
                   say: Callable[[str], None],
                   newly_productive: bool = True) -> Optional[float]:
   """The back-off before the next attempt, counted in `tally`; None when
   the job ends here."""
-  if kind == 'ok' or kind == 'final' or pod.launcher_signalled:
+  if kind == 'ok' or kind == 'final' or end.launcher_signalled:
     return None
   if kind == 'preempted':
     tally.preemptions += 1
@@ -285,11 +300,11 @@ def _restart_wait(pod: Attempt, code: int, kind: str, max_restarts: int,
   # at once, however many restarts came before. Steps trained again after
   # a restore are no progress: a failure at the same step each time backs
   # off.
-  progressed = pod.progressed and newly_productive
+  progressed = end.progressed and newly_productive
   tally.unproductive = 0 if progressed else tally.unproductive + 1
   wait = backoff_s(first_backoff_s, tally.unproductive + 1)
   what = ('a preemption' if kind == 'preempted'
-          else f'retryable exit code {code}')
+          else f'retryable exit code {end.code}')
   say(f'restart {tally.restarts}/{max_restarts} after {what} in {wait:g} '
       f's; so far {tally.preemptions} preemption(s) and {tally.failures} '
       'retryable failure(s)')

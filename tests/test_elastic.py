@@ -68,20 +68,19 @@ def test_which_exits_are_lost_hosts():
   assert not elastic.is_lost_process(1, ())
 
 
-class _Pod(restart.Attempt):
+class _Pod:
+  """A restart.Attempt that ends as it is told."""
+
   def __init__(self, code, fault_code=None, progressed=True, regrew=False,
                processes=4, furthest_step=None):
-    self.code, self.progressed, self.regrew = code, progressed, regrew
-    self.num_processes = processes
-    if furthest_step is not None:
-      self.counts_steps, self.furthest_step = True, furthest_step
-    self.fault = (records.Fault(at=0, detected=0, rank=3,
-                                exit_code=fault_code)
-                  if fault_code else None)
-    self.launcher_signalled = False
+    self.end = restart.AttemptEnd(
+        code, progressed=progressed, regrew=regrew, processes=processes,
+        counts_steps=furthest_step is not None, furthest_step=furthest_step,
+        fault=(records.Fault(at=0, detected=0, rank=3, exit_code=fault_code)
+               if fault_code else None))
 
-  def run(self):
-    return self.code
+  def run(self) -> restart.AttemptEnd:
+    return self.end
 
 
 def test_shrinks_and_growths_use_no_restart(tmp_path, capsys):

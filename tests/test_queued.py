@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from launcher import restart
 from launcher.tpu import commands
 from launcher.tpu import elastic
 from launcher.tpu import flags
@@ -199,8 +200,14 @@ class _Launch:
 
 
 class _Attempt:
-  def __init__(self, slice_lost=None, regrew=False):
-    self.slice_lost, self.regrew, self.infrastructure = slice_lost, regrew, None
+  """What ready_for_attempt writes to: the time it waited for slices."""
+  def __init__(self):
+    self.infrastructure = None
+
+
+def _ended(code, loss=None, regrew=False) -> restart.AttemptEnd:
+  """How an attempt ended, as after_attempt reads it."""
+  return restart.AttemptEnd(code, loss=loss, regrew=regrew)
 
 
 def _group(minimum: int, **launch_options):
@@ -217,23 +224,23 @@ def test_a_lost_slice_shrinks_the_job_and_comes_back_to_grow_it():
   launch, group = _group(minimum=1)
   group.fleets[0].up = False  # Slice 0 (process 0, the coordinator) lost.
   assert group.lost() is not None
-  assert group.after_attempt(_Attempt('SUSPENDED'), 75) == elastic.Resize(
+  assert group.after_attempt(_ended(75, loss='SUSPENDED')) == elastic.Resize(
       'shrink')
   assert group.nodes() == ('run-b',)
   assert helpers.wait_for(group.grow_due, 10)
   assert launch.prepared == [('run-a',)] and group.fleets[0].created == 1
   assert group.describe() == ('runs on run-b; run-a back, joining at the '
                               'next step boundary')
-  assert group.after_attempt(_Attempt(regrew=True), 75) == elastic.Resize(
+  assert group.after_attempt(_ended(75, regrew=True)) == elastic.Resize(
       'grow')
   assert group.nodes() == ('run-a', 'run-b') and not group.grow_due()
-  assert group.after_attempt(_Attempt(), 1) is None  # A plain failure.
+  assert group.after_attempt(_ended(1)) is None  # A plain failure.
 
 
 def test_below_min_slices_the_next_attempt_waits_for_them():
   _, group = _group(minimum=2)
   group.fleets[1].up = False
-  assert group.after_attempt(_Attempt('SUSPENDED'), 75) is None
+  assert group.after_attempt(_ended(75, loss='SUSPENDED')) is None
   attempt = _Attempt()
   assert group.ready_for_attempt(attempt)
   assert group.nodes() == ('run-a', 'run-b')
@@ -248,7 +255,7 @@ def test_a_slice_that_does_not_come_back_is_retried_then_given_up():
     raise commands.LaunchError('the capacity phase took over 1 s')
   group.fleets[1].wait_up = never_up
   group.fleets[1].up = False
-  assert group.after_attempt(_Attempt('SUSPENDED'), 75) is None
+  assert group.after_attempt(_ended(75, loss='SUSPENDED')) is None
   assert not group.ready_for_attempt(_Attempt())
   assert len(tries) >= 3, tries
   gaps = [b - a for a, b in zip(tries, tries[1:])]
@@ -273,7 +280,7 @@ def test_a_slice_back_on_its_second_try_grows_the_job(tmp_path):
     real_wait_up()
   group.fleets[1].wait_up = up_on_the_second_try
   group.fleets[1].up = False
-  assert group.after_attempt(_Attempt('SUSPENDED'), 75) == elastic.Resize(
+  assert group.after_attempt(_ended(75, loss='SUSPENDED')) == elastic.Resize(
       'shrink')
   # --status, from another process of this machine, while the driver
   # waits to try again.
@@ -289,7 +296,7 @@ def test_a_slice_back_on_its_second_try_grows_the_job(tmp_path):
   assert elastic.status_lines([str(tmp_path)], 'run') == [
       f'slice run-b (driver pid {os.getpid()}): back, joining at the next '
       'step boundary']
-  assert group.after_attempt(_Attempt(regrew=True), 75) == elastic.Resize(
+  assert group.after_attempt(_ended(75, regrew=True)) == elastic.Resize(
       'grow')
   assert elastic.status_lines([str(tmp_path)], 'run') == [
       f'slice run-b (driver pid {os.getpid()}): in the job']

@@ -4,9 +4,8 @@ a real Ray cluster: test_ray_processes.py."""
 
 import pytest
 
-import dataclasses
-
 from launcher import elastic as policy
+from launcher import restart
 from launcher.ray import __main__ as ray_main
 from launcher.ray import driver
 from launcher.ray import elastic
@@ -95,36 +94,33 @@ def test_min_processes_makes_the_job_elastic():
   assert not elastic.Capacity(4, 4).elastic
 
 
-@dataclasses.dataclass
-class _Attempt:
-  """What the policy reads of a Ray attempt that ended."""
-  lost_ranks: list
-  progressed: bool = True
-  regrew: bool = False
-  spare: int = 0
+def _ended(code, lost, progressed=True, regrew=False, spare=0):
+  """How a Ray attempt ended, as the policy reads it."""
+  return restart.AttemptEnd(code, progressed=progressed, regrew=regrew,
+                            lost=tuple(lost), back=spare)
 
 
 def test_a_lost_node_shrinks_a_node_back_grows_too_few_wait():
   capacity = elastic.Capacity(full=4, minimum=2)
   said = []
   resize = elastic.resize_after(capacity, said.append)
-  assert resize(_Attempt([2]), 137) == policy.Resize(policy.SHRINK)
+  assert resize(_ended(137, [2])) == policy.Resize(policy.SHRINK)
   assert capacity.current == 3 and 'rank(s) 2 lost' in said[-1]
   assert capacity.describe() == ('3 of 4 process(es), 1 to come back when Ray '
                                  'has a node for each')
   # The stop to grow (75) after one spare node: back to 4.
-  assert resize(_Attempt([], regrew=True, spare=1), 75) == policy.Resize(
+  assert resize(_ended(75, [], regrew=True, spare=1)) == policy.Resize(
       policy.GROW)
   assert capacity.current == 4
   # Three nodes at once leave 1 < 2: the next attempt asks for 2.
-  assert resize(_Attempt([0, 1, 3]), 137) == policy.Resize(policy.WAIT)
+  assert resize(_ended(137, [0, 1, 3])) == policy.Resize(policy.WAIT)
   assert capacity.current == 2 and 'waits for 2 nodes' in said[-1]
 
 
 def test_what_is_no_lost_node_follows_the_restart_rules():
   capacity = elastic.Capacity(full=4, minimum=2)
   resize = elastic.resize_after(capacity, print)
-  assert resize(_Attempt([]), 1) is None                    # a failure
-  assert resize(_Attempt([]), 75) is None                   # a preemption
-  assert resize(_Attempt([1], progressed=False), 137) is None  # no step yet
+  assert resize(_ended(1, [])) is None                       # a failure
+  assert resize(_ended(75, [])) is None                      # a preemption
+  assert resize(_ended(137, [1], progressed=False)) is None  # no step yet
   assert capacity.current == 4

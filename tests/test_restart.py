@@ -36,13 +36,15 @@ def test_backoff_doubles_up_to_a_minute():
   assert restart.backoff_s(1.0, 30) == restart.MAX_BACKOFF_S
 
 
-class _FakePod(restart.Attempt):
+class _FakePod:
+  """A restart.Attempt that ends as it is told."""
 
-  def __init__(self, code, signalled=False):
-    self.code, self.launcher_signalled = code, signalled
+  def __init__(self, code, signalled=False, progressed=False):
+    self.end = restart.AttemptEnd(code, launcher_signalled=signalled,
+                                  progressed=progressed)
 
-  def run(self):
-    return self.code
+  def run(self) -> restart.AttemptEnd:
+    return self.end
 
 
 def test_run_counts_preemptions_and_failures_apart(tmp_path, capsys):
@@ -85,9 +87,8 @@ def test_only_failures_without_progress_back_off(tmp_path, monkeypatch):
   progressed = iter([True, False, False, True, False])
 
   def start(attempt):
-    pod = _FakePod(137 if attempt < 6 else 0)
-    pod.progressed = next(progressed, True)
-    return pod
+    return _FakePod(137 if attempt < 6 else 0,
+                    progressed=next(progressed, True))
 
   assert restart.run(start, max_restarts=5, first_backoff_s=1.0,
                      retryable=(137,), logs_dir=str(tmp_path)) == 0

@@ -38,6 +38,7 @@ import time
 from typing import Callable, Optional
 
 from launcher import elastic
+from launcher import restart
 from runtime.common import exit_codes
 
 # The one policy's names (launcher/elastic.py), for the pod's callers.
@@ -116,15 +117,15 @@ def resize_after(capacity: Capacity, retryable: tuple[int, ...],
   """restart.run's `resize` for an elastic local pod.
 
   Returns:
-    (the attempt that ended, its exit code) -> a Resize after a lost
+    how an attempt ended (restart.AttemptEnd) -> a Resize after a lost
     process or a stop to grow, else None (the usual restart rules).
   """
-  def resize(pod, code: int) -> Optional[Resize]:
-    fault = pod.fault
-    lost = int(fault is not None and pod.progressed and
+  def resize(end: restart.AttemptEnd) -> Optional[Resize]:
+    fault = end.fault
+    lost = int(fault is not None and end.progressed and
                is_lost_process(fault.exit_code, retryable))
-    kind = elastic.decide(code, pod.regrew, lost, capacity.current - lost,
-                          capacity.minimum)
+    kind = elastic.decide(end.code, end.regrew, lost,
+                          capacity.current - lost, capacity.minimum)
     if kind == GROW:
       capacity.take_back(now())
       say(f'lost process(es) back: starting again at once on '

@@ -23,6 +23,7 @@ stalls or the launcher is told to stop:
 - ranks die with the launcher even when it is SIGKILLed (PR_SET_PDEATHSIG).
 """
 
+import dataclasses
 import json
 import os
 import shlex
@@ -74,15 +75,15 @@ def _loopback_address(address: Optional[str]) -> str:
   return address
 
 
-class Gang(restart.Attempt):
-  """N local processes, each one host of the job; restart.Attempt's kind.
+class Gang:
+  """N local processes, each one host of the job; a restart.Attempt.
 
   Raises ValueError for a process count below 1 or a coordinator address
   that is not on loopback.
 
   Example:
     >>> Pod(num_processes=2, local_devices=4, workdir='/tmp/w',
-    ...     rank_args=['--config=configs/linear_regression.py']).run()
+    ...     rank_args=['--config=configs/linear_regression.py']).run().code
     0
   """
 
@@ -118,15 +119,7 @@ class Gang(restart.Attempt):
     self.attempt_name = records.attempt_name(self.job_id[:12], attempt)
     # An elastic or restarting job: this pod's end is not the job's.
     self.attempts_may_follow = attempts_may_follow
-    self.launcher_signalled = False
-    # {'at': the failed rank's exit, 'detected': when the pod was declared
-    # failed, 'rank', 'exit_code'} (wall times), after a failure.
-    self.fault: Optional[records.Fault] = None
-    self.progressed = False  # Whether any rank completed a step.
-    self.furthest_step: Optional[int] = None  # The furthest it completed.
-    self.counts_steps = True
-    # Whether the pod was stopped at a step boundary to grow (elastic.py).
-    self.regrew = False
+    # Whether to stop at a step boundary to grow (elastic.py), given now.
     self._regrow_due = regrow_due
     self._members = members_lib.plan(
         num_processes, local_devices, workdir, self.logs_dir, rank_args,
@@ -153,8 +146,8 @@ class Gang(restart.Attempt):
                        member.command))
     return exit_codes.OK
 
-  def run(self) -> int:
-    """Starts the ranks, supervises them and returns the job's exit code."""
+  def run(self) -> restart.AttemptEnd:
+    """Starts the ranks, supervises them and returns how the job ended."""
     os.makedirs(self.logs_dir, exist_ok=True)
     started = time.monotonic()
     threads = []
@@ -167,13 +160,13 @@ class Gang(restart.Attempt):
             self.timeouts, lambda s: members_lib.forward(self._members, s),
             self._regrow_due)
         end = monitor.watch(started)
-        self.regrew = monitor.regrowing
-        self.progressed = progress_reader.last_advance is not None
-        self.furthest_step = self._furthest_step() if self.progressed else None
-        if end.state is monitor_lib.GangState.FAILED:
-          self.fault = records.Fault(
-              at=end.member.exited_wall, detected=time.time(),
-              rank=end.member.index, exit_code=end.member.exit_code)
+        progressed = progress_reader.last_advance is not None
+        ended = restart.AttemptEnd(
+            code=exit_codes.FAILED, name=self.attempt_name,
+            processes=self.num_processes, progressed=progressed,
+            counts_steps=True,
+            furthest_step=self._furthest_step() if progressed else None,
+            fault=self._fault(end), regrew=monitor.regrowing)
         if end.state is monitor_lib.GangState.STALLED:
           members_lib.dump_stacks(self._members)
         self._stop(end)
@@ -184,10 +177,22 @@ class Gang(restart.Attempt):
         for r in self._members:
           if r.log_file is not None:
             r.log_file.close()
-    return report.report(end, self._members, self._console, started,
-                         self.logs_dir, self._signals, self.regrew,
+    code = report.report(end, self._members, self._console, started,
+                         self.logs_dir, self._signals, ended.regrew,
                          attempt=(self.attempt if self.attempts_may_follow
                                   else None))
+    return dataclasses.replace(ended, code=code,
+                               launcher_signalled=bool(self._signals))
+
+  @staticmethod
+  def _fault(end: monitor_lib.End) -> Optional[records.Fault]:
+    """When the failed rank exited and when the pod was declared failed
+    (wall times), after a failure; else None."""
+    if end.state is not monitor_lib.GangState.FAILED:
+      return None
+    return records.Fault(at=end.member.exited_wall, detected=time.time(),
+                         rank=end.member.index,
+                         exit_code=end.member.exit_code)
 
   def _furthest_step(self) -> int:
     """The furthest step any rank completed: the ranks' high-water marks,
@@ -234,7 +239,6 @@ class Gang(restart.Attempt):
   def _on_signal(self, signum, frame) -> None:
     del frame
     self._signals.append(signum)
-    self.launcher_signalled = True
     self._changed.set()
 
   def _wait_for_change(self) -> None:

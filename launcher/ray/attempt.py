@@ -3,7 +3,9 @@ placement group and actors of its own, the processes started, their output
 relayed until all have ended, everything of it removed.
 
 Example:
-  >>> code = Attempt(options, number=2, job_id='3f2a9c', logs=logs).run()
+  >>> end = Attempt(options, 2, '3f2a9c', logs, capacity).run()
+  >>> end.code, end.lost          # restart.AttemptEnd
+  (137, (2,))
 """
 
 import os
@@ -32,8 +34,8 @@ _GROW_CHECK_EVERY_S = 1.0
 _SILENT_LOST_S = 5.0
 
 
-class Attempt(restart.Attempt):
-  """The job once on `options.num_processes` nodes.
+class Attempt:
+  """The job once on `capacity.current` nodes; a restart.Attempt.
 
   Args:
     options: podrun-ray's (driver.Options).
@@ -42,10 +44,6 @@ class Attempt(restart.Attempt):
     logs: the rank logs and job.json (output.Logs).
     capacity: how many processes it runs, and the fewest the job may
       (elastic.Capacity).
-
-  Attributes (besides restart.Attempt's):
-    lost_ranks: the ranks whose node died under it.
-    spare: after a stop to grow, how many nodes it saw a bundle free on.
   """
 
   def __init__(self, options, number: int, job_id: str, logs: output.Logs,
@@ -57,17 +55,16 @@ class Attempt(restart.Attempt):
     self.capacity = capacity
     self.attempt_name = records.attempt_name(job_id, number)
     self.num_processes = capacity.current
-    # Steps are counted from the ledgers' high-water marks in the workdir.
-    self.counts_steps = True
-    self.lost_ranks: list[int] = []
-    self.spare = 0
+    self._regrew = False  # Stopped at a step boundary to grow.
+    self._spare = 0  # Then, how many nodes it saw a bundle free on.
+    self._fault: Optional[records.Fault] = None
     self._group = None
     self._signalled: list[int] = []
     self._told_gone: set[int] = set()
     self._next_drain_check = 0.0
     self._next_grow_check = 0.0
 
-  def run(self) -> int:
+  def run(self) -> restart.AttemptEnd:
     from launcher.ray import group as group_lib  # pylint: disable=g-import-not-at-top
     try:
       self._group = group_lib.Group.reserve(
@@ -75,21 +72,32 @@ class Attempt(restart.Attempt):
           self.options.start_timeout_s)
     except group_lib.CapacityError as e:
       output.say(f'error: {e}')
-      return exit_codes.POD_UNAVAILABLE
+      return self._end(exit_codes.POD_UNAVAILABLE)
     try:
       with signals.handled((signal.SIGINT, signal.SIGTERM), self._on_signal):
         self._start()
         code = self._monitor()
     finally:
       self._group.remove()
-    self.lost_ranks = sorted(self._group.lost)
-    self._note_progress()
-    return code
+    return self._end(code, lost=tuple(sorted(self._group.lost)))
+
+  def _end(self, code: int, lost: tuple[int, ...] = ()
+           ) -> restart.AttemptEnd:
+    """How the attempt ended; its steps are counted from the ledgers'
+    high-water marks in the workdir."""
+    steps = steps_done(self.logs.record, self.attempt_name)
+    return restart.AttemptEnd(
+        code=code, name=self.attempt_name, processes=self.num_processes,
+        launcher_signalled=bool(self._signalled), progressed=bool(steps),
+        counts_steps=True, furthest_step=max(steps) if steps else None,
+        fault=self._fault, regrew=self._regrew,
+        loss=(f'rank(s) {", ".join(map(str, lost))} lost with their '
+              'node(s)' if lost else None),
+        lost=lost, back=self._spare)
 
   def _on_signal(self, signum, frame) -> None:
     del frame
     self._signalled.append(signum)
-    self.launcher_signalled = True
 
   def _start(self) -> None:
     group = self._group
@@ -195,7 +203,7 @@ class Attempt(restart.Attempt):
     and a live node outside its group with a bundle free (checked every
     _GROW_CHECK_EVERY_S); None otherwise."""
     capacity = self.capacity
-    if (self.regrew or capacity.current >= capacity.full or
+    if (self._regrew or capacity.current >= capacity.full or
         now < self._next_grow_check):
       return None
     self._next_grow_check = now + _GROW_CHECK_EVERY_S
@@ -206,8 +214,8 @@ class Attempt(restart.Attempt):
     spare = self._group.spare_nodes(self.options.resources_per_process)
     if not spare:
       return None
-    self.regrew = True
-    self.spare = min(spare, capacity.full - capacity.current)
+    self._regrew = True
+    self._spare = min(spare, capacity.full - capacity.current)
     return (f'{spare} node(s) with a bundle free outside the job: growing '
             f'from {capacity.current} process(es)')
 
@@ -236,20 +244,13 @@ class Attempt(restart.Attempt):
     the others stop, unless `say` is False."""
     _, code, rank, wall = failure
     lost = rank in self._group.lost
-    self.fault = records.Fault(at=wall, detected=time.time(), rank=rank,
+    self._fault = records.Fault(at=wall, detected=time.time(), rank=rank,
                                kind='lost' if lost else 'failed',
                                exit_code=code)
     if say:
       output.say(f'rank {rank} ended with exit code {code}'
                  f'{exit_codes.signal_suffix(code)}; stopping the others in '
                  f'{self.options.stop_grace_s:g} s if they have not ended')
-
-  def _note_progress(self) -> None:
-    """The furthest step a process of this attempt completed."""
-    steps = steps_done(self.logs.record, self.attempt_name)
-    self.furthest_step = max(steps) if steps else None
-    self.progressed = bool(steps)
-
 
 def steps_done(record: layout.Record, attempt_name: str) -> list[int]:
   """The last step each process of attempt `attempt_name` completed, from

@@ -95,7 +95,7 @@ def run(options: Options) -> int:
         logs_dir=logs.record.logs(),
         say=output.say,
         resize=(elastic.resize_after(capacity, output.say)
-                if capacity.elastic else lambda attempt, code: None))
+                if capacity.elastic else None))
   finally:
     logs.close()
     ray.shutdown()

@@ -20,7 +20,7 @@ attempt before trained nothing new (launcher/restart.py).
 Example:
   >>> capacity = Capacity(full=4, minimum=3)
   >>> resize = resize_after(capacity, say=print)
-  >>> resize(attempt_that_lost_rank_2, 137)     # 3 run on
+  >>> resize(restart.AttemptEnd(137, progressed=True, lost=(2,)))  # 3 run on
   Resize(kind=<Kind.SHRINK: 'shrink'>, wait_s=0.0)
 """
 
@@ -28,6 +28,7 @@ import dataclasses
 from typing import Callable, Optional
 
 from launcher import elastic
+from launcher import restart
 
 
 @dataclasses.dataclass
@@ -65,24 +66,24 @@ def resize_after(capacity: Capacity, say: Callable[[str], None]):
   """restart.run's `resize` for an elastic job on Ray.
 
   Returns:
-    (the attempt that ended, its exit code) -> an elastic.Resize after a
+    how an attempt ended (restart.AttemptEnd) -> an elastic.Resize after a
     lost node or a stop to grow, else None (the usual restart rules). The
-    attempt says which ranks it lost (`lost_ranks`) and, after a stop to
-    grow, how many nodes it saw spare (`spare`).
+    end says which ranks it lost (`lost`) and, after a stop to grow, how
+    many nodes it saw spare (`back`).
   """
-  def resize(attempt, code: int) -> Optional[elastic.Resize]:
-    lost = len(attempt.lost_ranks) if attempt.progressed else 0
-    kind = elastic.decide(code, attempt.regrew, lost,
+  def resize(end: restart.AttemptEnd) -> Optional[elastic.Resize]:
+    lost = len(end.lost) if end.progressed else 0
+    kind = elastic.decide(end.code, end.regrew, lost,
                           capacity.current - lost, capacity.minimum)
     if kind is None:
       return None
     if kind == elastic.GROW:
       capacity.current = min(capacity.full,
-                             capacity.current + max(1, attempt.spare))
+                             capacity.current + max(1, end.back))
       say(f'node(s) back: starting again at once on {capacity.describe()}, '
           'from the step every rank saved')
       return elastic.Resize(kind)
-    ranks = ', '.join(map(str, sorted(attempt.lost_ranks)))
+    ranks = ', '.join(map(str, end.lost))
     capacity.current -= lost
     if kind == elastic.SHRINK:
       say(f'rank(s) {ranks} lost with their node(s): starting again at once '

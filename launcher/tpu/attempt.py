@@ -30,21 +30,20 @@ from runtime.common import records
 _LOST_PUMP_S = 5.0
 
 
-class Attempt(restart.Attempt):
+class Attempt:
   """One run of the job on every worker of every slice: its output, its end,
-  its stop.
+  its stop; a restart.Attempt.
 
-  `run()` returns the attempt's exit code: the first failing worker's
-  (a worker's 10, "another process failed", is never taken for the cause),
-  PREEMPTED (75) when a slice this launch created is lost under it, or
-  128 + N when this driver got signal N.
+  `run()` returns how it ended (restart.AttemptEnd), whose code is the
+  first failing worker's (a worker's 10, "another process failed", is never
+  taken for the cause), PREEMPTED (75) when a slice this launch created is
+  lost under it, or 128 + N when this driver got signal N.
   """
 
   def __init__(self, launch, number: int):
     self.launch = launch
     self.number = number
     self.attempt_name = commands.attempt_id(launch.job_id, number)
-    self.launcher_signalled = False
     # Set by babysit.recreate when this attempt had to bring the slice back.
     self.infrastructure: Optional[records.Recreate] = None
     self.slice_lost: Optional[str] = None
@@ -57,23 +56,13 @@ class Attempt(restart.Attempt):
     self._lock = threading.Lock()
     self._signals: list[int] = []
 
-  @property
-  def progressed(self) -> bool:
-    """A lost slice is no fault of the job: relaunch without backing off."""
-    return self.slice_lost is not None or self.regrew
-
-  @property
-  def num_processes(self) -> int:
-    """The processes this attempt ran (an elastic launch's change)."""
-    return self._processes or self.launch.workers * len(self.launch.nodes)
-
-  def run(self) -> int:
+  def run(self) -> restart.AttemptEnd:
     launch = self.launch
     if self.number > 1 and not launch.ready_for_attempt(self):
       if launch.signals:
-        self.launcher_signalled = True
-        return exit_codes.SIGNAL_BASE + launch.signals[0]
-      return exit_codes.POD_UNAVAILABLE
+        self._signals.append(launch.signals[0])
+        return self._end(exit_codes.SIGNAL_BASE + launch.signals[0])
+      return self._end(exit_codes.POD_UNAVAILABLE)
     self._processes = launch.workers * len(launch.nodes)
     with signals.handled((signal.SIGINT, signal.SIGTERM), self._on_signal):
       clients = [subprocess.Popen(
@@ -95,7 +84,19 @@ class Attempt(restart.Attempt):
         t.join(timeout=_LOST_PUMP_S if self.slice_lost else None)
       if self._stopper is not None:
         self._stopper.join()
-      return self._code([c.returncode for c in clients])
+      return self._end(self._code([c.returncode for c in clients]))
+
+  def _end(self, code: int) -> restart.AttemptEnd:
+    """How the attempt ended. A lost slice is no fault of the job, nor is a
+    stop to grow: either relaunches without backing off (`progressed`)."""
+    launch = self.launch
+    return restart.AttemptEnd(
+        code=code, name=self.attempt_name,
+        processes=self._processes or launch.workers * len(launch.nodes),
+        launcher_signalled=bool(self._signals),
+        progressed=self.slice_lost is not None or self.regrew,
+        infrastructure=self.infrastructure, regrew=self.regrew,
+        loss=self.slice_lost, lost=tuple(self._lost_ids()))
 
   def _follow(self, clients: list[subprocess.Popen]) -> None:
     """Waits for every gcloud to end, stopping the job on a signal; ends
@@ -183,7 +184,6 @@ class Attempt(restart.Attempt):
 
   def _on_signal(self, signum, frame) -> None:
     self._signals.append(signum)
-    self.launcher_signalled = True
     self.launch.on_signal(signum, frame)
 
   def _code(self, gcloud_codes: list[int]) -> int:

@@ -238,7 +238,7 @@ def _run(launch: Launch, retryable: tuple[int, ...]) -> int:
                      on_signal=lambda signum: launch.on_signal(signum, None),
                      pending_signal=lambda: (launch.signals or [None])[0],
                      resize=(launch.slices.after_attempt if launch.slices
-                             else lambda pod, code: None))
+                             else None))
 
 
 def _clean_up(launch: Launch, code: int) -> None:

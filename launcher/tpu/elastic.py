@@ -23,7 +23,7 @@ delete), so the rest of the driver does not tell them apart.
 
 Example:
   >>> group = SliceGroup(launch, request, timeouts, 10, 'gcloud.log', 1)
-  >>> group.after_attempt(attempt, 75)      # slice 1 was lost
+  >>> group.after_attempt(end)      # end.loss: slice 1 was lost
   Resize(kind=<Kind.SHRINK: 'shrink'>, wait_s=0.0)
   >>> group.describe()
   'runs on fleet-0; fleet-1 coming back'
@@ -140,16 +140,17 @@ class SliceGroup:
     stop at a step boundary and the job grow."""
     return bool(self.ready)
 
-  def after_attempt(self, attempt, code: int) -> Optional[Resize]:
-    """restart.run's `resize`: GROW after the stop for slices back, SHRINK
-    after a lost slice with at least --min_slices left, else None."""
+  def after_attempt(self, end) -> Optional[Resize]:
+    """restart.run's `resize`, given how an attempt ended
+    (restart.AttemptEnd): GROW after the stop for slices back, SHRINK after
+    a lost slice with at least --min_slices left, else None."""
     lost = ([i for i in self.active if not self.fleets[i].up or
              self.fleets[i].lost() is not None]
-            if attempt.slice_lost is not None else [])
+            if end.loss is not None else [])
     # A slice seen lost that is up again by now still ends the attempt as
     # a loss: the job relaunches at once on every slice it has.
-    seen = len(lost) or int(attempt.slice_lost is not None)
-    kind = elastic.decide(code, attempt.regrew, seen,
+    seen = len(lost) or int(end.loss is not None)
+    kind = elastic.decide(end.code, end.regrew, seen,
                           len(self.active) - len(lost), self.minimum)
     if kind == elastic.GROW:
       self._take_ready()
