@@ -58,7 +58,7 @@ class Attempt:
 
   def run(self) -> restart.AttemptEnd:
     launch = self.launch
-    if self.number > 1 and not launch.ready_for_attempt(self):
+    if self.number > 1 and not launch.slices.ready_for_attempt(self):
       if launch.signals:
         self._signals.append(launch.signals[0])
         return self._end(exit_codes.SIGNAL_BASE + launch.signals[0])
@@ -102,9 +102,9 @@ class Attempt:
     """Waits for every gcloud to end, stopping the job on a signal; ends
     them at once when the slice is lost under them."""
     launch = self.launch
-    watch = (babysit.Watch(launch.fleet, launch.options.poll_interval,
+    watch = (babysit.Watch(launch.slices, launch.options.poll_interval,
                            self._on_lost, launch.say)
-             if launch.fleet is not None else contextlib.nullcontext())
+             if launch.slices.watched else contextlib.nullcontext())
     with watch:
       while any(c.poll() is None for c in clients):
         if self._signals:
@@ -118,9 +118,8 @@ class Attempt:
   def _grow_if_due(self) -> None:
     """Slices back (an elastic launch): every process saves the step they
     agree on, as on a preemption, and the attempt ends to grow."""
-    slices = self.launch.slices
-    if (slices is None or self.regrew or self._stopper is not None or
-        not slices.grow_due()):
+    if (self.regrew or self._stopper is not None or
+        not self.launch.slices.grow_due()):
       return
     self.regrew = True
     self._stop('slice(s) back and set up: saving at a step boundary to grow')
@@ -191,7 +190,7 @@ class Attempt:
       return exit_codes.SIGNAL_BASE + self._signals[0]
     workers = self.launch.workers * len(self.launch.nodes)
     shutdown = self._lines.ended_as_a_shutdown_would(workers)
-    if (self.slice_lost is None and self.launch.fleet is not None and
+    if (self.slice_lost is None and self.launch.slices.watched and
         not self.regrew and (self._lines.cause is not None or shutdown)):
       # The VMs' shutdown can reach the job before the watch sees the
       # slice go, and a spot slice's node can show it seconds later still:
@@ -200,7 +199,7 @@ class Attempt:
       lost = (babysit.lost_within(self.launch,
                                   self.launch.options.relaunch_grace)
               if shutdown and self.launch.options.spot
-              else _lost_or_none(self.launch.fleet))
+              else _lost_or_none(self.launch.slices))
       if lost is not None:
         self._on_lost(lost)
     if self.slice_lost is not None:
@@ -275,8 +274,8 @@ def _process_nodes(launch) -> dict[str, str]:
           for w in range(launch.workers)}
 
 
-def _lost_or_none(fleet):
+def _lost_or_none(slices):
   try:
-    return fleet.lost()
+    return slices.lost()
   except Exception:  # pylint: disable=broad-except
     return None

@@ -20,9 +20,11 @@ from runtime.common import records
 
 
 class Watch:
-  """A thread that calls `on_lost(observation)` once the slice is gone."""
+  """A thread that calls `on_lost(observation)` once a slice is gone
+  (`fleet`: a queued.Fleet, or anything with its `lost()` and `request`,
+  as slices.Slices that are `watched`)."""
 
-  def __init__(self, fleet: queued.Fleet, poll_s: float,
+  def __init__(self, fleet, poll_s: float,
                on_lost: Callable[[queued.Observation], None],
                say: Callable[[str], None]):
     self._fleet = fleet
@@ -70,14 +72,15 @@ def lost_within(launch, grace_s: float) -> Optional[queued.Observation]:
   while True:
     if launch.interrupted():
       raise queued.Interrupted()
-    lost = launch.fleet.lost()
+    lost = launch.slices.lost()
     if lost is not None or time.monotonic() >= deadline:
       return lost
     time.sleep(min(launch.options.poll_interval,
                    max(0.0, deadline - time.monotonic())))
 
 
-def recreate(launch, lost: queued.Observation, attempt) -> bool:
+def recreate(launch, fleet: queued.Fleet, lost: queued.Observation,
+             attempt) -> bool:
   """Deletes the lost slice, creates it again, waits for it and sets its
   workers up; records the time in `attempt.infrastructure`.
 
@@ -86,7 +89,6 @@ def recreate(launch, lost: queued.Observation, attempt) -> bool:
     LaunchError: when the new slice does not come up within its phases'
       timeouts.
   """
-  fleet = launch.fleet
   began = time.time()
   launch.say(f'slice lost ({lost.describe()}): deleting queued resource '
              f'{fleet.request.name} and creating it again')

@@ -22,9 +22,7 @@ from runtime.common import exit_codes
 
 def _requests(launch) -> list[queued.Request]:
   """What the launch creates: one queued resource, or one per slice."""
-  if launch.slices is not None:
-    return [f.request for f in launch.slices.fleets]
-  return [] if launch.fleet is None else [launch.fleet.request]
+  return launch.slices.requests()
 
 
 def _planned_fleet(launch) -> list[str]:
@@ -121,7 +119,7 @@ def print_plan(launch) -> int:
     print(f'# at the end{" (--delete_after)" if options.delete_after else ""}'
           f', on Ctrl-C or SIGTERM{", or after a preemption" if options.max_restarts else ""}:'
           f' {delete}')
-  if launch.slices is not None:
+  if isinstance(launch.slices, elastic.SliceGroup):
     print(f'# a lost slice: the job relaunches at once on the others (at '
           f'least --min_slices={options.min_slices}) while that slice is '
           'deleted, created and set up again; then it grows back at a step '

@@ -43,15 +43,13 @@ from launcher import restart
 from launcher import signals
 from launcher import tls
 from launcher.tpu import attempt as attempt_lib
-from launcher.tpu import babysit
 from launcher.tpu import commands
-from launcher.tpu import elastic
 from launcher.tpu.commands import LaunchError
 from launcher.tpu import control
 from launcher.tpu import flags
-from launcher.tpu import preflight as preflight_lib
 from launcher.tpu import queued
 from launcher.tpu import setup as setup_lib
+from launcher.tpu import slices as slices_lib
 from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import files
@@ -81,22 +79,7 @@ class Launch:
         self.path('gcloud.log'), self.stop_if_interrupted,
         lambda: self.jax_version, lambda: self.authority)
     self.signals: list[int] = []
-    self.fleet: Optional[queued.Fleet] = None
-    self.slices: Optional[elastic.SliceGroup] = None
-    if options.create:
-      timeouts = queued.Timeouts(options.capacity_timeout,
-                                 options.provisioning_timeout,
-                                 options.wait_healthy)
-      if options.min_slices:
-        self.slices = self.fleet = elastic.SliceGroup(
-            self, request_of(options, self.all_nodes), timeouts,
-            options.poll_interval, self.path('gcloud.log'),
-            options.min_slices)
-      else:
-        self.fleet = queued.Fleet(
-            self.gcloud, request_of(options, self.all_nodes), timeouts,
-            options.poll_interval, self.path('gcloud.log'), self.say,
-            self.interrupted)
+    self.slices: slices_lib.Slices = slices_lib.of(self)
     self._log_lock = threading.Lock()
 
   @property
@@ -111,7 +94,7 @@ class Launch:
   @property
   def nodes(self) -> tuple[str, ...]:
     """The slices the job runs on: every one, or an elastic job's now."""
-    return self.slices.nodes() if self.slices else self.all_nodes
+    return self.slices.nodes()
 
   @functools.cached_property
   def jax_version(self) -> str:
@@ -140,22 +123,6 @@ class Launch:
 
   def say(self, message: str) -> None:
     print(f'launch_tpu_pod: {message}', file=sys.stderr, flush=True)
-
-  def recoverable(self) -> bool:
-    """Whether a slice this launch did not create can run the job again."""
-    if self.options.skip_preflight:
-      return True
-    for node in self.nodes:
-      try:
-        ok, why = preflight_lib.recoverable(preflight_lib.make_client(
-            node, self.options.zone, self.options.project or None))
-      except Exception as e:  # pylint: disable=broad-except
-        self.say(preflight_lib.explain_api_error(node, e))
-        return False
-      if not ok:
-        self.say(f'TPU {node} {why}: cannot come back, not relaunching')
-        return False
-    return True
 
   def prepare(self, nodes: Optional[tuple[str, ...]] = None) -> None:
     """Describe, preflight, Python check, copy and set up `nodes` (default
@@ -196,38 +163,11 @@ class Launch:
         envs, self.launcher_args, self.workers, self.options,
         attempt, self.place(slice_id))
 
-  def ready_for_attempt(self, attempt) -> bool:
-    """Before a relaunch: the slice still stands, or (babysitting a slice
-    this launch created) it is recreated; `attempt.infrastructure` records
-    the time that took."""
-    if self.fleet is None:
-      return self.recoverable()
-    if self.slices is not None:
-      return self.slices.ready_for_attempt(attempt)
-    try:
-      lost = self.fleet.lost()
-      if lost is None:
-        return True
-      return babysit.recreate(self, lost, attempt)
-    except queued.Interrupted:
-      return False
-    except exit_codes.PodrunError as e:
-      self.say(f'error: {e}')
-      return False
-
-
-def request_of(options, nodes: tuple[str, ...]) -> queued.Request:
-  return queued.Request(options.queued_resource, nodes,
-                        options.accelerator_type, options.runtime_version,
-                        options.tier, options.valid_until)
-
-
 def _run(launch: Launch, retryable: tuple[int, ...]) -> int:
   """Creates the slice (--create), prepares the workers and runs the job
   with its restarts."""
-  if launch.fleet is not None:
-    launch.fleet.create()
-    launch.fleet.wait_up()
+  launch.slices.create()
+  launch.slices.wait_up()
   launch.prepare()
   launch.stop_if_interrupted()
   return restart.run(lambda number: attempt_lib.Attempt(launch, number),
@@ -237,31 +177,29 @@ def _run(launch: Launch, retryable: tuple[int, ...]) -> int:
                      say=launch.say,
                      on_signal=lambda signum: launch.on_signal(signum, None),
                      pending_signal=lambda: (launch.signals or [None])[0],
-                     resize=(launch.slices.after_attempt if launch.slices
-                             else None))
+                     resize=launch.slices.after_attempt)
 
 
 def _clean_up(launch: Launch, code: int) -> None:
   """Deletes the queued resource this launch created when nothing should
   keep it: a signal, --delete_after, or a slice that is not up (never came
   up, or was lost and not brought back)."""
-  fleet = launch.fleet
-  if fleet is None or not fleet.ours:
+  slices = launch.slices
+  if not slices.ours:
     return
   if launch.signals:
-    fleet.delete(f'got {signal.Signals(launch.signals[0]).name}')
-  elif not fleet.up:  # No job may have run: say what is true.
-    fleet.delete('the slice is not up')
+    slices.delete(f'got {signal.Signals(launch.signals[0]).name}')
+  elif not slices.up:  # No job may have run: say what is true.
+    slices.delete('the slice is not up')
   elif launch.options.delete_after:
-    fleet.delete('the job ended (--delete_after)')
+    slices.delete('the job ended (--delete_after)')
   else:
     launch.say(_kept(launch, code))
 
 
 def _kept(launch: Launch, code: int) -> str:
   """What is left billing, and how to delete it."""
-  names = ([f.request.name for f in launch.slices.fleets if f.ours]
-           if launch.slices else [launch.fleet.request.name])
+  names = launch.slices.created()
   zone = launch.options.zone
   if len(names) == 1:
     return (f'queued resource {names[0]} is kept (exit code {code}); delete '

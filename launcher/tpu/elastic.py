@@ -84,7 +84,9 @@ class SliceGroup:
     self._states: dict[str, dict] = {}
     self._lock = threading.Lock()
 
-  # The queued.Fleet interface the driver uses.
+  # slices.Slices, as the driver and an attempt use them.
+  watched = True
+
   @property
   def ours(self) -> bool:
     return any(f.ours for f in self.fleets)
@@ -122,6 +124,12 @@ class SliceGroup:
 
   def nodes(self) -> tuple[str, ...]:
     return tuple(self.request.nodes[i] for i in self.active)
+
+  def requests(self) -> list[queued.Request]:
+    return [f.request for f in self.fleets]
+
+  def created(self) -> list[str]:
+    return [f.request.name for f in self.fleets if f.ours]
 
   def describe(self) -> str:
     names = self.request.nodes
