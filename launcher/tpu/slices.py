@@ -76,17 +76,28 @@ class Slices(Protocol):
     """restart.run's `resize` (end: restart.AttemptEnd)."""
 
 
-class Standing:
-  """Slices this launch did not create: run on as they are."""
-  watched = False
-  ours = False
-  up = True
+class _EverySlice:
+  """Slices that all run every attempt: nothing to grow into."""
 
   def __init__(self, launch):
     self._launch = launch
 
   def nodes(self) -> tuple[str, ...]:
     return self._launch.all_nodes
+
+  def grow_due(self) -> bool:
+    return False
+
+  def after_attempt(self, end) -> Optional[policy.Resize]:
+    del end
+    return None
+
+
+class Standing(_EverySlice):
+  """Slices this launch did not create: run on as they are."""
+  watched = False
+  ours = False
+  up = True
 
   def requests(self) -> list[queued.Request]:
     return []
@@ -125,20 +136,13 @@ class Standing:
         return False
     return True
 
-  def grow_due(self) -> bool:
-    return False
 
-  def after_attempt(self, end) -> Optional[policy.Resize]:
-    del end
-    return None
-
-
-class Babysat:
+class Babysat(_EverySlice):
   """The queued resource this launch created, brought back when lost."""
   watched = True
 
   def __init__(self, launch, fleet: queued.Fleet):
-    self._launch = launch
+    super().__init__(launch)
     self.fleet = fleet
     self.request = fleet.request  # babysit.Watch names it.
 
@@ -149,9 +153,6 @@ class Babysat:
   @property
   def up(self) -> bool:
     return self.fleet.up
-
-  def nodes(self) -> tuple[str, ...]:
-    return self._launch.all_nodes
 
   def requests(self) -> list[queued.Request]:
     return [self.fleet.request]
@@ -185,13 +186,6 @@ class Babysat:
     except exit_codes.PodrunError as e:
       launch.say(f'error: {e}')
       return False
-
-  def grow_due(self) -> bool:
-    return False
-
-  def after_attempt(self, end) -> Optional[policy.Resize]:
-    del end
-    return None
 
 
 def of(launch) -> Slices:
