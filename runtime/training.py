@@ -30,6 +30,7 @@ from runtime import agreement
 from runtime.checkpoints import batch_limit
 from runtime.checkpoints import checkpoint
 from runtime.checkpoints import checkpoint_meta
+from runtime.checkpoints import options as checkpoint_options
 from runtime.common import deprecations
 from runtime.common import env_vars
 from runtime.common import goodput
@@ -172,20 +173,21 @@ def max_steps_in_flight(config: ConfigDict, platform: str) -> int:
   return 1 if platform == 'cpu' else 2
 
 
-def _open_checkpoints(config: ConfigDict, workdir: str):
+def _open_checkpoints(options: checkpoint_options.Checkpointing):
   """(persistent tier, local tier); None for each that is off."""
-  if not config.checkpointing:
+  if not options.enabled:
     return None, None
-  ckpt = checkpoint.open_for(config, workdir)
-  return ckpt, local_checkpoint.open_for(config, ckpt.path)
+  ckpt = checkpoint.open_for(options)
+  return ckpt, local_checkpoint.open_for(options.local, ckpt.path)
 
 
-def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt, local
+def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt, local,
+           checkpointing: checkpoint_options.Checkpointing
            ) -> list[hooks_lib.Hook]:
   """The built-in hooks, in the order they run, then the task's."""
   log = hooks_lib.LogMetrics(config.log_every, task.schedule)
   describe = lambda run, numpy_state, reason: checkpoint_meta.describe_run(
-      config, topo, len(task.data), run.step, numpy_state, reason)
+      checkpointing, topo, len(task.data), run.step, numpy_state, reason)
   replicas = integrity.CheckReplicas(config.integrity_every,
                                      ckpt.all_steps if ckpt else lambda: [])
   # The saves run the replica check of their step first, and the local
@@ -320,9 +322,10 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
                               task.model_state)
   ledger = goodput.current()
   ledger.note(topology=layout_fields(topo, layout))
+  checkpointing = checkpoint_options.Checkpointing.of(config, workdir)
   with ledger.timing('checkpoint_restore'):
-    ckpt, local = _open_checkpoints(config, workdir)
-    start, state, _ = recovery.restore(config, ckpt, local, state,
+    ckpt, local = _open_checkpoints(checkpointing)
+    start, state, _ = recovery.restore(checkpointing, ckpt, local, state,
                                        len(task.data))
   writer = metrics_lib.MetricsWriter(
       workdir, topo.process_index == 0, resume_step=start or None,
@@ -340,7 +343,8 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
         _loader(config, task, topo, par, layout), range(start, config.steps),
         size=config.prefetch) as batches:
       loop.run_steps(run, step_fn, batches.next,
-                     _hooks(config, workdir, task, topo, ckpt, local))
+                     _hooks(config, workdir, task, topo, ckpt, local,
+                            checkpointing))
   finally:
     clock.close()
     writer.close()

@@ -130,22 +130,26 @@ def test_the_job_id_lives_beside_the_persistent_checkpoints(tmp_path):
   assert local_checkpoint.job_id(str(tmp_path)) != first
 
 
+def _trajectory(config):
+  return checkpoint_meta.trajectory_config(config)
+
+
 def test_a_copy_from_another_config_is_refused_naming_the_field(tmp_path):
   config = linear_regression_config.get_config()
   state = _state()
   local = local_checkpoint.LocalCheckpoints(str(tmp_path), every=20)
   local.save(40, state, _meta(config, state))
   local.wait()
-  assert recovery.check_local(local, config, state, 100) == [40]
+  assert recovery.check_local(local, _trajectory(config), state, 100) == [40]
   config.optimizer.learning_rate = 0.5
   with pytest.raises(checkpoint.CheckpointError) as error:
-    recovery.check_local(local, config, state, 100)
+    recovery.check_local(local, _trajectory(config), state, 100)
   assert 'config.optimizer.learning_rate' in str(error.value)
   assert 'this run 0.5' in str(error.value)
   with pytest.raises(checkpoint.CheckpointError, match='100 training'):
     config.optimizer.learning_rate = linear_regression_config.get_config(
     ).optimizer.learning_rate
-    recovery.check_local(local, config, state, 99)
+    recovery.check_local(local, _trajectory(config), state, 99)
 
 
 @pytest.mark.parametrize('local_steps, persistent, expected', [

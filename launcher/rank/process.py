@@ -29,7 +29,7 @@ from launcher.rank import roll_call
 from launcher.rank import summary
 from launcher.rank import supervisor as supervisor_lib
 from runtime import agreement
-from runtime.checkpoints import checkpoint
+from runtime.checkpoints import options as checkpoint_options
 from launcher.common import cluster
 from runtime.common import env_vars
 from runtime.common import exit_codes
@@ -135,7 +135,7 @@ def _take_lease(config: ConfigDict, workdir: str, options: Options,
   """The workdir (and checkpoint directory) leased for this job."""
   directories = [workdir]
   if config.get('checkpointing', True):
-    directories.append(checkpoint.directory(config, workdir))
+    directories.append(checkpoint_options.directory(config, workdir))
   return lease_lib.take(
       directories, supervisor.client, options.lease_timeout,
       lambda m: supervisor.abort(exit_codes.WORKDIR_BUSY, m),

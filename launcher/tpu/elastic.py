@@ -250,9 +250,11 @@ class SliceGroup:
       if self._stopping.wait(backoff) or self.interrupted():
         return
       backoff = min(2 * backoff, _MAX_BACKOFF_S)
+    # Said before it is ready: once ready, the job may take it in and say
+    # so at once, and --status must not go back to this line then.
+    self._note(index, 'back, joining at the next step boundary')
     with self._lock:
       self.ready.add(index)
-    self._note(index, 'back, joining at the next step boundary')
     self.launch.say(f'slice {node} is back after {time.time() - began:.1f} s '
                     '(delete, create, set-up): the job grows at its next step '
                     'boundary')

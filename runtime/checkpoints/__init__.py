@@ -3,6 +3,8 @@
 Two tiers hold the state, and one decision says which copy a run resumes
 from. The parts:
 
+- `options`: how a run checkpoints (`Checkpointing`, its `LocalTier`),
+  read once from its config: what the modules below take;
 - `checkpoint`: the persistent tier, orbax's CheckpointManager over storage
   every process shares (often a bucket), written rarely;
 - `local_checkpoint`: the local tier, each process's own copy on its own

@@ -25,28 +25,16 @@ from typing import Any, Optional
 from absl import logging
 from etils import epath
 import jax
-from ml_collections import ConfigDict
 import numpy as np
 import orbax.checkpoint as ocp
 
 from runtime.checkpoints import checkpoint_meta
+from runtime.checkpoints import options as checkpoint_options
 from runtime import coordination
-from runtime.common import layout
 
 _SHARED_CHECK_DIR = '.shared_check'
 # Defined with the checks that raise it most; every tier raises it.
 CheckpointError = checkpoint_meta.CheckpointError
-
-
-def directory(config: ConfigDict, workdir: str) -> str:
-  """Where the run's checkpoints go: config.checkpoint_dir or WORKDIR/checkpoints.
-
-  Example:
-    >>> directory(config, '/tmp/w')  # config.checkpoint_dir == ''
-    '/tmp/w/checkpoints'
-  """
-  configured = config.checkpoint_dir
-  return configured or layout.Record(workdir).checkpoints()
 
 
 def check_shared(path: str) -> None:
@@ -268,19 +256,12 @@ class Checkpoints:
     self._manager.close()
 
 
-def open_for(config: ConfigDict, workdir: str) -> Checkpoints:
-  """The run's Checkpoints, after checking every process shares the directory.
-
-  Args:
-    config: reads checkpoint_dir, checkpoint_every, keep_checkpoints and
-      async_checkpointing.
-    workdir: the default parent of the directory.
-  """
-  path = directory(config, workdir)
-  check_shared(path)
-  return Checkpoints(path, every=config.checkpoint_every,
-                     keep=config.keep_checkpoints,
-                     async_save=config.async_checkpointing)
+def open_for(options: checkpoint_options.Checkpointing) -> Checkpoints:
+  """The run's Checkpoints in `options.directory`, after checking every
+  process shares that directory (its every, keep and async_save too)."""
+  check_shared(options.directory)
+  return Checkpoints(options.directory, every=options.every,
+                     keep=options.keep, async_save=options.async_save)
 
 
 def refuse_existing(ckpt: Checkpoints) -> None:

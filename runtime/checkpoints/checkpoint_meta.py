@@ -6,8 +6,10 @@ position, the config that decides the trajectory and the shapes of the state;
 resuming checks this run against it and names every difference.
 
 Example:
-  >>> meta = describe_run(config, topo, 60000, 400, numpy_state, 'periodic')
-  >>> check_restorable(meta, config, state, '/runs/a/checkpoints/400')
+  >>> options = checkpoint_options.Checkpointing.of(config, workdir)
+  >>> meta = describe_run(options, topo, 60000, 400, numpy_state, 'periodic')
+  >>> check_restorable(meta, options.trajectory, state,
+  ...                  '/runs/a/checkpoints/400')
 """
 
 from typing import Any
@@ -63,14 +65,14 @@ def data_position(step: int, global_batch_size: int,
           'examples_into_epoch': consumed % num_examples}
 
 
-def check(meta: dict[str, Any], config, state: Any, num_examples: int,
-          step: int, where: str) -> None:
+def check(meta: dict[str, Any], trajectory: dict[str, Any], state: Any,
+          num_examples: int, step: int, where: str) -> None:
   """Refuses a copy of the state, either tier's, that this run cannot resume
   from: every check a restore makes, in one place.
 
   Args:
     meta: the copy's 'meta' item.
-    config: this run's config.
+    trajectory: this run's `trajectory_config`.
     state: this run's freshly initialised state.
     num_examples: the size of this run's training data.
     step: the copy's step, for the message.
@@ -79,17 +81,17 @@ def check(meta: dict[str, Any], config, state: Any, num_examples: int,
   Raises:
     CheckpointError: as check_restorable and check_same_data say.
   """
-  check_restorable(meta, config, state, where)
+  check_restorable(meta, trajectory, state, where)
   check_same_data(meta, num_examples, step, where)
 
 
-def check_restorable(meta: dict[str, Any], config, state: Any, path: str
-                     ) -> None:
+def check_restorable(meta: dict[str, Any], trajectory: dict[str, Any],
+                     state: Any, path: str) -> None:
   """Refuses a checkpoint whose config or state shapes differ from this run's.
 
   Args:
     meta: the checkpoint's 'meta' item.
-    config: this run's config.
+    trajectory: this run's `trajectory_config`.
     state: this run's freshly initialised state (arrays or shape structs).
     path: the checkpoint, for the message.
 
@@ -98,8 +100,7 @@ def check_restorable(meta: dict[str, Any], config, state: Any, path: str
       values.
   """
   problems = []
-  for key, saved, now in mappings.changes(meta['config'],
-                                          trajectory_config(config)):
+  for key, saved, now in mappings.changes(meta['config'], trajectory):
     problems.append(f'config.{key}: checkpoint {_show(saved)}, this run '
                     f'{_show(now)}')
   def arrays(described):
@@ -136,16 +137,18 @@ def check_same_data(meta: dict[str, Any], num_examples: int, step: int,
         '--workdir.')
 
 
-def describe_run(config: ConfigDict, topo, num_examples: int, step: int,
+def describe_run(options, topo, num_examples: int, step: int,
                  state: Any, reason: str) -> dict[str, Any]:
-  """The 'meta' item of the checkpoint of `step`: what resuming checks."""
+  """The 'meta' item of the checkpoint of `step`: what resuming checks
+  (options: the run's checkpoints.options.Checkpointing)."""
   return {
       'step': step,
       'reason': reason,
-      'data': {**data_position(step, config.global_batch_size, num_examples),
+      'data': {**data_position(step, options.global_batch_size,
+                               num_examples),
                'num_examples': num_examples,
-               'seed': config.seed},
-      'config': trajectory_config(config),
+               'seed': options.seed},
+      'config': options.trajectory,
       'state': describe_state(state),
       'saved_by': {'process_count': topo.process_count,
                    'device_count': topo.global_device_count,

@@ -12,7 +12,8 @@ steps stays as asked (every process copies the same steps) and warns once when
 a copy blocks more than that (and at least 50 ms).
 
 Example:
-  >>> cadence = Cadence.from_config(config, coordination.current())
+  >>> cadence = Cadence(every_steps=0, every_s=30.0,
+  ...                   client=coordination.current())
   >>> if cadence.due(run.step, run.count):
   ...   ...                                 # the copy, blocking_s long
   ...   cadence.saved(run.step, blocking_s)
@@ -22,7 +23,6 @@ import math
 from typing import Callable, Optional
 
 from absl import logging
-from ml_collections import ConfigDict
 import numpy as np
 
 from runtime.common import progress
@@ -74,12 +74,6 @@ class Cadence:
     self.next_step: Optional[int] = None
     self.blocking_s = 0.0
     self._warned = False
-
-  @classmethod
-  def from_config(cls, config: ConfigDict,
-                  client: Optional[coordination.Client]) -> 'Cadence':
-    return cls(config.local_checkpoint_every,
-               config.get('local_checkpoint_every_s', 0.0) or 0.0, client)
 
   @property
   def enabled(self) -> bool:

@@ -52,12 +52,12 @@ from typing import Any, Optional
 from absl import logging
 from etils import epath
 import jax
-from ml_collections import ConfigDict
 import numpy as np
 
 from runtime.common import env_vars
 from runtime import coordination
 from runtime.checkpoints import local_cadence
+from runtime.checkpoints import options as checkpoint_options
 from runtime.checkpoints import local_leftovers
 
 JOB_ID_FILE = '.podrun_local_tier_id'
@@ -100,37 +100,35 @@ def job_id(persistent_dir: str) -> str:
   return new
 
 
-def open_for(config: ConfigDict, persistent_dir: str
+def open_for(tier: checkpoint_options.LocalTier, persistent_dir: str
              ) -> Optional['LocalCheckpoints']:
-  """This process's local tier, or None when config.local_checkpoint_every
-  and config.local_checkpoint_every_s are both 0.
+  """This process's local tier, or None when it is off (`tier.enabled`).
 
   Args:
-    config: reads local_checkpoint_every, local_checkpoint_every_s,
-      keep_local_checkpoints and local_checkpoint_dir.
+    tier: its cadence, how many copies it keeps, and where.
     persistent_dir: the persistent tier's directory, where the job's id
       lives.
   """
-  client = coordination.current()
-  cadence = local_cadence.Cadence.from_config(config, client)
-  if not cadence.enabled:
+  if not tier.enabled:
     return None
+  client = coordination.current()
+  cadence = local_cadence.Cadence(tier.every_steps, tier.every_s, client)
   jid = (job_id(persistent_dir) if client is None else
          client.from_0(_JOB_ID_KEY, lambda: job_id(persistent_dir)))
-  root = config.local_checkpoint_dir or default_root()
+  root = tier.root or default_root()
   index = client.process_index if client is not None else 0
-  _sweep_leftovers(config, root, jid, index)
+  _sweep_leftovers(tier.leftover_hours, root, jid, index)
   return LocalCheckpoints(os.path.join(root, jid, f'{RANK_PREFIX}{index}'),
-                          every=config.local_checkpoint_every,
-                          keep=config.keep_local_checkpoints, cadence=cadence,
+                          every=tier.every_steps, keep=tier.keep,
+                          cadence=cadence,
                           attempt=os.environ.get(env_vars.ATTEMPT, ''),
                           owner=persistent_dir)
 
 
-def _sweep_leftovers(config: ConfigDict, root: str, jid: str,
+def _sweep_leftovers(hours: float, root: str, jid: str,
                      process_index: int) -> None:
-  """Removes or names the copies other jobs left on this host."""
-  hours = config.get('local_checkpoint_leftover_hours', 24.0)
+  """Removes or names the copies other jobs left on this host, those over
+  `hours` old."""
   for line in local_leftovers.sweep(root, jid, hours * 3600):
     # Every host sweeps its own; the first process says what it found.
     (logging.warning if process_index == 0 else logging.info)('%s', line)

@@ -32,11 +32,11 @@ from typing import Any, Optional
 from absl import logging
 import jax
 from jax.experimental import multihost_utils
-from ml_collections import ConfigDict
 import numpy as np
 
 from runtime.checkpoints import checkpoint
 from runtime.checkpoints import checkpoint_meta
+from runtime.checkpoints import options as checkpoint_options
 from runtime.common import goodput
 from runtime import coordination
 from runtime.checkpoints import local_checkpoint
@@ -143,10 +143,12 @@ def broadcast(state: Any, is_source: bool) -> Any:
   return from_words(words, state)
 
 
-def check_local(local: local_checkpoint.LocalCheckpoints, config: ConfigDict,
-                like: Any, num_examples: int) -> list[int]:
+def check_local(local: local_checkpoint.LocalCheckpoints,
+                trajectory: dict[str, Any], like: Any, num_examples: int
+                ) -> list[int]:
   """The steps this process can restore from its own disk (whatever index
-  wrote them), after checking the newest.
+  wrote them), after checking the newest against this run's `trajectory`
+  (checkpoint_meta.trajectory_config) and data.
 
   Raises:
     CheckpointError: when the newest copy was made by a different run or on
@@ -155,26 +157,29 @@ def check_local(local: local_checkpoint.LocalCheckpoints, config: ConfigDict,
   held = local.held()
   steps = list(held)
   if steps:
-    checkpoint_meta.check(local.meta(steps[-1]), config, like, num_examples,
-                          steps[-1], f'the local copy {held[steps[-1]]} '
+    checkpoint_meta.check(local.meta(steps[-1]), trajectory, like,
+                          num_examples, steps[-1],
+                          f'the local copy {held[steps[-1]]} '
                           f'(step {steps[-1]})')
   return steps
 
 
-def restore(config: ConfigDict,
+def restore(options: checkpoint_options.Checkpointing,
             persistent: Optional[checkpoint.Checkpoints],
             local: Optional[local_checkpoint.LocalCheckpoints],
             state: Any, num_examples: int) -> tuple[int, Any, str]:
   """(step, host state, tier) to start from: the one place that decides.
 
-  Without checkpoints, or with config.restore=False, the run starts afresh
+  Without checkpoints, or with config.restore=False (`options.restore`),
+  the run starts afresh
   ('fresh'); config.restore=False refuses a directory that already holds
   checkpoints, then drops this job's earlier local copies. Otherwise the
   newest copy anywhere in the job, as the module docstring says; the
   goodput ledger notes the tier.
 
   Args:
-    config: this run's config (restore); every copy is checked against it.
+    options: this run's (restore); every copy is checked against its
+      trajectory.
     persistent: the persistent tier, or None without checkpoints.
     local: this process's local tier, or None without one.
     state: the freshly initialised TrainState (host arrays): the tree,
@@ -187,21 +192,23 @@ def restore(config: ConfigDict,
   """
   if persistent is None:
     return 0, state, 'fresh'
-  if not config.restore:
+  if not options.restore:
     checkpoint.refuse_existing(persistent)
     if local is not None:
       local.clear()  # An earlier job's copies: this one starts afresh.
     return 0, state, 'fresh'
-  step, state, tier = _restore_newest(config, persistent, local, state,
-                                      num_examples)
+  step, state, tier = _restore_newest(options.trajectory, persistent, local,
+                                      state, num_examples)
   goodput.current().note(restore_tier=tier, restore_step=step)
   return step, state, tier
 
 
-def _restore_newest(config: ConfigDict, persistent: checkpoint.Checkpoints,
+def _restore_newest(trajectory: dict[str, Any],
+                    persistent: checkpoint.Checkpoints,
                     local: Optional[local_checkpoint.LocalCheckpoints],
                     state: Any, num_examples: int) -> tuple[int, Any, str]:
-  local_steps = check_local(local, config, state, num_examples) if local else []
+  local_steps = (check_local(local, trajectory, state, num_examples)
+                 if local else [])
   persistent_step = persistent.latest_step() if persistent else None
   everyone, persistent_step = _exchange(local_steps, persistent_step)
   decided = plan(everyone, persistent_step)
@@ -212,7 +219,7 @@ def _restore_newest(config: ConfigDict, persistent: checkpoint.Checkpoints,
     # The step process 0 saw, not each process's own latest_step(): on a
     # bucket a process may list a newer or older step than the others.
     where = os.path.join(persistent.path, str(decided.step))
-    checkpoint_meta.check(persistent.meta(decided.step), config, state,
+    checkpoint_meta.check(persistent.meta(decided.step), trajectory, state,
                           num_examples, decided.step, where)
     restored = persistent.load(decided.step, state)
     logging.info('restored %s (step %d)', where, decided.step)

@@ -1,0 +1,103 @@
+"""How a run checkpoints, read once from its config by `train`: the values
+the checkpoint room's modules take, instead of the whole ConfigDict.
+
+Example:
+  >>> options = Checkpointing.of(config, '/runs/mnist')
+  >>> options.directory, options.every, options.local.every_steps
+  ('/runs/mnist/checkpoints', 500, 100)
+"""
+
+import dataclasses
+from typing import Any
+
+from ml_collections import ConfigDict
+
+from runtime.checkpoints import checkpoint_meta
+from runtime.common import layout
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalTier:
+  """Each process's own copies on its host's disk (local_checkpoint.py).
+
+  Attributes:
+    every_steps: a copy every this many steps (config.local_checkpoint_every;
+      0: by steps never).
+    every_s: or about every this many seconds of training
+      (config.local_checkpoint_every_s; 0: by time never).
+    keep: copies kept (config.keep_local_checkpoints).
+    root: where the job's copies go (config.local_checkpoint_dir; '': the
+      default, local_checkpoint.default_root()).
+    leftover_hours: another job's copies older than this are removed
+      (config.local_checkpoint_leftover_hours).
+  """
+  every_steps: int = 0
+  every_s: float = 0.0
+  keep: int = 2
+  root: str = ''
+  leftover_hours: float = 24.0
+
+  @property
+  def enabled(self) -> bool:
+    return self.every_steps > 0 or self.every_s > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpointing:
+  """Both tiers of a run, and what a copy of its state must agree on.
+
+  Attributes:
+    enabled: config.checkpointing (False: neither tier, a fresh start).
+    directory: the persistent tier's, config.checkpoint_dir or
+      WORKDIR/checkpoints.
+    every: a persistent save every this many steps (and at the end).
+    keep: persistent checkpoints kept.
+    async_save: whether a persistent save overlaps the next steps.
+    restore: config.restore (False: refuse a directory that holds
+      checkpoints rather than resume from it).
+    local: the local tier.
+    trajectory: the config fields a copy must agree on, 'a.b' keys
+      (checkpoint_meta.trajectory_config).
+    global_batch_size: G, for where the example stream stands at a step.
+    seed: the data order's.
+  """
+  enabled: bool
+  directory: str
+  every: int
+  keep: int
+  async_save: bool
+  restore: bool
+  local: LocalTier
+  trajectory: dict[str, Any]
+  global_batch_size: int
+  seed: int
+
+  @classmethod
+  def of(cls, config: ConfigDict, workdir: str) -> 'Checkpointing':
+    """Reads a config made from configs/base.py."""
+    return cls(
+        enabled=bool(config.get('checkpointing', True)),
+        directory=directory(config, workdir),
+        every=config.checkpoint_every, keep=config.keep_checkpoints,
+        async_save=bool(config.async_checkpointing),
+        restore=bool(config.restore),
+        local=LocalTier(
+            every_steps=config.local_checkpoint_every,
+            every_s=config.get('local_checkpoint_every_s', 0.0) or 0.0,
+            keep=config.keep_local_checkpoints,
+            root=config.get('local_checkpoint_dir', '') or '',
+            leftover_hours=config.get('local_checkpoint_leftover_hours',
+                                      24.0)),
+        trajectory=checkpoint_meta.trajectory_config(config),
+        global_batch_size=config.global_batch_size, seed=config.seed)
+
+
+def directory(config: ConfigDict, workdir: str) -> str:
+  """Where the run's checkpoints go: config.checkpoint_dir or
+  WORKDIR/checkpoints.
+
+  Example:
+    >>> directory(config, '/tmp/w')  # config.checkpoint_dir == ''
+    '/tmp/w/checkpoints'
+  """
+  return config.checkpoint_dir or layout.Record(workdir).checkpoints()
