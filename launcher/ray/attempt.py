@@ -132,7 +132,7 @@ class Attempt:
         self.logs.write(rank, stream, line)
       time.sleep(max(0.0, began + _READ_EVERY_S - time.monotonic()))
       now = time.monotonic()
-      self._judge_silent(now)
+      _judge_silent(group, self._told_gone, now)
       failed += [self._failure(r, now) for r in group.ended
                  if r not in seen and group.ended[r] != exit_codes.OK]
       for rank in sorted(set(group.lost) - seen):
@@ -171,32 +171,6 @@ class Attempt:
     one's when is its node's last answer."""
     when = self._group.last_heard(rank) if rank in self._group.lost else now
     return when, self._group.ended[rank], rank, time.time() - (now - when)
-
-  def _judge_silent(self, now: float) -> None:
-    """A rank whose node stops answering: the others hear at once that its
-    host may be gone (their supervisors then take it for lost after a few
-    seconds without a heartbeat); once every other process has ended, one
-    of them failing, it is taken for lost itself, without waiting for
-    Ray's verdict."""
-    from launcher.ray import group as group_lib  # pylint: disable=g-import-not-at-top
-    group = self._group
-    new = sorted(set(group.silent) - self._told_gone)
-    if new:
-      self._told_gone.update(new)
-      output.say(f'rank(s) {", ".join(map(str, new))} not answering for '
-                 f'{group_lib.SILENT_AFTER_S:g} s: telling the others their '
-                 'node may be gone')
-      group.tell_gone(sorted(self._told_gone),
-                      'its Ray node stopped answering')
-    # Only after a failure: at a job's good end (every other process 0) a
-    # slow answer waits for the node's own, or for Ray's verdict.
-    failed = any(code != exit_codes.OK for code in group.ended.values())
-    if failed and all(r in group.ended or r in group.silent
-                      for r in range(len(group.hosts))):
-      for rank, since in list(group.silent.items()):
-        if now - since >= _SILENT_LOST_S:
-          group.take_lost(rank, f'no answer from its node for '
-                          f'{now - since:.1f} s')
 
   def _grow_due(self, now: float) -> Optional[str]:
     """Why the job should grow now: an elastic job below --num_processes
@@ -251,6 +225,37 @@ class Attempt:
       output.say(f'rank {rank} ended with exit code {code}'
                  f'{exit_codes.signal_suffix(code)}; stopping the others in '
                  f'{self.options.stop_grace_s:g} s if they have not ended')
+
+def _judge_silent(group, told_gone: set[int], now: float) -> None:
+  """A rank whose node stops answering: the others hear at once that its
+  host may be gone (their supervisors then take it for lost after a few
+  seconds without a heartbeat); once every other process has ended, one
+  of them failing, it is taken for lost itself, without waiting for Ray's
+  verdict.
+
+  Args:
+    group: the attempt's group.Group.
+    told_gone: the ranks the others were told of so far; grows.
+    now: time.monotonic().
+  """
+  from launcher.ray import group as group_lib  # pylint: disable=g-import-not-at-top
+  new = sorted(set(group.silent) - told_gone)
+  if new:
+    told_gone.update(new)
+    output.say(f'rank(s) {", ".join(map(str, new))} not answering for '
+               f'{group_lib.SILENT_AFTER_S:g} s: telling the others their '
+               'node may be gone')
+    group.tell_gone(sorted(told_gone), 'its Ray node stopped answering')
+  # Only after a failure: at a job's good end (every other process 0) a
+  # slow answer waits for the node's own, or for Ray's verdict.
+  failed = any(code != exit_codes.OK for code in group.ended.values())
+  if failed and all(r in group.ended or r in group.silent
+                    for r in range(len(group.hosts))):
+    for rank, since in list(group.silent.items()):
+      if now - since >= _SILENT_LOST_S:
+        group.take_lost(rank, f'no answer from its node for '
+                        f'{now - since:.1f} s')
+
 
 def steps_done(record: layout.Record, attempt_name: str) -> list[int]:
   """The last step each process of attempt `attempt_name` completed, from

@@ -81,7 +81,7 @@ class SliceGroup:
     self.ready: set[int] = set()
     self.request = base
     self._threads: dict[int, threading.Thread] = {}
-    self._states: dict[str, dict] = {}
+    self._status = SliceStatus(launch.path(STATUS_FILE), launch.options.tpu)
     self._lock = threading.Lock()
 
   # slices.Slices, as the driver and an attempt use them.
@@ -227,7 +227,7 @@ class SliceGroup:
     backoff = options.slice_back_backoff
     for tries in itertools.count(1):
       self._note(index, f'coming back (try {tries})')
-      error = self._try_recreate(index)
+      error = _recreate_once(self.fleets[index], self.launch, node)
       if error is None:
         break
       if error == 'interrupted':
@@ -259,34 +259,44 @@ class SliceGroup:
                     '(delete, create, set-up): the job grows at its next step '
                     'boundary')
 
-  def _try_recreate(self, index: int) -> Optional[str]:
-    """One delete, create, wait and set-up of slice `index`: None when it
-    is up and set up, 'interrupted', or why it failed."""
-    fleet = self.fleets[index]
-    try:
-      fleet.delete('the slice is lost')
-      fleet.create()
-      fleet.wait_up()
-      self.launch.prepare(nodes=(self.request.nodes[index],))
-    except queued.Interrupted:
-      return 'interrupted'
-    except exit_codes.PodrunError as e:
-      return str(e)
-    return None
-
   def _note(self, index: int, text: str, retry_at: float = 0.0) -> None:
-    """Records where slice `index` stands for --status (LOG_DIR/slices.json,
-    `status_lines`)."""
-    with self._lock:
-      self._states[self.request.nodes[index]] = {'state': text,
-                                                 'retry_at': retry_at}
-      states = dict(self._states)
-    try:
-      files.write_json(self.launch.path(STATUS_FILE), {
-          'tpu': self.launch.options.tpu, 'pid': os.getpid(),
-          'updated': time.time(), 'slices': states})
-    except OSError:
-      pass  # The state is for --status; it must never stop the job.
+    self._status.note(self.request.nodes[index], text, retry_at)
+
+
+def _recreate_once(fleet: queued.Fleet, launch, node: str) -> Optional[str]:
+  """One delete, create, wait and set-up of the slice `fleet` asks for:
+  None when it is up and set up, 'interrupted', or why it failed."""
+  try:
+    fleet.delete('the slice is lost')
+    fleet.create()
+    fleet.wait_up()
+    launch.prepare(nodes=(node,))
+  except queued.Interrupted:
+    return 'interrupted'
+  except exit_codes.PodrunError as e:
+    return str(e)
+  return None
+
+
+class SliceStatus:
+  """Where each slice coming back stands, in LOG_DIR/slices.json for
+  --status (`status_lines` reads it)."""
+
+  def __init__(self, path: str, tpu: str):
+    self._path, self._tpu = path, tpu
+    self._states: dict[str, dict] = {}
+    self._lock = threading.Lock()
+
+  def note(self, node: str, text: str, retry_at: float = 0.0) -> None:
+    """Records `text` for `node`; `retry_at`: when its next try starts."""
+    with self._lock:  # The newest state is the one the file keeps.
+      self._states[node] = {'state': text, 'retry_at': retry_at}
+      try:
+        files.write_json(self._path, {
+            'tpu': self._tpu, 'pid': os.getpid(), 'updated': time.time(),
+            'slices': dict(self._states)})
+      except OSError:
+        pass  # The state is for --status; it must never stop the job.
 
 
 def status_lines(log_dirs: list[str], tpu: str) -> list[str]:
