@@ -113,7 +113,7 @@ class LogMetrics(Periodic):
       return
     now = time.perf_counter()
     record = {**run.window.means(),
-              **run.window.rates(now, run.config.global_batch_size)}
+              **run.window.rates(now, run.options.data.global_batch_size)}
     if self.schedule is not None:
       # The rate the last step used: optax counts updates from 0.
       record['learning_rate'] = float(self.schedule(run.step - 1))

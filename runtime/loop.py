@@ -19,6 +19,7 @@ from runtime.common import exit_codes
 from runtime.common import goodput
 from runtime.common import progress
 from runtime import metrics as metrics_lib
+from runtime import options as options_lib
 from runtime import parallelism as parallelism_lib
 from runtime import step as step_lib
 
@@ -44,13 +45,14 @@ class Run:
   """The loop's state, as hooks see it after each step.
 
   Attributes:
-    config, workdir, task: what `train` was given.
+    options: what `train` read of its config (runtime/options.py).
+    workdir, task: what `train` was given.
     parallelism: how the state is placed (runtime/parallelism.py).
     process_index: this process.
     state: the replicated `TrainState` after step `step`.
     start_step: the step this run started from (restored or 0).
     step: steps done, counting those of earlier runs.
-    steps: the step the run ends at (config.steps).
+    steps: the step the run ends at (options.steps).
     count: steps this process has run since it started.
     writer: metrics.jsonl, TensorBoard and the log (process 0).
     clock: goodput accounting of this process.
@@ -59,15 +61,16 @@ class Run:
     eval_metrics: the newest evaluation's results, eval_*.
   """
 
-  def __init__(self, config: ConfigDict, workdir: str, task,
+  def __init__(self, options: options_lib.Options, workdir: str, task,
                state: step_lib.TrainState, start_step: int,
                parallelism: parallelism_lib.Parallelism, process_index: int,
                writer: metrics_lib.MetricsWriter, clock: goodput.StepClock,
-               in_flight_limit: int):
-    self.config, self.workdir, self.task = config, workdir, task
+               in_flight_limit: int, config: Optional[ConfigDict] = None):
+    self.options, self.workdir, self.task = options, workdir, task
+    self._config = config  # Only for `config`, which goes.
     self.parallelism, self.process_index = parallelism, process_index
     self.state, self.start_step, self.step = state, start_step, start_step
-    self.steps, self.count = config.steps, 0
+    self.steps, self.count = options.steps, 0
     self.writer, self.clock = writer, clock
     self.window = metrics_lib.Window()
     self.last_metrics: dict[str, float] = {}
@@ -83,6 +86,12 @@ class Run:
   def numpy_state(self) -> step_lib.TrainState:
     """The state after step `step` as numpy arrays (waits for it)."""
     return self.parallelism.to_host(self.state)
+
+  @property
+  def config(self) -> Optional[ConfigDict]:
+    """The config `train` was given; hooks read `options` now."""
+    deprecations.warn('Run.config')
+    return self._config
 
   def host_state(self) -> step_lib.TrainState:
     """Deprecated: the old name of `numpy_state`, kept for one release."""

@@ -30,7 +30,6 @@ from runtime import agreement
 from runtime.checkpoints import batch_limit
 from runtime.checkpoints import checkpoint
 from runtime.checkpoints import checkpoint_meta
-from runtime.checkpoints import options as checkpoint_options
 from runtime.common import deprecations
 from runtime.common import env_vars
 from runtime.common import goodput
@@ -43,6 +42,7 @@ from runtime import integrity
 from runtime.checkpoints import local_checkpoint
 from runtime import loop
 from runtime import metrics as metrics_lib
+from runtime import options as options_lib
 from runtime import parallelism as parallelism_lib
 from runtime.parallelism import microbatches
 from runtime import prefetch
@@ -156,15 +156,15 @@ class TrainResult:
     return {**out, **self.extra}
 
 
-def max_steps_in_flight(config: ConfigDict, platform: str) -> int:
-  """How many dispatched steps may be unfinished at once.
+def max_steps_in_flight(configured: Optional[int], platform: str) -> int:
+  """How many dispatched steps may be unfinished at once: `configured`
+  (config.max_steps_in_flight) when set, else by platform.
 
   One on CPU: emulated CPU devices that queue several collective steps can
   deadlock in the all-reduce rendezvous when there are fewer cores than
   devices (BUILD_NOTES.md). Two elsewhere, enough to keep an accelerator busy
   while the host prepares the next batch.
   """
-  configured = config.max_steps_in_flight
   if configured is not None:
     if configured < 1:
       raise ValueError(f'config.max_steps_in_flight={configured}; it must be '
@@ -173,7 +173,7 @@ def max_steps_in_flight(config: ConfigDict, platform: str) -> int:
   return 1 if platform == 'cpu' else 2
 
 
-def _open_checkpoints(options: checkpoint_options.Checkpointing):
+def _open_checkpoints(options: options_lib.Checkpointing):
   """(persistent tier, local tier); None for each that is off."""
   if not options.enabled:
     return None, None
@@ -181,14 +181,14 @@ def _open_checkpoints(options: checkpoint_options.Checkpointing):
   return ckpt, local_checkpoint.open_for(options.local, ckpt.path)
 
 
-def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt, local,
-           checkpointing: checkpoint_options.Checkpointing
-           ) -> list[hooks_lib.Hook]:
+def _hooks(options: options_lib.Options, workdir: str, task: Task, topo,
+           ckpt, local) -> list[hooks_lib.Hook]:
   """The built-in hooks, in the order they run, then the task's."""
-  log = hooks_lib.LogMetrics(config.log_every, task.schedule)
+  log = hooks_lib.LogMetrics(options.logging.every, task.schedule)
   describe = lambda run, numpy_state, reason: checkpoint_meta.describe_run(
-      checkpointing, topo, len(task.data), run.step, numpy_state, reason)
-  replicas = integrity.CheckReplicas(config.integrity_every,
+      options.checkpointing, topo, len(task.data), run.step, numpy_state,
+      reason)
+  replicas = integrity.CheckReplicas(options.integrity_every,
                                      ckpt.all_steps if ckpt else lambda: [])
   # The saves run the replica check of their step first, and the local
   # tier's end waits for the persistent save: no order matters below.
@@ -202,12 +202,12 @@ def _hooks(config: ConfigDict, workdir: str, task: Task, topo, ckpt, local,
   if save is not None:
     built_in.append(save)
   if task.eval_fn is not None:
-    built_in.append(hooks_lib.PeriodicEvaluation(config.eval_every,
+    built_in.append(hooks_lib.PeriodicEvaluation(options.eval_every,
                                                  task.eval_fn))
-  if config.profile.num_steps:
+  if options.logging.profile_steps:
     built_in.append(hooks_lib.Profile(
-        layout.Record(workdir).tensorboard(), config.profile.start_step,
-        config.profile.num_steps))
+        layout.Record(workdir).tensorboard(), options.logging.profile_start,
+        options.logging.profile_steps))
   return built_in + list(task.hooks)
 
 
@@ -313,38 +313,40 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
       not shared by every process.
     Preempted: after saving, on a preemption notice.
   """
+  options = options_lib.Options.of(config, workdir)
   topo = topology_lib.current()
   layout = plan_layout(config, topo, workdir, task.model_state is not None)
-  in_flight_limit = max_steps_in_flight(config, topo.platform)
+  in_flight_limit = max_steps_in_flight(options.max_steps_in_flight,
+                                        topo.platform)
   par = parallelism_lib.from_config(config)
   step_fn = _step_fn(task, par, layout)
-  state = step_lib.init_state(task.params, task.optimizer, config.seed,
+  state = step_lib.init_state(task.params, task.optimizer, options.data.seed,
                               task.model_state)
   ledger = goodput.current()
   ledger.note(topology=layout_fields(topo, layout))
-  checkpointing = checkpoint_options.Checkpointing.of(config, workdir)
   with ledger.timing('checkpoint_restore'):
-    ckpt, local = _open_checkpoints(checkpointing)
-    start, state, _ = recovery.restore(checkpointing, ckpt, local, state,
-                                       len(task.data))
+    ckpt, local = _open_checkpoints(options.checkpointing)
+    start, state, _ = recovery.restore(options.checkpointing, ckpt, local,
+                                       state, len(task.data))
   writer = metrics_lib.MetricsWriter(
       workdir, topo.process_index == 0, resume_step=start or None,
-      tensorboard_events=config.tensorboard, fields=layout_fields(topo, layout))
+      tensorboard_events=options.logging.tensorboard,
+      fields=layout_fields(topo, layout))
   clock = goodput.StepClock(ledger, goodput.steps_done_before(ledger))
-  run = loop.Run(config, workdir, task, par.replicate(state), start, par,
-                 topo.process_index, writer, clock, in_flight_limit)
+  run = loop.Run(options, workdir, task, par.replicate(state), start, par,
+                 topo.process_index, writer, clock, in_flight_limit,
+                 config=config)
   resumed = f', resuming at step {start}' if start else ''
-  writer.log(f'training {config.steps} steps, global batch '
-             f'{config.global_batch_size} ({layout.describe()}), {par}, '
+  writer.log(f'training {options.steps} steps, global batch '
+             f'{options.data.global_batch_size} ({layout.describe()}), {par}, '
              f'{in_flight_limit} step(s) in flight, on {topo.describe()}'
              f'{resumed}')
   try:
     with prefetch.Prefetcher(
-        _loader(config, task, topo, par, layout), range(start, config.steps),
-        size=config.prefetch) as batches:
+        _loader(options.data, task, topo, par, layout),
+        range(start, options.steps), size=options.data.prefetch) as batches:
       loop.run_steps(run, step_fn, batches.next,
-                     _hooks(config, workdir, task, topo, ckpt, local,
-                            checkpointing))
+                     _hooks(options, workdir, task, topo, ckpt, local))
   finally:
     clock.close()
     writer.close()
@@ -361,7 +363,7 @@ def _log_final_metrics(run: loop.Run, writer: metrics_lib.MetricsWriter
     values = ' '.join(f'{k}={v:g}' for k, v in sorted(run.last_metrics.items()))
     writer.log(f'final_metrics, of step {run.step} alone: {values} (each '
                f'step line above is a mean over up to log_every='
-               f'{run.config.log_every} steps)')
+               f'{run.options.logging.every} steps)')
 
 
 def layout_fields(topo, layout: microbatches.Layout) -> dict[str, int]:
@@ -371,14 +373,14 @@ def layout_fields(topo, layout: microbatches.Layout) -> dict[str, int]:
           'microbatches': layout.microbatches}
 
 
-def _loader(config: ConfigDict, task: Task, topo, par,
+def _loader(data: options_lib.Data, task: Task, topo, par,
             layout: microbatches.Layout) -> Callable[[int], Any]:
   """step -> this process's part of that step's batch, on its devices:
   its real examples, then zero rows where the layout pads."""
   def load(step: int):
     ids = data_lib.global_batch_ids(
-        step, config.global_batch_size, len(task.data), config.seed,
-        config.data.shuffle)
+        step, data.global_batch_size, len(task.data), data.seed,
+        data.shuffle)
     rows, real = microbatches.process_positions(
         layout, topo.process_index, topo.local_device_count)
     batch = data_lib.read_padded(task.data, ids[rows.start:rows.start + real],

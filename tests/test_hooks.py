@@ -238,3 +238,26 @@ def test_a_save_runs_the_replica_check_of_its_step_first_in_any_order():
   assert events == [('check', 2), ('save', 2), ('check', 4), ('save', 4)]
   save.save_and_wait(_fake_run(5), 'preemption')
   assert events[-2:] == [('save', 5), ('wait',)]
+
+
+class _ReadsTheRun(hooks.Periodic):
+  """What a hook reads of the run: the typed options, and the old config."""
+
+  def __init__(self):
+    super().__init__(every=0, at_end=True)
+    self.seen = []
+
+  def work(self, run):
+    with pytest.warns(DeprecationWarning, match='run.options'):
+      old = run.config.global_batch_size
+    self.seen.append((run.options.steps, run.options.logging.every,
+                      run.options.data.global_batch_size, old,
+                      run.options.checkpointing.every))
+
+
+def test_a_hook_reads_the_options_train_read_once(tmp_path):
+  reader = _ReadsTheRun()
+  config = _config(6)
+  _train(config, tmp_path, reader)
+  assert reader.seen == [(6, 5, config.global_batch_size,
+                          config.global_batch_size, 4)]

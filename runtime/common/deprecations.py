@@ -28,6 +28,9 @@ RENAMED = {
     'parallelism.process_slice': (
         'parallelism.process_slice is now parallelism.process_rows'),
     'Run.host_state': 'run.host_state() is now run.numpy_state()',
+    'Run.config': (
+        'run.config is now run.options, what train read of the config '
+        '(runtime/options.py)'),
     'Task(evaluate=...)': 'Task(evaluate=...) is now Task(eval_fn=...)',
     'Periodic.run': '{hook}.run(run): override work(run) instead',
     'launcher.exit_codes': (

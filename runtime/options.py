@@ -1,0 +1,93 @@
+"""What `train` reads of a config, read once into typed values that the
+loop, its hooks and the loader take instead of the ConfigDict. How a run
+checkpoints is its own part: runtime/checkpoints/options.py.
+
+Example:
+  >>> options = Options.of(config, '/runs/mnist')
+  >>> options.steps, options.logging.every, options.checkpointing.every
+  (1000, 50, 500)
+"""
+
+import dataclasses
+from typing import Optional
+
+from ml_collections import ConfigDict
+
+from runtime.checkpoints import options as checkpoint_options
+
+# How a run checkpoints, `Options.checkpointing`'s type.
+Checkpointing = checkpoint_options.Checkpointing
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+  """Which examples each step trains on (runtime/data.py).
+
+  Attributes:
+    global_batch_size: G, every device of the job together.
+    seed: the data order's (and the state's initialisation).
+    shuffle: whether each epoch is a new permutation.
+    prefetch: batches loaded ahead of the step.
+  """
+  global_batch_size: int
+  seed: int
+  shuffle: bool
+  prefetch: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Logging:
+  """What process 0 writes while it trains.
+
+  Attributes:
+    every: a metrics line every this many steps (config.log_every).
+    tensorboard: whether TensorBoard events are written too.
+    profile_start: the first step a profile covers.
+    profile_steps: how many steps it covers (0: no profile).
+  """
+  every: int
+  tensorboard: bool
+  profile_start: int = 0
+  profile_steps: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """Everything of a config that `train` and its parts use.
+
+  Attributes:
+    steps: the step the run ends at.
+    data: which examples each step trains on.
+    logging: what it writes.
+    eval_every: an evaluation every this many steps and at the end (0: at
+      the end only), when the task has an eval_fn.
+    integrity_every: the replica check's period in steps (0: at saves only).
+    max_steps_in_flight: dispatched steps that may be unfinished at once
+      (None: chosen by platform, training.max_steps_in_flight).
+    checkpointing: both checkpoint tiers.
+  """
+  steps: int
+  data: Data
+  logging: Logging
+  eval_every: int
+  integrity_every: int
+  max_steps_in_flight: Optional[int]
+  checkpointing: Checkpointing
+
+  @classmethod
+  def of(cls, config: ConfigDict, workdir: str) -> 'Options':
+    """Reads a config made from configs/base.py."""
+    profile = config.get('profile') or {}
+    return cls(
+        steps=config.steps,
+        data=Data(global_batch_size=config.global_batch_size,
+                  seed=config.seed, shuffle=bool(config.data.shuffle),
+                  prefetch=config.prefetch),
+        logging=Logging(every=config.log_every,
+                        tensorboard=bool(config.tensorboard),
+                        profile_start=profile.get('start_step', 0) or 0,
+                        profile_steps=profile.get('num_steps', 0) or 0),
+        eval_every=config.eval_every,
+        integrity_every=config.integrity_every,
+        max_steps_in_flight=config.max_steps_in_flight,
+        checkpointing=Checkpointing.of(config, workdir))
