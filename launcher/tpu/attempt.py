@@ -13,7 +13,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional, Protocol
 
 from launcher import restart
 from launcher import signals
@@ -21,6 +21,7 @@ from launcher.tpu import babysit
 from launcher.tpu import commands
 from launcher.tpu import ends
 from launcher.tpu import flags
+from launcher.tpu import slices as slices_lib
 from launcher.tpu import worker_lines
 from runtime.common import exit_codes
 from launcher.common import record_mirror
@@ -28,6 +29,53 @@ from runtime.common import records
 
 # How long the output of ssh sessions to a lost slice is still read.
 _LOST_PUMP_S = 5.0
+
+
+class Context(Protocol):
+  """All that an attempt, its worker lines and its babysitter use of the
+  launch they belong to (driver.Launch is one).
+
+  Attributes:
+    job_id: the same on every attempt of the launch.
+    launcher_args: the launcher's flags, as every worker gets them.
+    options: the driver's flags (flags.py): stop_grace, poll_interval,
+      lost_slice_wait, relaunch_grace, spot, log_all_workers.
+    gcloud: how to reach a slice's workers (commands.Gcloud).
+    slices: what the job runs on (slices.Slices).
+    signals: SIGINT or SIGTERM the launch got, in order.
+    nodes: the slices the job runs on now, the coordinator's first.
+    workers: workers per slice.
+  """
+  job_id: str
+  launcher_args: list[str]
+  options: Any
+  gcloud: commands.Gcloud
+  slices: slices_lib.Slices
+  signals: list[int]
+
+  @property
+  def nodes(self) -> tuple[str, ...]: ...
+
+  @property
+  def workers(self) -> int: ...
+
+  def say(self, message: str) -> None: ...
+
+  def write(self, name: str, line: str) -> None:
+    """Appends `line` to the launch's log file `name`."""
+
+  def path(self, name: str) -> str:
+    """The launch's log file `name`."""
+
+  def run_command(self, attempt: int, slice_id: int = 0) -> str:
+    """What every worker of slice `slice_id` runs for attempt `attempt`."""
+
+  def prepare(self, nodes: Optional[tuple[str, ...]] = None) -> None:
+    """Sets slices up again (a recreated slice's VMs are empty)."""
+
+  def on_signal(self, signum, frame) -> None: ...
+
+  def interrupted(self) -> bool: ...
 
 
 class Attempt:
@@ -40,7 +88,7 @@ class Attempt:
   lost under it, or 128 + N when this driver got signal N.
   """
 
-  def __init__(self, launch, number: int):
+  def __init__(self, launch: Context, number: int):
     self.launch = launch
     self.number = number
     self.attempt_name = commands.attempt_id(launch.job_id, number)

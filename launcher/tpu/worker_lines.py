@@ -29,6 +29,11 @@ _EXIT = re.compile(r'^podrun: exit (\d+)$')
 class WorkerLines:
   """Files and shows one attempt's worker lines and keeps their exits.
 
+  Args:
+    launch: what the attempt uses of its launch (attempt.Context).
+    number: the attempt's, 1, 2, ...
+    on_failure: told once, with why, when a worker fails first.
+
   Attributes:
     exits: {worker: (monotonic time, exit code)} for each worker that
       reported its end.
