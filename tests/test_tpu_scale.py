@@ -30,7 +30,7 @@ def _all_logs_show(pod, text: str) -> bool:
 
 
 def test_64_workers_start_report_and_stop_on_the_first_failure(tmp_path):
-  """About 50 s: three rounds of 64 emulated ssh sessions, each starting the
+  """About 40 s: three rounds of 64 emulated ssh sessions, each starting the
   worker half of the launcher (Python) on its VM; one test of the scale."""
   pod = tpu_emulation.FakePod(tmp_path, workers=WORKERS,
                               FAKE_GCLOUD_BATCH_SIZE='16')

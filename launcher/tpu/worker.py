@@ -55,7 +55,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 try:  # In the package: the driver's machine, the tests.
   from launcher.tpu import worker_accelerator
@@ -82,6 +81,9 @@ def worker_id() -> str:
   for name in ('PODRUN_PROCESS_ID', 'TPU_WORKER_ID'):
     if os.environ.get(name):
       return os.environ[name]
+  # Imported here: urllib.request costs about 40 ms a start (http.client,
+  # email), paid by every command on every worker, which mostly never ask.
+  import urllib.request  # pylint: disable=g-import-not-at-top
   request = urllib.request.Request(
       'http://metadata.google.internal/computeMetadata/v1/instance/'
       'attributes/agent-worker-number', headers={'Metadata-Flavor': 'Google'})
