@@ -44,8 +44,12 @@ class FakePod:
     self.logs = tmp_path / 'logs'
     self.calls = tmp_path / 'gcloud_calls.jsonl'
     self.workers = workers
+    # The fake gcloud is `#!/usr/bin/env python3`, run hundreds of times a
+    # test: this interpreter's directory first, not a version manager's
+    # shim that finds one each time (pyenv's: about 10 times the start).
     self.env = helpers.launcher_env(
-        PATH=f'{FAKE_BIN}{os.pathsep}{os.environ["PATH"]}',
+        PATH=os.pathsep.join([str(FAKE_BIN), os.path.dirname(sys.executable),
+                              os.environ['PATH']]),
         FAKE_TPU_POD_ROOT=str(self.root), FAKE_TPU_WORKERS=str(workers),
         FAKE_TPU_NAME='fake-pod', FAKE_TPU_ACCELERATOR_TYPE=f'v4-{8 * workers}',
         FAKE_TPU_COORDINATOR_PORT=str(_free_port()),
