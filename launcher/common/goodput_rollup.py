@@ -13,7 +13,6 @@ Example:
 """
 
 import json
-import os
 from typing import Any, Optional
 
 from launcher.common import time_to_recover
@@ -23,9 +22,10 @@ from runtime.common import records
 from runtime.common import goodput
 
 
-def _read_ledgers(workdir: str) -> dict[str, dict[int, dict[str, Any]]]:
+def _read_ledgers(workdir: str
+                  ) -> dict[str, dict[int, records.LedgerRecord]]:
   """{attempt: {rank: ledger record}}."""
-  out: dict[str, dict[int, dict[str, Any]]] = {}
+  out: dict[str, dict[int, records.LedgerRecord]] = {}
   for attempt, ranks in layout.Record(workdir).attempts_with_ledgers().items():
     for rank, path in ranks.items():
       try:
@@ -43,7 +43,7 @@ def _launcher_attempts(workdir: str, path: Optional[str] = None
 
 
 def rollup(workdir: str, attempts_path: Optional[str] = None
-           ) -> dict[str, Any]:
+           ) -> records.RollUp:
   """Accounts for the job's wall time, attempt by attempt.
 
   The job runs from its first attempt's start (the launcher's, else the
@@ -58,15 +58,13 @@ def rollup(workdir: str, attempts_path: Optional[str] = None
   up to `wall_s`.
 
   Returns:
-    {'wall_s', 'goodput', 'between_commands_s', 'parts': {category:
-     seconds}, 'attempts': [...], 'ranks': {attempt: {rank: parts}}}; empty
-    parts when nothing was recorded.
+    records.RollUp; empty parts when nothing was recorded.
   """
   ledgers = _read_ledgers(workdir)
   by_name = {a.name: a for a in _launcher_attempts(workdir, attempts_path)
              if a.name}
   order = sorted(ledgers, key=lambda a: _ledger_of_0(ledgers[a])['started'])
-  attempts: list[dict[str, Any]] = []
+  attempts: list[records.AttemptRow] = []
   for number, name in enumerate(order, 1):
     before = order[number - 2] if number > 1 else None
     attempts.append(_attempt_record(
@@ -79,7 +77,9 @@ def rollup(workdir: str, attempts_path: Optional[str] = None
           between_commands_s=attempts[-1]['between_commands_s'])
   if not attempts:
     return {'wall_s': 0.0, 'goodput': None, 'between_commands_s': 0.0,
-            'parts': {}, 'attempts': [], 'ranks': {}}
+            'full_devices': None, 'reduced_size_s': None,
+            'capacity_goodput': None, 'parts': {}, 'attempts': [],
+            'ranks': {}}
   wall = sum(a['wall_s'] for a in attempts)
   parts = {p: sum(a['parts'][p] for a in attempts)
            for p in goodput.PROCESS_PARTS + goodput.JOB_PARTS}
@@ -93,7 +93,7 @@ def rollup(workdir: str, attempts_path: Optional[str] = None
               ledgers[name].items())} for name in order}}
 
 
-def capacity(attempts: list[dict[str, Any]]) -> dict[str, Any]:
+def capacity(attempts: list[records.AttemptRow]) -> dict[str, Any]:
   """Goodput weighed by the devices each attempt ran on.
 
   A job that goes on at reduced size (an elastic job's fewer processes)
@@ -121,7 +121,8 @@ def capacity(attempts: list[dict[str, Any]]) -> dict[str, Any]:
           'capacity_goodput': used / (full * wall) if wall > 0 else None}
 
 
-def _ledger_of_0(ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def _ledger_of_0(ranks: dict[int, records.LedgerRecord]
+                 ) -> records.LedgerRecord:
   """Process 0's ledger, through which the job sees an attempt."""
   return ranks.get(0) or ranks[min(ranks)]
 
@@ -137,11 +138,11 @@ def _same_command(launch: Optional[records.LauncherAttempt],
   return (launch.attempt or 1) > 1
 
 
-def _attempt_record(number: int, name: str, ledger_0: dict[str, Any],
+def _attempt_record(number: int, name: str, ledger_0: records.LedgerRecord,
                     launch: Optional[records.LauncherAttempt],
-                    previous: Optional[dict[str, Any]],
+                    previous: Optional[records.AttemptRow],
                     launch_before: Optional[records.LauncherAttempt]
-                    ) -> dict[str, Any]:
+                    ) -> records.AttemptRow:
   """One attempt's parts, from its command's start (or the end of the
   attempt before, when the same command ran both) to its end."""
   parts = {p: 0.0 for p in goodput.PROCESS_PARTS + goodput.JOB_PARTS}
@@ -201,22 +202,18 @@ def _take_out(parts: dict[str, float], seconds: float,
     seconds -= taken
 
 
-def roll_up_into_summary(workdir: str) -> dict[str, Any]:
+def roll_up_into_summary(workdir: str) -> records.RollUp:
   """Writes WORKDIR/goodput.jsonl and the goodput of WORKDIR/summary.json
   (when it exists) from every ledger and launcher attempt the workdir
   holds; returns the roll-up (`rollup`)."""
   result = write_rollup(workdir)
-  path = layout.Record(workdir).summary()
-  if result['goodput'] is not None and os.path.exists(path):
-    with open(path) as f:
-      record = json.load(f)
-    record['goodput'] = summary(result)
-    files.write_json(path, record)
+  if result['goodput'] is not None:
+    records.with_goodput(workdir, summary(result))
   return result
 
 
 def write_rollup(workdir: str, attempts_path: Optional[str] = None
-                 ) -> dict[str, Any]:
+                 ) -> records.RollUp:
   """Writes WORKDIR/goodput.jsonl (one line per attempt) and returns the
   roll-up (see `rollup`; `attempts_path`: the launcher's attempts.jsonl
   where it is not WORKDIR/logs, as for the TPU pod driver's LOG_DIR)."""
@@ -228,7 +225,7 @@ def write_rollup(workdir: str, attempts_path: Optional[str] = None
   return result
 
 
-def summary(result: dict[str, Any]) -> dict[str, Any]:
+def summary(result: records.RollUp) -> records.SummaryGoodput:
   """The part of a roll-up that goes into summary.json."""
   return {'wall_s': result['wall_s'], 'goodput': result['goodput'],
           'capacity_goodput': result.get('capacity_goodput'),

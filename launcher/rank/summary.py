@@ -20,7 +20,6 @@ from launcher.rank import peers as peers_lib
 from launcher.rank import supervisor as supervisor_lib
 from runtime.common import env_vars
 from runtime.common import files
-from runtime.common import layout
 from runtime.common import records
 from launcher.common import goodput_rollup
 from runtime.common import goodput
@@ -52,7 +51,7 @@ def open_ledger(ledger: goodput.Ledger, workdir: str,
 
 
 def summary(config: ConfigDict, topo: topology.Topology, results: Any,
-             ranks: list[dict[str, Any]]) -> dict[str, Any]:
+             ranks: list[dict[str, Any]]) -> records.Summary:
   """summary.json; results are a workload's TrainResult or its own dict."""
   if hasattr(results, 'summary'):
     final_metrics, results = results.final_metrics, results.summary()
@@ -90,8 +89,7 @@ def finish(config: ConfigDict, workdir: str, actual: topology.Topology,
     record = summary(config, actual, results, ranks)
     record['goodput'] = goodput_rollup.summary(
         goodput_rollup.write_rollup(workdir))
-    path = layout.Record(workdir).summary()
-    files.write_json(path, record)
+    path = records.write_summary(workdir, record)
     logging.info('results: %s', files.to_json(record['results']))
     logging.info('wrote %s', path)
   supervisor.stop()

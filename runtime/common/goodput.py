@@ -126,7 +126,7 @@ class Ledger:
                           'runtime/common/records.py Notes')
         setattr(self.notes, name, value)
 
-  def record(self, final: bool) -> dict[str, Any]:
+  def record(self, final: bool) -> records.LedgerRecord:
     now = time.time()
     with self._lock:
       parts = dict(self.parts)

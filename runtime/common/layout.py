@@ -21,7 +21,8 @@ writes it. Every module reads and writes the workdir through here.
 
 Who writes what (`owner`): process i the files named `rank_<i>.*`; the
 launcher `LAUNCHER_FILES`; process 0 everything else. summary.json is process
-0's, and the launcher, which sees every attempt, rewrites its goodput.
+0's, and the launcher, which sees every attempt, rewrites its goodput; both
+through records.write_summary, which holds its format (records.Summary).
 
 JAX-free: the launcher reads the record too.
 

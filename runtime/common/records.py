@@ -1,13 +1,20 @@
 """The records that processes and launchers leave for the goodput roll-up.
 
-Two kinds, each defined once here and written and read only through these
-types:
+Each kind is defined once here:
 
-- `Notes`: the facts a process's goodput ledger keeps beside its seconds
-  (WORKDIR/goodput/ATTEMPT/rank_<i>.json, under 'notes'): its attempt, how
-  it restored, its first and last steps, the fault that ended it;
+- `LedgerRecord`: a process's goodput ledger
+  (WORKDIR/goodput/ATTEMPT/rank_<i>.json), whose `Notes` are the facts it
+  keeps beside its seconds: its attempt, how it restored, its first and
+  last steps, the fault that ended it;
 - `LauncherAttempt`: one line of the launcher's attempts.jsonl per attempt
-  it ran (the local pod's WORKDIR/logs, the TPU driver's LOG_DIR).
+  it ran (the local pod's WORKDIR/logs, the TPU driver's LOG_DIR);
+- `AttemptRow` and `RollUp`: the goodput roll-up over every attempt
+  (launcher/common/goodput_rollup.py; WORKDIR/goodput.jsonl, a row a line);
+- `Summary`: WORKDIR/summary.json, written by `write_summary` alone.
+
+The three JSON files others read (ledgers, the roll-up, summary.json) stay
+dicts on disk and in memory, typed as TypedDicts: scripts and notebooks
+read them with subscripts.
 
 Example:
   >>> notes = Notes.from_json(ledger_record['notes'])
@@ -19,8 +26,9 @@ Example:
 import dataclasses
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict
 
+from runtime.common import files
 from runtime.common import layout
 
 ATTEMPTS_FILE = layout.ATTEMPTS
@@ -204,3 +212,133 @@ def read_attempts(path: str) -> list[LauncherAttempt]:
               if l.strip()]
   except (OSError, ValueError, TypeError):
     return []
+
+
+class LedgerRecord(TypedDict):
+  """A process's goodput ledger, as goodput.Ledger.record writes it.
+
+  Keys:
+    started: wall time the process started (its /proc start, when known).
+    updated: wall time of this write.
+    final: whether the process wrote it at its end.
+    parts: {category: seconds} (goodput.PROCESS_PARTS).
+    notes: Notes.to_json().
+  """
+  started: float
+  updated: float
+  final: bool
+  parts: dict[str, float]
+  notes: dict[str, Any]
+
+
+class AttemptRow(TypedDict, total=False):
+  """One attempt of the roll-up, seen through process 0's ledger.
+
+  Keys:
+    attempt: its number in the roll-up, from 1.
+    name: its ledgers' folder.
+    started, ended, wall_s: its span, from its command's start (or the end
+      of the attempt before, when one command ran both) to its end.
+    final: whether process 0's ledger was written at its end.
+    between_commands_s: time before it when no command ran the job.
+    exit_code: the launcher's, when one recorded the attempt.
+    notes: process 0's Notes.to_json().
+    parts: {category: seconds}, adding up to wall_s.
+    recovery: the time to recover from the attempt before (from the
+      second attempt on; launcher/common/time_to_recover.py).
+    ranks: {process index: parts} (the lines of goodput.jsonl only).
+  """
+  attempt: int
+  name: str
+  started: float
+  ended: float
+  wall_s: float
+  final: bool
+  between_commands_s: float
+  exit_code: Optional[int]
+  notes: dict[str, Any]
+  parts: dict[str, float]
+  recovery: dict[str, Any]
+  ranks: dict[int, dict[str, float]]
+
+
+class RollUp(TypedDict):
+  """The job's goodput over every attempt (goodput_rollup.rollup).
+
+  Keys:
+    wall_s: the job's wall time, less the time between commands.
+    goodput: productive seconds over wall_s; None when nothing ran.
+    between_commands_s: the time no command ran the job.
+    full_devices, reduced_size_s, capacity_goodput: the job weighed by the
+      devices each attempt ran on (None without topology notes).
+    parts: {category: seconds} over every attempt.
+    attempts: a row an attempt.
+    ranks: {attempt name: {process index: parts}}.
+  """
+  wall_s: float
+  goodput: Optional[float]
+  between_commands_s: float
+  full_devices: Optional[int]
+  reduced_size_s: Optional[float]
+  capacity_goodput: Optional[float]
+  parts: dict[str, float]
+  attempts: list[AttemptRow]
+  ranks: dict[str, dict[int, dict[str, float]]]
+
+
+class SummaryGoodput(TypedDict):
+  """summary.json's 'goodput': the roll-up's totals."""
+  wall_s: float
+  goodput: Optional[float]
+  capacity_goodput: Optional[float]
+  reduced_size_s: Optional[float]
+  parts: dict[str, float]
+  attempts: int
+
+
+class Summary(TypedDict, total=False):
+  """WORKDIR/summary.json: what the job ran on and what it computed.
+
+  Keys:
+    workload, steps, global_batch_size: from the config.
+    process_count, device_count, local_device_count, platform,
+      device_kind: the topology of the attempt that finished.
+    final_metrics: the last step's metrics.
+    ranks: each process's supervision figures (peers.rank_stats).
+    results: the workload's TrainResult.summary(), or its own dict.
+    goodput: over every attempt (SummaryGoodput).
+  """
+  workload: str
+  steps: Optional[int]
+  global_batch_size: Optional[int]
+  process_count: int
+  device_count: int
+  local_device_count: int
+  platform: str
+  device_kind: str
+  final_metrics: Optional[dict[str, float]]
+  ranks: list[dict[str, Any]]
+  results: Any
+  goodput: SummaryGoodput
+
+
+def write_summary(workdir: str, summary: Summary) -> str:
+  """Writes WORKDIR/summary.json whole; returns its path. Process 0 writes
+  it at the end of a run; a launcher that ran several attempts writes it
+  again with the goodput over all of them (`with_goodput`)."""
+  path = layout.Record(workdir).summary()
+  files.write_json(path, summary)
+  return path
+
+
+def with_goodput(workdir: str, goodput: SummaryGoodput) -> Optional[Summary]:
+  """WORKDIR/summary.json again, its goodput replaced; None (and nothing
+  written) where no run finished to write one."""
+  path = layout.Record(workdir).summary()
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    summary: Summary = json.load(f)
+  summary['goodput'] = goodput
+  write_summary(workdir, summary)
+  return summary
