@@ -76,7 +76,7 @@ class _Pod:
     self.end = restart.AttemptEnd(
         code, progressed=progressed, regrew=regrew, processes=processes,
         counts_steps=furthest_step is not None, furthest_step=furthest_step,
-        fault=(records.Fault(at=0, detected=0, rank=3, exit_code=fault_code)
+        fault=(records.Fault(at=0, detected=0, process_index=3, exit_code=fault_code)
                if fault_code else None))
 
   def run(self) -> restart.AttemptEnd:

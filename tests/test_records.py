@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
 def test_notes_round_trip_with_their_nested_records():
   notes = records.Notes(
       attempt='a1', restore_tier='peer', restore_step=440,
-      fault=records.Fault(at=1.0, detected=1.5, rank=2, kind='lost'),
+      fault=records.Fault(at=1.0, detected=1.5, process_index=2, kind='lost'),
       first_productive=records.FirstProductive(3.0, 441, {'startup': 1.0}))
   text = json.dumps(notes.to_json())
   assert 'exit_code' not in json.loads(text)  # Unset notes are left out.
@@ -35,7 +35,7 @@ def test_the_ledger_refuses_a_note_the_record_does_not_define():
 def test_attempts_are_appended_and_read_back(tmp_path):
   first = records.LauncherAttempt(
       started=10.0, ended=20.0, attempt=1, exit_code=137, kind='retryable',
-      name='a1', fault=records.Fault(at=19.0, detected=19.2, rank=1,
+      name='a1', fault=records.Fault(at=19.0, detected=19.2, process_index=1,
                                      exit_code=137))
   second = records.LauncherAttempt(
       started=21.0, ended=40.0, attempt=2, exit_code=0, kind='ok',

@@ -10,6 +10,7 @@ from launcher.rank import peers
 from launcher.rank import supervisor
 from runtime.common import exit_codes
 from runtime.common import progress
+from runtime.common import records
 from tests import memory_job
 
 pytestmark = pytest.mark.unit
@@ -21,19 +22,19 @@ def _record(begun, done=None, host='h', own=None, step=None, count=20):
 
 
 def test_cause_lines_name_rank_host_and_code():
-  failed = peers.Cause('failed', 1, 'host-b', 7, 'ValueError: bad')
+  failed = records.Fault('failed', 1, 'host-b', 7, 'ValueError: bad')
   assert failed.describe() == ('rank 1 on host-b failed first: exit 7 '
                                '(ValueError: bad)')
-  lost = peers.Cause('lost', 2, 'host-c', summary='no heartbeat for 16 s')
+  lost = records.Fault('lost', 2, 'host-c', summary='no heartbeat for 16 s')
   assert lost.describe() == 'rank 2 on host-c was lost: no heartbeat for 16 s'
-  assert peers.Cause.from_json(failed.to_json()) == failed
+  assert end_of_job.decode(end_of_job.encode(failed)) == failed
 
 
 def test_a_ctrl_c_or_sigterm_is_no_fault_of_the_process_that_got_it():
-  ctrl_c = peers.Cause('failed', 0, 'host-a', 130, 'KeyboardInterrupt')
+  ctrl_c = records.Fault('failed', 0, 'host-a', 130, 'KeyboardInterrupt')
   assert ctrl_c.describe() == ('rank 0 on host-a was stopped by SIGINT '
                                '(Ctrl-C) (exit 130), not by a fault')
-  assert 'failed' not in peers.Cause('failed', 0, 'h', 143).describe()
+  assert 'failed' not in records.Fault('failed', 0, 'h', 143).describe()
 
 
 def test_the_rank_that_did_not_start_the_step_is_the_laggard():
@@ -93,8 +94,8 @@ def test_a_silent_peer_is_declared_lost_and_everyone_exits_10():
   sup.start()
   assert done.wait(10), 'rank 1 was never declared lost'
   sup.stop()
-  cause = peers.Cause.from_json(client.store[end_of_job.END_KEY])
-  assert (cause.kind, cause.rank) == ('lost', 1)
+  cause = end_of_job.decode(client.store[end_of_job.END_KEY])
+  assert (cause.kind, cause.process_index) == ('lost', 1)
   assert exited == [exit_codes.PEER_FAILED]
 
 
@@ -118,7 +119,7 @@ def test_a_process_the_launcher_saw_go_is_lost_after_a_few_silent_seconds(
   # named, nor would rank 2 be without the launcher's word (60 s).
   assert watch.find_lost(103.5, peers.Gone()) is None
   lost = watch.find_lost(103.6, gone)
-  assert (lost.kind, lost.rank, lost.host) == ('lost', 2, 'h2')
+  assert (lost.kind, lost.process_index, lost.host) == ('lost', 2, 'h2')
   assert lost.summary == (
       'no heartbeat for 4 s (--heartbeat_timeout=60), and the launcher saw '
       'its host go (node n-1 PREEMPTED); its last completed step was None')
@@ -137,7 +138,7 @@ def test_process_0_waits_for_no_ack_from_processes_the_launcher_saw_go(
   client = _FakeJob(process_index=0, process_count=4)
   client.set(f'{end_of_job.ACK_DIR}/1', '1')
   end = end_of_job.EndOfJob(client)
-  lost = peers.Cause('lost', 2, 'h2')
+  lost = records.Fault('lost', 2, 'h2')
   gone_file = tmp_path / 'gone'
   gone_file.write_text('{"processes": [2, 3]}')
   monkeypatch.setenv('PODRUN_GONE_FILE', str(gone_file))
@@ -166,8 +167,8 @@ def test_the_own_watchdog_publishes_a_stall_and_dumps_stacks():
   sup.start()
   assert done.wait(10)
   sup.stop()
-  cause = peers.Cause.from_json(client.store[end_of_job.END_KEY])
-  assert (cause.kind, cause.rank) == ('stalled', 1)
+  cause = end_of_job.decode(client.store[end_of_job.END_KEY])
+  assert (cause.kind, cause.process_index) == ('stalled', 1)
   assert 'no first step completed within 1 s' in cause.summary
   assert exited == [exit_codes.STALLED] and dumped == [True]
 
@@ -177,14 +178,14 @@ def test_fail_keeps_its_code_unless_another_failed_first(first_is_consequence):
   client = _FakeJob(process_index=1, process_count=2)
   sup = supervisor.Supervisor(client, supervisor.Options(), host='h1')
   if first_is_consequence:
-    client.set(end_of_job.END_KEY, peers.Cause(
-        'failed', 0, 'h0', 7, 'SystemExit(7)').to_json())
+    client.set(end_of_job.END_KEY, end_of_job.encode(records.Fault(
+        'failed', 0, 'h0', 7, 'SystemExit(7)')))
     assert sup.fail(1, 'RuntimeError: x', may_be_consequence=True) == (
         exit_codes.PEER_FAILED)
   else:
     assert sup.fail(3, 'TopologyMismatchError: x',
                     may_be_consequence=False) == 3
-    assert peers.Cause.from_json(client.store[end_of_job.END_KEY]).code == 3
+    assert end_of_job.decode(client.store[end_of_job.END_KEY]).exit_code == 3
 
 
 def test_no_straggler_is_judged_from_the_warm_up():

@@ -12,7 +12,6 @@ Example:
   {'detection': 0.0, 'teardown': 0.52, 'backoff': 1.0, 'startup': 0.86, ...}
 """
 
-import dataclasses
 from typing import Any, Optional, Union
 
 from runtime.common import records
@@ -48,7 +47,7 @@ def _unwritten_ends(ranks: dict[int, dict[str, Any]]
   first = min(ranks, key=lambda r: ranks[r]['updated'])
   return records.Fault(at=ranks[first]['updated'],
                        detected=max(r['updated'] for r in ranks.values()),
-                       rank=first, kind='unrecorded')
+                       process_index=first, kind='unrecorded')
 
 
 def fault_of(ranks: dict[int, dict[str, Any]],
@@ -65,8 +64,7 @@ def fault_of(ranks: dict[int, dict[str, Any]],
     launch: the launcher's record of it, or None.
   """
   fault = _fault(ranks, launch)
-  return None if fault is None else {
-      k: v for k, v in dataclasses.asdict(fault).items() if v is not None}
+  return None if fault is None else fault.to_json()
 
 
 def phases(before: dict[int, dict[str, Any]], launch_before: Launch,

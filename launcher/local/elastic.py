@@ -133,7 +133,7 @@ def resize_after(capacity: Capacity, retryable: tuple[int, ...],
       return Resize(GROW)
     if kind is None:
       return None
-    what = f'rank {fault.rank} lost (exit code {fault.exit_code})'
+    what = f'rank {fault.process_index} lost (exit code {fault.exit_code})'
     resized = capacity.after_lost(now())
     back = f'back in {capacity.regrow_after_s:g} s, --regrow_after'
     if resized.kind == SHRINK:

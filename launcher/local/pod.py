@@ -191,7 +191,7 @@ class Gang:
     if end.state is not monitor_lib.GangState.FAILED:
       return None
     return records.Fault(at=end.member.exited_wall, detected=time.time(),
-                         rank=end.member.index,
+                         process_index=end.member.index,
                          exit_code=end.member.exit_code)
 
   def _furthest_step(self) -> int:

@@ -8,10 +8,11 @@ makes every call of the others fatal.
 
 Example:
   >>> end = EndOfJob(coordination.current())
-  >>> won = end.publish(peers.Cause('failed', 1, 'host-1', 7, 'ValueError'))
+  >>> won = end.publish(records.Fault('failed', 1, 'host-1', 7, 'ValueError'))
   >>> end.ack(); end.wait_for_acks(won)
 """
 
+import json
 import time
 from typing import Optional
 
@@ -19,6 +20,7 @@ from absl import logging
 
 from launcher.rank import peers as peers_lib
 from runtime import coordination
+from runtime.common import records
 
 END_KEY = 'podrun/end'
 ACK_DIR = 'podrun/ack'
@@ -28,6 +30,16 @@ _ACK_WAIT_S = 3.0
 _AFTER_ACKS_S = 0.2
 
 
+def encode(cause: records.Fault) -> str:
+  """`cause` as END_KEY's value."""
+  return json.dumps(cause.to_json())
+
+
+def decode(text: str) -> records.Fault:
+  """END_KEY's value as the fault it publishes."""
+  return records.Fault.from_json(json.loads(text))
+
+
 class EndOfJob:
   """One process's side of the end-of-job handshake."""
 
@@ -35,20 +47,20 @@ class EndOfJob:
     self.client = client
     self.process_index = client.process_index if client else 0
 
-  def publish(self, cause: peers_lib.Cause) -> peers_lib.Cause:
+  def publish(self, cause: records.Fault) -> records.Fault:
     """Publishes `cause` unless another is there; returns the one that won."""
     if self.client is None:
       return cause
     try:
-      if self.client.set(END_KEY, cause.to_json()):
+      if self.client.set(END_KEY, encode(cause)):
         return cause
-      return peers_lib.Cause.from_json(self.client.get(END_KEY))
+      return decode(self.client.get(END_KEY))
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('could not publish the end of the job (%s): %s',
                       cause.describe(), peers_lib.first_line(e))
       return cause
 
-  def poll(self, timeout_s: float) -> Optional[peers_lib.Cause]:
+  def poll(self, timeout_s: float) -> Optional[records.Fault]:
     """The published cause, waiting up to timeout_s; None if none yet.
 
     Raises:
@@ -56,9 +68,9 @@ class EndOfJob:
         be gone, which the caller judges by how long it has been silent.
     """
     text = self.client.wait(END_KEY, timeout_s)
-    return peers_lib.Cause.from_json(text) if text else None
+    return decode(text) if text else None
 
-  def wait(self, timeout_s: float) -> Optional[peers_lib.Cause]:
+  def wait(self, timeout_s: float) -> Optional[records.Fault]:
     """Like `poll`, but None also when the service does not answer."""
     try:
       return self.poll(timeout_s)
@@ -72,7 +84,7 @@ class EndOfJob:
     except Exception:  # pylint: disable=broad-except
       pass
 
-  def wait_for_acks(self, cause: Optional[peers_lib.Cause] = None) -> None:
+  def wait_for_acks(self, cause: Optional[records.Fault] = None) -> None:
     """Process 0 keeps the service up until the others have seen the end.
 
     The process a failure or a loss names is not waited for: it is on its
@@ -84,7 +96,7 @@ class EndOfJob:
     expected = set(range(1, self.client.process_count))
     expected -= peers_lib.gone().processes
     if cause is not None and cause.kind in ('failed', 'lost'):
-      expected.discard(cause.rank)
+      expected.discard(cause.process_index)
     waited_for = bool(expected)
     deadline = time.monotonic() + _ACK_WAIT_S
     while expected and time.monotonic() < deadline:

@@ -18,7 +18,6 @@ they agreed on) keeps it in the job.
 import dataclasses
 import json
 import os
-import signal
 import socket
 import time
 from typing import Any, Optional
@@ -27,8 +26,8 @@ from absl import logging
 import numpy as np
 
 from runtime.common import env_vars
-from runtime.common import exit_codes
 from runtime.common import progress
+from runtime.common import records as records_lib
 from runtime import coordination
 
 BEAT_DIR = 'podrun/beat'
@@ -76,55 +75,6 @@ def gone(path: Optional[str] = None) -> Gone:
     return Gone()
 
 
-@dataclasses.dataclass(frozen=True)
-class Cause:
-  """Why a job ends early, as published under END_KEY.
-
-  Attributes:
-    kind: 'failed' (a process failed), 'lost' (a process went silent) or
-      'stalled' (the watchdog fired).
-    rank: the process the cause is pinned on.
-    host: its host name.
-    code: its exit code, for 'failed'.
-    summary: one line: the exception, or what was seen.
-    since: wall time of that process's last sign of life (its failure, its
-      last heartbeat or step), for the time to recover
-      (runtime/common/goodput.py).
-  """
-  kind: str
-  rank: int
-  host: str
-  code: Optional[int] = None
-  summary: str = ''
-  since: float = dataclasses.field(default_factory=time.time)
-
-  def to_json(self) -> str:
-    return json.dumps(dataclasses.asdict(self))
-
-  @classmethod
-  def from_json(cls, text: str) -> 'Cause':
-    return cls(**json.loads(text))
-
-  def describe(self) -> str:
-    """'rank 1 on HOST failed first: exit 7 (ValueError: ...)' and the like."""
-    where = f'rank {self.rank} on {self.host}'
-    if self.kind == 'failed' and self.code in _STOPPED_BY:
-      # A Ctrl-C or a scheduler's SIGTERM is someone's decision, not a
-      # fault: the others stop with it rather than blame it.
-      return (f'{where} was stopped by {_STOPPED_BY[self.code]} (exit '
-              f'{self.code}), not by a fault')
-    if self.kind == 'failed':
-      detail = f' ({self.summary})' if self.summary else ''
-      return f'{where} failed first: exit {self.code}{detail}'
-    if self.kind == 'lost':
-      return f'{where} was lost: {self.summary}'
-    return f'{where} stalled: {self.summary}'
-
-
-_STOPPED_BY = {exit_codes.SIGNAL_BASE + signal.SIGINT: 'SIGINT (Ctrl-C)',
-               exit_codes.SIGNAL_BASE + signal.SIGTERM: 'SIGTERM'}
-
-
 class Peers:
   """This process's heartbeats, and process 0's view of the others'.
 
@@ -159,7 +109,7 @@ class Peers:
             in self.client.by_rank(BEAT_DIR).items()}
 
   def find_lost(self, now: float, gone_now: Gone = Gone()
-                ) -> Optional[Cause]:
+                ) -> Optional[records_lib.Fault]:
     """The first process silent for --heartbeat_timeout (GONE_SILENCE_S
     when `gone_now` names it), or None."""
     starved_after = max(self.heartbeat_timeout / 2, 3 * BEAT_EVERY_S)
@@ -179,11 +129,12 @@ class Peers:
         continue
       silent = now - seen[1]
       if silent > gone_now.silence_allowed(rank, self.heartbeat_timeout):
-        return Cause('lost', rank, record.get('host', '?'), summary=(
-            f'no heartbeat for {silent:.0f} s (--heartbeat_timeout='
-            f'{self.heartbeat_timeout:g}){gone_now.reason(rank)}; its last '
-            f'completed step was {record.get("done")}'),
-                     since=time.time() - silent)
+        return records_lib.Fault(
+            'lost', rank, record.get('host', '?'), summary=(
+                f'no heartbeat for {silent:.0f} s (--heartbeat_timeout='
+                f'{self.heartbeat_timeout:g}){gone_now.reason(rank)}; its '
+                f'last completed step was {record.get("done")}'),
+            at=time.time() - silent)
     return None
 
   def warn_stragglers(self, now: float) -> None:

@@ -44,10 +44,10 @@ from typing import Optional
 
 import numpy as np
 
-from launcher.rank import peers as peers_lib
 from runtime.common import files
 from runtime.common import layout
 from runtime.common import progress
+from runtime.common import records
 
 K = 10.0
 MARGIN = 3.0
@@ -160,13 +160,13 @@ class StallWatch:
       progress.seed(learned)
 
   def check(self, snapshot: progress.Snapshot,
-            now: float) -> Optional[peers_lib.Cause]:
+            now: float) -> Optional[records.Fault]:
     """A 'stalled' cause when this process is past its deadline, else None."""
     if snapshot.done_step is None:
       waited = now - self.started_at
       limit = self.first_step_timeout
       if 0 < limit < waited:
-        return peers_lib.Cause(
+        return records.Fault(
             'stalled', self.process_index, self.host, summary=(
                 f'no first step completed within {limit:g} s '
                 '(--first_step_timeout); a workload that runs a loop of its '
@@ -184,10 +184,10 @@ class StallWatch:
     doing = (f' while {snapshot.working}' if snapshot.working else '')
     if snapshot.working and snapshot.working_on:
       doing += f' ({snapshot.working_on})'
-    return peers_lib.Cause('stalled', self.process_index, self.host, summary=(
+    return records.Fault('stalled', self.process_index, self.host, summary=(
         f'no step completed for {idle:.0f} s after step '
         f'{snapshot.done_step}{doing} (deadline {limit:.3g} s: {why})'),
-        since=time.time() - idle)
+        at=time.time() - idle)
 
   def keep(self, snapshot: progress.Snapshot, now: float,
            force: bool = False) -> None:

@@ -86,13 +86,13 @@ def _flush(code: int) -> None:
       pass
 
 
-def _note_fault(cause: peers_lib.Cause) -> None:
+def _note_fault(cause: records.Fault) -> None:
   """Tells the goodput ledger when the fault that ends this process began
   and when this process learned of it (the time to recover's first two
   phases)."""
-  goodput.current().note(fault=records.Fault(
-      at=min(cause.since, time.time()), detected=time.time(),
-      rank=cause.rank, kind=cause.kind))
+  now = time.time()
+  goodput.current().note(fault=dataclasses.replace(
+      cause, at=min(cause.at, now), detected=now))
 
 
 def flush_and_exit(code: int) -> NoReturn:
@@ -166,7 +166,7 @@ class Supervisor:
       return
     logging.error('stopping with exit code %d: %s', code, summary)
     self._end.wait_for_acks(self.publish(
-        peers_lib.Cause('failed', self.process_index, self.host, code,
+        records.Fault('failed', self.process_index, self.host, code,
                         summary)))
     self._exit_process(code)
 
@@ -199,7 +199,7 @@ class Supervisor:
             self._end_for(won)
             return
 
-  def _poll_end(self) -> Optional[peers_lib.Cause]:
+  def _poll_end(self) -> Optional[records.Fault]:
     """The job's end if published; a 'lost' cause for a silent coordinator."""
     if self.client is None:
       self._stop.wait(_TICK_S)
@@ -210,11 +210,11 @@ class Supervisor:
       silent = time.monotonic() - self._last_contact
       gone = peers_lib.gone()
       if silent > gone.silence_allowed(0, self.options.heartbeat_timeout):
-        return peers_lib.Cause('lost', 0, _coordinator_host(), summary=(
+        return records.Fault('lost', 0, _coordinator_host(), summary=(
             f'the coordinator (process 0) did not answer for {silent:.0f} s '
             f'(--heartbeat_timeout={self.options.heartbeat_timeout:g})'
             f'{gone.reason(0)}; last error: {peers_lib.first_line(e)}'),
-                               since=time.time() - silent)
+                               at=time.time() - silent)
       self._stop.wait(_TICK_S)
       return None
     self._last_contact = time.monotonic()
@@ -224,7 +224,7 @@ class Supervisor:
     self._beats += 1
     self._peers.publish_own(snapshot, self._beats, self.cpu_s)
 
-  def _check(self, now: float) -> Optional[peers_lib.Cause]:
+  def _check(self, now: float) -> Optional[records.Fault]:
     """The once-a-second duties; returns a cause to publish, if any."""
     snapshot = progress.snapshot()
     self.cpu_s = time.thread_time()  # What watching has cost this process.
@@ -241,7 +241,7 @@ class Supervisor:
 
   # Ending the process.
 
-  def publish(self, cause: peers_lib.Cause) -> peers_lib.Cause:
+  def publish(self, cause: records.Fault) -> records.Fault:
     """Publishes `cause` unless another is there; returns the one that won."""
     return self._end.publish(cause)
 
@@ -263,16 +263,16 @@ class Supervisor:
     self._ending.acquire()  # The watcher no longer ends this process.
     if may_be_consequence:
       earlier = self._end.wait(_consequence_wait_s(summary, self.options))
-      if earlier is not None and earlier.rank != self.process_index:
+      if earlier is not None and earlier.process_index != self.process_index:
         return self._follow(earlier)
-    won = self.publish(peers_lib.Cause('failed', self.process_index,
+    won = self.publish(records.Fault('failed', self.process_index,
                                        self.host, code, summary))
-    if won.rank != self.process_index and may_be_consequence:
+    if won.process_index != self.process_index and may_be_consequence:
       return self._follow(won)
     self._end.wait_for_acks(won)
     return code
 
-  def _follow(self, cause: peers_lib.Cause) -> int:
+  def _follow(self, cause: records.Fault) -> int:
     """This process's failure came from `cause`: say so; PEER_FAILED."""
     _note_fault(cause)
     logging.error('%s; this process stops too (exit %d).',
@@ -281,11 +281,11 @@ class Supervisor:
     self._end.wait_for_acks(cause)
     return exit_codes.PEER_FAILED
 
-  def _end_for(self, cause: peers_lib.Cause) -> None:
+  def _end_for(self, cause: records.Fault) -> None:
     """The watcher saw `cause`: end this process accordingly."""
-    if cause.rank == self.process_index and cause.kind == 'failed':
+    if cause.process_index == self.process_index and cause.kind == 'failed':
       return  # Our own failure: the main thread is on its way out.
-    if cause.kind == 'failed' and cause.code in exit_codes.SAME_EVERYWHERE:
+    if cause.kind == 'failed' and cause.exit_code in exit_codes.SAME_EVERYWHERE:
       # Every process probably finds the same fault itself: let it say so.
       time.sleep(1.0)
     if not self._ending.acquire(blocking=False):

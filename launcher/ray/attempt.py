@@ -218,9 +218,10 @@ class Attempt:
     the others stop, unless `say` is False."""
     _, code, rank, wall = failure
     lost = rank in self._group.lost
-    self._fault = records.Fault(at=wall, detected=time.time(), rank=rank,
-                               kind='lost' if lost else 'failed',
-                               exit_code=code)
+    self._fault = records.Fault(at=wall, detected=time.time(),
+                                process_index=rank,
+                                kind='lost' if lost else 'failed',
+                                exit_code=code)
     if say:
       output.say(f'rank {rank} ended with exit code {code}'
                  f'{exit_codes.signal_suffix(code)}; stopping the others in '

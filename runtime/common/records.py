@@ -26,8 +26,11 @@ Example:
 import dataclasses
 import json
 import os
+import signal
+import time
 from typing import Any, Optional, TypedDict
 
+from runtime.common import exit_codes
 from runtime.common import files
 from runtime.common import layout
 
@@ -43,23 +46,62 @@ def attempt_name(job_id: str, number: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-  """The fault that ended an attempt, for the time to recover.
+  """A fault that ends an attempt: a process failed, was lost or stalled.
+
+  One type for the one event wherever it is seen: a supervisor publishes it
+  to the other processes as why the job ends (launcher/rank/end_of_job.py),
+  its goodput ledger notes it, a launcher records it in attempts.jsonl, and
+  the time to recover starts from it.
 
   Attributes:
-    at: wall time of the failed process's last sign of life.
-    detected: wall time at which the job learned of it.
-    rank: the process it is pinned on.
-    kind: 'failed', 'lost' or 'stalled' (a supervisor's view),
-      'aborted' or 'killed' (an obituary's: launcher/rank/obituary.py, which
-      runs without the project's imports and writes these fields itself),
-      or 'unrecorded' (read from ledgers that all stopped without an end).
-    exit_code: the failed process's code (a launcher's view).
+    kind: 'failed', 'lost' or 'stalled' (a supervisor's view), 'aborted'
+      or 'killed' (an obituary's: launcher/rank/obituary.py, which runs
+      without the project's imports and writes these fields itself), or
+      'unrecorded' (read from ledgers that all stopped without an end);
+      None where a launcher only saw an exit code.
+    process_index: the process it is pinned on ('rank' in the files).
+    host: that process's host name, where known.
+    exit_code: its exit code, for 'failed' and a launcher's view.
+    summary: one line: the exception, or what was seen.
+    at: wall time of that process's last sign of life (its failure, its
+      last heartbeat or step).
+    detected: wall time at which the job learned of it (a ledger's or a
+      launcher's); None while it is only being told.
   """
-  at: float
-  detected: float
-  rank: Optional[int] = None
   kind: Optional[str] = None
+  process_index: Optional[int] = dataclasses.field(
+      default=None, metadata={'json': 'rank'})
+  host: Optional[str] = None
   exit_code: Optional[int] = None
+  summary: Optional[str] = None
+  at: float = dataclasses.field(default_factory=time.time)
+  detected: Optional[float] = None
+
+  def to_json(self) -> dict[str, Any]:
+    return _to_json(self)
+
+  @classmethod
+  def from_json(cls, values: Optional[dict[str, Any]]) -> Optional['Fault']:
+    return _from_json(cls, values)
+
+  def describe(self) -> str:
+    """'rank 1 on HOST failed first: exit 7 (ValueError: ...)' and the like."""
+    where = f'rank {self.process_index} on {self.host}'
+    if self.kind == 'failed' and self.exit_code in _STOPPED_BY:
+      # A Ctrl-C or a scheduler's SIGTERM is someone's decision, not a
+      # fault: the others stop with it rather than blame it.
+      return (f'{where} was stopped by {_STOPPED_BY[self.exit_code]} (exit '
+              f'{self.exit_code}), not by a fault')
+    if self.kind == 'failed':
+      detail = f' ({self.summary})' if self.summary else ''
+      return f'{where} failed first: exit {self.exit_code}{detail}'
+    if self.kind == 'lost':
+      return f'{where} was lost: {self.summary}'
+    return f'{where} stalled: {self.summary}'
+
+
+_STOPPED_BY = {exit_codes.SIGNAL_BASE + signal.SIGINT: 'SIGINT (Ctrl-C)',
+               exit_codes.SIGNAL_BASE + signal.SIGTERM: 'SIGTERM'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,18 +124,28 @@ class Recreate:
 
 
 def _from_json(cls, values: Optional[dict[str, Any]]):
-  """`cls` from a JSON dict, ignoring fields it does not know; None for
+  """`cls` from a JSON dict (a field's name in the files is its metadata's
+  'json', where it has one), ignoring keys it does not know; None for
   anything but a dict."""
   if not isinstance(values, dict):
     return None
-  known = {f.name for f in dataclasses.fields(cls)}
-  return cls(**{k: v for k, v in values.items() if k in known})
+  names = {f.metadata.get('json', f.name): f.name
+           for f in dataclasses.fields(cls)}
+  return cls(**{names[k]: v for k, v in values.items() if k in names})
 
 
 def _to_json(record) -> dict[str, Any]:
-  """The record as a JSON dict, without the fields that are None."""
-  return {k: v for k, v in dataclasses.asdict(record).items()
-          if v is not None}
+  """The record as a JSON dict, nested records too, without the fields that
+  are None."""
+  out = {}
+  for field in dataclasses.fields(record):
+    value = getattr(record, field.name)
+    if value is None:
+      continue
+    if dataclasses.is_dataclass(value):
+      value = _to_json(value)
+    out[field.metadata.get('json', field.name)] = value
+  return out
 
 
 @dataclasses.dataclass
