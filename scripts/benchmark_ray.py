@@ -30,7 +30,8 @@ defaults it never calls jax.distributed.initialize on CPU), the raylet of
 a node killed at step --kill_at: once with 4 workers and a raylet added
 11 s later, once with `num_workers=(3, 4)` and none added. Prints the
 seconds from `fit()` to the first step and from the kill to the first step
-after the restart, and the steps trained again.
+after the restart, the steps trained again, and the census of its last
+checkpoint: examples missed or counted twice against the data order.
 """
 
 import argparse
@@ -220,7 +221,24 @@ def run_jaxtrainer(steps: int, kill_at: int, elastic: bool) -> dict:
                if r[0] > killed and r[1] <= before[1])
   return {'to_first_step': rows[0][0] - began,
           'kill_to_step': after[0] - killed, 'resumed_at': after[1] - 1,
-          'workers_after': after[2], 'recomputed': len(rows) - steps}
+          'workers_after': after[2], 'recomputed': len(rows) - steps,
+          **_jaxtrainer_census(ended['r'].checkpoint, steps)}
+
+
+def _jaxtrainer_census(checkpoint, steps: int) -> dict:
+  """The final checkpoint's count per example against what the data order
+  says `steps` steps train: each step's BATCH examples once."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  expected = np.zeros(EXAMPLES)
+  for s in range(steps):
+    np.add.at(expected, (s * BATCH + np.arange(BATCH)) % EXAMPLES, 1)
+  with checkpoint.as_directory() as directory:
+    saved = np.load(os.path.join(directory, 'state.npz'))
+    counts, step = saved['counts'], int(saved['step'])
+  return {'census_exact': bool(step == steps and
+                               np.array_equal(counts, expected)),
+          'examples_missed': int(np.clip(expected - counts, 0, None).sum()),
+          'examples_twice': int(np.clip(counts - expected, 0, None).sum())}
 
 
 def main() -> None:
