@@ -65,8 +65,8 @@ class AttemptEnd:
       (a TPU slice recreated after a preemption), which goodput counts as
       infrastructure recovery.
     regrew: it was stopped at a step boundary so that the job grows.
-    loss: what the launcher saw lost under it (a TPU slice, Ray nodes), in
-      words; None when nothing was.
+    loss: what the launcher saw lost under it, in words (a TPU slice's
+      state); None when it saw nothing (Ray's lost nodes are `lost`).
     lost: the process indices lost with their machines, ascending.
     back: after a stop to grow, how many lost units it saw back (0: the
       policy counts them itself).

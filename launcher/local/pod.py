@@ -23,7 +23,6 @@ stalls or the launcher is told to stop:
 - ranks die with the launcher even when it is SIGKILLed (PR_SET_PDEATHSIG).
 """
 
-import dataclasses
 import json
 import os
 import shlex
@@ -161,12 +160,8 @@ class Gang:
             self._regrow_due)
         end = monitor.watch(started)
         progressed = progress_reader.last_advance is not None
-        ended = restart.AttemptEnd(
-            code=exit_codes.FAILED, name=self.attempt_name,
-            processes=self.num_processes, progressed=progressed,
-            counts_steps=True,
-            furthest_step=self._furthest_step() if progressed else None,
-            fault=self._fault(end), regrew=monitor.regrowing)
+        furthest = self._furthest_step() if progressed else None
+        fault = self._fault(end)
         if end.state is monitor_lib.GangState.STALLED:
           members_lib.dump_stacks(self._members)
         self._stop(end)
@@ -178,11 +173,14 @@ class Gang:
           if r.log_file is not None:
             r.log_file.close()
     code = report.report(end, self._members, self._console, started,
-                         self.logs_dir, self._signals, ended.regrew,
+                         self.logs_dir, self._signals, monitor.regrowing,
                          attempt=(self.attempt if self.attempts_may_follow
                                   else None))
-    return dataclasses.replace(ended, code=code,
-                               launcher_signalled=bool(self._signals))
+    return restart.AttemptEnd(
+        code=code, name=self.attempt_name, processes=self.num_processes,
+        launcher_signalled=bool(self._signals), progressed=progressed,
+        counts_steps=True, furthest_step=furthest, fault=fault,
+        regrew=monitor.regrowing)
 
   @staticmethod
   def _fault(end: monitor_lib.End) -> Optional[records.Fault]:

@@ -90,10 +90,8 @@ class Attempt:
         code=code, name=self.attempt_name, processes=self.num_processes,
         launcher_signalled=bool(self._signalled), progressed=bool(steps),
         counts_steps=True, furthest_step=max(steps) if steps else None,
-        fault=self._fault, regrew=self._regrew,
-        loss=(f'rank(s) {", ".join(map(str, lost))} lost with their '
-              'node(s)' if lost else None),
-        lost=lost, back=self._spare)
+        fault=self._fault, regrew=self._regrew, lost=lost,
+        back=self._spare)
 
   def _on_signal(self, signum, frame) -> None:
     del frame
@@ -226,6 +224,7 @@ class Attempt:
       output.say(f'rank {rank} ended with exit code {code}'
                  f'{exit_codes.signal_suffix(code)}; stopping the others in '
                  f'{self.options.stop_grace_s:g} s if they have not ended')
+
 
 def _judge_silent(group, told_gone: set[int], now: float) -> None:
   """A rank whose node stops answering: the others hear at once that its
