@@ -200,3 +200,25 @@ def test_no_straggler_is_judged_from_the_warm_up():
   assert own == [0.001] * 30
   quick = {'own': progress.summarize(own), 'step': {'median': 0.1}}
   assert peers.straggler_warnings({0: quick, 1: quick}) == []
+
+
+def test_process_0_waits_for_the_ack_of_the_process_whose_failure_won(
+    monkeypatch):
+  # Process 1's failure is published while it is still inside its own
+  # publish; were process 0 to exit then, JAX would abort process 1 (-6)
+  # before it wrote its records or its exit code (seen once in CI).
+  store = memory_job.MemoryStore()
+  one = supervisor.Supervisor(_FakeJob(1, 2, store), supervisor.Options(),
+                              host='h1')
+  assert one.fail(3, 'TopologyMismatchError: x', may_be_consequence=False) == 3
+  zero = end_of_job.EndOfJob(_FakeJob(0, 2, store))
+  won = end_of_job.decode(store.values[end_of_job.END_KEY])
+  monkeypatch.setattr(end_of_job, '_ACK_WAIT_S', 0.5)
+  started = time.monotonic()
+  zero.wait_for_acks(won)
+  assert time.monotonic() - started >= 0.5  # No ack yet: waited it out.
+  one.leave()  # Process 1's last act, once its records are written.
+  monkeypatch.setattr(end_of_job, '_ACK_WAIT_S', 60.0)
+  started = time.monotonic()
+  zero.wait_for_acks(won)
+  assert time.monotonic() - started < 30

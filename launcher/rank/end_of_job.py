@@ -1,10 +1,11 @@
 """How the processes of a job agree that it ends, and on why.
 
 The first process to publish a cause under END_KEY wins; every other process
-reads it back within a tick. Each process that ends for it acknowledges
-under ACK_DIR, and process 0, which hosts the coordination service, waits
-briefly for those acknowledgements before it exits: once it is gone, JAX
-makes every call of the others fatal.
+reads it back within a tick. Each process that ends for it, the one that
+failed included, acknowledges under ACK_DIR as its last act before it exits,
+and process 0, which hosts the coordination service, waits briefly for
+those acknowledgements before it exits: once it is gone, JAX aborts every
+other process at its next call or poll of the service.
 
 Example:
   >>> end = EndOfJob(coordination.current())
@@ -87,15 +88,17 @@ class EndOfJob:
   def wait_for_acks(self, cause: Optional[records.Fault] = None) -> None:
     """Process 0 keeps the service up until the others have seen the end.
 
-    The process a failure or a loss names is not waited for: it is on its
-    way out, or gone; nor are those whose hosts the launcher saw go
-    (peers.Gone). (A stalled one ends like everyone else.)
+    The process a loss names is not waited for: it is gone; nor are those
+    whose hosts the launcher saw go (peers.Gone). The one a failure names
+    is: until it has acknowledged, it may still be writing its records or
+    waiting on its own publish, and JAX would abort it mid-way. (A stalled
+    one ends like everyone else.)
     """
     if self.process_index != 0 or self.client is None:
       return
     expected = set(range(1, self.client.process_count))
     expected -= peers_lib.gone().processes
-    if cause is not None and cause.kind in ('failed', 'lost'):
+    if cause is not None and cause.kind == 'lost':
       expected.discard(cause.process_index)
     waited_for = bool(expected)
     deadline = time.monotonic() + _ACK_WAIT_S

@@ -258,6 +258,8 @@ def run(config: ConfigDict, workdir: str, options: Options) -> int:
   if code != exit_codes.OK and coordination.current() is not None:
     sys.stdout.flush()
     sys.stderr.flush()
+    if running.supervisor:
+      running.supervisor.leave()
     os._exit(code)  # pylint: disable=protected-access
   return code
 

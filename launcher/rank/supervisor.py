@@ -130,6 +130,7 @@ class Supervisor:
     self._dump_stacks = dump_stacks or (
         lambda: faulthandler.dump_traceback(sys.stderr, all_threads=True))
     self._ending = threading.Lock()  # Held by whoever ends this process.
+    self._in_handshake = False  # `fail` took part in the end of the job.
     self._stop = threading.Event()
     self._watching_steps = True
     self._thread = None
@@ -165,9 +166,11 @@ class Supervisor:
     if not self._ending.acquire(blocking=False):
       return
     logging.error('stopping with exit code %d: %s', code, summary)
-    self._end.wait_for_acks(self.publish(
-        records.Fault('failed', self.process_index, self.host, code,
-                        summary)))
+    won = self.publish(records.Fault('failed', self.process_index, self.host,
+                                     code, summary))
+    _flush(code)
+    self._end.ack()
+    self._end.wait_for_acks(won)
     self._exit_process(code)
 
   def publish_final(self) -> None:
@@ -257,10 +260,12 @@ class Supervisor:
 
     Returns:
       `code`, or exit_codes.PEER_FAILED when another process failed first.
+      The caller writes its records, then calls `leave`, then exits.
     """
     if self.client is None or not self.options.enabled:
       return code
     self._ending.acquire()  # The watcher no longer ends this process.
+    self._in_handshake = True
     if may_be_consequence:
       earlier = self._end.wait(_consequence_wait_s(summary, self.options))
       if earlier is not None and earlier.process_index != self.process_index:
@@ -277,9 +282,14 @@ class Supervisor:
     _note_fault(cause)
     logging.error('%s; this process stops too (exit %d).',
                   cause.describe(), exit_codes.PEER_FAILED)
-    self._end.ack()
     self._end.wait_for_acks(cause)
     return exit_codes.PEER_FAILED
+
+  def leave(self) -> None:
+    """The last act of a process that `fail` ended, once it has written its
+    records: acknowledges the end, so that process 0 may exit."""
+    if self._in_handshake:
+      self._end.ack()
 
   def _end_for(self, cause: records.Fault) -> None:
     """The watcher saw `cause`: end this process accordingly."""
