@@ -222,3 +222,23 @@ def test_process_0_waits_for_the_ack_of_the_process_whose_failure_won(
   started = time.monotonic()
   zero.wait_for_acks(won)
   assert time.monotonic() - started < 30
+
+
+def test_after_a_preemption_process_0_leaves_once_the_others_have(
+    monkeypatch):
+  # A preemption publishes no end: without this wait, process 0 could exit
+  # (and its service with it) while another still writes its records.
+  store = memory_job.MemoryStore()
+  zero, one, two = (supervisor.Supervisor(_FakeJob(i, 3, store),
+                                          supervisor.Options(), host=f'h{i}')
+                    for i in range(3))
+  monkeypatch.setattr(end_of_job, '_ACK_WAIT_S', 0.5)
+  one.leave()
+  started = time.monotonic()
+  zero.leave()
+  assert time.monotonic() - started >= 0.5  # Process 2 never acknowledged.
+  two.leave()
+  monkeypatch.setattr(end_of_job, '_ACK_WAIT_S', 60.0)
+  started = time.monotonic()
+  zero.leave()
+  assert time.monotonic() - started < 30

@@ -166,12 +166,8 @@ class Supervisor:
     if not self._ending.acquire(blocking=False):
       return
     logging.error('stopping with exit code %d: %s', code, summary)
-    won = self.publish(records.Fault('failed', self.process_index, self.host,
-                                     code, summary))
-    _flush(code)
-    self._end.ack()
-    self._end.wait_for_acks(won)
-    self._exit_process(code)
+    self._exit_after_acks(code, self._end.publish(records.Fault(
+        'failed', self.process_index, self.host, code, summary)))
 
   def publish_final(self) -> None:
     """Publishes this process's last step times, for summary.json."""
@@ -197,7 +193,7 @@ class Supervisor:
         next_beat = now + peers_lib.BEAT_EVERY_S
         found = self._check(now)
         if found is not None:
-          won = self.publish(found)
+          won = self._end.publish(found)
           if self.client is None:  # Nobody to tell: end here.
             self._end_for(won)
             return
@@ -210,16 +206,11 @@ class Supervisor:
     try:
       cause = self._end.poll(_TICK_S)
     except Exception as e:  # pylint: disable=broad-except
-      silent = time.monotonic() - self._last_contact
-      gone = peers_lib.gone()
-      if silent > gone.silence_allowed(0, self.options.heartbeat_timeout):
-        return records.Fault('lost', 0, _coordinator_host(), summary=(
-            f'the coordinator (process 0) did not answer for {silent:.0f} s '
-            f'(--heartbeat_timeout={self.options.heartbeat_timeout:g})'
-            f'{gone.reason(0)}; last error: {peers_lib.first_line(e)}'),
-                               at=time.time() - silent)
-      self._stop.wait(_TICK_S)
-      return None
+      lost = _coordinator_lost(time.monotonic() - self._last_contact,
+                               self.options.heartbeat_timeout, e)
+      if lost is None:
+        self._stop.wait(_TICK_S)
+      return lost
     self._last_contact = time.monotonic()
     return cause
 
@@ -244,10 +235,6 @@ class Supervisor:
 
   # Ending the process.
 
-  def publish(self, cause: records.Fault) -> records.Fault:
-    """Publishes `cause` unless another is there; returns the one that won."""
-    return self._end.publish(cause)
-
   def fail(self, code: int, summary: str, may_be_consequence: bool) -> int:
     """The failure path of this process's main thread; returns its exit code.
 
@@ -260,7 +247,7 @@ class Supervisor:
 
     Returns:
       `code`, or exit_codes.PEER_FAILED when another process failed first.
-      The caller writes its records, then calls `leave`, then exits.
+      The caller writes its records, calls `leave`, and exits.
     """
     if self.client is None or not self.options.enabled:
       return code
@@ -270,8 +257,8 @@ class Supervisor:
       earlier = self._end.wait(_consequence_wait_s(summary, self.options))
       if earlier is not None and earlier.process_index != self.process_index:
         return self._follow(earlier)
-    won = self.publish(records.Fault('failed', self.process_index,
-                                       self.host, code, summary))
+    won = self._end.publish(records.Fault(
+        'failed', self.process_index, self.host, code, summary))
     if won.process_index != self.process_index and may_be_consequence:
       return self._follow(won)
     self._end.wait_for_acks(won)
@@ -286,10 +273,15 @@ class Supervisor:
     return exit_codes.PEER_FAILED
 
   def leave(self) -> None:
-    """The last act of a process that `fail` ended, once it has written its
-    records: acknowledges the end, so that process 0 may exit."""
-    if self._in_handshake:
-      self._end.ack()
+    """The last act of a process that a failure or a preemption ends, once
+    it has written its records: acknowledges the end, so that process 0 may
+    exit. After a preemption, which publishes no end, process 0 waits here
+    for the others' acknowledgements."""
+    if self.client is None or not self.options.enabled:
+      return
+    self._end.ack()
+    if not self._in_handshake:
+      self._end.wait_for_acks()
 
   def _end_for(self, cause: records.Fault) -> None:
     """The watcher saw `cause`: end this process accordingly."""
@@ -303,14 +295,7 @@ class Supervisor:
     if cause.kind == 'stalled':
       code = exit_codes.STALLED
       self._dump_stacks()
-      laggards = 'A single process'
-      if self.client is not None:
-        # Let every process publish its state first.
-        time.sleep(peers_lib.BEAT_EVERY_S * 1.5)
-        laggards = self._peers.describe_laggards()
-      logging.error('the job stalled: %s. %s. Every process dumps its '
-                    'stacks into its log and exits %d.', cause.describe(),
-                    laggards, code)
+      _log_stall(cause, self._peers if self.client is not None else None)
     else:
       code = exit_codes.PEER_FAILED
       logging.error('%s; this process stops too (exit %d).',
@@ -318,12 +303,40 @@ class Supervisor:
     _note_fault(cause)
     # What this attempt learned of its pace is for the next one.
     self._stall.keep(progress.snapshot(), time.monotonic(), force=True)
+    self._exit_after_acks(code, cause)
+
+  def _exit_after_acks(self, code: int, cause: records.Fault) -> None:
     # Everything written first: once process 0 has every ack it exits, and
     # its coordination service with it, which JAX makes fatal to the others.
     _flush(code)
     self._end.ack()
     self._end.wait_for_acks(cause)
     self._exit_process(code)
+
+
+def _log_stall(cause: records.Fault,
+               peers: Optional[peers_lib.Peers]) -> None:
+  """Says that the job stalled, and which processes lag (given `peers`)."""
+  laggards = 'A single process'
+  if peers is not None:
+    # Let every process publish its state first.
+    time.sleep(peers_lib.BEAT_EVERY_S * 1.5)
+    laggards = peers.describe_laggards()
+  logging.error('the job stalled: %s. %s. Every process dumps its stacks '
+                'into its log and exits %d.', cause.describe(), laggards,
+                exit_codes.STALLED)
+
+
+def _coordinator_lost(silent_s: float, heartbeat_timeout: float,
+                      error: Exception) -> Optional[records.Fault]:
+  """Process 0's loss, when it has not answered for longer than allowed."""
+  gone = peers_lib.gone()
+  if silent_s <= gone.silence_allowed(0, heartbeat_timeout):
+    return None
+  return records.Fault('lost', 0, _coordinator_host(), summary=(
+      f'the coordinator (process 0) did not answer for {silent_s:.0f} s '
+      f'(--heartbeat_timeout={heartbeat_timeout:g}){gone.reason(0)}; last '
+      f'error: {peers_lib.first_line(error)}'), at=time.time() - silent_s)
 
 
 def _stall_floor(client: Optional[coordination.Client],
