@@ -119,23 +119,24 @@ def describe_process(config: ConfigDict) -> dict[str, str]:
   return fields
 
 
-def _ranks(ranks: list[int]) -> str:
-  """'rank 3', 'ranks 0-2', 'ranks 0, 2, 5-7'."""
+def _ranks(indices: list[int]) -> str:
+  """The console's words for sorted process indices: 'rank 3', 'ranks 0-2',
+  'ranks 0, 2, 5-7'."""
   parts, start = [], None
-  for i, rank in enumerate(ranks):
+  for i, index in enumerate(indices):
     if start is None:
-      start = rank
-    if i + 1 == len(ranks) or ranks[i + 1] != rank + 1:
-      parts.append(str(start) if start == rank else f'{start}-{rank}')
+      start = index
+    if i + 1 == len(indices) or indices[i + 1] != index + 1:
+      parts.append(str(start) if start == index else f'{start}-{index}')
       start = None
-  return ('rank ' if len(ranks) == 1 else 'ranks ') + ', '.join(parts)
+  return ('rank ' if len(indices) == 1 else 'ranks ') + ', '.join(parts)
 
 
 def differences(digests: Mapping[int, Mapping[str, str]]) -> list[str]:
   """One line per field on which the processes disagree.
 
   Args:
-    digests: {rank: {field: value}}.
+    digests: {process index: {field: value}}.
 
   Returns:
     e.g. ['config.optimizer.learning_rate: ranks 0-2 0.001, rank 3 0.5'];
@@ -145,13 +146,14 @@ def differences(digests: Mapping[int, Mapping[str, str]]) -> list[str]:
   lines = []
   for field in fields:
     by_value: dict[str, list[int]] = {}
-    for rank in sorted(digests):
-      by_value.setdefault(digests[rank].get(field, '(missing)'), []).append(
-          rank)
+    for process_index in sorted(digests):
+      value = digests[process_index].get(field, '(missing)')
+      by_value.setdefault(value, []).append(process_index)
     if len(by_value) > 1:
       sides = sorted(by_value.items(), key=lambda item: item[1][0])
       lines.append(f'{field}: ' + ', '.join(
-          f'{_ranks(ranks)} {value or "(unset)"}' for value, ranks in sides))
+          f'{_ranks(indices)} {value or "(unset)"}'
+          for value, indices in sides))
   return lines
 
 
@@ -181,7 +183,7 @@ def agree(client: Optional[coordination.Client], fields: Mapping[str, str],
 
 def _verdict(stage: str, published: Mapping[int, str]) -> str:
   """Process 0: 'ok', or the message every process stops with."""
-  digests = {rank: json.loads(text) for rank, text in published.items()}
+  digests = {i: json.loads(text) for i, text in published.items()}
   lines = differences(digests)
   if not lines:
     logging.info('agreement (%s): the %d processes run the same thing (%d '

@@ -143,13 +143,13 @@ class Rounds:
     timeout_s = _timeout(timeout_s)
     deadline = time.monotonic() + timeout_s
     values, missing = {}, []
-    for rank in range(self.process_count):
-      value = self.wait(f'{prefix}/{rank}', max(deadline - time.monotonic(),
-                                                1e-3))
+    for process_index in range(self.process_count):
+      value = self.wait(f'{prefix}/{process_index}',
+                        max(deadline - time.monotonic(), 1e-3))
       if value is None:
-        missing.append(rank)
+        missing.append(process_index)
       else:
-        values[rank] = value
+        values[process_index] = value
     if missing:
       raise BarrierTimeout(f'{prefix}/<rank>', missing, timeout_s,
                            self.process_count)

@@ -92,16 +92,16 @@ def outliers(rows: dict[tuple[int, int], list[int]], paths: list[str]
   """'rank R device D: first differs at PATH' for each device off the majority.
 
   Args:
-    rows: {(rank, local device index): checksums, one per leaf}.
+    rows: {(process index, local device index): checksums, one per leaf}.
     paths: each leaf's path.
   """
   majority, _ = collections.Counter(
       tuple(r) for r in rows.values()).most_common(1)[0]
   lines = []
-  for (rank, device), row in sorted(rows.items()):
+  for (process_index, device), row in sorted(rows.items()):
     if tuple(row) != majority:
       first = next(i for i, (a, b) in enumerate(zip(row, majority)) if a != b)
-      lines.append(f'rank {rank} device {device}: first differs at '
+      lines.append(f'rank {process_index} device {device}: first differs at '
                    f'params{paths[first]}')
   return lines
 
@@ -152,8 +152,8 @@ def _gather(client: coordination.Client, step: int, rows: np.ndarray,
   process has read by the time it publishes this one's rows.
   """
   def decide(published):
-    gathered = {(rank, device): row
-                for rank, text in published.items()
+    gathered = {(process_index, device): row
+                for process_index, text in published.items()
                 for device, row in enumerate(json.loads(text))}
     if previous is not None:
       client.delete(f'{_KEY}/{previous}')

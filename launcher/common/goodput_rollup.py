@@ -24,13 +24,13 @@ from runtime.common import goodput
 
 def _read_ledgers(workdir: str
                   ) -> dict[str, dict[int, records.LedgerRecord]]:
-  """{attempt: {rank: ledger record}}."""
+  """{attempt: {process index: ledger record}}."""
   out: dict[str, dict[int, records.LedgerRecord]] = {}
   for attempt, ranks in layout.Record(workdir).attempts_with_ledgers().items():
-    for rank, path in ranks.items():
+    for process_index, path in ranks.items():
       try:
         with open(path) as f:
-          out.setdefault(attempt, {})[rank] = json.load(f)
+          out.setdefault(attempt, {})[process_index] = json.load(f)
       except (OSError, ValueError):
         continue
   return out

@@ -60,7 +60,7 @@ def fault_of(ranks: dict[int, dict[str, Any]],
   life, and the notice).
 
   Args:
-    ranks: the attempt's ledgers, {rank: record as written}.
+    ranks: the attempt's ledgers, {process index: record as written}.
     launch: the launcher's record of it, or None.
   """
   fault = _fault(ranks, launch)
@@ -74,7 +74,7 @@ def phases(before: dict[int, dict[str, Any]], launch_before: Launch,
   attempt's first productive step, in PHASES.
 
   Args:
-    before: the earlier attempt's ledgers, {rank: record}.
+    before: the earlier attempt's ledgers, {process index: record}.
     launch_before: the launcher's record of it, or None.
     before_end: when it ended (wall time).
     ledger_0: this attempt's process 0 ledger.

@@ -105,8 +105,8 @@ class Peers:
       pass  # The supervisor notices a coordinator that stays silent.
 
   def records(self) -> dict[int, dict[str, Any]]:
-    return {rank: json.loads(value) for rank, value
-            in self.client.by_rank(BEAT_DIR).items()}
+    return {i: json.loads(value)
+            for i, value in self.client.by_rank(BEAT_DIR).items()}
 
   def find_lost(self, now: float, gone_now: Gone = Gone()
                 ) -> Optional[records_lib.Fault]:
@@ -121,19 +121,22 @@ class Peers:
       records = self.records()
     except Exception:  # pylint: disable=broad-except
       return None
-    for rank in range(1, self.client.process_count):
-      record = records.get(rank, {'beat': None, 'host': '?'})
-      seen = self.last_change.get(rank)
+    for process_index in range(1, self.client.process_count):
+      record = records.get(process_index, {'beat': None, 'host': '?'})
+      seen = self.last_change.get(process_index)
       if seen is None or seen[0] != record['beat']:
-        self.last_change[rank] = (record['beat'], now)
+        self.last_change[process_index] = (record['beat'], now)
         continue
       silent = now - seen[1]
-      if silent > gone_now.silence_allowed(rank, self.heartbeat_timeout):
+      allowed = gone_now.silence_allowed(process_index,
+                                         self.heartbeat_timeout)
+      if silent > allowed:
         return records_lib.Fault(
-            'lost', rank, record.get('host', '?'), summary=(
+            'lost', process_index, record.get('host', '?'), summary=(
                 f'no heartbeat for {silent:.0f} s (--heartbeat_timeout='
-                f'{self.heartbeat_timeout:g}){gone_now.reason(rank)}; its '
-                f'last completed step was {record.get("done")}'),
+                f'{self.heartbeat_timeout:g})'
+                f'{gone_now.reason(process_index)}; its last completed step '
+                f'was {record.get("done")}'),
             at=time.time() - silent)
     return None
 
@@ -142,11 +145,11 @@ class Peers:
       records = self.records()
     except Exception:  # pylint: disable=broad-except
       return
-    for line in straggler_warnings(records):
-      rank = line[0]
-      if now - self.warned_at.get(rank, -1e9) >= _STRAGGLER_WARN_EVERY_S:
-        self.warned_at[rank] = now
-        logging.warning('%s', line[1])
+    for process_index, warning in straggler_warnings(records):
+      last = self.warned_at.get(process_index, -1e9)
+      if now - last >= _STRAGGLER_WARN_EVERY_S:
+        self.warned_at[process_index] = now
+        logging.warning('%s', warning)
 
   def describe_laggards(self) -> str:
     try:
@@ -165,7 +168,7 @@ def describe_laggards(records: dict[int, dict[str, Any]],
   others wait for it inside the step's collectives.
 
   Args:
-    records: {rank: heartbeat record with 'begun', 'done' and 'host'}.
+    records: {process index: heartbeat record with 'begun', 'done' and 'host'}.
     process_count: processes in the job.
 
   Example:
@@ -195,7 +198,8 @@ def describe_laggards(records: dict[int, dict[str, Any]],
 
 def straggler_warnings(records: dict[int, dict[str, Any]]
                        ) -> list[tuple[int, str]]:
-  """(rank, warning) for each process much slower on its own than the rest.
+  """(process index, warning) of each process much slower on its own than
+  the rest.
 
   A process's own time per step is what it spends before it can start the
   step (input, dispatch); the others wait that long in the step's
@@ -217,11 +221,13 @@ def straggler_warnings(records: dict[int, dict[str, Any]]
     return []
   step_time = float(np.median(steps))
   out = []
-  for rank, value in sorted(own.items()):
-    others = float(np.median([v for r, v in own.items() if r != rank]))
+  for process_index, value in sorted(own.items()):
+    others = float(np.median([v for i, v in own.items()
+                              if i != process_index]))
     if value > _STRAGGLER_RATIO * others and value - others > 0.05 * step_time:
-      out.append((rank, (
-          f'straggler: rank {rank} on {records[rank].get("host", "?")} '
+      host = records[process_index].get('host', '?')
+      out.append((process_index, (
+          f'straggler: rank {process_index} on {host} '
           f'spends {value:.3f} s of its own per step (input, dispatch), '
           f'{value / max(others, 1e-9):.1f}x the {others:.3f} s of the other '
           f'{len(own) - 1} rank(s) (median); every step of the job waits for '
@@ -237,8 +243,8 @@ def rank_stats(client: Optional[coordination.Client]) -> list[dict[str, Any]]:
                    'step': progress.summarize(snapshot.step_seconds),
                    'own': progress.summarize(snapshot.own_seconds)}}
   else:
-    records = {rank: json.loads(v)
-               for rank, v in client.by_rank(BEAT_DIR).items()}
+    records = {i: json.loads(v)
+               for i, v in client.by_rank(BEAT_DIR).items()}
   return [{'rank': r, 'host': rec.get('host'),
            'step_time_median_s': rec.get('step', {}).get('median'),
            'step_time_p99_s': rec.get('step', {}).get('p99'),

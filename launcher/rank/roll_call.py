@@ -43,8 +43,8 @@ class RollCall:
     self.num_processes = num_processes
     self.signed_at = time.time()
 
-  def _path(self, rank: int) -> str:
-    return layout.rank_file(self.directory, rank)
+  def _path(self, process_index: int) -> str:
+    return layout.rank_file(self.directory, process_index)
 
   def sign(self) -> None:
     try:
@@ -57,17 +57,18 @@ class RollCall:
       logging.warning('cannot sign the roll call in %s: %s', self.directory, e)
 
   def present(self, max_age_s: float) -> dict[int, dict]:
-    """{rank: its entry} of the processes that signed for this coordinator."""
+    """{process index: its entry} of the processes that signed for this
+    coordinator."""
     out = {}
-    for rank in range(self.num_processes):
+    for process_index in range(self.num_processes):
       try:
-        with open(self._path(rank)) as f:
+        with open(self._path(process_index)) as f:
           entry = json.load(f)
       except (OSError, ValueError):
         continue
       if (entry.get('coordinator') == self.coordinator_address and
           self.signed_at - entry.get('time', 0) < max_age_s):
-        out[rank] = entry
+        out[process_index] = entry
     return out
 
   def missing(self, max_age_s: float = 3600) -> list[int]:

@@ -122,20 +122,21 @@ class Attempt:
     else 0. Once the cause is known, or the driver was signalled, the
     others have --stop_grace to end before they are stopped."""
     group, grace = self._group, self.options.stop_grace_s
-    failed: list[tuple[float, int, int, float]] = []  # (when, code, rank, wall)
+    # (when, exit code, process index, wall time) of each failure.
+    failed: list[tuple[float, int, int, float]] = []
     cause, stop_at, forwarded = None, None, False
     while len(group.ended) < len(group.hosts):
       seen, began = set(group.ended), time.monotonic()
-      for rank, stream, line in group.read(_READ_EVERY_S):
-        self.logs.write(rank, stream, line)
+      for process_index, stream, line in group.read(_READ_EVERY_S):
+        self.logs.write(process_index, stream, line)
       time.sleep(max(0.0, began + _READ_EVERY_S - time.monotonic()))
       now = time.monotonic()
       _judge_silent(group, self._told_gone, now)
       failed += [self._failure(r, now) for r in group.ended
                  if r not in seen and group.ended[r] != exit_codes.OK]
-      for rank in sorted(set(group.lost) - seen):
-        output.say(f'rank {rank} lost: its node {group.nodes[rank][:12]} is '
-                   f'gone ({group.lost[rank]})')
+      for i in sorted(set(group.lost) - seen):
+        output.say(f'rank {i} lost: its node {group.nodes[i][:12]} is '
+                   f'gone ({group.lost[i]})')
       notice = self._notice(now) or (
           self._grow_due(now) if cause is None else None)
       if notice and not forwarded:
@@ -156,19 +157,22 @@ class Attempt:
     root = exit_codes.root_cause([f[:2] for f in failed], 0.0, True)
     if root is not None and root != cause:
       self._fail(failed[root], say=False)
-      _, code, rank, _ = failed[root]
+      _, code, process_index, _ = failed[root]
       if cause is not None:
-        output.say(f'the root cause is rank {rank}\'s exit code {code}'
+        output.say(f'the root cause is rank {process_index}\'s exit code {code}'
                    f'{exit_codes.signal_suffix(code)}: its node went before '
                    'the others failed')
     return failed[root][1] if root is not None else exit_codes.OK
 
-  def _failure(self, rank: int, now: float
+  def _failure(self, process_index: int, now: float
                ) -> tuple[float, int, int, float]:
-    """(when, exit code, rank, wall time) of a process that failed; a lost
-    one's when is its node's last answer."""
-    when = self._group.last_heard(rank) if rank in self._group.lost else now
-    return when, self._group.ended[rank], rank, time.time() - (now - when)
+    """(when, exit code, process index, wall time) of a process that failed;
+    a lost one's when is its node's last answer."""
+    group = self._group
+    when = (group.last_heard(process_index) if process_index in group.lost
+            else now)
+    return (when, group.ended[process_index], process_index,
+            time.time() - (now - when))
 
   def _grow_due(self, now: float) -> Optional[str]:
     """Why the job should grow now: an elastic job below --num_processes
@@ -203,25 +207,25 @@ class Attempt:
     draining = self._group.draining()
     if not draining:
       return None
-    rank = min(draining)
-    deadline = draining[rank]
+    process_index = min(draining)
+    deadline = draining[process_index]
     left = (f'deadline in {deadline / 1000 - time.time():.0f} s' if deadline
             else 'no deadline')
-    return (f'rank {rank}\'s node {self._group.nodes[rank][:12]} is draining '
-            f'({left})')
+    node = self._group.nodes[process_index][:12]
+    return f'rank {process_index}\'s node {node} is draining ({left})'
 
   def _fail(self, failure: tuple[float, int, int, float],
             say: bool = True) -> None:
     """Records the root cause as the attempt's fault; says so, and that
     the others stop, unless `say` is False."""
-    _, code, rank, wall = failure
-    lost = rank in self._group.lost
+    _, code, process_index, wall = failure
+    lost = process_index in self._group.lost
     self._fault = records.Fault(at=wall, detected=time.time(),
-                                process_index=rank,
+                                process_index=process_index,
                                 kind='lost' if lost else 'failed',
                                 exit_code=code)
     if say:
-      output.say(f'rank {rank} ended with exit code {code}'
+      output.say(f'rank {process_index} ended with exit code {code}'
                  f'{exit_codes.signal_suffix(code)}; stopping the others in '
                  f'{self.options.stop_grace_s:g} s if they have not ended')
 
@@ -251,9 +255,9 @@ def _judge_silent(group, told_gone: set[int], now: float) -> None:
   failed = any(code != exit_codes.OK for code in group.ended.values())
   if failed and all(r in group.ended or r in group.silent
                     for r in range(len(group.hosts))):
-    for rank, since in list(group.silent.items()):
+    for process_index, since in list(group.silent.items()):
       if now - since >= _SILENT_LOST_S:
-        group.take_lost(rank, f'no answer from its node for '
+        group.take_lost(process_index, f'no answer from its node for '
                         f'{now - since:.1f} s')
 
 

@@ -8,7 +8,7 @@ Example:
   >>> group = Group.reserve(4, {'GPU': 8}, timeout_s=120)
   >>> group.start(['--config=configs/mnist.py', '--workdir=/shared/mnist'],
   ...             job_id='3f2a', attempt='3f2a-a1')
-  >>> group.read()          # [(rank, stream, line), ...], {rank: exit code}
+  >>> group.read()          # [(process index, stream, line), ...]
   >>> group.remove()
 """
 
@@ -64,13 +64,13 @@ class Group:
   """The processes of one attempt, one per node.
 
   Attributes:
-    hosts: the actors, one a rank.
-    nodes: Ray's id of each rank's node.
-    ended: {rank: exit code} of every process known to have ended.
-    lost: {rank: what Ray said} of ranks whose node died.
-    silent: {rank: monotonic time since when} of running ranks whose actor
-      has not answered a read for SILENT_AFTER_S (a node gone that Ray has
-      not declared dead yet, or one very busy).
+    hosts: the actors, one a process.
+    nodes: Ray's id of each process's node.
+    ended: {process index: exit code} of every process known to have ended.
+    lost: {process index: what Ray said} of processes whose node died.
+    silent: {process index: monotonic time since when} of running processes
+      whose actor has not answered a read for SILENT_AFTER_S (a node gone
+      that Ray has not declared dead yet, or one very busy).
   """
 
   def __init__(self, placement, hosts: list[Any]):
@@ -126,68 +126,69 @@ class Group:
         env_vars.COORDINATOR_ADDRESS: coordinator,
         env_vars.COORDINATOR_BIND_ADDRESS: coordinator,
         env_vars.NUM_PROCESSES: str(len(self.hosts)),
-        env_vars.PROCESS_ID: str(rank),
+        env_vars.PROCESS_ID: str(process_index),
         env_vars.JOB_ID: job_id,
-        env_vars.ATTEMPT: attempt}) for rank, host in enumerate(self.hosts)])
+        env_vars.ATTEMPT: attempt})
+        for process_index, host in enumerate(self.hosts)])
     return coordinator, pids
 
   def read(self, wait_s: float = 0.2) -> list[tuple[int, str, str]]:
     """What every running process said since the last read, as
-    (rank, stream, line), waiting at most `wait_s`; notes each one's exit
-    code in `ended`, in `lost` the ranks whose actor died with its node
-    (exit code LOST), and in `silent` those whose actor has not answered
-    for SILENT_AFTER_S."""
+    (process index, stream, line), waiting at most `wait_s`; notes each
+    one's exit code in `ended`, in `lost` the processes whose actor died
+    with its node (exit code LOST), and in `silent` those whose actor has
+    not answered for SILENT_AFTER_S."""
     now = time.monotonic()
-    for rank in self._running():
-      self._heard.setdefault(rank, now)
-      if rank not in self._reads:
-        self._reads[rank] = self.hosts[rank].read.remote()
-    refs = {ref: rank for rank, ref in self._reads.items()}
+    for process_index in self._running():
+      self._heard.setdefault(process_index, now)
+      if process_index not in self._reads:
+        self._reads[process_index] = self.hosts[process_index].read.remote()
+    refs = {ref: process_index for process_index, ref in self._reads.items()}
     done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s)
     out = []
     for ref in done:
-      rank = refs[ref]
-      del self._reads[rank]
+      process_index = refs[ref]
+      del self._reads[process_index]
       try:
         lines, code = ray.get(ref)
       except ray.exceptions.ActorUnavailableError:
         continue  # Reachable again soon, or dead at the next read.
       except ray.exceptions.RayActorError as e:
-        self.lost[rank] = str(e).strip().splitlines()[0]
-        self.ended[rank] = LOST
-        self.silent.pop(rank, None)
+        self.lost[process_index] = str(e).strip().splitlines()[0]
+        self.ended[process_index] = LOST
+        self.silent.pop(process_index, None)
         continue
-      self._heard[rank] = time.monotonic()
-      self.silent.pop(rank, None)
-      out += [(rank, stream, line) for stream, line in lines]
+      self._heard[process_index] = time.monotonic()
+      self.silent.pop(process_index, None)
+      out += [(process_index, stream, line) for stream, line in lines]
       if code is not None:
-        self.ended[rank] = code
+        self.ended[process_index] = code
     now = time.monotonic()
-    for rank in self._running():
-      if now - self._heard[rank] > SILENT_AFTER_S:
-        self.silent[rank] = self._heard[rank]
+    for process_index in self._running():
+      if now - self._heard[process_index] > SILENT_AFTER_S:
+        self.silent[process_index] = self._heard[process_index]
     return out
 
-  def take_lost(self, rank: int, why: str) -> None:
+  def take_lost(self, process_index: int, why: str) -> None:
     """Counts silent `rank` as lost with its node (exit code LOST) before
     Ray declares it dead: every other process has ended."""
-    self.lost[rank] = why
-    self.ended[rank] = LOST
-    self.silent.pop(rank, None)
-    self._reads.pop(rank, None)
+    self.lost[process_index] = why
+    self.ended[process_index] = LOST
+    self.silent.pop(process_index, None)
+    self._reads.pop(process_index, None)
 
-  def last_heard(self, rank: int) -> float:
+  def last_heard(self, process_index: int) -> float:
     """When `rank`'s actor last answered (monotonic): a lost node's process
     ended about then, before the consequences seen in the others."""
-    return self._heard.get(rank, time.monotonic())
+    return self._heard.get(process_index, time.monotonic())
 
-  def tell_gone(self, ranks: list[int], why: str) -> None:
-    """Tells every other running process that `ranks`' hosts went
+  def tell_gone(self, processes: list[int], why: str) -> None:
+    """Tells every other running process that the hosts of `processes` went
     (launcher/rank/peers.py, Gone): their supervisors take those processes
     for lost after a few seconds without a heartbeat, not after
     --heartbeat_timeout; one that still beats stays in the job."""
-    self._quietly([self.hosts[r].gone.remote(ranks, why)
-                   for r in self._running() if r not in ranks],
+    self._quietly([self.hosts[i].gone.remote(processes, why)
+                   for i in self._running() if i not in processes],
                   _CALL_TIMEOUT_S)
 
   def spare_nodes(self, resources: dict[str, float]) -> int:
@@ -201,9 +202,10 @@ class Group:
                    available.get(k, 0) >= v for k, v in resources.items()))
 
   def draining(self) -> dict[int, int]:
-    """{rank: the drain's deadline in ms since the epoch, 0 for none} of
-    every running process whose node Ray is draining (`ray drain-node`, the
-    autoscaler's or a preemption's drain; what Ray Train polls too)."""
+    """{process index: the drain's deadline in ms since the epoch, 0 for
+    none} of every running process whose node Ray is draining (`ray
+    drain-node`, the autoscaler's or a preemption's drain; what Ray Train
+    polls too)."""
     from ray._private import state  # pylint: disable=g-import-not-at-top
     nodes = state.state.get_draining_nodes()
     return {r: nodes[node] for r, node in enumerate(self.nodes)

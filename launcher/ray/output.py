@@ -44,20 +44,21 @@ class Logs:
     header) and writes job.json."""
     self.close()
     os.makedirs(self.record.logs(), exist_ok=True)
-    for rank in range(self.num_processes):
-      log = open(self.record.process_log(rank), 'a' if attempt > 1 else 'w')
+    for process_index in range(self.num_processes):
+      log = open(self.record.process_log(process_index),
+                 'a' if attempt > 1 else 'w')
       if attempt > 1:
         log.write(f'===== attempt {attempt} =====\n')
-      self.files[rank] = log
+      self.files[process_index] = log
     files.write_json(self.record.job(), job)
 
-  def write(self, rank: int, stream: str, line: str) -> None:
-    if rank in self.files:
-      self.files[rank].write(line)
+  def write(self, process_index: int, stream: str, line: str) -> None:
+    if process_index in self.files:
+      self.files[process_index].write(line)
     if output_prefix.routine(line):
       return
     if not line.startswith('[rank '):
-      line = output_prefix.prefix(rank, self.num_processes) + line
+      line = output_prefix.prefix(process_index, self.num_processes) + line
     (sys.stderr if stream == 'stderr' else sys.stdout).write(line)
 
   def close(self) -> None:

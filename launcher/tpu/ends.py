@@ -18,7 +18,7 @@ driver learns the end otherwise, and goes on then rather than after
 JAX-free, as the whole driver.
 
 Example:
-  >>> ledgers = Ledgers('gs://runs/mnist', 'job-1-2', ranks=[0, 1])
+  >>> ledgers = Ledgers('gs://runs/mnist', 'job-1-2', processes=[0, 1])
   >>> ledgers.start()
   >>> over(exits, processes, lost={'0', '1'}, kept_in_bucket=True,
   ...      final=ledgers.final())
@@ -78,11 +78,11 @@ class Ledgers:
   it shortens (gcsfs retries for tens of seconds).
   """
 
-  def __init__(self, url: str, attempt: str, ranks: Iterable[int],
+  def __init__(self, url: str, attempt: str, processes: Iterable[int],
                fs_factory: Optional[Callable] = None):
     self.url = url.rstrip('/')
     record = layout.Record(self.url)
-    self._paths = {str(r): record.ledger(attempt, r) for r in ranks}
+    self._paths = {str(i): record.ledger(attempt, i) for i in processes}
     self._fs_factory = fs_factory
     self._final: set[str] = set()
     self._stop = threading.Event()

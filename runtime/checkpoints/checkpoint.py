@@ -65,7 +65,7 @@ def check_shared(path: str) -> None:
   seen = client.exchange(f'{name}/sees', '1' if sees else '0')
   if client.process_index == 0:
     marker.unlink()
-  blind = sorted(rank for rank, v in seen.items() if v != '1')
+  blind = sorted(i for i, v in seen.items() if v != '1')
   if blind:
     raise CheckpointError(
         f'the checkpoint directory {path} is not shared: process(es) '

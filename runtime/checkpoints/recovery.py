@@ -97,8 +97,8 @@ def _exchange(local_steps: list[int], persistent_step: Optional[int]
   # Process 0's view of the persistent tier is the one that counts.
   published = client.exchange(f'{_KEY}/steps', json.dumps(
       {'local': local_steps, 'persistent': persistent_step}))
-  everyone = {rank: json.loads(text) for rank, text in published.items()}
-  return ({rank: v['local'] for rank, v in everyone.items()},
+  everyone = {i: json.loads(text) for i, text in published.items()}
+  return ({i: v['local'] for i, v in everyone.items()},
           everyone[0]['persistent'])
 
 
