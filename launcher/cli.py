@@ -318,8 +318,8 @@ def _make_pod(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
         attempts_may_follow=bool(capacity) or _MAX_RESTARTS.value > 0,
         local_devices=local_devices,
         workdir=workdir,
-        rank_args=(pod_passthrough_args(sys.argv[1:]) +
-                   authority.rank_args()),
+        process_args=(pod_passthrough_args(sys.argv[1:]) +
+                   authority.process_args()),
         coordinator_address=_COORDINATOR_ADDRESS.value,
         stall_timeout=_STALL_TIMEOUT.value,
         first_step_timeout=_FIRST_STEP_TIMEOUT.value,

@@ -64,7 +64,7 @@ class PodAuthority:
 
   Attributes:
     directory: the authority's directory, or None when the pod runs
-      without TLS (then `rank_args` says so to every rank).
+      without TLS (then `process_args` says so to every process).
   """
 
   def __init__(self, mode: str, job: str, say=None,
@@ -81,7 +81,7 @@ class PodAuthority:
     self.directory = tempfile.mkdtemp(prefix='podrun-tls-')
     job_tls.make_authority(self.directory, job)
 
-  def rank_args(self) -> list[str]:
+  def process_args(self) -> list[str]:
     """Each rank's flags: the authority, or TLS off, decided here once."""
     if self.directory is None:
       return [f'--tls={OFF}']

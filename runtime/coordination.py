@@ -12,13 +12,13 @@ not come: `from_0` (process 0 makes a value, every process gets it),
 `decide_on_0` (every process publishes, process 0 decides, every process
 gets the verdict) and `exchange` (every process publishes and reads every
 other's). Values published per process sit under `PREFIX/<process index>`,
-read back with `by_rank`.
+read back with `by_process`.
 
 Example:
   >>> client = coordination.current()       # None without jax.distributed
   >>> client.set('podrun/x', 'hello')       # False when the key exists
   >>> client.barrier('podrun/saved', timeout_s=60)
-  >>> client.decide_on_0('podrun/agree', digest, lambda by_rank: 'ok')
+  >>> client.decide_on_0('podrun/agree', digest, lambda by_process: 'ok')
 """
 
 import dataclasses
@@ -107,7 +107,7 @@ class Rounds:
     """Stores this process's `value` under `prefix/<process index>`."""
     self.set(f'{prefix}/{self.process_index}', value, overwrite=True)
 
-  def by_rank(self, prefix: str) -> dict[int, str]:
+  def by_process(self, prefix: str) -> dict[int, str]:
     """{process index: value} of what the processes published so far.
 
     Only `prefix/<index>` itself counts, not the keys below it.
@@ -116,17 +116,17 @@ class Rounds:
     return {int(k[start:]): v for k, v in self.directory(prefix).items()
             if k[start:].isdigit()}
 
-  def wait_for(self, key: str, from_ranks: Sequence[int],
+  def wait_for(self, key: str, from_processes: Sequence[int],
                timeout_s: Optional[float] = None) -> str:
     """The value under `key` once set, at most timeout_s.
 
     Raises:
-      BarrierTimeout: naming `from_ranks`, who should have set it.
+      BarrierTimeout: naming `from_processes`, which should have set it.
     """
     timeout_s = _timeout(timeout_s)
     value = self.wait(key, timeout_s)
     if value is None:
-      raise BarrierTimeout(key, from_ranks, timeout_s, self.process_count)
+      raise BarrierTimeout(key, from_processes, timeout_s, self.process_count)
     return value
 
   def gather(self, prefix: str, timeout_s: Optional[float] = None
@@ -201,7 +201,7 @@ class Rounds:
     """
     self.publish(prefix, value)
     self.barrier(f'{prefix}/published', timeout_s)
-    return self.by_rank(prefix)
+    return self.by_process(prefix)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,7 +268,7 @@ class Client(Rounds):
     except Exception as e:  # pylint: disable=broad-except
       if not _is(e, 'DEADLINE_EXCEEDED'):
         raise
-      arrived = self.by_rank(f'{name}/arrived')
+      arrived = self.by_process(f'{name}/arrived')
       missing = [r for r in range(self.process_count) if r not in arrived]
       raise BarrierTimeout(name, missing, timeout_s,
                            self.process_count) from None

@@ -66,10 +66,10 @@ class MemoryJob(coordination.Rounds):
     self.publish(f'{name}/arrived', str(time.time()))
     with self.changed:
       everyone = self.changed.wait_for(
-          lambda: len(self.by_rank(f'{name}/arrived')) == self.process_count,
+          lambda: len(self.by_process(f'{name}/arrived')) == self.process_count,
           timeout_s)
     if not everyone:
-      arrived = self.by_rank(f'{name}/arrived')
+      arrived = self.by_process(f'{name}/arrived')
       raise coordination.BarrierTimeout(
           name, [r for r in range(self.process_count) if r not in arrived],
           timeout_s, self.process_count)

@@ -76,4 +76,4 @@ def test_by_rank_reads_only_the_values_right_under_the_prefix():
   client.set('podrun/x/verdict', 'v')
   client.set('podrun/x/published/arrived/1', 't')
   client.set('podrun/xy/0', 'other round')
-  assert client.by_rank('podrun/x') == {0: 'a', 1: 'b'}
+  assert client.by_process('podrun/x') == {0: 'a', 1: 'b'}

@@ -68,18 +68,18 @@ def test_a_missing_authority_is_named(tmp_path):
 def test_the_local_pod_makes_its_authority_where_jax_has_tls(tmp_path):
   said = []
   old = tls.PodAuthority(tls.AUTO, 'j', said.append, version='0.10.2')
-  assert old.directory is None and old.rank_args() == ['--tls=off']
+  assert old.directory is None and old.process_args() == ['--tls=off']
   assert len(said) == 1 and 'JAX 0.10.2 has no mutual TLS' in said[0]
   new = tls.PodAuthority(tls.AUTO, 'j', said.append, version='0.12.0')
   try:
     assert job_tls.has_authority(new.directory)
-    assert new.rank_args() == ['--tls=require',
+    assert new.process_args() == ['--tls=require',
                                f'--tls_dir={new.directory}']
   finally:
     new.close()
   assert not os.path.exists(new.directory or 'gone') and len(said) == 1
   off = tls.PodAuthority(tls.OFF, 'j', said.append, version='0.12.0')
-  assert off.rank_args() == ['--tls=off'] and len(said) == 1
+  assert off.process_args() == ['--tls=off'] and len(said) == 1
 
 
 def test_require_on_an_old_jax_is_refused_naming_the_version():

@@ -71,11 +71,11 @@ def _write(root, relative, data: bytes, mtime=None):
 
 def _mirror(tmp_path, bucket, owns=None):
   return record_mirror.Mirror(URL, str(tmp_path / 'copy'),
-                              owns or record_mirror.rank_owns(0), fs=bucket)
+                              owns or record_mirror.process_owns(0), fs=bucket)
 
 
 def test_each_file_has_one_owner():
-  zero, one = record_mirror.rank_owns(0), record_mirror.rank_owns(1)
+  zero, one = record_mirror.process_owns(0), record_mirror.process_owns(1)
   for relative in ('metrics.jsonl', 'summary.json',
                    'tensorboard/events.out.tfevents.1.host'):
     assert zero(relative) and not one(relative), relative
@@ -129,7 +129,7 @@ def test_a_fetch_brings_the_earlier_attempts_and_keeps_newer_local_files(
   copy = tmp_path / 'copy'
   # Written here after the last upload: an obituary's end of process 1.
   _write(copy, 'goodput/a1/rank_1.json', b'{"end": 137}')
-  mirror = _mirror(tmp_path, bucket, owns=record_mirror.rank_owns(1))
+  mirror = _mirror(tmp_path, bucket, owns=record_mirror.process_owns(1))
   assert mirror.fetch() == 2
   assert (copy / 'metrics.jsonl').read_bytes() == b'{"step": 1}\n'
   assert (copy / 'goodput/a1/rank_1.json').read_bytes() == b'{"end": 137}'

@@ -23,7 +23,7 @@ bucket (the `gcs` and `tpu` extras install it).
 
 Example:
   >>> mirror = Mirror('gs://runs/mnist', local_copy('gs://runs/mnist'),
-  ...                 owns=rank_owns(0))
+  ...                 owns=process_owns(0))
   >>> mirror.fetch()          # the record of earlier attempts, if any
   >>> mirror.start()          # uploads every PUSH_EVERY_S
   >>> ...                     # the job writes to mirror.local_dir
@@ -71,7 +71,7 @@ def local_copy(url: str) -> str:
   return os.path.join(root, url[len('gs://'):].strip('/'))
 
 
-def rank_owns(process_index: int, launcher_files: bool = False
+def process_owns(process_index: int, launcher_files: bool = False
               ) -> Callable[[str], bool]:
   """Which record files process `process_index` uploads (see the module
   docstring); paths are relative to the workdir, with '/'.

@@ -52,7 +52,7 @@ class Member:
 
 
 def plan(num_processes: int, local_devices: int, workdir: str,
-         logs_dir: str, rank_args: list[str], coordinator_address: str,
+         logs_dir: str, process_args: list[str], coordinator_address: str,
          env: dict[str, str]) -> list[Member]:
   """Every rank's command line and the variables it gets beyond ours."""
   extra = dict(env)
@@ -62,7 +62,7 @@ def plan(num_processes: int, local_devices: int, workdir: str,
     cluster.exempt_from_proxy(list(LOOPBACK_HOSTS), exempt)
     extra.update(exempt)
   return [Member(index, [
-      sys.executable, '-u', '-m', 'launcher', *rank_args,
+      sys.executable, '-u', '-m', 'launcher', *process_args,
       f'--workdir={workdir}', f'--local_devices={local_devices}',
       f'--coordinator_address={coordinator_address}',
       f'--coordinator_bind_address={coordinator_address}',

@@ -82,12 +82,12 @@ class Gang:
 
   Example:
     >>> Pod(num_processes=2, local_devices=4, workdir='/tmp/w',
-    ...     rank_args=['--config=configs/linear_regression.py']).run().code
+    ...     process_args=['--config=configs/linear_regression.py']).run().code
     0
   """
 
   def __init__(self, num_processes: int, local_devices: int, workdir: str,
-               rank_args: list[str], coordinator_address: Optional[str] = None,
+               process_args: list[str], coordinator_address: Optional[str] = None,
                stall_timeout: float = 600, first_step_timeout: float = 1800,
                kill_grace: float = 5, log_all_ranks: bool = False,
                preemption_grace: float = 120, job_id: Optional[str] = None,
@@ -121,7 +121,7 @@ class Gang:
     # Whether to stop at a step boundary to grow (elastic.py), given now.
     self._regrow_due = regrow_due
     self._members = members_lib.plan(
-        num_processes, local_devices, workdir, self.logs_dir, rank_args,
+        num_processes, local_devices, workdir, self.logs_dir, process_args,
         self.coordinator_address,
         {'PYTHONUNBUFFERED': '1', env_vars.SUPERVISED: '1',
          env_vars.JOB_ID: self.job_id, env_vars.ATTEMPT: self.attempt_name,

@@ -104,7 +104,7 @@ class EndOfJob:
     deadline = time.monotonic() + _ACK_WAIT_S
     while expected and time.monotonic() < deadline:
       try:
-        expected -= set(self.client.by_rank(ACK_DIR))
+        expected -= set(self.client.by_process(ACK_DIR))
       except Exception:  # pylint: disable=broad-except
         return
       time.sleep(0.02)

@@ -106,7 +106,7 @@ class Peers:
 
   def records(self) -> dict[int, dict[str, Any]]:
     return {i: json.loads(value)
-            for i, value in self.client.by_rank(BEAT_DIR).items()}
+            for i, value in self.client.by_process(BEAT_DIR).items()}
 
   def find_lost(self, now: float, gone_now: Gone = Gone()
                 ) -> Optional[records_lib.Fault]:
@@ -244,7 +244,7 @@ def rank_stats(client: Optional[coordination.Client]) -> list[dict[str, Any]]:
                    'own': progress.summarize(snapshot.own_seconds)}}
   else:
     records = {i: json.loads(v)
-               for i, v in client.by_rank(BEAT_DIR).items()}
+               for i, v in client.by_process(BEAT_DIR).items()}
   return [{'rank': r, 'host': rec.get('host'),
            'step_time_median_s': rec.get('step', {}).get('median'),
            'step_time_p99_s': rec.get('step', {}).get('p99'),

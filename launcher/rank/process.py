@@ -150,7 +150,7 @@ def _mirror_record(config: ConfigDict, url: str, record_dir: str,
   if 'checkpoint_dir' in config and not config.checkpoint_dir:
     config.checkpoint_dir = f'{url}/checkpoints'
   mirror = record_mirror.Mirror(
-      url, record_dir, record_mirror.rank_owns(process_index,
+      url, record_dir, record_mirror.process_owns(process_index,
                                                launcher_files=not supervised))
   try:
     held = mirror.fetch()
