@@ -94,12 +94,13 @@ class Place:
   """Where the environment puts this process: (id, count) and who said so.
 
   Attributes:
-    process_id: this process's index, or None when the environment is silent.
+    process_index: this process's index, or None when the environment is
+      silent.
     num_processes: processes in the job, or None.
-    id_source: the variable process_id came from.
+    id_source: the variable process_index came from.
     count_source: the variable num_processes came from.
   """
-  process_id: Optional[int]
+  process_index: Optional[int]
   num_processes: Optional[int]
   id_source: str = ''
   count_source: str = ''
@@ -139,12 +140,12 @@ def place(env: Optional[Mapping[str, str]] = None) -> Place:
 
   Example:
     >>> place({'SLURM_PROCID': '3', 'SLURM_NTASKS': '4'})
-    Place(process_id=3, num_processes=4, id_source='SLURM_PROCID', ...)
+    Place(process_index=3, num_processes=4, id_source='SLURM_PROCID', ...)
   """
   env = os.environ if env is None else env
   for id_var, read_count in _PLACES:
-    process_id = _int(env, id_var)
-    if process_id is None:
+    process_index = _int(env, id_var)
+    if process_index is None:
       continue
     if id_var == 'TPU_WORKER_ID' and (_int(env, 'MEGASCALE_NUM_SLICES') or
                                       1) > 1:
@@ -154,11 +155,11 @@ def place(env: Optional[Mapping[str, str]] = None) -> Place:
     count, count_source = read_count(env)
     if count is None:
       count_source = ''
-    if process_id < 0 or (count is not None and process_id >= count):
+    if process_index < 0 or (count is not None and process_index >= count):
       raise ClusterEnvError(
-          f'{id_var}={process_id} is outside [0, {count_source}={count})'
-          if count is not None else f'{id_var}={process_id} is negative')
-    return Place(process_id, count, id_var, count_source)
+          f'{id_var}={process_index} is outside [0, {count_source}={count})'
+          if count is not None else f'{id_var}={process_index} is negative')
+    return Place(process_index, count, id_var, count_source)
   return Place(None, None)
 
 

@@ -39,7 +39,7 @@ def _identity(env: Mapping[str, str]) -> tuple[str, str]:
   return env.get(env_vars.JOB_ID, 'job'), env.get(env_vars.ATTEMPT, 'attempt')
 
 
-def issue_for(mode: str, tls_dir: Optional[str], process_id: Optional[int],
+def issue_for(mode: str, tls_dir: Optional[str], process_index: Optional[int],
               jax_version: str, env: Mapping[str, str] = os.environ
               ) -> Optional[job_tls.Credentials]:
   """This process's credentials, or None to join without TLS (said once,
@@ -59,7 +59,7 @@ def issue_for(mode: str, tls_dir: Optional[str], process_id: Optional[int],
                               'no --tls_dir (make one with `podrun-tls DIR` '
                               'on a path every host reads)'))
   if not speaks or not tls_dir:
-    if process_id in (0, None):
+    if process_index in (0, None):
       logging.warning(
           'the coordinator runs without TLS (%s): any process that reaches '
           'its port can join this job or end it. %s',
@@ -70,7 +70,7 @@ def issue_for(mode: str, tls_dir: Optional[str], process_id: Optional[int],
           'network)')
     return None
   job, attempt = _identity(env)
-  index = process_id if process_id is not None else os.getpid()
+  index = process_index if process_index is not None else os.getpid()
   try:
     return job_tls.issue(tls_dir, job, attempt, index,
                          _issued_dir(tls_dir, attempt, index))

@@ -102,22 +102,22 @@ def _join(config: ConfigDict, workdir: str, options: Options, supervised: bool
       implied=(topology.implied_by_accelerator(config) +
                topology.implied_by_pod_launch()),
       num_processes=(place.num_processes, place.count_source),
-      process_index=(place.process_id, place.id_source),
+      process_index=(place.process_index, place.id_source),
       local_devices=(options.local_devices, '--local_devices'))
   workload.parse(config.get('workload'))
   distributed.check_jax_untouched()
   devices.configure(options.local_devices,
                     multi_process=mode != distributed.SINGLE)
-  if place.process_id is not None and place.num_processes is not None:
+  if place.process_index is not None and place.num_processes is not None:
     # The rank is known: prefix from here on.
-    output_prefix.setup(place.process_id, place.num_processes, supervised,
+    output_prefix.setup(place.process_index, place.num_processes, supervised,
                       options.log_all_ranks)
   distributed.prepare_environment(options.distributed.coordinator_address)
   roll = None
-  if mode != distributed.SINGLE and place.process_id is not None:
+  if mode != distributed.SINGLE and place.process_index is not None:
     roll = roll_call.RollCall(
         workdir, options.distributed.coordinator_address or '',
-        place.process_id, place.num_processes)
+        place.process_index, place.num_processes)
   ledger = goodput.current()
   ledger.add('startup', time.time() - ledger.started)
   with ledger.timing('distributed_init'):

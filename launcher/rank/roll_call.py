@@ -28,18 +28,18 @@ class RollCall:
   """The roll call of one job in one directory.
 
   Example:
-    >>> roll = RollCall('/runs/a', '10.0.0.2:8476', process_id=1,
+    >>> roll = RollCall('/runs/a', '10.0.0.2:8476', process_index=1,
     ...                 num_processes=4)
     >>> roll.sign()
     >>> roll.missing()
     [2, 3]
   """
 
-  def __init__(self, workdir: str, coordinator_address: str, process_id: int,
+  def __init__(self, workdir: str, coordinator_address: str, process_index: int,
                num_processes: int):
     self.directory = layout.Record(workdir).join()
     self.coordinator_address = coordinator_address
-    self.process_id = process_id
+    self.process_index = process_index
     self.num_processes = num_processes
     self.signed_at = time.time()
 
@@ -49,7 +49,7 @@ class RollCall:
   def sign(self) -> None:
     try:
       os.makedirs(self.directory, exist_ok=True)
-      with open(self._path(self.process_id), 'w') as f:
+      with open(self._path(self.process_index), 'w') as f:
         json.dump({'host': socket.gethostname(), 'pid': os.getpid(),
                    'time': self.signed_at,
                    'coordinator': self.coordinator_address}, f)
@@ -77,7 +77,7 @@ class RollCall:
 
   def erase(self) -> None:
     try:
-      os.remove(self._path(self.process_id))
+      os.remove(self._path(self.process_index))
     except OSError:
       pass
 

@@ -18,7 +18,7 @@ Nothing here imports JAX; `cryptography` is imported when used.
 Example:
   >>> make_authority('/run/user/1000/podrun-tls-x1', job='4f0c9a')
   >>> credentials = issue('/run/user/1000/podrun-tls-x1', job='4f0c9a',
-  ...                     attempt='4f0c9a-a1', process_id=1, out_dir=tmp)
+  ...                     attempt='4f0c9a-a1', process_index=1, out_dir=tmp)
   >>> jax.distributed.initialize(..., **credentials.jax_kwargs())
 """
 
@@ -157,9 +157,9 @@ def _load_authority(directory: str):
   return certificate, key
 
 
-def issue(authority_dir: str, job: str, attempt: str, process_id: int,
+def issue(authority_dir: str, job: str, attempt: str, process_index: int,
           out_dir: str) -> Credentials:
-  """Issues process `process_id` of `attempt` its certificate, signed by
+  """Issues process `process_index` of `attempt` its certificate, signed by
   the authority in `authority_dir`, into `out_dir` (made 0700).
 
   Raises:
@@ -171,11 +171,11 @@ def issue(authority_dir: str, job: str, attempt: str, process_id: int,
   from cryptography.x509.oid import ExtendedKeyUsageOID  # pylint: disable=g-import-not-at-top
   ca_certificate, ca_key = _load_authority(authority_dir)
   prefix = peer_prefix(job, attempt)
-  uri = f'{prefix}process/{process_id}'
+  uri = f'{prefix}process/{process_index}'
   key = ec.generate_private_key(ec.SECP256R1())
   now = datetime.datetime.now(datetime.timezone.utc)
   certificate = (
-      x509.CertificateBuilder().subject_name(_name(f'process {process_id}'))
+      x509.CertificateBuilder().subject_name(_name(f'process {process_index}'))
       .issuer_name(ca_certificate.subject).public_key(key.public_key())
       .serial_number(x509.random_serial_number())
       .not_valid_before(now - datetime.timedelta(minutes=10))
@@ -190,7 +190,7 @@ def issue(authority_dir: str, job: str, attempt: str, process_id: int,
       .sign(ca_key, hashes.SHA256()))
   os.makedirs(out_dir, mode=0o700, exist_ok=True)
   names = [os.path.join(out_dir, n) for n in
-           (f'process_{process_id}.pem', f'process_{process_id}.key',
+           (f'process_{process_index}.pem', f'process_{process_index}.key',
             CA_CERT)]
   _private_write(names[0], _pem(certificate=certificate))
   _private_write(names[1], _pem(key=key))
