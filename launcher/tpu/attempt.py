@@ -268,20 +268,22 @@ class Attempt:
 
   def _stop(self, why: str) -> None:
     with self._lock:
-      if self._stopper is not None:
-        return
-      launch = self.launch
-      launch.say(f'{why}: stopping job {launch.job_id} on every worker '
-                 f'(SIGTERM, then SIGKILL after {launch.options.stop_grace:g}'
-                 ' s)')
-      stop = commands.stop_command(
-          commands.attempt_id(launch.job_id, self.number),
-          launch.options.stop_grace)
-      self._stopper = threading.Thread(
-          target=_run_each, daemon=True, args=(
-              [launch.gcloud.ssh(stop, node=n, workers=launch.workers)
-               for n in launch.nodes], launch.path('stop.log')))
-      self._stopper.start()
+      if self._stopper is None:
+        self._stopper = _stop_everywhere(self.launch, self.attempt_name, why)
+
+
+def _stop_everywhere(launch, attempt_name: str, why: str) -> threading.Thread:
+  """Stops the attempt's job on every worker (SIGTERM, then SIGKILL after
+  --stop_grace) from a thread of its own, which it returns started."""
+  launch.say(f'{why}: stopping job {launch.job_id} on every worker '
+             f'(SIGTERM, then SIGKILL after {launch.options.stop_grace:g} s)')
+  stop = commands.stop_command(attempt_name, launch.options.stop_grace)
+  stopper = threading.Thread(
+      target=_run_each, daemon=True, args=(
+          [launch.gcloud.ssh(stop, node=n, workers=launch.workers)
+           for n in launch.nodes], launch.path('stop.log')))
+  stopper.start()
+  return stopper
 
 
 def _run_each(gcloud_commands: list[list[str]], log_path: str) -> None:

@@ -258,6 +258,13 @@ def shut_down(qr: dict, grace: float) -> None:
     time.sleep(0.1)
   for prefix in prefixes:
     _signal_all(_vm_processes(prefix), signal.SIGKILL)
+  # kill() returns before its target is gone: on a loaded machine a VM's
+  # process can still finish a write after the disks went, and so bring a
+  # worker's directory back. The disks go once the VMs are gone.
+  deadline = time.monotonic() + 10
+  while time.monotonic() < deadline and any(
+      _vm_processes(p) for p in prefixes):
+    time.sleep(0.05)
   for node in qr['node_ids']:
     shutil.rmtree(os.path.join(root(), node), ignore_errors=True)
 
