@@ -2,6 +2,8 @@
 actor options, and the environment a node's process starts with. The job on
 a real Ray cluster: test_ray_processes.py."""
 
+import socket
+
 import pytest
 
 from launcher import elastic as policy
@@ -10,6 +12,7 @@ from launcher.ray import __main__ as ray_main
 from launcher.ray import driver
 from launcher.ray import elastic
 from launcher.ray import host
+from launcher.ray import raylets
 
 pytestmark = pytest.mark.unit
 
@@ -124,3 +127,16 @@ def test_what_is_no_lost_node_follows_the_restart_rules():
   assert resize(_ended(75, [])) is None                      # a preemption
   assert resize(_ended(137, [1], progressed=False)) is None  # no step yet
   assert capacity.current == 4
+
+
+def test_a_raylet_is_gone_when_its_port_takes_no_connection():
+  # A live raylet's kernel completes the handshake however busy it is; a
+  # dead one's port refuses (its machine up) or times out (its machine gone).
+  listener = socket.socket()
+  listener.bind(('127.0.0.1', 0))
+  listener.listen()
+  address = listener.getsockname()
+  assert not raylets.gone(address)
+  listener.close()
+  assert raylets.gone(address)
+  assert not raylets.gone(None)  # A node Ray did not list: no verdict.

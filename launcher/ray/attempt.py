@@ -30,7 +30,8 @@ _GROW_CHECK_EVERY_S = 1.0
 # is taken for lost with its node, before Ray declares the node dead (about
 # 12 s here). Its failure is dated by its last answer, so it is the root
 # cause, and 137 the code --retry_exit_codes sees: the bar is high enough
-# that an actor merely slow on a loaded machine does not reach it.
+# that an actor merely slow on a loaded machine does not reach it. Sooner
+# when its node's raylet takes no connection (raylets.py): then it is gone.
 _SILENT_LOST_S = 5.0
 
 
@@ -256,9 +257,12 @@ def _judge_silent(group, told_gone: set[int], now: float) -> None:
   if failed and all(r in group.ended or r in group.silent
                     for r in range(len(group.hosts))):
     for process_index, since in list(group.silent.items()):
+      why = f'no answer from its node for {now - since:.1f} s'
       if now - since >= _SILENT_LOST_S:
-        group.take_lost(process_index, f'no answer from its node for '
-                        f'{now - since:.1f} s')
+        group.take_lost(process_index, why)
+      elif group.raylet_gone(process_index):
+        group.take_lost(process_index, f'{why}, and its raylet takes no '
+                        'connection')
 
 
 def steps_done(record: layout.Record, attempt_name: str) -> list[int]:

@@ -22,6 +22,7 @@ from ray.util.placement_group import remove_placement_group
 from ray.util import scheduling_strategies
 
 from launcher.ray import host as host_lib
+from launcher.ray import raylets
 from runtime.common import env_vars
 from runtime.common import exit_codes
 
@@ -80,6 +81,7 @@ class Group:
     self.lost: dict[int, str] = {}
     self.silent: dict[int, float] = {}
     self.nodes: list[str] = []
+    self._raylets: dict[str, tuple[str, int]] = {}  # node: its raylet
     self._reads: dict[int, Any] = {}  # rank: its pending read
     self._heard: dict[int, float] = {}  # rank: when its actor last answered
 
@@ -119,6 +121,7 @@ class Group:
     process's pid on its node."""
     places = ray.get([host.address.remote() for host in self.hosts])
     self.nodes = [node for _, _, node in places]
+    self._raylets = raylets.addresses(self.nodes)
     ip, port, _ = places[0]
     coordinator = f'[{ip}]:{port}' if ':' in ip else f'{ip}:{port}'
     pids = ray.get([host.start.remote(launcher_args, {
@@ -181,6 +184,10 @@ class Group:
     """When `rank`'s actor last answered (monotonic): a lost node's process
     ended about then, before the consequences seen in the others."""
     return self._heard.get(process_index, time.monotonic())
+
+  def raylet_gone(self, process_index: int) -> bool:
+    """Whether the raylet of the process's node takes no connection."""
+    return raylets.gone(self._raylets.get(self.nodes[process_index]))
 
   def tell_gone(self, processes: list[int], why: str) -> None:
     """Tells every other running process that the hosts of `processes` went
