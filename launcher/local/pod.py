@@ -87,7 +87,8 @@ class Gang:
   """
 
   def __init__(self, num_processes: int, local_devices: int, workdir: str,
-               process_args: list[str], coordinator_address: Optional[str] = None,
+               process_args: list[str],
+               coordinator_address: Optional[str] = None,
                stall_timeout: float = 600, first_step_timeout: float = 1800,
                kill_grace: float = 5, log_all_ranks: bool = False,
                preemption_grace: float = 120, job_id: Optional[str] = None,

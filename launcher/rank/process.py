@@ -110,8 +110,8 @@ def _join(config: ConfigDict, workdir: str, options: Options, supervised: bool
                     multi_process=mode != distributed.SINGLE)
   if place.process_index is not None and place.num_processes is not None:
     # The rank is known: prefix from here on.
-    output_prefix.setup(place.process_index, place.num_processes, supervised,
-                      options.log_all_ranks)
+    output_prefix.setup(place.process_index, place.num_processes,
+                        supervised, options.log_all_ranks)
   distributed.prepare_environment(options.distributed.coordinator_address)
   roll = None
   if mode != distributed.SINGLE and place.process_index is not None:
