@@ -3,6 +3,8 @@ actor options, and the environment a node's process starts with. The job on
 a real Ray cluster: test_ray_processes.py."""
 
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -13,6 +15,7 @@ from launcher.ray import driver
 from launcher.ray import elastic
 from launcher.ray import host
 from launcher.ray import raylets
+from tests import helpers
 
 pytestmark = pytest.mark.unit
 
@@ -140,3 +143,17 @@ def test_a_raylet_is_gone_when_its_port_takes_no_connection():
   listener.close()
   assert raylets.gone(address)
   assert not raylets.gone(None)  # A node Ray did not list: no verdict.
+
+
+def test_naming_podrun_rays_parts_does_not_import_ray():
+  # Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when it is imported:
+  # imported first by these unit tests, it took the machine's address for
+  # 127.0.0.1, and the Ray tests that ran after them in the same worker
+  # could not reach their own cluster (seen once in a full run).
+  code = ('import sys\n'
+          'from launcher.ray import __main__, driver, elastic, host, raylets\n'
+          'print("ray" in sys.modules)')
+  result = subprocess.run([sys.executable, '-c', code], check=True,
+                          capture_output=True, text=True,
+                          cwd=helpers.REPO)
+  assert result.stdout.strip() == 'False'

@@ -17,14 +17,16 @@ Example:
 import socket
 from typing import Iterable, Optional
 
-import ray
-
 # A live raylet's kernel answers a connection within a round trip.
 _CONNECT_TIMEOUT_S = 0.5
 
 
 def addresses(node_ids: Iterable[str]) -> dict[str, tuple[str, int]]:
   """{node id: (address, node manager port)} of those nodes Ray lists."""
+  # Imported here: Ray reads its environment once, when it is imported
+  # (tests/ray_cluster.py), so a module that only names this one (the unit
+  # tests) must not import it first.
+  import ray  # pylint: disable=g-import-not-at-top
   wanted = set(node_ids)
   return {n['NodeID']: (n['NodeManagerAddress'], int(n['NodeManagerPort']))
           for n in ray.nodes() if n.get('NodeID') in wanted}
