@@ -20,8 +20,8 @@ it trains, capacity-weighted goodput the full-speed work it does
 
 The restart, shrink and growth defaults are this project's figures
 (BUILD_NOTES.md, "Elastic data parallelism": scripts/benchmark_elastic.py
-on a local pod, scripts/benchmark_tpu_elastic.py on the emulated Cloud
-TPU). The preemption rates, the capacity waits and --recreate_s (the
+on a local pod, tests/benchmarks/benchmark_tpu_elastic.py on the emulated
+Cloud TPU). The preemption rates, the capacity waits and --recreate_s (the
 emulated delete, create and set-up take 4 to 6 s here; Cloud TPU's take
 minutes) are assumptions to vary: Cloud TPU publishes no spot preemption
 rate.

@@ -1,6 +1,6 @@
 """How soon a hang in the first steps ends the job, with default flags.
 
-  python scripts/benchmark_early_hang.py [--steps=2,10,20] [--rounds=1]
+  python tests/benchmarks/benchmark_early_hang.py [--steps=2,10,20] [--rounds=1]
 
 Two processes started by hand, as on a cluster (tests/cluster.py), train
 the linear-regression probe; rank 1's input hangs while it loads the batch
@@ -18,7 +18,8 @@ import re
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
+sys.path.insert(0, REPO)
 from tests import cluster  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -13,7 +13,7 @@ round trip). Each round times:
 - save: from the call to the committed checkpoint;
 - restore: reading the newest checkpoint back into host arrays.
 
-  python scripts/benchmark_buckets.py [--rounds=5] [--latency_ms=50]
+  python tests/benchmarks/benchmark_buckets.py [--rounds=5] [--latency_ms=50]
       [--out=FILE.json]
 """
 
@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from launcher.rank import devices  # pylint: disable=g-import-not-at-top,wrong-import-position

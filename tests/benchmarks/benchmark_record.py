@@ -13,7 +13,7 @@ times, from process 0's metrics.jsonl and the launcher:
 - launcher_s: the launcher's whole run, start-up, fetch, last upload and
   goodput roll-up included.
 
-  python scripts/benchmark_record.py [--rounds=3] [--steps=2000]
+  python tests/benchmarks/benchmark_record.py [--rounds=3] [--steps=2000]
       [--latency_ms=50] [--upload_every_s=1] [--out=FILE.json]
 """
 
@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from scripts import side_by_side  # pylint: disable=g-import-not-at-top,wrong-import-position

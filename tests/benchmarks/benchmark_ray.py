@@ -16,7 +16,7 @@ and its first step; then the steps recomputed, the exit code, and whether
 the census equals what the data order says of every step (nothing trained
 twice or lost).
 
-  python scripts/benchmark_ray.py [--steps=200] [--kill_at=40]
+  python tests/benchmarks/benchmark_ray.py [--steps=200] [--kill_at=40]
       [--add_at=120] [--runs=2] [--jaxtrainer]
 
 With --jaxtrainer (it needs `pip install "ray[train]"`, which no extra of
@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 sys.path.insert(0, REPO)
 
 from tests import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -1,7 +1,7 @@
 """What a key per example costs against one key per call, for Flax's own
 dropout layers (runtime/randomness.py).
 
-  python scripts/benchmark_dropout.py [--rounds=3] [--steps=30]
+  python tests/benchmarks/benchmark_dropout.py [--rounds=3] [--steps=30]
 
 Two models, each trained by the same pmap step over 8 emulated CPU devices
 with its forward pass written once:
@@ -26,7 +26,8 @@ import sys
 import time
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
+sys.path.insert(0, REPO)
 
 from flax import nnx  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position

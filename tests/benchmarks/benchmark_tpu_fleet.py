@@ -10,7 +10,7 @@
   the infrastructure recovery (delete, create, wait, set-up) against the
   whole job.
 
-  python scripts/benchmark_tpu_fleet.py [--sections=scale,babysit]
+  python tests/benchmarks/benchmark_tpu_fleet.py [--sections=scale,babysit]
       [--out=FILE.json]
 """
 
@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 sys.path.insert(0, REPO)
 
 from tests import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position

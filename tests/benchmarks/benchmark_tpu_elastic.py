@@ -26,9 +26,9 @@ step); the steps and the longest gap between steps while the slice was
 away, the steps recomputed, the wall time, goodput and capacity-weighted
 goodput, and how far the final parameters are from an undisturbed run's.
 
-  python scripts/benchmark_tpu_elastic.py [--steps=2000] [--preempt_at=100]
-      [--capacity_s=60] [--device_example_seconds=0.01] [--poll_interval=1]
-      [--modes=elastic,waiting] [--lost=1,0] [--notice=1,0]
+  python tests/benchmarks/benchmark_tpu_elastic.py [--steps=2000]
+      [--preempt_at=100] [--capacity_s=60] [--device_example_seconds=0.01]
+      [--poll_interval=1] [--modes=elastic,waiting] [--lost=1,0] [--notice=1,0]
       [--out=FILE.json] [--lines_dir=DIR]
 """
 
@@ -47,7 +47,7 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 sys.path.insert(0, REPO)
 
 from launcher.common import goodput_rollup  # pylint: disable=g-import-not-at-top,wrong-import-position
