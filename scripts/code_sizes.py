@@ -1,20 +1,41 @@
 """The code's shape: biggest modules, classes and functions, import circles,
-and the imports across the project's parts.
+the imports across the project's parts, and what the house keeps down.
 
   python scripts/code_sizes.py            # this repository
   python scripts/code_sizes.py --root=DIR --top=5
 
-Reads launcher/, runtime/ and configs/ with `ast` (nothing is imported), and
-counts every import between the project's modules, late ones inside
-functions included. BUILD_NOTES.md's layout table comes from this.
+Reads launcher/, runtime/ and configs/ with `ast` (nothing of DIR is
+imported), and counts every import between the project's modules, late
+ones inside functions included. BUILD_NOTES.md's layout table comes from
+this, and so do the house's figures (`house`): `global` statements,
+runtime functions that take a whole config, modules that spell a path of
+the workdir themselves rather than asking its layout, `getattr` reads on
+attempts in the restart loop and the elastic policies, the names the
+process index goes by, and the modules in runtime/'s root.
 """
 
 import argparse
 import ast
 import os
+import re
 from typing import Iterator
 
 PACKAGES = ('launcher', 'runtime', 'configs')
+# What a job writes in its workdir (runtime/common/layout.py's names; fixed
+# here so that an old checkout, from before that module, counts the same).
+WORKDIR_NAMES = ('summary.json', 'goodput.jsonl', 'metrics.jsonl',
+                 'tensorboard', 'device_batch_limit.json', 'ranks', 'goodput',
+                 'stall', 'logs', 'attempts.jsonl', 'job.json', 'checkpoints',
+                 'compilation_cache', '.podrun', '.podrun_lease.json', 'join')
+_PATH_CALLS = ('path.join', 'open', 'glob', 'Path', 'makedirs', 'exists')
+_FILE_IN_TEXT = re.compile(
+    r'rank_|/(?:%s)(?:$|[/"\'\s])' % '|'.join(
+        re.escape(n) for n in WORKDIR_NAMES if '.' in n))
+# The restart loop and the elastic policies, where an attempt's end is read.
+_POLICIES = ('launcher.restart', 'launcher.resize', 'launcher.elastic',
+             'launcher.local.elastic', 'launcher.tpu.elastic',
+             'launcher.ray.elastic')
+PROCESS_INDEX_NAMES = ('process_index', 'rank', 'process_id')
 
 
 def modules(root: str) -> dict[str, str]:
@@ -121,6 +142,66 @@ def crossings(graph: dict[str, set[str]]) -> dict[tuple[str, str], int]:
   return dict(sorted(out.items()))
 
 
+def spells_a_workdir_path(tree: ast.Module) -> bool:
+  """Whether a module builds a path of the workdir from its own literals:
+  a workdir name first in a path call's string, or a `rank_` or
+  `/summary.json`-like piece of an f-string."""
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Call) and
+        ast.unparse(node.func).endswith(_PATH_CALLS)):
+      for leaf in (c for a in node.args for c in ast.walk(a)):
+        if isinstance(leaf, ast.Constant) and isinstance(leaf.value, str):
+          if (leaf.value.strip('/').split('/')[0] in WORKDIR_NAMES or
+              'rank_' in leaf.value):
+            return True
+    if isinstance(node, ast.JoinedStr):
+      text = ''.join(v.value for v in node.values
+                     if isinstance(v, ast.Constant))
+      if _FILE_IN_TEXT.search(text):
+        return True
+  return False
+
+
+def _identifier(node: ast.AST):
+  for kind, field in ((ast.Name, 'id'), (ast.Attribute, 'attr'),
+                      (ast.arg, 'arg'), (ast.keyword, 'arg')):
+    if isinstance(node, kind):
+      return getattr(node, field)
+  return None
+
+
+def house(root: str) -> dict:
+  """The house's figures: {name: count}, and the modules that spell a
+  workdir path themselves (`path_spellers`, the layout itself left out)."""
+  out = dict(globals=0, config_functions=0, config_modules=set(),
+             attempt_getattrs=0, path_spellers=[], runtime_root=0,
+             **{name: 0 for name in PROCESS_INDEX_NAMES})
+  for name, path in sorted(modules(root).items()):
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    # Files of runtime/ itself, its __init__ too; not its subpackages.
+    out['runtime_root'] += os.path.dirname(path) == os.path.join(
+        root, 'runtime')
+    if name != 'runtime.common.layout' and spells_a_workdir_path(tree):
+      out['path_spellers'].append(name)
+    for node in ast.walk(tree):
+      out['globals'] += isinstance(node, ast.Global)
+      if (name.startswith('runtime') and
+          isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and
+          'config' in [a.arg for a in node.args.args +
+                       node.args.kwonlyargs]):
+        out['config_functions'] += 1
+        out['config_modules'].add(name)
+      if (name in _POLICIES and isinstance(node, ast.Call) and
+          ast.unparse(node.func) in ('getattr', 'hasattr') and
+          ast.unparse(node.args[0]) != 'self'):
+        out['attempt_getattrs'] += 1
+      if _identifier(node) in PROCESS_INDEX_NAMES:
+        out[_identifier(node)] += 1
+  out['config_modules'] = len(out['config_modules'])
+  return out
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--root', default=os.path.dirname(
@@ -137,6 +218,9 @@ def main() -> None:
   print('imports across the parts (module pairs):')
   for (importer, imported), count in crossings(graph).items():
     print(f'  {count:4d}  {importer} -> {imported}')
+  print('the house:')
+  for key, value in house(args.root).items():
+    print(f'  {key}: {value}')
 
 
 if __name__ == '__main__':
