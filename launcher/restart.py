@@ -180,12 +180,10 @@ def run(start_attempt: Callable[[int], Attempt], max_restarts: int,
       so that the caller ends the launch as that signal does elsewhere
       (the TPU driver deletes what it created).
     pending_signal: a signal the caller already got between attempts.
-    resize: how an attempt ended -> an elastic.Resize when an elastic job
-      starts again on another number of processes (launcher/elastic.py
-      decides, for every launcher), which uses no restart unless the
-      attempt trained no new step (then a shrink or wait uses one, and
-      ends the job when none are left), or None for the usual rules;
-      None: always the usual rules.
+    resize: an attempt's end -> the elastic.Resize to start the next on
+      another number of processes (launcher/elastic.py decides), or None
+      for the usual rules. A shrink or wait uses a restart only after an
+      attempt that trained no new step.
 
   An attempt whose launcher got SIGINT or SIGTERM is not restarted: that
   stop came from whoever runs the launcher. A signal during a back-off ends
@@ -202,21 +200,11 @@ def run(start_attempt: Callable[[int], Attempt], max_restarts: int,
     code = end.code
     kind = kind_of(code, retryable)
     newly_productive = high_water.advanced_by(end)
-    resized = (None if kind == 'ok' or end.launcher_signalled or not resize
-               else resize(end))
-    # A stop to grow is the launcher's own doing; a loss after an attempt
-    # that trained nothing new may be the same failure again.
-    bounded = (bool(resized) and resized.kind != elastic.GROW and
-               not newly_productive and not _resize_counted(
-                   resized.kind, code, high_water, max_restarts, tally, say))
-    resized = None if bounded else resized
-    records.append_attempt(logs_dir, records.LauncherAttempt(
-        attempt=attempt, exit_code=code, kind=kind, name=end.name,
-        launcher_started=launcher_started, started=started, ended=time.time(),
-        launcher_signalled=end.launcher_signalled,
-        fault=end.fault, infrastructure=end.infrastructure,
-        resize=resized.kind.value if resized else None,
-        processes=end.processes))
+    resized, bounded = _resize_after(
+        end, kind, resize, newly_productive, high_water, max_restarts,
+        tally, say)
+    records.append_attempt(logs_dir, _record(
+        attempt, end, kind, launcher_started, started, resized))
     if bounded:
       break
     if resized:
@@ -229,11 +217,7 @@ def run(start_attempt: Callable[[int], Attempt], max_restarts: int,
         break
     signalled = pending_signal() or _sleep_unless_signalled(wait)
     if signalled:
-      say(f'got {signal.Signals(signalled).name} while waiting to restart: '
-          'not restarting')
-      if on_signal is not None:
-        on_signal(signalled)
-      code = exit_codes.SIGNAL_BASE + signalled
+      code = _stopped_by(signalled, on_signal, say)
       break
     attempt += 1
   if max_restarts or tally.shrinks or tally.grows or tally.waits:
@@ -259,6 +243,51 @@ class HighWater:
     advanced = self.step is None or furthest > self.step
     self.step = furthest if advanced else self.step
     return advanced
+
+
+def _record(attempt: int, end: AttemptEnd, kind: str,
+            launcher_started: float, started: float,
+            resized: Optional[elastic.Resize]) -> records.LauncherAttempt:
+  """attempts.jsonl's line for an attempt that just ended."""
+  return records.LauncherAttempt(
+      attempt=attempt, exit_code=end.code, kind=kind, name=end.name,
+      launcher_started=launcher_started, started=started, ended=time.time(),
+      launcher_signalled=end.launcher_signalled,
+      fault=end.fault, infrastructure=end.infrastructure,
+      resize=resized.kind.value if resized else None,
+      processes=end.processes)
+
+
+def _resize_after(end: AttemptEnd, kind: str,
+                  resize: Optional[Callable[[AttemptEnd],
+                                            Optional[elastic.Resize]]],
+                  newly_productive: bool, high_water: HighWater,
+                  max_restarts: int, tally: Tally,
+                  say: Callable[[str], None]
+                  ) -> tuple[Optional[elastic.Resize], bool]:
+  """(the resize the next attempt starts with, or None for the usual
+  rules; whether the job ends here, a resize having no restart left)."""
+  if kind == 'ok' or end.launcher_signalled or not resize:
+    return None, False
+  resized = resize(end)
+  # A stop to grow is the launcher's own doing; a loss after an attempt
+  # that trained nothing new may be the same failure again.
+  if (resized and resized.kind != elastic.GROW and not newly_productive and
+      not _resize_counted(resized.kind, end.code, high_water, max_restarts,
+                          tally, say)):
+    return None, True
+  return resized, False
+
+
+def _stopped_by(signalled: int, on_signal: Optional[Callable[[int], None]],
+                say: Callable[[str], None]) -> int:
+  """The launch's exit code after a signal during a back-off, the caller
+  told of it first."""
+  say(f'got {signal.Signals(signalled).name} while waiting to restart: '
+      'not restarting')
+  if on_signal is not None:
+    on_signal(signalled)
+  return exit_codes.SIGNAL_BASE + signalled
 
 
 def _resize_counted(what: str, code: int, high_water: HighWater,

@@ -43,3 +43,21 @@ def test_an_unwritten_end_is_written_and_a_written_one_kept(tmp_path):
   assert obituary.record_end(str(path), 1, 110.0, b'') is None
   assert path.read_text() == before
   assert obituary.record_end(str(tmp_path / 'none.json'), 1, 1.0, b'') is None
+
+
+def test_what_it_writes_reads_back_as_the_records_types(tmp_path):
+  """It runs under `python -S` without the project, so it writes the
+  fields itself; records.Notes and records.Fault read them back whole."""
+  from runtime.common import records  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'rank_2.json'
+  _ledger(path, final=False)
+  obituary.record_end(str(path), 2, 110.0, b'')
+  written = json.loads(path.read_text())['notes']
+  notes = records.Notes.from_json(written)
+  assert notes.fault == records.Fault(kind='killed', process_index=2,
+                                      exit_code=137, at=110.0,
+                                      detected=110.0)
+  assert (notes.exit_code, notes.last_step) == (137, 40)
+  assert notes.cause.startswith('killed without a trace')
+  # Nothing it wrote is a field the records do not have.
+  assert notes.to_json() == written
