@@ -292,14 +292,8 @@ class Supervisor:
       time.sleep(1.0)
     if not self._ending.acquire(blocking=False):
       return
-    if cause.kind == 'stalled':
-      code = exit_codes.STALLED
-      self._dump_stacks()
-      _log_stall(cause, self._peers if self.client is not None else None)
-    else:
-      code = exit_codes.PEER_FAILED
-      logging.error('%s; this process stops too (exit %d).',
-                    cause.describe(), code)
+    code = _say_why(cause, self._peers if self.client is not None else None,
+                    self._dump_stacks)
     _note_fault(cause)
     # What this attempt learned of its pace is for the next one.
     self._stall.keep(progress.snapshot(), time.monotonic(), force=True)
@@ -312,6 +306,19 @@ class Supervisor:
     self._end.ack()
     self._end.wait_for_acks(cause)
     self._exit_process(code)
+
+
+def _say_why(cause: records.Fault, peers: Optional[peers_lib.Peers],
+             dump_stacks: Callable[[], None]) -> int:
+  """Logs why another's cause ends this process (a stall with every
+  thread's stack); returns the code this process exits with."""
+  if cause.kind == 'stalled':
+    dump_stacks()
+    _log_stall(cause, peers)
+    return exit_codes.STALLED
+  logging.error('%s; this process stops too (exit %d).', cause.describe(),
+                exit_codes.PEER_FAILED)
+  return exit_codes.PEER_FAILED
 
 
 def _log_stall(cause: records.Fault,
