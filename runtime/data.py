@@ -3,7 +3,7 @@
 The job reads a stream of example ids: epoch e is a permutation of
 [0, num_examples) drawn from (seed, e), and the epochs follow one another. Step
 s (0-based) takes stream positions [s * G, (s + 1) * G) as its global batch
-(G = global batch size); process p then takes its slice of those (see
+(G = global batch size); process p then takes its rows of those (see
 `parallelism.process_rows`). So:
 
 - every process computes the same global batch for the same step, with no

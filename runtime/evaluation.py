@@ -5,7 +5,7 @@ into eval steps of `global_batch_size` ids (fewer where a device batch limit
 asks), and each step's rows are padded up to a multiple of the device count
 with copies of example 0 whose mask is 0, as training pads its global batch
 with groups that never count. So `eval_batch_size` need not divide the
-devices of any topology an elastic job runs on. Each process takes its slice
+devices of any topology an elastic job runs on. Each process takes its share
 of every step's rows (so every process runs the same number of eval steps,
 which the collectives need) and splits it over its devices. Each step psums,
 over all devices, the masked sums of the per-example metrics and the number

@@ -6,14 +6,14 @@ over which the step's `lax.pmean` runs. The parts:
 - `mapping`: the axis, the global mesh, and `Parallelism`, chosen once from
   `config.parallelism`: `PMAP` or `SHARD_MAP` (jit of shard_map), each with
   `map`, `put_batch`, `replicate` and `to_host`;
-- `batches`: a global batch cut into each process's contiguous slice, then
+- `batches`: a global batch cut into each process's contiguous rows, then
   split over the process's devices, with errors that name every size;
 - `microbatches`: the layout of a step's examples on any number of devices:
   groups of m examples, k of them a device one after another, padding
   groups where G does not divide (`train` uses it; `runtime/step.py`
   averages over the real groups);
 - `device_axis`: `device_map`, a pmap that explains an argument whose leading
-  dim is not one slice per local device.
+  dim is not one entry per local device.
 
 Example:
   >>> par = parallelism.from_config(config)

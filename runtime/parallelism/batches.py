@@ -1,10 +1,10 @@
 """Splitting a global batch among processes, then among each process's devices.
 
-The global batch of G examples is cut into `process_count` contiguous slices;
-process p keeps slice p and reshapes it to (local_device_count, G / D, ...),
-the leading axis that pmap maps onto its local devices (D is the global device
-count). Across processes the slices are disjoint and together are exactly the
-global batch.
+The global batch of G examples is cut into `process_count` contiguous runs of
+rows; process p keeps run p, its rows, and reshapes them to
+(local_device_count, G / D, ...), the leading axis that pmap maps onto its
+local devices (D is the global device count). Across processes the rows are
+disjoint and together are exactly the global batch.
 """
 
 from typing import Any
@@ -54,7 +54,8 @@ def per_device_batch_size(global_batch_size: int, process_count: int,
 
 def process_rows(global_batch_size: int, process_index: int,
                  process_count: int) -> slice:
-  """The rows of a global batch that one process owns: a contiguous slice.
+  """The rows of a global batch that one process owns, contiguous, as a
+  Python `slice`.
 
   Example:
     >>> process_rows(256, 1, 2)
@@ -103,7 +104,7 @@ def split_for_devices(tree: Any, local_device_count: int,
       raise BatchSizeError(
           f'{name} has shape {shape}: its leading dim '
           f'{n} does not split evenly over {local_device_count} local devices. '
-          'pmap maps the leading axis onto devices one slice each, so the data'
+          'pmap maps the leading axis onto devices one entry each, so the data'
           f' must be reshaped to ({local_device_count}, n // '
           f'{local_device_count}, ...) with n a multiple of '
           f'{local_device_count}' +

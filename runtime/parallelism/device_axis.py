@@ -17,7 +17,7 @@ from runtime.parallelism import mapping
 
 
 class DeviceAxisError(exit_codes.ConfigError):
-  """A mapped argument's leading axis is not one slice per local device."""
+  """A mapped argument's leading axis is not one entry per local device."""
 
 
 def _mapped_axes(in_axes: Union[int, None, Sequence[Any]], num_args: int):
@@ -48,7 +48,7 @@ def check_device_axis(args: Sequence[Any], in_axes, local_device_count: int
                 f'({local_device_count}, n // {local_device_count}, ...).')
       raise DeviceAxisError(
           f'argument {i}{jax.tree_util.keystr(path)} has shape {shape}, but '
-          'pmap maps its leading axis onto devices, one slice per device, so '
+          'pmap maps its leading axis onto devices, one entry per device, so '
           f'that axis must have size {local_device_count} (the local device '
           f'count), not {n}.{hint}')
 

@@ -39,7 +39,7 @@ def global_mesh() -> Mesh:
   """A 1-D mesh, axis `devices`, of all devices, each process's together.
 
   Devices are ordered by (process index, id), so process p's devices hold
-  rows [p * G / P, (p + 1) * G / P) of a global batch: the slice that
+  rows [p * G / P, (p + 1) * G / P) of a global batch: the rows that
   `batches.process_rows` gives it.
   """
   devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))

@@ -6,7 +6,7 @@ groups d*k .. d*k + k - 1, one after another (k microbatches, gradient
 accumulation); groups from G / m on are padding, which never counts: the
 step averages over the G / m real groups only (runtime/step.py). In rows:
 device d holds global batch positions [d*k*m, (d+1)*k*m), the positions
-from G on being padding, so each process still holds a contiguous slice.
+from G on being padding, so each process still holds contiguous rows.
 
 When G divides over the D devices and nothing asks for microbatches, m is G /
 D, k is 1 and nothing is padded: the step of before, bit for bit. Groups of the

@@ -3,7 +3,7 @@
 Each process draws its share of `config.num_pairs` pairs, (n, 3) each, and
 computes their dot products twice: once with jit(vmap(dot)) on the flat
 (n, 3) arrays on one device, once with pmap(vmap(dot)) on the arrays reshaped
-to (local_devices, n / local_devices, 3), one slice per device. The flattened
+to (local_devices, n / local_devices, 3), one entry per device. The flattened
 pmap result must equal the vmap one. With `config.reshape = False` the flat
 arrays go to pmap unchanged, which the runtime refuses with an explanation.
 """
