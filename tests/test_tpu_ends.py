@@ -92,12 +92,12 @@ def test_ledgers_are_read_until_every_one_is_final(monkeypatch):
   ledgers = ends.Ledgers(URL + '/', 'job-a1', [2, 3],
                          fs_factory=lambda: bucket).start()
   try:
-    assert bucket.read.wait(5)
-    assert helpers.wait_for(lambda: ledgers.final() == {'2'}, 5, 0.01)
+    assert bucket.read.wait(30)
+    assert helpers.wait_for(lambda: ledgers.final() == {'2'}, 30, 0.01)
     bucket.objects[f'{prefix}/rank_3.json'] = _ledger(True)
-    assert helpers.wait_for(lambda: ledgers.final() == {'2', '3'}, 5, 0.01)
+    assert helpers.wait_for(lambda: ledgers.final() == {'2', '3'}, 30, 0.01)
     reads = bucket.reads
-    ledgers._thread.join(5)  # pylint: disable=protected-access
+    ledgers._thread.join(30)  # pylint: disable=protected-access
     assert not ledgers._thread.is_alive()  # pylint: disable=protected-access
     assert bucket.reads == reads  # Done: no more reads.
   finally:
@@ -116,10 +116,10 @@ def test_an_unreachable_bucket_never_ends_the_wait(monkeypatch):
 
   ledgers = ends.Ledgers(URL, 'job-a1', [2, 3],
                          fs_factory=Unreachable).start()
-  assert helpers.wait_for(lambda: Unreachable.calls >= 3, 5, 0.01)
+  assert helpers.wait_for(lambda: Unreachable.calls >= 3, 30, 0.01)
   assert ledgers.final() == set()
   ledgers.stop()
-  ledgers._thread.join(5)  # pylint: disable=protected-access
+  ledgers._thread.join(30)  # pylint: disable=protected-access
   assert not ledgers._thread.is_alive()  # pylint: disable=protected-access
 
 
@@ -127,6 +127,6 @@ def test_no_gcsfs_means_no_early_end():
   def missing():
     raise RuntimeError('a gs:// workdir needs gcsfs')
   ledgers = ends.Ledgers(URL, 'job-a1', [2], fs_factory=missing).start()
-  ledgers._thread.join(5)  # pylint: disable=protected-access
+  ledgers._thread.join(30)  # pylint: disable=protected-access
   assert ledgers.final() == set()
 
