@@ -11,6 +11,7 @@ import pytest
 from launcher import elastic as policy
 from launcher import restart
 from launcher.ray import __main__ as ray_main
+from launcher.ray import attempt
 from launcher.ray import driver
 from launcher.ray import elastic
 from launcher.ray import host
@@ -145,13 +146,43 @@ def test_a_raylet_is_gone_when_its_port_takes_no_connection():
   assert not raylets.gone(None)  # A node Ray did not list: no verdict.
 
 
+class _Silent:
+  """A group.Group as Silence reads it: silent ranks, and raylets asked."""
+
+  def __init__(self, silent, dead_raylets):
+    self.silent = dict.fromkeys(silent, 0.0)
+    self.dead_raylets = set(dead_raylets)
+    self.asked = []
+
+  def raylet_gone(self, process_index):
+    self.asked.append(process_index)
+    return process_index in self.dead_raylets
+
+
+def test_a_silent_ranks_raylet_is_asked_once_a_second_until_found_gone():
+  silence = attempt.Silence()
+  group = _Silent(silent=[1, 3], dead_raylets=[3])
+  assert silence.news(group, 10.0) == ([1, 3], [3])
+  assert silence.news(group, 10.5) == ([], [])  # Asked under a second ago.
+  assert group.asked == [1, 3]
+  group.dead_raylets.add(1)
+  assert silence.news(group, 11.0) == ([], [1])  # 3, dead, is not asked.
+  assert group.asked == [1, 3, 1]
+  assert (silence.gone, silence.dead) == ({1, 3}, {1, 3})
+  group.silent[2] = 11.2  # Silent, its node's raylet answering.
+  assert silence.news(group, 11.2) == ([2], [])
+  assert silence.news(group, 12.0) == ([], [])
+  assert group.asked == [1, 3, 1, 2]
+
+
 def test_naming_podrun_rays_parts_does_not_import_ray():
   # Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when it is imported:
   # imported first by these unit tests, it took the machine's address for
   # 127.0.0.1, and the Ray tests that ran after them in the same worker
   # could not reach their own cluster (seen once in a full run).
   code = ('import sys\n'
-          'from launcher.ray import __main__, driver, elastic, host, raylets\n'
+          'from launcher.ray import __main__, attempt, driver, elastic, host\n'
+          'from launcher.ray import raylets\n'
           'print("ray" in sys.modules)')
   result = subprocess.run([sys.executable, '-c', code], check=True,
                           capture_output=True, text=True,

@@ -133,6 +133,32 @@ def test_a_process_the_launcher_saw_go_is_lost_after_a_few_silent_seconds(
   assert peers.gone(str(gone_file)) == peers.Gone()
 
 
+def test_a_process_whose_host_the_launcher_found_dead_is_lost_at_once(
+    tmp_path):
+  client = _FakeJob(process_index=0, process_count=3)
+  watch = peers.Peers(client, 'h0', heartbeat_timeout=60)
+  gone_file = tmp_path / 'gone'
+  # Only a process named gone can be dead: 1 is not taken on the word.
+  gone_file.write_text('{"processes": [2], "dead": [1, 2], '
+                       '"why": "its raylet takes no connection"}')
+  gone = peers.gone(str(gone_file))
+  assert (gone.processes, gone.dead) == ({2}, {2})
+  for process_index in (1, 2):
+    client.set(f'{peers.BEAT_DIR}/{process_index}',
+               f'{{"beat": 1, "host": "h{process_index}"}}', True)
+  assert watch.find_lost(100.0, gone) is None  # First sight of both.
+  client.set(f'{peers.BEAT_DIR}/1', '{"beat": 2, "host": "h1"}', True)
+  # Two beats missed are enough for a dead host's process (3 for one gone,
+  # --heartbeat_timeout for the rest).
+  assert watch.find_lost(100.0 + peers.DEAD_SILENCE_S, gone) is None
+  lost = watch.find_lost(100.1 + peers.DEAD_SILENCE_S, gone)
+  assert (lost.kind, lost.process_index) == ('lost', 2)
+  assert lost.summary == (
+      'no heartbeat for 2 s (--heartbeat_timeout=60), and the launcher found '
+      'its host dead (its raylet takes no connection); its last completed '
+      'step was None')
+
+
 def test_process_0_waits_for_no_ack_from_processes_the_launcher_saw_go(
     tmp_path, monkeypatch):
   client = _FakeJob(process_index=0, process_count=4)

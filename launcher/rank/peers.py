@@ -12,7 +12,9 @@ in the file PODRUN_GONE_FILE names (`Gone`): a process it names is lost
 after GONE_SILENCE_S without a heartbeat rather than --heartbeat_timeout,
 which is long so that a slow process is not taken for a dead one. Its
 heartbeat going on (a preempted process saving, with the others, the step
-they agreed on) keeps it in the job.
+they agreed on) keeps it in the job. A host the launcher found dead itself
+(podrun-ray: its raylet takes no connection) is `dead`: its process is
+lost after DEAD_SILENCE_S.
 """
 
 import dataclasses
@@ -39,16 +41,24 @@ BEAT_EVERY_S = 1.0
 # Seconds without a heartbeat after which a process whose host the launcher
 # saw go is lost: three beats missed.
 GONE_SILENCE_S = 3 * BEAT_EVERY_S
+# The same for a host the launcher found dead: two beats missed. Not one:
+# a process that outlived its node's raylet and still beats, a second
+# apart, may be read twice between two of its beats.
+DEAD_SILENCE_S = 2 * BEAT_EVERY_S
 
 
 @dataclasses.dataclass(frozen=True)
 class Gone:
-  """The processes whose hosts the launcher saw go, and what it saw."""
+  """The processes whose hosts the launcher saw go, what it saw, and those
+  whose hosts it found dead (a subset)."""
   processes: frozenset = frozenset()
   why: str = ''
+  dead: frozenset = frozenset()
 
   def silence_allowed(self, process_index: int,
                       heartbeat_timeout: float) -> float:
+    if process_index in self.dead:
+      return min(DEAD_SILENCE_S, heartbeat_timeout)
     if process_index in self.processes:
       return min(GONE_SILENCE_S, heartbeat_timeout)
     return heartbeat_timeout
@@ -57,6 +67,8 @@ class Gone:
     if process_index not in self.processes:
       return ''
     seen = f' ({self.why})' if self.why else ''
+    if process_index in self.dead:
+      return f', and the launcher found its host dead{seen}'
     return f', and the launcher saw its host go{seen}'
 
 
@@ -69,8 +81,9 @@ def gone(path: Optional[str] = None) -> Gone:
   try:
     with open(path) as f:
       record = json.load(f)
-    return Gone(frozenset(int(p) for p in record.get('processes', ())),
-                str(record.get('why', '')))
+    processes = frozenset(int(p) for p in record.get('processes', ()))
+    return Gone(processes, str(record.get('why', '')),
+                processes & frozenset(int(p) for p in record.get('dead', ())))
   except (OSError, ValueError, TypeError, AttributeError):
     return Gone()
 

@@ -33,6 +33,8 @@ _GROW_CHECK_EVERY_S = 1.0
 # that an actor merely slow on a loaded machine does not reach it. Sooner
 # when its node's raylet takes no connection (raylets.py): then it is gone.
 _SILENT_LOST_S = 5.0
+# How often the raylet of a silent rank's node is asked while it answers.
+_ASK_RAYLET_EVERY_S = 1.0
 
 
 class Attempt:
@@ -61,7 +63,7 @@ class Attempt:
     self._fault: Optional[records.Fault] = None
     self._group = None
     self._signalled: list[int] = []
-    self._told_gone: set[int] = set()
+    self._silence = Silence()
     self._next_drain_check = 0.0
     self._next_grow_check = 0.0
 
@@ -132,7 +134,7 @@ class Attempt:
         self.logs.write(process_index, stream, line)
       time.sleep(max(0.0, began + _READ_EVERY_S - time.monotonic()))
       now = time.monotonic()
-      _judge_silent(group, self._told_gone, now)
+      _judge_silent(group, self._silence, now)
       failed += [self._failure(r, now) for r in group.ended
                  if r not in seen and group.ended[r] != exit_codes.OK]
       for i in sorted(set(group.lost) - seen):
@@ -231,26 +233,57 @@ class Attempt:
                  f'{self.options.stop_grace_s:g} s if they have not ended')
 
 
-def _judge_silent(group, told_gone: set[int], now: float) -> None:
+class Silence:
+  """What the others were told of silent ranks: whose node may be gone
+  (`gone`), and whose raylet was found gone too (`dead`, a subset), with
+  when each silent rank's raylet was last asked."""
+
+  def __init__(self):
+    self.gone: set[int] = set()
+    self.dead: set[int] = set()
+    self.asked: dict[int, float] = {}
+
+  def news(self, group, now: float) -> tuple[list[int], list[int]]:
+    """(ranks newly silent, ranks newly found dead): a silent rank's
+    raylet is asked at most once a second until it is found gone."""
+    new = sorted(set(group.silent) - self.gone)
+    dead = []
+    for process_index in sorted(set(group.silent) - self.dead):
+      if now - self.asked.get(process_index, -1e9) < _ASK_RAYLET_EVERY_S:
+        continue
+      self.asked[process_index] = now
+      if group.raylet_gone(process_index):
+        dead.append(process_index)
+    self.gone.update(new)
+    self.dead.update(dead)
+    return new, dead
+
+
+def _judge_silent(group, silence: Silence, now: float) -> None:
   """A rank whose node stops answering: the others hear at once that its
   host may be gone (their supervisors then take it for lost after a few
-  seconds without a heartbeat); once every other process has ended, one
-  of them failing, it is taken for lost itself, without waiting for Ray's
-  verdict.
+  seconds without a heartbeat, after one beat once its raylet is found
+  gone); once every other process has ended, one of them failing, it is
+  taken for lost itself, without waiting for Ray's verdict.
 
   Args:
     group: the attempt's group.Group.
-    told_gone: the ranks the others were told of so far; grows.
+    silence: what the others were told so far; grows.
     now: time.monotonic().
   """
   from launcher.ray import group as group_lib  # pylint: disable=g-import-not-at-top
-  new = sorted(set(group.silent) - told_gone)
-  if new:
-    told_gone.update(new)
-    output.say(f'rank(s) {", ".join(map(str, new))} not answering for '
-               f'{group_lib.SILENT_AFTER_S:g} s: telling the others their '
-               'node may be gone')
-    group.tell_gone(sorted(told_gone), 'its Ray node stopped answering')
+  new, dead = silence.news(group, now)
+  if new or dead:
+    if new:
+      output.say(f'rank(s) {", ".join(map(str, new))} not answering for '
+                 f'{group_lib.SILENT_AFTER_S:g} s: telling the others their '
+                 'node may be gone')
+    if dead:
+      output.say(f'rank(s) {", ".join(map(str, dead))}: the node\'s raylet '
+                 'takes no connection, so it is gone')
+    why = ('its Ray node stopped answering' +
+           (', and its raylet takes no connection' if silence.dead else ''))
+    group.tell_gone(sorted(silence.gone), why, tuple(sorted(silence.dead)))
   # Only after a failure: at a job's good end (every other process 0) a
   # slow answer waits for the node's own, or for Ray's verdict.
   failed = any(code != exit_codes.OK for code in group.ended.values())
@@ -260,7 +293,7 @@ def _judge_silent(group, told_gone: set[int], now: float) -> None:
       why = f'no answer from its node for {now - since:.1f} s'
       if now - since >= _SILENT_LOST_S:
         group.take_lost(process_index, why)
-      elif group.raylet_gone(process_index):
+      elif process_index in silence.dead:
         group.take_lost(process_index, f'{why}, and its raylet takes no '
                         'connection')
 

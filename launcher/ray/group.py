@@ -189,12 +189,14 @@ class Group:
     """Whether the raylet of the process's node takes no connection."""
     return raylets.gone(self._raylets.get(self.nodes[process_index]))
 
-  def tell_gone(self, processes: list[int], why: str) -> None:
+  def tell_gone(self, processes: list[int], why: str,
+                dead: tuple[int, ...] = ()) -> None:
     """Tells every other running process that the hosts of `processes` went
     (launcher/rank/peers.py, Gone): their supervisors take those processes
     for lost after a few seconds without a heartbeat, not after
-    --heartbeat_timeout; one that still beats stays in the job."""
-    self._quietly([self.hosts[i].gone.remote(processes, why)
+    --heartbeat_timeout, and those of `dead` (their raylets gone) after one
+    beat missed; one that still beats stays in the job."""
+    self._quietly([self.hosts[i].gone.remote(processes, why, tuple(dead))
                    for i in self._running() if i not in processes],
                   _CALL_TIMEOUT_S)
 

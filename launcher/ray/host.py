@@ -122,12 +122,14 @@ class Host:
         code = None  # More to read first.
     return lines, code
 
-  def gone(self, processes: list[int], why: str) -> None:
-    """Tells this node's process that `processes`' hosts went
-    (launcher/rank/peers.py reads it: Gone)."""
+  def gone(self, processes: list[int], why: str,
+           dead: tuple[int, ...] = ()) -> None:
+    """Tells this node's process that `processes`' hosts went, `dead` of
+    them for certain (launcher/rank/peers.py reads it: Gone)."""
     if self._gone_dir and os.path.isdir(self._gone_dir):
       files.write_json(os.path.join(self._gone_dir, 'gone.json'),
-                       {'processes': sorted(processes), 'why': why})
+                       {'processes': sorted(processes), 'why': why,
+                        'dead': sorted(dead)})
 
   def _remove_gone_dir(self) -> None:
     if self._gone_dir:
