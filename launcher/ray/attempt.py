@@ -262,9 +262,9 @@ class Silence:
 def _judge_silent(group, silence: Silence, now: float) -> None:
   """A rank whose node stops answering: the others hear at once that its
   host may be gone (their supervisors then take it for lost after a few
-  seconds without a heartbeat, after one beat once its raylet is found
-  gone); once every other process has ended, one of them failing, it is
-  taken for lost itself, without waiting for Ray's verdict.
+  seconds without a heartbeat, two once its raylet is found gone); once
+  every other process has ended, one of them failing, it is taken for
+  lost itself, without waiting for Ray's verdict.
 
   Args:
     group: the attempt's group.Group.
@@ -281,9 +281,9 @@ def _judge_silent(group, silence: Silence, now: float) -> None:
     if dead:
       output.say(f'rank(s) {", ".join(map(str, dead))}: the node\'s raylet '
                  'takes no connection, so it is gone')
-    why = ('its Ray node stopped answering' +
-           (', and its raylet takes no connection' if silence.dead else ''))
-    group.tell_gone(sorted(silence.gone), why, tuple(sorted(silence.dead)))
+    # One reason for all; peers.Gone says "found dead" of the dead ones.
+    group.tell_gone(sorted(silence.gone), 'its Ray node stopped answering',
+                    tuple(sorted(silence.dead)))
   # Only after a failure: at a job's good end (every other process 0) a
   # slow answer waits for the node's own, or for Ray's verdict.
   failed = any(code != exit_codes.OK for code in group.ended.values())

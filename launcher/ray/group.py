@@ -194,8 +194,9 @@ class Group:
     """Tells every other running process that the hosts of `processes` went
     (launcher/rank/peers.py, Gone): their supervisors take those processes
     for lost after a few seconds without a heartbeat, not after
-    --heartbeat_timeout, and those of `dead` (their raylets gone) after one
-    beat missed; one that still beats stays in the job."""
+    --heartbeat_timeout, and those of `dead` (their raylets gone) after
+    two beats missed (peers.DEAD_SILENCE_S); one that still beats stays in
+    the job."""
     self._quietly([self.hosts[i].gone.remote(processes, why, tuple(dead))
                    for i in self._running() if i not in processes],
                   _CALL_TIMEOUT_S)
