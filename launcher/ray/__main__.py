@@ -21,6 +21,7 @@ import sys
 from typing import NoReturn
 
 from launcher import restart
+from launcher.common import flag_values
 from launcher.ray import driver
 from runtime.common import exit_codes
 
@@ -100,7 +101,7 @@ def parse(argv: list[str]) -> driver.Options:
                  f'{args.num_processes}')
   if not launcher_args:
     parser.error('no launcher flags after `--`: give at least --config')
-  if driver.workdir_of(launcher_args) is None:
+  if flag_values.workdir_of(launcher_args) is None:
     parser.error('no --workdir among the launcher flags: give one every node '
                  'reaches (a shared file system or gs://)')
   try:

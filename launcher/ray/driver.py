@@ -22,6 +22,7 @@ import uuid
 from typing import Optional
 
 from launcher import restart
+from launcher.common import flag_values
 from launcher.common import goodput_rollup
 from launcher.ray import attempt as attempt_lib
 from launcher.ray import elastic
@@ -59,16 +60,6 @@ class Options:
   min_processes: Optional[int] = None
 
 
-def workdir_of(launcher_args: list[str]) -> Optional[str]:
-  """The --workdir among the launcher's flags, or None."""
-  for i, arg in enumerate(launcher_args):
-    if arg.startswith('--workdir='):
-      return arg.split('=', 1)[1]
-    if arg == '--workdir' and i + 1 < len(launcher_args):
-      return launcher_args[i + 1]
-  return None
-
-
 def run(options: Options) -> int:
   """Runs the job to its end on `options.num_processes` nodes; its exit
   code."""
@@ -82,7 +73,8 @@ def run(options: Options) -> int:
                'address)')
     return exit_codes.POD_UNAVAILABLE
   job_id = uuid.uuid4().hex[:12]
-  logs = output.Logs(workdir_of(options.launcher_args), options.num_processes)
+  logs = output.Logs(flag_values.workdir_of(options.launcher_args),
+                     options.num_processes)
   capacity = elastic.Capacity(options.num_processes,
                               options.min_processes or options.num_processes)
   try:

@@ -20,10 +20,10 @@ from launcher import signals
 from launcher.tpu import babysit
 from launcher.tpu import commands
 from launcher.tpu import ends
-from launcher.tpu import flags
 from launcher.tpu import slices as slices_lib
 from launcher.tpu import worker_lines
 from runtime.common import exit_codes
+from launcher.common import flag_values
 from launcher.common import record_mirror
 from runtime.common import records
 
@@ -187,7 +187,7 @@ class Attempt:
       self.launch.say(f'waiting up to {wait_s:g} s (--lost_slice_wait) for '
                       'the job on the lost slice to end (its preemption '
                       'save) before anything deletes it')
-    url = flags.workdir_of(self.launch.launcher_args)
+    url = flag_values.workdir_of(self.launch.launcher_args) or ''
     ledgers = (ends.Ledgers(url, self.attempt_name, self._lost_ids()).start()
                if record_mirror.in_bucket(url) else None)
     try:
@@ -214,7 +214,7 @@ class Attempt:
   def _job_over(self, ledgers: Optional[ends.Ledgers] = None
                 ) -> Optional[str]:
     """Why nothing of the job can still be saving, or None (ends.over)."""
-    url = flags.workdir_of(self.launch.launcher_args)
+    url = flag_values.workdir_of(self.launch.launcher_args) or ''
     kept_in_bucket = record_mirror.in_bucket(url) or any(
         '=gs://' in arg for arg in self.launch.launcher_args)
     return ends.over(

@@ -53,6 +53,7 @@ from launcher.tpu import slices as slices_lib
 from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import files
+from launcher.common import flag_values
 from launcher.common import goodput_rollup
 from runtime.common import layout
 from launcher.common import record_mirror
@@ -245,7 +246,7 @@ def _keep_attempts_with_the_record(launch: Launch, code: int) -> None:
   part (`_complete_the_record`), so that scripts/goodput.py gs://... and
   summary.json account for every attempt; bounded, as a process's last
   upload is."""
-  url = flags.workdir_of(launch.launcher_args)
+  url = flag_values.workdir_of(launch.launcher_args) or ''
   path = launch.path(records.ATTEMPTS_FILE)
   if not url.startswith('gs://') or not os.path.exists(path):
     return

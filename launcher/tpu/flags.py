@@ -12,6 +12,8 @@ Example:
 import argparse
 import re
 
+from launcher.common import flag_values
+
 
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog='scripts/launch_tpu_pod.sh')
@@ -123,20 +125,11 @@ def _check_elastic(parser: argparse.ArgumentParser, options,
     parser.error(f'{fixed[0]} fixes what --min_slices lets change: drop it')
 
 
-def workdir_of(launcher_args: list[str]) -> str:
-  """The --workdir the launcher gets ('' for its default), the last given."""
-  found = ''
-  for arg in launcher_args:
-    if arg.startswith('--workdir='):
-      found = arg[len('--workdir='):]
-  return found
-
-
 def local_workdir_warning(options, launcher_args: list[str]) -> str:
   """A loud warning when a slice this launch creates would take the run's
   record with it ('' when the workdir is in a bucket, or nothing is
   created)."""
-  workdir = workdir_of(launcher_args)
+  workdir = flag_values.workdir_of(launcher_args) or ''
   if not options.create or workdir.startswith('gs://'):
     return ''
   where = (f'--workdir={workdir}' if workdir else
