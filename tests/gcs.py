@@ -113,6 +113,16 @@ class FakeGcs:
         timeout=10) as r:
       return r.read()
 
+  def write(self, bucket: str, name: str, data: bytes) -> None:
+    """Uploads `data` as object `name` of `bucket`."""
+    quoted = urllib.parse.quote(name, safe='')
+    request = urllib.request.Request(
+        f'{self.url}/upload/storage/v1/b/{bucket}/o?uploadType=media&'
+        f'name={quoted}', data=data,
+        headers={'Content-Type': 'application/octet-stream'}, method='POST')
+    with urllib.request.urlopen(request, timeout=30):
+      pass
+
   def fetch_record(self, url: str, into: pathlib.Path) -> pathlib.Path:
     """A bucket's workdir copied to `into` by the mirror readers use
     (in a child, whose gcsfs sees this server)."""

@@ -3,7 +3,9 @@
 An IDX file is a 4-byte magic number (two zero bytes, a type code, the number
 of dims), one big-endian uint32 per dim, then the data, row-major. MNIST uses
 type 0x08 (unsigned bytes): images (n, 28, 28) and labels (n,). Files may be
-gzipped; a name ending in .gz or the gzip magic bytes says so.
+gzipped; a name ending in .gz or the gzip magic bytes says so. A path may be
+local or a gs:// object (read through etils' epath: the gcs extra), so that
+every host of a job reads the same files from a bucket.
 """
 
 import gzip
@@ -24,11 +26,39 @@ class IdxError(runtime.ConfigError):
   """A missing or malformed IDX file; the message names the file."""
 
 
+def _bucket_path(path: str):
+  """epath's Path for a gs:// path (gcsfs behind it)."""
+  try:
+    from etils import epath  # pylint: disable=g-import-not-at-top
+    import gcsfs  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError as e:
+    raise IdxError(f'{path}: reading a bucket needs gcsfs, which is not '
+                   'installed: pip install "podrun[gcs]"') from e
+  return epath.Path(path)
+
+
+def exists(path: str) -> bool:
+  """Whether the file (local, or a gs:// object) exists."""
+  if path.startswith('gs://'):
+    return _bucket_path(path).exists()
+  return os.path.exists(path)
+
+
+def open_for_writing(path: str):
+  """A binary file to write (local, or a gs:// object)."""
+  if path.startswith('gs://'):
+    return _bucket_path(path).open('wb')
+  return open(path, 'wb')
+
+
 def _read_bytes(path: str) -> bytes:
-  if not os.path.exists(path):
+  if not exists(path):
     raise IdxError(f'{path}: no such file')
-  with open(path, 'rb') as f:
-    raw = f.read()
+  if path.startswith('gs://'):
+    raw = _bucket_path(path).read_bytes()
+  else:
+    with open(path, 'rb') as f:
+      raw = f.read()
   if raw[:2] == _GZIP_MAGIC:
     try:
       return gzip.decompress(raw)

@@ -1,7 +1,8 @@
 """MNIST digits, an MLP classifier trained data-parallel with Adam.
 
-Reads the four standard IDX files (gzipped or not) from `config.data_dir`;
-nothing is downloaded at run time (scripts/fetch_mnist.py fetches them).
+Reads the four standard IDX files (gzipped or not) from `config.data_dir`, a
+local directory or a gs:// bucket that every host reads; nothing is
+downloaded at run time (scripts/fetch_mnist.py fetches them, to either).
 Evaluates on the whole test split every `config.eval_every` steps and at the
 end, exactly: every test example once (runtime/evaluation.py).
 """
@@ -29,13 +30,20 @@ NUM_CLASSES = 10
 
 def _find(data_dir: str, name: str) -> str:
   for candidate in (name, name + '.gz'):
-    path = os.path.join(data_dir, candidate)
-    if os.path.exists(path):
+    path = _join(data_dir, candidate)
+    if idx.exists(path):
       return path
   raise idx.IdxError(
-      f'{os.path.join(data_dir, name)}[.gz]: no such file. Put the MNIST IDX '
+      f'{_join(data_dir, name)}[.gz]: no such file. Put the MNIST IDX '
       f'files in config.data_dir={data_dir!r}, for example with '
       f'`python scripts/fetch_mnist.py --data_dir={data_dir}`.')
+
+
+def _join(data_dir: str, name: str) -> str:
+  """A file of `data_dir`, a local directory or gs://BUCKET/PREFIX."""
+  if data_dir.startswith('gs://'):
+    return data_dir.rstrip('/') + '/' + name
+  return os.path.join(data_dir, name)
 
 
 def _split(data_dir: str, split: str) -> tuple[np.ndarray, np.ndarray]:
