@@ -3,6 +3,7 @@
 # slices), from your own machine; with --create, makes the slice first.
 #
 #   scripts/launch_tpu_pod.sh --tpu=NAME --zone=ZONE [--project=PROJECT]
+#       [--project_dir=DIR] [--project_max_mb=100]
 #       [--workdir=DIR] [--env KEY=VALUE ...] [--max_restarts=N]
 #       [--restart_backoff=SECONDS]
 #       [--retry_exit_codes=C,...] [--wait_healthy=SECONDS]
@@ -15,16 +16,28 @@
 #        [--spot|--reserved] [--valid_until=6h] [--delete_after]
 #        [--queued_resource=NAME] [--capacity_timeout=86400]
 #        [--provisioning_timeout=1800] [--poll_interval=10]
-#        [--lost_slice_wait=30] [--relaunch_grace=15]]
+#        [--lost_slice_wait=30] [--relaunch_grace=15]
+#        [--min_slices=K] [--slice_back_backoff=60]
+#        [--slice_back_timeout=86400]]
 #       -- <launcher flags>
 #   scripts/launch_tpu_pod.sh --tpu=NAME --zone=ZONE --status
 #   scripts/launch_tpu_pod.sh --tpu=NAME --zone=ZONE --stop[=JOB_ID]
 #
-# Example (a spot v4-32, babysat through preemptions, deleted at the end):
+# Each flag with its meaning: `podrun-tpu launch --help` (the same flags).
+#
+# Example (a spot v4-32, babysat through preemptions, deleted at the end;
+# the image's Python is 3.10, so --provision_python installs a newer one):
 #   scripts/launch_tpu_pod.sh --tpu=my-v4-32 --zone=us-central2-b --create \
 #       --accelerator_type=v4-32 --runtime_version=tpu-ubuntu2204-base \
-#       --spot --max_restarts=10 --delete_after -- \
-#       --config=configs/mnist.py --config.checkpoint_dir=gs://BUCKET/mnist
+#       --provision_python --spot --max_restarts=10 --delete_after -- \
+#       --config=configs/mnist.py --config.data_dir=gs://BUCKET/mnist \
+#       --config.checkpoint_dir=gs://BUCKET/mnist-run
+#
+# Your own project: run the script from its directory (or name it with
+# --project_dir). Its files that git does not ignore (every file, outside
+# git; at most --project_max_mb MiB) travel beside podrun's code, and the
+# job runs from their copy on every worker, so that --config=my_config.py,
+# the module config.workload names and relative data paths work there.
 #
 # 0. --create asks for the slice through a queued resource (named --tpu, or
 #    --queued_resource) and waits through its states, each phase with its
@@ -44,10 +57,10 @@
 #    JAX: 3.11+ for JAX 0.10, 3.12+ from 0.11; python3.13 ... python3, or
 #    --worker_python) before copying anything; --provision_python installs
 #    that version (deadsnakes PPA, sudo apt-get) where none is found.
-# 3. Copies the project (one tarball named by its SHA-256) to every worker
-#    and, once per version of pyproject.toml and of JAX, installs it in
-#    ~/podrun/venv with the TPU extra and this machine's JAX version
-#    (skipped with --worker_python).
+# 3. Copies podrun's code and the project (one tarball named by its
+#    SHA-256) to every worker and, once per version of pyproject.toml and of
+#    JAX, installs podrun's dependencies in ~/podrun/venv with the TPU extra
+#    and this machine's JAX version (skipped with --worker_python).
 # 4. On each worker, names every process holding the accelerator
 #    (--accelerator_devices, /dev/accel* and /dev/vfio/*) and a stale
 #    /tmp/libtpu_lockfile, and stops there (exit 11); --replace stops
@@ -81,7 +94,9 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 case " $* " in
-  *" -h "*|*" --help "*) sed -n '2,72p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  # The whole header: every line from the second to the first that is not
+  # a comment.
+  *" -h "*|*" --help "*) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; exit 0 ;;
 esac
 # This machine's Python with the project and its pod extra (cloud-tpu-client,
 # for the preflight) installed: scripts/env.sh makes .venv the first time;

@@ -37,11 +37,16 @@ class RayCluster:
   def __enter__(self) -> 'RayCluster':
     import ray  # pylint: disable=g-import-not-at-top
     from ray import cluster_utils  # pylint: disable=g-import-not-at-top
+    # Each node unpacks a job's working_dir in a directory of its own, as
+    # machines of their own do: in one session directory, a node's unpack
+    # (it overwrites) would pull the directory from under another's process.
     self.cluster = cluster_utils.Cluster(
         initialize_head=True, connect=False,
-        head_node_args={**NODE, 'include_dashboard': False})
-    for _ in range(self.nodes - 1):
-      self.cluster.add_node(**NODE)
+        head_node_args={**NODE, 'include_dashboard': False,
+                        'runtime_env_dir_name': 'runtime_resources_0'})
+    for i in range(1, self.nodes):
+      self.cluster.add_node(**NODE,
+                            runtime_env_dir_name=f'runtime_resources_{i}')
     self.cluster.wait_for_nodes()
     self.address = self.cluster.address
     ray.init(address=self.address, logging_level='warning',
@@ -96,15 +101,16 @@ class RayCluster:
 
 
 def start_podrun_ray(address: str, num_processes: int,
-                     launcher_args: list[str], *own: str
+                     launcher_args: list[str], *own: str, cwd=helpers.REPO
                      ) -> subprocess.Popen:
-  """Starts `podrun-ray` with one {"host": 1} a process, in a session of
-  its own; stdout and stderr as text pipes."""
+  """Starts `podrun-ray` from `cwd` (the project that travels) with one
+  {"host": 1} a process, in a session of its own; stdout and stderr as text
+  pipes."""
   return subprocess.Popen(
       [sys.executable, '-m', 'launcher.ray', f'--address={address}',
        f'--num_processes={num_processes}',
        '--resources_per_process={"host": 1}', *own, '--', *launcher_args],
-      cwd=helpers.REPO, env=helpers.launcher_env(**ENV),
+      cwd=cwd, env=helpers.launcher_env(**ENV),
       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
       text=True, start_new_session=True)
 
@@ -120,9 +126,10 @@ def read_until(stream, text: str, seen: Optional[list[str]] = None) -> None:
 
 
 def run_podrun_ray(address: str, num_processes: int, launcher_args: list[str],
-                   *own: str, timeout: float = 180) -> helpers.Result:
-  """Runs `podrun-ray` to its end."""
+                   *own: str, timeout: float = 180, cwd=helpers.REPO
+                   ) -> helpers.Result:
+  """Runs `podrun-ray` from `cwd` to its end."""
   started = time.monotonic()
   return helpers.finish(
-      start_podrun_ray(address, num_processes, launcher_args, *own), timeout,
-      started)
+      start_podrun_ray(address, num_processes, launcher_args, *own, cwd=cwd),
+      timeout, started)

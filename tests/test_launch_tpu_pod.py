@@ -430,12 +430,15 @@ def test_dry_run_prints_every_command_and_runs_none(pod):
   assert not pod.calls.exists() and not pod.root.exists()
   lines = result.stdout.splitlines()
   assert lines[0] == f'# job test-job, logs in {pod.logs}'
-  assert lines[1] == ('gcloud compute tpus tpu-vm describe --zone=zone-a '
+  assert lines[1] == (f"# the code: podrun's checkout {helpers.REPO}; the "
+                      'job runs from it')
+  assert lines[2] == ('gcloud compute tpus tpu-vm describe --zone=zone-a '
                       '--project=proj fake-pod --format=json')
   run = next(l for l in lines if ' run test-job-a1 ' in l)
   words = shlex.split(shlex.split(run)[-1].split('=', 1)[1])
   assert words[words.index('run'):] == [
       'run', 'test-job-a1', '--python=/opt/py thon/bin/python',
+      '--env=PYTHONPATH=$HOME/podrun/code-<code sha256[:16]>/podrun',
       '--expected_processes=<workers from describe>', '--stop_grace=5',
       '--orphan_timeout=30', '--accelerator_devices=/dev/accel*,/dev/vfio/*',
       '--env=PODRUN_JOB_ID=test-job',

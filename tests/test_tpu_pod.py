@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 import tarfile
+import tomllib
 
+from packaging import requirements as requirements_lib
 import pytest
 
+from launcher.common import project
 from launcher.tpu import bundle
 from launcher.tpu import commands
 from launcher.tpu import preflight
@@ -182,11 +185,17 @@ def test_expected_type_comes_from_the_config_and_its_override(tmp_path):
       ['--config=configs/linear_regression.py']) is None
 
 
+def _members(archive) -> dict:
+  with tarfile.open(archive) as tar:
+    return {m.name: m for m in tar.getmembers()}
+
+
 def test_bundle_is_reproducible_and_honours_gitignore(tmp_path):
   repo = tmp_path / 'repo'
   repo.mkdir()
   subprocess.run(['git', 'init', '-q', str(repo)], check=True)
   (repo / '.gitignore').write_text('data/\n*.log\n')
+  (repo / 'pyproject.toml').write_text('[project]\nname = "podrun"\n')
   (repo / 'a.py').write_text('print(1)\n')
   (repo / 'data').mkdir()
   (repo / 'data' / 'big.bin').write_bytes(b'x' * 100)
@@ -194,16 +203,79 @@ def test_bundle_is_reproducible_and_honours_gitignore(tmp_path):
   (repo / 'sub').mkdir()
   (repo / 'sub' / 'b.sh').write_text('echo hi\n')
   (repo / 'sub' / 'b.sh').chmod(0o755)
-  first = bundle.bundle(str(tmp_path / 'one.tar.gz'), str(repo))
-  second = bundle.bundle(str(tmp_path / 'two.tar.gz'), str(repo))
+  first = bundle.bundle(str(tmp_path / 'one.tar.gz'), root=str(repo))
+  second = bundle.bundle(str(tmp_path / 'two.tar.gz'), root=str(repo))
   assert first == second == hashlib.sha256(
       (tmp_path / 'one.tar.gz').read_bytes()).hexdigest()
-  with tarfile.open(tmp_path / 'one.tar.gz') as tar:
-    members = {m.name: m for m in tar.getmembers()}
-  assert sorted(members) == ['.gitignore', 'a.py', 'sub/b.sh']
-  assert members['sub/b.sh'].mode == 0o755
+  members = _members(tmp_path / 'one.tar.gz')
+  assert sorted(members) == ['podrun/.gitignore', 'podrun/a.py',
+                             'podrun/pyproject.toml', 'podrun/sub/b.sh']
+  assert members['podrun/sub/b.sh'].mode == 0o755
   (repo / 'a.py').write_text('print(2)\n')
-  assert bundle.bundle(str(tmp_path / 'three.tar.gz'), str(repo)) != first
+  assert bundle.bundle(str(tmp_path / 'three.tar.gz'),
+                       root=str(repo)) != first
+
+
+def test_the_bundle_carries_the_project_beside_podrun(tmp_path):
+  own = tmp_path / 'my_project'
+  (own / 'pkg').mkdir(parents=True)
+  (own / 'my_config.py').write_text('x = 1\n')
+  (own / 'pkg' / 'model.py').write_text('y = 2\n')
+  found = project.find(str(own), podrun_root=project.podrun_root())
+  code = bundle.bundle(str(tmp_path / 'code.tar.gz'), found)
+  names = sorted(_members(tmp_path / 'code.tar.gz'))
+  assert {'project/my_config.py', 'project/pkg/model.py'} < set(names)
+  assert 'podrun/launcher/tpu/worker.py' in names
+  assert not [n for n in names if not n.startswith(('podrun/', 'project/'))]
+  assert bundle.run_directory(found) == 'project'
+  # The hash names the project too.
+  (own / 'my_config.py').write_text('x = 2\n')
+  assert bundle.bundle(str(tmp_path / 'again.tar.gz'), found) != code
+  # Launched from podrun's own checkout, the project is podrun's code.
+  checkout = project.find(str(helpers.REPO),
+                          podrun_root=project.podrun_root())
+  assert checkout.is_podrun and bundle.run_directory(checkout) == 'podrun'
+  bundle.bundle(str(tmp_path / 'own.tar.gz'), checkout)
+  assert not [n for n in _members(tmp_path / 'own.tar.gz')
+              if n.startswith('project/')]
+
+
+def test_installed_without_a_checkout_the_packages_and_their_metadata_travel(
+    tmp_path):
+  # A root as pip leaves a wheel: the packages, no git, no pyproject.toml.
+  site = tmp_path / 'site-packages'
+  for package in ('launcher', 'runtime', 'configs'):
+    (site / package / '__pycache__').mkdir(parents=True)
+    (site / package / '__init__.py').write_text('')
+    (site / package / '__pycache__' / 'x.cpython-311.pyc').write_bytes(b'')
+  (site / 'other_package').mkdir()
+  (site / 'other_package' / 'mod.py').write_text('')
+  assert not project.is_checkout(str(site))
+  bundle.bundle(str(tmp_path / 'code.tar.gz'), root=str(site))
+  assert sorted(_members(tmp_path / 'code.tar.gz')) == [
+      'podrun/configs/__init__.py', 'podrun/launcher/__init__.py',
+      'podrun/pyproject.toml', 'podrun/runtime/__init__.py']
+
+
+def test_the_pyproject_written_from_metadata_asks_what_the_checkouts_does():
+  written = tomllib.loads(bundle.installed_pyproject())
+  own = tomllib.loads((helpers.REPO / 'pyproject.toml').read_text())
+
+  def requirements(specs):
+    return sorted((r.name, tuple(sorted(r.extras)), r.specifier)
+                  for r in map(requirements_lib.Requirement, specs))
+
+  assert written['project']['name'] == own['project']['name']
+  assert written['project']['version'] == own['project']['version']
+  assert written['project']['requires-python'] == own['project'][
+      'requires-python']
+  assert requirements(written['project']['dependencies']) == requirements(
+      own['project']['dependencies'])
+  extras = own['project']['optional-dependencies']
+  assert sorted(written['project']['optional-dependencies']) == sorted(extras)
+  for name, specs in extras.items():
+    assert requirements(written['project']['optional-dependencies'][name]) == (
+        requirements(specs)), name
 
 
 def test_cli_preflight_exit_codes_without_a_reachable_api(tmp_path):

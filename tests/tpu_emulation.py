@@ -64,9 +64,11 @@ class FakePod:
             f'--log_dir={self.logs}', f'--job_id={job_id}', '--stop_grace=5',
             *script_args]
 
-  def start(self, *script_args, **kwargs) -> subprocess.Popen:
+  def start(self, *script_args, cwd=helpers.REPO, **kwargs
+            ) -> subprocess.Popen:
+    """The script, run from `cwd` (the project that travels)."""
     return subprocess.Popen(self.args(*script_args, **kwargs),
-                            cwd=helpers.REPO, env=self.env,
+                            cwd=cwd, env=self.env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

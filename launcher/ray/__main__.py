@@ -12,16 +12,24 @@ as K, and grows back when Ray has a node for a bundle again
 Everything after `--` is the launcher's flags, as for `podrun` on one host
 (--local_devices too, for CPU devices). The workdir is one every node
 reaches: a shared file system or a gs:// bucket.
+
+The project (the current directory, or --project_dir) goes to every node as
+Ray's working_dir, its files that git does not ignore and nothing else, and
+each process runs from that copy: --config=my_config.py, the module
+config.workload names and relative data paths mean there what they mean
+here. podrun itself must be installed on every node (the ray extra).
 """
 
 import argparse
 import importlib.util
 import json
+import os
 import sys
 from typing import NoReturn
 
 from launcher import restart
 from launcher.common import flag_values
+from launcher.common import project
 from launcher.ray import driver
 from runtime.common import exit_codes
 
@@ -78,6 +86,16 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--retry_exit_codes', type=_codes, default=(),
                       help='exit codes besides 75 that --max_restarts '
                       'retries, e.g. 137 for a lost node')
+  parser.add_argument('--project_dir', default='',
+                      help='the project every process runs from, shipped '
+                      "to each node as Ray's working_dir: its files that git "
+                      'does not ignore (every file outside git); default '
+                      'the current directory')
+  parser.add_argument('--project_max_mb', type=float,
+                      default=project.DEFAULT_MAX_MB,
+                      help='refuse a project over this many MiB before '
+                      f'anything is uploaded (default '
+                      f'{project.DEFAULT_MAX_MB:g})')
   return parser
 
 
@@ -101,9 +119,18 @@ def parse(argv: list[str]) -> driver.Options:
                  f'{args.num_processes}')
   if not launcher_args:
     parser.error('no launcher flags after `--`: give at least --config')
-  if flag_values.workdir_of(launcher_args) is None:
+  workdir = flag_values.workdir_of(launcher_args)
+  if workdir is None:
     parser.error('no --workdir among the launcher flags: give one every node '
                  'reaches (a shared file system or gs://)')
+  if not workdir.startswith('gs://') and not os.path.isabs(workdir):
+    parser.error(f'--workdir={workdir}: a relative path would land in each '
+                 "node's own copy of the project: give one every node "
+                 'reaches (an absolute path on a shared file system, or '
+                 'gs://)')
+  if args.project_max_mb <= 0:
+    parser.error(f'--project_max_mb={args.project_max_mb:g}: must be '
+                 'positive')
   try:
     retryable = restart.check_retryable(args.retry_exit_codes)
   except ValueError as e:
@@ -115,7 +142,9 @@ def parse(argv: list[str]) -> driver.Options:
                         max_restarts=args.max_restarts,
                         restart_backoff_s=args.restart_backoff,
                         retry_exit_codes=retryable,
-                        min_processes=args.min_processes)
+                        min_processes=args.min_processes,
+                        project_dir=args.project_dir,
+                        project_max_mb=args.project_max_mb)
 
 
 def run() -> NoReturn:

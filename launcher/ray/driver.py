@@ -24,6 +24,7 @@ from typing import Optional
 from launcher import restart
 from launcher.common import flag_values
 from launcher.common import goodput_rollup
+from launcher.common import project as project_lib
 from launcher.ray import attempt as attempt_lib
 from launcher.ray import elastic
 from launcher.ray import output
@@ -47,6 +48,8 @@ class Options:
       flags of those names (launcher/restart.py).
     min_processes: the fewest processes an elastic job runs on
       (launcher/ray/elastic.py); None: always num_processes.
+    project_dir, project_max_mb: the project that travels to every node
+      (launcher/common/project.py); '' for the current directory.
   """
   address: str
   num_processes: int
@@ -58,15 +61,34 @@ class Options:
   restart_backoff_s: float = 1.0
   retry_exit_codes: tuple[int, ...] = ()
   min_processes: Optional[int] = None
+  project_dir: str = ''
+  project_max_mb: float = project_lib.DEFAULT_MAX_MB
+
+
+def runtime_env(found: project_lib.Project) -> dict:
+  """Ray's runtime_env that ships `found` to every node: its directory as
+  working_dir (each process starts in its copy there), and what does not
+  travel (git's ignored files, .git itself) as excludes."""
+  return {'working_dir': found.directory,
+          'excludes': project_lib.left_out(found)}
 
 
 def run(options: Options) -> int:
   """Runs the job to its end on `options.num_processes` nodes; its exit
   code."""
+  try:
+    found = project_lib.find(options.project_dir, options.project_max_mb,
+                             podrun_root=project_lib.podrun_root())
+  except exit_codes.PodrunError as e:
+    output.say(f'error: {e}')
+    return e.exit_code
+  output.say(f'the project {found.directory} ({len(found.files)} file(s), '
+             f'{found.size / 2**20:.1f} MiB) goes to every node as Ray\'s '
+             'working_dir')
   import ray  # pylint: disable=g-import-not-at-top
   try:
     ray.init(address=options.address, log_to_driver=False,
-             logging_level='warning')
+             logging_level='warning', runtime_env=runtime_env(found))
   except ConnectionError as e:
     output.say(f'error: no Ray cluster at --address={options.address}: {e} '
                '(`ray start --head` starts one; `ray status` shows its '

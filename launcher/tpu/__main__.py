@@ -5,14 +5,14 @@ driver's one entry.
   python -m launcher.tpu preflight --tpu=NAME --zone=ZONE [--project=P]
       [--wait_healthy=600] [--interval=10] -- <launcher flags>
   python -m launcher.tpu recoverable --tpu=NAME --zone=ZONE [--project=P]
-  python -m launcher.tpu bundle --out=FILE.tar.gz
+  python -m launcher.tpu bundle --out=FILE.tar.gz [--project_dir=DIR]
 
 `launch` is what scripts/launch_tpu_pod.sh runs (driver.py). `preflight`
 prints the pod's PodInfo as one JSON line and exits 0, or exits 3 (not the
 pod the config expects) or 6 (not up, or unreadable), naming both sides.
 `recoverable` exits 0 when a relaunch makes sense and 6 when the pod is
-preempted or terminated. `bundle` writes the project's tarball and prints its
-SHA-256.
+preempted or terminated. `bundle` writes the code archive a launch copies
+(podrun's code and the project) and prints its SHA-256.
 """
 
 import argparse
@@ -24,6 +24,7 @@ from launcher.tpu import driver
 from launcher.tpu import preflight
 from runtime.common import exit_codes
 from launcher.common import output_prefix
+from launcher.common import project
 
 
 def split_launcher_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -35,17 +36,37 @@ def split_launcher_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog='python -m launcher.tpu')
-  sub = parser.add_subparsers(dest='command', required=True)
-  for name in ('preflight', 'recoverable'):
-    p = sub.add_parser(name)
-    p.add_argument('--tpu', required=True)
-    p.add_argument('--zone', required=True)
-    p.add_argument('--project')
+  parser = argparse.ArgumentParser(
+      prog='podrun-tpu', description='The Cloud TPU pod driver. `podrun-tpu '
+      'COMMAND --help` gives a command\'s flags.')
+  sub = parser.add_subparsers(dest='command', required=True,
+                              metavar='COMMAND')
+  # `launch` parses its own flags (flags.py); listed here for --help.
+  sub.add_parser('launch', add_help=False, help='run a job on every worker '
+                 'of a pod (what scripts/launch_tpu_pod.sh runs): '
+                 '`podrun-tpu launch --help`')
+  helps = {'preflight': 'check the pod through the Cloud TPU API: READY, '
+                        'HEALTHY, the config\'s accelerator type',
+           'recoverable': 'exit 0 when a relaunch makes sense, 6 when the '
+                          'pod is preempted or terminated'}
+  for name, text in helps.items():
+    p = sub.add_parser(name, help=text, description=text)
+    p.add_argument('--tpu', required=True, help='the TPU VM')
+    p.add_argument('--zone', required=True, help='its zone')
+    p.add_argument('--project', help="the Google Cloud project")
     if name == 'preflight':
-      p.add_argument('--wait_healthy', type=float, default=600)
-      p.add_argument('--interval', type=float, default=10)
-  sub.add_parser('bundle').add_argument('--out', required=True)
+      p.add_argument('--wait_healthy', type=float, default=600,
+                     help='seconds to wait for READY and HEALTHY')
+      p.add_argument('--interval', type=float, default=10,
+                     help='seconds between two reads')
+  text = ('write the code archive a launch copies (podrun\'s code and the '
+          'project) and print its SHA-256')
+  p = sub.add_parser('bundle', help=text, description=text)
+  p.add_argument('--out', required=True, help='the .tar.gz to write')
+  p.add_argument('--project_dir', default='', help='the project (default: '
+                 'the current directory)')
+  p.add_argument('--project_max_mb', type=float,
+                 default=project.DEFAULT_MAX_MB, help='the cap on its size')
   return parser
 
 
@@ -82,7 +103,13 @@ def main(argv: list[str]) -> int:
     return driver.main(argv[1:], launcher_args)
   args = _parser().parse_args(argv)
   if args.command == 'bundle':
-    print(bundle.bundle(args.out))
+    try:
+      found = project.find(args.project_dir, args.project_max_mb,
+                           podrun_root=project.podrun_root())
+    except exit_codes.PodrunError as e:
+      print(f'podrun-tpu: error: {e}', file=sys.stderr)
+      return e.exit_code
+    print(bundle.bundle(args.out, found))
     return exit_codes.OK
   return _check(args, launcher_args)
 

@@ -22,6 +22,8 @@ from runtime.common import job_tls
 from runtime.common import records
 
 WORKER_SCRIPT = '$HOME/podrun/tpu_worker.py'
+# The parts of the code's archive (launcher/tpu/bundle.py).
+PODRUN, PROJECT = 'podrun', 'project'
 
 
 @dataclasses.dataclass
@@ -240,10 +242,10 @@ def tls_dir(job_id: str) -> str:
 
 def setup_command(short_hash: str, worker_python: str,
                   jax_version: str, tls_job: str = '') -> str:
-  """Unpacks the code and, once per pyproject.toml and JAX version, installs
-  ~/podrun/venv with the project and exactly that JAX; with `tls_job`,
-  unpacks the launch's authority (copied as ~/podrun-tls-JOB.tar.gz) into
-  a directory only the user reads."""
+  """Unpacks the code (bundle.py: podrun/ and the project/) and, once per
+  pyproject.toml and JAX version, installs ~/podrun/venv with podrun and
+  exactly that JAX; with `tls_job`, unpacks the launch's authority (copied
+  as ~/podrun-tls-JOB.tar.gz) into a directory only the user reads."""
   code = f'$HOME/podrun/code-{short_hash}'
   steps = [
       'set -e', f'd="{code}"', 'mkdir -p "$HOME/podrun"',
@@ -251,22 +253,23 @@ def setup_command(short_hash: str, worker_python: str,
       f'tar -xzf "$HOME/podrun-{short_hash}.tar.gz" -C "$d"; '
       'touch "$d/.podrun-ready"; fi',
       *_unpack_authority(tls_job),
-      f'cp "$d/launcher/tpu/worker.py" "{WORKER_SCRIPT}"',
-      'cp "$d/launcher/tpu/worker_accelerator.py" '
+      f'cp "$d/{PODRUN}/launcher/tpu/worker.py" "{WORKER_SCRIPT}"',
+      f'cp "$d/{PODRUN}/launcher/tpu/worker_accelerator.py" '
       '"$HOME/podrun/tpu_worker_accelerator.py"',
   ]
   if not worker_python:
     # One environment for every version of the code, reinstalled only when
-    # pyproject.toml changes.
+    # pyproject.toml changes: the job imports podrun from the code's own
+    # copy (PYTHONPATH, run_command), so only the dependencies must match.
     jax = shlex.quote(f'jax[tpu]=={jax_version}')
     steps += [
         f'py="$(cat "{FOUND_PYTHON}")"',
         'v="$HOME/podrun/venv"',
-        's="$v/.podrun-$(sha256sum "$d/pyproject.toml" | cut -c1-16)-'
-        f'{jax_version}"',
+        f's="$v/.podrun-$(sha256sum "$d/{PODRUN}/pyproject.toml" | '
+        f'cut -c1-16)-{jax_version}"',
         'if [ ! -f "$s" ]; then rm -rf "$v"; "$py" -m venv "$v"; '
         '"$v/bin/pip" install -q --upgrade pip; '
-        f'"$v/bin/pip" install -q "$d[tpu]" {jax}; touch "$s"; fi',
+        f'"$v/bin/pip" install -q "$d/{PODRUN}[tpu]" {jax}; touch "$s"; fi',
     ]
   return '; '.join(steps)
 
@@ -322,9 +325,12 @@ def multislice_env(place: SlicePlace) -> list[str]:
 
 def run_command(short_hash: str, job_id: str, worker_python: str,
                 envs: list[str], launcher_args: list[str], workers,
-                options, attempt=1, place: SlicePlace = SlicePlace()) -> str:
+                options, attempt=1, place: SlicePlace = SlicePlace(),
+                run_directory: str = PODRUN) -> str:
   """The command every worker of one slice runs: tpu_worker.py run, every
-  word quoted.
+  word quoted, in the code's `run_directory` (bundle.py: 'project', or
+  'podrun' for podrun's own checkout), with podrun's code first on
+  PYTHONPATH.
 
   Every attempt is a job of its own on the workers, JOB_ID-aN, so that a
   restart starts afresh while a rerun of the same command attaches; they
@@ -350,9 +356,11 @@ def run_command(short_hash: str, job_id: str, worker_python: str,
       f'PODRUN_JOB_ID={job_id}',
       f'PODRUN_ATTEMPT={attempt_id(job_id, attempt)}',
       *multislice_env(place), *envs]]
-  return (f'cd "$HOME/podrun/code-{short_hash}" && exec python3 '
+  code = f'$HOME/podrun/code-{short_hash}'
+  return (f'cd "{code}/{run_directory}" && exec python3 '
           f'"{WORKER_SCRIPT}" run '
-          f'{shlex.quote(attempt_id(job_id, attempt))} --python={python} ' +
+          f'{shlex.quote(attempt_id(job_id, attempt))} --python={python} '
+          f'"--env=PYTHONPATH={code}/{PODRUN}" ' +
           shlex.join(words + ['--', *launcher_args]))
 
 

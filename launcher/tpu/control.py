@@ -13,6 +13,8 @@ import shlex
 import subprocess
 import sys
 
+from launcher.common import project as project_lib
+from launcher.tpu import bundle
 from launcher.tpu import commands
 from launcher.tpu import elastic
 from launcher.tpu import queued
@@ -81,6 +83,17 @@ def image_python_warning(launch) -> str:
           '--worker_python=PATH).')
 
 
+def _code_said(project) -> str:
+  """What the code archive holds, and where the job runs from in it."""
+  podrun = (f"podrun's checkout {bundle.REPO}" if project_lib.is_checkout()
+            else f'podrun as installed in {bundle.REPO}')
+  if project is None or project.is_podrun:
+    return f'the code: {podrun}; the job runs from it'
+  return (f'the code: {podrun}, and the project {project.directory} '
+          f'({len(project.files)} file(s), {project.size / 2**20:.1f} MiB), '
+          'which the job runs from')
+
+
 def print_plan(launch) -> int:
   """--dry_run: every command, in order; runs none."""
   options, gcloud = launch.options, launch.gcloud
@@ -90,6 +103,7 @@ def print_plan(launch) -> int:
   minimum = commands.required_python(launch.jax_version)
   launch.coordinator = '<worker 0 of slice 0, from describe>'
   print(f'# job {launch.job_id}, logs in {launch.log_dir}')
+  print(f'# {_code_said(launch.project)}')
   for line in [*_planned_fleet(launch), image_python_warning(launch)]:
     if line:
       print(line)
@@ -111,7 +125,8 @@ def print_plan(launch) -> int:
   for slice_id, node in enumerate(launch.nodes):
     print(shlex.join(gcloud.ssh(commands.run_command(
         short, launch.job_id, options.worker_python, options.env,
-        launch.launcher_args, workers, options, 1, launch.place(slice_id)),
+        launch.launcher_args, workers, options, 1, launch.place(slice_id),
+        bundle.run_directory(launch.project)),
                                 node=node, workers=batch)))
   for request in _requests(launch):
     delete = shlex.join(gcloud.queued('delete', request.name, '--force',

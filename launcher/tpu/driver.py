@@ -43,6 +43,7 @@ from launcher import restart
 from launcher import signals
 from launcher import tls
 from launcher.tpu import attempt as attempt_lib
+from launcher.tpu import bundle
 from launcher.tpu import commands
 from launcher.tpu.commands import LaunchError
 from launcher.tpu import control
@@ -55,6 +56,7 @@ from runtime.common import exit_codes
 from runtime.common import files
 from launcher.common import flag_values
 from launcher.common import goodput_rollup
+from launcher.common import project as project_lib
 from runtime.common import layout
 from launcher.common import record_mirror
 from runtime.common import records
@@ -64,8 +66,11 @@ class Launch:
   """Everything one launch knows: the slices, the job, the commands, the
   logs, and the signals it got."""
 
-  def __init__(self, options, launcher_args: list[str]):
+  def __init__(self, options, launcher_args: list[str],
+               project: Optional[project_lib.Project] = None):
     self.options = options
+    # What travels besides podrun's code (None: --stop, --status).
+    self.project = project
     self.launcher_args = launcher_args
     self.gcloud = commands.Gcloud(options.tpu, options.zone,
                                   options.project)
@@ -78,7 +83,7 @@ class Launch:
     self.setup = setup_lib.SliceSetup(
         self.gcloud, options, launcher_args, self.job_id, self.say,
         self.path('gcloud.log'), self.stop_if_interrupted,
-        lambda: self.jax_version, lambda: self.authority)
+        lambda: self.jax_version, lambda: self.authority, project)
     self.signals: list[int] = []
     self.slices: slices_lib.Slices = slices_lib.of(self)
     self._log_lock = threading.Lock()
@@ -162,7 +167,7 @@ class Launch:
     return commands.run_command(
         self.setup.code_hash, self.job_id, self.options.worker_python,
         envs, self.launcher_args, self.workers, self.options,
-        attempt, self.place(slice_id))
+        attempt, self.place(slice_id), bundle.run_directory(self.project))
 
 def _run(launch: Launch, retryable: tuple[int, ...]) -> int:
   """Creates the slice (--create), prepares the workers and runs the job
@@ -306,8 +311,11 @@ def main(argv: list[str], launcher_args: list[str]) -> int:
   except SystemExit as e:
     return exit_codes.CONFIG_ERROR if e.code else exit_codes.OK
   try:
-    launch = Launch(options, launcher_args)
     control_only = options.stop is not None or options.status
+    project = None if control_only else project_lib.find(
+        options.project_dir, options.project_max_mb,
+        podrun_root=project_lib.podrun_root())
+    launch = Launch(options, launcher_args, project)
     warning = flags.local_workdir_warning(options, launcher_args)
     if warning and not control_only:
       launch.say(warning)

@@ -13,60 +13,119 @@ import argparse
 import re
 
 from launcher.common import flag_values
+from launcher.common import project
 
 
 def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog='scripts/launch_tpu_pod.sh')
-  add = parser.add_argument
-  add('--tpu', required=True)
-  add('--zone', required=True)
-  add('--project', default='')
-  add('--workdir', default='')
-  add('--env', action='append', default=[])
-  add('--max_restarts', type=int, default=0)
-  add('--retry_exit_codes', default='')
-  add('--restart_backoff', type=float, default=1.0)
-  add('--wait_healthy', type=float, default=600)
-  add('--stop_grace', type=float, default=60)
-  add('--orphan_timeout', type=float, default=30)
-  add('--worker_python', default='')
-  add('--log_dir', default='')
-  add('--job_id', default='')
-  add('--skip_preflight', action='store_true')
-  add('--replace', action='store_true')
-  add('--provision_python', action='store_true')
-  add('--dry_run', action='store_true')
-  add('--stop', nargs='?', const='all', default=None, metavar='JOB_ID')
-  add('--status', action='store_true')
-  add('--log_all_workers', action='store_true')
-  # The fleet: queued resources, babysitting, multislice.
-  add('--create', action='store_true')
-  add('--queued_resource', default='')
-  add('--accelerator_type', default='')
-  add('--runtime_version', default='')
-  add('--spot', action='store_true')
-  add('--reserved', action='store_true')
-  add('--valid_until', default='')
-  add('--delete_after', action='store_true')
-  add('--capacity_timeout', type=float, default=24 * 3600)
-  add('--provisioning_timeout', type=float, default=1800)
-  add('--poll_interval', type=float, default=10)
+  parser = argparse.ArgumentParser(
+      prog='scripts/launch_tpu_pod.sh',
+      usage='%(prog)s --tpu=NAME --zone=ZONE [flags] -- <launcher flags>',
+      description='Runs a job on every worker of a Cloud TPU pod slice (or '
+      'of several), from this machine; with --create, makes the slices '
+      'first. The launcher\'s own flags (podrun --help) follow `--`.')
+  group = parser.add_argument_group('The pod')
+  add = group.add_argument
+  add('--tpu', required=True, help='the TPU VM (with --num_slices=N: the '
+      'slices are NAME-0 ... NAME-(N-1))')
+  add('--zone', required=True, help='its zone, e.g. us-central2-b')
+  add('--project', default='', help="the Google Cloud project (default: "
+      "gcloud's)")
+  add('--num_slices', type=int, default=1, help='slices the one job runs on '
+      '(multislice; default 1)')
+  add('--megascale_port', type=int, default=8080,
+      help='the port the slices meet on (default 8080)')
+  add('--skip_preflight', action='store_true', help='skip the Cloud TPU '
+      'API check of READY, HEALTHY and the config\'s accelerator type')
+  add('--wait_healthy', type=float, default=600, help='seconds to wait for '
+      'the slices to be READY and HEALTHY (default 600)')
+  group = parser.add_argument_group('What travels to every worker')
+  add = group.add_argument
+  add('--project_dir', default='', help='the project the job runs from on '
+      'every worker: its files that git does not ignore (every file outside '
+      'git) travel beside podrun\'s code (default: the current directory)')
+  add('--project_max_mb', type=float, default=project.DEFAULT_MAX_MB,
+      help='refuse a project over this many MiB before anything is copied '
+      f'(default {project.DEFAULT_MAX_MB:g})')
+  add('--worker_python', default='', help='the workers\' interpreter, used '
+      'as it is: nothing is installed (default: python3.13 ... python3, '
+      'with podrun installed into ~/podrun/venv)')
+  add('--provision_python', action='store_true', help='install the Python '
+      'this JAX needs (deadsnakes PPA, sudo apt-get) on workers that lack it')
+  group = parser.add_argument_group('The job')
+  add = group.add_argument
+  add('--workdir', default='', help='the launcher\'s --workdir; with '
+      '--create, a gs:// bucket keeps the record past the slice')
+  add('--env', action='append', default=[], metavar='KEY=VALUE',
+      help='a variable for the job on every worker (repeatable)')
+  add('--job_id', default='', help='the job\'s name on the workers (default '
+      'podrun-DATE-TIME-PID)')
+  add('--log_dir', default='', help='where each worker\'s log goes (default '
+      'tpu_logs/JOB_ID)')
+  add('--log_all_workers', action='store_true', help='show every worker\'s '
+      'lines on the console, not only worker 0\'s and the others\' errors')
+  add('--stop_grace', type=float, default=60, help='seconds from SIGTERM '
+      '(the job saves) to SIGKILL when a job is stopped (default 60)')
+  add('--orphan_timeout', type=float, default=30, help='seconds a job runs '
+      'on after its launching side is gone (default 30)')
+  add('--accelerator_devices', default='/dev/accel*,/dev/vfio/*',
+      help='the device files whose holders are named before a job starts '
+      '(default /dev/accel*,/dev/vfio/*)')
+  add('--kill_accelerator_holders', action='store_true', help='stop a '
+      'foreign process holding the accelerator rather than stopping there')
+  add('--replace', action='store_true', help='stop an earlier podrun job '
+      'on the workers, and remove a stale libtpu lock, rather than stopping '
+      'there')
+  group = parser.add_argument_group('Restarts')
+  add = group.add_argument
+  add('--max_restarts', type=int, default=0, help='relaunch a preempted job '
+      '(exit 75, or a --retry_exit_codes code) up to N times (default 0)')
+  add('--retry_exit_codes', default='', metavar='C,...', help='exit codes '
+      'besides 75 that --max_restarts relaunches')
+  add('--restart_backoff', type=float, default=1.0, help='seconds before a '
+      'relaunch after an attempt that made no progress, doubling (default 1)')
+  group = parser.add_argument_group(
+      'The fleet (--create: queued resources, babysitting, elastic slices)')
+  add = group.add_argument
+  add('--create', action='store_true', help='create the slices through a '
+      'queued resource, wait for them, recreate one that is lost')
+  add('--queued_resource', default='', help='the queued resource\'s name '
+      '(default: --tpu)')
+  add('--accelerator_type', default='', help='with --create: e.g. v4-32')
+  add('--runtime_version', default='', help='with --create: the VM image, '
+      'e.g. tpu-ubuntu2204-base (whose Python 3.10 needs --provision_python)')
+  add('--spot', action='store_true', help='with --create: Spot VMs')
+  add('--reserved', action='store_true', help='with --create: a reservation')
+  add('--valid_until', default='', help='with --create: give up waiting for '
+      'capacity after this long, e.g. 6h')
+  add('--delete_after', action='store_true', help='with --create: delete '
+      'the slices when the job ends')
+  add('--capacity_timeout', type=float, default=24 * 3600, help='seconds '
+      'to wait for capacity (default 86400)')
+  add('--provisioning_timeout', type=float, default=1800, help='seconds to '
+      'wait for provisioning (default 1800)')
+  add('--poll_interval', type=float, default=10, help='seconds between two '
+      'reads of the slices\' states (default 10)')
   # A Spot VM gets 30 s from the soft to the hard power-off: the job on a
   # lost slice may save in that time, and the delete would end it at once.
-  add('--lost_slice_wait', type=float, default=30)
+  add('--lost_slice_wait', type=float, default=30, help='seconds a lost '
+      'slice\'s job has to save before the slice is deleted (default 30)')
   # After a 75/143 from a spot slice whose node does not show it lost yet.
-  add('--relaunch_grace', type=float, default=15)
-  add('--num_slices', type=int, default=1)
-  # Elastic: go on with this many slices or more while others come back.
-  add('--min_slices', type=int, default=0)
-  # A lost slice whose recreate fails is tried again after this many
-  # seconds, doubling (at most 10 min), until --slice_back_timeout.
-  add('--slice_back_backoff', type=float, default=60)
-  add('--slice_back_timeout', type=float, default=24 * 3600)
-  add('--megascale_port', type=int, default=8080)
-  # Accelerator preflight on every worker.
-  add('--accelerator_devices', default='/dev/accel*,/dev/vfio/*')
-  add('--kill_accelerator_holders', action='store_true')
+  add('--relaunch_grace', type=float, default=15, help='seconds to watch a '
+      'spot slice that still looks up after a shutdown exit before '
+      'relaunching there (default 15)')
+  add('--min_slices', type=int, default=0, help='elastic: go on with this '
+      'many slices or more while lost ones are recreated, then grow back')
+  add('--slice_back_backoff', type=float, default=60, help='seconds before '
+      'a failed recreate is tried again, doubling to 10 min (default 60)')
+  add('--slice_back_timeout', type=float, default=24 * 3600, help='seconds '
+      'to keep trying to recreate a lost slice (default 86400)')
+  group = parser.add_argument_group('Control (no job is started)')
+  add = group.add_argument
+  add('--dry_run', action='store_true', help='print every command in '
+      'order; run none')
+  add('--status', action='store_true', help='show the jobs on the workers')
+  add('--stop', nargs='?', const='all', default=None, metavar='JOB_ID',
+      help='stop a job on the workers (every podrun job without JOB_ID)')
   return parser
 
 
@@ -83,6 +142,9 @@ def _check(parser: argparse.ArgumentParser, options, launcher_args) -> None:
                  '--config=configs/linear_regression.py')
   if options.spot and options.reserved:
     parser.error('--spot and --reserved: choose one (neither: on demand)')
+  if options.project_max_mb <= 0:
+    parser.error(f'--project_max_mb={options.project_max_mb:g}: must be '
+                 'positive')
   if options.num_slices < 1:
     parser.error(f'--num_slices={options.num_slices}: at least 1')
   _check_elastic(parser, options, launcher_args)

@@ -21,9 +21,10 @@ import shutil
 import subprocess
 import tempfile
 import weakref
-from typing import Callable
+from typing import Callable, Optional
 
 from launcher import tls
+from launcher.common import project as project_lib
 from launcher.tpu import bundle as bundle_lib
 from launcher.tpu import commands
 from launcher.tpu import firewall
@@ -111,12 +112,14 @@ class SliceSetup:
                list[str], job_id: str, say: Callable[[str], None],
                gcloud_log: str, stop_if_interrupted: Callable[[], None],
                jax_version: Callable[[], str],
-               authority: Callable[[], tls.PodAuthority]):
+               authority: Callable[[], tls.PodAuthority],
+               project: Optional[project_lib.Project] = None):
     self.gcloud, self.options = gcloud, options
     self.launcher_args, self.job_id, self.say = launcher_args, job_id, say
     self.gcloud_log = gcloud_log
     self._stop_if_interrupted = stop_if_interrupted
     self._jax_version, self._authority = jax_version, authority
+    self.project = project
     self.infos: dict[str, SliceInfo] = {}
     self.workers = 0
     self.code_hash = ''
@@ -134,7 +137,7 @@ class SliceSetup:
     bundle, code_hash = self._bundle()
     short = code_hash[:16]
     self.say(f'copying the code (sha256 {code_hash}) to every worker of '
-             + ', '.join(nodes))
+             + ', '.join(nodes) + self._project_said())
     copies = [(bundle, f'podrun-{short}.tar.gz')]
     tls_job = self.job_id if self._authority().directory else ''
     if tls_job:
@@ -221,6 +224,13 @@ class SliceSetup:
       self.say('warning: ' + firewall.advice(info.network, port, needed[port],
                                              info.first_address))
 
+  def _project_said(self) -> str:
+    project = self.project
+    if not project or project.is_podrun:
+      return ''
+    return (f': podrun and the project {project.directory} '
+            f'({len(project.files)} file(s), {project.size / 2**20:.1f} MiB)')
+
   def _tls_archive(self) -> str:
     """The authority as one file to copy, beside the code's archive."""
     path = os.path.join(os.path.dirname(self._bundle()[0]), 'tls.tar.gz')
@@ -237,7 +247,7 @@ class SliceSetup:
       tmp = tempfile.mkdtemp(prefix='podrun_code_')
       weakref.finalize(self, shutil.rmtree, tmp, True)
       path = os.path.join(tmp, 'code.tar.gz')
-      self._code = (path, bundle_lib.bundle(path))
+      self._code = (path, bundle_lib.bundle(path, self.project))
     return self._code
 
   def _check_pythons(self, node: str) -> None:
