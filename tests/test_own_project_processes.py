@@ -1,17 +1,24 @@
 """A user's own project, launched from its own directory outside the
 checkout, trains on hosts that do not share this machine's disk: the
 emulated TPU pod (its workers' homes are directories of their own, each
-command run there in a fresh environment), to the parameters of a local
-run of the same project; and a project that cannot travel is refused
-before anything is copied.
+command run there in a fresh environment), with podrun run from its checkout
+or installed from a wheel, and a local Ray cluster, each to the parameters
+of a local run of the same project; and a project that cannot travel is
+refused before anything is copied.
 """
 
 import os
 import shlex
+import shutil
 import subprocess
+import sys
+import sysconfig
+import time
+import tomllib
 
 import pytest
 
+from launcher.common import project
 from runtime.common import exit_codes
 from tests import helpers
 from tests import own_project
@@ -151,4 +158,72 @@ def test_on_ray_the_project_goes_to_every_node_as_its_working_dir(
     assert os.path.realpath(place) != os.path.realpath(root)
     assert not place.startswith(str(helpers.REPO))
     assert not os.path.exists(os.path.join(place, 'notes'))  # git ignores it
+  assert helpers.fingerprints(workdir) == helpers.fingerprints(local_run)
+
+
+def _wheel_venv(tmp_path):
+  """A fresh virtual environment with podrun installed from a wheel built
+  from the checkout's files (no -e: nothing of the checkout on its path);
+  the test environment's site-packages give it the dependencies."""
+  source = tmp_path / 'source'
+  for name in project.listed_files(str(helpers.REPO)):
+    target = source / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(helpers.REPO / name, target)
+  wheels = tmp_path / 'wheels'
+  pip = [sys.executable, '-m', 'pip', '--disable-pip-version-check', '-q']
+  subprocess.run([*pip, 'wheel', '--no-deps', '--no-build-isolation',
+                  '-w', str(wheels), str(source)], check=True, timeout=180,
+                 cwd=tmp_path)
+  wheel, = wheels.glob('podrun-*.whl')
+  venv = tmp_path / 'venv'
+  subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)],
+                 check=True, timeout=60)
+  python = venv / 'bin' / 'python'
+  subprocess.run([*pip, '--python', str(python), 'install', '--no-deps',
+                  '--no-index', str(wheel)], check=True, timeout=120)
+  site, = venv.glob('lib/python*/site-packages')
+  # A path line of a .pth file is appended after site-packages, and that
+  # directory's own .pth files (the checkout's editable install) are not
+  # read: the deps come from there, podrun from the wheel.
+  (site / 'test_deps.pth').write_text(sysconfig.get_paths()['purelib'] + '\n')
+  return venv
+
+
+def test_podrun_installed_from_a_wheel_ships_itself_and_the_project(
+    pod, tmp_path, local_run):
+  """About 20 s: a wheel built and installed into a fresh environment."""
+  venv = _wheel_venv(tmp_path)
+  root = own_project.write(tmp_path / 'my_project')
+  workdir = tmp_path / 'work'
+  python = str(venv / 'bin' / 'python')
+  env = dict(pod.env, PYTHONPATH='', PODRUN_LOCAL_PYTHON=python)
+  where = subprocess.run(
+      [python, '-c', 'import launcher; print(launcher.__file__)'],
+      env=env, cwd=root, capture_output=True, text=True, check=True)
+  assert where.stdout.startswith(str(venv)), where.stdout
+  args = pod.args('--', f'--config={own_project.CONFIG}', *POD,
+                  f'--workdir={workdir}', python=python)
+  started = time.monotonic()
+  proc = subprocess.Popen([str(venv / 'bin' / 'podrun-tpu'), 'launch',
+                           *args[1:]], cwd=root, env=env,
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+  try:
+    result = helpers.finish(proc, 200, started)
+  finally:
+    helpers.kill_group(proc)
+  assert result.returncode == 0, result.output
+  code, = _code_dirs(pod)[0]
+  podrun = code / 'podrun'
+  # podrun's part is the installed packages and a pyproject.toml written
+  # from the wheel's metadata, not the checkout's files.
+  assert sorted(p.name for p in podrun.iterdir()) == [
+      'configs', 'launcher', 'pyproject.toml', 'runtime']
+  written = tomllib.loads((podrun / 'pyproject.toml').read_text())
+  assert written['project']['name'] == 'podrun'
+  assert 'jax[tpu]' in ' '.join(written['project']['optional-dependencies'][
+      'tpu'])
+  assert (code / 'project' / own_project.CONFIG).exists()
   assert helpers.fingerprints(workdir) == helpers.fingerprints(local_run)

@@ -46,12 +46,40 @@ def test_flags_and_the_launchers_after_the_separator():
       '--workdir=/w'], 'cannot be retried'),
     (['--num_processes=2', '--min_processes=3', '--', '--config=c',
       '--workdir=/w'], '--min_processes=3 with --num_processes=2: it must'),
+    (['--num_processes=2', '--', '--config=c', '--workdir=runs/a'],
+     "--workdir=runs/a: a relative path would land in each node's own copy"),
+    (['--num_processes=2', '--project_max_mb=0', '--', '--config=c',
+      '--workdir=/w'], '--project_max_mb=0: must be positive'),
 ])
 def test_bad_flags_are_named(argv, says, capsys):
   with pytest.raises(SystemExit) as exited:
     ray_main.parse(argv)
   assert exited.value.code == 2
   assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('make, says', [
+    (lambda root: (root / 'launcher.py').write_text(''),
+     'holds launcher.py, which on every host would be imported'),
+    (lambda root: (root / 'big.bin').write_bytes(b'x' * (2 << 20)),
+     'over --project_max_mb=1; the biggest: big.bin (2.0 MiB)'),
+    (lambda root: root.rmdir(), ': no such directory'),
+])
+def test_a_project_that_cannot_travel_exits_2_before_ray_is_asked(
+    tmp_path, make, says):
+  """Before ray.init: no cluster answers at --address, and none is asked."""
+  root = tmp_path / 'my_project'
+  root.mkdir()
+  make(root)
+  result = subprocess.run(
+      [sys.executable, '-m', 'launcher.ray', '--address=127.0.0.1:9',
+       '--num_processes=2', f'--project_dir={root}', '--project_max_mb=1',
+       '--', '--config=my_config.py', f'--workdir={tmp_path / "w"}'],
+      env=helpers.launcher_env(), capture_output=True, text=True,
+      timeout=60, check=False)
+  assert result.returncode == 2, result.stderr
+  assert says in result.stderr
+  assert 'no Ray cluster' not in result.stderr
 
 
 def test_a_bundle_becomes_rays_actor_options():
