@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import stat
 import subprocess
@@ -255,35 +254,6 @@ def test_a_worker_with_python_3_10_fails_at_once_naming_it(tmp_path):
   assert result.elapsed < 120  # Stops at the check; generous for the machine.
 
 
-def _worker_without_python_3_11(tmp_path) -> str:
-  """A worker PATH as on Ubuntu 22.04: python3 says 3.10, no python3.X, and
-  sudo, add-apt-repository and apt-get that install python3.X the way the
-  deadsnakes PPA would (here: a script that runs this interpreter)."""
-  bin_dir, tools = tmp_path / 'worker1_bin', tmp_path / 'worker1_tools'
-  bin_dir.mkdir()
-  tools.mkdir()
-  for tool in ('bash', 'sh', 'tar', 'gzip', 'mkdir', 'cp', 'touch', 'rm',
-               'cat', 'ln', 'sed', 'grep', 'cut', 'sha256sum', 'env', 'chmod'):
-    found = shutil.which(tool)
-    if found:
-      (tools / tool).symlink_to(found)
-  scripts = {
-      # Says 3.10 to the Python check, runs tpu_worker.py all the same.
-      'python3': f'#!/bin/sh\nif [ "$1" = "-c" ]; then echo 3.10; exit 0; '
-                 f'fi\nexec {sys.executable} "$@"\n',
-      'sudo': '#!/bin/sh\nexec env "$@"\n',
-      'add-apt-repository': '#!/bin/sh\necho "$*" >> "$HOME/apt.log"\n',
-      'apt-get': f'#!/bin/sh\necho "$*" >> "$HOME/apt.log"\ncase "$*" in '
-                 f'*"install"*{WORKER_PYTHON}*) printf \'#!/bin/sh\\nexec %s '
-                 f'"$@"\\n\' {sys.executable} > {bin_dir}/{WORKER_PYTHON}; '
-                 f'chmod +x {bin_dir}/{WORKER_PYTHON} ;; esac\n',
-  }
-  for name, text in scripts.items():
-    (bin_dir / name).write_text(text)
-    (bin_dir / name).chmod(0o755)
-  return f'{bin_dir}:{tools}'
-
-
 def _worker_with_python(tmp_path) -> str:
   """A worker PATH where WORKER_PYTHON runs this interpreter."""
   bin_dir = tmp_path / 'worker0_bin'
@@ -297,7 +267,7 @@ def _worker_with_python(tmp_path) -> str:
 def test_provision_python_installs_it_where_missing(tmp_path):
   pod = FakePod(tmp_path,
                 FAKE_TPU_WORKER_PATH_0=_worker_with_python(tmp_path),
-                FAKE_TPU_WORKER_PATH_1=_worker_without_python_3_11(tmp_path))
+                FAKE_TPU_WORKER_PATH_1=tpu_emulation.ubuntu_2204_path(tmp_path))
   try:
     refused = pod.run('--', *LINEAR, python=WORKER_PYTHON)
     assert refused.returncode == exit_codes.CONFIG_ERROR, refused.output

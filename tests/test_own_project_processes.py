@@ -22,6 +22,7 @@ from launcher.common import project
 from runtime.common import exit_codes
 from tests import helpers
 from tests import own_project
+from tests import ray_cluster  # Before Ray: it keeps Ray on 127.0.0.1.
 from tests import tpu_emulation
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
@@ -38,7 +39,7 @@ def pod(tmp_path):
   assert not leftovers, f'processes left on the pod: {leftovers}'
 
 
-@pytest.fixture
+@pytest.fixture(scope='module')
 def local_run(tmp_path_factory):
   """The project trained on this machine, from its own directory: a local
   pod of the emulated pod's shape (2 processes of 4 devices)."""
@@ -133,7 +134,6 @@ def _ran_from(output: str) -> set[str]:
 def test_on_ray_the_project_goes_to_every_node_as_its_working_dir(
     tmp_path, local_run):
   """About 20 s: a 2-node Ray cluster of its own, then the job."""
-  from tests import ray_cluster  # pylint: disable=g-import-not-at-top
   pytest.importorskip('ray')
   subprocess.run(['git', 'init', '-q', str(tmp_path)], check=True)
   root = own_project.write(tmp_path / 'my_project')

@@ -18,6 +18,7 @@ from launcher.ray import elastic
 from launcher.ray import host
 from launcher.ray import raylets
 from tests import helpers
+from tests import ray_cluster  # pylint: disable=unused-import; before Ray
 
 pytestmark = pytest.mark.unit
 

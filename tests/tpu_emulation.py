@@ -8,6 +8,7 @@ process per ssh call; the workers meet on 127.0.0.1.
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,6 +37,35 @@ def _free_port() -> int:
 STANDIN = str(FAKE_BIN / 'standin_job')
 
 
+def ubuntu_2204_path(tmp_path) -> str:
+  """A worker PATH as on Ubuntu 22.04: python3 says 3.10, no python3.X, and
+  sudo, add-apt-repository and apt-get that install python3.X the way the
+  deadsnakes PPA would (here: a script that runs this interpreter)."""
+  bin_dir, tools = tmp_path / 'ubuntu_bin', tmp_path / 'ubuntu_tools'
+  bin_dir.mkdir()
+  tools.mkdir()
+  for tool in ('bash', 'sh', 'tar', 'gzip', 'mkdir', 'cp', 'touch', 'rm',
+               'cat', 'ln', 'sed', 'grep', 'cut', 'sha256sum', 'env', 'chmod'):
+    found = shutil.which(tool)
+    if found:
+      (tools / tool).symlink_to(found)
+  scripts = {
+      # Says 3.10 to the Python check, runs tpu_worker.py all the same.
+      'python3': f'#!/bin/sh\nif [ "$1" = "-c" ]; then echo 3.10; exit 0; '
+                 f'fi\nexec {sys.executable} "$@"\n',
+      'sudo': '#!/bin/sh\nexec env "$@"\n',
+      'add-apt-repository': '#!/bin/sh\necho "$*" >> "$HOME/apt.log"\n',
+      'apt-get': f'#!/bin/sh\necho "$*" >> "$HOME/apt.log"\ncase "$*" in '
+                 f'*"install"*{WORKER_PYTHON}*) printf \'#!/bin/sh\\nexec %s '
+                 f'"$@"\\n\' {sys.executable} > {bin_dir}/{WORKER_PYTHON}; '
+                 f'chmod +x {bin_dir}/{WORKER_PYTHON} ;; esac\n',
+  }
+  for name, text in scripts.items():
+    (bin_dir / name).write_text(text)
+    (bin_dir / name).chmod(0o755)
+  return f'{bin_dir}:{tools}'
+
+
 class FakePod:
   """The environment and paths of one emulated pod."""
 
@@ -47,15 +77,18 @@ class FakePod:
     # The fake gcloud is `#!/usr/bin/env python3`, run hundreds of times a
     # test: this interpreter's directory first, not a version manager's
     # shim that finds one each time (pyenv's: about 10 times the start).
-    self.env = helpers.launcher_env(
-        PATH=os.pathsep.join([str(FAKE_BIN), os.path.dirname(sys.executable),
-                              os.environ['PATH']]),
-        FAKE_TPU_POD_ROOT=str(self.root), FAKE_TPU_WORKERS=str(workers),
-        FAKE_TPU_NAME='fake-pod', FAKE_TPU_ACCELERATOR_TYPE=f'v4-{8 * workers}',
-        FAKE_TPU_COORDINATOR_PORT=str(_free_port()),
-        FAKE_TPU_WORKER_PATH=f'{os.path.dirname(sys.executable)}:/usr/bin:/bin',
-        FAKE_GCLOUD_CALLS=str(self.calls), FAKE_GCLOUD_RETRY_S='1',
-        PODRUN_LOCAL_PYTHON=sys.executable, **env)
+    # `env` may override any of these (the pod's name and type, say).
+    self.env = helpers.launcher_env(**{
+        'PATH': os.pathsep.join([str(FAKE_BIN), os.path.dirname(sys.executable),
+                                 os.environ['PATH']]),
+        'FAKE_TPU_POD_ROOT': str(self.root), 'FAKE_TPU_WORKERS': str(workers),
+        'FAKE_TPU_NAME': 'fake-pod',
+        'FAKE_TPU_ACCELERATOR_TYPE': f'v4-{8 * workers}',
+        'FAKE_TPU_COORDINATOR_PORT': str(_free_port()),
+        'FAKE_TPU_WORKER_PATH':
+            f'{os.path.dirname(sys.executable)}:/usr/bin:/bin',
+        'FAKE_GCLOUD_CALLS': str(self.calls), 'FAKE_GCLOUD_RETRY_S': '1',
+        'PODRUN_LOCAL_PYTHON': sys.executable, **env})
 
   def args(self, *script_args, job_id='test-job', python=sys.executable,
            tpu='fake-pod'):
