@@ -341,3 +341,27 @@ def test_without_the_pod_extra_the_preflight_says_what_to_install(tmp_path):
   assert 'pip install -e ".[pod]"' in result.stderr
   assert '--skip_preflight' in result.stderr
   assert 'Traceback' not in result.stderr
+
+
+def test_every_flag_of_the_launch_is_helped_and_in_the_scripts_header():
+  from launcher.tpu import flags  # pylint: disable=g-import-not-at-top
+  actions = [a for a in flags._parser()._actions  # pylint: disable=protected-access
+             if a.option_strings != ['-h', '--help']]
+  assert not [a.dest for a in actions if not a.help]
+  shown = subprocess.run(['bash', str(helpers.REPO / 'scripts' /
+                                      'launch_tpu_pod.sh'), '--help'],
+                         capture_output=True, text=True, timeout=30,
+                         check=True).stdout
+  missing = [a.option_strings[0] for a in actions
+             if a.option_strings[0] not in shown]
+  assert not missing, f'the script\'s --help lacks {missing}'
+  # The whole header, to its last sentence.
+  assert shown.rstrip().endswith('(or --config.checkpointing=False).')
+
+
+def test_podrun_tpu_help_lists_its_commands():
+  shown = subprocess.run([sys.executable, '-m', 'launcher.tpu', '--help'],
+                         capture_output=True, text=True, timeout=60,
+                         cwd=helpers.REPO, check=True).stdout
+  for command in ('launch', 'preflight', 'recoverable', 'bundle'):
+    assert f'    {command}' in shown, shown
