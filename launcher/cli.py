@@ -394,13 +394,16 @@ def _workdir(flag: Optional[str]) -> str:
   return os.path.abspath(flag or os.path.join('workdirs', config_name()))
 
 
-def _launcher_mirror(workdir: str) -> Optional[record_mirror.Mirror]:
+def _launcher_mirror(workdir: str, job_id: str
+                     ) -> Optional[record_mirror.Mirror]:
   """For a bucket's workdir, the launcher's part of the record (the
-  attempts, the goodput roll-up), after it fetched the earlier attempts'."""
+  attempts, the goodput roll-up), after it fetched the earlier attempts'
+  into this machine's copy, made job `job_id`'s."""
   if not record_mirror.in_bucket(workdir):
     return None
   mirror = record_mirror.Mirror(workdir, record_mirror.local_copy(workdir),
-                                owns=record_mirror.launcher_owns)
+                                owns=record_mirror.launcher_owns,
+                                job_id=job_id)
   try:
     mirror.fetch()
   except Exception as e:  # pylint: disable=broad-except
@@ -428,11 +431,12 @@ def _run_local_pod(config: ConfigDict, workdir: str) -> int:
   job_id = uuid.uuid4().hex
   authority = tls.PodAuthority(_TLS.value, job_id, restart.console_say)
   try:
+    # Before the pod: a copy set aside takes its directory with it.
+    mirror = None if _DRY_RUN.value else _launcher_mirror(workdir, job_id)
     pod = _make_pod(config, workdir, authority, job_id=job_id,
                     capacity=capacity)
     if _DRY_RUN.value:
       return pod.print_plan()
-    mirror = _launcher_mirror(workdir)
     retryable = _retryable_exit_codes(config)
     code = restart.run(
         lambda attempt: pod if attempt == 1 else _make_pod(

@@ -123,6 +123,17 @@ class FakeGcs:
     with urllib.request.urlopen(request, timeout=30):
       pass
 
+  def delete(self, bucket: str, prefix: str) -> int:
+    """Deletes every object of `bucket` under `prefix`; returns how many."""
+    names = self.objects(bucket, prefix)
+    for name in names:
+      quoted = urllib.parse.quote(name, safe='')
+      request = urllib.request.Request(
+          f'{self.url}/storage/v1/b/{bucket}/o/{quoted}', method='DELETE')
+      with urllib.request.urlopen(request, timeout=30):
+        pass
+    return len(names)
+
   def fetch_record(self, url: str, into: pathlib.Path) -> pathlib.Path:
     """A bucket's workdir copied to `into` by the mirror readers use
     (in a child, whose gcsfs sees this server)."""

@@ -234,3 +234,25 @@ def test_the_bucket_gone_mid_run_names_it_and_the_next_run_resumes(
   assert again.returncode == 0, again.output
   assert 'resuming at step 20' in again.stderr
   assert helpers.fingerprints(tmp_path) == [straight] * 2
+
+
+def test_a_fresh_job_where_a_deleted_record_was_records_only_itself(
+    gcs, tmp_path):
+  """About 20 s: two short jobs at one URL, the bucket emptied between."""
+  cache = tmp_path / 'cache'
+  url = 'gs://runs/again'
+  short = ['--config.steps=10', '--config.checkpointing=False']
+  first = _run(gcs, url, *short, record_cache=cache)
+  assert first.returncode == 0, first.output
+  assert _bucket_json(gcs, 'again/summary.json')['goodput']['attempts'] == 1
+  assert gcs.delete('runs', 'again/') > 0  # The user starts afresh.
+  second = _run(gcs, url, *short, record_cache=cache)
+  assert second.returncode == 0, second.output
+  assert "this machine's copy of gs://runs/again holds" in second.stderr
+  assert _bucket_json(gcs, 'again/summary.json')['goodput']['attempts'] == 1
+  # This job's attempt alone, of its two processes.
+  ledgers = gcs.objects('runs', 'again/goodput/')
+  assert len({n.split('/')[2] for n in ledgers}) == 1, ledgers
+  assert len([n for n in ledgers if n.endswith('.json')]) == 2, ledgers
+  aside, = cache.glob('runs/again.set-aside-*')
+  assert list(aside.glob('goodput/*/rank_0.json'))  # Kept on disk.

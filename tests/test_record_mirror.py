@@ -69,9 +69,10 @@ def _write(root, relative, data: bytes, mtime=None):
   return path
 
 
-def _mirror(tmp_path, bucket, owns=None):
+def _mirror(tmp_path, bucket, owns=None, job_id=None):
   return record_mirror.Mirror(URL, str(tmp_path / 'copy'),
-                              owns or record_mirror.process_owns(0), fs=bucket)
+                              owns or record_mirror.process_owns(0), fs=bucket,
+                              job_id=job_id)
 
 
 def test_each_file_has_one_owner():
@@ -148,6 +149,75 @@ def test_a_fetch_replaces_an_older_local_copy(tmp_path):
   mirror.fetch()
   assert (copy / 'metrics.jsonl').read_bytes() == b'{"step": 1}\n{"step": 2}\n'
   assert mirror.push() == []  # What it fetched is what the bucket has.
+
+
+def _earlier_job(tmp_path, bucket, job_id='job-a'):
+  """A job's record uploaded from this machine's copy."""
+  mirror = _mirror(tmp_path, bucket, job_id=job_id)
+  mirror.fetch()
+  copy = tmp_path / 'copy'
+  _write(copy, 'goodput/a-a1/rank_0.jsonl', b'{"startup": 1}\n')
+  _write(copy, 'device_batch_limit.json', b'{"limit": 4}')
+  _write(copy, '.podrun_lease.json', b'{"job_id": "job-a"}')
+  assert mirror.push()
+  return copy
+
+
+def test_a_copy_whose_record_was_deleted_is_set_aside(tmp_path, caplog):
+  bucket = Bucket()
+  copy = _earlier_job(tmp_path, bucket)
+  bucket.objects.clear()  # The user deletes the run, then starts afresh.
+  mirror = _mirror(tmp_path, bucket, job_id='job-b')
+  assert mirror.fetch() == 0
+  # Nothing of job-a's is read or uploaded as job-b's.
+  assert not (copy / 'goodput').exists()
+  assert not (copy / 'device_batch_limit.json').exists()
+  assert mirror.push() == []
+  aside, = tmp_path.glob('copy.set-aside-*')
+  assert (aside / 'goodput/a-a1/rank_0.jsonl').exists()  # Kept, not lost.
+  assert 'holds 3 file(s) the bucket does not' in caplog.text
+  assert f'of job job-a, not of this one (job-b): it is set aside in {aside}' in (
+      caplog.text)
+
+
+def test_another_records_copy_is_set_aside_and_the_buckets_fetched(tmp_path):
+  bucket = Bucket()
+  copy = _earlier_job(tmp_path, bucket)
+  bucket.objects.clear()
+  bucket.put('metrics.jsonl', b'{"step": 1}\n')  # Job c's, from elsewhere.
+  _mirror(tmp_path, bucket, job_id='job-b').fetch()
+  assert sorted(p.relative_to(copy).as_posix() for p in copy.rglob('*')
+                if p.is_file()) == ['.podrun/copy_of.json', 'metrics.jsonl']
+
+
+def test_a_later_attempt_of_the_same_job_keeps_what_it_wrote(tmp_path):
+  """Before its first upload the bucket lacks it: a restart of the same job
+  on this machine uploads it then."""
+  bucket = Bucket()
+  _mirror(tmp_path, bucket, job_id='job-a').fetch()
+  copy = tmp_path / 'copy'
+  _write(copy, 'goodput/a-a1/rank_0.jsonl', b'{"startup": 1}\n')
+  again = _mirror(tmp_path, bucket, job_id='job-a')
+  again.fetch()
+  assert again.push() == ['goodput/a-a1/rank_0.jsonl']
+  assert not list(tmp_path.glob('copy.set-aside-*'))
+
+
+def test_a_new_job_resuming_the_same_record_keeps_the_copy(tmp_path):
+  """Every file of the copy is in the bucket: it is that record's."""
+  bucket = Bucket()
+  copy = _earlier_job(tmp_path, bucket)
+  _mirror(tmp_path, bucket, job_id='job-b').fetch()
+  assert not list(tmp_path.glob('copy.set-aside-*'))
+  assert (copy / 'device_batch_limit.json').exists()
+
+
+def test_without_a_job_id_the_copy_is_taken_as_it_is(tmp_path):
+  bucket = Bucket()
+  copy = _earlier_job(tmp_path, bucket)
+  bucket.objects.clear()
+  _mirror(tmp_path, bucket).fetch()
+  assert (copy / 'device_batch_limit.json').exists()
 
 
 def test_a_failed_upload_is_named_and_tried_again(tmp_path, caplog):

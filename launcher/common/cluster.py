@@ -54,6 +54,18 @@ _DETECTORS = (
 )
 
 
+def job_id(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+  """The job's identity, the same on every attempt and process of it, where
+  the environment tells one: PODRUN_JOB_ID (every podrun launcher sets it),
+  else SLURM's job id; None for processes started by hand without it."""
+  env = os.environ if env is None else env
+  if env.get(env_vars.JOB_ID):
+    return env[env_vars.JOB_ID]
+  if env.get('SLURM_JOB_ID'):
+    return f'slurm-{env["SLURM_JOB_ID"]}'
+  return None
+
+
 def detect(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
   """Names the cluster JAX can configure itself on, or None.
 

@@ -11,6 +11,15 @@ A reader (scripts/goodput.py, scripts/plot_metrics.py) fetches the record
 the same way, so it sees every attempt; the TensorBoard event files are in
 the bucket too, each uploaded whole.
 
+A copy belongs to one record. It remembers the job that last used it
+(.podrun/copy_of.json); a job that is not that one, finding in the copy
+files the bucket does not hold (the bucket's record was deleted, or is
+another's), sets the copy aside (renamed, kept on disk, said on the
+console) and starts from the bucket's, so that no ledger, learned batch
+limit or lease of an earlier record is read or uploaded as its own. Every
+attempt of one job shares its id (PODRUN_JOB_ID, or SLURM's), so a restart
+on the same machine keeps what it wrote before the bucket had it.
+
 Each uploads the files it writes, as runtime/common/layout.py says (`owner`):
 process i its `rank_<i>.*`, process 0 the rest of the record, the launcher
 its own files (process 0 too where no launcher supervises it: a cluster's or
@@ -32,7 +41,9 @@ Example:
 
 import base64
 import calendar
+import fcntl
 import hashlib
+import json
 import os
 import re
 import threading
@@ -128,9 +139,12 @@ class Mirror:
   """
 
   def __init__(self, url: str, local_dir: str, owns: Callable[[str], bool],
-               fs=None):
+               fs=None, job_id: Optional[str] = None):
+    """`job_id`: the job this process is of (launcher/common/cluster.py);
+    None where none is known, and then the copy is taken as it is."""
     self.url = url.rstrip('/')
     self.local_dir = local_dir
+    self.job_id = job_id
     self._owns = owns
     self._fs = fs
     self._uploaded: dict[str, tuple[tuple[int, int], str]] = {}
@@ -161,6 +175,8 @@ class Mirror:
     counts the local copies that match the bucket as uploaded; returns
     how many objects the bucket held."""
     objects = self._objects()
+    if self.job_id is not None:
+      self._claim_copy(objects)
     for relative, info in objects.items():
       path = self._local(relative)
       local = _read(path)
@@ -178,6 +194,44 @@ class Mirror:
       os.replace(tmp, path)
       self._uploaded[relative] = (_signature(path), _md5(data))
     return len(objects)
+
+  def _claim_copy(self, objects: dict[str, dict]) -> None:
+    """Makes the local copy this job's: set aside when another job left in
+    it files the bucket does not hold. Under a lock, for the processes of
+    one machine that fetch at once."""
+    os.makedirs(os.path.dirname(self.local_dir) or '.', exist_ok=True)
+    with open(self.local_dir.rstrip(os.sep) + '.lock', 'a') as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      owner = self._local(layout.COPY_OF.replace(os.sep, '/'))
+      held_by = _read_json(owner).get('job_id')
+      extra = sorted(set(self._local_files()) - set(objects))
+      if extra and held_by != self.job_id:
+        aside = (f'{self.local_dir.rstrip(os.sep)}.set-aside-'
+                 f'{time.strftime("%Y%m%d-%H%M%S")}-{os.getpid()}')
+        os.replace(self.local_dir, aside)
+        logging.warning(
+            "this machine's copy of %s holds %d file(s) the bucket does not "
+            '(%s%s) of job %s, not of this one (%s): it is set aside in %s, '
+            "and the record starts from the bucket's", self.url, len(extra),
+            ', '.join(extra[:3]), ', ...' if len(extra) > 3 else '',
+            held_by or 'unknown', self.job_id, aside)
+      if held_by != self.job_id:
+        os.makedirs(os.path.dirname(owner), exist_ok=True)
+        tmp = f'{owner}.tmp{os.getpid()}'
+        with open(tmp, 'w') as f:
+          json.dump({'url': self.url, 'job_id': self.job_id}, f)
+        os.replace(tmp, owner)
+
+  def _local_files(self) -> list[str]:
+    """The copy's files that a bucket's record holds, relative, with '/'."""
+    out = []
+    for directory, _, names in os.walk(self.local_dir):
+      for name in names:
+        relative = os.path.relpath(os.path.join(directory, name),
+                                   self.local_dir).replace(os.sep, '/')
+        if layout.mirrored(relative):
+          out.append(relative)
+    return out
 
   def push(self) -> list[str]:
     """Uploads, whole, each owned file that changed since its last upload;
@@ -276,6 +330,15 @@ def _whole_lines(relative: str, data: Optional[bytes]) -> Optional[bytes]:
 def _signature(path: str) -> tuple[int, int]:
   stat = os.stat(path)
   return (stat.st_mtime_ns, stat.st_size)
+
+
+def _read_json(path: str) -> dict:
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  return value if isinstance(value, dict) else {}
 
 
 def _read(path: str) -> Optional[bytes]:

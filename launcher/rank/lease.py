@@ -40,8 +40,8 @@ from typing import Callable, Optional
 from absl import logging
 from etils import epath
 
+from launcher.common import cluster
 from launcher.rank import lease_object
-from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import files
 from runtime.common import layout
@@ -330,11 +330,7 @@ class Lease:
 
 def job_id() -> str:
   """This job's identity for its lease; restarts of one job share it."""
-  if os.environ.get(env_vars.JOB_ID):
-    return os.environ[env_vars.JOB_ID]
-  if os.environ.get('SLURM_JOB_ID'):
-    return f'slurm-{os.environ["SLURM_JOB_ID"]}'
-  return uuid.uuid4().hex
+  return cluster.job_id() or uuid.uuid4().hex
 
 
 def take(directories: list[str], client: Optional[coordination.Client],

@@ -151,7 +151,8 @@ def _mirror_record(config: ConfigDict, url: str, record_dir: str,
     config.checkpoint_dir = f'{url}/checkpoints'
   mirror = record_mirror.Mirror(
       url, record_dir, record_mirror.process_owns(process_index,
-                                               launcher_files=not supervised))
+                                               launcher_files=not supervised),
+      job_id=cluster.job_id())
   try:
     held = mirror.fetch()
   except Exception as e:  # pylint: disable=broad-except

@@ -53,6 +53,8 @@ JOB = 'job.json'
 CHECKPOINTS = 'checkpoints'
 COMPILATION_CACHE = 'compilation_cache'
 JOIN = os.path.join('.podrun', 'join')
+# In a bucket's local copy: the job whose record the copy holds.
+COPY_OF = os.path.join('.podrun', 'copy_of.json')
 LEASE = '.podrun_lease.json'
 # Every name the job itself writes at the top of a workdir (a workload may
 # add its own).
