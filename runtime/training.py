@@ -313,27 +313,32 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
       not shared by every process.
     Preempted: after saving, on a preemption notice.
   """
-  options = options_lib.Options.of(config, workdir)
-  topo = topology_lib.current()
-  layout = plan_layout(config, topo, workdir, task.model_state is not None)
-  in_flight_limit = max_steps_in_flight(options.max_steps_in_flight,
-                                        topo.platform)
-  par = parallelism_lib.from_config(config)
-  step_fn = _step_fn(task, par, layout)
-  state = step_lib.init_state(task.params, task.optimizer, options.data.seed,
-                              task.model_state)
   ledger = goodput.current()
+  ledger.name_since('workload', 'workload_setup')
+  with ledger.naming('train_setup'):
+    options = options_lib.Options.of(config, workdir)
+    topo = topology_lib.current()
+    layout = plan_layout(config, topo, workdir, task.model_state is not None)
+    in_flight_limit = max_steps_in_flight(options.max_steps_in_flight,
+                                          topo.platform)
+    par = parallelism_lib.from_config(config)
+    step_fn = _step_fn(task, par, layout)
+    state = step_lib.init_state(task.params, task.optimizer,
+                                options.data.seed, task.model_state)
   ledger.note(topology=layout_fields(topo, layout))
   with ledger.timing('checkpoint_restore'):
     ckpt, local = _open_checkpoints(options.checkpointing)
     start, state, _ = recovery.restore(options.checkpointing, ckpt, local,
                                        state, len(task.data))
-  writer = metrics_lib.MetricsWriter(
-      workdir, topo.process_index == 0, resume_step=start or None,
-      tensorboard_events=options.logging.tensorboard,
-      fields=layout_fields(topo, layout))
+  with ledger.naming('metrics_writer'):
+    writer = metrics_lib.MetricsWriter(
+        workdir, topo.process_index == 0, resume_step=start or None,
+        tensorboard_events=options.logging.tensorboard,
+        fields=layout_fields(topo, layout))
+  with ledger.naming('replicate'):
+    replicated = par.replicate(state)
   clock = goodput.StepClock(ledger, goodput.steps_done_before(ledger))
-  run = loop.Run(options, workdir, task, par.replicate(state), start, par,
+  run = loop.Run(options, workdir, task, replicated, start, par,
                  topo.process_index, writer, clock, in_flight_limit,
                  config=config)
   resumed = f', resuming at step {start}' if start else ''
@@ -349,9 +354,11 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
                      _hooks(options, workdir, task, topo, ckpt, local))
   finally:
     clock.close()
-    writer.close()
-  _log_final_metrics(run, writer)
-  result = _result(run, topo, workdir)
+    with ledger.naming('results'):
+      writer.close()
+  with ledger.naming('results'):
+    _log_final_metrics(run, writer)
+    result = _result(run, topo, workdir)
   result.topology = layout_fields(topo, layout)
   return result
 

@@ -87,6 +87,19 @@ def recovery_table(attempts: list[dict]) -> str:
   return '\n'.join(lines)
 
 
+def other_said(attempt: dict) -> str:
+  """Process 0's 'other' of an attempt, with what of it has a name, the
+  biggest first, e.g. 'other 1.20 s: record_fetch 0.61, agreement 0.20,
+  unnamed 0.39'."""
+  other = attempt['parts'].get('other', 0.0)
+  named = attempt.get('other_named') or {}
+  pieces = [f'{k} {v:.2f}' for k, v in sorted(named.items(),
+                                                key=lambda kv: -kv[1])
+            if v >= 0.005]
+  pieces.append(f'unnamed {max(0.0, other - sum(named.values())):.2f}')
+  return f'other {other:.2f} s: ' + ', '.join(pieces)
+
+
 def plot(result: dict, out: str) -> None:
   """A stacked bar of seconds per attempt, one colour per category."""
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -141,6 +154,8 @@ def main(argv=None) -> int:
   print(table([(f'attempt {a["attempt"]}', a['parts'])
                for a in result['attempts']] + [('job', result['parts'])],
               'seconds'))
+  for a in result['attempts']:
+    print(f'attempt {a["attempt"]}: {other_said(a)}')
   print('\nper process (each process\'s own ledger):')
   rows = []
   for a in result['attempts']:

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -210,3 +211,29 @@ def test_an_attempt_whose_processes_all_died_unrecorded_still_recovers():
   # An attempt that one process ended in order is not guessed at.
   before[1]['final'] = True
   assert time_to_recover.fault_of(before, None) is None
+
+
+def test_named_pieces_of_other_stay_in_other_with_their_names():
+  ledger = goodput.Ledger(process_start=time.time() - 10)
+  with ledger.naming('agreement'):
+    time.sleep(0.02)
+  ledger.name_other('lease', 0.5)
+  ledger.name_other('lease', 0.25)
+  ledger.mark('workload')
+  ledger.name_since('workload', 'workload_setup')
+  ledger.name_since('never marked', 'results')  # Nothing: no mark.
+  record = ledger.record(final=False)
+  assert record['parts']['other'] >= 10  # Named, not taken out of other.
+  named = record['other_named']
+  assert sorted(named) == ['agreement', 'lease', 'workload_setup']
+  assert named['lease'] == 0.75 and named['agreement'] >= 0.02
+  with pytest.raises(ValueError, match="unknown name 'lunch'"):
+    ledger.name_other('lunch', 1.0)
+
+
+def test_a_named_piece_leaves_out_what_other_parts_took_meanwhile():
+  ledger = goodput.Ledger()
+  with ledger.naming('workload_import'):
+    time.sleep(0.05)
+    ledger.add('compile', 0.04)  # A compilation the import triggered.
+  assert ledger.other_named['workload_import'] < 0.04

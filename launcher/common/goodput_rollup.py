@@ -179,7 +179,8 @@ def _attempt_record(number: int, name: str, ledger_0: records.LedgerRecord,
           'ended': ended, 'wall_s': ended - started, 'final': ledger_0['final'],
           'between_commands_s': between_commands,
           'exit_code': launch.exit_code if launch else None,
-          'notes': ledger_0['notes'], 'parts': parts}
+          'notes': ledger_0['notes'], 'parts': parts,
+          'other_named': dict(ledger_0.get('other_named') or {})}
 
 
 def _book_backoff(parts: dict[str, float], gap: float) -> None:

@@ -177,32 +177,43 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
                                                  options.supervision)
   running.supervisor.start()
   actual = topology.current()
+  ledger = running.ledger
   if record_dir != workdir:
-    _mirror_record(config, workdir, record_dir, actual.process_index,
-                   supervised)
-  running.supervisor.learn_in(record_dir)
+    with ledger.naming('record_fetch'):
+      _mirror_record(config, workdir, record_dir, actual.process_index,
+                     supervised)
+  with ledger.naming('stall_history'):
+    running.supervisor.learn_in(record_dir)
   summary.open_ledger(running.ledger, record_dir, running.supervisor.client,
                       actual.process_index)
   # From here a fatal signal's traceback goes through the obituary, which
   # also writes the end this process cannot write itself.
   obituary.start(running.ledger.path, actual.process_index)
-  compilation.use_cache(options.compilation_cache_dir, record_dir)
+  with ledger.naming('compilation_cache'):
+    compilation.use_cache(options.compilation_cache_dir, record_dir)
   topology.check(expected, actual)
   if actual.process_index == 0:
     logging.info('topology: %s', actual.describe())
-  agreement.agree(coordination.current(), agreement.describe_process(config),
-                  'join')
+  with ledger.naming('agreement'):
+    agreement.agree(coordination.current(),
+                    agreement.describe_process(config), 'join')
   if mode == distributed.SINGLE:
     # With jax.distributed, SIGTERM is JAX's preemption notice, which the
     # training loop turns into a checkpoint and exit_codes.PREEMPTED.
     signal.signal(signal.SIGTERM, _terminate)
   if options.supervision.enabled:
-    running.lease = _take_lease(config, workdir, options, running.supervisor)
-  run_workload = workload.resolve(config.workload)
+    with ledger.naming('lease'):
+      running.lease = _take_lease(config, workdir, options,
+                                  running.supervisor)
+  with ledger.naming('workload_import'):
+    run_workload = workload.resolve(config.workload)
   os.makedirs(record_dir, exist_ok=True)
+  # The workload's own set-up, up to runtime.train (training.py names it).
+  ledger.mark('workload')
   results = run_workload(config, record_dir) or {}
-  summary.finish(config, record_dir, actual, results, running.supervisor,
-                 running.ledger)
+  with ledger.naming('summary'):
+    summary.finish(config, record_dir, actual, results, running.supervisor,
+                   running.ledger)
 
 
 def _exit_on_ctrl_c(code: int) -> None:

@@ -14,7 +14,10 @@ for the job's whole wall time:
   `productive` (the rest of every step), `recomputed` (steps an earlier attempt
   had already trained: lost work), `input_wait`, `checkpoint_blocking`,
   `evaluation`, `preemption_save`, and `other` (the rest of the process's
-  life: building the task, writing results);
+  life), whose pieces over a few milliseconds are named in the ledger's
+  `other_named` (OTHER_NAMES: the record's fetch, the agreement, the lease,
+  the workload's own set-up before runtime.train, ...), so that what is
+  left unnamed is small;
 - per job: `unrecorded` (the end of an attempt that was killed before it
   could write its ledger: its last seconds are lost, not dropped),
   `launch_overhead` (the launcher starting and reaping the processes) and
@@ -63,6 +66,11 @@ PROCESS_PARTS = ('startup', 'distributed_init', 'checkpoint_restore',
 # start (a TPU slice deleted and created again after a preemption).
 JOB_PARTS = ('unrecorded', 'launch_overhead', 'restart_backoff',
              'infrastructure_recovery')
+# The named pieces of 'other', in the order a process meets them.
+OTHER_NAMES = ('record_fetch', 'stall_history', 'compilation_cache',
+               'agreement', 'lease', 'workload_import', 'workload_setup',
+               'train_setup', 'metrics_writer', 'replicate', 'results',
+               'summary')
 _FLUSH_EVERY_S = 2.0
 
 
@@ -98,6 +106,9 @@ class Ledger:
   def __init__(self, process_start: Optional[float] = None):
     self.started = process_start if process_start else process_start_time()
     self.parts = {p: 0.0 for p in PROCESS_PARTS if p != 'other'}
+    # What of 'other' has a name: {one of OTHER_NAMES: seconds}.
+    self.other_named: dict[str, float] = {}
+    self._marks: dict[str, float] = {}
     self.notes = records.Notes()
     self.path: Optional[str] = None
     # The step clock running over this ledger, if any (StepClock sets it):
@@ -117,6 +128,42 @@ class Ledger:
     """A context manager that adds its duration to `category`."""
     return _timed(lambda seconds: self.add(category, seconds))
 
+  @contextlib.contextmanager
+  def naming(self, name: str) -> Iterator[None]:
+    """A context manager whose duration stays in 'other', named `name`
+    there (one of OTHER_NAMES): less what other parts took meanwhile (a
+    compilation it triggered), so that a second is named once."""
+    parts_before = self._parts_total()
+    started = time.perf_counter()
+    try:
+      yield
+    finally:
+      meanwhile = self._parts_total() - parts_before
+      self.name_other(name, time.perf_counter() - started - meanwhile)
+
+  def _parts_total(self) -> float:
+    with self._lock:
+      return sum(self.parts.values())
+
+  def name_other(self, name: str, seconds: float) -> None:
+    if name not in OTHER_NAMES:
+      raise ValueError(f'unknown name {name!r} for a piece of other; one of '
+                       f'{", ".join(OTHER_NAMES)}')
+    with self._lock:
+      self.other_named[name] = self.other_named.get(name, 0.0) + max(
+          0.0, seconds)
+
+  def mark(self, name: str) -> None:
+    """Notes now, for `name_since`: where a piece begins in one module and
+    ends in another (the workload's own set-up, up to runtime.train)."""
+    self._marks[name] = time.perf_counter()
+
+  def name_since(self, mark: str, name: str) -> None:
+    """Names the time since `mark(mark)` as `name`; nothing without it."""
+    started = self._marks.pop(mark, None)
+    if started is not None:
+      self.name_other(name, time.perf_counter() - started)
+
   def note(self, **values: Any) -> None:
     """Sets fields of `notes` (records.Notes); an unknown name raises."""
     with self._lock:
@@ -130,10 +177,11 @@ class Ledger:
     now = time.time()
     with self._lock:
       parts = dict(self.parts)
+      named = dict(self.other_named)
       notes = self.notes.to_json()
     parts['other'] = max(0.0, now - self.started - sum(parts.values()))
     return {'started': self.started, 'updated': now, 'final': final,
-            'parts': parts, 'notes': notes}
+            'parts': parts, 'other_named': named, 'notes': notes}
 
   def flush(self, final: bool = False, force: bool = False) -> None:
     """Rewrites the ledger file; at most every 2 s unless final or forced."""

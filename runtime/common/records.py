@@ -28,7 +28,7 @@ import json
 import os
 import signal
 import time
-from typing import Any, Optional, TypedDict
+from typing import Any, NotRequired, Optional, TypedDict
 
 from runtime.common import exit_codes
 from runtime.common import files
@@ -274,12 +274,15 @@ class LedgerRecord(TypedDict):
     updated: wall time of this write.
     final: whether the process wrote it at its end.
     parts: {category: seconds} (goodput.PROCESS_PARTS).
+    other_named: {name: seconds} of what in parts['other'] has a name
+      (goodput.OTHER_NAMES); absent in ledgers of older versions.
     notes: Notes.to_json().
   """
   started: float
   updated: float
   final: bool
   parts: dict[str, float]
+  other_named: NotRequired[dict[str, float]]
   notes: dict[str, Any]
 
 
@@ -296,6 +299,7 @@ class AttemptRow(TypedDict, total=False):
     exit_code: the launcher's, when one recorded the attempt.
     notes: process 0's Notes.to_json().
     parts: {category: seconds}, adding up to wall_s.
+    other_named: what of process 0's parts['other'] has a name.
     recovery: the time to recover from the attempt before (from the
       second attempt on; launcher/common/time_to_recover.py).
     ranks: {process index: parts} (the lines of goodput.jsonl only).
@@ -310,6 +314,7 @@ class AttemptRow(TypedDict, total=False):
   exit_code: Optional[int]
   notes: dict[str, Any]
   parts: dict[str, float]
+  other_named: dict[str, float]
   recovery: dict[str, Any]
   ranks: dict[int, dict[str, float]]
 
