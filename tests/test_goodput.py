@@ -237,3 +237,24 @@ def test_a_named_piece_leaves_out_what_other_parts_took_meanwhile():
     time.sleep(0.05)
     ledger.add('compile', 0.04)  # A compilation the import triggered.
   assert ledger.other_named['workload_import'] < 0.04
+
+
+def test_a_step_cut_short_is_named_when_the_clock_closes():
+  ledger = goodput.Ledger()
+  clock = goodput.StepClock(ledger, steps_done_before=0)
+  clock.step_done(1)
+  time.sleep(0.05)  # Step 2 under way when a peer fails.
+  clock.take('input_wait', 0.01)
+  clock.close()
+  assert 0.03 < ledger.other_named['loop_end'] < 1.0
+  assert ledger.clock is None
+
+
+def test_a_final_record_inside_the_loop_names_the_step_under_way():
+  """A process that ends from another thread (a peer's failure) writes its
+  last ledger with the loop still running."""
+  ledger = goodput.Ledger()
+  goodput.StepClock(ledger, steps_done_before=0).step_done(1)
+  time.sleep(0.05)
+  assert 'loop_end' not in ledger.record(final=False)['other_named']
+  assert ledger.record(final=True)['other_named']['loop_end'] > 0.03

@@ -14,10 +14,10 @@ for the job's whole wall time:
   `productive` (the rest of every step), `recomputed` (steps an earlier attempt
   had already trained: lost work), `input_wait`, `checkpoint_blocking`,
   `evaluation`, `preemption_save`, and `other` (the rest of the process's
-  life), whose pieces over a few milliseconds are named in the ledger's
-  `other_named` (OTHER_NAMES: the record's fetch, the agreement, the lease,
-  the workload's own set-up before runtime.train, ...), so that what is
-  left unnamed is small;
+  life), whose pieces are named in the ledger's `other_named`
+  (OTHER_NAMES: the record's fetch, the agreement, the lease, the
+  workload's own set-up before runtime.train, a step cut short, ...), so
+  that what is left unnamed is small;
 - per job: `unrecorded` (the end of an attempt that was killed before it
   could write its ledger: its last seconds are lost, not dropped),
   `launch_overhead` (the launcher starting and reaping the processes) and
@@ -69,8 +69,8 @@ JOB_PARTS = ('unrecorded', 'launch_overhead', 'restart_backoff',
 # The named pieces of 'other', in the order a process meets them.
 OTHER_NAMES = ('record_fetch', 'stall_history', 'compilation_cache',
                'agreement', 'lease', 'workload_import', 'workload_setup',
-               'train_setup', 'metrics_writer', 'replicate', 'results',
-               'summary')
+               'train_setup', 'metrics_writer', 'replicate', 'loop_end',
+               'results', 'summary')
 _FLUSH_EVERY_S = 2.0
 
 
@@ -175,6 +175,11 @@ class Ledger:
 
   def record(self, final: bool) -> records.LedgerRecord:
     now = time.time()
+    clock = self.clock
+    if final and clock is not None:
+      # The process ends inside the loop (a peer's failure, a signal): the
+      # step under way is its loop's end.
+      clock.close()
     with self._lock:
       parts = dict(self.parts)
       named = dict(self.other_named)
@@ -333,8 +338,14 @@ class StepClock:
     self.ledger.flush()
 
   def close(self) -> None:
+    """The loop ended. Its time since the last completed step (a step cut
+    short by a failure or a notice, or the loop's last bookkeeping) trained
+    nothing: it stays in 'other', named 'loop_end'."""
     if self.ledger.clock is self:
       self.ledger.clock = None
+      with self._lock:
+        rest = time.perf_counter() - self._mark - self._taken
+      self.ledger.name_other('loop_end', rest)
 
 
 def on_compile(seconds: float) -> None:
