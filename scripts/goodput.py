@@ -84,6 +84,14 @@ def recovery_table(attempts: list[dict]) -> str:
         ''.join(f'{r["phases"][p]:>11.2f}' for p in phases) +
         f'{r["total_s"]:>9.2f}  {r["restore_tier"]} step '
         f'{r["restore_step"]}, {r["recomputed_steps"]} step(s) again')
+  for a in rows:
+    named = a['recovery'].get('other_named') or {}
+    if named:
+      lines.append(f'{a["attempt"]:<10}of other, named by its first new '
+                   'step: ' + ', '.join(
+                       f'{k} {v:.2f}' for k, v in sorted(
+                           named.items(), key=lambda kv: -kv[1])
+                       if v >= 0.005))
   return '\n'.join(lines)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from launcher.common import goodput_rollup
 from runtime.common import goodput
+from runtime.common import records
 from launcher.common import time_to_recover
 from tests import helpers
 
@@ -258,3 +259,22 @@ def test_a_final_record_inside_the_loop_names_the_step_under_way():
   time.sleep(0.05)
   assert 'loop_end' not in ledger.record(final=False)['other_named']
   assert ledger.record(final=True)['other_named']['loop_end'] > 0.03
+
+
+def test_the_time_to_recover_carries_what_of_other_had_a_name():
+  ledger = goodput.Ledger()
+  ledger.name_other('record_fetch', 0.3)
+  clock = goodput.StepClock(ledger, steps_done_before=2)
+  clock.step_done(3)  # The first new step.
+  first = ledger.notes.first_productive
+  assert first.other_named == {'record_fetch': 0.3}
+  before = {0: {'started': 50.0, 'updated': 100.0, 'final': False,
+                'parts': {}, 'notes': {}}}
+  ledger_0 = {'started': 102.0, 'updated': 130.0, 'final': True,
+              'parts': {}, 'notes': ledger.notes.to_json()}
+  found = time_to_recover.phases(before, None, 100.0, ledger_0, None)
+  assert found['other_named'] == {'record_fetch': 0.3}
+  # A ledger of an older version names nothing.
+  old = records.Notes.from_json({'first_productive': {
+      'wall': 1.0, 'step': 3, 'parts': {}}})
+  assert old.first_productive.other_named is None

@@ -83,7 +83,9 @@ def phases(before: dict[int, dict[str, Any]], launch_before: Launch,
       attempts (a person starting it again): not part of the recovery.
 
   Returns:
-    {'total_s', 'phases': {phase: seconds}, 'restore_tier', 'restore_step',
+    {'total_s', 'phases': {phase: seconds}, 'other_named': {name: seconds}
+     (what of the new attempt's own 'other' had a name by its first
+     productive step; goodput.OTHER_NAMES), 'restore_tier', 'restore_step',
      'recomputed_steps'}; None when the earlier attempt did not fail or
     this one made no new step.
   """
@@ -107,6 +109,8 @@ def phases(before: dict[int, dict[str, Any]], launch_before: Launch,
   total = first.wall - fault.at - between_commands_s
   phases['other'] = total - sum(phases.values())
   return {'total_s': total, 'phases': phases,
+          # What of the attempt's own 'other' had a name by then.
+          'other_named': dict(first.other_named or {}),
           'restore_tier': notes.restore_tier,
           'restore_step': notes.restore_step,
           'recomputed_steps': notes.recomputed_steps or 0}

@@ -332,8 +332,10 @@ class StepClock:
       self.ledger.add('productive', share)
       if self.ledger.notes.first_productive is None:
         # What recovery cost, as of the first step that is new work.
+        now_record = self.ledger.record(final=False)
         self.ledger.note(first_productive=records.FirstProductive(
-            time.time(), step, self.ledger.record(final=False)['parts']))
+            time.time(), step, now_record['parts'],
+            now_record['other_named']))
     self.ledger.note(last_step=step)
     self.ledger.flush()
 

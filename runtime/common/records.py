@@ -106,10 +106,12 @@ _STOPPED_BY = {exit_codes.SIGNAL_BASE + signal.SIGINT: 'SIGINT (Ctrl-C)',
 
 @dataclasses.dataclass(frozen=True)
 class FirstProductive:
-  """The attempt's first step that was new work, and its ledger then."""
+  """The attempt's first step that was new work, and its ledger then:
+  its parts, and what of its 'other' had a name (None in older ledgers)."""
   wall: float
   step: int
   parts: dict[str, float]
+  other_named: Optional[dict[str, float]] = None
 
 
 @dataclasses.dataclass(frozen=True)
