@@ -257,6 +257,22 @@ def test_installed_without_a_checkout_the_packages_and_their_metadata_travel(
       'podrun/pyproject.toml', 'podrun/runtime/__init__.py']
 
 
+def test_installed_in_an_environment_a_repository_ignores_it_travels_whole(
+    tmp_path):
+  """A virtual environment inside the user's repository, which ignores it:
+  git lists none of podrun's installed files, and all of them travel."""
+  subprocess.run(['git', 'init', '-q', str(tmp_path)], check=True)
+  (tmp_path / '.gitignore').write_text('.venv/\n')
+  site = tmp_path / '.venv' / 'site-packages'
+  for package in ('launcher', 'runtime', 'configs'):
+    (site / package).mkdir(parents=True)
+    (site / package / '__init__.py').write_text('')
+  bundle.bundle(str(tmp_path / 'code.tar.gz'), root=str(site))
+  assert sorted(_members(tmp_path / 'code.tar.gz')) == [
+      'podrun/configs/__init__.py', 'podrun/launcher/__init__.py',
+      'podrun/pyproject.toml', 'podrun/runtime/__init__.py']
+
+
 def test_the_pyproject_written_from_metadata_asks_what_the_checkouts_does():
   written = tomllib.loads(bundle.installed_pyproject())
   own = tomllib.loads((helpers.REPO / 'pyproject.toml').read_text())

@@ -60,25 +60,39 @@ def listed_files(directory: str) -> list[str]:
   does not ignore (tracked and untracked) inside a git work tree, every file
   but __pycache__ elsewhere."""
   names = git_files(directory)
-  if names is None:
-    names = []
-    for root, dirs, files in os.walk(directory):
-      dirs[:] = sorted(d for d in dirs if d != '__pycache__')
-      rel = os.path.relpath(root, directory)
-      names += [n if rel == '.' else os.path.join(rel, n) for n in files]
-  return sorted(n for n in set(names)
+  return every_file(directory) if names is None else sorted(
+      n for n in set(names) if os.path.isfile(os.path.join(directory, n)))
+
+
+def every_file(directory: str) -> list[str]:
+  """Every file under `directory` but __pycache__, relative to it, sorted,
+  whatever git says (an installed package in a virtual environment that a
+  repository ignores is still whole)."""
+  names = []
+  for root, dirs, files in os.walk(directory):
+    dirs[:] = sorted(d for d in dirs if d != '__pycache__')
+    rel = os.path.relpath(root, directory)
+    names += [n if rel == '.' else os.path.join(rel, n) for n in files]
+  return sorted(n for n in names
                 if os.path.isfile(os.path.join(directory, n)))
+
+
+def _in_work_tree(directory: str) -> bool:
+  try:
+    inside = subprocess.run(
+        ['git', '-C', directory, 'rev-parse', '--is-inside-work-tree'],
+        capture_output=True, text=True, check=False)
+  except OSError:  # No git.
+    return False
+  return inside.returncode == 0 and inside.stdout.strip() == 'true'
 
 
 def git_files(directory: str) -> Optional[list[str]]:
   """What `git ls-files` lists under `directory` (relative to it), or None
   when it is not in a git work tree or git is missing."""
+  if not _in_work_tree(directory):
+    return None
   try:
-    inside = subprocess.run(
-        ['git', '-C', directory, 'rev-parse', '--is-inside-work-tree'],
-        capture_output=True, text=True, check=False)
-    if inside.returncode or inside.stdout.strip() != 'true':
-      return None
     out = subprocess.run(
         ['git', '-C', directory, 'ls-files', '-z', '--cached', '--others',
          '--exclude-standard'], check=True, capture_output=True).stdout
@@ -90,7 +104,7 @@ def git_files(directory: str) -> Optional[list[str]]:
 def is_checkout(root: str = PODRUN_SOURCE) -> bool:
   """Whether `root` (podrun's source) is a git checkout, not site-packages."""
   return (os.path.isfile(os.path.join(root, 'pyproject.toml')) and
-          git_files(root) is not None)
+          _in_work_tree(root))
 
 
 def podrun_root() -> str:

@@ -48,7 +48,7 @@ def podrun_files(root: str = REPO) -> dict[str, Union[str, bytes]]:
   files: dict[str, Union[str, bytes]] = {}
   for package in project_lib.PODRUN_PACKAGES:
     top = os.path.join(root, package)
-    for name in project_lib.listed_files(top):
+    for name in project_lib.every_file(top):
       if not name.endswith(('.pyc', '.pyo')):
         files[f'{package}/{name}'] = os.path.join(top, name)
   if os.path.isfile(os.path.join(root, 'pyproject.toml')):
