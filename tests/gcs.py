@@ -172,6 +172,52 @@ class FakeGcs:
     self.stop()
 
 
+class SilentMetadata:
+  """A metadata address that accepts connections and never answers, as
+  one behind a firewall that drops them; `connections` counts who tried.
+  `env()` points google.auth (gcsfs's) at it, where FakeGcs.env() points
+  it at a refused port. tensorstore's GCE_METADATA_ROOT stays refused:
+  tensorstore searches on its own, and with no credentials and a silent
+  metadata server its first write to the bucket waits on it (a stall here).
+
+  Example:
+    >>> with SilentMetadata() as silent:
+    ...   env = {**gcs.env(), **silent.env()}
+  """
+
+  def __init__(self):
+    import threading  # pylint: disable=g-import-not-at-top
+    self._socket = socket.socket()
+    self._socket.bind(('127.0.0.1', 0))
+    self._socket.listen(64)
+    self.address = f'127.0.0.1:{self._socket.getsockname()[1]}'
+    self.connections = 0
+    self._held = []
+    self._thread = threading.Thread(target=self._accept, daemon=True)
+
+  def _accept(self):
+    while True:
+      try:
+        connection, _ = self._socket.accept()
+      except OSError:
+        return  # Closed.
+      self.connections += 1
+      self._held.append(connection)
+
+  def env(self) -> dict[str, str]:
+    return {'GCE_METADATA_HOST': self.address,
+            'GCE_METADATA_IP': self.address}
+
+  def __enter__(self) -> 'SilentMetadata':
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self._socket.close()
+    for connection in self._held:
+      connection.close()
+
+
 class SlowProxy:
   """The bucket behind a layer on 127.0.0.1: every request waits `delay_s`
   first, as a distant bucket's round trip does; with

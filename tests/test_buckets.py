@@ -256,3 +256,29 @@ def test_a_fresh_job_where_a_deleted_record_was_records_only_itself(
   assert len([n for n in ledgers if n.endswith('.json')]) == 2, ledgers
   aside, = cache.glob('runs/again.set-aside-*')
   assert list(aside.glob('goodput/*/rank_0.json'))  # Kept on disk.
+
+
+def test_a_silent_metadata_server_costs_a_bucket_job_nothing(gcs, tmp_path):
+  """About 12 s: a job on the emulated bucket, then its resume, where
+  google.auth's metadata address accepts connections and never answers
+  (as behind a firewall that drops them). Each gcsfs client of each
+  process searched for credentials there and waited out the timeouts
+  (9.3 s for the record's fetch, 18.2 s for a restore, measured); the
+  emulator takes none, so no process asks it at all."""
+  url = 'gs://runs/silent'
+  with gcs_lib.SilentMetadata() as silent:
+    env = {**gcs.env(), **silent.env(),
+           env_vars.RECORD_CACHE: str(tmp_path / 'cache')}
+    for steps in (10, 20):
+      proc = helpers.start_launcher(
+          [*PROBE, f'--workdir={url}', f'--config.steps={steps}'],
+          env=helpers.launcher_env(**env))
+      try:
+        result = helpers.finish(proc, 180, time.monotonic())
+      finally:
+        helpers.kill_group(proc)
+      assert result.returncode == 0, result.output
+    assert 'resuming at step 10' in result.output
+    assert silent.connections == 0
+  assert 'finding Google credentials took' not in result.output
+  assert _steps_in(gcs, 'silent/checkpoints') == [10, 20]

@@ -53,6 +53,7 @@ from typing import Callable, Optional
 from absl import logging
 
 from runtime.common import env_vars
+from runtime.common import gcs_auth
 from runtime.common import layout
 
 PUSH_EVERY_S = 10.0
@@ -106,14 +107,8 @@ def launcher_owns(relative: str) -> bool:
 
 
 def bucket_fs():
-  """gcsfs's file system for gs:// URLs; a missing gcsfs is named."""
-  try:
-    import gcsfs  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise RuntimeError(
-        'a gs:// workdir needs gcsfs: pip install -e ".[gcs]" (the tpu extra '
-        'has it)') from e
-  return gcsfs.GCSFileSystem()
+  """gcsfs's file system for gs:// URLs (gcs_auth.filesystem)."""
+  return gcs_auth.filesystem()
 
 
 def _md5(data: bytes) -> str:

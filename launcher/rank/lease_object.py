@@ -29,6 +29,8 @@ import json
 from typing import Optional
 from urllib.parse import quote
 
+from runtime.common import gcs_auth
+
 
 class Changed(Exception):
   """The object is not (or no longer) the generation the call was for."""
@@ -40,8 +42,7 @@ class Unreadable(Exception):
 
 
 def _fs():
-  import gcsfs  # pylint: disable=g-import-not-at-top
-  return gcsfs.GCSFileSystem()
+  return gcs_auth.filesystem()
 
 
 def _split(url: str) -> tuple[str, str]:

@@ -33,6 +33,7 @@ from runtime.checkpoints import options as checkpoint_options
 from launcher.common import cluster
 from runtime.common import env_vars
 from runtime.common import exit_codes
+from runtime.common import gcs_auth
 from runtime.common import goodput
 from launcher.common import output_prefix
 from launcher.common import record_mirror
@@ -165,12 +166,21 @@ def _mirror_record(config: ConfigDict, url: str, record_dir: str,
   mirror.start()
 
 
+def _uses_bucket(config: ConfigDict, workdir: str) -> bool:
+  """Whether the record or the checkpoints are in a bucket."""
+  return any(str(d).startswith('gs://') for d in
+             (workdir, config.get('checkpoint_dir', '') or ''))
+
+
 def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
          running: _Running) -> None:
   # A bucket's workdir is written here and mirrored (record_mirror.py); its
   # lease and checkpoints are in the bucket itself.
   record_dir = (record_mirror.local_copy(workdir)
                 if record_mirror.in_bucket(workdir) else workdir)
+  if _uses_bucket(config, workdir):
+    # Found while jax.distributed starts, once for every client.
+    gcs_auth.start()
   mode, expected = _join(config, record_dir, options, supervised)
   coordination.set_default_timeout(options.supervision.barrier_timeout)
   running.supervisor = supervisor_lib.Supervisor(coordination.current(),

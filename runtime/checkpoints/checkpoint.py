@@ -31,6 +31,7 @@ import orbax.checkpoint as ocp
 from runtime.checkpoints import checkpoint_meta
 from runtime.checkpoints import options as checkpoint_options
 from runtime import coordination
+from runtime.common import gcs_auth
 
 _SHARED_CHECK_DIR = '.shared_check'
 # Defined with the checks that raise it most; every tier raises it.
@@ -259,6 +260,8 @@ class Checkpoints:
 def open_for(options: checkpoint_options.Checkpointing) -> Checkpoints:
   """The run's Checkpoints in `options.directory`, after checking every
   process shares that directory (its every, keep and async_save too)."""
+  if options.directory.startswith('gs://'):
+    gcs_auth.wait()  # Else epath and orbax's threads each search anew.
   check_shared(options.directory)
   return Checkpoints(options.directory, every=options.every,
                      keep=options.keep, async_save=options.async_save)
