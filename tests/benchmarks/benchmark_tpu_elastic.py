@@ -13,6 +13,12 @@ for capacity. Side by side, for slice 1 lost and for slice 0 lost:
   job waits for the slice to be recreated.
 
 With --notice=0 the lost slice's VMs are SIGKILLed at once, no notice.
+With --bucket the workdir is in a bucket of fake-gcs-server on 127.0.0.1
+(tests/gcs.py), as the README has it for --create, and every VM reaches it;
+--metadata=silent then points google.auth at a metadata address that never
+answers (tests/gcs.py's SilentMetadata). --repo runs another checkout's
+launcher and bundle (a worktree of an older commit: before and after) on
+the same emulated service.
 
 Every driver line is stamped as it arrives. Reports the seconds from
 PREEMPTED (the service's event) to the survivors' relaunch, to their first
@@ -29,10 +35,12 @@ goodput, and how far the final parameters are from an undisturbed run's.
   python tests/benchmarks/benchmark_tpu_elastic.py [--steps=2000]
       [--preempt_at=100] [--capacity_s=60] [--device_example_seconds=0.01]
       [--poll_interval=1] [--modes=elastic,waiting] [--lost=1,0] [--notice=1,0]
+      [--bucket] [--metadata=refused|silent] [--repo=DIR]
       [--out=FILE.json] [--lines_dir=DIR]
 """
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -52,6 +60,7 @@ sys.path.insert(0, REPO)
 
 from launcher.common import goodput_rollup  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.common import mappings  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests import gcs as gcs_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests import tpu_emulation  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -83,8 +92,10 @@ def _stamped(proc) -> list[tuple[float, str]]:
   return sorted(lines)
 
 
-def run(args, mode: str, lost: int, notice: bool, tmp: pathlib.Path) -> dict:
-  """One launch; its figures."""
+def run(args, mode: str, lost: int, notice: bool, tmp: pathlib.Path,
+        bucket_env: dict) -> dict:
+  """One launch; its figures. `bucket_env`: with --bucket, what points the
+  driver and every VM at the bucket ({} without)."""
   preempt = ['', '']
   preempt[lost if mode == 'elastic' else 0] = f'step {args.preempt_at}/'
   waits = (f'0.5,0.5,{args.capacity_s}' if mode == 'elastic'
@@ -92,7 +103,10 @@ def run(args, mode: str, lost: int, notice: bool, tmp: pathlib.Path) -> dict:
   fleet = tpu_emulation.FakePod(
       tmp, FAKE_QR_WAIT_S=waits, FAKE_QR_PROVISION_S='0.5',
       FAKE_QR_PREEMPT_ON_LOG=','.join(preempt), FAKE_QR_LOG_NODE=f'{NAME}-0',
-      FAKE_TPU_PREEMPT_NOTICE='1' if notice else '0')
+      FAKE_TPU_PREEMPT_NOTICE='1' if notice else '0',
+      FAKE_TPU_WORKER_ENV=json.dumps(bucket_env), PYTHONPATH=args.repo,
+      **bucket_env)
+  workdir = (f'gs://runs/{tmp.name}' if bucket_env else str(tmp / 'work'))
   elastic = ['--min_slices=1'] if mode == 'elastic' else []
   started = time.time()
   proc = fleet.start(
@@ -100,7 +114,7 @@ def run(args, mode: str, lost: int, notice: bool, tmp: pathlib.Path) -> dict:
       '--runtime_version=tpu-ubuntu2204-base', '--num_slices=2',
       f'--poll_interval={args.poll_interval}', '--max_restarts=3',
       '--delete_after', *elastic, '--', *_job(args),
-      f'--workdir={tmp / "work"}', tpu=NAME)
+      f'--workdir={workdir}', tpu=NAME, cwd=args.repo)
   try:
     lines = _stamped(proc)
   finally:
@@ -112,9 +126,22 @@ def run(args, mode: str, lost: int, notice: bool, tmp: pathlib.Path) -> dict:
     with open(os.path.join(args.lines_dir, f'{mode}-{lost}-{int(notice)}.log'),
               'w') as f:
       f.writelines(f'{t:.3f} {l}\n' for t, l in lines)
-  return {'mode': mode, 'lost': lost, 'notice': notice, 'wall_s': time.time() - started,
+  record = tmp / 'work'
+  if bucket_env:
+    record = _fetch_record(workdir, tmp / 'record', bucket_env)
+  return {'mode': mode, 'lost': lost, 'notice': notice,
+          'wall_s': time.time() - started,
           **_timeline(lines, fleet.events()),
-          **_rollup(tmp / 'work', fleet.logs / 'attempts.jsonl')}
+          **_rollup(record, fleet.logs / 'attempts.jsonl')}
+
+
+def _fetch_record(url: str, into: pathlib.Path, env: dict) -> pathlib.Path:
+  subprocess.run(
+      [sys.executable, '-c', 'import sys; from launcher.common import '
+       'record_mirror; record_mirror.fetch_record(sys.argv[1], sys.argv[2])',
+       url, str(into)], cwd=REPO, env=helpers.launcher_env(**env),
+      check=True, timeout=300)
+  return into
 
 
 def _stop(proc) -> None:
@@ -244,20 +271,41 @@ def main(argv=None) -> int:
   parser.add_argument('--out', default='')
   parser.add_argument('--lines_dir', default='',
                       help='writes each driver\'s stamped lines there')
+  parser.add_argument('--bucket', action='store_true',
+                      help='the workdir in a bucket of fake-gcs-server')
+  parser.add_argument('--metadata', default='refused',
+                      choices=('refused', 'silent'))
+  parser.add_argument('--repo', default=REPO,
+                      help='the checkout whose launcher and bundle run')
   args = parser.parse_args(argv)
+  args.repo = os.path.abspath(args.repo)
+  tpu_emulation.SCRIPT = os.path.join(args.repo, 'scripts',
+                                      'launch_tpu_pod.sh')
   # SIGTERM unwinds, so that every driver started is stopped.
   signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
   results = []
   # A recreated VM's worker may still be writing as the run ends.
   with tempfile.TemporaryDirectory(prefix='tpu-elastic-',
-                                   ignore_cleanup_errors=True) as tmp:
-    reference = straight(args, pathlib.Path(tmp) / 'straight')
+                                   ignore_cleanup_errors=True) as tmp, \
+       contextlib.ExitStack() as stack:
+    bucket_env = {}
+    if args.bucket:
+      gcs = stack.enter_context(gcs_lib.FakeGcs(pathlib.Path(tmp)))
+      gcs.bucket('runs')
+      bucket_env = gcs.env()
+      if args.metadata == 'silent':
+        bucket_env.update(
+            stack.enter_context(gcs_lib.SilentMetadata()).env())
+    reference = (None if args.bucket else
+                 straight(args, pathlib.Path(tmp) / 'straight'))
     for lost, notice, mode in itertools.product(
         [int(l) for l in args.lost.split(',')],
         [n == '1' for n in args.notice.split(',')], args.modes.split(',')):
       here = pathlib.Path(tmp) / f'{mode}-{lost}-{int(notice)}'
-      figures = run(args, mode, lost, notice, here)
-      figures['max_relative_error'] = max_relative(
+      figures = run(args, mode, lost, notice, here, bucket_env)
+      # With --bucket the checkpoints stay in the bucket (the tests hold
+      # the bucket's resumes to the bit).
+      figures['max_relative_error'] = None if args.bucket else max_relative(
           helpers.final_state(here / 'work')['params'], reference)
       results.append(figures)
       print(json.dumps(figures), flush=True)
