@@ -65,7 +65,7 @@ _TLS = flags.DEFINE_enum(
     'Mutual TLS on the coordinator (JAX 0.12 and newer): auto uses it where '
     'JAX has it (a local pod makes its own authority; a cluster\'s job needs '
     '--tls_dir) and says so where not; require refuses to start without it; '
-    'off joins without it (README, Trust and the network).')
+    'off joins without it (docs/trust.md).')
 _TLS_DIR = flags.DEFINE_string(
     'tls_dir', None,
     'The job\'s certificate authority (`podrun-tls DIR` makes one), on a '
@@ -461,8 +461,7 @@ def _run_process(config: ConfigDict, workdir: str) -> int:
   """Without --local_processes: this process is one of the job's."""
   if _MIN_PROCESSES.value is not None:
     _fail('--min_processes needs --local_processes; a cluster\'s job '
-          'started on fewer processes resumes by itself (README, Elastic '
-          'jobs)')
+          'started on fewer processes resumes by itself (docs/elastic.md)')
   if _MAX_RESTARTS.value:
     _fail('--max_restarts needs --local_processes: on a cluster every host '
           'must restart together, which is the scheduler\'s job (for example '

@@ -39,8 +39,7 @@ def unsupported_line(version: str) -> str:
   return (f'JAX {version} has no mutual TLS for its coordination service '
           f'(JAX {".".join(map(str, job_tls.MIN_JAX))} and newer have it): '
           'this job\'s coordinator accepts any process that reaches its '
-          'port; keep that port inside the job\'s own network (README, '
-          'Trust and the network)')
+          'port; keep that port inside the job\'s own network (docs/trust.md)')
 
 
 def check_required(mode: str, version: Optional[str] = None) -> None:

@@ -33,7 +33,7 @@ GROUPS = (
         ('coordinator_bind_address', 'HOST:PORT process 0 listens on'),
         ('initialization_timeout', 'seconds for every process to join'),
     )),
-    ('Who may join (README, Trust and the network)', (
+    ('Who may join (docs/trust.md)', (
         ('tls', 'auto, require or off: mutual TLS on the coordinator'),
         ('tls_dir', 'the job\'s certificate authority (podrun-tls DIR)'),
     )),

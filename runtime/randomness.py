@@ -106,9 +106,9 @@ def _mismatch(chosen: str, shape: tuple, error: Exception) -> str:
             f'rng=\'{other}\') (one key per call; dropout then changes with '
             'the number of devices and microbatches), or keep rng=\'example\' '
             'and run the forward pass once per example with '
-            'runtime.per_example (README, Randomness).')
+            'runtime.per_example (docs/workloads.md, Randomness).')
   return (f'{head} runtime.dropout and rng[i] take one key per example: '
-          f'choose Task(rng=\'{other}\') (README, Randomness).')
+          f'choose Task(rng=\'{other}\') (docs/workloads.md, Randomness).')
 
 
 def per_example(forward: Callable[..., Any]) -> Callable[..., Any]:

@@ -221,7 +221,7 @@ def _step_fn(task: Task, par, layout: microbatches.Layout) -> Callable:
         'with the number of devices and microbatches. For the same step on '
         'any layout, Task(rng=\'example\') gives a key per example: '
         'runtime.dropout(rng, rate, x), or Flax\'s dropout layers under '
-        'runtime.per_example (README, Randomness)',
+        'runtime.per_example (docs/workloads.md, Randomness)',
         'rng=\'device\'' if task.rng else 'loss_uses_rng=True')
   return structure.RecompileWatch(agreement.check_program_on_first_call(
       step_lib.make_train_step(

@@ -122,7 +122,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def part(module: str) -> str:
-  """Which of the project's parts a module belongs to (README, Layout)."""
+  """Which of the project's parts a module belongs to (docs/layout.md)."""
   if module == 'launcher.rank' or module.startswith('launcher.rank.'):
     return 'launcher/rank'
   if module.startswith('runtime.common'):

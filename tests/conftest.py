@@ -135,7 +135,7 @@ def _launchers_only_in_the_processes_tier(request, monkeypatch):
 
 # Every process a processes-tier test starts (launchers, ranks, emulated
 # workers, srun's tasks) inherits this variable, with a value of the test's
-# own: once the test is over, none may be left (README, Tests).
+# own: once the test is over, none may be left (docs/tests.md).
 SURVIVOR_MARK = 'PODRUN_TEST_PROCESSES'
 _SURVIVOR_WAIT_S = 15.0
 
@@ -235,8 +235,8 @@ def pytest_terminal_summary(terminalreporter):
   if slow:
     terminalreporter.section('tests over the budget that do not say why')
     terminalreporter.write_line(
-        f'over {budget.SLOW_S:g} s without a docstring saying why (README, '
-        'Tests): ' + '; '.join(slow))
+        f'over {budget.SLOW_S:g} s without a docstring saying why '
+        '(docs/tests.md): ' + '; '.join(slow))
 
 
 def pytest_unconfigure(config):

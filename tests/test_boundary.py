@@ -1,6 +1,6 @@
 """The three parts import one way, and the supervisor side never loads JAX.
 
-The rule, module by module (the README's Layout states it):
+The rule, module by module (docs/layout.md states it):
 
   runtime.common      -> runtime.common only; JAX, Flax, optax or orbax
                          only inside a function that a process of the job

@@ -169,8 +169,8 @@ def test_dry_run_starts_nothing(tmp_path):
 
 
 def test_the_readme_workload_runs_from_a_directory_of_its_own(tmp_path):
-  # The two files of the README's "Writing a workload", run as its quick
-  # start says: `podrun` (the console script) from their directory.
+  # The two files of the README's "Your own workload", run as it says:
+  # `podrun` (the console script) from their directory.
   readme = (helpers.REPO / 'README.md').read_text()
   blocks = re.findall(r'```python\n(# my_project/(\S+?)\.py.*?)```', readme,
                       re.S)

@@ -1,4 +1,4 @@
-"""The README's multi-host recipes, read from the README itself and run
+"""The docs' multi-host recipes, read from the pages themselves and run
 against the emulations: the Cloud TPU ones on the fake gcloud (workers
 whose image has Python 3.10, as tpu-ubuntu2204-base has), the Ray one on a
 local Ray cluster, MNIST in a fake-gcs-server bucket.
@@ -30,13 +30,15 @@ from tests import tpu_emulation
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
-README = helpers.REPO / 'README.md'
+# Where the recipes are: the README and every page of the docs.
+PAGES = [helpers.REPO / 'README.md',
+         *sorted((helpers.REPO / 'docs').rglob('*.md'))]
 SHORT = ['--config.steps=3', '--config.global_batch_size=64',
          '--config.eval_every=0']
 
 
 def recipe(first_words: str, holding: str = '') -> list[str]:
-  """The README's shell command (continuations joined, comments dropped)
+  """The docs' shell command (continuations joined, comments dropped)
   that starts with `first_words` and holds `holding`, as words.
 
   Raises:
@@ -44,7 +46,8 @@ def recipe(first_words: str, holding: str = '') -> list[str]:
       than one matches.
   """
   found = []
-  for block in re.findall(r'```sh\n(.*?)```', README.read_text(), re.S):
+  every_page = '\n'.join(page.read_text() for page in PAGES)
+  for block in re.findall(r'```sh\n(.*?)```', every_page, re.S):
     for command in block.replace('\\\n', ' ').splitlines():
       if not command.startswith(first_words.split()[0]):
         continue  # Not a command of that program.
@@ -56,7 +59,7 @@ def recipe(first_words: str, holding: str = '') -> list[str]:
       if text.startswith(first_words) and holding in text:
         found.append(words)
   assert len(found) == 1, (
-      f'{len(found)} README commands start with {first_words!r} and hold '
+      f'{len(found)} commands of the docs start with {first_words!r} and hold '
       f'{holding!r}: {found}')
   return found[0]
 

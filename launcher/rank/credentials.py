@@ -66,8 +66,7 @@ def issue_for(mode: str, tls_dir: Optional[str], process_index: Optional[int],
           f'JAX {jax_version} has none' if not speaks else 'no --tls_dir',
           'Keep the port inside the job\'s network' if not speaks else
           'Make an authority with `podrun-tls DIR` and pass --tls_dir=DIR '
-          'to every process, or say --tls=off (README, Trust and the '
-          'network)')
+          'to every process, or say --tls=off (docs/trust.md)')
     return None
   job, attempt = _identity(env)
   index = process_index if process_index is not None else os.getpid()

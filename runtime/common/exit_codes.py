@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 
 class ExitCode(enum.IntEnum):
-  """podrun's exit codes; `meaning` is the README's line for each."""
+  """podrun's exit codes; `meaning` is docs/reference/exit-codes.md's line for each."""
   OK = 0
   FAILED = 1
   CONFIG_ERROR = 2

@@ -153,7 +153,7 @@ def _load_authority(directory: str):
   except (OSError, ValueError) as e:
     raise TlsError(f'cannot read the job\'s certificate authority in '
                    f'{directory} ({type(e).__name__}: {e}); `podrun-tls '
-                   'DIR` makes one (README, Trust and the network)') from e
+                   'DIR` makes one (docs/trust.md)') from e
   return certificate, key
 
 

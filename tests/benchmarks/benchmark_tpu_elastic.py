@@ -14,7 +14,7 @@ for capacity. Side by side, for slice 1 lost and for slice 0 lost:
 
 With --notice=0 the lost slice's VMs are SIGKILLed at once, no notice.
 With --bucket the workdir is in a bucket of fake-gcs-server on 127.0.0.1
-(tests/gcs.py), as the README has it for --create, and every VM reaches it;
+(tests/gcs.py), as the docs have it for --create, and every VM reaches it;
 --metadata=silent then points google.auth at a metadata address that never
 answers (tests/gcs.py's SilentMetadata). --repo runs another checkout's
 launcher and bundle (a worktree of an older commit: before and after) on

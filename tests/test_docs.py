@@ -1,0 +1,63 @@
+"""The docs hold together: the site builds with every link and anchor
+found, the README stays one screen of reasons and a few of commands, and
+its links reach pages and headings that exist."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+from markdown.extensions import toc
+import pytest
+
+from tests import helpers
+
+pytestmark = pytest.mark.unit
+
+README = helpers.REPO / 'README.md'
+DOCS = helpers.REPO / 'docs'
+
+
+def test_the_site_builds_strictly(tmp_path):
+  """About 3 s: MkDocs builds every page; a broken link, a missing anchor
+  or a page left out of the navigation fails it (mkdocs.yml)."""
+  result = subprocess.run(
+      [sys.executable, '-m', 'mkdocs', 'build', '--strict', '--quiet',
+       '--site-dir', str(tmp_path / 'site')], cwd=helpers.REPO,
+      capture_output=True, text=True, timeout=120,
+      env={**os.environ, 'NO_MKDOCS_2_WARNING': '1'})
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert (tmp_path / 'site' / 'deployments' / 'cloud-tpu' /
+          'index.html').exists()
+
+
+def test_the_readme_is_one_screen_of_why_and_limits():
+  lines = README.read_text().splitlines()
+  assert len(lines) <= 200, f'README.md is {len(lines)} lines: 200 at most'
+  # As read: the quote's markers and the line breaks gone.
+  first_screen = ' '.join(re.sub(r'^> ?', '', l) for l in lines[:40])
+  for said in ('Status and limits', 'Data parallelism only',
+               'Not yet run on real TPU or GPU hardware'):
+    assert said in first_screen, said
+
+
+def _anchors(page: pathlib.Path) -> set[str]:
+  """The ids MkDocs gives the page's headings (outside code blocks)."""
+  text = re.sub(r'```.*?```', '', page.read_text(), flags=re.S)
+  return {toc.slugify(re.sub(r'[`*]', '', h), '-')
+          for h in re.findall(r'^#+ (.+)$', text, re.M)}
+
+
+def test_every_link_of_the_readme_reaches_a_page_and_heading():
+  links = re.findall(r'\]\(([^)]+)\)', README.read_text())
+  local = [l for l in links if not l.startswith(('http://', 'https://'))]
+  assert local, 'the README links to the docs'
+  for link in local:
+    path, _, anchor = link.partition('#')
+    page = helpers.REPO / path
+    assert page.exists(), f'README links to {path}, which does not exist'
+    if anchor:
+      assert anchor in _anchors(page), (
+          f'README links to {link}: {path} has no heading {anchor!r}; '
+          f'it has {sorted(_anchors(page))}')
