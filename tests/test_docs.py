@@ -32,6 +32,16 @@ def test_the_site_builds_strictly(tmp_path):
           'index.html').exists()
 
 
+def test_the_reference_pages_are_what_the_code_says():
+  """The flags and config pages (scripts/docs_reference.py) match the
+  flags and configs/base.py as they are now."""
+  result = subprocess.run(
+      [sys.executable, 'scripts/docs_reference.py', '--check'],
+      cwd=helpers.REPO, capture_output=True, text=True, timeout=120,
+      env=helpers.launcher_env())
+  assert result.returncode == 0, result.stderr
+
+
 def test_the_readme_is_one_screen_of_why_and_limits():
   lines = README.read_text().splitlines()
   assert len(lines) <= 200, f'README.md is {len(lines)} lines: 200 at most'
