@@ -82,7 +82,7 @@ def _train(name: str, workdir, steps: int = 30):
 
 def test_every_example_is_a_file_or_runs_here(project):
   assert {'my_regression', 'my_regression_config', 'my_evaluation',
-          'my_hooks', 'my_dropout', 'my_loop'} <= set(project)
+          'my_hooks', 'my_dropout', 'my_linen', 'my_loop'} <= set(project)
 
 
 def test_the_regression_learns_its_weights(project, tmp_path):
@@ -106,6 +106,12 @@ def test_the_hook_writes_its_metric_every_10_steps(project, tmp_path):
 def test_the_nnx_model_trains_with_a_key_per_example(project, tmp_path):
   first = _train('my_dropout', tmp_path / 'a', steps=1)
   last = _train('my_dropout', tmp_path / 'b', steps=30)
+  assert last.final_metrics['loss'] < first.final_metrics['loss']
+
+
+def test_the_linen_model_trains_with_a_key_per_call(project, tmp_path):
+  first = _train('my_linen', tmp_path / 'a', steps=1)
+  last = _train('my_linen', tmp_path / 'b', steps=30)
   assert last.final_metrics['loss'] < first.final_metrics['loss']
 
 
