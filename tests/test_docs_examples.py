@@ -35,7 +35,7 @@ def _python_blocks() -> list[tuple[pathlib.Path, str]]:
                                  re.S)]
 
 
-def _project_files() -> dict[str, str]:
+def project_files() -> dict[str, str]:
   """{module name: source} of every file example; others are checked."""
   files, others = {}, []
   for page, body in _python_blocks():
@@ -58,7 +58,7 @@ def _project_files() -> dict[str, str]:
 def project(tmp_path_factory):
   """The examples' files in one directory, importable as a user's are."""
   root = tmp_path_factory.mktemp('my_project')
-  files = _project_files()
+  files = project_files()
   for name, body in files.items():
     (root / f'{name}.py').write_text(body)
   sys.path.insert(0, str(root))

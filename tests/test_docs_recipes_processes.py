@@ -1,7 +1,11 @@
-"""The docs' multi-host recipes, read from the pages themselves and run
-against the emulations: the Cloud TPU ones on the fake gcloud (workers
-whose image has Python 3.10, as tpu-ubuntu2204-base has), the Ray one on a
-local Ray cluster, MNIST in a fake-gcs-server bucket.
+"""The docs' shell recipes, read from the pages themselves and run: every
+`podrun` command for one machine (and the scripts that read what it
+wrote) as written, and the multi-host ones against the emulations: the
+Cloud TPU ones on the fake gcloud (workers whose image has Python 3.10, as
+tpu-ubuntu2204-base has), the Ray one on a local Ray cluster, MNIST in a
+fake-gcs-server bucket. A block with a command run nowhere here says so on
+its page, and why, in a line above it that opens with `*Not run here` or
+`*Partly run here` (test_every_shell_block_is_run_or_says_why).
 
 Each recipe runs as written, but for what names a real machine and what
 the emulation needs, all in `_emulated`:
@@ -25,6 +29,7 @@ import pytest
 from runtime.workloads import mnist
 from tests import gcs as gcs_lib
 from tests import helpers
+from tests import test_docs_examples
 from tests import ray_cluster  # Before Ray: it keeps Ray on 127.0.0.1.
 from tests import tpu_emulation
 
@@ -62,6 +67,110 @@ def recipe(first_words: str, holding: str = '') -> list[str]:
       f'{len(found)} commands of the docs start with {first_words!r} and hold '
       f'{holding!r}: {found}')
   return found[0]
+
+
+# The multi-host recipes the tests below run: (first words, held words),
+# as recipe() finds them.
+EMULATED = (('gcloud compute tpus tpu-vm create my-pod', ''),
+            ('scripts/launch_tpu_pod.sh --tpu=my-pod', 'linear_regression'),
+            ('scripts/launch_tpu_pod.sh --tpu=my-v4-32', '--create'),
+            ('podrun-ray --address=auto --num_processes=4 '
+             '--resources_per_process={"GPU": 8} --', '--config.data_dir'))
+# Scripts a recipe runs on what a local job wrote; the rest (the benchmark,
+# MNIST's download) are not run here.
+LOCAL_SCRIPTS = ('scripts/goodput.py', 'scripts/plot_metrics.py')
+_MARKERS = ('*Not run here', '*Partly run here')
+
+
+def shell_blocks() -> list[tuple[str, str, list[str]]]:
+  """(page, the text above the block, its commands) of every sh block;
+  continuations joined, comment lines dropped."""
+  out = []
+  for page in PAGES:
+    text = page.read_text()
+    for found in re.finditer(r'```sh\n(.*?)```', text, re.S):
+      commands = [c for c in found.group(1).replace('\\\n', ' ').splitlines()
+                  if c.strip() and not c.lstrip().startswith('#')]
+      out.append((str(page.relative_to(helpers.REPO)),
+                  text[:found.start()].rstrip().rsplit('\n', 1)[-1].strip(),
+                  commands))
+  return out
+
+
+def is_local(words: list[str]) -> bool:
+  """A command for one machine that test_every_local_recipe_runs runs."""
+  if any('gs://' in w for w in words):
+    return False  # A bucket: the emulated TPU recipes' own.
+  if words[:1] == ['python'] and len(words) > 1:
+    return words[1] in LOCAL_SCRIPTS
+  if words[:1] not in (['podrun'], ['scripts/run.sh']):
+    return False
+  cluster = ('--num_processes', '--process_id', '--coordinator_address=10.')
+  return not any(w.startswith(cluster) for w in words)
+
+
+def is_run_here(command: str) -> bool:
+  try:
+    words = shlex.split(command, comments=True)
+  except ValueError:
+    return False
+  # Moving about, and the suite itself, which is what CI runs (.ci/run).
+  if not words or words[0] in ('cd', 'mkdir', 'scripts/test.sh'):
+    return True
+  text = ' '.join(words)
+  return is_local(words) or any(
+      text.startswith(first) and held in text for first, held in EMULATED)
+
+
+def test_every_shell_block_is_run_or_says_why():
+  unsaid, stale = [], []
+  for page, above, commands in shell_blocks():
+    marked = above.startswith(_MARKERS)
+    missing = [c for c in commands if not is_run_here(c)]
+    if missing and not marked:
+      unsaid.append(f'{page}: {missing[0]!r}')
+    if marked and not missing:
+      stale.append(f'{page}: {above!r}')
+  assert not unsaid, ('commands run by no test, in blocks without a '
+                      f'"*Not run here..." line above: {unsaid}')
+  assert not stale, f'blocks that say they are not run, and are: {stale}'
+
+
+def test_every_local_recipe_runs(tmp_path):
+  """About 60 s: every podrun command of the docs for one machine (a
+  dozen, local pods among them) as written, 2 steps each, then the scripts
+  that read what they wrote; from a directory of their own with podrun's
+  configs and synthetic MNIST in data/mnist, as a clone has them."""
+  (tmp_path / 'configs').symlink_to(helpers.REPO / 'configs')
+  for name, body in test_docs_examples.project_files().items():
+    (tmp_path / f'{name}.py').write_text(body)  # The docs' my_project.
+  mnist.write_synthetic(str(tmp_path / 'data' / 'mnist'), num_train=512,
+                        num_test=64)
+  seen = []
+  for page, _, commands in shell_blocks():
+    for command in commands:
+      try:
+        words = shlex.split(command, comments=True)
+      except ValueError:  # A quote that goes on over lines: a remote shell's.
+        continue
+      if is_local(words) and words not in [w for _, _, w in seen]:
+        seen.append((page, command, words))
+  # The jobs first, then the scripts that read what they wrote.
+  for page, command, words in sorted(seen, key=lambda s: s[2][0] == 'python'):
+    words = _emulated(words, {'/tmp/': f'{tmp_path}/'})
+    if words[0] == 'python':
+      argv = [sys.executable, str(helpers.REPO / words[1]), *words[2:]]
+    else:  # podrun, and scripts/run.sh: podrun after its install
+      default = ([] if words[0] == 'podrun' or any(
+          w.startswith('--config=') for w in words) else
+                 ['--config=configs/linear_regression.py'])
+      argv = [sys.executable, '-m', 'launcher', *default, *words[1:],
+              '--config.steps=2']
+    result = subprocess.run(argv, cwd=tmp_path, env=helpers.launcher_env(),
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, (
+        f'{page}: {command}\n{result.stdout[-2000:]}{result.stderr[-3000:]}')
+  assert len(seen) >= 10, seen
 
 
 def _emulated(words: list[str], replace: dict[str, str]) -> list[str]:
