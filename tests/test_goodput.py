@@ -278,3 +278,14 @@ def test_the_time_to_recover_carries_what_of_other_had_a_name():
   old = records.Notes.from_json({'first_productive': {
       'wall': 1.0, 'step': 3, 'parts': {}}})
   assert old.first_productive.other_named is None
+
+
+def test_a_start_cut_short_has_a_ledger_of_start_up_and_its_end():
+  ledger = goodput.ledger_of_a_start_cut_short('job-a2', 1, 100.0, 100.5, 137)
+  assert ledger['parts']['startup'] == 0.5
+  assert sum(ledger['parts'].values()) == 0.5
+  assert set(ledger['parts']) == set(goodput.PROCESS_PARTS)
+  assert ledger['notes']['attempt'] == 'job-a2'
+  assert ledger['notes']['exit_code'] == 137
+  assert 'SIGKILL' in ledger['notes']['cause']
+  assert not ledger['final']

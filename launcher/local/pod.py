@@ -42,6 +42,7 @@ from launcher import restart
 from launcher import signals
 from runtime.common import env_vars
 from runtime.common import exit_codes
+from runtime.common import files
 from runtime.common import goodput
 from runtime.common import layout
 from launcher.common import record_mirror
@@ -149,7 +150,7 @@ class Gang:
   def run(self) -> restart.AttemptEnd:
     """Starts the ranks, supervises them and returns how the job ended."""
     os.makedirs(self.logs_dir, exist_ok=True)
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
     threads = []
     with signals.handled((signal.SIGINT, signal.SIGTERM), self._on_signal):
       try:
@@ -173,6 +174,7 @@ class Gang:
         for r in self._members:
           if r.log_file is not None:
             r.log_file.close()
+        self._write_ledgers_cut_short(started_wall)
     code = report.report(end, self._members, self._console, started,
                          self.logs_dir, self._signals, monitor.regrowing,
                          attempt=(self.attempt if self.attempts_may_follow
@@ -182,6 +184,19 @@ class Gang:
         launcher_signalled=bool(self._signals), progressed=progressed,
         counts_steps=True, furthest_step=furthest, fault=fault,
         regrew=monitor.regrowing)
+
+  def _write_ledgers_cut_short(self, started_wall: float) -> None:
+    """A rank that ended before it opened its ledger (killed during its
+    start-up) gets one from here, so that the attempt is in the record
+    (goodput's roll-up counts attempts by their ledgers)."""
+    for member in self._members:
+      path = self.record.ledger(self.attempt_name, member.index)
+      if member.exit_code is None or os.path.exists(path):
+        continue
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      files.write_json(path, goodput.ledger_of_a_start_cut_short(
+          self.attempt_name, member.index, started_wall,
+          member.exited_wall or time.time(), member.exit_code))
 
   @staticmethod
   def _fault(end: monitor_lib.End) -> Optional[records.Fault]:

@@ -106,7 +106,8 @@ class Peers:
     self.warned_at: dict[int, float] = {}
 
   def publish_own(self, snapshot: progress.Snapshot, beat: int,
-                  supervisor_cpu_s: float) -> None:
+                  supervisor_cpu_s: float) -> bool:
+    """Publishes this process's heartbeat; whether the service took it."""
     record = {'beat': beat, 'host': self.host, 'pid': os.getpid(),
               'done': snapshot.done_step, 'begun': snapshot.begun_step,
               'step': progress.summarize(snapshot.step_seconds),
@@ -115,7 +116,8 @@ class Peers:
     try:
       self.client.publish(BEAT_DIR, json.dumps(record))
     except Exception:  # pylint: disable=broad-except
-      pass  # The supervisor notices a coordinator that stays silent.
+      return False  # The supervisor notices a coordinator that stays silent.
+    return True
 
   def records(self) -> dict[int, dict[str, Any]]:
     return {i: json.loads(value)

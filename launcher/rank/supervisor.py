@@ -135,6 +135,7 @@ class Supervisor:
     self._watching_steps = True
     self._thread = None
     self._beats = 0
+    self._sender: Optional[threading.Thread] = None
     self.cpu_s = 0.0
     self._last_contact = time.monotonic()
     self._peers = peers_lib.Peers(client, self.host, options.heartbeat_timeout)
@@ -211,19 +212,37 @@ class Supervisor:
       if lost is None:
         self._stop.wait(_TICK_S)
       return lost
-    self._last_contact = time.monotonic()
-    return cause
+    if cause is not None:
+      self._last_contact = time.monotonic()
+      return cause
+    # No end yet, or a coordinator that takes the call and never answers
+    # (stopped, not gone): the poll's deadline reads the same, so only a
+    # heartbeat the service took counts as contact (_beat).
+    return _coordinator_lost(time.monotonic() - self._last_contact,
+                             self.options.heartbeat_timeout,
+                             TimeoutError('no answer to the heartbeats'))
+
+  def _beat_in_background(self, snapshot: progress.Snapshot) -> None:
+    """Hands the heartbeat to a thread of its own: a call to a coordinator
+    that is stopped (not gone) never returns, and this thread must go on
+    judging the silence (_poll_end)."""
+    if self._sender is not None and self._sender.is_alive():
+      return  # The last beat has not returned: its silence is what counts.
+    self._sender = threading.Thread(target=self._beat, args=(snapshot,),
+                                    daemon=True, name='podrun-heartbeat')
+    self._sender.start()
 
   def _beat(self, snapshot: progress.Snapshot) -> None:
     self._beats += 1
-    self._peers.publish_own(snapshot, self._beats, self.cpu_s)
+    if self._peers.publish_own(snapshot, self._beats, self.cpu_s):
+      self._last_contact = time.monotonic()
 
   def _check(self, now: float) -> Optional[records.Fault]:
     """The once-a-second duties; returns a cause to publish, if any."""
     snapshot = progress.snapshot()
     self.cpu_s = time.thread_time()  # What watching has cost this process.
     if self.client is not None:
-      self._beat(snapshot)
+      self._beat_in_background(snapshot)
     if not self._watching_steps:
       return None
     if self.process_index == 0 and self.client is not None:
@@ -303,8 +322,11 @@ class Supervisor:
     # Everything written first: once process 0 has every ack it exits, and
     # its coordination service with it, which JAX makes fatal to the others.
     _flush(code)
-    self._end.ack()
-    self._end.wait_for_acks(cause)
+    if not (cause.kind == 'lost' and cause.process_index == 0):
+      self._end.ack()
+      self._end.wait_for_acks(cause)
+    # Else the lost one is process 0, and its service with it: nobody takes
+    # an ack, and a call to a service that is stopped never returns.
     self._exit_process(code)
 
 

@@ -54,6 +54,7 @@ import threading
 import time
 from typing import Any, Iterator, Optional
 
+from runtime.common import exit_codes
 from runtime.common import files
 from runtime.common import layout
 from runtime.common import records
@@ -230,6 +231,28 @@ def open_ledger(ledger: Ledger, workdir: str, attempt: str,
   ledger.note(attempt=attempt, process_index=process_index)
   _this.ledger = ledger
   ledger.flush(force=True)
+
+
+def ledger_of_a_start_cut_short(attempt: str, process_index: int,
+                                started: float, ended: float,
+                                exit_code: int) -> records.LedgerRecord:
+  """The ledger of a process that ended before it opened its own (killed
+  during its start-up: before jax.distributed gave it the attempt), as its
+  launcher writes it: all of its time start-up, and its end.
+
+  Example:
+    >>> ledger_of_a_start_cut_short('job-a2', 0, 100.0, 100.5, 137)['parts']
+    {'startup': 0.5, 'distributed_init': 0.0, ...}
+  """
+  parts = {name: 0.0 for name in PROCESS_PARTS}
+  parts['startup'] = max(0.0, ended - started)
+  return {'started': started, 'updated': ended, 'final': False,
+          'parts': parts, 'other_named': {},
+          'notes': {'attempt': attempt, 'process_index': process_index,
+                    'exit_code': exit_code,
+                    'cause': f'ended during its start-up, before its own '
+                             f'ledger: exit {exit_code}'
+                             f'{exit_codes.signal_suffix(exit_code)}'}}
 
 
 class HighWater:
