@@ -37,6 +37,10 @@ FRESH: dict[tuple[str, str], Callable[[Any], Any]] = {
     # would go on counting every later test's compilations.
     ('runtime.compile_events', '_seconds_callbacks'): lambda m: [],
     ('runtime.compile_events', '_cache_hit_callbacks'): lambda m: [],
+    # The one search for Google credentials of "this process", and what it
+    # found: a test under another STORAGE_EMULATOR_HOST searches anew.
+    ('runtime.common.gcs_auth', '_search'): lambda m: None,
+    ('runtime.common.gcs_auth', '_found'): lambda m: {},
 }
 
 # Module-level state kept across tests on purpose, with the reason.
@@ -44,6 +48,7 @@ KEPT = {
     ('runtime.checkpoints.checkpoint', '_check_count'):
         'only makes check names unique; going back to 0 could reuse one',
     ('runtime.compile_events', '_lock'): 'a lock',
+    ('runtime.common.gcs_auth', '_lock'): 'a lock',
     ('runtime.compile_events', '_listening'):
         "JAX's listener is registered once a process and cannot be removed",
     ('runtime.compile_events', '_compiles'):

@@ -167,9 +167,16 @@ def _mirror_record(config: ConfigDict, url: str, record_dir: str,
 
 
 def _uses_bucket(config: ConfigDict, workdir: str) -> bool:
-  """Whether the record or the checkpoints are in a bucket."""
-  return any(str(d).startswith('gs://') for d in
-             (workdir, config.get('checkpoint_dir', '') or ''))
+  """Whether the record, the checkpoints or anything else the config names
+  (a dataset's directory) is in a bucket."""
+  def values(tree):
+    for value in tree.values():
+      if isinstance(value, (dict, ConfigDict)):
+        yield from values(value)
+      else:
+        yield value
+  return any(isinstance(v, str) and v.startswith('gs://')
+             for v in (workdir, *values(config)))
 
 
 def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
@@ -218,6 +225,11 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
   with ledger.naming('workload_import'):
     run_workload = workload.resolve(config.workload)
   os.makedirs(record_dir, exist_ok=True)
+  if _uses_bucket(config, workdir):
+    # The workload's own reads from a bucket (epath, gcsfs) take the
+    # credentials found, rather than each searching again.
+    with ledger.naming('credentials'):
+      gcs_auth.wait()
   # The workload's own set-up, up to runtime.train (training.py names it).
   ledger.mark('workload')
   results = run_workload(config, record_dir) or {}

@@ -69,9 +69,9 @@ JOB_PARTS = ('unrecorded', 'launch_overhead', 'restart_backoff',
              'infrastructure_recovery')
 # The named pieces of 'other', in the order a process meets them.
 OTHER_NAMES = ('record_fetch', 'stall_history', 'compilation_cache',
-               'agreement', 'lease', 'workload_import', 'workload_setup',
-               'train_setup', 'metrics_writer', 'replicate', 'loop_end',
-               'results', 'summary')
+               'agreement', 'lease', 'workload_import', 'credentials',
+               'workload_setup', 'train_setup', 'metrics_writer', 'replicate',
+               'loop_end', 'results', 'summary')
 _FLUSH_EVERY_S = 2.0
 
 

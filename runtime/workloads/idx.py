@@ -14,7 +14,6 @@ import os
 import numpy as np
 
 import runtime
-from runtime.common import gcs_auth
 
 _TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype('>i2'),
           0x0C: np.dtype('>i4'), 0x0D: np.dtype('>f4'), 0x0E: np.dtype('>f8')}
@@ -35,7 +34,6 @@ def _bucket_path(path: str):
   except ImportError as e:
     raise IdxError(f'{path}: reading a bucket needs gcsfs, which is not '
                    'installed: pip install "podrun[gcs]"') from e
-  gcs_auth.wait()
   return epath.Path(path)
 
 
