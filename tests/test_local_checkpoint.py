@@ -1,6 +1,7 @@
 """The local tier's storage and the restore every process agrees on."""
 
 import os
+import types
 
 import jax
 import numpy as np
@@ -150,6 +151,53 @@ def test_a_copy_from_another_config_is_refused_naming_the_field(tmp_path):
     config.optimizer.learning_rate = linear_regression_config.get_config(
     ).optimizer.learning_rate
     recovery.check_local(local, _trajectory(config), state, 99)
+
+
+@pytest.mark.parametrize('damage', ['truncated', 'removed', 'meta'])
+def test_a_damaged_copy_is_removed_and_not_offered(damage, tmp_path):
+  """Found by the soak: a truncated state.npz ended the next attempt with
+  exit 1 (BadZipFile) instead of restoring from another copy."""
+  config = linear_regression_config.get_config()
+  state = _state()
+  local = local_checkpoint.LocalCheckpoints(str(tmp_path), every=20)
+  for step in (20, 40):
+    local.save(step, state, _meta(config, state, step))
+  local.wait()
+  npz = tmp_path / 'step_40' / 'state.npz'
+  if damage == 'truncated':
+    with open(npz, 'r+b') as f:
+      f.truncate(npz.stat().st_size // 2)
+  elif damage == 'removed':
+    npz.unlink()
+  else:
+    (tmp_path / 'step_40' / 'meta.json').write_text('{"step": 4')
+  assert recovery.check_local(local, _trajectory(config), state, 100) == [20]
+  assert not (tmp_path / 'step_40').exists()
+  assert local.unreadable(20, state) is None
+
+
+def test_a_copy_garbled_inside_falls_back_to_the_one_before(tmp_path):
+  """A copy whose zip directory reads but whose array does not (its
+  checksum) is set aside during the restore, which plans again."""
+  config = linear_regression_config.get_config()
+  state = _state()
+  local = local_checkpoint.LocalCheckpoints(str(tmp_path), every=20)
+  for step in (20, 40):
+    local.save(step, state, _meta(config, state, step))
+  local.wait()
+  npz = tmp_path / 'step_40' / 'state.npz'
+  raw = bytearray(npz.read_bytes())
+  at = raw.index(b'\x00\x00\xc0\x3f')  # w[0] = 1.5, little-endian
+  raw[at + 3] ^= 0x01
+  npz.write_bytes(bytes(raw))
+  assert local.unreadable(40, state) is None  # The zip's directory reads.
+  options = types.SimpleNamespace(restore=True,
+                                  trajectory=_trajectory(config))
+  empty = types.SimpleNamespace(latest_step=lambda: None)  # No persistent.
+  step, restored, tier = recovery.restore(options, empty, local, state, 100)
+  assert (step, tier) == (20, 'local')
+  _assert_same_bits(restored, state)
+  assert local.steps() == [20]
 
 
 @pytest.mark.parametrize('local_steps, persistent, expected', [

@@ -1,6 +1,6 @@
-"""The fault soak's smoke (tests/benchmarks/soak.py): three of its trials,
-the hardest kinds, each must recover exactly. The full soak is a benchmark
-(BUILD_NOTES.md has its runs), not a test."""
+"""The fault soak's smoke (tests/benchmarks/soak.py): four of its trials,
+the kinds that failed before, each must recover exactly. The full soak is
+a benchmark (BUILD_NOTES.md has its runs), not a test."""
 
 import pytest
 
@@ -18,10 +18,13 @@ pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
     # it never returned, and the job waited for JAX's abort (134, 47 s).
     soak.Trial(1, 'sigstop', 'fixed', target=0, at_step=20),
     soak.Trial(2, 'preempt_pod', 'fixed', target=-1, at_step=15),
+    # Process 1 killed at step 28, its copy of step 25 then truncated or
+    # removed: the next attempt ended with exit 1 (BadZipFile).
+    soak.Trial(3, 'damaged_local', 'fixed', target=1, at_step=28),
 ], ids=lambda t: f'{t.fault}-{t.mode}')
 def test_a_trial_recovers_exactly(trial, tmp_path):
-  """About 15 s each, 35 s for the stopped process 0 (--heartbeat_timeout
-  is 15 s): a census job on a local pod, its fault, its recovery (two
+  """About 15-20 s each, 35 s for the stopped process 0
+  (--heartbeat_timeout is 15 s): a census job on a local pod, its fault, its recovery (two
   attempts or three), then the census and what was left."""
   row = soak.run_trial(trial, tmp_path)
   assert row['success'], {k: v for k, v in row.items()}

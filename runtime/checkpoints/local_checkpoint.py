@@ -47,6 +47,7 @@ import shutil
 import tempfile
 import threading
 import uuid
+import zipfile
 from typing import Any, Optional
 
 from absl import logging
@@ -66,6 +67,9 @@ _ATTEMPT_FILE = '.attempt'
 _STEP_PREFIX = 'step_'
 _TMP_PREFIX = '.tmp_step_'
 _JOB_ID_KEY = 'podrun/local_tier_id'
+# What reading a damaged copy raises: a truncated or garbled zip, a file
+# gone, an array missing, a checksum that does not match.
+UNREADABLE = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
 
 
 def default_root() -> str:
@@ -248,11 +252,37 @@ class LocalCheckpoints:
     with open(os.path.join(self._held_dir(step), 'meta.json')) as f:
       return json.load(f)
 
+  def unreadable(self, step: int, like: Any) -> Optional[str]:
+    """Why the copy of `step` cannot be restored (its meta.json does not
+    parse, its state.npz is gone, is no zip or lacks an array of `like`),
+    or None. Reads the zip's directory, not the arrays: a truncated or
+    removed file is caught here; a garbled array only by `load`."""
+    directory = self._held_dir(step)
+    try:
+      self.meta(step)
+      with zipfile.ZipFile(os.path.join(directory, 'state.npz')) as saved:
+        names = {n.removesuffix('.npy') for n in saved.namelist()}
+    except UNREADABLE as e:
+      return f'{type(e).__name__}: {e}'
+    paths, _ = jax.tree_util.tree_flatten_with_path(like)
+    missing = [jax.tree_util.keystr(p) for p, _ in paths
+               if jax.tree_util.keystr(p) not in names]
+    return f'no array {missing[0]} (and {len(missing) - 1} more)' if (
+        missing) else None
+
+  def set_aside(self, step: int, why: str) -> None:
+    """Removes a copy of `step` that cannot be read, saying so."""
+    directory = self._held_dir(step)
+    logging.warning('the local copy %s cannot be read (%s): removed; the '
+                    'restore goes on from another copy', directory, why)
+    shutil.rmtree(directory, ignore_errors=True)
+
   def load(self, step: int, like: Any) -> Any:
     """The copy of `step` as host arrays in the tree of `like`.
 
     Raises:
-      KeyError: when the copy lacks an array of `like`.
+      one of UNREADABLE: when the copy is damaged or lacks an array of
+        `like`.
     """
     with np.load(os.path.join(self._held_dir(step), 'state.npz')) as saved:
       arrays = {k: saved[k] for k in saved.files}

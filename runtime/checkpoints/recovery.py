@@ -25,6 +25,7 @@ Example:
 """
 
 import dataclasses
+import itertools
 import json
 import os
 from typing import Any, Optional
@@ -102,6 +103,17 @@ def _exchange(local_steps: list[int], persistent_step: Optional[int]
           everyone[0]['persistent'])
 
 
+def _who_failed(failed: bool, attempt: int) -> list[int]:
+  """The processes whose read of their local copy failed, on every
+  process."""
+  client = coordination.current()
+  if client is None or client.process_count == 1:
+    return [jax.process_index()] if failed else []
+  published = client.exchange(f'{_KEY}/failed/{attempt}', '1' if failed
+                              else '0')
+  return sorted(i for i, text in published.items() if text == '1')
+
+
 def to_words(state: Any) -> np.ndarray:
   """The bytes of every array of `state`, in tree order, as uint32 words
   (zero-padded to a whole word)."""
@@ -148,12 +160,17 @@ def check_local(local: local_checkpoint.LocalCheckpoints,
                 ) -> list[int]:
   """The steps this process can restore from its own disk (whatever index
   wrote them), after checking the newest against this run's `trajectory`
-  (checkpoint_meta.trajectory_config) and data.
+  (checkpoint_meta.trajectory_config) and data. A copy that cannot be read
+  (a file truncated or removed) is removed and not offered.
 
   Raises:
     CheckpointError: when the newest copy was made by a different run or on
       other data, naming the difference.
   """
+  for step in list(local.held()):
+    why = local.unreadable(step, like)
+    if why is not None:
+      local.set_aside(step, why)
   held = local.held()
   steps = list(held)
   if steps:
@@ -211,20 +228,43 @@ def _restore_newest(trajectory: dict[str, Any],
                  if local else [])
   persistent_step = persistent.latest_step() if persistent else None
   everyone, persistent_step = _exchange(local_steps, persistent_step)
-  decided = plan(everyone, persistent_step)
   me = jax.process_index()
-  if decided.tier == 'fresh':
-    return 0, state, 'fresh'
-  if decided.tier == 'persistent':
-    # The step process 0 saw, not each process's own latest_step(): on a
-    # bucket a process may list a newer or older step than the others.
-    where = os.path.join(persistent.path, str(decided.step))
-    checkpoint_meta.check(persistent.meta(decided.step), trajectory, state,
-                          num_examples, decided.step, where)
-    restored = persistent.load(decided.step, state)
-    logging.info('restored %s (step %d)', where, decided.step)
-    return decided.step, restored, 'persistent'
-  mine = local.load(decided.step, state) if me in decided.holders else state
+  for attempt in itertools.count():
+    decided = plan(everyone, persistent_step)
+    if decided.tier == 'fresh':
+      return 0, state, 'fresh'
+    # Said before the read, which may take minutes from a bucket.
+    logging.info('restoring step %d from %s', decided.step, {
+        'persistent': 'the persistent tier',
+        'local': 'each process\'s local copy',
+        'peer': f'process {decided.source}\'s local copy'}[decided.tier])
+    if decided.tier == 'persistent':
+      # The step process 0 saw, not each process's own latest_step(): on a
+      # bucket a process may list a newer or older step than the others.
+      where = os.path.join(persistent.path, str(decided.step))
+      checkpoint_meta.check(persistent.meta(decided.step), trajectory, state,
+                            num_examples, decided.step, where)
+      restored = persistent.load(decided.step, state)
+      logging.info('restored %s (step %d)', where, decided.step)
+      return decided.step, restored, 'persistent'
+    # A peer restore reads one copy; the others would be overwritten.
+    readers = (decided.holders if decided.tier == 'local'
+               else (decided.source,))
+    mine, failed = state, False
+    if me in readers:
+      try:
+        mine = local.load(decided.step, state)
+      except local_checkpoint.UNREADABLE as e:
+        # Garbled inside (check_local reads only the zip's directory).
+        local.set_aside(decided.step, f'{type(e).__name__}: {e}')
+        failed = True
+    unread = _who_failed(failed, attempt)
+    if not unread:
+      break
+    # Plan again without the copies that failed: another holder, an older
+    # step or the persistent tier.
+    for process in unread:
+      everyone[process] = [s for s in everyone[process] if s != decided.step]
   if decided.tier == 'peer':
     mine = broadcast(mine, is_source=me == decided.source)
   tier = 'local' if me in decided.holders else 'peer'

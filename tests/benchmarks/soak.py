@@ -5,9 +5,20 @@ count every example and step trained) on a local pod, with one fault drawn
 at random, at a random step, on a random process (process 0 included):
 
 - sigkill_step: a process SIGKILLed while the job steps;
-- sigkill_start: a process of the next attempt SIGKILLed 0-3 s after that
-  attempt starts (its start-up, restore or first compile), after a first
-  SIGKILL at a random step: two losses in one recovery;
+- sigkill_save: a process SIGKILLed while a persistent save is written
+  (its temporary directory under checkpoints/ is there);
+- sigkill_local_save: a process SIGKILLed while its own local-tier copy is
+  written (its `.tmp_step_` directory is there);
+- sigkill_start: after a first SIGKILL at a random step, a process of the
+  next attempt SIGKILLed 0-3 s after that attempt starts (its start-up,
+  restore or first compile): two losses in one recovery;
+- sigkill_restore: the same, the second SIGKILL when the next attempt says
+  it is restoring;
+- sigkill_compile: the same, the second SIGKILL when the next attempt says
+  it has restored (its first compile follows);
+- damaged_local: a process SIGKILLed, then the newest copy in its local
+  tier damaged before the next attempt reads it (state.npz truncated to
+  half, or removed);
 - sigstop: a process stopped (SIGSTOP) and left stopped: the others must
   name it lost and the job go on without it;
 - preempt_one: SIGTERM to one process (a preemption notice): every process
@@ -15,17 +26,26 @@ at random, at a random step, on a random process (process 0 included):
 - preempt_pod: SIGTERM to the launcher (the pod's notice), then the same
   command again, as a scheduler would rerun it.
 
+The state carries 8 MiB of ballast, so that a save and a restore last long
+enough to be hit. Each block of as many trials as there are classes holds
+every class once, in a random order, so that a run of N trials holds each
+class N / classes times.
+
 Each fault under a fixed-size job (2 processes x 4 devices, --max_restarts=3)
 or an elastic one (4 x 2, --min_processes=3, --regrow_after=3).
 
 A trial succeeds when the job (after its rerun, for preempt_pod) ends 0,
 its census equals what the data order says of every step once, every
-attempt the launcher counted has a ledger, and no process of the job is
-left. One JSON line per trial goes to OUT/trials.jsonl; a table per class
-and mode to OUT/table.md and the console.
+attempt the launcher counted has a ledger, and nothing of the job is left:
+no process, no file under the trial's local tier root, nothing in the
+temporary directory its processes were given (TMPDIR). One JSON line per
+trial goes to OUT/trials.jsonl; a table per class and mode to OUT/table.md
+and the console, and the time to the first step per class to
+OUT/first_step.png (with matplotlib).
 
   python tests/benchmarks/soak.py --trials=50 --seed=1 --out=/tmp/soak1
       [--classes=sigkill_step,sigstop] [--modes=fixed,elastic]
+  python tests/benchmarks/soak.py --tables /tmp/soak1 /tmp/soak2 --out=/tmp/all
 """
 
 import argparse
@@ -50,15 +70,19 @@ sys.path.insert(0, str(REPO))
 
 from tests import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-CLASSES = ('sigkill_step', 'sigkill_start', 'sigstop', 'preempt_one',
-           'preempt_pod')
+CLASSES = ('sigkill_step', 'sigkill_save', 'sigkill_local_save',
+           'sigkill_start', 'sigkill_restore', 'sigkill_compile',
+           'damaged_local', 'sigstop', 'preempt_one', 'preempt_pod')
+# The classes whose second SIGKILL hits the next attempt.
+_TWICE = ('sigkill_start', 'sigkill_restore', 'sigkill_compile')
 MODES = ('fixed', 'elastic')
 STEPS, BATCH, EXAMPLES = 60, 48, 480
 JOB = [f'--config={helpers.PROBE_CONFIG}', f'--config.steps={STEPS}',
        f'--config.global_batch_size={BATCH}',
        f'--config.data.num_examples={EXAMPLES}', '--config.census=True',
        '--config.log_every=1', '--config.step_seconds=0.05',
-       '--config.checkpoint_every=20', '--config.local_checkpoint_every=5']
+       '--config.checkpoint_every=20', '--config.local_checkpoint_every=5',
+       '--config.ballast_floats=2097152']
 POD = {'fixed': ['--local_processes=2', '--local_devices=4'],
        'elastic': ['--local_processes=4', '--local_devices=2',
                    '--min_processes=3', '--regrow_after=3']}
@@ -80,12 +104,21 @@ class Trial:
   start_delay_s: float = 0.0
 
 
-def draw(rng: random.Random, index: int, classes, modes) -> Trial:
-  fault, mode = rng.choice(classes), rng.choice(modes)
-  processes = 2 if mode == 'fixed' else 4
-  return Trial(index, fault, mode,
-               -1 if fault == 'preempt_pod' else rng.randrange(processes),
-               rng.randint(5, STEPS - 15), round(rng.uniform(0.0, 3.0), 2))
+def draw(rng: random.Random, count: int, classes, modes) -> list[Trial]:
+  """`count` trials: every class once per block of len(classes), in a
+  random order; the mode, target, step and delay drawn for each."""
+  trials = []
+  while len(trials) < count:
+    block = list(classes)
+    rng.shuffle(block)
+    for fault in block[:count - len(trials)]:
+      mode = rng.choice(modes)
+      processes = 2 if mode == 'fixed' else 4
+      trials.append(Trial(
+          len(trials), fault, mode,
+          -1 if fault == 'preempt_pod' else rng.randrange(processes),
+          rng.randint(5, STEPS - 15), round(rng.uniform(0.0, 3.0), 2)))
+  return trials
 
 
 class Watch:
@@ -140,10 +173,13 @@ def _signal_rank(workdir: pathlib.Path, rank: int, signum: int) -> bool:
     return False
 
 
-def _start(args: list[str], workdir: pathlib.Path) -> subprocess.Popen:
+def _start(args: list[str], workdir: pathlib.Path, local_root: pathlib.Path,
+           tmp: pathlib.Path) -> subprocess.Popen:
+  env = helpers.launcher_env(PODRUN_LOCAL_CHECKPOINT_DIR=str(local_root),
+                             TMPDIR=str(tmp))
   return subprocess.Popen(
       [sys.executable, '-m', 'launcher', *args, f'--workdir={workdir}'],
-      cwd=REPO, env=helpers.launcher_env(), stdin=subprocess.DEVNULL,
+      cwd=REPO, env=env, stdin=subprocess.DEVNULL,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       start_new_session=True)
 
@@ -158,31 +194,128 @@ def _finish(proc: subprocess.Popen, watch: Watch, timeout: float) -> int:
   return proc.returncode
 
 
+def _kill_when(there, workdir: pathlib.Path, target: int, timeout: float
+               ) -> bool:
+  """SIGKILLs process `target` as soon as `there()` holds (polled every
+  millisecond); at `timeout` without it, SIGKILLs it anyway. Returns
+  whether `there()` still held just after the kill: the kill landed
+  inside what it waited for."""
+  deadline = time.time() + timeout
+  while time.time() < deadline and not there():
+    time.sleep(0.001)
+  _signal_rank(workdir, target, signal.SIGKILL)
+  return there()
+
+
+def _damage_newest(local_root: pathlib.Path, target: int,
+                   rng: random.Random) -> str:
+  """Truncates to half, or removes, state.npz of the newest copy in process
+  `target`'s local tier; says what it did."""
+  copies = sorted(local_root.glob(f'*/rank_{target}/step_*/state.npz'),
+                  key=lambda p: int(p.parent.name.split('_')[1]))
+  if not copies:
+    return 'no local copy to damage'
+  newest = copies[-1]
+  if rng.random() < 0.5:
+    newest.unlink()
+    return f'removed {newest.relative_to(local_root)}'
+  with open(newest, 'r+b') as f:
+    f.truncate(newest.stat().st_size // 2)
+  return f'truncated {newest.relative_to(local_root)} to half'
+
+
 def _inject(trial: Trial, proc, watch: Watch, workdir: pathlib.Path,
-            started: float) -> Optional[float]:
-  """Waits for the trial's step and does its fault; returns when."""
+            local_root: pathlib.Path, started: float
+            ) -> tuple[Optional[float], str]:
+  """Waits for the trial's step and does its fault; returns when, and
+  where it landed."""
   at = watch.wait_for(_STEP, started, 240,
                       lambda m: int(m.group(2)) >= trial.at_step)
   if at is None:
-    return None
+    return None, 'never reached its step'
   fault_at = time.time()
-  if trial.fault == 'preempt_pod':
+  landed = 'step'
+  fault = trial.fault
+  if fault == 'preempt_pod':
     os.killpg(proc.pid, 0)  # Still there.
     proc.send_signal(signal.SIGTERM)
-  elif trial.fault == 'preempt_one':
+  elif fault == 'preempt_one':
     _signal_rank(workdir, trial.target, signal.SIGTERM)
-  elif trial.fault == 'sigstop':
+  elif fault == 'sigstop':
     _signal_rank(workdir, trial.target, signal.SIGSTOP)
+  elif fault == 'sigkill_save':
+    saving = lambda: any((workdir / 'checkpoints').glob(
+        '*.orbax-checkpoint-tmp*'))
+    inside = _kill_when(saving, workdir, trial.target, 30)
+    fault_at, landed = time.time(), ('persistent save' if inside
+                                     else 'step (no save seen)')
+  elif fault == 'sigkill_local_save':
+    saving = lambda: any(local_root.glob(
+        f'*/rank_{trial.target}/.tmp_step_*'))
+    inside = _kill_when(saving, workdir, trial.target, 30)
+    fault_at, landed = time.time(), ('local save' if inside
+                                     else 'step (no save seen)')
+  elif fault == 'damaged_local':
+    _signal_rank(workdir, trial.target, signal.SIGKILL)
+    landed = _damage_newest(local_root, trial.target,
+                            random.Random(trial.index))
   else:
     _signal_rank(workdir, trial.target, signal.SIGKILL)
+  if fault in _TWICE:
+    landed = _kill_next_attempt(trial, watch, workdir, fault_at)
+  return fault_at, landed
+
+
+def _log_sizes(workdir: pathlib.Path) -> dict[str, int]:
+  """The size of each process's log now: what follows is a later
+  attempt's (the logs are appended to, attempt after attempt)."""
+  return {p.name: p.stat().st_size for p in (workdir / 'logs').glob(
+      'rank_*.log')}
+
+
+def _said_since(workdir: pathlib.Path, rank: int, sizes: dict[str, int]
+                ) -> str:
+  """What process `rank`'s log says past `sizes`."""
+  path = workdir / 'logs' / f'rank_{rank}.log'
+  try:
+    with open(path, errors='replace') as f:
+      f.seek(sizes.get(path.name, 0))
+      return f.read()
+  except OSError:
+    return ''
+
+
+def _kill_next_attempt(trial: Trial, watch: Watch, workdir: pathlib.Path,
+                       fault_at: float) -> str:
+  """The second loss: a process of the attempt after `fault_at` SIGKILLed
+  during its start (after the trial's delay), its restore or its first
+  compile; says which phase its log had reached. (The console carries
+  process 0's lines only, so the process's own log is read.)"""
+  sizes = _log_sizes(workdir)
+  restarted = watch.wait_for(_STARTED, fault_at, 120)
+  if restarted is None:
+    return 'no next attempt'
+  processes = len(helpers.rank_pids(workdir))
+  target = trial.target % processes
   if trial.fault == 'sigkill_start':
-    # The next attempt: kill one of its processes during its start.
-    restarted = watch.wait_for(_STARTED, fault_at, 120)
-    if restarted is not None:
-      time.sleep(trial.start_delay_s)
-      processes = len(helpers.rank_pids(workdir))
-      _signal_rank(workdir, trial.target % processes, signal.SIGKILL)
-  return fault_at
+    time.sleep(trial.start_delay_s)
+  else:
+    needle = ('] restoring step' if trial.fault == 'sigkill_restore'
+              else '] restored ')
+    if not helpers.wait_for(
+        lambda: needle in _said_since(workdir, target, sizes), 120,
+        interval=0.002):
+      return f'process {target} of the next attempt never said {needle!r}'
+  _signal_rank(workdir, target, signal.SIGKILL)
+  said = _said_since(workdir, target, sizes)
+  # Only process 0 logs steps; every process steps together.
+  if re.search(r'\] step \d+/', _said_since(workdir, 0, sizes)):
+    return 'step'
+  if '] restored ' in said:
+    return 'first compile'
+  if '] restoring step' in said:
+    return 'restore'
+  return 'start-up'
 
 
 def _census_exact(workdir: pathlib.Path) -> Optional[str]:
@@ -216,20 +349,30 @@ def _first_step_after(workdir: pathlib.Path, when: float) -> Optional[float]:
   return min(firsts, default=None)
 
 
+def _files_under(root: pathlib.Path) -> list[str]:
+  return sorted(str(p.relative_to(root)) for p in root.rglob('*')
+                if not p.is_dir())
+
+
 def run_trial(trial: Trial, root: pathlib.Path) -> dict:
+  """Runs one trial in `root`; its JSON line."""
   workdir = root / f'trial-{trial.index:03d}'
+  local_root = root / f'trial-{trial.index:03d}-local'
+  tmp = root / f'trial-{trial.index:03d}-tmp'
+  tmp.mkdir(parents=True)
   args = [*JOB, *POD[trial.mode], *RESTARTS]
   started = time.time()
-  proc = _start(args, workdir)
+  proc = _start(args, workdir, local_root, tmp)
   watch = Watch(proc)
   try:
-    fault_at = _inject(trial, proc, watch, workdir, started)
+    fault_at, landed = _inject(trial, proc, watch, workdir, local_root,
+                               started)
     code = _finish(proc, watch, 600)
     watch_lines = list(watch.lines)
     output = watch.text()
     if trial.fault == 'preempt_pod' and code == 75:
       # The scheduler reruns the command; the job resumes.
-      proc = _start(args, workdir)
+      proc = _start(args, workdir, local_root, tmp)
       watch = Watch(proc)
       code = _finish(proc, watch, 600)
       output += '\n' + watch.text()
@@ -240,6 +383,8 @@ def run_trial(trial: Trial, root: pathlib.Path) -> dict:
   if (workdir / 'logs' / 'job.json').exists():
     helpers.wait_for(lambda: not helpers.job_processes(workdir), 10)
     left = helpers.job_processes(workdir)
+  files_left = ([f'local/{f}' for f in _files_under(local_root)] +
+                [f'tmp/{f}' for f in _files_under(tmp)])
   census_says = _census_exact(workdir) if code == 0 else 'not run to its end'
   exact = census_says is None
   attempts = helpers.read_jsonl(workdir / 'logs' / 'attempts.jsonl') if (
@@ -255,39 +400,87 @@ def run_trial(trial: Trial, root: pathlib.Path) -> dict:
   said = None if fault_at is None else next(
       (at - fault_at for at, line in sorted(watch_lines)
        if at >= fault_at and line.startswith('[launcher]')), None)
-  success = (fault_at is not None and exact and not left and not unledgered)
+  success = (fault_at is not None and exact and not left and not unledgered
+             and not files_left)
   return {**dataclasses.asdict(trial), 'success': success,
-          'injected': fault_at is not None, 'exit_code': code,
+          'injected': fault_at is not None, 'landed_in': landed,
+          'exit_code': code,
           'census_exact': exact, 'census': census_says,
           'attempts': len(attempts),
           'attempts_without_ledger': unledgered,
           'to_detection_s': None if said is None else round(said, 2),
           'to_first_step_s': None if first is None else round(first, 2),
           'recomputed_steps': recomputed, 'left_behind': left,
+          'files_left': files_left[:20],
           'wall_s': round(time.time() - started, 1),
           'last_lines': [] if success else output.splitlines()[-25:]}
 
 
 def table(rows: list[dict]) -> str:
-  """Per class and mode: trials, successes, time to the first step after
-  the fault (median, worst) and the worst steps recomputed."""
+  """Per class: trials (fixed, elastic), successes, where the faults
+  landed, time to the first step after the fault (median, worst) and the
+  worst steps recomputed."""
   groups = collections.defaultdict(list)
   for row in rows:
-    groups[(row['fault'], row['mode'])].append(row)
-  out = ['| fault | mode | trials | recovered | first step after the fault, '
-         'median (worst) s | worst steps recomputed |',
+    groups[row['fault']].append(row)
+  out = ['| fault | trials (fixed, elastic) | recovered | landed in | '
+         'first step after the fault, median (worst) s | worst steps '
+         'recomputed |',
          '| --- | --- | --- | --- | --- | --- |']
-  for (fault, mode), group in sorted(groups.items()):
+  for fault in sorted(groups, key=lambda f: (CLASSES + (f,)).index(f)):
+    group = groups[fault]
     times = [r['to_first_step_s'] for r in group
              if r['to_first_step_s'] is not None]
     timing = (f'{statistics.median(times):.1f} ({max(times):.1f})'
               if times else '-')
-    out.append(f'| {fault} | {mode} | {len(group)} | '
-               f'{sum(r["success"] for r in group)} | {timing} | '
-               f'{max(r["recomputed_steps"] for r in group)} |')
+    modes = collections.Counter(r['mode'] for r in group)
+    landed = collections.Counter(
+        re.sub(r' .*/.*', '', r.get('landed_in', 'step')) for r in group)
+    out.append(
+        f'| {fault} | {len(group)} ({modes["fixed"]}, {modes["elastic"]}) | '
+        f'{sum(r["success"] for r in group)} | '
+        f'{", ".join(f"{k} {v}" for k, v in landed.most_common())} | '
+        f'{timing} | {max(r["recomputed_steps"] for r in group)} |')
   total = sum(r['success'] for r in rows)
-  out.append(f'\n{total} of {len(rows)} trials recovered exactly.')
+  out.append(f'\n{total} of {len(rows)} trials recovered exactly '
+             f'({100 * total / max(1, len(rows)):.1f} %).')
   return '\n'.join(out)
+
+
+def plot(rows: list[dict], path: pathlib.Path) -> bool:
+  """Time to the first step after the fault, one dot per trial, a row per
+  class, to `path` (PNG); False without matplotlib."""
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use('Agg')
+    from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  faults = [f for f in CLASSES if any(r['fault'] == f for r in rows)]
+  figure, axes = pyplot.subplots(figsize=(8, 0.45 * len(faults) + 1.2))
+  for y, fault in enumerate(faults):
+    for mode, marker in (('fixed', 'o'), ('elastic', 's')):
+      times = [r['to_first_step_s'] for r in rows if r['fault'] == fault
+               and r['mode'] == mode and r['to_first_step_s'] is not None]
+      offset = -0.12 if mode == 'fixed' else 0.12
+      axes.scatter(times, [y + offset] * len(times), marker=marker, s=14,
+                   alpha=0.6, label=mode if y == 0 else None)
+  axes.set_yticks(range(len(faults)), faults)
+  axes.invert_yaxis()
+  axes.set_xlabel('seconds from the fault to the first step after it')
+  axes.legend(loc='lower right')
+  axes.grid(axis='x', alpha=0.3)
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+  return True
+
+
+def _write_results(rows: list[dict], out: pathlib.Path, heading: str) -> str:
+  text = table(rows)
+  (out / 'table.md').write_text(f'{heading}\n\n{text}\n')
+  if plot(rows, out / 'first_step.png'):
+    text += f'\n(plot: {out / "first_step.png"})'
+  return text
 
 
 def main(argv=None) -> int:
@@ -297,28 +490,33 @@ def main(argv=None) -> int:
   parser.add_argument('--out', default='')
   parser.add_argument('--classes', default=','.join(CLASSES))
   parser.add_argument('--modes', default=','.join(MODES))
+  parser.add_argument('--tables', nargs='*', default=None,
+                      help='runs\' --out directories: their trials in one '
+                      'table and plot, nothing run')
   args = parser.parse_args(argv)
   signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
   out = pathlib.Path(args.out or tempfile.mkdtemp(prefix='soak-'))
   out.mkdir(parents=True, exist_ok=True)
-  rng = random.Random(args.seed)
+  if args.tables is not None:
+    rows = [json.loads(line) for run in args.tables
+            for line in (pathlib.Path(run) / 'trials.jsonl').open()]
+    print(_write_results(rows, out, f'{len(rows)} trials of '
+                         f'{", ".join(args.tables)}'))
+    return 0
+  trials = draw(random.Random(args.seed), args.trials,
+                args.classes.split(','), args.modes.split(','))
   rows = []
   with tempfile.TemporaryDirectory(prefix='soak-jobs-') as jobs:
-    for index in range(args.trials):
-      trial = draw(rng, index, args.classes.split(','),
-                   args.modes.split(','))
+    for trial in trials:
       row = run_trial(trial, pathlib.Path(jobs))
       rows.append(row)
       with open(out / 'trials.jsonl', 'a') as f:
         f.write(json.dumps(row) + '\n')
-      print(f'trial {index}: {trial.fault} {trial.mode} process '
-            f'{trial.target} at step {trial.at_step}: '
+      print(f'trial {trial.index}: {trial.fault} {trial.mode} process '
+            f'{trial.target} at step {trial.at_step}, {row["landed_in"]}: '
             f'{"recovered" if row["success"] else "FAILED"} (exit '
             f'{row["exit_code"]}, {row["wall_s"]} s)', flush=True)
-  text = table(rows)
-  (out / 'table.md').write_text(
-      f'seed {args.seed}, {args.trials} trials\n\n{text}\n')
-  print(text)
+  print(_write_results(rows, out, f'seed {args.seed}, {args.trials} trials'))
   return 0 if all(r['success'] for r in rows) else 1
 
 
