@@ -153,16 +153,22 @@ def test_a_copy_from_another_config_is_refused_naming_the_field(tmp_path):
     recovery.check_local(local, _trajectory(config), state, 99)
 
 
-@pytest.mark.parametrize('damage', ['truncated', 'removed', 'meta'])
-def test_a_damaged_copy_is_removed_and_not_offered(damage, tmp_path):
-  """Found by the soak: a truncated state.npz ended the next attempt with
-  exit 1 (BadZipFile) instead of restoring from another copy."""
+def _copies_of_20_and_40(tmp_path):
+  """(config, state, local tier) with copies of steps 20 and 40."""
   config = linear_regression_config.get_config()
   state = _state()
   local = local_checkpoint.LocalCheckpoints(str(tmp_path), every=20)
   for step in (20, 40):
     local.save(step, state, _meta(config, state, step))
   local.wait()
+  return config, state, local
+
+
+@pytest.mark.parametrize('damage', ['truncated', 'removed', 'meta'])
+def test_a_damaged_copy_is_removed_and_not_offered(damage, tmp_path):
+  """Found by the soak: a truncated state.npz ended the next attempt with
+  exit 1 (BadZipFile) instead of restoring from another copy."""
+  config, state, local = _copies_of_20_and_40(tmp_path)
   npz = tmp_path / 'step_40' / 'state.npz'
   if damage == 'truncated':
     with open(npz, 'r+b') as f:
@@ -179,12 +185,7 @@ def test_a_damaged_copy_is_removed_and_not_offered(damage, tmp_path):
 def test_a_copy_garbled_inside_falls_back_to_the_one_before(tmp_path):
   """A copy whose zip directory reads but whose array does not (its
   checksum) is set aside during the restore, which plans again."""
-  config = linear_regression_config.get_config()
-  state = _state()
-  local = local_checkpoint.LocalCheckpoints(str(tmp_path), every=20)
-  for step in (20, 40):
-    local.save(step, state, _meta(config, state, step))
-  local.wait()
+  config, state, local = _copies_of_20_and_40(tmp_path)
   npz = tmp_path / 'step_40' / 'state.npz'
   raw = bytearray(npz.read_bytes())
   at = raw.index(b'\x00\x00\xc0\x3f')  # w[0] = 1.5, little-endian
