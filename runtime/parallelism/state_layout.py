@@ -1,0 +1,216 @@
+"""Where the state's leaves would live when split over a replica's devices.
+
+The first step of sharded state (issue 59): the mesh of replicas and
+shards, the rule that picks the dimension each leaf is split along, and what
+that leaves on one device. Nothing here runs a step yet; the step, the
+checkpoints and the config's choice come next.
+
+- `mesh(replica)`: a 2-D mesh, axes (`REPLICA_AXIS`, `SHARD_AXIS`). A
+  replica is one process ('process': CPU and GPU hosts), one slice ('slice':
+  TPU multislice) or every device ('all': plain FSDP). Flattened row-major,
+  its devices are in `mapping.global_mesh()`'s order, so every device still
+  trains on the rows of the global batch it trains on today.
+- `shard_dim(shape, shards)`: the largest dimension that `shards` divides
+  (the first of equals), None when none does: that leaf stays whole.
+- `specs(tree, shards, overrides)`: a PartitionSpec per leaf; a user's
+  override names a leaf by its path ('params/dense/kernel', shell-style
+  patterns allowed) and gives its dimension, or None for whole.
+- `footprint(tree, specs, shards)`: the bytes one device holds, split and
+  whole, and the leaves that do not divide.
+
+Example:
+  >>> layout = state_layout.specs(state, shards=8)
+  >>> print(state_layout.footprint(state, layout, shards=8).describe())
+  state per device 12.4 MiB: 12.0 MiB of it split 8 ways, 0.4 MiB whole
+  (3 leaves that 8 does not divide: ...); 96.0 MiB whole on every device
+"""
+
+import dataclasses
+import fnmatch
+from typing import Any, Mapping, Optional
+
+import jax
+from jax.sharding import Mesh, PartitionSpec
+import numpy as np
+
+from runtime.common import exit_codes
+
+REPLICA_AXIS = 'replicas'
+SHARD_AXIS = 'shards'
+REPLICAS = ('process', 'slice', 'all')
+
+
+def mesh(replica: str) -> Mesh:
+  """The (replicas, shards) mesh of every device of the job.
+
+  Raises:
+    ConfigError: as `replica_groups`.
+  """
+  return Mesh(np.array(replica_groups(replica, jax.devices()), dtype=object),
+              (REPLICA_AXIS, SHARD_AXIS))
+
+
+def replica_groups(replica: str, devices: list) -> list[list]:
+  """`devices` as replicas: [[devices of replica 0], ...], each in the
+  batch's order (process index, then id).
+
+  Args:
+    replica: 'process', 'slice' or 'all' (see the module docstring).
+    devices: jax devices; their process_index (and slice_index, for
+      'slice') say where each replica ends.
+
+  Raises:
+    ConfigError: an unknown `replica`, 'slice' without slices, or replicas
+      of unequal sizes, naming the sizes.
+  """
+  devices = sorted(devices, key=lambda d: (d.process_index, d.id))
+  if replica == 'all':
+    groups = [devices]
+  elif replica in ('process', 'slice'):
+    if replica == 'slice' and any(
+        getattr(d, 'slice_index', None) is None for d in devices):
+      raise exit_codes.ConfigError(
+          "config.replica='slice': these devices carry no slice_index (not "
+          "a TPU multislice job); use 'process' or 'all'")
+    key = ((lambda d: d.process_index) if replica == 'process'
+           else (lambda d: d.slice_index))
+    owners = sorted({key(d) for d in devices})
+    groups = [[d for d in devices if key(d) == o] for o in owners]
+    # Each replica's devices must be contiguous in the batch's order.
+    if [d for g in groups for d in g] != devices:
+      raise exit_codes.ConfigError(
+          f'config.replica={replica!r}: the {replica}s do not hold '
+          'contiguous processes, so a replica would train on rows that are '
+          "not its own; use 'process' or 'all'")
+  else:
+    raise exit_codes.ConfigError(
+        f'config.replica={replica!r}; choose one of '
+        f'{", ".join(repr(r) for r in REPLICAS)}')
+  sizes = sorted({len(g) for g in groups})
+  if len(sizes) > 1:
+    raise exit_codes.ConfigError(
+        f'config.replica={replica!r}: the replicas would hold '
+        f'{", ".join(str(len(g)) for g in groups)} devices; sharded state '
+        'needs replicas of one size')
+  return groups
+
+
+def shard_dim(shape: tuple[int, ...], shards: int) -> Optional[int]:
+  """The dimension of `shape` to split `shards` ways: the largest that
+  `shards` divides, the first of equals; None when none does."""
+  if shards == 1:
+    return None
+  divisible = [(size, -axis) for axis, size in enumerate(shape)
+               if size >= shards and size % shards == 0]
+  return -max(divisible)[1] if divisible else None
+
+
+def _path(key_path) -> str:
+  """'params/dense/kernel' for the tree path of a leaf."""
+  parts = []
+  for key in key_path:
+    for attribute in ('key', 'name', 'idx'):
+      if hasattr(key, attribute):
+        parts.append(str(getattr(key, attribute)))
+        break
+    else:
+      parts.append(str(key))
+  return '/'.join(parts)
+
+
+def _spec(dim: Optional[int]) -> PartitionSpec:
+  return (PartitionSpec() if dim is None else
+          PartitionSpec(*([None] * dim), SHARD_AXIS))
+
+
+def specs(tree: Any, shards: int,
+          overrides: Optional[Mapping[str, Optional[int]]] = None) -> Any:
+  """A PartitionSpec per leaf of `tree` (arrays, or anything with .shape).
+
+  Args:
+    tree: the state, or its shapes (jax.ShapeDtypeStruct).
+    shards: devices per replica.
+    overrides: {path pattern: dimension, or None for whole}; the first
+      pattern that matches a leaf's path wins over the rule.
+
+  Raises:
+    ConfigError: an override's dimension that the leaf lacks or that
+      `shards` does not divide, naming the leaf, its shape and `shards`.
+  """
+  overrides = dict(overrides or {})
+
+  def one(key_path, leaf):
+    shape = tuple(np.shape(leaf))
+    path = _path(key_path)
+    for pattern, dim in overrides.items():
+      if fnmatch.fnmatchcase(path, pattern):
+        if dim is not None and (dim >= len(shape) or shape[dim] % shards):
+          raise exit_codes.ConfigError(
+              f'state layout override {pattern!r}: {path} has shape '
+              f'{shape}, whose dimension {dim} '
+              + ('does not exist' if dim >= len(shape) else
+                 f'({shape[dim]}) {shards} shards do not divide')
+              + '; give another dimension, or None to keep it whole')
+        return _spec(dim)
+    return _spec(shard_dim(shape, shards))
+  return jax.tree_util.tree_map_with_path(one, tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+  """The state's bytes on one device.
+
+  Attributes:
+    shards: devices per replica.
+    split_bytes: of the split leaves, one device's part.
+    whole_bytes: the leaves kept whole, each all on every device.
+    replicated_bytes: the whole state, as today's layout keeps it on every
+      device.
+    undivided: (path, shape) of the leaves kept whole that hold elements
+      (scalars left out), biggest first.
+  """
+  shards: int
+  split_bytes: int
+  whole_bytes: int
+  replicated_bytes: int
+  undivided: tuple[tuple[str, tuple[int, ...]], ...]
+
+  @property
+  def per_device_bytes(self) -> int:
+    return self.split_bytes + self.whole_bytes
+
+  def describe(self) -> str:
+    """One line for the console."""
+    mib = lambda n: f'{n / 2**20:.1f} MiB'
+    kept = ''
+    if self.undivided:
+      named = ', '.join(f'{p} {s}' for p, s in self.undivided[:3])
+      more = len(self.undivided) - 3
+      kept = (f' ({len(self.undivided)} leaves that {self.shards} does not '
+              f'divide: {named}{f", and {more} more" if more > 0 else ""})')
+    return (f'state per device {mib(self.per_device_bytes)}: '
+            f'{mib(self.split_bytes)} of it split {self.shards} ways, '
+            f'{mib(self.whole_bytes)} whole{kept}; '
+            f'{mib(self.replicated_bytes)} whole on every device')
+
+
+def footprint(tree: Any, layout: Any, shards: int) -> Footprint:
+  """What one device holds of `tree` placed by `layout` (from `specs`)."""
+  split = whole = total = 0
+  undivided = []
+  leaves = jax.tree_util.tree_leaves_with_path(tree)
+  spec_leaves = jax.tree_util.tree_leaves(
+      layout, is_leaf=lambda x: isinstance(x, PartitionSpec))
+  for (key_path, leaf), spec in zip(leaves, spec_leaves, strict=True):
+    shape = tuple(np.shape(leaf))
+    size = int(np.prod(shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+    total += size
+    if SHARD_AXIS in tuple(spec):
+      split += size // shards
+    else:
+      whole += size
+      if shape:
+        undivided.append((size, _path(key_path), shape))
+  undivided.sort(key=lambda u: -u[0])
+  return Footprint(shards, split, whole, total,
+                   tuple((p, s) for _, p, s in undivided))
