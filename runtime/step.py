@@ -13,6 +13,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 from jax import lax
 import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 import optax
 
@@ -152,7 +153,7 @@ def _group_values(loss_fn: LossFn, state: TrainState, group: Any,
 
 def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
                  layout: microbatches_lib.Layout, rng: Optional[str],
-                 has_model_state: bool):
+                 has_model_state: bool, axis: Any = _AXIS):
   """Metrics, model state and grads averaged over the step's real groups.
 
   One device's batch, (k x m, ...) per leaf, runs as k groups of m, one
@@ -168,7 +169,7 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
   k, m = layout.microbatches, layout.microbatch_size
   groups = jax.tree_util.tree_map(
       lambda x: x.reshape((k, m) + x.shape[1:]), batch)
-  first = lax.axis_index(_AXIS) * k
+  first = lax.axis_index(axis) * k
 
   def counted(group, j):
     index = first + j
@@ -189,7 +190,7 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
                        0))
     sums, _ = lax.scan(one, zeros, (jnp.arange(k), groups))
   return jax.tree_util.tree_map(
-      lambda x: lax.psum(x, _AXIS) / layout.real_groups, sums)
+      lambda x: lax.psum(x, axis) / layout.real_groups, sums)
 
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
@@ -235,34 +236,112 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     >>> state, metrics = step(state, parallelism.PMAP.put_batch(batch))
   """
   check_loss_fn(loss_fn, rng is not None, has_model_state)
-  loss_fn = randomness.explained(loss_fn, rng)
-  contract = rng
-
-  one_pass = layout is None or (layout.microbatches == 1 and
-                                not layout.padded_groups)
+  values = _device_values(randomness.explained(loss_fn, rng), rng, layout,
+                          has_model_state, _AXIS)
 
   def step(state: TrainState, batch: Any):
     next_rng, step_rng = jax.random.split(state.rng)
-    if one_pass:  # The step of before accumulation, bit for bit.
-      rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
-      device = lax.axis_index(_AXIS)
-      extra = randomness.keys_for(contract, step_rng, device, device * rows,
-                                  rows)
-      metrics, model_state, grads = lax.pmean(_group_values(
-          loss_fn, state, batch, extra, has_model_state), _AXIS)
-    else:
-      metrics, model_state, grads = _accumulated(
-          loss_fn, state, batch, step_rng, layout, contract, has_model_state)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    structure.check_same('the optimiser\'s updates', state.params, updates,
-                         dtypes=False)
-    structure.check_same('the optimiser state', state.opt_state, opt_state)
-    params = optax.apply_updates(state.params, updates)
-    structure.check_same('params', state.params, params)
-    return TrainState(params, model_state, opt_state, next_rng), metrics
+    metrics, model_state, grads = values(state, batch, step_rng)
+    return _applied(optimizer, state, grads, model_state, next_rng), metrics
 
   return parallelism.map(step, in_axes=(None, 0), out_axes=(None, None),
                          donate_argnums=(0,))
+
+
+def _device_values(loss_fn: LossFn, contract: Optional[str],
+                   layout: Optional[microbatches_lib.Layout],
+                   has_model_state: bool, axis: Any) -> Callable:
+  """One device's part of a step: `(state, batch, step_rng) -> (metrics,
+  model_state, grads)`, each averaged over every device of `axis`."""
+  one_pass = layout is None or (layout.microbatches == 1 and
+                                not layout.padded_groups)
+
+  def values(state: TrainState, batch: Any, step_rng):
+    if one_pass:  # The step of before accumulation, bit for bit.
+      rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
+      device = lax.axis_index(axis)
+      extra = randomness.keys_for(contract, step_rng, device, device * rows,
+                                  rows)
+      return lax.pmean(_group_values(
+          loss_fn, state, batch, extra, has_model_state), axis)
+    return _accumulated(loss_fn, state, batch, step_rng, layout, contract,
+                        has_model_state, axis)
+  return values
+
+
+def _applied(optimizer: optax.GradientTransformation, state: TrainState,
+             grads: Any, model_state: Any, next_rng) -> TrainState:
+  """The state after the optimiser's update with `grads`."""
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  structure.check_same('the optimiser\'s updates', state.params, updates,
+                       dtypes=False)
+  structure.check_same('the optimiser state', state.opt_state, opt_state)
+  params = optax.apply_updates(state.params, updates)
+  structure.check_same('params', state.params, params)
+  return TrainState(params, model_state, opt_state, next_rng)
+
+
+def make_sharded_train_step(loss_fn: LossFn,
+                            optimizer: optax.GradientTransformation,
+                            grid: Mesh, state_specs: TrainState,
+                            rng: Optional[str] = None,
+                            has_model_state: bool = False,
+                            layout: Optional[microbatches_lib.Layout] = None
+                            ) -> Callable:
+  """The step of `make_train_step` with the state split over `grid`'s
+  shards (runtime/parallelism/state_layout.py): the same per-device values,
+  the same update, each leaf living where `state_specs` says.
+
+  Every device computes its rows of the batch with the whole parameters
+  (jit gathers them from the shards for the map); the gradients, averaged
+  over every device as in the replicated step, are then cut to each
+  device's shards, and the optimiser updates the shards under jit, which
+  sees the global arrays, so an update that reduces over a leaf (a global
+  norm) reduces over all of it.
+
+  Args:
+    loss_fn, optimizer, rng, has_model_state, layout: as `make_train_step`.
+    grid: the (replicas, shards) mesh, `state_layout.mesh`.
+    state_specs: a TrainState of PartitionSpecs, `state_layout.specs` of
+      the state.
+
+  Returns:
+    step(state, batch): state placed by `state_shardings(grid,
+    state_specs)`, batch a global array of the global batch split over
+    every device of `grid`, in its flattened order; returns the new state,
+    placed the same, and the replicated metrics. The input state is
+    donated.
+  """
+  check_loss_fn(loss_fn, rng is not None, has_model_state)
+  axes = tuple(grid.axis_names)
+  values = _device_values(randomness.explained(loss_fn, rng), rng, layout,
+                          has_model_state, axes)
+  whole = PartitionSpec()
+  # check_vma=False for pmap's semantics, as parallelism.SHARD_MAP.
+  mapped = jax.shard_map(values, mesh=grid,
+                         in_specs=(whole, PartitionSpec(axes), whole),
+                         out_specs=whole, check_vma=False)
+  placed = state_shardings(grid, state_specs)
+
+  def step(state: TrainState, batch: Any):
+    next_rng, step_rng = jax.random.split(state.rng)
+    # Only what the loss reads goes through the map: no gathered moments.
+    metrics, model_state, grads = mapped(
+        state._replace(opt_state=(), rng=()), batch, step_rng)
+    grads = lax.with_sharding_constraint(grads, placed.params)
+    return _applied(optimizer, state, grads, model_state, next_rng), metrics
+
+  return jax.jit(step, in_shardings=(placed, NamedSharding(
+      grid, PartitionSpec(axes))), out_shardings=(placed, NamedSharding(
+          grid, whole)), donate_argnums=(0,))
+
+
+def state_shardings(grid: Mesh, state_specs: Any) -> Any:
+  """`state_specs`'s PartitionSpecs as NamedShardings on `grid`, for
+  jax.device_put of a host state."""
+  return jax.tree_util.tree_map(
+      lambda spec: NamedSharding(grid, spec), state_specs,
+      is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
 def init_state(params: Any, optimizer: optax.GradientTransformation,

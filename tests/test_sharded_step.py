@@ -1,0 +1,102 @@
+"""The sharded step (issue 59, second step): the state split over a
+replica's devices trains as the replicated step does, on one process's 8
+devices as one replica of 8, two of 4 and four of 2."""
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from runtime import parallelism
+from runtime.parallelism import microbatches
+from runtime.parallelism import state_layout
+from runtime import step as step_lib
+
+pytestmark = pytest.mark.unit
+STEPS, G = 20, 64
+
+
+def _params():
+  rng = np.random.default_rng(0)
+  normal = lambda *shape: (rng.standard_normal(shape) / np.sqrt(shape[0])
+                           ).astype(np.float32)
+  return {'hidden': {'kernel': normal(16, 64), 'bias': np.zeros(64, np.float32)},
+          'out': {'kernel': normal(64, 10), 'bias': np.zeros(10, np.float32)}}
+
+
+def _loss(params, batch, rng):
+  h = jnp.tanh(batch['x'] @ params['hidden']['kernel'] +
+               params['hidden']['bias'])
+  keep = jax.vmap(lambda key: jax.random.bernoulli(key, 0.9, (64,)))(rng)
+  logits = (h * keep / 0.9) @ params['out']['kernel'] + params['out']['bias']
+  loss = optax.softmax_cross_entropy_with_integer_labels(
+      logits, batch['y']).mean()
+  return loss, {'accuracy': (logits.argmax(-1) == batch['y']).mean()}
+
+
+def _batches():
+  rng = np.random.default_rng(1)
+  return [{'x': rng.standard_normal((G, 16)).astype(np.float32),
+           'y': rng.integers(0, 10, G).astype(np.int32)}
+          for _ in range(STEPS)]
+
+
+def _optimizer():
+  # A global norm: an update that reduces over whole leaves.
+  return optax.chain(optax.clip_by_global_norm(0.5), optax.adam(3e-3))
+
+
+def _replicated(layout):
+  par = parallelism.SHARD_MAP
+  step = step_lib.make_train_step(_loss, _optimizer(), par, rng='example',
+                                  layout=layout)
+  state = par.replicate(step_lib.init_state(_params(), _optimizer(), seed=3))
+  for batch in _batches():
+    state, metrics = step(state, par.put_batch(batch))
+  return jax.device_get(state), jax.device_get(metrics)
+
+
+def _grid(replicas):
+  devices = np.array(parallelism.global_mesh().devices.flat)
+  return Mesh(devices.reshape(replicas, -1),
+              (state_layout.REPLICA_AXIS, state_layout.SHARD_AXIS))
+
+
+def _sharded(grid, layout):
+  host = step_lib.init_state(_params(), _optimizer(), seed=3)
+  specs = state_layout.specs(host, grid.shape[state_layout.SHARD_AXIS])
+  step = step_lib.make_sharded_train_step(_loss, _optimizer(), grid, specs,
+                                          rng='example', layout=layout)
+  state = jax.device_put(host, step_lib.state_shardings(grid, specs))
+  rows = NamedSharding(grid, PartitionSpec(tuple(grid.axis_names)))
+  for batch in _batches():
+    state, metrics = step(state, jax.device_put(batch, rows))
+  return state, specs, jax.device_get(metrics)
+
+
+@pytest.mark.parametrize('k', [1, 2])
+@pytest.mark.parametrize('replicas', [1, 2, 4])
+def test_the_sharded_step_trains_as_the_replicated_one(replicas, k):
+  layout = microbatches.plan(G, 8, microbatches=k)
+  want, want_metrics = _replicated(layout)
+  grid = _grid(replicas)
+  state, specs, metrics = _sharded(grid, layout)
+  shards = 8 // replicas
+  # Each device holds its part of a split leaf, and the part is its own.
+  kernel = state.params['hidden']['kernel']
+  # (16, 64): split along its larger dimension.
+  assert specs.params['hidden']['kernel'] == PartitionSpec(
+      None, state_layout.SHARD_AXIS)
+  assert {s.data.shape for s in kernel.addressable_shards} == {
+      (16, 64 // shards)}
+  moment = state.opt_state[1][0].mu['hidden']['kernel']
+  assert {s.data.shape for s in moment.addressable_shards} == {
+      (16, 64 // shards)}
+  got = jax.device_get(state)
+  for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(
+      want), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(metrics['loss'], want_metrics['loss'],
+                             rtol=1e-5)
