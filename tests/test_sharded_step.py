@@ -29,7 +29,10 @@ def _params():
 def _loss(params, batch, rng):
   h = jnp.tanh(batch['x'] @ params['hidden']['kernel'] +
                params['hidden']['bias'])
-  keep = jax.vmap(lambda key: jax.random.bernoulli(key, 0.9, (64,)))(rng)
+  if rng.ndim == 1:  # rng='device': one key for the call.
+    keep = jax.random.bernoulli(rng, 0.9, h.shape)
+  else:  # rng='example': a key per example.
+    keep = jax.vmap(lambda key: jax.random.bernoulli(key, 0.9, (64,)))(rng)
   logits = (h * keep / 0.9) @ params['out']['kernel'] + params['out']['bias']
   loss = optax.softmax_cross_entropy_with_integer_labels(
       logits, batch['y']).mean()
@@ -48,9 +51,9 @@ def _optimizer():
   return optax.chain(optax.clip_by_global_norm(0.5), optax.adam(3e-3))
 
 
-def _replicated(layout):
+def _replicated(layout, rng):
   par = parallelism.SHARD_MAP
-  step = step_lib.make_train_step(_loss, _optimizer(), par, rng='example',
+  step = step_lib.make_train_step(_loss, _optimizer(), par, rng=rng,
                                   layout=layout)
   state = par.replicate(step_lib.init_state(_params(), _optimizer(), seed=3))
   for batch in _batches():
@@ -64,11 +67,11 @@ def _grid(replicas):
               (state_layout.REPLICA_AXIS, state_layout.SHARD_AXIS))
 
 
-def _sharded(grid, layout):
+def _sharded(grid, layout, rng):
   host = step_lib.init_state(_params(), _optimizer(), seed=3)
   specs = state_layout.specs(host, grid.shape[state_layout.SHARD_AXIS])
   step = step_lib.make_sharded_train_step(_loss, _optimizer(), grid, specs,
-                                          rng='example', layout=layout)
+                                          rng=rng, layout=layout)
   state = jax.device_put(host, step_lib.state_shardings(grid, specs))
   rows = NamedSharding(grid, PartitionSpec(tuple(grid.axis_names)))
   for batch in _batches():
@@ -76,13 +79,15 @@ def _sharded(grid, layout):
   return state, specs, jax.device_get(metrics)
 
 
-@pytest.mark.parametrize('k', [1, 2])
-@pytest.mark.parametrize('replicas', [1, 2, 4])
-def test_the_sharded_step_trains_as_the_replicated_one(replicas, k):
+@pytest.mark.parametrize('replicas, k, rng', [
+    (1, 1, 'example'), (2, 1, 'example'), (4, 1, 'example'),
+    (1, 2, 'example'), (2, 2, 'example'), (4, 2, 'example'),
+    (2, 2, 'device')])
+def test_the_sharded_step_trains_as_the_replicated_one(replicas, k, rng):
   layout = microbatches.plan(G, 8, microbatches=k)
-  want, want_metrics = _replicated(layout)
+  want, want_metrics = _replicated(layout, rng)
   grid = _grid(replicas)
-  state, specs, metrics = _sharded(grid, layout)
+  state, specs, metrics = _sharded(grid, layout, rng)
   shards = 8 // replicas
   # Each device holds its part of a split leaf, and the part is its own.
   kernel = state.params['hidden']['kernel']
