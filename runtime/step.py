@@ -4,7 +4,8 @@ Parameters, model state and optimiser state are replicated arrays without a
 stacked device axis, the same on every device: the `pmean`s make the update
 identical everywhere. The step runs as a pmap or as jit(shard_map) over a
 mesh of all devices (`runtime/parallelism/`); it is the same per-device
-function either way.
+function either way. `make_sharded_train_step` runs it with the state split
+over each replica's devices instead (runtime/parallelism/state_layout.py).
 """
 
 import inspect
@@ -153,7 +154,7 @@ def _group_values(loss_fn: LossFn, state: TrainState, group: Any,
 
 def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
                  layout: microbatches_lib.Layout, rng: Optional[str],
-                 has_model_state: bool, axis: Any = _AXIS):
+                 has_model_state: bool):
   """Metrics, model state and grads averaged over the step's real groups.
 
   One device's batch, (k x m, ...) per leaf, runs as k groups of m, one
@@ -169,7 +170,7 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
   k, m = layout.microbatches, layout.microbatch_size
   groups = jax.tree_util.tree_map(
       lambda x: x.reshape((k, m) + x.shape[1:]), batch)
-  first = lax.axis_index(axis) * k
+  first = lax.axis_index(_AXIS) * k
 
   def counted(group, j):
     index = first + j
@@ -190,7 +191,7 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
                        0))
     sums, _ = lax.scan(one, zeros, (jnp.arange(k), groups))
   return jax.tree_util.tree_map(
-      lambda x: lax.psum(x, axis) / layout.real_groups, sums)
+      lambda x: lax.psum(x, _AXIS) / layout.real_groups, sums)
 
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
@@ -237,7 +238,7 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   """
   check_loss_fn(loss_fn, rng is not None, has_model_state)
   values = _device_values(randomness.explained(loss_fn, rng), rng, layout,
-                          has_model_state, _AXIS)
+                          has_model_state)
 
   def step(state: TrainState, batch: Any):
     next_rng, step_rng = jax.random.split(state.rng)
@@ -250,22 +251,22 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
 
 def _device_values(loss_fn: LossFn, contract: Optional[str],
                    layout: Optional[microbatches_lib.Layout],
-                   has_model_state: bool, axis: Any) -> Callable:
+                   has_model_state: bool) -> Callable:
   """One device's part of a step: `(state, batch, step_rng) -> (metrics,
-  model_state, grads)`, each averaged over every device of `axis`."""
+  model_state, grads)`, each averaged over every device."""
   one_pass = layout is None or (layout.microbatches == 1 and
                                 not layout.padded_groups)
 
   def values(state: TrainState, batch: Any, step_rng):
     if one_pass:  # The step of before accumulation, bit for bit.
       rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
-      device = lax.axis_index(axis)
+      device = lax.axis_index(_AXIS)
       extra = randomness.keys_for(contract, step_rng, device, device * rows,
                                   rows)
       return lax.pmean(_group_values(
-          loss_fn, state, batch, extra, has_model_state), axis)
+          loss_fn, state, batch, extra, has_model_state), _AXIS)
     return _accumulated(loss_fn, state, batch, step_rng, layout, contract,
-                        has_model_state, axis)
+                        has_model_state)
   return values
 
 
@@ -283,45 +284,39 @@ def _applied(optimizer: optax.GradientTransformation, state: TrainState,
 
 def make_sharded_train_step(loss_fn: LossFn,
                             optimizer: optax.GradientTransformation,
-                            grid: Mesh, state_specs: TrainState,
+                            placed: TrainState,
                             rng: Optional[str] = None,
                             has_model_state: bool = False,
                             layout: Optional[microbatches_lib.Layout] = None
                             ) -> Callable:
-  """The step of `make_train_step` with the state split over `grid`'s
-  shards (runtime/parallelism/state_layout.py): the same per-device values,
-  the same update, each leaf living where `state_specs` says.
+  """The step of `make_train_step` under `parallelism.SHARD_MAP`, with the
+  state split over each replica's devices: the same per-device values, the
+  same update, each leaf living where `placed` says.
 
-  Every device computes its rows of the batch with the whole parameters
-  (jit gathers them from the shards for the map); the gradients, averaged
-  over every device as in the replicated step, are then cut to each
-  device's shards, and the optimiser updates the shards under jit, which
-  sees the global arrays, so an update that reduces over a leaf (a global
-  norm) reduces over all of it.
+  The state's shardings are on the (replicas, shards) mesh of
+  runtime/parallelism/state_layout.py, whose devices, flattened, are the
+  global mesh's in its order; one jit holds both meshes. Every device
+  computes its rows of the batch with the whole parameters (jit gathers
+  them from the shards for the map); the gradients, averaged over every
+  device as in the replicated step, are then cut to each device's shards,
+  and the optimiser updates the shards under jit, which sees global arrays,
+  so an update that reduces over a leaf (a global norm) reduces over all of
+  it.
 
   Args:
     loss_fn, optimizer, rng, has_model_state, layout: as `make_train_step`.
-    grid: the (replicas, shards) mesh, `state_layout.mesh`.
-    state_specs: a TrainState of PartitionSpecs, `state_layout.specs` of
-      the state.
+    placed: a TrainState of NamedShardings (`state_shardings`).
 
   Returns:
-    step(state, batch): state placed by `state_shardings(grid,
-    state_specs)`, batch a global array of the global batch split over
-    every device of `grid`, in its flattened order; returns the new state,
-    placed the same, and the replicated metrics. The input state is
-    donated.
+    step(state, batch): state placed by `placed`, batch placed by
+    `parallelism.SHARD_MAP.put_batch`; returns the new state, placed the
+    same, and the replicated metrics. The input state is donated.
   """
   check_loss_fn(loss_fn, rng is not None, has_model_state)
-  axes = tuple(grid.axis_names)
-  values = _device_values(randomness.explained(loss_fn, rng), rng, layout,
-                          has_model_state, axes)
-  whole = PartitionSpec()
-  # check_vma=False for pmap's semantics, as parallelism.SHARD_MAP.
-  mapped = jax.shard_map(values, mesh=grid,
-                         in_specs=(whole, PartitionSpec(axes), whole),
-                         out_specs=whole, check_vma=False)
-  placed = state_shardings(grid, state_specs)
+  mapped = parallelism_lib.SHARD_MAP.map(
+      _device_values(randomness.explained(loss_fn, rng), rng, layout,
+                     has_model_state),
+      in_axes=(None, 0, None), out_axes=None)
 
   def step(state: TrainState, batch: Any):
     next_rng, step_rng = jax.random.split(state.rng)
@@ -331,9 +326,8 @@ def make_sharded_train_step(loss_fn: LossFn,
     grads = lax.with_sharding_constraint(grads, placed.params)
     return _applied(optimizer, state, grads, model_state, next_rng), metrics
 
-  return jax.jit(step, in_shardings=(placed, NamedSharding(
-      grid, PartitionSpec(axes))), out_shardings=(placed, NamedSharding(
-          grid, whole)), donate_argnums=(0,))
+  whole = NamedSharding(parallelism_lib.global_mesh(), PartitionSpec())
+  return jax.jit(step, out_shardings=(placed, whole), donate_argnums=(0,))
 
 
 def state_shardings(grid: Mesh, state_specs: Any) -> Any:

@@ -3,7 +3,7 @@ replica's devices trains as the replicated step does, on one process's 8
 devices as one replica of 8, two of 4 and four of 2."""
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, PartitionSpec
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -70,12 +70,12 @@ def _grid(replicas):
 def _sharded(grid, layout, rng):
   host = step_lib.init_state(_params(), _optimizer(), seed=3)
   specs = state_layout.specs(host, grid.shape[state_layout.SHARD_AXIS])
-  step = step_lib.make_sharded_train_step(_loss, _optimizer(), grid, specs,
+  placed = step_lib.state_shardings(grid, specs)
+  step = step_lib.make_sharded_train_step(_loss, _optimizer(), placed,
                                           rng=rng, layout=layout)
-  state = jax.device_put(host, step_lib.state_shardings(grid, specs))
-  rows = NamedSharding(grid, PartitionSpec(tuple(grid.axis_names)))
+  state = jax.device_put(host, placed)
   for batch in _batches():
-    state, metrics = step(state, jax.device_put(batch, rows))
+    state, metrics = step(state, parallelism.SHARD_MAP.put_batch(batch))
   return state, specs, jax.device_get(metrics)
 
 

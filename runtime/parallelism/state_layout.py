@@ -1,9 +1,10 @@
 """Where the state's leaves would live when split over a replica's devices.
 
-The first step of sharded state (issue 59): the mesh of replicas and
-shards, the rule that picks the dimension each leaf is split along, and what
-that leaves on one device. Nothing here runs a step yet; the step, the
-checkpoints and the config's choice come next.
+Sharded state (issue 59), its placement: the mesh of replicas and shards,
+the rule that picks the dimension each leaf is split along, and what that
+leaves on one device. `step.make_sharded_train_step` trains on it; the
+config's choice, the loop's host copies, the replica check and the
+checkpoints are not built yet.
 
 - `mesh(replica)`: a 2-D mesh, axes (`REPLICA_AXIS`, `SHARD_AXIS`). A
   replica is one process ('process': CPU and GPU hosts), one slice ('slice':
