@@ -47,6 +47,15 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   # 'pmap', or 'shard_map' (jit + jax.shard_map over a mesh of all devices):
   # the same step, the same pmean (runtime/parallelism/).
   config.parallelism = 'pmap'
+  # Where the parameters and the optimiser state live: 'replicated', whole
+  # on every device, or 'sharded', each leaf split over the devices of a
+  # replica (runtime/parallelism/state_layout.py): replica 'process' (one
+  # per process), 'slice' (one per TPU slice) or 'all' (every device). The
+  # batch is split over every device either way, so a step computes the same
+  # to float rounding. 'sharded' needs parallelism='shard_map' and a job of
+  # a fixed size.
+  config.state_layout = 'replicated'
+  config.replica = 'process'
   # Examples per device in one forward and backward pass (0: no limit),
   # passes per device (0: as few as the limit allows), or the examples of
   # one pass exactly (0: chosen from the other two). Beyond the limit the

@@ -45,6 +45,7 @@ from runtime import metrics as metrics_lib
 from runtime import options as options_lib
 from runtime import parallelism as parallelism_lib
 from runtime.parallelism import microbatches
+from runtime.parallelism import state_layout
 from runtime import prefetch
 from runtime import randomness
 from runtime.checkpoints import recovery
@@ -211,9 +212,11 @@ def _hooks(options: options_lib.Options, workdir: str, task: Task, topo,
   return built_in + list(task.hooks)
 
 
-def _step_fn(task: Task, par, layout: microbatches.Layout) -> Callable:
+def _step_fn(task: Task, par, layout: microbatches.Layout,
+             placed: Optional[step_lib.TrainState] = None) -> Callable:
   """The compiled step, agreed on by every process before its first run and
-  watched for late recompilations."""
+  watched for late recompilations; with `placed` (a sharded state's
+  shardings), the sharded step."""
   chosen = randomness.contract(task.rng, task.loss_uses_rng)
   if chosen == randomness.DEVICE and jax.process_index() == 0:
     logging.warning(
@@ -223,11 +226,39 @@ def _step_fn(task: Task, par, layout: microbatches.Layout) -> Callable:
         'runtime.dropout(rng, rate, x), or Flax\'s dropout layers under '
         'runtime.per_example (docs/workloads.md, Randomness)',
         'rng=\'device\'' if task.rng else 'loss_uses_rng=True')
+  has_model_state = task.model_state is not None
+  if placed is None:
+    step = step_lib.make_train_step(
+        task.loss_fn, task.optimizer, par, rng=chosen,
+        has_model_state=has_model_state, layout=layout)
+  else:
+    step = step_lib.make_sharded_train_step(
+        task.loss_fn, task.optimizer, placed, rng=chosen,
+        has_model_state=has_model_state, layout=layout)
   return structure.RecompileWatch(agreement.check_program_on_first_call(
-      step_lib.make_train_step(
-          task.loss_fn, task.optimizer, par, rng=chosen,
-          has_model_state=task.model_state is not None, layout=layout),
-      coordination.current()))
+      step, coordination.current()))
+
+
+_REPLICA_WORDS = {'process': 'one per process', 'slice': 'one per slice',
+                  'all': 'every device'}
+
+
+def _shardings(config: ConfigDict, state: step_lib.TrainState
+               ) -> tuple[Optional[step_lib.TrainState], str]:
+  """(the state's shardings, or None to replicate it; the console's line
+  on where the state lives)."""
+  replica = state_layout.replica_of(
+      config, os.environ.get(env_vars.ELASTIC_PROCESSES))
+  if replica is None:
+    return None, ''
+  grid = state_layout.mesh(replica)
+  shards = grid.shape[state_layout.SHARD_AXIS]
+  specs = state_layout.specs(state, shards)
+  used = state_layout.footprint(state, specs, shards)
+  return step_lib.state_shardings(grid, specs), (
+      f'state sharded: {grid.shape[state_layout.REPLICA_AXIS]} replica(s) '
+      f'({_REPLICA_WORDS[replica]}) of {shards} device(s); '
+      f'{used.describe()}')
 
 
 def plan_layout(config: ConfigDict, topo, workdir: Optional[str] = None,
@@ -322,9 +353,10 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     in_flight_limit = max_steps_in_flight(options.max_steps_in_flight,
                                           topo.platform)
     par = parallelism_lib.from_config(config)
-    step_fn = _step_fn(task, par, layout)
     state = step_lib.init_state(task.params, task.optimizer,
                                 options.data.seed, task.model_state)
+    placed, where = _shardings(config, state)
+    step_fn = _step_fn(task, par, layout, placed)
   ledger.note(topology=layout_fields(topo, layout))
   with ledger.timing('checkpoint_restore'):
     ckpt, local = _open_checkpoints(options.checkpointing)
@@ -336,7 +368,8 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
         tensorboard_events=options.logging.tensorboard,
         fields=layout_fields(topo, layout))
   with ledger.naming('replicate'):
-    replicated = par.replicate(state)
+    replicated = (par.replicate(state) if placed is None else
+                  state_layout.place(state, placed))
   clock = goodput.StepClock(ledger, goodput.steps_done_before(ledger))
   run = loop.Run(options, workdir, task, replicated, start, par,
                  topo.process_index, writer, clock, in_flight_limit,
@@ -346,6 +379,8 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
              f'{options.data.global_batch_size} ({layout.describe()}), {par}, '
              f'{in_flight_limit} step(s) in flight, on {topo.describe()}'
              f'{resumed}')
+  if where:
+    writer.log(where)
   try:
     with prefetch.Prefetcher(
         _loader(options.data, task, topo, par, layout),

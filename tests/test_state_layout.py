@@ -120,3 +120,26 @@ def test_the_mesh_keeps_each_device_on_its_rows_and_holds_an_eighth():
   pieces = placed.addressable_shards
   assert {s.data.shape for s in pieces} == {(98, 512)}
   assert np.array_equal(np.asarray(placed), kernel)
+
+
+def _config(**fields):
+  from configs import base  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  config.update(fields)
+  return config
+
+
+def test_the_layout_is_chosen_by_the_config_and_refused_where_it_cannot_run():
+  assert state_layout.replica_of(_config()) is None
+  assert state_layout.replica_of(_config(
+      state_layout='sharded', parallelism='shard_map', replica='all')) == 'all'
+  for fields, words in (
+      ({'state_layout': 'split'}, "choose one of 'replicated', 'sharded'"),
+      ({'state_layout': 'sharded'}, "set config.parallelism='shard_map'"),
+      ({'state_layout': 'sharded', 'parallelism': 'shard_map',
+        'replica': 'host'}, "config.replica='host'")):
+    with pytest.raises(exit_codes.ConfigError, match=words):
+      state_layout.replica_of(_config(**fields))
+  with pytest.raises(exit_codes.ConfigError, match='elastic job .processes 3-4'):
+    state_layout.replica_of(_config(state_layout='sharded',
+                                    parallelism='shard_map'), elastic='3-4')

@@ -23,6 +23,7 @@ import functools
 from typing import Any, Callable, Optional, Sequence
 
 import jax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ml_collections import ConfigDict
 import numpy as np
@@ -55,6 +56,24 @@ def _spec(axis: Optional[int]) -> PartitionSpec:
     raise ValueError(f'in/out axis {axis}: only 0 (mapped over devices) and '
                      'None (replicated) are supported')
   return PartitionSpec() if axis is None else PartitionSpec(DATA_AXIS)
+
+
+def _read(x: Any) -> np.ndarray:
+  """One array's whole value on this host (see `Parallelism.to_host`)."""
+  if not isinstance(x, jax.Array) or x.is_fully_addressable:
+    return np.asarray(jax.device_get(x))
+  if x.is_fully_replicated:
+    return np.asarray(x.addressable_data(0))
+  parts = {}
+  for shard in x.addressable_shards:
+    key = tuple((i.start, i.stop) for i in shard.index)
+    parts.setdefault(key, shard)
+  if sum(s.data.size for s in parts.values()) == x.size:
+    whole = np.empty(x.shape, x.dtype)
+    for shard in parts.values():
+      whole[shard.index] = np.asarray(shard.data)
+    return whole
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 class Parallelism:
@@ -107,19 +126,15 @@ class Parallelism:
     raise NotImplementedError
 
   def to_host(self, tree: Any) -> Any:
-    """Numpy copies of replicated (or fully addressable) arrays.
+    """Numpy copies of replicated, fully addressable or sharded arrays.
 
     A replicated global array spans devices of other processes, so it is read
-    from one of this process's copies.
+    from one of this process's copies; a sharded one (a sharded state's
+    leaf) from this process's parts when they cover it (a replica per
+    process), else gathered from every process: then every process must ask
+    at once, as the saves and the hooks do.
     """
-    def read(x):
-      if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        if not x.is_fully_replicated:
-          raise ValueError(f'an array sharded as {x.sharding} is not '
-                           'replicated; this process holds only part of it')
-        return np.asarray(x.addressable_data(0))
-      return np.asarray(jax.device_get(x))
-    return jax.tree_util.tree_map(read, tree)
+    return jax.tree_util.tree_map(_read, tree)
 
   def __repr__(self) -> str:
     return self.name

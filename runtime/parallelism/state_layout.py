@@ -41,6 +41,55 @@ SHARD_AXIS = 'shards'
 REPLICAS = ('process', 'slice', 'all')
 
 
+LAYOUTS = ('replicated', 'sharded')
+
+
+def replica_of(config: Any, elastic: Optional[str] = None) -> Optional[str]:
+  """config.replica when config.state_layout is 'sharded', else None.
+
+  Args:
+    config: a config made from configs/base.py.
+    elastic: the elastic job's "K-P" processes, or None for a fixed size.
+
+  Raises:
+    ConfigError: an unknown layout or replica, 'sharded' under pmap or in
+      an elastic job, naming what to change.
+  """
+  chosen = config.get('state_layout', 'replicated')
+  if chosen not in LAYOUTS:
+    raise exit_codes.ConfigError(
+        f'config.state_layout={chosen!r}; choose one of '
+        f'{", ".join(repr(l) for l in LAYOUTS)}')
+  if chosen == 'replicated':
+    return None
+  if config.parallelism != 'shard_map':
+    raise exit_codes.ConfigError(
+        f"config.state_layout='sharded' with config.parallelism="
+        f"{config.parallelism!r}: pmap holds every argument whole on every "
+        "device; set config.parallelism='shard_map'")
+  if elastic:
+    raise exit_codes.ConfigError(
+        f"config.state_layout='sharded' in an elastic job (processes "
+        f'{elastic}): a lost process would take shards no other replica is '
+        "known to hold yet; run it at a fixed size, or keep 'replicated'")
+  replica = config.get('replica', 'process')
+  if replica not in REPLICAS:
+    raise exit_codes.ConfigError(
+        f'config.replica={replica!r}; choose one of '
+        f'{", ".join(repr(r) for r in REPLICAS)}')
+  return replica
+
+
+def place(tree: Any, shardings: Any) -> Any:
+  """Host arrays, the same on every process, as global arrays placed by
+  `shardings` (a NamedSharding per leaf): each process puts only its own
+  devices' parts."""
+  return jax.tree_util.tree_map(
+      lambda x, sharding: jax.make_array_from_callback(
+          np.shape(x), sharding, lambda index: np.asarray(x)[index]),
+      tree, shardings)
+
+
 def mesh(replica: str) -> Mesh:
   """The (replicas, shards) mesh of every device of the job.
 
@@ -182,7 +231,7 @@ class Footprint:
 
   def describe(self) -> str:
     """One line for the console."""
-    mib = lambda n: f'{n / 2**20:.1f} MiB'
+    mib = _size
     kept = ''
     if self.undivided:
       named = ', '.join(f'{p} {s}' for p, s in self.undivided[:3])
@@ -193,6 +242,14 @@ class Footprint:
             f'{mib(self.split_bytes)} of it split {self.shards} ways, '
             f'{mib(self.whole_bytes)} whole{kept}; '
             f'{mib(self.replicated_bytes)} whole on every device')
+
+
+def _size(n: int) -> str:
+  """'12.4 MiB', '3.0 KiB', '40 B'."""
+  for unit, scale in (('GiB', 2**30), ('MiB', 2**20), ('KiB', 2**10)):
+    if n >= scale:
+      return f'{n / scale:.1f} {unit}'
+  return f'{n} B'
 
 
 def footprint(tree: Any, layout: Any, shards: int) -> Footprint:
