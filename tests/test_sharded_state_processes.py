@@ -59,3 +59,40 @@ def test_sharded_state_under_pmap_is_refused_naming_shard_map(tmp_path):
        '--local_devices=2', f'--workdir={tmp_path}'], timeout=50)
   assert result.returncode != 0
   assert "set config.parallelism='shard_map'" in result.output, result.output
+
+
+# The probe regression with 4096 floats of ballast, which 4 and 2 devices
+# divide, so the state has a leaf split over each replica.
+PROBE = [f'--config={helpers.PROBE_CONFIG}', '--config.steps=60',
+         '--config.log_every=5', '--config.checkpoint_every=1000',
+         '--config.local_checkpoint_every=10', '--config.ballast_floats=4096',
+         '--config.parallelism=shard_map', '--config.state_layout=sharded']
+KILL = ['--config.fail_rank=1', '--config.fail_step=35',
+        '--config.fail_mode=sigkill', '--config.fail_once=True',
+        '--max_restarts=1', '--retry_exit_codes=137', '--restart_backoff=0.5',
+        # Each process's local tier on a "host" of its own.
+        '--config.per_rank_local_dir=True']
+
+
+@pytest.mark.timeout(300)
+def test_a_sharded_job_resumes_bit_exact_after_a_sigkill_and_on_4x2(tmp_path):
+  """About 30 s: an undisturbed sharded 2x4 run, the same run with process
+  1 SIGKILLed at step 35 and restarted from the local tier, which must end
+  on the same bits, then the undisturbed one resumed on 4x2."""
+  pod = ['--local_processes=2', '--local_devices=4']
+  straight = helpers.run_launcher(
+      [*PROBE, *pod, f'--workdir={tmp_path}/straight'], timeout=150)
+  assert straight.returncode == 0, straight.output
+  killed = helpers.run_launcher(
+      [*PROBE, *pod, *KILL, f'--workdir={tmp_path}/killed'], timeout=150)
+  assert killed.returncode == 0, killed.output
+  assert 'after 1 restart(s)' in killed.output, killed.output
+  want = helpers.fingerprints(tmp_path / 'straight', 2)
+  assert helpers.fingerprints(tmp_path / 'killed', 2) == want
+  resumed = helpers.run_launcher(
+      [*PROBE, '--config.steps=80', '--local_processes=4',
+       '--local_devices=2', f'--workdir={tmp_path}/straight'], timeout=150)
+  assert resumed.returncode == 0, resumed.output
+  assert 'resuming at step 60' in resumed.output, resumed.output
+  assert 'state sharded: 4 replica(s) (one per process) of 2 device(s)' in (
+      resumed.output)
