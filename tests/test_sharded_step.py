@@ -105,3 +105,43 @@ def test_the_sharded_step_trains_as_the_replicated_one(replicas, k, rng):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(metrics['loss'], want_metrics['loss'],
                              rtol=1e-5)
+
+
+@pytest.mark.parametrize('replicas, k', [(1, 1), (4, 2)])
+def test_the_transformer_with_adam_trains_as_the_replicated_one(replicas, k):
+  """tests/workloads/charlm.py's transformer (width 64, 4 heads), Adam, a
+  key per example, 20 steps of 48 examples."""
+  from tests.workloads import charlm  # pylint: disable=g-import-not-at-top
+  from tests.workloads import charlm_config  # pylint: disable=g-import-not-at-top
+  config = charlm_config.get_config()
+  config.model.width, config.model.heads, config.rng = 64, 4, 'example'
+  config.optimizer.name, config.optimizer.learning_rate = 'adam', 1e-3
+  task = charlm.make_task(config)
+  layout = microbatches.plan(48, 8, microbatches=k)
+  order = np.random.default_rng(2).permutation(len(task.data))
+  batches = [task.data.read_batch(order[np.arange(i * 48, (i + 1) * 48) %
+                                        len(task.data)])
+             for i in range(STEPS)]
+  host = step_lib.init_state(task.params, task.optimizer, seed=3)
+  par = parallelism.SHARD_MAP
+  step = step_lib.make_train_step(task.loss_fn, task.optimizer, par,
+                                  rng='example', layout=layout)
+  want = par.replicate(host)
+  for batch in batches:
+    want, _ = step(want, par.put_batch(batch))
+  grid = _grid(replicas)
+  specs = state_layout.specs(host, grid.shape[state_layout.SHARD_AXIS])
+  placed = step_lib.state_shardings(grid, specs)
+  step = step_lib.make_sharded_train_step(task.loss_fn, task.optimizer,
+                                          placed, rng='example', layout=layout)
+  got = jax.device_put(host, placed)
+  for batch in batches:
+    got, _ = step(got, par.put_batch(batch))
+  split = [s for s in jax.tree_util.tree_leaves(
+      specs.params, is_leaf=lambda x: isinstance(x, PartitionSpec))
+           if state_layout.SHARD_AXIS in tuple(s)]
+  assert split, specs.params
+  for a, b in zip(jax.tree_util.tree_leaves(jax.device_get(got)),
+                  jax.tree_util.tree_leaves(jax.device_get(want)),
+                  strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -71,6 +71,9 @@ def _loss(graphdef, per_example: bool, params, batch, rng):
   return loss, {}
 
 
+_OPTIMIZERS = {'sgd': optax.sgd, 'adam': optax.adam}
+
+
 def make_task(config: ConfigDict) -> runtime.Task:
   vocab = len(set(TEXT))
   model = CharLM(vocab, config.model.width, config.model.heads,
@@ -81,7 +84,8 @@ def make_task(config: ConfigDict) -> runtime.Task:
   return runtime.Task(
       params=jax.device_get(params),
       loss_fn=functools.partial(_loss, graphdef, per_example),
-      optimizer=optax.sgd(config.optimizer.learning_rate),
+      optimizer=_OPTIMIZERS[config.optimizer.get('name', 'sgd')](
+          config.optimizer.learning_rate),
       data=runtime.ArraySource(**sequences(config.data.num_examples,
                                            config.model.length)),
       **({'rng': 'example'} if per_example else {'loss_uses_rng': True}))

@@ -18,6 +18,7 @@ def get_config():
   config.model = ConfigDict({'width': 32, 'heads': 2, 'length': 16,
                              'dropout': 0.2})
   config.optimizer.learning_rate = 0.5
+  config.optimizer.name = 'sgd'  # Or 'adam' (with a smaller rate).
   config.global_batch_size = 48  # 8 devices x 6, 6 devices x 8.
   config.data.num_examples = 480
   config.steps = 10
