@@ -96,3 +96,21 @@ def test_a_sharded_job_resumes_bit_exact_after_a_sigkill_and_on_4x2(tmp_path):
   assert 'resuming at step 60' in resumed.output, resumed.output
   assert 'state sharded: 4 replica(s) (one per process) of 2 device(s)' in (
       resumed.output)
+
+
+@pytest.mark.timeout(300)
+def test_4_mib_shards_across_processes_agree_with_one_process(tmp_path):
+  """About 30 s: a guard on the collectives (jax #40830: a reduce-scatter
+  through gloo returned wrong values at 4 MiB shards on a JAX 0.12
+  development build). MNIST's MLP with a hidden layer of 10752, whose
+  kernel (784 x 10752 floats) split 8 ways is 4.0 MiB a device, sharded as
+  one replica over two processes, so its gathers and reductions cross
+  gloo, against the replicated state in one process."""
+  mnist.write_synthetic(str(tmp_path / 'data'), num_train=256, num_test=64)
+  common = ['--config.model.hidden_sizes=(10752,)', '--config.steps=3']
+  want, _ = _run(tmp_path, 'one-process', 'replicated', 1, 8, *common)
+  got, output = _run(tmp_path, 'two-processes', 'sharded', 2, 4, *common,
+                     '--config.replica=all')
+  assert 'split 8 ways' in output, output
+  helpers.assert_trees_close(got['params'], want['params'], rtol=1e-5,
+                             atol=1e-6)

@@ -459,12 +459,13 @@ def plot(rows: list[dict], path: pathlib.Path) -> bool:
   faults = [f for f in CLASSES if any(r['fault'] == f for r in rows)]
   figure, axes = pyplot.subplots(figsize=(8, 0.45 * len(faults) + 1.2))
   for y, fault in enumerate(faults):
-    for mode, marker in (('fixed', 'o'), ('elastic', 's')):
+    for mode, marker, color in (('fixed', 'o', 'tab:blue'),
+                                ('elastic', 's', 'tab:orange')):
       times = [r['to_first_step_s'] for r in rows if r['fault'] == fault
                and r['mode'] == mode and r['to_first_step_s'] is not None]
       offset = -0.12 if mode == 'fixed' else 0.12
       axes.scatter(times, [y + offset] * len(times), marker=marker, s=14,
-                   alpha=0.6, label=mode if y == 0 else None)
+                   alpha=0.6, color=color, label=mode if y == 0 else None)
   axes.set_yticks(range(len(faults)), faults)
   axes.invert_yaxis()
   axes.set_xlabel('seconds from the fault to the first step after it')
