@@ -224,9 +224,9 @@ class SaveCheckpoints(Hook):
       # Every record up to this step is on disk before its checkpoint is:
       # a run resumed from it then misses none (metrics.py).
       run.writer.flush()
-      numpy_state = run.numpy_state()
-      self.checkpoints.save(run.step, numpy_state,
-                            self.describe(run, numpy_state, reason))
+      saved = run.saved_state()
+      self.checkpoints.save(run.step, saved,
+                            self.describe(run, saved, reason))
 
   def save_and_wait(self, run, reason: str) -> None:
     """Saves the state after step `run.step` and returns once it is

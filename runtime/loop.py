@@ -11,6 +11,7 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from absl import logging
+import jax
 from ml_collections import ConfigDict
 import numpy as np
 
@@ -49,7 +50,10 @@ class Run:
     workdir, task: what `train` was given.
     parallelism: how the state is placed (runtime/parallelism.py).
     process_index: this process.
-    state: the replicated `TrainState` after step `step`.
+    state: the `TrainState` after step `step`, replicated, or split as
+      `placed` says.
+    placed: a TrainState of NamedShardings when the state is sharded
+      (runtime/parallelism/state_layout.py), else None.
     start_step: the step this run started from (restored or 0).
     step: steps done, counting those of earlier runs.
     steps: the step the run ends at (options.steps).
@@ -65,8 +69,12 @@ class Run:
                state: step_lib.TrainState, start_step: int,
                parallelism: parallelism_lib.Parallelism, process_index: int,
                writer: metrics_lib.MetricsWriter, clock: goodput.StepClock,
-               in_flight_limit: int, config: Optional[ConfigDict] = None):
+               in_flight_limit: int, config: Optional[ConfigDict] = None,
+               placed: Optional[step_lib.TrainState] = None):
     self.options, self.workdir, self.task = options, workdir, task
+    self.placed = placed
+    self._copy = (None if placed is None else
+                  jax.jit(lambda state: state, out_shardings=placed))
     self._config = config  # Only for `config`, which goes.
     self.parallelism, self.process_index = parallelism, process_index
     self.state, self.start_step, self.step = state, start_step, start_step
@@ -86,6 +94,20 @@ class Run:
   def numpy_state(self) -> step_lib.TrainState:
     """The state after step `step` as numpy arrays (waits for it)."""
     return self.parallelism.to_host(self.state)
+
+  def saved_state(self) -> step_lib.TrainState:
+    """The state after step `step` as the persistent tier saves it.
+
+    Replicated: numpy arrays (`numpy_state`), which process 0 writes.
+    Sharded: a copy on the devices, split as the state is, of which orbax
+    writes each shard once, from the process that holds it; no process
+    holds the whole state on its host. A copy, because the next step
+    donates the state's own buffers while the save still reads them; it
+    costs one more shard per device until the save has it on the host.
+    """
+    if self._copy is None:
+      return self.numpy_state()
+    return self._copy(self.state)
 
   @property
   def config(self) -> Optional[ConfigDict]:

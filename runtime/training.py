@@ -361,7 +361,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   with ledger.timing('checkpoint_restore'):
     ckpt, local = _open_checkpoints(options.checkpointing)
     start, state, _ = recovery.restore(options.checkpointing, ckpt, local,
-                                       state, len(task.data))
+                                       state, len(task.data), placed)
   with ledger.naming('metrics_writer'):
     writer = metrics_lib.MetricsWriter(
         workdir, topo.process_index == 0, resume_step=start or None,
@@ -373,7 +373,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   clock = goodput.StepClock(ledger, goodput.steps_done_before(ledger))
   run = loop.Run(options, workdir, task, replicated, start, par,
                  topo.process_index, writer, clock, in_flight_limit,
-                 config=config)
+                 config=config, placed=placed)
   resumed = f', resuming at step {start}' if start else ''
   writer.log(f'training {options.steps} steps, global batch '
              f'{options.data.global_batch_size} ({layout.describe()}), {par}, '

@@ -169,11 +169,11 @@ def fingerprints(workdir, ranks: int = 2) -> list[str]:
 def final_state(workdir) -> dict:
   """The newest persistent checkpoint's TrainState as nested numpy dicts
   ({'params', 'model_state', 'opt_state', 'rng'}), for comparing arrays."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from runtime.checkpoints import checkpoint  # pylint: disable=g-import-not-at-top
   root = pathlib.Path(workdir) / 'checkpoints'
   newest = max((p for p in root.iterdir() if p.name.isdigit()),
                key=lambda p: int(p.name))
-  return ocp.PyTreeCheckpointer().restore(str(newest / 'state'))
+  return checkpoint.read_state(str(newest))
 
 
 def assert_trees_close(one, two, rtol: float, atol: float) -> None:

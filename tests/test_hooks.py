@@ -219,7 +219,8 @@ def _fake_run(step):
   clock = types.SimpleNamespace(timing=lambda _: contextlib.nullcontext())
   writer = types.SimpleNamespace(flush=lambda: None)
   return types.SimpleNamespace(step=step, final=False, clock=clock,
-                               writer=writer, numpy_state=lambda: {})
+                               writer=writer, numpy_state=lambda: {},
+                               saved_state=lambda: {})
 
 
 def test_a_save_runs_the_replica_check_of_its_step_first_in_any_order():

@@ -1,8 +1,9 @@
 """Checkpoints of a training run, through orbax-checkpoint's CheckpointManager.
 
 A checkpoint of step s holds what step s + 1 depends on: the parameters, the
-optimiser state and the RNG key (item 'state', host arrays that process 0
-writes), and a JSON item 'meta' with the step, the data-stream position, the
+optimiser state and the RNG key (item 'state': host arrays that process 0
+writes, or, for a sharded state, global arrays of which each process writes
+the shards it holds), and a JSON item 'meta' with the step, the data-stream position, the
 config that decides the trajectory and the shapes of the state. Resuming from
 it gives, on CPU, bit-identical results to a run that never stopped. What the
 meta holds and how a resume is checked: runtime/checkpoints/checkpoint_meta.py.
@@ -11,9 +12,10 @@ Orbax writes each step into a temporary directory and renames it when every
 process is done, so a save cut short by SIGKILL is never taken for a
 checkpoint: `latest_step` skips it and the next start removes it.
 
-The saved arrays carry no device axis (the step keeps its state replicated
-without one), so a checkpoint written by 1 process x 8 devices restores on
-2 processes x 4 devices, or any other data-parallel topology.
+The saved arrays carry no device axis and are whole arrays however they
+were split, so a checkpoint written by 1 process x 8 devices restores on
+2 processes x 4 devices, or any other data-parallel topology, replicated or
+sharded.
 """
 
 import logging as stdlib_logging
@@ -165,7 +167,8 @@ class Checkpoints:
     return target
 
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
-    """Starts saving `state` (host arrays) as step `step`; returns at once.
+    """Starts saving `state` (host arrays, or global arrays nothing else
+    uses: the step donates its own) as step `step`; returns at once.
 
     Does nothing when `step` is already saved. Orbax's own save call blocks
     for its set-up (directories, a barrier between processes, copies) before
@@ -210,20 +213,32 @@ class Checkpoints:
     return self._manager.restore(
         step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
-  def load(self, step: int, like: Any) -> Any:
-    """The state saved as `step`, as host arrays in the tree of `like`.
+  def load(self, step: int, like: Any, shardings: Any = None) -> Any:
+    """The state saved as `step`, in the tree of `like`: host arrays, or
+    global arrays placed by `shardings`.
 
     Reads what it is told: which step, and whether it fits this run, are
     recovery.restore's to decide (every process restores the step they
-    agreed on, not each the newest it happens to see).
+    agreed on, not each the newest it happens to see). Whoever wrote it
+    (process 0 host arrays, or every process its shards), it restores
+    either way, on any topology: each process reads only the parts its
+    devices hold.
 
     Args:
       step: a step `all_steps()` lists.
       like: this run's initial state (a TrainState); its tree, shapes and
         dtypes.
+      shardings: None for host arrays, or a TrainState of NamedShardings
+        (a sharded state's).
     """
     self._join()
-    target = jax.tree.map(np.asarray, like)
+    if shardings is None:
+      target = jax.tree.map(np.asarray, like)
+    else:
+      target = jax.tree.map(
+          lambda x, sharding: jax.ShapeDtypeStruct(
+              np.shape(x), np.result_type(x), sharding=sharding),
+          like, shardings)
     restored = self._manager.restore(
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
     return type(like)(*restored.state)
@@ -265,6 +280,31 @@ def open_for(options: checkpoint_options.Checkpointing) -> Checkpoints:
   check_shared(options.directory)
   return Checkpoints(options.directory, every=options.every,
                      keep=options.keep, async_save=options.async_save)
+
+
+def read_state(step_dir: str) -> Any:
+  """The 'state' item of one checkpoint as nested dicts of numpy arrays,
+  whoever wrote it, on any machine (outside a job too).
+
+  Args:
+    step_dir: a checkpoint's directory, WORKDIR/checkpoints/STEP.
+
+  Returns:
+    {'params': ..., 'model_state': ..., 'opt_state': ..., 'rng': ...}, the
+    TrainState's fields, each leaf a numpy array.
+
+  Example:
+    >>> state = read_state('/tmp/w/checkpoints/300')
+    >>> state['params']['dense']['kernel'].shape
+    (784, 128)
+  """
+  item = epath.Path(step_dir) / 'state'
+  reader = ocp.PyTreeCheckpointer()
+  # As numpy: without a target orbax would put a sharded state's arrays
+  # back on the devices that saved them, which this process may lack.
+  as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                          reader.metadata(item).item_metadata.tree)
+  return reader.restore(item, restore_args=as_numpy)
 
 
 def refuse_existing(ckpt: Checkpoints) -> None:

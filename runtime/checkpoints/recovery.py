@@ -184,8 +184,9 @@ def check_local(local: local_checkpoint.LocalCheckpoints,
 def restore(options: checkpoint_options.Checkpointing,
             persistent: Optional[checkpoint.Checkpoints],
             local: Optional[local_checkpoint.LocalCheckpoints],
-            state: Any, num_examples: int) -> tuple[int, Any, str]:
-  """(step, host state, tier) to start from: the one place that decides.
+            state: Any, num_examples: int,
+            shardings: Any = None) -> tuple[int, Any, str]:
+  """(step, state, tier) to start from: the one place that decides.
 
   Without checkpoints, or with config.restore=False (`options.restore`),
   the run starts afresh
@@ -202,6 +203,10 @@ def restore(options: checkpoint_options.Checkpointing,
     state: the freshly initialised TrainState (host arrays): the tree,
       shapes and dtypes to restore into.
     num_examples: the size of the training data.
+    shardings: a sharded state's NamedShardings (a TrainState of them):
+      the persistent tier then restores global arrays placed by them, each
+      process reading only its devices' parts. The local tiers and a fresh
+      start give host arrays either way.
 
   Raises:
     CheckpointError: when a copy cannot be used here, or config.restore is
@@ -215,7 +220,7 @@ def restore(options: checkpoint_options.Checkpointing,
       local.clear()  # An earlier job's copies: this one starts afresh.
     return 0, state, 'fresh'
   step, state, tier = _restore_newest(options.trajectory, persistent, local,
-                                      state, num_examples)
+                                      state, num_examples, shardings)
   goodput.current().note(restore_tier=tier, restore_step=step)
   return step, state, tier
 
@@ -223,7 +228,8 @@ def restore(options: checkpoint_options.Checkpointing,
 def _restore_newest(trajectory: dict[str, Any],
                     persistent: checkpoint.Checkpoints,
                     local: Optional[local_checkpoint.LocalCheckpoints],
-                    state: Any, num_examples: int) -> tuple[int, Any, str]:
+                    state: Any, num_examples: int,
+                    shardings: Any) -> tuple[int, Any, str]:
   local_steps = (check_local(local, trajectory, state, num_examples)
                  if local else [])
   persistent_step = persistent.latest_step() if persistent else None
@@ -244,7 +250,7 @@ def _restore_newest(trajectory: dict[str, Any],
       where = os.path.join(persistent.path, str(decided.step))
       checkpoint_meta.check(persistent.meta(decided.step), trajectory, state,
                             num_examples, decided.step, where)
-      restored = persistent.load(decided.step, state)
+      restored = persistent.load(decided.step, state, shardings)
       logging.info('restored %s (step %d)', where, decided.step)
       return decided.step, restored, 'persistent'
     # A peer restore reads one copy; the others would be overwritten.

@@ -1,10 +1,10 @@
-"""Where the state's leaves would live when split over a replica's devices.
+"""Where the state's leaves live when split over a replica's devices.
 
-Sharded state (issue 59), its placement: the mesh of replicas and shards,
-the rule that picks the dimension each leaf is split along, and what that
-leaves on one device. `step.make_sharded_train_step` trains on it; the
-config's choice, the loop's host copies, the replica check and the
-checkpoints are not built yet.
+Sharded state (config.state_layout='sharded'), its placement: the mesh of
+replicas and shards, the rule that picks the dimension each leaf is split
+along, and what that leaves on one device. `step.make_sharded_train_step`
+trains on it, `training.train` places the state by it, and the persistent
+tier saves and restores it shard by shard (checkpoints/checkpoint.py).
 
 - `mesh(replica)`: a 2-D mesh, axes (`REPLICA_AXIS`, `SHARD_AXIS`). A
   replica is one process ('process': CPU and GPU hosts), one slice ('slice':
@@ -83,11 +83,14 @@ def replica_of(config: Any, elastic: Optional[str] = None) -> Optional[str]:
 def place(tree: Any, shardings: Any) -> Any:
   """Host arrays, the same on every process, as global arrays placed by
   `shardings` (a NamedSharding per leaf): each process puts only its own
-  devices' parts."""
-  return jax.tree_util.tree_map(
-      lambda x, sharding: jax.make_array_from_callback(
-          np.shape(x), sharding, lambda index: np.asarray(x)[index]),
-      tree, shardings)
+  devices' parts. A leaf already a global array placed so (restored from
+  the persistent tier) is kept as it is."""
+  def one(x, sharding):
+    if isinstance(x, jax.Array) and x.sharding == sharding:
+      return x
+    return jax.make_array_from_callback(
+        np.shape(x), sharding, lambda index: np.asarray(x)[index])
+  return jax.tree_util.tree_map(one, tree, shardings)
 
 
 def mesh(replica: str) -> Mesh:
