@@ -13,6 +13,12 @@ right one, and every process stops with exit 12 (REPLICAS_DIVERGED) when any
 device differs, naming the rank, the device, the step and the first
 parameter path that differs, and the newest checkpoint saved before.
 
+A sharded state (runtime/parallelism/state_layout.py) is checked shard by
+shard: each device sums the part of each leaf it holds, and a device is
+compared with the devices at the same shard position in the other replicas
+(`checksums_by_shard`); a leaf kept whole is the same on every device. With
+one replica a split leaf has no other copy to compare with.
+
 Example:
   >>> checksums_by_device(run.state.params, parallelism.PMAP)  # (devices, leaves)
   array([[2387103, 912883], ...], dtype=uint32)
@@ -21,16 +27,18 @@ Example:
 import collections
 import functools
 import json
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 import numpy as np
 
 from runtime.common import exit_codes
 from runtime import coordination
 from runtime import hooks as hooks_lib
 from runtime import parallelism as parallelism_lib
+from runtime.parallelism import state_layout
 
 _UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}
 _KEY = 'podrun/integrity'
@@ -82,27 +90,87 @@ def checksums_by_device(tree: Any,
                          for s in shards])
 
 
+def checksums_by_shard(tree: Any, shardings: Any
+                       ) -> tuple[np.ndarray, list[int]]:
+  """(local devices, leaves) uint32 checksums of the part of each leaf
+  that each device holds, and each local device's shard position.
+
+  Args:
+    tree: global arrays placed by `shardings` (a sharded state's params).
+    shardings: NamedShardings on one (replicas, shards) mesh
+      (state_layout.mesh).
+
+  Returns:
+    (rows, positions): rows in the order of this process's devices in the
+    mesh; positions[i], the shard that local device i holds (0 to
+    shards - 1), the same for the devices of each replica that should
+    agree.
+  """
+  placements, treedef = jax.tree_util.tree_flatten(shardings)
+  grid = placements[0].mesh
+  rows = _shard_sums(grid, treedef, tuple(p.spec for p in placements))(tree)
+  leaves = len(jax.tree_util.tree_leaves(tree))
+  shards = grid.shape[state_layout.SHARD_AXIS]
+  parts = sorted(rows.addressable_shards, key=lambda s: s.index[0].start)
+  return (np.concatenate([np.asarray(s.data).reshape(-1, leaves)
+                          for s in parts]),
+          [s.index[0].start % shards for s in parts])
+
+
+@functools.lru_cache(maxsize=None)
+def _shard_sums(grid, treedef, spec_leaves: tuple) -> Callable:
+  """The jitted per-device sums of the blocks of a tree of `treedef`."""
+  specs = jax.tree_util.tree_unflatten(treedef, spec_leaves)
+  flat = PartitionSpec((state_layout.REPLICA_AXIS, state_layout.SHARD_AXIS))
+  # Each device's own block of each leaf, as it holds it: no gather.
+  return jax.jit(jax.shard_map(
+      lambda tree: _checksums(tree, None), mesh=grid, in_specs=(specs,),
+      out_specs=flat, check_vma=False))
+
+
 def leaf_paths(tree: Any) -> list[str]:
   return [jax.tree_util.keystr(p)
           for p, _ in jax.tree_util.tree_leaves_with_path(tree)]
 
 
-def outliers(rows: dict[tuple[int, int], list[int]], paths: list[str]
-             ) -> list[str]:
-  """'rank R device D: first differs at PATH' for each device off the majority.
+def outliers(rows: dict[tuple[int, int], list[int]], paths: list[str],
+             positions: Optional[dict[tuple[int, int], int]] = None,
+             split: Sequence[bool] = ()) -> list[str]:
+  """'rank R device D: first differs at PATH' for each device off the
+  majority of the devices that hold the same part of a leaf.
+
+  A leaf kept whole is compared across every device; a split one (with
+  `positions`) across the devices at the same shard position. Where those
+  devices split evenly (two replicas), each of them is named.
 
   Args:
     rows: {(process index, local device index): checksums, one per leaf}.
     paths: each leaf's path.
+    positions: {the same keys: shard position}; None when every device
+      holds the whole parameters.
+    split: per leaf, whether it is split (with `positions`).
   """
-  majority, _ = collections.Counter(
-      tuple(r) for r in rows.values()).most_common(1)[0]
+  keys = sorted(rows)
+  shards = len(set(positions.values())) if positions else 1
+  first = {}
+  for leaf in range(len(paths)):
+    groups = collections.defaultdict(list)
+    for key in keys:
+      by_shard = positions is not None and split[leaf]
+      groups[positions[key] if by_shard else -1].append(key)
+    for members in groups.values():
+      counts = collections.Counter(rows[k][leaf] for k in members)
+      value, count = counts.most_common(1)[0]
+      even = len(counts) > 1 and 2 * count <= len(members)
+      for key in members:
+        if (even or rows[key][leaf] != value) and key not in first:
+          first[key] = leaf
   lines = []
-  for (process_index, device), row in sorted(rows.items()):
-    if tuple(row) != majority:
-      first = next(i for i, (a, b) in enumerate(zip(row, majority)) if a != b)
-      lines.append(f'rank {process_index} device {device}: first differs at '
-                   f'params{paths[first]}')
+  for (process_index, device), leaf in sorted(first.items()):
+    where = (f' (shard {positions[(process_index, device)]} of {shards})'
+             if positions is not None and split[leaf] else '')
+    lines.append(f'rank {process_index} device {device}{where}: first '
+                 f'differs at params{paths[leaf]}')
   return lines
 
 
@@ -120,13 +188,23 @@ class CheckReplicas(hooks_lib.Periodic):
     self._last_good: Optional[int] = None
 
   def work(self, run) -> None:
-    rows = checksums_by_device(run.state.params, run.parallelism)
+    placed = run.placed
+    if placed is None:
+      rows = checksums_by_device(run.state.params, run.parallelism)
+      positions, split = None, ()
+    else:
+      rows, positions = checksums_by_shard(run.state.params, placed.params)
+      split = [state_layout.SHARD_AXIS in tuple(s.spec)
+               for s in jax.tree_util.tree_leaves(placed.params)]
     client = coordination.current()
     paths = leaf_paths(run.state.params)
     if client is None or client.process_count == 1:
-      lines = outliers({(0, d): list(r) for d, r in enumerate(rows)}, paths)
+      lines = outliers({(0, d): list(r) for d, r in enumerate(rows)}, paths,
+                       None if positions is None else
+                       {(0, d): p for d, p in enumerate(positions)}, split)
     else:
-      lines = _gather(client, run.step, rows, paths, self._last_good)
+      lines = _gather(client, run.step, rows, positions, paths, split,
+                      self._last_good)
     if lines:
       raise DivergedError(self._message(run.step, lines))
     self._last_good = run.step
@@ -145,19 +223,25 @@ class CheckReplicas(hooks_lib.Periodic):
 
 
 def _gather(client: coordination.Client, step: int, rows: np.ndarray,
-            paths: list[str], previous: Optional[int]) -> list[str]:
+            positions: Optional[list[int]], paths: list[str],
+            split: Sequence[bool], previous: Optional[int]) -> list[str]:
   """Every process's rows to process 0; its verdict back to every process.
 
   Process 0 also removes the keys of the previous check, which every
   process has read by the time it publishes this one's rows.
   """
   def decide(published):
-    gathered = {(process_index, device): row
-                for process_index, text in published.items()
-                for device, row in enumerate(json.loads(text))}
+    gathered, where = {}, {}
+    for process_index, text in published.items():
+      sent = json.loads(text)
+      for device, row in enumerate(sent['rows']):
+        gathered[(process_index, device)] = row
+        if sent['positions'] is not None:
+          where[(process_index, device)] = sent['positions'][device]
     if previous is not None:
       client.delete(f'{_KEY}/{previous}')
-    return json.dumps(outliers(gathered, paths))
-  verdict = client.decide_on_0(f'{_KEY}/{step}', json.dumps(rows.tolist()),
-                            decide)
+    return json.dumps(outliers(gathered, paths, where or None, split))
+  verdict = client.decide_on_0(
+      f'{_KEY}/{step}', json.dumps({'rows': rows.tolist(),
+                                    'positions': positions}), decide)
   return json.loads(verdict)

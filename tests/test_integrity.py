@@ -49,3 +49,87 @@ def test_outliers_take_the_majority_as_right():
       "rank 1 device 3: first differs at params['b']"]
   rows[(1, 3)] = [1, 2]
   assert integrity.outliers(rows, ["['w']", "['b']"]) == []
+
+
+def _sharded_params(replicas):
+  """A (16, 8) kernel split 8 / replicas ways, a bias kept whole."""
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  grid = Mesh(np.array(jax.devices()).reshape(replicas, -1),
+              ('replicas', 'shards'))
+  shardings = {'kernel': NamedSharding(grid, P(None, 'shards')),
+               'bias': NamedSharding(grid, P())}
+  host = {'kernel': np.arange(128, dtype=np.float32).reshape(16, 8),
+          'bias': np.arange(3, dtype=np.float32)}
+  return jax.device_put(host, shardings), shardings
+
+
+def _flip(leaf, device: int):
+  """`leaf` with one bit flipped in the part device `device` holds."""
+  parts = [s.data for s in leaf.addressable_shards]
+  bad = np.array(parts[device]).view(np.uint32)
+  bad.flat[0] ^= 1 << 3
+  parts[device] = jax.device_put(bad.view(np.float32),
+                                 leaf.addressable_shards[device].device)
+  return jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding,
+                                                  parts)
+
+
+def test_a_sharded_state_is_checked_shard_by_shard_against_the_other_replicas():
+  """2 replicas of 4: device 6 holds shard 2 of the kernel, as device 2
+  does; its flipped bit is named, and the parts of a split leaf, which
+  differ from shard to shard, are not taken for a divergence."""
+  params, shardings = _sharded_params(2)
+  rows, positions = integrity.checksums_by_shard(params, shardings)
+  assert rows.shape == (8, 2) and positions == [0, 1, 2, 3] * 2
+  kernel = integrity.leaf_paths(params).index("['kernel']")
+  assert (rows[:4] == rows[4:]).all()
+  assert len({r[kernel] for r in rows[:4]}) == 4  # Each its own part.
+  keys = lambda values: {(0, d): v for d, v in enumerate(values)}
+  paths = integrity.leaf_paths(params)
+  split = [path == "['kernel']" for path in paths]
+  assert integrity.outliers(keys([list(r) for r in rows]), paths,
+                            keys(positions), split) == []
+  params['kernel'] = _flip(params['kernel'], 6)
+  rows, _ = integrity.checksums_by_shard(params, shardings)
+  # Two replicas: device 2 and device 6 split evenly, so both are named.
+  assert integrity.outliers(keys([list(r) for r in rows]), paths,
+                            keys(positions), split) == [
+                                "rank 0 device 2 (shard 2 of 4): first "
+                                "differs at params['kernel']",
+                                "rank 0 device 6 (shard 2 of 4): first "
+                                "differs at params['kernel']"]
+  # Replicated checks would see every device's gathered copy alike.
+  gathered = integrity.checksums_by_device(
+      {k: jax.device_put(v, jax.sharding.NamedSharding(
+          parallelism.global_mesh(), jax.sharding.PartitionSpec()))
+       for k, v in params.items()}, parallelism.SHARD_MAP)
+  assert (gathered == gathered[0]).all()
+
+
+def test_a_leaf_kept_whole_is_checked_on_every_device_of_one_replica():
+  """One replica of 8: a split leaf has no second copy, but the bias kept
+  whole is on every device, and device 3's flipped bit in it is named."""
+  params, shardings = _sharded_params(1)
+  params['bias'] = _flip(params['bias'], 3)
+  rows, positions = integrity.checksums_by_shard(params, shardings)
+  assert positions == list(range(8))
+  keys = lambda values: {(0, d): v for d, v in enumerate(values)}
+  paths = integrity.leaf_paths(params)
+  assert integrity.outliers(keys([list(r) for r in rows]), paths,
+                            keys(positions),
+                            [path == "['kernel']" for path in paths]) == [
+                                "rank 0 device 3: first differs at "
+                                "params['bias']"]
+
+
+def test_four_replicas_name_only_the_odd_one():
+  params, shardings = _sharded_params(4)
+  params['kernel'] = _flip(params['kernel'], 5)
+  rows, positions = integrity.checksums_by_shard(params, shardings)
+  assert positions == [0, 1] * 4
+  paths = integrity.leaf_paths(params)
+  assert integrity.outliers(
+      {(0, d): list(r) for d, r in enumerate(rows)}, paths,
+      {(0, d): p for d, p in enumerate(positions)},
+      [path == "['kernel']" for path in paths]) == [
+          "rank 0 device 5 (shard 1 of 2): first differs at params['kernel']"]

@@ -197,7 +197,7 @@ def _kill_in_local_save(step: int, once_marker: str, config) -> None:
 
 def flip_bit(run, step: int, device: int) -> None:
   """Flips the lowest bit of element 0 of the first parameter, on one local
-  device's copy only, once, at `step`."""
+  device's copy (or part, for a sharded state) only, once, at `step`."""
   if run.step != step:
     return
   state = run.state
@@ -207,7 +207,7 @@ def flip_bit(run, step: int, device: int) -> None:
   bad = np.array(shards[device]).reshape(-1).view(np.uint32)
   bad[0] ^= 1
   shards[device] = jax.device_put(
-      bad.view(leaf.dtype).reshape(leaf.shape),
+      bad.view(leaf.dtype).reshape(shards[device].shape),
       leaf.addressable_shards[device].device)
   flipped = jax.make_array_from_single_device_arrays(leaf.shape,
                                                      leaf.sharding, shards)
