@@ -279,9 +279,12 @@ class SaveLocalCheckpoints(Hook):
     with (run.clock.timing('checkpoint_blocking'),
           progress.working('local_checkpoint')):
       run.writer.flush()
-      numpy_state = run.numpy_state()
-      self.local.save(run.step, numpy_state,
-                      self.describe(run, numpy_state, 'local'))
+      kept = run.local_state()
+      # The whole state's shapes, also when this copy is a part of it.
+      meta = self.describe(run, run.state, 'local')
+      if run.part is not None:
+        meta['part'] = run.part
+      self.local.save(run.step, kept, meta)
     cadence.saved(run.step, time.perf_counter() - started)
 
   def end(self, run, error) -> None:

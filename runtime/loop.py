@@ -15,6 +15,7 @@ import jax
 from ml_collections import ConfigDict
 import numpy as np
 
+from runtime.checkpoints import shard_parts
 from runtime.common import deprecations
 from runtime.common import exit_codes
 from runtime.common import goodput
@@ -94,6 +95,25 @@ class Run:
   def numpy_state(self) -> step_lib.TrainState:
     """The state after step `step` as numpy arrays (waits for it)."""
     return self.parallelism.to_host(self.state)
+
+  def local_state(self) -> step_lib.TrainState:
+    """The state after step `step` as this process's local tier keeps it:
+    numpy arrays, whole when replicated; for a sharded state only the
+    blocks this process's devices hold (runtime/checkpoints/shard_parts.py),
+    so no host holds the whole state."""
+    if self.placed is None:
+      return self.numpy_state()
+    return shard_parts.own(self.state)
+
+  @property
+  def part(self) -> Optional[dict[str, int]]:
+    """Where this process's part of a sharded state sits (what its local
+    copies record: `shard_parts.Position.describe`); None when
+    replicated."""
+    if self.placed is None:
+      return None
+    grid = jax.tree_util.tree_leaves(self.placed)[0].mesh
+    return shard_parts.positions(grid)[self.process_index].describe()
 
   def saved_state(self) -> step_lib.TrainState:
     """The state after step `step` as the persistent tier saves it.

@@ -2,6 +2,7 @@
 trains as the replicated state does, to float rounding, on 2x4, 4x2 (with
 2 microbatches) and 1x8."""
 
+import pathlib
 import shutil
 
 import jax
@@ -181,3 +182,62 @@ def test_the_persistent_tier_holds_each_process_s_shards_and_resumes_anywhere(
   assert 'resuming at step 40' in output, output
   helpers.assert_trees_close(helpers.final_state(
       tmp_path / 'from-replicated'), want, rtol=1e-5, atol=1e-6)
+
+
+def _last_restore_tiers(workdir) -> list[str]:
+  """The restore tier each process of the last attempt noted."""
+  attempts = {}
+  for path in pathlib.Path(workdir).glob('goodput/*/rank_*.json'):
+    ledger = helpers.read_json(path)
+    attempts.setdefault(path.parent.name, {})[int(path.stem[5:])] = (
+        ledger['started'], ledger.get('notes', {}).get('restore_tier'))
+  last = max(attempts.values(), key=lambda a: min(v[0] for v in a.values()))
+  return [last[i][1] for i in sorted(last)]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize('replica, local_tier', [
+    ('process', ['local', 'peer']), ('all', ['local', 'local'])])
+def test_a_kill_in_a_local_save_restores_each_process_s_part(
+    tmp_path, replica, local_tier):
+  """About 25 s each: process 1 of a sharded 2x4 job is SIGKILLed halfway
+  through writing its local copy of step 40, and the job ends on the bits
+  of an undisturbed run. A replica per process: each process's part is
+  the whole state, so process 0's copy of step 40 restores both, placed
+  through the devices; one replica over both processes: each process
+  keeps only its half, no position but process 0's holds step 40, so both
+  go back to step 30, each reading its own half."""
+  sharded = [*PROBE, '--local_processes=2', '--local_devices=4',
+             f'--config.replica={replica}', '--config.per_rank_local_dir=True']
+  straight = helpers.run_launcher(
+      [*sharded, f'--workdir={tmp_path}/straight'], timeout=150)
+  assert straight.returncode == 0, straight.output
+  killed = helpers.run_launcher(
+      [*sharded, '--config.fail_rank=1', '--config.fail_step=-1',
+       '--config.fail_once=True', '--config.kill_in_local_save=40',
+       '--max_restarts=1', '--retry_exit_codes=137',
+       '--restart_backoff=0.5', f'--workdir={tmp_path}/killed'], timeout=150)
+  assert killed.returncode == 0, killed.output
+  assert 'probe: sigkill in the local save of step 40' in killed.output
+  step = 40 if replica == 'process' else 30
+  assert f'resuming at step {step}' in killed.output, killed.output
+  if replica == 'process':
+    assert "restoring step 40 from process(es) 0's local copy" in (
+        killed.output), killed.output
+  assert _last_restore_tiers(tmp_path / 'killed') == local_tier
+  assert helpers.fingerprints(tmp_path / 'killed', 2) == (
+      helpers.fingerprints(tmp_path / 'straight', 2))
+  helpers.assert_no_survivors(tmp_path / 'killed')
+  # What a local copy holds: a job that fails at step 45 leaves them.
+  failed = helpers.run_launcher(
+      [*sharded[:-1], f'--config.local_checkpoint_dir={tmp_path}/local',
+       '--config.fail_rank=1', '--config.fail_step=45',
+       f'--workdir={tmp_path}/failed'], timeout=150)
+  assert failed.returncode != 0, failed.output
+  for process in (0, 1):
+    copy, = (tmp_path / 'local').glob(f'*/rank_{process}/step_40/state.npz')
+    with np.load(copy) as saved:
+      ballast = saved[".params['ballast']"]
+    # A replica per process keeps the whole leaf, one over both its half.
+    half = 4096 if replica == 'process' else 2048
+    assert ballast.shape == (half,), (process, ballast.shape)

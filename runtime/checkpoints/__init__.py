@@ -21,5 +21,5 @@ from. The parts:
 Example:
   >>> from runtime.checkpoints import recovery
   >>> recovery.plan({0: [400, 450], 1: []}, persistent_step=0)
-  Plan(step=450, tier='peer', source=0, holders=(0,))
+  Plan(step=450, tier='peer', source=0, holders=(0,), sources=None)
 """

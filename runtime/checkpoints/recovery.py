@@ -14,9 +14,15 @@ decision (`plan`, a pure function):
 - when no process holds it locally, everyone reads the persistent tier
   ('persistent').
 
-The state is replicated, so one copy restores every process, whatever the
-topology that wrote it: a 1x8 copy restores 2x4. The broadcast sends the
-state's bytes, so every process continues bit-exact.
+A replicated state's copy restores every process, whatever the topology
+that wrote it: a 1x8 copy restores 2x4. The broadcast sends the state's
+bytes, so every process continues bit-exact.
+
+A sharded state's local copy is its process's part
+(runtime/checkpoints/shard_parts.py): a step counts as held when every
+position in a replica has a holder, and a 'peer' restore takes each
+position's part from its lowest-numbered holder, selected on the devices
+as bits. The persistent tier restores it straight into its shardings.
 
 Example:
   >>> step, state, tier = restore(config, persistent, local, state, 60000)
@@ -41,6 +47,7 @@ from runtime.checkpoints import options as checkpoint_options
 from runtime.common import goodput
 from runtime import coordination
 from runtime.checkpoints import local_checkpoint
+from runtime.checkpoints import shard_parts
 
 _KEY = 'podrun/restore'
 
@@ -55,38 +62,61 @@ class Plan:
       reads its copy and sends it), 'persistent', or 'fresh'.
     source: the process that sends the state ('peer' only).
     holders: the processes that hold `step` locally.
+    sources: with positions (a sharded state), {position: the process that
+      sends that position's part} ('peer' only).
   """
   step: Optional[int]
   tier: str
   source: Optional[int] = None
   holders: tuple[int, ...] = ()
+  sources: Optional[dict[int, int]] = None
 
 
 def plan(local_steps: dict[int, list[int]],
-         persistent_step: Optional[int]) -> Plan:
+         persistent_step: Optional[int],
+         positions: Optional[dict[int, int]] = None) -> Plan:
   """The restore every process agrees on.
 
   Args:
     local_steps: {process id: steps its local tier holds}, every process.
     persistent_step: the persistent tier's latest step, or None.
+    positions: {process id: its position in its replica}, when each
+      process's copy is only its part of a sharded state
+      (runtime/checkpoints/shard_parts.py): a step restores from the local
+      tier only when every position has a holder. None: every copy is
+      whole.
 
   Example:
     >>> plan({0: [400, 450], 1: []}, persistent_step=0)
-    Plan(step=450, tier='peer', source=0, holders=(0,))
+    Plan(step=450, tier='peer', source=0, holders=(0,), sources=None)
   """
-  newest_local = max((s for steps in local_steps.values() for s in steps),
-                     default=None)
+  places = positions or {p: 0 for p in local_steps}
+
+  def holders_of(step):
+    return tuple(sorted(p for p, steps in local_steps.items()
+                        if step in steps))
+
+  def whole(step):
+    held = {places[p] for p in holders_of(step)}
+    return held == set(places.values())
+  newest_local = max((s for steps in local_steps.values() for s in steps
+                      if whole(s)), default=None)
   candidates = [s for s in (newest_local, persistent_step) if s is not None]
   if not candidates:
     return Plan(None, 'fresh')
   step = max(candidates)
-  holders = tuple(sorted(p for p, steps in local_steps.items()
-                         if step in steps))
+  holders = holders_of(step) if step == newest_local else ()
   if not holders:
     return Plan(step, 'persistent')
   if len(holders) == len(local_steps):
     return Plan(step, 'local', holders=holders)
-  return Plan(step, 'peer', source=holders[0], holders=holders)
+  sources = None
+  if positions is not None:
+    sources = {}
+    for process in holders:
+      sources.setdefault(places[process], process)
+  return Plan(step, 'peer', source=holders[0], holders=holders,
+              sources=sources)
 
 
 def _exchange(local_steps: list[int], persistent_step: Optional[int]
@@ -156,22 +186,30 @@ def broadcast(state: Any, is_source: bool) -> Any:
 
 
 def check_local(local: local_checkpoint.LocalCheckpoints,
-                trajectory: dict[str, Any], like: Any, num_examples: int
-                ) -> list[int]:
+                trajectory: dict[str, Any], like: Any, num_examples: int,
+                parts: Optional['_Parts'] = None) -> list[int]:
   """The steps this process can restore from its own disk (whatever index
   wrote them), after checking the newest against this run's `trajectory`
   (checkpoint_meta.trajectory_config) and data. A copy that cannot be read
-  (a file truncated or removed) is removed and not offered.
+  (a file truncated or removed) is removed and not offered; with `parts`
+  (a sharded state), neither is a copy of another position or layout, or a
+  whole one, which stays.
 
   Raises:
     CheckpointError: when the newest copy was made by a different run or on
       other data, naming the difference.
   """
   for step in list(local.held()):
-    why = local.unreadable(step, like)
+    why = local.unreadable(step, parts.like if parts else like)
     if why is not None:
       local.set_aside(step, why)
   held = local.held()
+  if parts is not None:
+    held = {step: where for step, where in held.items()
+            if local.meta(step).get('part') == parts.record}
+  else:  # A sharded state's part restores no replicated run.
+    held = {step: where for step, where in held.items()
+            if 'part' not in local.meta(step)}
   steps = list(held)
   if steps:
     checkpoint_meta.check(local.meta(steps[-1]), trajectory, like,
@@ -230,20 +268,26 @@ def _restore_newest(trajectory: dict[str, Any],
                     local: Optional[local_checkpoint.LocalCheckpoints],
                     state: Any, num_examples: int,
                     shardings: Any) -> tuple[int, Any, str]:
-  local_steps = (check_local(local, trajectory, state, num_examples)
+  # A sharded state's local copies are each process's own part.
+  parts = None if shardings is None else _Parts(shardings, state)
+  local_steps = (check_local(local, trajectory, state, num_examples, parts)
                  if local else [])
   persistent_step = persistent.latest_step() if persistent else None
   everyone, persistent_step = _exchange(local_steps, persistent_step)
   me = jax.process_index()
   for attempt in itertools.count():
-    decided = plan(everyone, persistent_step)
+    decided = plan(everyone, persistent_step,
+                   parts.positions if parts else None)
     if decided.tier == 'fresh':
       return 0, state, 'fresh'
+    senders = (f'process {decided.source}' if not decided.sources else
+               'process(es) ' + ', '.join(
+                   str(p) for p in sorted(set(decided.sources.values()))))
     # Said before the read, which may take minutes from a bucket.
     logging.info('restoring step %d from %s', decided.step, {
         'persistent': 'the persistent tier',
         'local': 'each process\'s local copy',
-        'peer': f'process {decided.source}\'s local copy'}[decided.tier])
+        'peer': f'{senders}\'s local copy'}[decided.tier])
     if decided.tier == 'persistent':
       # The step process 0 saw, not each process's own latest_step(): on a
       # bucket a process may list a newer or older step than the others.
@@ -253,13 +297,14 @@ def _restore_newest(trajectory: dict[str, Any],
       restored = persistent.load(decided.step, state, shardings)
       logging.info('restored %s (step %d)', where, decided.step)
       return decided.step, restored, 'persistent'
-    # A peer restore reads one copy; the others would be overwritten.
-    readers = (decided.holders if decided.tier == 'local'
-               else (decided.source,))
-    mine, failed = state, False
+    # A peer restore reads only the senders' copies.
+    readers = (decided.holders if decided.tier == 'local' else
+               tuple(decided.sources.values()) if decided.sources else
+               (decided.source,))
+    mine, failed = None, False
     if me in readers:
       try:
-        mine = local.load(decided.step, state)
+        mine = local.load(decided.step, parts.like if parts else state)
       except local_checkpoint.UNREADABLE as e:
         # Garbled inside (check_local reads only the zip's directory).
         local.set_aside(decided.step, f'{type(e).__name__}: {e}')
@@ -271,10 +316,27 @@ def _restore_newest(trajectory: dict[str, Any],
     # step or the persistent tier.
     for process in unread:
       everyone[process] = [s for s in everyone[process] if s != decided.step]
-  if decided.tier == 'peer':
-    mine = broadcast(mine, is_source=me == decided.source)
+  if parts is not None:
+    mine = (shard_parts.place(mine, shardings, state)
+            if decided.tier == 'local' else
+            shard_parts.assemble(mine, shardings, state, decided.sources))
+  elif decided.tier == 'peer':
+    mine = broadcast(state if mine is None else mine,
+                     is_source=me == decided.source)
   tier = 'local' if me in decided.holders else 'peer'
   logging.info('restored step %d from %s', decided.step,
                'this process\'s local copy' if tier == 'local' else
-               f'process {decided.source}\'s local copy')
+               f'{senders}\'s local copy')
   return decided.step, mine, tier
+
+
+class _Parts:
+  """What restoring a sharded state's local parts needs: every process's
+  position, and this process's part's shapes and record."""
+
+  def __init__(self, shardings: Any, like: Any):
+    grid = jax.tree_util.tree_leaves(shardings)[0].mesh
+    where = shard_parts.positions(grid)
+    self.positions = {p: position.index for p, position in where.items()}
+    self.record = where[jax.process_index()].describe()
+    self.like = shard_parts.like_own(like, shardings)
