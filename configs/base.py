@@ -56,6 +56,12 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   # a fixed size.
   config.state_layout = 'replicated'
   config.replica = 'process'
+  # With 'sharded': the dimension to split a leaf along, where the rule
+  # (its largest dimension that the replica's devices divide) will not do,
+  # 'PATTERN=DIM,...' with DIM a number or 'whole'; a pattern names a leaf
+  # by its path or the path's end, 'embed/embedding=1,out/*=whole'. Wins
+  # over Task.shard_dims.
+  config.shard_dims = ''
   # Examples per device in one forward and backward pass (0: no limit),
   # passes per device (0: as few as the limit allows), or the examples of
   # one pass exactly (0: chosen from the other two). Beyond the limit the

@@ -107,13 +107,12 @@ class Run:
 
   @property
   def part(self) -> Optional[dict[str, int]]:
-    """Where this process's part of a sharded state sits (what its local
-    copies record: `shard_parts.Position.describe`); None when
+    """Where this process's part of a sharded state sits and how it is
+    split (what its local copies record: `shard_parts.record`); None when
     replicated."""
     if self.placed is None:
       return None
-    grid = jax.tree_util.tree_leaves(self.placed)[0].mesh
-    return shard_parts.positions(grid)[self.process_index].describe()
+    return shard_parts.record(self.placed, self.process_index)
 
   def saved_state(self) -> step_lib.TrainState:
     """The state after step `step` as the persistent tier saves it.

@@ -19,7 +19,7 @@ Example (a workload):
 
 import dataclasses
 import os
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from absl import logging
 import jax
@@ -95,6 +95,10 @@ class Task:
     schedule: the optimiser's learning-rate schedule, `count -> rate`; when
       given, the rate is logged with the metrics.
     hooks: more hooks (runtime/hooks.py), called after the built-in ones.
+    shard_dims: with config.state_layout='sharded', {leaf pattern:
+      dimension, or None for whole} where the rule's choice will not do
+      (runtime/parallelism/state_layout.py `specs`); config.shard_dims
+      wins over it.
     evaluate: the old name of `eval_fn`, kept for one release.
   """
   params: Any
@@ -107,6 +111,7 @@ class Task:
   eval_fn: Optional[Callable[[Any, Any], dict[str, float]]] = None
   schedule: Optional[Callable[[int], Any]] = None
   hooks: Sequence[hooks_lib.Hook] = ()
+  shard_dims: Optional[Mapping[str, Optional[int]]] = None
   evaluate: Optional[Callable[[Any, Any], dict[str, float]]] = None
 
   def __post_init__(self):
@@ -243,7 +248,8 @@ _REPLICA_WORDS = {'process': 'one per process', 'slice': 'one per slice',
                   'all': 'every device'}
 
 
-def _shardings(config: ConfigDict, state: step_lib.TrainState
+def _shardings(config: ConfigDict, state: step_lib.TrainState,
+               task_dims: Optional[Mapping[str, Optional[int]]]
                ) -> tuple[Optional[step_lib.TrainState], str]:
   """(the state's shardings, or None to replicate it; the console's line
   on where the state lives)."""
@@ -253,7 +259,11 @@ def _shardings(config: ConfigDict, state: step_lib.TrainState
     return None, ''
   grid = state_layout.mesh(replica)
   shards = grid.shape[state_layout.SHARD_AXIS]
-  specs = state_layout.specs(state, shards)
+  # The config's patterns first: the first that names a leaf wins.
+  from_config = state_layout.parse_dims(config.get('shard_dims', ''))
+  overrides = {**from_config, **{k: v for k, v in (task_dims or {}).items()
+                                 if k not in from_config}}
+  specs = state_layout.specs(state, shards, overrides)
   used = state_layout.footprint(state, specs, shards)
   return step_lib.state_shardings(grid, specs), (
       f'state sharded: {grid.shape[state_layout.REPLICA_AXIS]} replica(s) '
@@ -355,7 +365,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     par = parallelism_lib.from_config(config)
     state = step_lib.init_state(task.params, task.optimizer,
                                 options.data.seed, task.model_state)
-    placed, where = _shardings(config, state)
+    placed, where = _shardings(config, state, task.shard_dims)
     step_fn = _step_fn(task, par, layout, placed)
   ledger.note(topology=layout_fields(topo, layout))
   with ledger.timing('checkpoint_restore'):

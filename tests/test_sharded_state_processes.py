@@ -31,9 +31,9 @@ def _run(tmp_path, name: str, layout: str, processes: int, devices: int,
 
 @pytest.mark.timeout(400)
 def test_the_sharded_state_trains_as_the_replicated_one(tmp_path):
-  """About 50 s: five pods (replicated 2x4, then sharded 2x4, 4x2, 1x8 and
-  2x4 as one replica), each a few seconds of start-up; the comparison is
-  the point."""
+  """About 60 s: six pods (replicated 2x4, then sharded 2x4, 4x2, 1x8, 2x4
+  as one replica and 2x4 split as config.shard_dims says), each a few
+  seconds of start-up; the comparison is the point."""
   mnist.write_synthetic(str(tmp_path / 'data'), num_train=1024, num_test=64)
   want, _ = _run(tmp_path, 'replicated', 'replicated', 2, 4)
   for name, processes, devices, extra, said in (
@@ -43,7 +43,16 @@ def test_the_sharded_state_trains_as_the_replicated_one(tmp_path):
       ('1x8', 1, 8, (), '1 replica(s) (one per process) of 8 device(s)'),
       # One replica across both processes: the host copies are gathered.
       ('2x4-all', 2, 4, ('--config.replica=all',),
-       '1 replica(s) (every device) of 8 device(s)')):
+       '1 replica(s) (every device) of 8 device(s)'),
+      # The user's split: layer 0's kernel (784, 64) along 784, layer 1
+      # whole, which the console then lists.
+      ('2x4-dims', 2, 4,
+       ('--config.shard_dims=layer_0/w=0,layer_1/*=whole',),
+       "2 replica(s) (one per process) of 4 device(s); state per device "
+       "154.8 KiB: 147.2 KiB of it split 4 ways, 7.6 KiB whole (7 leaves "
+       "kept whole, that 4 does not divide or an override keeps: "
+       "params/layer_1/w (64, 10), opt_state/0/mu/layer_1/w (64, 10), "
+       "opt_state/0/nu/layer_1/w (64, 10), and 4 more)")):
     got, output = _run(tmp_path, name, 'sharded', processes, devices, *extra)
     assert f'state sharded: {said}' in output, output
     helpers.assert_trees_close(got['params'], want['params'], rtol=1e-5,

@@ -143,3 +143,42 @@ def test_the_layout_is_chosen_by_the_config_and_refused_where_it_cannot_run():
   with pytest.raises(exit_codes.ConfigError, match='elastic job .processes 3-4'):
     state_layout.replica_of(_config(state_layout='sharded',
                                     parallelism='shard_map'), elastic='3-4')
+
+
+def test_an_override_by_the_path_s_end_names_the_moments_too():
+  layout = state_layout.specs(_adam_state(), 8, {'dense/kernel': 1,
+                                                'out/*': None})
+  adam = layout['opt_state'][0]
+  for tree in (layout['params'], adam.mu, adam.nu):
+    assert tree['dense']['kernel'] == PartitionSpec(None, SHARDS)
+    assert tree['out']['kernel'] == PartitionSpec()
+  with pytest.raises(exit_codes.ConfigError) as error:
+    state_layout.specs(_adam_state(), 8, {'dense/kernal': 1})
+  assert "'dense/kernal' name no leaf" in str(error.value)
+  assert 'params/dense/kernel' in str(error.value)
+
+
+def test_config_shard_dims_parse_to_overrides_or_are_refused():
+  assert state_layout.parse_dims('') == {}
+  assert state_layout.parse_dims(' embed/embedding=1, out/*=whole ') == {
+      'embed/embedding': 1, 'out/*': None}
+  for bad in ('embed', 'embed=first', '=1'):
+    with pytest.raises(exit_codes.ConfigError) as error:
+      state_layout.parse_dims(bad)
+    assert f'entry {bad!r}' in str(error.value)
+
+
+def test_config_shard_dims_win_over_the_task_s():
+  """train's choice: config.shard_dims first, then Task.shard_dims, then
+  the rule; the console's line counts what stays whole."""
+  from runtime import training  # pylint: disable=g-import-not-at-top
+  config = _config(state_layout='sharded', parallelism='shard_map',
+                   shard_dims='dense/kernel=whole')
+  placed, line = training._shardings(  # pylint: disable=protected-access
+      config, _adam_state(), {'dense/kernel': 1, 'out/kernel': None})
+  params = jax.tree_util.tree_map(lambda s: s.spec, placed['params'])
+  assert params['dense']['kernel'] == PartitionSpec()
+  assert params['out']['kernel'] == PartitionSpec()
+  assert params['dense']['bias'] == PartitionSpec(SHARDS)
+  # Both kernels and the (10,) bias, each with its two moments.
+  assert '9 leaves kept whole' in line, line

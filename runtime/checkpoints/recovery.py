@@ -338,5 +338,5 @@ class _Parts:
     grid = jax.tree_util.tree_leaves(shardings)[0].mesh
     where = shard_parts.positions(grid)
     self.positions = {p: position.index for p, position in where.items()}
-    self.record = where[jax.process_index()].describe()
+    self.record = shard_parts.record(shardings, jax.process_index())
     self.like = shard_parts.like_own(like, shardings)

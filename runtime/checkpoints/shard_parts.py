@@ -11,7 +11,7 @@ the same blocks, so a process that lost its copy gets its blocks from the
 same position in another replica.
 
 - `positions(grid)`: {process index: Position} on the (replicas, shards)
-  mesh.
+  mesh; `record(shardings, process)`, what a local copy of its part says.
 - `own(state)`: this process's block of each leaf of a placed state, as
   numpy.
 - `place(part, shardings, like)`: the global state from every process's
@@ -27,6 +27,7 @@ Example:
 """
 
 import dataclasses
+import hashlib
 from typing import Any, Optional
 
 import jax
@@ -69,6 +70,16 @@ def positions(grid) -> dict[int, Position]:
     for index, process in enumerate(processes):
       out[process] = Position(replica, index, len(rows), len(processes))
   return out
+
+
+def record(shardings: Any, process_index: int) -> dict[str, Any]:
+  """What a local copy of this process's part records, so that it is
+  offered only to a process that would hold the same blocks: its position
+  and how each leaf is split."""
+  placements = jax.tree_util.tree_leaves(shardings)
+  split = hashlib.sha256(repr([tuple(p.spec) for p in placements]).encode())
+  return {**positions(placements[0].mesh)[process_index].describe(),
+          'split': split.hexdigest()[:16]}
 
 
 def _box(sharding, shape: tuple[int, ...]) -> tuple[slice, ...]:

@@ -14,8 +14,11 @@ tier saves and restores it shard by shard (checkpoints/checkpoint.py).
 - `shard_dim(shape, shards)`: the largest dimension that `shards` divides
   (the first of equals), None when none does: that leaf stays whole.
 - `specs(tree, shards, overrides)`: a PartitionSpec per leaf; a user's
-  override names a leaf by its path ('params/dense/kernel', shell-style
-  patterns allowed) and gives its dimension, or None for whole.
+  override (`config.shard_dims`, `Task.shard_dims`) names a leaf by its
+  path ('params/dense/kernel'), or by the path's end ('dense/kernel', which
+  names the optimiser's moments of it too), shell-style patterns allowed,
+  and gives its dimension, or None for whole.
+- `parse_dims(text)`: config.shard_dims's 'PATTERN=DIM,...' as overrides.
 - `footprint(tree, specs, shards)`: the bytes one device holds, split and
   whole, and the leaves that do not divide.
 
@@ -23,7 +26,8 @@ Example:
   >>> layout = state_layout.specs(state, shards=8)
   >>> print(state_layout.footprint(state, layout, shards=8).describe())
   state per device 12.4 MiB: 12.0 MiB of it split 8 ways, 0.4 MiB whole
-  (3 leaves that 8 does not divide: ...); 96.0 MiB whole on every device
+  (3 leaves kept whole, that 8 does not divide or an override keeps:
+  ...); 96.0 MiB whole on every device
 """
 
 import dataclasses
@@ -176,6 +180,37 @@ def _spec(dim: Optional[int]) -> PartitionSpec:
           PartitionSpec(*([None] * dim), SHARD_AXIS))
 
 
+def parse_dims(text: str) -> dict[str, Optional[int]]:
+  """config.shard_dims, 'PATTERN=DIM,...', as `specs` takes overrides:
+  DIM a dimension, or 'whole'.
+
+  Example:
+    >>> parse_dims('embed/embedding=1, out/*=whole')
+    {'embed/embedding': 1, 'out/*': None}
+
+  Raises:
+    ConfigError: an entry without '=' or with another DIM, naming it.
+  """
+  out = {}
+  for entry in filter(None, (e.strip() for e in text.split(','))):
+    pattern, _, dim = (part.strip() for part in entry.partition('='))
+    if not pattern or not (dim == 'whole' or dim.isdigit()):
+      raise exit_codes.ConfigError(
+          f'config.shard_dims entry {entry!r}: write PATTERN=DIM, DIM a '
+          "dimension (0, 1, ...) or 'whole', entries joined by commas, e.g. "
+          "'embed/embedding=1,out/*=whole'")
+    out[pattern] = None if dim == 'whole' else int(dim)
+  return out
+
+
+def _matches(path: str, pattern: str) -> bool:
+  """Whether `pattern` names the leaf at `path`: the whole path, or its
+  end after a '/', so that 'dense/kernel' names params/dense/kernel and
+  the optimiser's moments of it (opt_state/0/mu/dense/kernel)."""
+  return (fnmatch.fnmatchcase(path, pattern) or
+          fnmatch.fnmatchcase(path, '*/' + pattern))
+
+
 def specs(tree: Any, shards: int,
           overrides: Optional[Mapping[str, Optional[int]]] = None) -> Any:
   """A PartitionSpec per leaf of `tree` (arrays, or anything with .shape).
@@ -184,19 +219,22 @@ def specs(tree: Any, shards: int,
     tree: the state, or its shapes (jax.ShapeDtypeStruct).
     shards: devices per replica.
     overrides: {path pattern: dimension, or None for whole}; the first
-      pattern that matches a leaf's path wins over the rule.
+      pattern that names a leaf (`_matches`) wins over the rule.
 
   Raises:
     ConfigError: an override's dimension that the leaf lacks or that
-      `shards` does not divide, naming the leaf, its shape and `shards`.
+      `shards` does not divide, naming the leaf, its shape and `shards`;
+      a pattern that names no leaf, naming some that exist.
   """
   overrides = dict(overrides or {})
+  used = set()
 
   def one(key_path, leaf):
     shape = tuple(np.shape(leaf))
     path = _path(key_path)
     for pattern, dim in overrides.items():
-      if fnmatch.fnmatchcase(path, pattern):
+      if _matches(path, pattern):
+        used.add(pattern)
         if dim is not None and (dim >= len(shape) or shape[dim] % shards):
           raise exit_codes.ConfigError(
               f'state layout override {pattern!r}: {path} has shape '
@@ -206,7 +244,17 @@ def specs(tree: Any, shards: int,
               + '; give another dimension, or None to keep it whole')
         return _spec(dim)
     return _spec(shard_dim(shape, shards))
-  return jax.tree_util.tree_map_with_path(one, tree)
+  out = jax.tree_util.tree_map_with_path(one, tree)
+  unused = [p for p in overrides if p not in used]
+  if unused:
+    paths = [_path(k) for k, _ in jax.tree_util.tree_leaves_with_path(tree)]
+    shown = [p for p in paths if p.startswith('params/')][:6] or paths[:6]
+    raise exit_codes.ConfigError(
+        f'state layout override(s) {", ".join(repr(p) for p in unused)} '
+        f'name no leaf of the state; leaves are named like '
+        f'{", ".join(shown)} (a pattern names a whole path, or its end '
+        "after a '/', shell-style wildcards allowed)")
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,8 +287,9 @@ class Footprint:
     if self.undivided:
       named = ', '.join(f'{p} {s}' for p, s in self.undivided[:3])
       more = len(self.undivided) - 3
-      kept = (f' ({len(self.undivided)} leaves that {self.shards} does not '
-              f'divide: {named}{f", and {more} more" if more > 0 else ""})')
+      kept = (f' ({len(self.undivided)} leaves kept whole, that '
+              f'{self.shards} does not divide or an override keeps: '
+              f'{named}{f", and {more} more" if more > 0 else ""})')
     return (f'state per device {mib(self.per_device_bytes)}: '
             f'{mib(self.split_bytes)} of it split {self.shards} ways, '
             f'{mib(self.whole_bytes)} whole{kept}; '
