@@ -21,6 +21,7 @@ import optax
 from runtime.common import exit_codes
 from runtime import parallelism as parallelism_lib
 from runtime.parallelism import microbatches as microbatches_lib
+from runtime.parallelism import state_layout
 from runtime import randomness
 from runtime import structure
 
@@ -154,7 +155,8 @@ def _group_values(loss_fn: LossFn, state: TrainState, group: Any,
 
 def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
                  layout: microbatches_lib.Layout, rng: Optional[str],
-                 has_model_state: bool):
+                 has_model_state: bool, axis: Any = _AXIS,
+                 sum_grads: Optional[Callable] = None):
   """Metrics, model state and grads averaged over the step's real groups.
 
   One device's batch, (k x m, ...) per leaf, runs as k groups of m, one
@@ -162,7 +164,8 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
   activations live at a time). A padding group's zero rows are computed
   like any others, and its values are then replaced by zeros (`where`,
   which also drops a NaN they gave); the sums over the devices are divided
-  by the real groups alone. Computing the padding costs no wall time: the
+  by the real groups alone (the gradients' sum by `sum_grads`, when given:
+  a sharded state's). Computing the padding costs no wall time: the
   padding is the batch's tail, so device 0 runs k real groups whenever a
   step has any padding. (Skipping it with `lax.cond` instead made the CNN
   of configs/mnist_cnn.py 9x slower on XLA:CPU; BUILD_NOTES.md.)
@@ -170,7 +173,7 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
   k, m = layout.microbatches, layout.microbatch_size
   groups = jax.tree_util.tree_map(
       lambda x: x.reshape((k, m) + x.shape[1:]), batch)
-  first = lax.axis_index(_AXIS) * k
+  first = lax.axis_index(axis) * k
 
   def counted(group, j):
     index = first + j
@@ -190,8 +193,14 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
         jax.eval_shape(counted, jax.tree_util.tree_map(lambda x: x[0], groups),
                        0))
     sums, _ = lax.scan(one, zeros, (jnp.arange(k), groups))
-  return jax.tree_util.tree_map(
-      lambda x: lax.psum(x, _AXIS) / layout.real_groups, sums)
+  if sum_grads is None:
+    return jax.tree_util.tree_map(
+        lambda x: lax.psum(x, axis) / layout.real_groups, sums)
+  metrics, model_state, grads = sums
+  mean = lambda tree: jax.tree_util.tree_map(
+      lambda x: x / layout.real_groups, tree)
+  return (*mean(lax.psum((metrics, model_state), axis)),
+          mean(sum_grads(grads)))
 
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
@@ -251,22 +260,34 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
 
 def _device_values(loss_fn: LossFn, contract: Optional[str],
                    layout: Optional[microbatches_lib.Layout],
-                   has_model_state: bool) -> Callable:
+                   has_model_state: bool, axis: Any = _AXIS,
+                   sum_grads: Optional[Callable] = None,
+                   devices: int = 0) -> Callable:
   """One device's part of a step: `(state, batch, step_rng) -> (metrics,
-  model_state, grads)`, each averaged over every device."""
+  model_state, grads)`, each averaged over every device.
+
+  `axis` names every device (a tuple of mesh axes on a 2-D mesh);
+  `sum_grads`, when given, sums the gradients over every device in its own
+  way (a sharded state's: each device keeps its shards), and `devices`
+  says how many to divide by.
+  """
   one_pass = layout is None or (layout.microbatches == 1 and
                                 not layout.padded_groups)
 
   def values(state: TrainState, batch: Any, step_rng):
     if one_pass:  # The step of before accumulation, bit for bit.
       rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
-      device = lax.axis_index(_AXIS)
+      device = lax.axis_index(axis)
       extra = randomness.keys_for(contract, step_rng, device, device * rows,
                                   rows)
-      return lax.pmean(_group_values(
-          loss_fn, state, batch, extra, has_model_state), _AXIS)
+      out = _group_values(loss_fn, state, batch, extra, has_model_state)
+      if sum_grads is None:
+        return lax.pmean(out, axis)
+      metrics, model_state, grads = out
+      return (*lax.pmean((metrics, model_state), axis),
+              jax.tree_util.tree_map(lambda g: g / devices, sum_grads(grads)))
     return _accumulated(loss_fn, state, batch, step_rng, layout, contract,
-                        has_model_state)
+                        has_model_state, axis, sum_grads)
   return values
 
 
@@ -295,13 +316,15 @@ def make_sharded_train_step(loss_fn: LossFn,
 
   The state's shardings are on the (replicas, shards) mesh of
   runtime/parallelism/state_layout.py, whose devices, flattened, are the
-  global mesh's in its order; one jit holds both meshes. Every device
-  computes its rows of the batch with the whole parameters (jit gathers
-  them from the shards for the map); the gradients, averaged over every
-  device as in the replicated step, are then cut to each device's shards,
-  and the optimiser updates the shards under jit, which sees global arrays,
-  so an update that reduces over a leaf (a global norm) reduces over all of
-  it.
+  global mesh's in its order, so the map runs over that mesh and each
+  device computes the rows of the batch it computes replicated. Every
+  device computes with the whole parameters (jit gathers them from the
+  shards for the map). A split leaf's gradient is then summed inside the
+  replica by a reduce-scatter, each device keeping its shard's sum, and
+  across replicas by an all-reduce of the shards; a whole leaf's by one
+  all-reduce. The optimiser updates the shards under jit, which sees
+  global arrays, so an update that reduces over a leaf (a global norm)
+  reduces over all of it.
 
   Args:
     loss_fn, optimizer, rng, has_model_state, layout: as `make_train_step`.
@@ -313,17 +336,36 @@ def make_sharded_train_step(loss_fn: LossFn,
     same, and the replicated metrics. The input state is donated.
   """
   check_loss_fn(loss_fn, rng is not None, has_model_state)
-  mapped = parallelism_lib.SHARD_MAP.map(
+  placements, treedef = jax.tree_util.tree_flatten(placed.params)
+  grid = placements[0].mesh
+  every = (state_layout.REPLICA_AXIS, state_layout.SHARD_AXIS)
+  grad_specs = jax.tree_util.tree_unflatten(
+      treedef, [p.spec for p in placements])
+
+  def sum_grads(grads):
+    def one(g, spec):
+      split = [d for d, a in enumerate(tuple(spec))
+               if a == state_layout.SHARD_AXIS]
+      if not split:
+        return lax.psum(g, every)
+      kept = lax.psum_scatter(g, state_layout.SHARD_AXIS,
+                              scatter_dimension=split[0], tiled=True)
+      return lax.psum(kept, state_layout.REPLICA_AXIS)
+    return jax.tree_util.tree_map(one, grads, grad_specs)
+
+  mapped = jax.shard_map(
       _device_values(randomness.explained(loss_fn, rng), rng, layout,
-                     has_model_state),
-      in_axes=(None, 0, None), out_axes=None)
+                     has_model_state, every, sum_grads, grid.size),
+      mesh=grid, in_specs=(PartitionSpec(), PartitionSpec(every),
+                           PartitionSpec()),
+      out_specs=(PartitionSpec(), PartitionSpec(), grad_specs),
+      check_vma=False)  # pmap's semantics, as parallelism.SHARD_MAP.
 
   def step(state: TrainState, batch: Any):
     next_rng, step_rng = jax.random.split(state.rng)
     # Only what the loss reads goes through the map: no gathered moments.
     metrics, model_state, grads = mapped(
         state._replace(opt_state=(), rng=()), batch, step_rng)
-    grads = lax.with_sharding_constraint(grads, placed.params)
     return _applied(optimizer, state, grads, model_state, next_rng), metrics
 
   whole = NamedSharding(parallelism_lib.global_mesh(), PartitionSpec())
