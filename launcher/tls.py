@@ -20,7 +20,7 @@ import uuid
 from typing import Optional
 
 from runtime.common import exit_codes
-from runtime.common import job_tls
+from launcher.common import job_tls
 
 AUTO, REQUIRE, OFF, MODES = (job_tls.AUTO, job_tls.REQUIRE, job_tls.OFF,
                              job_tls.MODES)

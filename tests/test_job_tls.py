@@ -1,5 +1,5 @@
 """A job's certificate authority and each process's certificate
-(runtime/common/job_tls.py), the launcher's mode (launcher/tls.py), and a
+(launcher/common/job_tls.py), the launcher's mode (launcher/tls.py), and a
 process's check of its coordinator (launcher/rank/credentials.py), against
 a TLS server of the test's own."""
 
@@ -17,7 +17,7 @@ from launcher import tls
 from launcher.rank import credentials
 from runtime.common import env_vars
 from runtime.common import exit_codes
-from runtime.common import job_tls
+from launcher.common import job_tls
 
 pytestmark = pytest.mark.unit
 

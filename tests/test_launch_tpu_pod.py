@@ -24,7 +24,7 @@ import pytest
 
 from launcher.tpu import commands
 from runtime.common import exit_codes
-from runtime.common import job_tls
+from launcher.common import job_tls
 from tests import helpers
 from tests import tpu_emulation
 

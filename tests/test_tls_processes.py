@@ -21,7 +21,7 @@ import pytest
 
 from runtime.common import env_vars
 from runtime.common import exit_codes
-from runtime.common import job_tls
+from launcher.common import job_tls
 from tests import cluster
 from tests import helpers
 

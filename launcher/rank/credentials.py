@@ -18,7 +18,7 @@ from absl import logging
 
 from runtime.common import env_vars
 from runtime.common import exit_codes
-from runtime.common import job_tls
+from launcher.common import job_tls
 
 AUTO, REQUIRE, OFF = job_tls.AUTO, job_tls.REQUIRE, job_tls.OFF
 

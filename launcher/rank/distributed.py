@@ -21,7 +21,7 @@ from launcher.rank import credentials
 from launcher.rank import roll_call
 from launcher.common import cluster
 from runtime.common import exit_codes
-from runtime.common import job_tls
+from launcher.common import job_tls
 
 EXPLICIT = 'explicit'  # All of coordinator, count and id given.
 DETECT = 'detect'      # None given, on a cluster JAX configures itself.

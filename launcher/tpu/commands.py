@@ -18,7 +18,7 @@ import subprocess
 from typing import Optional
 
 from runtime.common import exit_codes
-from runtime.common import job_tls
+from launcher.common import job_tls
 from runtime.common import records
 
 WORKER_SCRIPT = '$HOME/podrun/tpu_worker.py'

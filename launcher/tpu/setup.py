@@ -32,7 +32,7 @@ from launcher.tpu import preflight as preflight_lib
 from launcher.tpu.commands import LaunchError
 from runtime.common import accelerators
 from runtime.common import exit_codes
-from runtime.common import job_tls
+from launcher.common import job_tls
 
 
 @dataclasses.dataclass(frozen=True)
