@@ -30,6 +30,7 @@ from launcher import usage
 from launcher.common import cluster
 from runtime.common import env_vars
 from runtime.common import exit_codes
+from runtime.common import layout
 from launcher.common import goodput_rollup
 from launcher.common import output_prefix
 from launcher.common import record_mirror
@@ -381,7 +382,7 @@ def _between_commands(result: dict) -> str:
 def _workdir(flag: Optional[str]) -> str:
   """The job's workdir: an absolute local path, or a gs:// URL (never taken
   for a relative path named 'gs:')."""
-  if flag and record_mirror.in_bucket(flag):
+  if flag and layout.in_bucket(flag):
     if not flag[len('gs://'):].strip('/'):
       _fail(f'--workdir={flag}: name the bucket, as gs://BUCKET/RUN')
     if importlib.util.find_spec('gcsfs') is None:
@@ -399,9 +400,10 @@ def _launcher_mirror(workdir: str, job_id: str
   """For a bucket's workdir, the launcher's part of the record (the
   attempts, the goodput roll-up), after it fetched the earlier attempts'
   into this machine's copy, made job `job_id`'s."""
-  if not record_mirror.in_bucket(workdir):
+  record = layout.Record.of(workdir)
+  if not record.bucket:
     return None
-  mirror = record_mirror.Mirror(workdir, record_mirror.local_copy(workdir),
+  mirror = record_mirror.Mirror(record.bucket, record.workdir,
                                 owns=record_mirror.launcher_owns,
                                 job_id=job_id)
   try:

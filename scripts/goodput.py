@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from launcher.common import goodput_rollup  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.common import goodput  # pylint: disable=g-import-not-at-top,wrong-import-position
 from launcher.common import record_mirror  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.common import layout  # pylint: disable=g-import-not-at-top,wrong-import-position
 from launcher.common import time_to_recover  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 PARTS = goodput.PROCESS_PARTS + goodput.JOB_PARTS
@@ -146,7 +147,7 @@ def main(argv=None) -> int:
                       'attempts.jsonl; default WORKDIR/logs/attempts.jsonl')
   args = parser.parse_args(argv)
   workdir = args.workdir
-  if record_mirror.in_bucket(workdir):
+  if layout.in_bucket(workdir):
     workdir = record_mirror.fetch_record(
         workdir, tempfile.mkdtemp(prefix='podrun-record-'))
   result = goodput_rollup.write_rollup(workdir, args.attempts or None)

@@ -24,11 +24,12 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-imp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from launcher.common import record_mirror  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.common import layout  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def read_records(workdir: str) -> list[dict]:
   """The records of WORKDIR/metrics.jsonl, in file order."""
-  if record_mirror.in_bucket(workdir):
+  if layout.in_bucket(workdir):
     workdir = record_mirror.fetch_record(
         workdir, tempfile.mkdtemp(prefix='podrun-record-'))
   path = os.path.join(workdir, 'metrics.jsonl')
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
   parser.add_argument('--out', help='default: WORKDIR/metrics.png')
   args = parser.parse_args(argv)
   out = args.out or (
-      'metrics.png' if record_mirror.in_bucket(args.workdir)
+      'metrics.png' if layout.in_bucket(args.workdir)
       else os.path.join(args.workdir, 'metrics.png'))
   try:
     drawn = plot(read_records(args.workdir), out,

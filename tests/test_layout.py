@@ -2,11 +2,13 @@
 
 That a real pod writes nothing else: test_local_pod."""
 
+import ast
 import os
 
 import pytest
 
 from runtime.common import layout
+from tests import helpers
 
 pytestmark = pytest.mark.unit
 
@@ -87,3 +89,38 @@ def test_what_a_bucket_holds():
                    'compilation_cache/x', 'logs/rank_0.log',
                    'metrics.jsonl.tmp123'):
     assert not layout.mirrored(relative), relative
+
+
+def test_a_bucket_s_record_is_this_machine_s_copy_and_its_checkpoints_the_bucket(
+    tmp_path, monkeypatch):
+  monkeypatch.setenv('PODRUN_RECORD_CACHE', str(tmp_path))
+  record = layout.Record.of('gs://runs/mnist/')
+  assert record.workdir == str(tmp_path / 'runs' / 'mnist')
+  assert record.bucket == 'gs://runs/mnist'
+  assert record.summary() == str(tmp_path / 'runs' / 'mnist' / 'summary.json')
+  assert record.checkpoints() == 'gs://runs/mnist/checkpoints'
+  local = layout.Record.of('/runs/mnist')
+  assert (local.workdir, local.bucket) == ('/runs/mnist', None)
+  assert local.checkpoints() == '/runs/mnist/checkpoints'
+
+
+def _names_used(tree: ast.AST) -> set[str]:
+  return ({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} |
+          {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)})
+
+
+def test_no_module_but_the_layout_decides_where_the_record_lives():
+  """Where a bucket's record is copied (`local_copy`, PODRUN_RECORD_CACHE)
+  is read in layout.py alone (env_vars.py names the variable); everyone
+  else asks `Record.of`."""
+  own = {helpers.REPO / 'runtime' / 'common' / name
+         for name in ('layout.py', 'env_vars.py')}
+  deciders = []
+  for top in ('launcher', 'runtime', 'scripts'):
+    for path in sorted((helpers.REPO / top).rglob('*.py')):
+      if path in own:
+        continue
+      used = _names_used(ast.parse(path.read_text(), str(path)))
+      if used & {'local_copy', 'RECORD_CACHE'}:
+        deciders.append(str(path.relative_to(helpers.REPO)))
+  assert not deciders, deciders

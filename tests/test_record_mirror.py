@@ -16,6 +16,7 @@ import time
 import pytest
 
 from launcher.common import record_mirror
+from runtime.common import layout
 
 pytestmark = pytest.mark.unit
 
@@ -248,10 +249,10 @@ def test_the_last_upload_is_bounded(tmp_path, caplog):
 
 def test_the_local_copy_is_named_by_the_bucket_path(monkeypatch, tmp_path):
   monkeypatch.setenv('PODRUN_RECORD_CACHE', str(tmp_path))
-  assert record_mirror.local_copy('gs://runs/a/b/') == str(
+  assert layout.local_copy('gs://runs/a/b/') == str(
       tmp_path / 'runs' / 'a' / 'b')
-  assert record_mirror.in_bucket('gs://runs/a')
-  assert not record_mirror.in_bucket('/runs/a')
+  assert layout.in_bucket('gs://runs/a')
+  assert not layout.in_bucket('/runs/a')
 
 
 def test_a_json_lines_file_goes_up_to_its_last_whole_line(tmp_path):

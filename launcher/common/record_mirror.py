@@ -3,10 +3,11 @@
 Object storage has no append, and the record's writers append (metrics.jsonl,
 the goodput ledgers, TensorBoard's event files). So a job run with
 `--workdir=gs://BUCKET/RUN` writes its record to a local copy
-(`local_copy(url)`), and each process keeps the bucket in step with a
-`Mirror`: at its start it fetches what earlier attempts left in the bucket
-(the newer of two copies wins), then it uploads the files it owns whole,
-when they changed, every `PUSH_EVERY_S` seconds and once more at its end.
+(runtime/common/layout.py's `Record.of` decides where), and each process
+keeps the bucket in step with a `Mirror`: at its start it fetches what
+earlier attempts left in the bucket (the newer of two copies wins), then it
+uploads the files it owns whole, when they changed, every `PUSH_EVERY_S`
+seconds and once more at its end.
 A reader (scripts/goodput.py, scripts/plot_metrics.py) fetches the record
 the same way, so it sees every attempt; the TensorBoard event files are in
 the bucket too, each uploaded whole.
@@ -31,7 +32,8 @@ JAX-free: the launcher's side runs it too. gcsfs is imported only for a
 bucket (the `gcs` and `tpu` extras install it).
 
 Example:
-  >>> mirror = Mirror('gs://runs/mnist', local_copy('gs://runs/mnist'),
+  >>> record = layout.Record.of('gs://runs/mnist')
+  >>> mirror = Mirror(record.bucket, record.workdir,
   ...                 owns=process_owns(0))
   >>> mirror.fetch()          # the record of earlier attempts, if any
   >>> mirror.start()          # uploads every PUSH_EVERY_S
@@ -62,25 +64,6 @@ FINISH_TIMEOUT_S = 30.0
 # Small files are compared by content: a memory-mapped write (the ledger's
 # high-water step) need not change the file's mtime.
 _ALWAYS_COMPARE_BYTES = 4096
-
-
-def in_bucket(path: Optional[str]) -> bool:
-  """True for a gs:// URL."""
-  return bool(path) and path.startswith('gs://')
-
-
-def local_copy(url: str) -> str:
-  """The local directory that holds this machine's copy of a bucket's
-  workdir: $PODRUN_RECORD_CACHE (default ~/.cache/podrun/record) /
-  BUCKET/PATH.
-
-  Example:
-    >>> local_copy('gs://runs/mnist/')
-    '/home/me/.cache/podrun/record/runs/mnist'
-  """
-  root = os.environ.get(env_vars.RECORD_CACHE) or os.path.join(
-      os.path.expanduser('~'), '.cache', 'podrun', 'record')
-  return os.path.join(root, url[len('gs://'):].strip('/'))
 
 
 def process_owns(process_index: int, launcher_files: bool = False
@@ -379,7 +362,7 @@ def merge_lines(url: str, relative: str, path: str, fs=None) -> None:
 
 def fetch_record(url: str, into: Optional[str] = None) -> str:
   """Copies a bucket's workdir to local disk for a reader; returns the
-  local directory (`local_copy(url)` unless `into`)."""
-  mirror = Mirror(url, into or local_copy(url), owns=lambda _: False)
+  local directory (`layout.Record.of(url)`'s unless `into`)."""
+  mirror = Mirror(url, into or layout.Record.of(url).workdir, owns=lambda _: False)
   mirror.fetch()
   return mirror.local_dir

@@ -45,7 +45,6 @@ from runtime.common import exit_codes
 from runtime.common import files
 from runtime.common import goodput
 from runtime.common import layout
-from launcher.common import record_mirror
 from runtime.common import records
 
 
@@ -104,9 +103,7 @@ class Gang:
     self.local_devices = local_devices
     self.workdir = workdir
     # A bucket's workdir: the logs stay on this machine, in its copy.
-    self.record = layout.Record(
-        record_mirror.local_copy(workdir) if record_mirror.in_bucket(workdir)
-        else workdir)
+    self.record = layout.Record.of(workdir)
     self.logs_dir = self.record.logs()
     self.coordinator_address = _loopback_address(coordinator_address)
     self.timeouts = monitor_lib.Timeouts(stall_timeout, first_step_timeout,

@@ -35,6 +35,7 @@ from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import gcs_auth
 from runtime.common import goodput
+from runtime.common import layout
 from launcher.common import output_prefix
 from launcher.common import record_mirror
 from launcher.common import workload
@@ -149,7 +150,7 @@ def _mirror_record(config: ConfigDict, url: str, record_dir: str,
   machine's copy, and starts uploading this process's part of it (without
   a launcher over it, process 0 uploads the launcher's files it writes)."""
   if 'checkpoint_dir' in config and not config.checkpoint_dir:
-    config.checkpoint_dir = f'{url}/checkpoints'
+    config.checkpoint_dir = layout.Record.of(url).checkpoints()
   mirror = record_mirror.Mirror(
       url, record_dir, record_mirror.process_owns(process_index,
                                                launcher_files=not supervised),
@@ -183,8 +184,7 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
          running: _Running) -> None:
   # A bucket's workdir is written here and mirrored (record_mirror.py); its
   # lease and checkpoints are in the bucket itself.
-  record_dir = (record_mirror.local_copy(workdir)
-                if record_mirror.in_bucket(workdir) else workdir)
+  record_dir = layout.Record.of(workdir).workdir
   if _uses_bucket(config, workdir):
     # Found while jax.distributed starts, once for every client.
     gcs_auth.start()

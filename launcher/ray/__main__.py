@@ -32,6 +32,7 @@ from launcher.common import flag_values
 from launcher.common import project
 from launcher.ray import driver
 from runtime.common import exit_codes
+from runtime.common import layout
 
 
 def split_launcher_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -123,7 +124,7 @@ def parse(argv: list[str]) -> driver.Options:
   if workdir is None:
     parser.error('no --workdir among the launcher flags: give one every node '
                  'reaches (a shared file system or gs://)')
-  if not workdir.startswith('gs://') and not os.path.isabs(workdir):
+  if not layout.in_bucket(workdir) and not os.path.isabs(workdir):
     parser.error(f'--workdir={workdir}: a relative path would land in each '
                  "node's own copy of the project: give one every node "
                  'reaches (an absolute path on a shared file system, or '

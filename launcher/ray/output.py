@@ -14,7 +14,6 @@ import sys
 from typing import Any, TextIO
 
 from launcher.common import output_prefix
-from launcher.common import record_mirror
 from runtime.common import files
 from runtime.common import layout
 
@@ -35,9 +34,7 @@ class Logs:
   def __init__(self, workdir: str, num_processes: int):
     self.num_processes = num_processes
     self.files: dict[int, TextIO] = {}
-    self.record = layout.Record(
-        record_mirror.local_copy(workdir)
-        if record_mirror.in_bucket(workdir) else workdir)
+    self.record = layout.Record.of(workdir)
 
   def start(self, attempt: int, job: dict[str, Any]) -> None:
     """Opens the rank logs for `attempt` (a later one appends, under a

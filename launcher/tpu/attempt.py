@@ -24,7 +24,7 @@ from launcher.tpu import slices as slices_lib
 from launcher.tpu import worker_lines
 from runtime.common import exit_codes
 from launcher.common import flag_values
-from launcher.common import record_mirror
+from runtime.common import layout
 from runtime.common import records
 
 # How long the output of ssh sessions to a lost slice is still read.
@@ -189,7 +189,7 @@ class Attempt:
                       'save) before anything deletes it')
     url = flag_values.workdir_of(self.launch.launcher_args) or ''
     ledgers = (ends.Ledgers(url, self.attempt_name, self._lost_ids()).start()
-               if record_mirror.in_bucket(url) else None)
+               if layout.in_bucket(url) else None)
     try:
       while (any(c.poll() is None for c in clients) and
              time.monotonic() < deadline and not self._signals):
@@ -215,7 +215,7 @@ class Attempt:
                 ) -> Optional[str]:
     """Why nothing of the job can still be saving, or None (ends.over)."""
     url = flag_values.workdir_of(self.launch.launcher_args) or ''
-    kept_in_bucket = record_mirror.in_bucket(url) or any(
+    kept_in_bucket = layout.in_bucket(url) or any(
         '=gs://' in arg for arg in self.launch.launcher_args)
     return ends.over(
         {w: code for w, (_, code) in dict(self._lines.exits).items()},

@@ -253,7 +253,7 @@ def _keep_attempts_with_the_record(launch: Launch, code: int) -> None:
   upload is."""
   url = flag_values.workdir_of(launch.launcher_args) or ''
   path = launch.path(records.ATTEMPTS_FILE)
-  if not url.startswith('gs://') or not os.path.exists(path):
+  if not layout.in_bucket(url) or not os.path.exists(path):
     return
   failed: list[Exception] = []
 

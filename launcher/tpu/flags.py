@@ -14,6 +14,7 @@ import re
 
 from launcher.common import flag_values
 from launcher.common import project
+from runtime.common import layout
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -192,7 +193,7 @@ def local_workdir_warning(options, launcher_args: list[str]) -> str:
   record with it ('' when the workdir is in a bucket, or nothing is
   created)."""
   workdir = flag_values.workdir_of(launcher_args) or ''
-  if not options.create or workdir.startswith('gs://'):
+  if not options.create or layout.in_bucket(workdir):
     return ''
   where = (f'--workdir={workdir}' if workdir else
            "the launcher's default workdir (workdirs/CONFIG)")

@@ -24,9 +24,17 @@ launcher `LAUNCHER_FILES`; process 0 everything else. summary.json is process
 0's, and the launcher, which sees every attempt, rewrites its goodput; both
 through records.write_summary, which holds its format (records.Summary).
 
+Where the record lives is decided here too (`Record.of`): a local or
+shared workdir holds it; a bucket's workdir (gs://) is written on this
+machine's copy of it (`local_copy`) and mirrored
+(launcher/common/record_mirror.py), while the checkpoints are written to
+the bucket itself.
+
 JAX-free: the launcher reads the record too.
 
 Example:
+  >>> Record.of('gs://runs/mnist').workdir
+  '/home/me/.cache/podrun/record/runs/mnist'
   >>> record = Record('/runs/mnist')
   >>> record.ledger('mnist-a2', 3)
   '/runs/mnist/goodput/mnist-a2/rank_3.json'
@@ -37,7 +45,9 @@ Example:
 import glob
 import os
 import re
-from typing import Union
+from typing import Optional, Union
+
+from runtime.common import env_vars
 
 SUMMARY = 'summary.json'
 ROLLUP = 'goodput.jsonl'
@@ -121,15 +131,45 @@ def mirrored(relative: str) -> bool:
   return not (relative.startswith(NEVER_MIRRORED) or '.tmp' in relative)
 
 
+def in_bucket(path: Optional[str]) -> bool:
+  """True for a gs:// URL."""
+  return bool(path) and path.startswith('gs://')
+
+
+def local_copy(url: str) -> str:
+  """The local directory that holds this machine's copy of a bucket's
+  workdir: $PODRUN_RECORD_CACHE (default ~/.cache/podrun/record) /
+  BUCKET/PATH.
+
+  Example:
+    >>> local_copy('gs://runs/mnist/')
+    '/home/me/.cache/podrun/record/runs/mnist'
+  """
+  root = os.environ.get(env_vars.RECORD_CACHE) or os.path.join(
+      os.path.expanduser('~'), '.cache', 'podrun', 'record')
+  return os.path.join(root, url[len('gs://'):].strip('/'))
+
+
 class Record:
   """The paths of one workdir, a method each.
 
   Args:
-    workdir: a local directory (a bucket's workdir: its local copy).
+    workdir: a local directory (a bucket's workdir: its local copy; build
+      the record of a --workdir with `Record.of`).
+    bucket: the gs:// workdir that `workdir` is a copy of, if any.
   """
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, bucket: Optional[str] = None):
     self.workdir = workdir
+    self.bucket = bucket
+
+  @classmethod
+  def of(cls, workdir: str) -> 'Record':
+    """The record of a job's --workdir: a bucket's is written on this
+    machine's copy, `local_copy(workdir)`."""
+    if in_bucket(workdir):
+      return cls(local_copy(workdir), bucket=workdir.rstrip('/'))
+    return cls(workdir)
 
   def _path(self, *parts: str) -> str:
     return os.path.join(self.workdir, *parts)
@@ -185,6 +225,10 @@ class Record:
     return self._path(LOGS, JOB)
 
   def checkpoints(self) -> str:
+    """The persistent checkpoints' directory: a bucket's own, not its
+    copy's (orbax writes there itself)."""
+    if self.bucket:
+      return f'{self.bucket}/{CHECKPOINTS}'
     return self._path(CHECKPOINTS)
 
   def compilation_cache(self) -> str:
