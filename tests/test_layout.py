@@ -73,6 +73,7 @@ def test_attempts_with_ledgers_lists_each_attempts_processes(tmp_path):
     ('goodput.jsonl', layout.LAUNCHER),
     ('logs/attempts.jsonl', layout.LAUNCHER),
     ('logs/job.json', layout.LAUNCHER),
+    ('logs/rank_2.log', layout.LAUNCHER),
 ])
 def test_each_file_has_one_writer(relative, writer):
   assert layout.owner(relative) == writer

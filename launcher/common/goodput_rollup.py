@@ -208,8 +208,7 @@ def roll_up_into_summary(workdir: str) -> records.RollUp:
   (when it exists) from every ledger and launcher attempt the workdir
   holds; returns the roll-up (`rollup`)."""
   result = write_rollup(workdir)
-  if result['goodput'] is not None:
-    records.with_goodput(workdir, summary(result))
+  records.with_goodput(workdir, summary(result))
   return result
 
 

@@ -66,27 +66,25 @@ FINISH_TIMEOUT_S = 30.0
 _ALWAYS_COMPARE_BYTES = 4096
 
 
-def process_owns(process_index: int, launcher_files: bool = False
-              ) -> Callable[[str], bool]:
-  """Which record files process `process_index` uploads (see the module
-  docstring); paths are relative to the workdir, with '/'.
+def process_owns(process_index: int, launcher_record: bool = True
+                 ) -> Callable[[str], bool]:
+  """Which record files process `process_index` uploads: those it writes
+  (`layout.writer`); paths are relative to the workdir, with '/'.
 
   Args:
     process_index: the process.
-    launcher_files: process 0 also owns the launcher's files, which it
-      writes itself when no launcher supervises it (a cluster's or a TPU
-      VM's process: goodput.jsonl).
+    launcher_record: whether a launcher writes its own files of the record
+      (PODRUN_LAUNCHER_RECORD); where none does, process 0 writes and
+      uploads them (a cluster's or a TPU VM's process: goodput.jsonl).
   """
-  def owns(relative: str) -> bool:
-    writer = layout.owner(relative)
-    if writer == layout.LAUNCHER:
-      return process_index == 0 and launcher_files
-    return writer == process_index
-  return owns
+  return lambda relative: layout.writer(relative,
+                                        launcher_record) == process_index
 
 
 def launcher_owns(relative: str) -> bool:
-  return layout.launcher_writes(relative)
+  """Which record files the launcher uploads: those it writes that a
+  bucket's copy holds (not the processes' logs)."""
+  return layout.launcher_writes(relative) and layout.mirrored(relative)
 
 
 def bucket_fs():

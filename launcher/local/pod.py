@@ -123,6 +123,7 @@ class Gang:
         num_processes, local_devices, workdir, self.logs_dir, process_args,
         self.coordinator_address,
         {'PYTHONUNBUFFERED': '1', env_vars.SUPERVISED: '1',
+         env_vars.LAUNCHER_RECORD: '1',
          env_vars.JOB_ID: self.job_id, env_vars.ATTEMPT: self.attempt_name,
          **({env_vars.ELASTIC_PROCESSES: '%d-%d' % elastic_processes}
             if elastic_processes else {})})

@@ -145,15 +145,16 @@ def _take_lease(config: ConfigDict, workdir: str, options: Options,
 
 
 def _mirror_record(config: ConfigDict, url: str, record_dir: str,
-                   process_index: int, supervised: bool) -> None:
+                   process_index: int, launcher_record: bool) -> None:
   """Fetches what earlier attempts left of the record in the bucket to this
-  machine's copy, and starts uploading this process's part of it (without
-  a launcher over it, process 0 uploads the launcher's files it writes)."""
+  machine's copy, and starts uploading this process's part of it (where no
+  launcher writes its files of the record, process 0 uploads them:
+  layout.writer)."""
   if 'checkpoint_dir' in config and not config.checkpoint_dir:
     config.checkpoint_dir = layout.Record.of(url).checkpoints()
   mirror = record_mirror.Mirror(
       url, record_dir, record_mirror.process_owns(process_index,
-                                               launcher_files=not supervised),
+                                                  launcher_record),
       job_id=cluster.job_id())
   try:
     held = mirror.fetch()
@@ -185,6 +186,7 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
   # A bucket's workdir is written here and mirrored (record_mirror.py); its
   # lease and checkpoints are in the bucket itself.
   record_dir = layout.Record.of(workdir).workdir
+  launcher_record = os.environ.get(env_vars.LAUNCHER_RECORD) == '1'
   if _uses_bucket(config, workdir):
     # Found while jax.distributed starts, once for every client.
     gcs_auth.start()
@@ -198,7 +200,7 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
   if record_dir != workdir:
     with ledger.naming('record_fetch'):
       _mirror_record(config, workdir, record_dir, actual.process_index,
-                     supervised)
+                     launcher_record)
   with ledger.naming('stall_history'):
     running.supervisor.learn_in(record_dir)
   summary.open_ledger(running.ledger, record_dir, running.supervisor.client,
@@ -235,7 +237,7 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
   results = run_workload(config, record_dir) or {}
   with ledger.naming('summary'):
     summary.finish(config, record_dir, actual, results, running.supervisor,
-                   running.ledger)
+                   running.ledger, launcher_record)
 
 
 def _exit_on_ctrl_c(code: int) -> None:

@@ -20,6 +20,7 @@ from launcher.rank import peers as peers_lib
 from launcher.rank import supervisor as supervisor_lib
 from runtime.common import env_vars
 from runtime.common import files
+from runtime.common import layout
 from runtime.common import records
 from launcher.common import goodput_rollup
 from runtime.common import goodput
@@ -76,8 +77,10 @@ def summary(config: ConfigDict, topo: topology.Topology, results: Any,
 def finish(config: ConfigDict, workdir: str, actual: topology.Topology,
             results: Any,
             supervisor: supervisor_lib.Supervisor,
-            ledger: goodput.Ledger) -> None:
-  """Waits (bounded) for every process, then process 0 writes summary.json."""
+            ledger: goodput.Ledger, launcher_record: bool = False) -> None:
+  """Waits (bounded) for every process, then process 0 writes summary.json:
+  its goodput, and the roll-up (goodput.jsonl), only where no launcher
+  writes them (`launcher_record`; layout.writer)."""
   supervisor.finishing()
   supervisor.publish_final()
   if supervisor.client is not None:
@@ -87,8 +90,10 @@ def finish(config: ConfigDict, workdir: str, actual: topology.Topology,
     ranks = (peers_lib.rank_stats(supervisor.client)
              if supervisor.options.enabled else [])
     record = summary(config, actual, results, ranks)
-    record['goodput'] = goodput_rollup.summary(
-        goodput_rollup.write_rollup(workdir))
+    # The launcher, which sees every attempt end, writes them after this.
+    record['goodput'] = (
+        None if layout.writer(layout.ROLLUP, launcher_record) == layout.LAUNCHER
+        else goodput_rollup.summary(goodput_rollup.write_rollup(workdir)))
     path = records.write_summary(workdir, record)
     logging.info('results: %s', files.to_json(record['results']))
     logging.info('wrote %s', path)

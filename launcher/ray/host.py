@@ -42,7 +42,8 @@ NOT_INHERITED = (env_vars.COORDINATOR_ADDRESS, env_vars.NUM_PROCESSES,
                  env_vars.PROCESS_ID, env_vars.COORDINATOR_BIND_ADDRESS,
                  env_vars.JOB_ID, env_vars.ATTEMPT,
                  env_vars.EXPECTED_PROCESSES, env_vars.ELASTIC_PROCESSES,
-                 env_vars.SUPERVISED, env_vars.PROGRESS_FD,
+                 env_vars.SUPERVISED, env_vars.LAUNCHER_RECORD,
+                 env_vars.PROGRESS_FD,
                  env_vars.GONE_FILE)
 NOT_INHERITED_PREFIXES = ('MEGASCALE_',)
 _MAX_LINES_PER_READ = 2000

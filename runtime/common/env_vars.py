@@ -35,6 +35,10 @@ ELASTIC_PROCESSES = 'PODRUN_ELASTIC_PROCESSES'
 # Set by a local-pod launcher: it prefixes, files and filters the process's
 # output itself.
 SUPERVISED = 'PODRUN_SUPERVISED'
+# Set by a launcher that reaches the workdir and writes its own files of
+# the record there (the goodput roll-up, its attempts): process 0 then
+# leaves them to it (runtime/common/layout.py, `writer`).
+LAUNCHER_RECORD = 'PODRUN_LAUNCHER_RECORD'
 # The pipe a local-pod launcher reads each process's progress from.
 PROGRESS_FD = 'PODRUN_PROGRESS_FD'
 # A file the launcher writes when its infrastructure saw processes' hosts

@@ -19,10 +19,13 @@ writes it. Every module reads and writes the workdir through here.
     .podrun/join/rank_<i>.json  the roll call of live processes
     .podrun_lease.json          the lease of the job that writes here
 
-Who writes what (`owner`): process i the files named `rank_<i>.*`; the
-launcher `LAUNCHER_FILES`; process 0 everything else. summary.json is process
-0's, and the launcher, which sees every attempt, rewrites its goodput; both
+Who writes what (`owner`): the launcher `LAUNCHER_FILES` and the rest of
+logs/; process i the other files named `rank_<i>.*`; process 0 everything
+else. summary.json is process
+0's, and the launcher, which sees every attempt, writes its goodput; both
 through records.write_summary, which holds its format (records.Summary).
+Where no launcher reaches the workdir, process 0 writes the launcher's
+files too (`writer`, the one exception).
 
 Where the record lives is decided here too (`Record.of`): a local or
 shared workdir holds it; a bucket's workdir (gs://) is written on this
@@ -111,11 +114,25 @@ def ranks(directory: str, suffix: str = '.json') -> dict[int, str]:
 
 def owner(relative: str) -> Union[int, str]:
   """Who writes the record file `relative` (to the workdir, with '/'):
-  a process index, or LAUNCHER."""
-  if relative in LAUNCHER_FILES:
+  a process index, or LAUNCHER (its files, and the processes' output it
+  keeps in logs/)."""
+  if relative in LAUNCHER_FILES or relative.startswith(f'{LOGS}/'):
     return LAUNCHER
   index = rank_of(relative)
   return 0 if index is None else index
+
+
+def writer(relative: str, launcher_record: bool) -> Union[int, str]:
+  """Who writes the record file `relative` in a job: `owner`'s answer where
+  a launcher reaches the workdir and writes its files (`launcher_record`:
+  a local pod; a Ray driver, for a workdir on a shared file system). The
+  one exception: where no launcher does (a cluster's job, a job on TPU
+  VMs, a Ray job whose workdir is a bucket), process 0 writes them, since
+  only the processes are sure to reach the record. (A TPU driver, after
+  its last attempt, adds its attempts to a bucket's record and rolls it up
+  again over all of them.)"""
+  who = owner(relative)
+  return 0 if who == LAUNCHER and not launcher_record else who
 
 
 def launcher_writes(relative: str) -> bool:

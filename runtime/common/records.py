@@ -365,7 +365,9 @@ class Summary(TypedDict, total=False):
     final_metrics: the last step's metrics.
     ranks: each process's supervision figures (peers.rank_stats).
     results: the workload's TrainResult.summary(), or its own dict.
-    goodput: over every attempt (SummaryGoodput).
+    goodput: over every attempt (SummaryGoodput); None from process 0
+      where a launcher writes it after the last attempt
+      (layout.writer).
   """
   workload: str
   steps: Optional[int]
@@ -378,7 +380,7 @@ class Summary(TypedDict, total=False):
   final_metrics: Optional[dict[str, float]]
   ranks: list[dict[str, Any]]
   results: Any
-  goodput: SummaryGoodput
+  goodput: Optional[SummaryGoodput]
 
 
 def write_summary(workdir: str, summary: Summary) -> str:
