@@ -21,8 +21,6 @@ from typing import Any, Optional
 
 from runtime.common import layout
 
-SUBDIR = layout.TENSORBOARD
-
 
 class EventWriter:
   """Scalars to event files in WORKDIR/tensorboard.

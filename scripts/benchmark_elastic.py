@@ -36,6 +36,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from launcher.common import goodput_rollup  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.common import layout  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.common import records  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 MODES = {'elastic': 3, 'waiting': 4}
@@ -63,7 +64,7 @@ def run_once(mode: str, args, workdir: str) -> dict:
     raise SystemExit(f'{mode}: exit {result.returncode}\n{result.stderr[-3000:]}')
   roll = goodput_rollup.rollup(workdir)
   launches = records.read_attempts(os.path.join(workdir, 'logs',
-                                                records.ATTEMPTS_FILE))
+                                                layout.ATTEMPTS))
   return {'mode': mode, 'wall_s': time.time() - started,
           'goodput': roll['goodput'],
           'capacity_goodput': roll['capacity_goodput'],

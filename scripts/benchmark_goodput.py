@@ -29,6 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from launcher.common import goodput_rollup  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.common import layout  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.common import records  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -83,7 +84,7 @@ def run_job(workdir: str, data_dir: str, steps: int, every: int,
     watcher.join()
   result = goodput_rollup.rollup(workdir)
   launched = {a.name: a for a in records.read_attempts(
-      os.path.join(workdir, 'logs', records.ATTEMPTS_FILE))}
+      os.path.join(workdir, 'logs', layout.ATTEMPTS))}
   first_steps = {a['name']: records.Notes.from_json(a['notes']).first_step_wall
                  for a in result['attempts'][1:]}
   restarts = [wall - launched[name].started

@@ -40,11 +40,11 @@ def test_a_resize_kind_is_one_of_three_and_recorded_as_its_word():
 
 def test_a_loss_shrinks_while_enough_are_left_then_waits():
   capacity = elastic.Capacity(full=4, minimum=3, regrow_after_s=30)
-  assert capacity.after_lost(now=100) == elastic.Resize(elastic.SHRINK)
+  assert capacity.after_lost(now=100) == policy.Resize(policy.SHRINK)
   assert capacity.describe() == '3 of 4 process(es), 1 coming back'
   assert not capacity.regrow_due(now=129) and capacity.regrow_due(now=130)
   # A second loss leaves 2 < 3: wait until the first lost one is back.
-  assert capacity.after_lost(now=110) == elastic.Resize(elastic.WAIT, 20)
+  assert capacity.after_lost(now=110) == policy.Resize(policy.WAIT, 20)
   assert capacity.take_back(now=125) == 2
   assert capacity.take_back(now=130) == 3
   assert capacity.take_back(now=140) == 4 and not capacity.returns
@@ -52,7 +52,7 @@ def test_a_loss_shrinks_while_enough_are_left_then_waits():
 
 def test_min_processes_equal_to_the_pod_waits_for_every_host():
   capacity = elastic.Capacity(full=2, minimum=2, regrow_after_s=5)
-  assert capacity.after_lost(now=0) == elastic.Resize(elastic.WAIT, 5)
+  assert capacity.after_lost(now=0) == policy.Resize(policy.WAIT, 5)
 
 
 @pytest.mark.parametrize('minimum,regrow', [(0, 1), (5, 1), (2, -1)])

@@ -7,13 +7,14 @@ import pytest
 
 from launcher.rank import lease as lease_lib
 from runtime.common import files
+from runtime.common import layout
 from tests import helpers
 
 pytestmark = pytest.mark.unit
 
 
 def _holder(path):
-  return json.loads((path / lease_lib.LEASE_FILE).read_text())
+  return json.loads((path / layout.LEASE).read_text())
 
 
 def test_taken_and_released(tmp_path):
@@ -22,8 +23,8 @@ def test_taken_and_released(tmp_path):
   assert _holder(tmp_path)['job_id'] == 'job-a'
   assert _holder(tmp_path / 'ckpt')['job_id'] == 'job-a'
   lease.release()
-  assert not (tmp_path / lease_lib.LEASE_FILE).exists()
-  assert not (tmp_path / 'ckpt' / lease_lib.LEASE_FILE).exists()
+  assert not (tmp_path / layout.LEASE).exists()
+  assert not (tmp_path / 'ckpt' / layout.LEASE).exists()
 
 
 def test_a_live_lease_of_another_job_is_refused_naming_it(tmp_path):
@@ -45,7 +46,7 @@ def test_no_lease_is_kept_when_one_of_them_is_refused(tmp_path):
     with pytest.raises(lease_lib.WorkdirBusyError):
       lease_lib.Lease([str(tmp_path), str(tmp_path / 'ckpt')],
                       'job-b').acquire()
-    assert not (tmp_path / lease_lib.LEASE_FILE).exists()
+    assert not (tmp_path / layout.LEASE).exists()
   finally:
     other.release()
 
@@ -53,13 +54,13 @@ def test_no_lease_is_kept_when_one_of_them_is_refused(tmp_path):
 def test_a_stale_lease_and_a_lease_of_the_same_job_are_taken_over(tmp_path):
   stale = {'job_id': 'gone', 'host': 'x', 'pid': 1, 'since': 0.0,
            'renewed': time.time() - 100, 'token': 't'}
-  (tmp_path / lease_lib.LEASE_FILE).write_text(json.dumps(stale))
+  (tmp_path / layout.LEASE).write_text(json.dumps(stale))
   lease = lease_lib.Lease([str(tmp_path)], 'job-b', stale_after_s=60)
   lease.acquire()
   assert _holder(tmp_path)['job_id'] == 'job-b'
   lease.release()
   fresh = dict(stale, job_id='job-c', renewed=time.time())
-  (tmp_path / lease_lib.LEASE_FILE).write_text(json.dumps(fresh))
+  (tmp_path / layout.LEASE).write_text(json.dumps(fresh))
   restart = lease_lib.Lease([str(tmp_path)], 'job-c')
   restart.acquire()  # An earlier attempt of the same job.
   assert _holder(tmp_path)['token'] == restart.holder.token
@@ -81,7 +82,7 @@ def test_renewed_while_held_and_a_takeover_is_noticed(tmp_path):
   deadline = time.monotonic() + 5
   while not lost and time.monotonic() < deadline:
     if _holder(tmp_path)['token'] != 'other':
-      files.write_atomic(str(tmp_path / lease_lib.LEASE_FILE),
+      files.write_atomic(str(tmp_path / layout.LEASE),
                          json.dumps(taken))
     time.sleep(0.05)
   lease.release()

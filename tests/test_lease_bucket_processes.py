@@ -12,6 +12,7 @@ import pytest
 
 from launcher.rank import lease as lease_lib
 from launcher.rank import lease_object
+from runtime.common import layout
 from tests import gcs as gcs_lib
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
@@ -48,7 +49,7 @@ def _holder(url: str) -> dict:
 def test_of_two_takers_of_a_stale_lease_exactly_one_wins(bucket):
   for round_ in range(ROUNDS):
     directory = f'gs://leases/race{round_}'
-    url = f'{directory}/{lease_lib.LEASE_FILE}'
+    url = f'{directory}/{layout.LEASE}'
     lease_object.create(url, _stale())
     start = threading.Barrier(2)
     won, refused = [], []
@@ -82,7 +83,7 @@ def test_of_two_takers_of_a_stale_lease_exactly_one_wins(bucket):
 
 def test_a_renewal_never_overwrites_a_taker_and_a_release_spares_it(bucket):
   directory = 'gs://leases/renewal'
-  url = f'{directory}/{lease_lib.LEASE_FILE}'
+  url = f'{directory}/{layout.LEASE}'
   lost = []
   lease = lease_lib.Lease([directory], 'job-a', renew_every_s=0.2,
                           on_lost=lost.append)
@@ -105,7 +106,7 @@ def test_a_renewal_never_overwrites_a_taker_and_a_release_spares_it(bucket):
 
 def test_a_release_deletes_only_the_generation_it_wrote(bucket):
   directory = 'gs://leases/release'
-  url = f'{directory}/{lease_lib.LEASE_FILE}'
+  url = f'{directory}/{layout.LEASE}'
   lease = lease_lib.Lease([directory], 'job-a', renew_every_s=60)
   lease.acquire()
   _, generation = lease_object.read(url)
@@ -118,7 +119,7 @@ def test_an_unreadable_lease_is_refused_not_taken(bucket):
   for name, content in (('garbage', b'not json {'),
                         ('foreign', b'{"owner": "someone"}')):
     directory = f'gs://leases/{name}'
-    url = f'{directory}/{lease_lib.LEASE_FILE}'
+    url = f'{directory}/{layout.LEASE}'
     lease_object.create(url, content)
     with pytest.raises(lease_lib.WorkdirBusyError,
                        match='this job stops without touching it'):

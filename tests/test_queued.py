@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from launcher import elastic as policy
 from launcher import restart
 from launcher.tpu import commands
 from launcher.tpu import elastic
@@ -224,14 +225,14 @@ def test_a_lost_slice_shrinks_the_job_and_comes_back_to_grow_it():
   launch, group = _group(minimum=1)
   group.fleets[0].up = False  # Slice 0 (process 0, the coordinator) lost.
   assert group.lost() is not None
-  assert group.after_attempt(_ended(75, loss='SUSPENDED')) == elastic.Resize(
+  assert group.after_attempt(_ended(75, loss='SUSPENDED')) == policy.Resize(
       'shrink')
   assert group.nodes() == ('run-b',)
   assert helpers.wait_for(group.grow_due, 10)
   assert launch.prepared == [('run-a',)] and group.fleets[0].created == 1
   assert group.describe() == ('runs on run-b; run-a back, joining at the '
                               'next step boundary')
-  assert group.after_attempt(_ended(75, regrew=True)) == elastic.Resize(
+  assert group.after_attempt(_ended(75, regrew=True)) == policy.Resize(
       'grow')
   assert group.nodes() == ('run-a', 'run-b') and not group.grow_due()
   assert group.after_attempt(_ended(1)) is None  # A plain failure.
@@ -280,7 +281,7 @@ def test_a_slice_back_on_its_second_try_grows_the_job(tmp_path):
     real_wait_up()
   group.fleets[1].wait_up = up_on_the_second_try
   group.fleets[1].up = False
-  assert group.after_attempt(_ended(75, loss='SUSPENDED')) == elastic.Resize(
+  assert group.after_attempt(_ended(75, loss='SUSPENDED')) == policy.Resize(
       'shrink')
   # --status, from another process of this machine, while the driver
   # waits to try again.
@@ -296,7 +297,7 @@ def test_a_slice_back_on_its_second_try_grows_the_job(tmp_path):
   assert elastic.status_lines([str(tmp_path)], 'run') == [
       f'slice run-b (driver pid {os.getpid()}): back, joining at the next '
       'step boundary']
-  assert group.after_attempt(_ended(75, regrew=True)) == elastic.Resize(
+  assert group.after_attempt(_ended(75, regrew=True)) == policy.Resize(
       'grow')
   assert elastic.status_lines([str(tmp_path)], 'run') == [
       f'slice run-b (driver pid {os.getpid()}): in the job']

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from runtime.common import goodput
+from runtime.common import layout
 from runtime.common import records
 
 pytestmark = pytest.mark.unit
@@ -43,7 +44,7 @@ def test_attempts_are_appended_and_read_back(tmp_path):
                                       31.0, 11.0))
   records.append_attempt(str(tmp_path), first)
   records.append_attempt(str(tmp_path), second)
-  path = str(tmp_path / records.ATTEMPTS_FILE)
+  path = str(tmp_path / layout.ATTEMPTS)
   assert records.read_attempts(path) == [first, second]
   assert records.read_attempts(path)[1].recreate_s == 11.0
   line = json.loads(open(path).read().splitlines()[1])

@@ -21,7 +21,7 @@ def _snapshot(steps, work=None, working=None, done_at=100.0,
 def test_the_warm_up_is_bounded_by_what_the_run_has_shown():
   # 19 fast steps and a 2 s first step: the floor.
   limit, idle, why = stall.deadline(
-      _snapshot([0.025] * (stall.WARMUP_STEPS - 1)), 600, now=130.0,
+      _snapshot([0.025] * (progress.WARMUP_STEPS - 1)), 600, now=130.0,
       first_step_s=2.0)
   assert (limit, idle) == (stall.FLOOR_S, 30.0) and why.startswith('warm-up')
   # A 40 s compilation, or a 50 s first step: 3 x that.

@@ -7,6 +7,7 @@ from configs import linear_regression as linear_regression_config
 from runtime import metrics
 from runtime import tensorboard
 from runtime import training
+from runtime.common import layout
 from runtime.workloads import linear_regression
 from tests import helpers
 
@@ -31,7 +32,7 @@ def _train(workdir, steps):
 
 def test_every_metric_of_metrics_jsonl_is_in_tensorboard(tmp_path):
   _train(tmp_path, 12)
-  scalars = _scalars(tmp_path / tensorboard.SUBDIR)
+  scalars = _scalars(tmp_path / layout.TENSORBOARD)
   records = helpers.read_jsonl(tmp_path / 'metrics.jsonl')
   assert [r['step'] for r in records] == [4, 8, 12]
   for record in records:
@@ -48,9 +49,9 @@ def test_a_resumed_run_shows_each_step_once(tmp_path):
   writer.write(12, {'loss': 99.0})
   writer.close()
   _train(tmp_path, 16)
-  steps = [s for s, _ in _scalars(tmp_path / tensorboard.SUBDIR)['loss']]
+  steps = [s for s, _ in _scalars(tmp_path / layout.TENSORBOARD)['loss']]
   assert steps == [4, 8, 12, 16]
-  loss_at_12 = dict(_scalars(tmp_path / tensorboard.SUBDIR)['loss'])[12]
+  loss_at_12 = dict(_scalars(tmp_path / layout.TENSORBOARD)['loss'])[12]
   assert loss_at_12 != 99.0
 
 
@@ -59,4 +60,4 @@ def test_non_numbers_are_left_out(tmp_path):
   writer.scalars(1, {'loss': 0.5, 'name': 'x', 'flag': True,
                      'inf': float('inf')})
   writer.close()
-  assert _scalars(tmp_path / tensorboard.SUBDIR) == {'loss': [(1, 0.5)]}
+  assert _scalars(tmp_path / layout.TENSORBOARD) == {'loss': [(1, 0.5)]}

@@ -41,9 +41,6 @@ from launcher import elastic
 from launcher import restart
 from runtime.common import exit_codes
 
-# The one policy's names (launcher/elastic.py), for the pod's callers.
-Resize = elastic.Resize
-SHRINK, GROW, WAIT = elastic.SHRINK, elastic.GROW, elastic.WAIT
 
 
 def is_lost_process(exit_code: Optional[int], retryable: tuple[int, ...]
@@ -83,15 +80,15 @@ class Capacity:
                        'at least 0 seconds')
     self.current = self.current or self.full
 
-  def after_lost(self, now: float) -> Resize:
+  def after_lost(self, now: float) -> elastic.Resize:
     """One process is lost: SHRINK when the others are enough, else WAIT
     until enough are back."""
     self.current -= 1
     self.returns.append(now + self.regrow_after_s)
-    if elastic.after_loss(self.current, self.minimum) == SHRINK:
-      return Resize(SHRINK)
+    if elastic.after_loss(self.current, self.minimum) == elastic.SHRINK:
+      return elastic.Resize(elastic.SHRINK)
     needed = sorted(self.returns)[self.minimum - self.current - 1]
-    return Resize(WAIT, max(0.0, needed - now))
+    return elastic.Resize(elastic.WAIT, max(0.0, needed - now))
 
   def regrow_due(self, now: float) -> bool:
     """Whether a lost process is back, so the running attempt should stop
@@ -117,26 +114,26 @@ def resize_after(capacity: Capacity, retryable: tuple[int, ...],
   """restart.run's `resize` for an elastic local pod.
 
   Returns:
-    how an attempt ended (restart.AttemptEnd) -> a Resize after a lost
+    how an attempt ended (restart.AttemptEnd) -> an elastic.Resize after a lost
     process or a stop to grow, else None (the usual restart rules).
   """
-  def resize(end: restart.AttemptEnd) -> Optional[Resize]:
+  def resize(end: restart.AttemptEnd) -> Optional[elastic.Resize]:
     fault = end.fault
     lost = int(fault is not None and end.progressed and
                is_lost_process(fault.exit_code, retryable))
     kind = elastic.decide(end.code, end.regrew, lost,
                           capacity.current - lost, capacity.minimum)
-    if kind == GROW:
+    if kind == elastic.GROW:
       capacity.take_back(now())
       say(f'lost process(es) back: starting again at once on '
           f'{capacity.describe()}, from the step every rank saved')
-      return Resize(GROW)
+      return elastic.Resize(elastic.GROW)
     if kind is None:
       return None
     what = f'rank {fault.process_index} lost (exit code {fault.exit_code})'
     resized = capacity.after_lost(now())
     back = f'back in {capacity.regrow_after_s:g} s, --regrow_after'
-    if resized.kind == SHRINK:
+    if resized.kind == elastic.SHRINK:
       say(f'{what}: starting again at once on {capacity.describe()} '
           f'({back}), the same global batch on fewer devices')
     else:

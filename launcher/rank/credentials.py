@@ -20,7 +20,6 @@ from runtime.common import env_vars
 from runtime.common import exit_codes
 from launcher.common import job_tls
 
-AUTO, REQUIRE, OFF = job_tls.AUTO, job_tls.REQUIRE, job_tls.OFF
 
 
 class TlsError(exit_codes.PodrunError, RuntimeError):
@@ -49,10 +48,10 @@ def issue_for(mode: str, tls_dir: Optional[str], process_index: Optional[int],
     exit_codes.ConfigError: `require` without an authority or on an old JAX.
     TlsError: the authority cannot be read.
   """
-  if mode == OFF:
+  if mode == job_tls.OFF:
     return None
   speaks = job_tls.supported(jax_version)
-  if mode == REQUIRE and not (speaks and tls_dir):
+  if mode == job_tls.REQUIRE and not (speaks and tls_dir):
     raise exit_codes.ConfigError(
         '--tls=require: ' + (f'JAX {jax_version} has no mutual TLS (0.12 '
                               'and newer have it)' if not speaks else

@@ -67,7 +67,7 @@ class Options:
   initialization_timeout: int = 300
   heartbeat_timeout: float = 15
   shutdown_timeout: float = 300
-  tls: str = credentials.AUTO
+  tls: str = job_tls.AUTO
   tls_dir: Optional[str] = None
 
 

@@ -47,7 +47,6 @@ from runtime.common import files
 from runtime.common import layout
 from runtime import coordination
 
-LEASE_FILE = layout.LEASE
 _SETTLE_S = 1.0
 
 
@@ -165,7 +164,7 @@ class Lease:
                stale_after_s: float = 60, renew_every_s: float = 10,
                on_lost: Optional[Callable[[str], None]] = None,
                clock: Callable[[], float] = time.time):
-    self.paths = [epath.Path(d) / LEASE_FILE
+    self.paths = [epath.Path(d) / layout.LEASE
                   for d in dict.fromkeys(directories)]
     self.stale_after_s = stale_after_s
     self.renew_every_s = renew_every_s

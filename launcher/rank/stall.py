@@ -52,7 +52,6 @@ from runtime.common import records
 K = 10.0
 MARGIN = 3.0
 FLOOR_S = 10.0
-WARMUP_STEPS = progress.WARMUP_STEPS
 _SAVE_EVERY_S = 30.0
 
 
@@ -89,10 +88,10 @@ def deadline(snapshot: progress.Snapshot, ceiling: float, now: float,
     return ceiling, idle, fixed
   longest = max(learned.work_seconds.get('step', 0.0),
                 learned.work_seconds.get('compile', 0.0))
-  if len(steps) < WARMUP_STEPS:
+  if len(steps) < progress.WARMUP_STEPS:
     seen = max(longest, first_step_s)
     limit = min(ceiling, max(floor_s, MARGIN * seen))
-    return limit, idle, (f'warm-up, {len(steps)} of {WARMUP_STEPS} steps '
+    return limit, idle, (f'warm-up, {len(steps)} of {progress.WARMUP_STEPS} steps '
                          f'seen: max({floor_s:g} s, {MARGIN:g} x the longest '
                          f'of the first step, a step or a compilation, '
                          f'{seen:.3g} s); ceiling {fixed}')

@@ -32,11 +32,10 @@ from launcher.common import project as project_lib
 from launcher.tpu.commands import PODRUN, PROJECT
 
 # Where podrun's packages sit: its checkout, or site-packages.
-REPO = project_lib.PODRUN_SOURCE
 _DISTRIBUTION = 'podrun'
 
 
-def podrun_files(root: str = REPO) -> dict[str, Union[str, bytes]]:
+def podrun_files(root: str = project_lib.PODRUN_SOURCE) -> dict[str, Union[str, bytes]]:
   """{path in podrun/: the file's path on this machine, or its bytes}.
 
   From a checkout: every file git does not ignore. Otherwise: the packages'
@@ -101,7 +100,7 @@ def run_directory(project: Optional[project_lib.Project]) -> str:
 
 
 def bundle(out: str, project: Optional[project_lib.Project] = None,
-           root: str = REPO) -> str:
+           root: str = project_lib.PODRUN_SOURCE) -> str:
   """Writes podrun's code and `project` to a reproducible .tar.gz at `out`;
   returns its sha256 (hex)."""
   entries = {f'{PODRUN}/{n}': v for n, v in podrun_files(root).items()}

@@ -85,8 +85,8 @@ def image_python_warning(launch) -> str:
 
 def _code_said(project) -> str:
   """What the code archive holds, and where the job runs from in it."""
-  podrun = (f"podrun's checkout {bundle.REPO}" if project_lib.is_checkout()
-            else f'podrun as installed in {bundle.REPO}')
+  podrun = (f"podrun's checkout {project_lib.PODRUN_SOURCE}" if project_lib.is_checkout()
+            else f'podrun as installed in {project_lib.PODRUN_SOURCE}')
   if project is None or project.is_podrun:
     return f'the code: {podrun}; the job runs from it'
   return (f'the code: {podrun}, and the project {project.directory} '

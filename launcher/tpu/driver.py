@@ -59,7 +59,6 @@ from launcher.common import goodput_rollup
 from launcher.common import project as project_lib
 from runtime.common import layout
 from launcher.common import record_mirror
-from runtime.common import records
 
 
 class Launch:
@@ -252,7 +251,7 @@ def _keep_attempts_with_the_record(launch: Launch, code: int) -> None:
   summary.json account for every attempt; bounded, as a process's last
   upload is."""
   url = flag_values.workdir_of(launch.launcher_args) or ''
-  path = launch.path(records.ATTEMPTS_FILE)
+  path = launch.path(layout.ATTEMPTS)
   if not layout.in_bucket(url) or not os.path.exists(path):
     return
   failed: list[Exception] = []

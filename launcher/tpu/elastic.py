@@ -51,7 +51,6 @@ _MAX_BACKOFF_S = 600.0
 
 
 # restart.run's `resize`, the local pod's too (launcher/elastic.py).
-Resize = elastic.Resize
 
 
 def requests(base: queued.Request) -> list[queued.Request]:
@@ -148,7 +147,7 @@ class SliceGroup:
     stop at a step boundary and the job grow."""
     return bool(self.ready)
 
-  def after_attempt(self, end) -> Optional[Resize]:
+  def after_attempt(self, end) -> Optional[elastic.Resize]:
     """restart.run's `resize`, given how an attempt ended
     (restart.AttemptEnd): GROW after the stop for slices back, SHRINK after
     a lost slice with at least --min_slices left, else None."""
@@ -164,7 +163,7 @@ class SliceGroup:
       self._take_ready()
       self.launch.say(f'slices back: relaunching at once; the job '
                       f'{self.describe()}')
-      return Resize(elastic.GROW)
+      return elastic.Resize(elastic.GROW)
     if kind is None:
       return None
     self.active = [i for i in self.active if i not in lost]
@@ -181,7 +180,7 @@ class SliceGroup:
     self.launch.say(f'slice(s) {names} lost: relaunching at once on the '
                     'others, the same global batch on fewer devices; the job '
                     f'{self.describe()}')
-    return Resize(elastic.SHRINK)
+    return elastic.Resize(elastic.SHRINK)
 
   def ready_for_attempt(self, attempt) -> bool:
     """Before an attempt: takes in slices back; waits while fewer than

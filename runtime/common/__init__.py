@@ -6,7 +6,10 @@ exit codes and the errors that carry them (`exit_codes`), whole-file writes
 (`files`), the environment variables the launcher hands its processes
 (`env_vars`), the accelerator types (`accelerators`), the old spellings
 still kept (`deprecations`), the progress pipe (`progress`), the goodput
-ledger a process writes (`goodput`) and the records it holds (`records`).
+ledger a process writes (`goodput`) and the records it holds (`records`),
+the workdir's layout: where each file of the record lives and who writes
+it (`layout`), flat config fields (`mappings`) and the credentials for a
+bucket (`gcs_auth`).
 What only the launcher's side reads lives in launcher/common/.
 
 Nothing here imports JAX or anything outside runtime/common/;

@@ -34,7 +34,6 @@ from runtime.common import exit_codes
 from runtime.common import files
 from runtime.common import layout
 
-ATTEMPTS_FILE = layout.ATTEMPTS
 
 
 def attempt_name(job_id: str, number: int) -> str:
@@ -254,7 +253,7 @@ def as_attempt(record) -> Optional[LauncherAttempt]:
 def append_attempt(logs_dir: str, attempt: LauncherAttempt) -> None:
   """Adds `attempt` as a line of LOGS_DIR/attempts.jsonl."""
   os.makedirs(logs_dir, exist_ok=True)
-  with open(os.path.join(logs_dir, ATTEMPTS_FILE), 'a') as f:
+  with open(os.path.join(logs_dir, layout.ATTEMPTS), 'a') as f:
     f.write(json.dumps(attempt.to_json()) + '\n')
 
 
