@@ -91,7 +91,7 @@ _LEARNED_STALL_DEADLINE = flags.DEFINE_bool(
     'step, a step or a compilation seen), then max(--stall_floor, 10 x the '
     'p99 interval between steps, 3 x the longest interval or compilation '
     'seen), allowing 3 x the longest save or evaluation seen while one runs '
-    '(launcher/rank/stall.py). Kept in WORKDIR/stall for the next attempt. '
+    '(launcher/process/stall.py). Kept in WORKDIR/stall for the next attempt. '
     'False: --stall_timeout is the deadline.')
 _STALL_FLOOR = flags.DEFINE_float(
     'stall_floor', 10,
@@ -263,14 +263,14 @@ def pod_passthrough_args(argv: list[str]) -> list[str]:
 
 
 def distributed_options():
-  """The distributed flags, as a launcher.rank.distributed.Options; a flag
+  """The distributed flags, as a launcher.process.distributed.Options; a flag
   not given falls back to PODRUN_* variables.
 
   See `cluster.explicit_options` for the variables. Only a launcher that is
-  itself a process of the job asks for them, so launcher.rank is imported
+  itself a process of the job asks for them, so launcher.process is imported
   here and not by the supervising side.
   """
-  from launcher.rank import distributed  # pylint: disable=g-import-not-at-top
+  from launcher.process import distributed  # pylint: disable=g-import-not-at-top
   try:
     from_env = cluster.explicit_options()
   except cluster.ClusterEnvError as e:
@@ -472,11 +472,11 @@ def _run_process(config: ConfigDict, workdir: str) -> int:
           '--local_processes=1 or more.')
 
   if _DRY_RUN.value:
-    from launcher.rank import dry_run  # pylint: disable=g-import-not-at-top
+    from launcher.process import dry_run  # pylint: disable=g-import-not-at-top
     return dry_run.print_plan(sys.argv, distributed_options(),
                               _LOCAL_DEVICES.value)
-  from launcher.rank import process  # pylint: disable=g-import-not-at-top
-  from launcher.rank import supervisor  # pylint: disable=g-import-not-at-top
+  from launcher.process import process  # pylint: disable=g-import-not-at-top
+  from launcher.process import supervisor  # pylint: disable=g-import-not-at-top
   return process.run(config, workdir, process.Options(
       distributed=distributed_options(),
       local_devices=_LOCAL_DEVICES.value,

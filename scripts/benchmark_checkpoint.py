@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from launcher.rank import devices  # pylint: disable=g-import-not-at-top
+from launcher.process import devices  # pylint: disable=g-import-not-at-top
 
 devices.configure(None, multi_process=False)
 

@@ -24,7 +24,7 @@ sys.path.insert(0, REPO)
 
 def in_process(args) -> dict:
   """Runs in a child with 8 emulated devices; returns per-round figures."""
-  from launcher.rank import devices  # pylint: disable=g-import-not-at-top
+  from launcher.process import devices  # pylint: disable=g-import-not-at-top
   devices.configure(None, multi_process=False)
   import dataclasses  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top

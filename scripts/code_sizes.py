@@ -123,8 +123,8 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def part(module: str) -> str:
   """Which of the project's parts a module belongs to (docs/layout.md)."""
-  if module == 'launcher.rank' or module.startswith('launcher.rank.'):
-    return 'launcher/rank'
+  if module == 'launcher.process' or module.startswith('launcher.process.'):
+    return 'launcher/process'
   if module.startswith('runtime.common'):
     return 'runtime/common'
   return module.split('.')[0]

@@ -53,7 +53,7 @@ KEPT = {
         "JAX's listener is registered once a process and cannot be removed",
     ('runtime.compile_events', '_compiles'):
         'read as a difference within one thread (count_in_this_thread)',
-    ('launcher.rank.obituary', '_traceback_file'):
+    ('launcher.process.obituary', '_traceback_file'):
         'faulthandler writes there for the life of a rank process; no test '
         'calls obituary.start in its own process',
 }

@@ -8,14 +8,14 @@ The rule, module by module (docs/layout.md states it):
   runtime (the rest)  -> runtime
   launcher.common     -> launcher.common, runtime.common; JAX-free as
                          runtime.common
-  launcher.rank       -> launcher.rank, launcher.common, runtime
-  launcher (the rest) -> launcher outside launcher.rank, runtime.common
+  launcher.process       -> launcher.process, launcher.common, runtime
+  launcher (the rest) -> launcher outside launcher.process, runtime.common
   launcher.tpu.worker, launcher.tpu.worker_accelerator -> each other only
                          (they run on a TPU VM without the project)
   configs             -> configs (a config is data: ml_collections alone)
 
 with one door: `launcher.cli`, when the launcher is itself a process of the
-job, imports launcher.rank inside the function that runs it (`_DOORS`).
+job, imports launcher.process inside the function that runs it (`_DOORS`).
 An import is an `import`, a `from ... import` (relative ones resolved
 against the importer's package) or `importlib.import_module` of a literal
 name. A script in scripts/ imports nothing of tests/ (the benchmarks that
@@ -37,10 +37,10 @@ _PROJECT = ('launcher', 'runtime', 'configs')
 _JAX = ('jax', 'jaxlib', 'flax', 'optax', 'orbax')
 _STANDALONE = ('launcher.tpu.worker', 'launcher.tpu.worker_accelerator')
 # (importer, imported): allowed only inside a function.
-_DOORS = {('launcher.cli', 'launcher.rank.distributed'),
-          ('launcher.cli', 'launcher.rank.dry_run'),
-          ('launcher.cli', 'launcher.rank.process'),
-          ('launcher.cli', 'launcher.rank.supervisor')}
+_DOORS = {('launcher.cli', 'launcher.process.distributed'),
+          ('launcher.cli', 'launcher.process.dry_run'),
+          ('launcher.cli', 'launcher.process.process'),
+          ('launcher.cli', 'launcher.process.supervisor')}
 
 
 def _module_name(path) -> str:
@@ -118,11 +118,11 @@ def _allowed(importer: str, imported: str) -> bool:
   if under(importer, 'launcher.common'):
     return (under(imported, 'launcher.common') or
             under(imported, 'runtime.common'))
-  if under(importer, 'launcher.rank'):
-    return (under(imported, 'launcher.rank') or
+  if under(importer, 'launcher.process'):
+    return (under(imported, 'launcher.process') or
             under(imported, 'launcher.common') or under(imported, 'runtime'))
   return ((under(imported, 'launcher') and
-           not under(imported, 'launcher.rank')) or
+           not under(imported, 'launcher.process')) or
           under(imported, 'runtime.common'))
 
 
@@ -159,24 +159,24 @@ def test_the_check_finds_an_import_against_the_rule():
       ('runtime.common.files', 'from runtime import metrics'),
       ('runtime.step', 'from launcher import restart'),
       ('launcher.restart', 'from runtime import train'),
-      ('launcher.local.pod', 'from launcher.rank import process'),
+      ('launcher.local.pod', 'from launcher.process import process'),
       ('runtime.common.progress', 'import jax'),
       ('launcher.tpu.worker', 'from runtime.common import env_vars'),
-      ('launcher.common.cluster', 'from launcher.rank import peers'),
+      ('launcher.common.cluster', 'from launcher.process import peers'),
       ('launcher.common.workload', 'import jax'),
       # Spelled so that a search for the name misses them.
       ('runtime.metrics', 'importlib.import_module("launcher.restart")'),
       ('runtime.common.records', 'from .. import metrics'),
-      ('launcher.local.pod', 'from ..rank import process'),
+      ('launcher.local.pod', 'from ..process import process'),
       ('configs.mnist', 'from runtime import parallelism'),
   ]
   for importer, line in bad:
     tree = ast.parse(line)
     assert violations({**modules, importer: tree}), (importer, line)
   # The door is open only inside a function.
-  at_top = ast.parse('from launcher.rank import process')
+  at_top = ast.parse('from launcher.process import process')
   assert violations({**modules, 'launcher.cli': at_top}) == [
-      'launcher.cli imports launcher.rank.process']
+      'launcher.cli imports launcher.process.process']
 
 
 def script_imports_of_tests(scripts: dict[str, ast.Module]) -> list[str]:
@@ -213,10 +213,10 @@ def test_the_check_finds_a_script_importing_tests():
 
 
 def supervisor_modules() -> list[str]:
-  """Every module of launcher/ outside launcher/rank/, and runtime/common/."""
+  """Every module of launcher/ outside launcher/process/, and runtime/common/."""
   return sorted(n for n in project_modules()
                 if (n.startswith('launcher') and
-                    not n.startswith('launcher.rank')) or
+                    not n.startswith('launcher.process')) or
                 n.startswith('runtime.common'))
 
 
@@ -225,7 +225,7 @@ def test_the_list_covers_the_supervisor_side():
   assert {'launcher.cli', 'launcher.local.pod', 'launcher.local.monitor',
           'launcher.restart', 'launcher.tpu.driver', 'launcher.tpu.worker',
           'launcher.tpu.__main__', 'runtime.common.goodput'} <= set(names)
-  assert not [n for n in names if n.startswith('launcher.rank.')]
+  assert not [n for n in names if n.startswith('launcher.process.')]
 
 
 def test_no_supervisor_module_loads_jax():

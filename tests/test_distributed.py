@@ -1,6 +1,6 @@
 import pytest
 
-from launcher.rank import distributed
+from launcher.process import distributed
 from launcher.common import cluster
 
 pytestmark = pytest.mark.unit

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from launcher.rank import interrupt
+from launcher.process import interrupt
 from tests import helpers
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(60)]
@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.processes, pytest.mark.timeout(60)]
 # The main thread ignores SIGINT, as one blocked in a collective does.
 _CHILD = '''
 import os, signal, sys, time
-from launcher.rank import interrupt
+from launcher.process import interrupt
 signal.signal(signal.SIGINT, lambda *a: None)
 interrupt.install(0.2, lambda code: (print('exiting', code, flush=True),
                                      os._exit(code)))

@@ -4,7 +4,7 @@ CI runs this on both ends of the supported range (JAX 0.10.2 on Python 3.11,
 the newest JAX on Python 3.13). Each test pins one place where JAX could
 move between releases; the code that uses it sits in one module each:
 runtime/coordination.py (the coordination-service client),
-launcher/rank/compilation.py (the cache options), runtime/compile_events.py
+launcher/process/compilation.py (the cache options), runtime/compile_events.py
 (the monitoring events) and
 runtime/parallelism/ (pmap and jit(shard_map)).
 """
@@ -59,7 +59,7 @@ def test_the_compilation_cache_is_written_and_read_back(tmp_path):
   # Two fresh processes: the second reads the program the first compiled.
   script = textwrap.dedent(f'''
       import jax, jax.numpy as jnp, numpy as np
-      from launcher.rank import compilation
+      from launcher.process import compilation
       from runtime.common import goodput
       ledger = goodput.Ledger()
       goodput.use(ledger)

@@ -1,6 +1,6 @@
 """A job's certificate authority and each process's certificate
 (launcher/common/job_tls.py), the launcher's mode (launcher/tls.py), and a
-process's check of its coordinator (launcher/rank/credentials.py), against
+process's check of its coordinator (launcher/process/credentials.py), against
 a TLS server of the test's own."""
 
 import os
@@ -14,7 +14,7 @@ from absl import logging
 import pytest
 
 from launcher import tls
-from launcher.rank import credentials
+from launcher.process import credentials
 from runtime.common import env_vars
 from runtime.common import exit_codes
 from launcher.common import job_tls

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from launcher.rank import lease as lease_lib
+from launcher.process import lease as lease_lib
 from runtime.common import files
 from runtime.common import layout
 from tests import helpers

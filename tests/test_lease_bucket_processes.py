@@ -1,5 +1,5 @@
 """The workdir lease in a bucket, every change conditional on its
-generation (launcher/rank/lease_object.py), against fake-gcs-server behind
+generation (launcher/process/lease_object.py), against fake-gcs-server behind
 a layer that enforces `ifGenerationMatch` as Cloud Storage does (the
 emulator ignores it on a delete: without the layer, two takers of one stale
 lease both won 4 times in 15)."""
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from launcher.rank import lease as lease_lib
-from launcher.rank import lease_object
+from launcher.process import lease as lease_lib
+from launcher.process import lease_object
 from runtime.common import layout
 from tests import gcs as gcs_lib
 

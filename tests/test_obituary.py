@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from launcher.rank import obituary
+from launcher.process import obituary
 
 pytestmark = pytest.mark.unit
 

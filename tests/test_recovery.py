@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from launcher.rank import stall
+from launcher.process import stall
 from runtime.common import env_vars
 from runtime.common import goodput
 from runtime.common import layout

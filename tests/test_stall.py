@@ -1,8 +1,8 @@
-"""The hang watchdog's learned deadline (launcher/rank/stall.py)."""
+"""The hang watchdog's learned deadline (launcher/process/stall.py)."""
 
 import pytest
 
-from launcher.rank import stall
+from launcher.process import stall
 from runtime.common import progress
 
 pytestmark = pytest.mark.unit

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from launcher.rank import end_of_job
-from launcher.rank import peers
-from launcher.rank import supervisor
+from launcher.process import end_of_job
+from launcher.process import peers
+from launcher.process import supervisor
 from runtime.common import exit_codes
 from runtime.common import progress
 from runtime.common import records

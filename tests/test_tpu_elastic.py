@@ -76,7 +76,7 @@ def test_a_lost_slice_leaves_the_job_on_the_other_until_it_is_back(
             'goes with their disks: going on') in result.stderr, result.stderr
   if lost == 1 and not notice:
     # The driver told the survivors which processes went with the slice
-    # (launcher/rank/peers.py, Gone): process 0 named them lost after a
+    # (launcher/process/peers.py, Gone): process 0 named them lost after a
     # few silent seconds rather than --heartbeat_timeout (15 s). Gloo may
     # abort the survivors first, inside the step they had begun with the
     # dead ('Received data size doesn't match'): then they end 134.

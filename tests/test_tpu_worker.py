@@ -84,7 +84,7 @@ def test_which_lines_of_other_workers_reach_the_console(line, shown):
 
 def test_gone_tells_the_job_which_processes_went(tmp_path, monkeypatch,
                                                  capsys):
-  from launcher.rank import peers  # pylint: disable=g-import-not-at-top
+  from launcher.process import peers  # pylint: disable=g-import-not-at-top
   from runtime.common import env_vars  # pylint: disable=g-import-not-at-top
   assert worker.GONE_FILE_VAR == env_vars.GONE_FILE
   monkeypatch.setattr(worker, 'JOBS_DIR', str(tmp_path))
@@ -97,6 +97,6 @@ def test_gone_tells_the_job_which_processes_went(tmp_path, monkeypatch,
                       '--why=node n-1 PREEMPTED']) == 0
   assert ('told job job-a2 that processes 2, 3 are gone' in
           capsys.readouterr().out)
-  # What the job's processes read back (launcher/rank/peers.py).
+  # What the job's processes read back (launcher/process/peers.py).
   assert peers.gone(str(tmp_path / 'job-a2' / 'gone')) == peers.Gone(
       frozenset({2, 3}), 'node n-1 PREEMPTED')

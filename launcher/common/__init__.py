@@ -5,5 +5,5 @@ kept in step with this machine's copy (`record_mirror`), the job's goodput
 from every ledger (`goodput_rollup`) and its phases after a fault
 (`time_to_recover`), the user's project as files that travel
 (`project`), a launcher flag read as absl reads it (`flag_values`), and
-the job's certificate authority (`job_tls`). launcher/rank/ imports it
+the job's certificate authority (`job_tls`). launcher/process/ imports it
 too; runtime/ never does (tests/test_boundary.py)."""

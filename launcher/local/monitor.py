@@ -23,7 +23,7 @@ from launcher.local import members as members_lib
 from launcher.local import output
 from runtime.common import exit_codes
 
-# The ranks' own watchdog (launcher/rank/supervisor.py) fires at the
+# The ranks' own watchdog (launcher/process/supervisor.py) fires at the
 # timeouts; the pod's fires this much later, for a rank too stuck for that.
 WATCHDOG_BACKSTOP_S = 15.0
 

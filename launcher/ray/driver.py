@@ -2,7 +2,7 @@
 for good, as every launcher restarts (launcher/restart.py).
 
 Each process is the per-process path every deployment runs (a cluster's
-process, launcher/rank/process.py): supervision, the agreement, checkpoints,
+process, launcher/process/process.py): supervision, the agreement, checkpoints,
 goodput and the record are the job's own; each attempt (attempt.py) gives
 it its place from Ray's own view of the group (never from the node's
 environment), shows and files its output (output.py), and stops the others,

@@ -192,7 +192,7 @@ class Group:
   def tell_gone(self, processes: list[int], why: str,
                 dead: tuple[int, ...] = ()) -> None:
     """Tells every other running process that the hosts of `processes` went
-    (launcher/rank/peers.py, Gone): their supervisors take those processes
+    (launcher/process/peers.py, Gone): their supervisors take those processes
     for lost after a few seconds without a heartbeat, not after
     --heartbeat_timeout, and those of `dead` (their raylets gone) after
     two beats missed (peers.DEAD_SILENCE_S); one that still beats stays in

@@ -126,7 +126,7 @@ class Host:
   def gone(self, processes: list[int], why: str,
            dead: tuple[int, ...] = ()) -> None:
     """Tells this node's process that `processes`' hosts went, `dead` of
-    them for certain (launcher/rank/peers.py reads it: Gone)."""
+    them for certain (launcher/process/peers.py reads it: Gone)."""
     if self._gone_dir and os.path.isdir(self._gone_dir):
       files.write_json(os.path.join(self._gone_dir, 'gone.json'),
                        {'processes': sorted(processes), 'why': why,

@@ -1,6 +1,6 @@
 """The JAX-free leaves that both sides of the project import.
 
-The supervisor (launcher/ outside launcher/rank/) never loads JAX, and
+The supervisor (launcher/ outside launcher/process/) never loads JAX, and
 nothing in runtime/ imports launcher/, so what both need sits here, low:
 exit codes and the errors that carry them (`exit_codes`), whole-file writes
 (`files`), the environment variables the launcher hands its processes

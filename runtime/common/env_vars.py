@@ -44,7 +44,7 @@ PROGRESS_FD = 'PODRUN_PROGRESS_FD'
 # A file the launcher writes when its infrastructure saw processes' hosts
 # go (a TPU slice PREEMPTED): JSON {"processes": [...], "why": "..."}. Their
 # silence then ends the job within seconds rather than --heartbeat_timeout
-# (launcher/rank/peers.py).
+# (launcher/process/peers.py).
 GONE_FILE = 'PODRUN_GONE_FILE'
 # Where the local checkpoint tier lives (default /dev/shm/podrun).
 LOCAL_CHECKPOINT_DIR = 'PODRUN_LOCAL_CHECKPOINT_DIR'

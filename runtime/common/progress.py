@@ -1,7 +1,7 @@
 """How far this process has got: the one call a training loop makes per step.
 
 `report(step)` says that `step` is complete here. Every rank's supervisor
-(launcher/rank/supervisor.py) reads it for its hang watchdog, its straggler
+(launcher/process/supervisor.py) reads it for its hang watchdog, its straggler
 check and summary.json; a local-pod launcher also gets it through the pipe in
 PODRUN_PROGRESS_FD. `runtime.train` calls it; a workload that runs a loop of
 its own must call it once per step too, or the watchdog takes the job for
@@ -203,7 +203,7 @@ def begin(step: int, own_seconds: float = 0.0) -> None:
 def working(kind: str, on: str = '') -> Iterator[None]:
   """Announces periodic work between steps (a save, an evaluation), so that
   the hang watchdog allows for it: the longest of each kind it has seen, or
-  its ceiling the first time (launcher/rank/stall.py). `on` says what it
+  its ceiling the first time (launcher/process/stall.py). `on` says what it
   works on (a checkpoint's path), for the watchdog's message.
 
   Example:

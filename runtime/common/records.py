@@ -48,13 +48,13 @@ class Fault:
   """A fault that ends an attempt: a process failed, was lost or stalled.
 
   One type for the one event wherever it is seen: a supervisor publishes it
-  to the other processes as why the job ends (launcher/rank/end_of_job.py),
+  to the other processes as why the job ends (launcher/process/end_of_job.py),
   its goodput ledger notes it, a launcher records it in attempts.jsonl, and
   the time to recover starts from it.
 
   Attributes:
     kind: 'failed', 'lost' or 'stalled' (a supervisor's view), 'aborted'
-      or 'killed' (an obituary's: launcher/rank/obituary.py, which runs
+      or 'killed' (an obituary's: launcher/process/obituary.py, which runs
       without the project's imports and writes these fields itself), or
       'unrecorded' (read from ledgers that all stopped without an end);
       None where a launcher only saw an exit code.
@@ -165,7 +165,7 @@ class Notes:
     fault: what ended the attempt, as this process learned it.
     exit_code: what this process exited with.
     cause: how it ended, when it could not say so itself (written by its
-      obituary, launcher/rank/obituary.py: aborted, killed ...).
+      obituary, launcher/process/obituary.py: aborted, killed ...).
     topology: what computed the attempt's steps: num_processes,
       num_devices, microbatches.
   """

@@ -29,7 +29,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from launcher.rank import devices  # pylint: disable=g-import-not-at-top,wrong-import-position
+from launcher.process import devices  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 devices.configure(None, multi_process=False)
 

@@ -6,7 +6,7 @@ Two processes started by hand, as on a cluster (tests/cluster.py), train
 the linear-regression probe; rank 1's input hangs while it loads the batch
 of step N. Prints, per N, the seconds from the hang to each process's exit
 (124 expected) and the deadline the watchdog said it used. Before 20 steps
-the warm-up deadline applies (launcher/rank/stall.py), after it the learned
+the warm-up deadline applies (launcher/process/stall.py), after it the learned
 one; --stall_timeout (600 s) is only the ceiling.
 """
 

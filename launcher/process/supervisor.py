@@ -37,9 +37,9 @@ from typing import Callable, NoReturn, Optional
 
 from absl import logging
 
-from launcher.rank import end_of_job
-from launcher.rank import peers as peers_lib
-from launcher.rank import stall
+from launcher.process import end_of_job
+from launcher.process import peers as peers_lib
+from launcher.process import stall
 from runtime.common import exit_codes
 from runtime.common import goodput
 from runtime.common import progress

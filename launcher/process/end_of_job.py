@@ -19,7 +19,7 @@ from typing import Optional
 
 from absl import logging
 
-from launcher.rank import peers as peers_lib
+from launcher.process import peers as peers_lib
 from runtime import coordination
 from runtime.common import records
 

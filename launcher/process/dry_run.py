@@ -11,8 +11,8 @@ from typing import Optional
 
 from absl import logging
 
-from launcher.rank import devices
-from launcher.rank import distributed
+from launcher.process import devices
+from launcher.process import distributed
 from runtime.common import exit_codes
 
 

@@ -15,9 +15,9 @@ import uuid
 from absl import logging
 from ml_collections import ConfigDict
 
-from launcher.rank import compilation
-from launcher.rank import peers as peers_lib
-from launcher.rank import supervisor as supervisor_lib
+from launcher.process import compilation
+from launcher.process import peers as peers_lib
+from launcher.process import supervisor as supervisor_lib
 from runtime.common import env_vars
 from runtime.common import files
 from runtime.common import layout

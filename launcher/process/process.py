@@ -18,16 +18,16 @@ from typing import NoReturn, Optional
 from absl import logging
 from ml_collections import ConfigDict
 
-from launcher.rank import compilation
-from launcher.rank import devices
-from launcher.rank import distributed
-from launcher.rank import failure
-from launcher.rank import interrupt
-from launcher.rank import lease as lease_lib
-from launcher.rank import obituary
-from launcher.rank import roll_call
-from launcher.rank import summary
-from launcher.rank import supervisor as supervisor_lib
+from launcher.process import compilation
+from launcher.process import devices
+from launcher.process import distributed
+from launcher.process import failure
+from launcher.process import interrupt
+from launcher.process import lease as lease_lib
+from launcher.process import obituary
+from launcher.process import roll_call
+from launcher.process import summary
+from launcher.process import supervisor as supervisor_lib
 from runtime import agreement
 from runtime.checkpoints import options as checkpoint_options
 from launcher.common import cluster
@@ -43,7 +43,7 @@ from runtime import coordination
 from runtime import topology
 
 # How long the main thread has to stop by itself after SIGINT before the
-# process exits anyway (launcher/rank/interrupt.py): short under the local
+# process exits anyway (launcher/process/interrupt.py): short under the local
 # pod, which stops ranks stuck in a collective this way; longer for a
 # person's Ctrl-C, which a step or an input read in C does not see at once.
 _INTERRUPT_GRACE_S = 0.5

@@ -18,7 +18,7 @@ renews it every few seconds:
 
 Creation is exclusive on a local or shared POSIX file system (O_EXCL) and
 in a gs:// bucket, where every change is conditional on the object's
-generation (launcher/rank/lease_object.py): of two jobs started at once
+generation (launcher/process/lease_object.py): of two jobs started at once
 exactly one creates it; a takeover deletes the generation it read, on
 condition that it is still that one, then creates afresh, so of two takers
 of one stale lease the second finds it changed and backs off; a renewal
@@ -41,7 +41,7 @@ from absl import logging
 from etils import epath
 
 from launcher.common import cluster
-from launcher.rank import lease_object
+from launcher.process import lease_object
 from runtime.common import exit_codes
 from runtime.common import files
 from runtime.common import layout
@@ -220,7 +220,7 @@ class Lease:
 
   def _take_in_bucket(self, path: epath.Path) -> None:
     """Creates the lease object, or takes over one that may be taken, with
-    preconditions only (launcher/rank/lease_object.py): no read-then-write
+    preconditions only (launcher/process/lease_object.py): no read-then-write
     window."""
     url = str(path)
     try:

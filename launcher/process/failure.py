@@ -10,7 +10,7 @@ import traceback
 
 from absl import logging
 
-from launcher.rank import peers as peers_lib
+from launcher.process import peers as peers_lib
 from runtime.common import exit_codes
 
 

@@ -17,8 +17,8 @@ from typing import Mapping, MutableMapping, Optional
 
 from absl import logging
 
-from launcher.rank import credentials
-from launcher.rank import roll_call
+from launcher.process import credentials
+from launcher.process import roll_call
 from launcher.common import cluster
 from runtime.common import exit_codes
 from launcher.common import job_tls
