@@ -23,6 +23,7 @@ from ml_collections import ConfigDict
 from ml_collections import config_flags
 
 from launcher.local import elastic
+from launcher.local import monitor
 from launcher.local import pod as local_pod
 from launcher import restart
 from launcher import tls
@@ -295,40 +296,44 @@ def _tls_dir() -> Optional[str]:
   return os.path.expanduser(found) if found else None
 
 
-def _make_pod(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
-              job_id=None, attempt: int = 1,
-              capacity: Optional[elastic.Capacity] = None) -> local_pod.Gang:
-  """The local pod that --local_processes asks for (`capacity`: how many
-  of its processes an elastic pod has now; `authority`: its TLS)."""
+def _pod_spec(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
+              capacity: Optional[elastic.Capacity]) -> local_pod.PodSpec:
+  """What every attempt of the local pod that --local_processes asks for
+  runs with, from the flags (`capacity`: an elastic pod's; `authority`:
+  its TLS)."""
   for name in ('num_processes', 'process_id', 'coordinator_bind_address'):
     if flags.FLAGS[name].present:
       _fail(f'--{name} is chosen by the launcher with --local_processes; '
             'drop it')
-  num_processes = _LOCAL_PROCESSES.value
   topology = config.get('topology') or {}
   # Each process keeps its devices when others are lost: a host's.
   local_devices = (_LOCAL_DEVICES.value or topology.get('local_devices') or
-                   max(1, 8 // max(num_processes, 1)))
+                   max(1, 8 // max(_LOCAL_PROCESSES.value, 1)))
+  return local_pod.PodSpec(
+      local_devices=local_devices, workdir=workdir,
+      process_args=tuple(pod_passthrough_args(sys.argv[1:]) +
+                         authority.process_args()),
+      coordinator_address=_COORDINATOR_ADDRESS.value,
+      timeouts=monitor.Timeouts(_STALL_TIMEOUT.value,
+                                _FIRST_STEP_TIMEOUT.value,
+                                _PREEMPTION_GRACE.value),
+      kill_grace=_KILL_GRACE.value, log_all_ranks=_LOG_ALL_RANKS.value,
+      elastic_processes=((capacity.minimum, capacity.full) if capacity
+                         else None),
+      attempts_may_follow=bool(capacity) or _MAX_RESTARTS.value > 0)
+
+
+def _make_pod(spec: local_pod.PodSpec, job_id=None, attempt: int = 1,
+              capacity: Optional[elastic.Capacity] = None) -> local_pod.Gang:
+  """One attempt's local pod (`capacity`: how many of its processes an
+  elastic pod has now)."""
   try:
     return local_pod.Gang(
+        spec,
         num_processes=(capacity.take_back(time.monotonic()) if capacity
-                       else num_processes),
-        regrow_due=capacity.regrow_due if capacity else lambda now: False,
-        elastic_processes=((capacity.minimum, capacity.full) if capacity
-                           else None),
-        attempts_may_follow=bool(capacity) or _MAX_RESTARTS.value > 0,
-        local_devices=local_devices,
-        workdir=workdir,
-        process_args=(pod_passthrough_args(sys.argv[1:]) +
-                   authority.process_args()),
-        coordinator_address=_COORDINATOR_ADDRESS.value,
-        stall_timeout=_STALL_TIMEOUT.value,
-        first_step_timeout=_FIRST_STEP_TIMEOUT.value,
-        kill_grace=_KILL_GRACE.value,
-        log_all_ranks=_LOG_ALL_RANKS.value,
-        preemption_grace=_PREEMPTION_GRACE.value,
-        job_id=job_id,
-        attempt=attempt)
+                       else _LOCAL_PROCESSES.value),
+        job_id=job_id, attempt=attempt,
+        regrow_due=capacity.regrow_due if capacity else lambda now: False)
   except ValueError as e:
     _fail(str(e))
 
@@ -435,15 +440,14 @@ def _run_local_pod(config: ConfigDict, workdir: str) -> int:
   try:
     # Before the pod: a copy set aside takes its directory with it.
     mirror = None if _DRY_RUN.value else _launcher_mirror(workdir, job_id)
-    pod = _make_pod(config, workdir, authority, job_id=job_id,
-                    capacity=capacity)
+    spec = _pod_spec(config, workdir, authority, capacity)
+    pod = _make_pod(spec, job_id=job_id, capacity=capacity)
     if _DRY_RUN.value:
       return pod.print_plan()
     retryable = _retryable_exit_codes(config)
     code = restart.run(
         lambda attempt: pod if attempt == 1 else _make_pod(
-            config, workdir, authority, job_id=pod.job_id, attempt=attempt,
-            capacity=capacity),
+            spec, job_id=pod.job_id, attempt=attempt, capacity=capacity),
         max_restarts=_MAX_RESTARTS.value,
         first_backoff_s=_RESTART_BACKOFF.value, retryable=retryable,
         logs_dir=pod.logs_dir,

@@ -23,6 +23,7 @@ stalls or the launcher is told to stop:
 - ranks die with the launcher even when it is SIGKILLed (PR_SET_PDEATHSIG).
 """
 
+import dataclasses
 import json
 import os
 import shlex
@@ -47,6 +48,37 @@ from runtime.common import goodput
 from runtime.common import layout
 from runtime.common import records
 
+
+@dataclasses.dataclass(frozen=True)
+class PodSpec:
+  """What every attempt of a local pod's job runs with, read once from the
+  flags (as torchelastic's WorkerSpec is); an attempt adds its process
+  count, its number and the job's id (`Gang`).
+
+  Attributes:
+    local_devices: each process's emulated CPU devices.
+    workdir: the job's --workdir (a bucket's: the logs stay in this
+      machine's copy).
+    process_args: the launcher flags every process gets.
+    coordinator_address: 127.0.0.1:PORT, or None for a free port each
+      attempt.
+    timeouts: when the gang counts as stalled, and a preemption's grace.
+    kill_grace: seconds between SIGINT and SIGKILL when the gang stops.
+    log_all_ranks: whether every process's routine lines reach the console.
+    elastic_processes: (K, P), the fewest and most processes of an elastic
+      job (--min_processes, --local_processes), or None.
+    attempts_may_follow: an elastic or restarting job, whose pod's end is
+      not the job's.
+  """
+  local_devices: int
+  workdir: str
+  process_args: tuple[str, ...]
+  coordinator_address: Optional[str] = None
+  timeouts: monitor_lib.Timeouts = monitor_lib.Timeouts()
+  kill_grace: float = 5
+  log_all_ranks: bool = False
+  elastic_processes: Optional[tuple[int, int]] = None
+  attempts_may_follow: bool = False
 
 
 def free_loopback_port() -> int:
@@ -81,53 +113,52 @@ class Gang:
   that is not on loopback.
 
   Example:
-    >>> Pod(num_processes=2, local_devices=4, workdir='/tmp/w',
-    ...     process_args=['--config=configs/linear_regression.py']).run().code
+    >>> spec = PodSpec(local_devices=4, workdir='/tmp/w',
+    ...     process_args=('--config=configs/linear_regression.py',))
+    >>> Gang(spec, num_processes=2).run().code
     0
+
+  Args:
+    spec: what every attempt of the job runs with.
+    num_processes: this attempt's processes (an elastic pod's change).
+    job_id: the job's id, the same on every attempt (None: a new one).
+    attempt: this attempt's number, from 1.
+    regrow_due: given time.monotonic(), whether lost processes are back,
+      so that the attempt stops at a step boundary to grow.
   """
 
-  def __init__(self, num_processes: int, local_devices: int, workdir: str,
-               process_args: list[str],
-               coordinator_address: Optional[str] = None,
-               stall_timeout: float = 600, first_step_timeout: float = 1800,
-               kill_grace: float = 5, log_all_ranks: bool = False,
-               preemption_grace: float = 120, job_id: Optional[str] = None,
-               attempt: int = 1,
-               regrow_due: Callable[[float], bool] = lambda now: False,
-               elastic_processes: Optional[tuple[int, int]] = None,
-               attempts_may_follow: bool = False):
+  def __init__(self, spec: PodSpec, num_processes: int,
+               job_id: Optional[str] = None, attempt: int = 1,
+               regrow_due: Callable[[float], bool] = lambda now: False):
     if num_processes < 1:
       raise ValueError(f'--local_processes={num_processes}; it must be at '
                        'least 1')
+    self.spec = spec
     self.num_processes = num_processes
-    self.local_devices = local_devices
-    self.workdir = workdir
+    self.local_devices = spec.local_devices
+    self.workdir = spec.workdir
     # A bucket's workdir: the logs stay on this machine, in its copy.
-    self.record = layout.Record.of(workdir)
+    self.record = layout.Record.of(spec.workdir)
     self.logs_dir = self.record.logs()
-    self.coordinator_address = _loopback_address(coordinator_address)
-    self.timeouts = monitor_lib.Timeouts(stall_timeout, first_step_timeout,
-                                         preemption_grace)
-    self.kill_grace = kill_grace
+    self.coordinator_address = _loopback_address(spec.coordinator_address)
     # Restarts of a job share its id, so that its processes are found by it.
     self.job_id = job_id or uuid.uuid4().hex
     self.attempt = attempt
     # The goodput ledgers of this attempt (runtime/common/goodput.py).
     # A uuid's first 12 hex digits keep the ledgers' folders short.
     self.attempt_name = records.attempt_name(self.job_id[:12], attempt)
-    # An elastic or restarting job: this pod's end is not the job's.
-    self.attempts_may_follow = attempts_may_follow
     # Whether to stop at a step boundary to grow (elastic.py), given now.
     self._regrow_due = regrow_due
+    elastic_processes = spec.elastic_processes
     self._members = members_lib.plan(
-        num_processes, local_devices, workdir, self.logs_dir, process_args,
-        self.coordinator_address,
+        num_processes, spec.local_devices, spec.workdir, self.logs_dir,
+        list(spec.process_args), self.coordinator_address,
         {'PYTHONUNBUFFERED': '1', env_vars.SUPERVISED: '1',
          env_vars.LAUNCHER_RECORD: '1',
          env_vars.JOB_ID: self.job_id, env_vars.ATTEMPT: self.attempt_name,
          **({env_vars.ELASTIC_PROCESSES: '%d-%d' % elastic_processes}
             if elastic_processes else {})})
-    self._console = output.Console(num_processes, log_all_ranks)
+    self._console = output.Console(num_processes, spec.log_all_ranks)
     self._changed = threading.Event()
     self._signals: list[int] = []
 
@@ -156,7 +187,8 @@ class Gang:
         threads = self._start(progress_reader)
         monitor = monitor_lib.Monitor(
             self._members, progress_reader, self._signals, self._changed,
-            self.timeouts, lambda s: members_lib.forward(self._members, s),
+            self.spec.timeouts,
+            lambda s: members_lib.forward(self._members, s),
             self._regrow_due)
         end = monitor.watch(started)
         progressed = progress_reader.last_advance is not None
@@ -175,8 +207,8 @@ class Gang:
         self._write_ledgers_cut_short(started_wall)
     code = report.report(end, self._members, self._console, started,
                          self.logs_dir, self._signals, monitor.regrowing,
-                         attempt=(self.attempt if self.attempts_may_follow
-                                  else None))
+                         attempt=(self.attempt
+                                  if self.spec.attempts_may_follow else None))
     return restart.AttemptEnd(
         code=code, name=self.attempt_name, processes=self.num_processes,
         launcher_signalled=bool(self._signals), progressed=progressed,
@@ -268,7 +300,7 @@ class Gang:
       first = end.signum
     elif end.state is monitor_lib.GangState.PREEMPTION_LATE:
       first = signal.SIGKILL
-    members_lib.stop(self._members, first, self.kill_grace,
+    members_lib.stop(self._members, first, self.spec.kill_grace,
                    self._wait_for_change, lambda: len(self._signals) >= 2)
 
 
