@@ -200,12 +200,6 @@ class _Launch:
     self.prepared.append(nodes)
 
 
-class _Attempt:
-  """What ready_for_attempt writes to: the time it waited for slices."""
-  def __init__(self):
-    self.infrastructure = None
-
-
 def _ended(code, loss=None, regrew=False) -> restart.AttemptEnd:
   """How an attempt ended, as after_attempt reads it."""
   return restart.AttemptEnd(code, loss=loss, regrew=regrew)
@@ -242,8 +236,7 @@ def test_below_min_slices_the_next_attempt_waits_for_them():
   _, group = _group(minimum=2)
   group.fleets[1].up = False
   assert group.after_attempt(_ended(75, loss='SUSPENDED')) is None
-  attempt = _Attempt()
-  assert group.ready_for_attempt(attempt)
+  assert group.ready_for_attempt()
   assert group.nodes() == ('run-a', 'run-b')
 
 
@@ -257,7 +250,7 @@ def test_a_slice_that_does_not_come_back_is_retried_then_given_up():
   group.fleets[1].wait_up = never_up
   group.fleets[1].up = False
   assert group.after_attempt(_ended(75, loss='SUSPENDED')) is None
-  assert not group.ready_for_attempt(_Attempt())
+  assert not group.ready_for_attempt()
   assert len(tries) >= 3, tries
   gaps = [b - a for a, b in zip(tries, tries[1:])]
   assert all(g >= 0.05 for g in gaps) and gaps[-1] >= 2 * 0.05, gaps

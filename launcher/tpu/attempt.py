@@ -92,7 +92,7 @@ class Attempt:
     self.launch = launch
     self.number = number
     self.attempt_name = commands.attempt_id(launch.job_id, number)
-    # Set by babysit.recreate when this attempt had to bring the slice back.
+    # What bringing the slices back took before this attempt, if it had to.
     self.infrastructure: Optional[records.Recreate] = None
     self.slice_lost: Optional[str] = None
     self._lost_nodes: tuple[str, ...] = ()  # The lost slice's nodes.
@@ -106,7 +106,10 @@ class Attempt:
 
   def run(self) -> restart.AttemptEnd:
     launch = self.launch
-    if self.number > 1 and not launch.slices.ready_for_attempt(self):
+    ready = (launch.slices.ready_for_attempt() if self.number > 1
+             else babysit.Ready(True))
+    self.infrastructure = ready.infrastructure
+    if not ready:
       if launch.signals:
         self._signals.append(launch.signals[0])
         return self._end(exit_codes.SIGNAL_BASE + launch.signals[0])

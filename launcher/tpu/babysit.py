@@ -6,17 +6,31 @@ queued resource is SUSPENDING, SUSPENDED or FAILED, the attempt ends at once
 rather than waiting on ssh sessions to VMs that no longer exist. Before the
 next attempt `recreate` deletes the queued resource, creates it again under
 the same name, waits through its phases and sets the new VMs up; the job
-then resumes from its checkpoint. The attempt's `infrastructure` record
-carries that time into attempts.jsonl, where the goodput roll-up counts it
-as infrastructure recovery.
+then resumes from its checkpoint. The `Recreate` record it returns, the
+attempt's `infrastructure` (`Ready`), carries that time into
+attempts.jsonl, where the goodput roll-up counts it as infrastructure
+recovery.
 """
 
+import dataclasses
 import threading
 import time
 from typing import Callable, Optional
 
 from launcher.tpu import queued
 from runtime.common import records
+
+
+@dataclasses.dataclass(frozen=True)
+class Ready:
+  """Before an attempt: whether the job can run again (truthy when it
+  can), and what bringing its slices back took, as goodput's
+  infrastructure recovery (None when nothing had to come back)."""
+  ok: bool
+  infrastructure: Optional[records.Recreate] = None
+
+  def __bool__(self) -> bool:
+    return self.ok
 
 
 class Watch:
@@ -79,10 +93,10 @@ def lost_within(launch, grace_s: float) -> Optional[queued.Observation]:
                    max(0.0, deadline - time.monotonic())))
 
 
-def recreate(launch, fleet: queued.Fleet, lost: queued.Observation,
-             attempt) -> bool:
+def recreate(launch, fleet: queued.Fleet, lost: queued.Observation
+             ) -> records.Recreate:
   """Deletes the lost slice, creates it again, waits for it and sets its
-  workers up; records the time in `attempt.infrastructure`.
+  workers up; returns what that took.
 
   Raises:
     queued.Interrupted: on SIGINT or SIGTERM meanwhile.
@@ -101,10 +115,10 @@ def recreate(launch, fleet: queued.Fleet, lost: queued.Observation,
   up = time.time()
   launch.prepare()
   ready = time.time()
-  attempt.infrastructure = records.Recreate(
+  recreated = records.Recreate(
       lost=lost.describe(), began=began, recreate_requested=requested, up=up,
       ready=ready, seconds=ready - began)
   launch.say(f'slice {fleet.request.name} is back after {ready - began:.1f} '
              f's (delete and create {up - began:.1f} s, set-up '
              f'{ready - up:.1f} s): relaunching')
-  return True
+  return recreated

@@ -39,6 +39,7 @@ import time
 from typing import Optional
 
 from launcher import elastic
+from launcher.tpu import babysit
 from launcher.tpu import queued
 from runtime.common import exit_codes
 from runtime.common import files
@@ -182,9 +183,11 @@ class SliceGroup:
                     f'{self.describe()}')
     return elastic.Resize(elastic.SHRINK)
 
-  def ready_for_attempt(self, attempt) -> bool:
+  def ready_for_attempt(self) -> babysit.Ready:
     """Before an attempt: takes in slices back; waits while fewer than
-    --min_slices are; False when none can come (their recreate failed)."""
+    --min_slices are (the wait, when over a second, is the Ready's
+    `infrastructure`); not ready when none can come (their recreate
+    failed)."""
     began = time.time()
     while True:
       self._take_ready()
@@ -193,11 +196,10 @@ class SliceGroup:
       with self._lock:
         coming = [i for i, t in self._threads.items() if t.is_alive()]
       if not coming or self.interrupted():
-        return False
+        return babysit.Ready(False)
       time.sleep(0.2)
-    if time.time() - began > 1:
-      attempt.infrastructure = _waited(began)
-    return True
+    return babysit.Ready(
+        True, _waited(began) if time.time() - began > 1 else None)
 
   def _take_ready(self) -> None:
     with self._lock:

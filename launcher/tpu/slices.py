@@ -65,9 +65,9 @@ class Slices(Protocol):
 
   def delete(self, why: str) -> None: ...
 
-  def ready_for_attempt(self, attempt) -> bool:
+  def ready_for_attempt(self) -> babysit.Ready:
     """Before a relaunch: whether the job can run again; may bring slices
-    back first and record that in `attempt.infrastructure`."""
+    back first, and says what that took."""
 
   def grow_due(self) -> bool:
     """Whether the running attempt should stop at a step boundary to grow."""
@@ -117,24 +117,23 @@ class Standing(_EverySlice):
   def delete(self, why: str) -> None:
     del why
 
-  def ready_for_attempt(self, attempt) -> bool:
+  def ready_for_attempt(self) -> babysit.Ready:
     """Whether every slice can run the job again (its state as the
     preflight reads it; --skip_preflight: taken that it can)."""
-    del attempt
     launch = self._launch
     if launch.options.skip_preflight:
-      return True
+      return babysit.Ready(True)
     for node in self.nodes():
       try:
         ok, why = preflight_lib.recoverable(preflight_lib.make_client(
             node, launch.options.zone, launch.options.project or None))
       except Exception as e:  # pylint: disable=broad-except
         launch.say(preflight_lib.explain_api_error(node, e))
-        return False
+        return babysit.Ready(False)
       if not ok:
         launch.say(f'TPU {node} {why}: cannot come back, not relaunching')
-        return False
-    return True
+        return babysit.Ready(False)
+    return babysit.Ready(True)
 
 
 class Babysat(_EverySlice):
@@ -172,20 +171,20 @@ class Babysat(_EverySlice):
   def delete(self, why: str) -> None:
     self.fleet.delete(why)
 
-  def ready_for_attempt(self, attempt) -> bool:
-    """The slice still stands, or it is recreated and set up; the time
-    that took goes to `attempt.infrastructure`."""
+  def ready_for_attempt(self) -> babysit.Ready:
+    """The slice still stands, or it is recreated and set up (what that
+    took is the Ready's `infrastructure`)."""
     launch = self._launch
     try:
       lost = self.fleet.lost()
       if lost is None:
-        return True
-      return babysit.recreate(launch, self.fleet, lost, attempt)
+        return babysit.Ready(True)
+      return babysit.Ready(True, babysit.recreate(launch, self.fleet, lost))
     except queued.Interrupted:
-      return False
+      return babysit.Ready(False)
     except exit_codes.PodrunError as e:
       launch.say(f'error: {e}')
-      return False
+      return babysit.Ready(False)
 
 
 def of(launch) -> Slices:
