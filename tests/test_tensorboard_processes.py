@@ -2,7 +2,7 @@
 
 import pytest
 
-from runtime import tensorboard
+from runtime.common import layout
 from tests import helpers
 from tests.test_tensorboard import _scalars
 
@@ -17,5 +17,5 @@ def test_flushed_scalars_survive_sigkill(tmp_path):
       '  writer.scalars(step, {"loss": 1.0 / step})\n'
       '  if step % 20 == 0:\n'
       '    writer.flush()')
-  steps = [s for s, _ in _scalars(tmp_path / tensorboard.SUBDIR)['loss']]
+  steps = [s for s, _ in _scalars(tmp_path / layout.TENSORBOARD)['loss']]
   assert steps == list(range(5, 65, 5))  # Up to the last flush, at 60.
