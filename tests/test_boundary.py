@@ -213,7 +213,8 @@ def test_the_check_finds_a_script_importing_tests():
 
 
 def supervisor_modules() -> list[str]:
-  """Every module of launcher/ outside launcher/process/, and runtime/common/."""
+  """Every module of launcher/ outside launcher/process/, and
+  runtime/common/."""
   return sorted(n for n in project_modules()
                 if (n.startswith('launcher') and
                     not n.startswith('launcher.process')) or

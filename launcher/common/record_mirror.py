@@ -361,6 +361,7 @@ def merge_lines(url: str, relative: str, path: str, fs=None) -> None:
 def fetch_record(url: str, into: Optional[str] = None) -> str:
   """Copies a bucket's workdir to local disk for a reader; returns the
   local directory (`layout.Record.of(url)`'s unless `into`)."""
-  mirror = Mirror(url, into or layout.Record.of(url).workdir, owns=lambda _: False)
+  mirror = Mirror(url, into or layout.Record.of(url).workdir,
+                  owns=lambda _: False)
   mirror.fetch()
   return mirror.local_dir

@@ -112,7 +112,6 @@ class Attempt:
       # attempts there, once (layout.writer). A bucket's it does not
       # mirror, so there process 0 writes them.
       env[env_vars.LAUNCHER_RECORD] = '1'
-
     coordinator, pids = group.start(self.options.launcher_args, self.job_id,
                                     self.attempt_name, env)
     self.logs.start(self.number, {

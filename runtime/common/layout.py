@@ -21,9 +21,9 @@ writes it. Every module reads and writes the workdir through here.
 
 Who writes what (`owner`): the launcher `LAUNCHER_FILES` and the rest of
 logs/; process i the other files named `rank_<i>.*`; process 0 everything
-else. summary.json is process
-0's, and the launcher, which sees every attempt, writes its goodput; both
-through records.write_summary, which holds its format (records.Summary).
+else. summary.json is process 0's, and the launcher, which sees every
+attempt, writes its goodput; both through records.write_summary, which
+holds its format (records.Summary).
 Where no launcher reaches the workdir, process 0 writes the launcher's
 files too (`writer`, the one exception).
 
