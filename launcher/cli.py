@@ -13,7 +13,6 @@ import ast
 import importlib.util
 import os
 import sys
-import time
 import uuid
 from typing import NoReturn, Optional
 
@@ -25,6 +24,7 @@ from ml_collections import config_flags
 from launcher.local import elastic
 from launcher.local import monitor
 from launcher.local import pod as local_pod
+from launcher import elastic as policy
 from launcher import restart
 from launcher import tls
 from launcher import usage
@@ -320,7 +320,8 @@ def _pod_spec(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
       kill_grace=_KILL_GRACE.value, log_all_ranks=_LOG_ALL_RANKS.value,
       elastic_processes=((capacity.minimum, capacity.full) if capacity
                          else None),
-      attempts_may_follow=bool(capacity) or _MAX_RESTARTS.value > 0)
+      attempts_may_follow=bool(capacity) or _MAX_RESTARTS.value > 0,
+      retryable=_retryable_exit_codes(config))
 
 
 def _make_pod(spec: local_pod.PodSpec, job_id=None, attempt: int = 1,
@@ -330,7 +331,7 @@ def _make_pod(spec: local_pod.PodSpec, job_id=None, attempt: int = 1,
   try:
     return local_pod.Gang(
         spec,
-        num_processes=(capacity.take_back(time.monotonic()) if capacity
+        num_processes=(capacity.processes_back() if capacity
                        else _LOCAL_PROCESSES.value),
         job_id=job_id, attempt=attempt,
         regrow_due=capacity.regrow_due if capacity else lambda now: False)
@@ -444,14 +445,13 @@ def _run_local_pod(config: ConfigDict, workdir: str) -> int:
     pod = _make_pod(spec, job_id=job_id, capacity=capacity)
     if _DRY_RUN.value:
       return pod.print_plan()
-    retryable = _retryable_exit_codes(config)
     code = restart.run(
         lambda attempt: pod if attempt == 1 else _make_pod(
             spec, job_id=pod.job_id, attempt=attempt, capacity=capacity),
         max_restarts=_MAX_RESTARTS.value,
-        first_backoff_s=_RESTART_BACKOFF.value, retryable=retryable,
+        first_backoff_s=_RESTART_BACKOFF.value, retryable=spec.retryable,
         logs_dir=pod.logs_dir,
-        resize=(elastic.resize_after(capacity, retryable, restart.console_say)
+        resize=(policy.Policy(capacity, restart.console_say).after
                 if capacity else None))
   finally:
     authority.close()

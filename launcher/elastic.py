@@ -2,20 +2,21 @@
 
 A local pod (--min_processes, launcher/local/elastic.py), a TPU launch
 (--min_slices, launcher/tpu/elastic.py) and a Ray job (--min_processes,
-launcher/ray/) lose units of their own kind (a process, a slice, a node)
-and take the same decision after each attempt, `decide`; each then says
-how long the next attempt waits and what it told the user. restart.run
+launcher/ray/elastic.py) each lose units of their own kind (a process, a
+slice, a node). Each says what it has as a `Capacity`; `Policy.after`
+decides, the same way for all three, after every attempt, and restart.run
 reads the `Resize` that results.
 
 Example:
-  >>> decide(exit_code=137, regrew=False, lost=1, left=3, minimum=2)
-  <Kind.SHRINK: 'shrink'>
-  >>> Resize(Kind.WAIT, wait_s=20)   # too few left: wait for enough
+  >>> policy = Policy(capacity, say=print)   # 4 processes, at least 3
+  >>> policy.after(restart.AttemptEnd(137, progressed=True, lost=(3,)))
+  rank 3 lost (exit code 137): starting again at once on 3 of 4 ...
+  Resize(kind=<Kind.SHRINK: 'shrink'>, wait_s=0.0)
 """
 
 import dataclasses
 import enum
-from typing import Optional
+from typing import Callable, Optional, Protocol
 
 from runtime.common import exit_codes
 
@@ -49,33 +50,75 @@ class Resize:
                        f'{[k.value for k in Kind]}') from None
 
 
-def decide(exit_code: int, regrew: bool, lost: int, left: int,
-           minimum: int) -> Optional[Kind]:
-  """What an elastic job does after an attempt; None: the usual restart
-  rules (launcher/restart.py) decide.
+class Capacity(Protocol):
+  """What an elastic job can run on now, and what may come back.
 
-  Args:
-    exit_code: the attempt's.
-    regrew: the launcher stopped it at a step boundary because lost units
-      were back.
-    lost: how many of its units were lost and count as lost hosts (0 when
-      none did, or when the attempt trained no step: a unit that cannot
-      start is no lost host).
-    left: the units the next attempt can have now.
-    minimum: the fewest a job runs on (--min_processes, --min_slices).
-
-  Returns:
-    GROW after the stop to grow; after a loss, SHRINK when at least
-    `minimum` are left, else WAIT for enough to be back.
+  Attributes:
+    minimum: the fewest units the job runs on.
+    flag: the flag that sets `minimum`, as the user wrote it
+      ('--min_processes', '--min_slices').
   """
-  if regrew and exit_code == exit_codes.PREEMPTED:
-    return GROW
-  if lost <= 0:
-    return None
-  return after_loss(left, minimum)
+  minimum: int
+  flag: str
+
+  def running(self) -> int:
+    """The units the next attempt has now."""
+
+  def describe(self) -> str:
+    """What the next attempt runs on and what comes back, in words:
+    '3 of 4 process(es), 1 coming back'."""
+
+  def lose(self, end) -> str:
+    """Takes what the attempt that ended so (restart.AttemptEnd) lost out
+    of the next attempt (its `lost` processes' units, and any other unit
+    seen gone); they may come back by themselves. Returns what was lost, in
+    words: 'rank 3 lost (exit code 137)'."""
+
+  def take_back(self) -> str:
+    """Takes every unit that is back into the next attempt; returns what
+    came back, in words: 'lost process(es) back'."""
+
+  def wait(self) -> tuple[float, str]:
+    """With fewer than `minimum` units left: (how long the launcher waits
+    before the next attempt, what it waits for in words). 0 s: the next
+    attempt itself waits for its units."""
 
 
-def after_loss(left: int, minimum: int) -> Kind:
-  """SHRINK onto the `left` units when they are at least `minimum`, else
-  WAIT for enough to be back."""
-  return SHRINK if left >= minimum else WAIT
+@dataclasses.dataclass
+class Policy:
+  """restart.run's `resize` for every elastic launcher: after an attempt,
+  GROW when it was stopped for units back, SHRINK onto the units left
+  after a loss when they are at least `capacity.minimum`, else WAIT for
+  enough to be back; None where the usual restart rules decide.
+
+  Attributes:
+    capacity: the launcher's units.
+    say: how to tell the user what the next attempt does.
+  """
+  capacity: Capacity
+  say: Callable[[str], None]
+
+  def after(self, end) -> Optional[Resize]:
+    """The next attempt's resize, given how one ended (restart.AttemptEnd:
+    its code, `regrew`, `progressed` and `lost`).
+
+    A loss before any step completed is no lost host (a process that
+    cannot start fails the same way on any number): None."""
+    capacity = self.capacity
+    if end.regrew and end.code == exit_codes.PREEMPTED:
+      back = capacity.take_back()
+      self.say(f'{back}: starting again at once on {capacity.describe()}, '
+               'from the step every process saved')
+      return Resize(GROW)
+    if not (end.lost and end.progressed):
+      return None
+    lost = capacity.lose(end)
+    if capacity.running() >= capacity.minimum:
+      self.say(f'{lost}: starting again at once on {capacity.describe()}, '
+               'the same global batch on fewer devices')
+      return Resize(SHRINK)
+    left = capacity.running()
+    wait_s, waiting = capacity.wait()
+    self.say(f'{lost}: {left} left, fewer than {capacity.flag}='
+             f'{capacity.minimum}; {waiting}')
+    return Resize(WAIT, wait_s)

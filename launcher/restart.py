@@ -65,11 +65,10 @@ class AttemptEnd:
       (a TPU slice recreated after a preemption), which goodput counts as
       infrastructure recovery.
     regrew: it was stopped at a step boundary so that the job grows.
-    loss: what the launcher saw lost under it, in words (a TPU slice's
-      state); None when it saw nothing (Ray's lost nodes are `lost`).
-    lost: the process indices lost with their machines, ascending.
-    back: after a stop to grow, how many lost units it saw back (0: the
-      policy counts them itself).
+    lost: the process indices lost with their hosts (a local process's
+      SIGKILL, a Ray node, a TPU slice), ascending, numbered as this
+      attempt numbered them; what the elastic policy takes out
+      (launcher/elastic.py).
   """
   code: int
   name: Optional[str] = None
@@ -81,9 +80,7 @@ class AttemptEnd:
   fault: Optional[records.Fault] = None
   infrastructure: Optional[records.Recreate] = None
   regrew: bool = False
-  loss: Optional[str] = None
   lost: tuple[int, ...] = ()
-  back: int = 0
 
 
 class Attempt(Protocol):
@@ -181,8 +178,8 @@ def run(start_attempt: Callable[[int], Attempt], max_restarts: int,
       (the TPU driver deletes what it created).
     pending_signal: a signal the caller already got between attempts.
     resize: an attempt's end -> the elastic.Resize to start the next on
-      another number of processes (launcher/elastic.py decides), or None
-      for the usual rules. A shrink or wait uses a restart only after an
+      another number of processes (elastic.Policy.after), or None for the
+      usual rules. A shrink or wait uses a restart only after an
       attempt that trained no new step.
 
   An attempt whose launcher got SIGINT or SIGTERM is not restarted: that

@@ -3,6 +3,9 @@
 attempt's per-device batch as the limit of the next
 (runtime/checkpoints/batch_limit.py)."""
 
+import ast
+import pathlib
+
 from ml_collections import ConfigDict
 import pytest
 
@@ -17,6 +20,31 @@ from runtime.common import records
 pytestmark = pytest.mark.unit
 
 
+class _Units:
+  """An elastic.Capacity of `running` units, at least `minimum`."""
+  flag = '--min_units'
+
+  def __init__(self, running: int, minimum: int):
+    self.current, self.minimum, self.back = running, minimum, 0
+
+  def running(self):
+    return self.current
+
+  def describe(self):
+    return f'{self.current} unit(s)'
+
+  def lose(self, end):
+    self.current -= len(end.lost)
+    return f'{len(end.lost)} lost'
+
+  def wait(self):
+    return 3.0, 'waiting 3 s'
+
+  def take_back(self):
+    self.back += 1
+    return 'back'
+
+
 @pytest.mark.parametrize('exit_code,regrew,lost,left,decided', [
     (75, True, 0, 4, policy.GROW),      # stopped so that the job grows
     (137, True, 1, 3, policy.SHRINK),   # a loss during a stop to grow
@@ -28,7 +56,22 @@ pytestmark = pytest.mark.unit
 ])
 def test_one_policy_decides_after_every_attempt(exit_code, regrew, lost, left,
                                                 decided):
-  assert policy.decide(exit_code, regrew, lost, left, minimum=2) == decided
+  units = _Units(running=left + lost, minimum=2)
+  said = []
+  resized = policy.Policy(units, said.append).after(restart.AttemptEnd(
+      exit_code, progressed=True, regrew=regrew, lost=tuple(range(lost))))
+  assert (resized and resized.kind) == decided
+  assert units.running() == left and units.back == (decided == policy.GROW)
+  if decided == policy.WAIT:
+    assert resized.wait_s == 3 and said == [
+        f'{lost} lost: {left} left, fewer than --min_units=2; waiting 3 s']
+
+
+def test_a_loss_before_any_step_is_no_lost_host():
+  units = _Units(running=4, minimum=2)
+  assert policy.Policy(units, print).after(restart.AttemptEnd(
+      137, progressed=False, lost=(1,))) is None
+  assert units.running() == 4
 
 
 def test_a_resize_kind_is_one_of_three_and_recorded_as_its_word():
@@ -38,21 +81,36 @@ def test_a_resize_kind_is_one_of_three_and_recorded_as_its_word():
     policy.Resize('halve')
 
 
+def _lost(*indices) -> restart.AttemptEnd:
+  return restart.AttemptEnd(137, progressed=True, lost=indices,
+                            fault=records.Fault(at=0, detected=0,
+                                                process_index=indices[0],
+                                                exit_code=137))
+
+
 def test_a_loss_shrinks_while_enough_are_left_then_waits():
-  capacity = elastic.Capacity(full=4, minimum=3, regrow_after_s=30)
-  assert capacity.after_lost(now=100) == policy.Resize(policy.SHRINK)
+  clock = [100.0]
+  capacity = elastic.Capacity(full=4, minimum=3, regrow_after_s=30,
+                              clock=lambda: clock[0])
+  resize = policy.Policy(capacity, print).after
+  assert resize(_lost(3)) == policy.Resize(policy.SHRINK)
   assert capacity.describe() == '3 of 4 process(es), 1 coming back'
   assert not capacity.regrow_due(now=129) and capacity.regrow_due(now=130)
   # A second loss leaves 2 < 3: wait until the first lost one is back.
-  assert capacity.after_lost(now=110) == policy.Resize(policy.WAIT, 20)
-  assert capacity.take_back(now=125) == 2
-  assert capacity.take_back(now=130) == 3
-  assert capacity.take_back(now=140) == 4 and not capacity.returns
+  clock[0] = 110
+  assert resize(_lost(1)) == policy.Resize(policy.WAIT, 20)
+  for now, processes in ((125, 2), (130, 3), (140, 4)):
+    clock[0] = now
+    assert capacity.processes_back() == processes
+  assert not capacity.returns
 
 
 def test_min_processes_equal_to_the_pod_waits_for_every_host():
-  capacity = elastic.Capacity(full=2, minimum=2, regrow_after_s=5)
-  assert capacity.after_lost(now=0) == policy.Resize(policy.WAIT, 5)
+  clock = [0.0]
+  capacity = elastic.Capacity(full=2, minimum=2, regrow_after_s=5,
+                              clock=lambda: clock[0])
+  assert policy.Policy(capacity, print).after(_lost(0)) == policy.Resize(
+      policy.WAIT, 5)
 
 
 @pytest.mark.parametrize('minimum,regrow', [(0, 1), (5, 1), (2, -1)])
@@ -76,8 +134,9 @@ class _Pod:
     self.end = restart.AttemptEnd(
         code, progressed=progressed, regrew=regrew, processes=processes,
         counts_steps=furthest_step is not None, furthest_step=furthest_step,
-        fault=(records.Fault(at=0, detected=0, process_index=3, exit_code=fault_code)
-               if fault_code else None))
+        fault=(records.Fault(at=0, detected=0, process_index=3,
+                             exit_code=fault_code) if fault_code else None),
+        lost=(3,) if fault_code else ())
 
   def run(self) -> restart.AttemptEnd:
     return self.end
@@ -85,15 +144,15 @@ class _Pod:
 
 def test_shrinks_and_growths_use_no_restart(tmp_path, capsys):
   clock = [0.0]
-  capacity = elastic.Capacity(full=4, minimum=3, regrow_after_s=10)
+  capacity = elastic.Capacity(full=4, minimum=3, regrow_after_s=10,
+                              clock=lambda: clock[0])
   pods = iter([_Pod(137, 137), _Pod(75, regrew=True, processes=3),
                _Pod(0)])
   said = []
   code = restart.run(
       lambda attempt: next(pods), max_restarts=0, first_backoff_s=0,
       retryable=(), logs_dir=str(tmp_path), say=said.append,
-      resize=elastic.resize_after(capacity, (), said.append,
-                                  now=lambda: clock[0]))
+      resize=policy.Policy(capacity, said.append).after)
   assert code == 0
   assert any('rank 3 lost (exit code 137): starting again at once on 3 of 4'
              in line for line in said), said
@@ -122,7 +181,7 @@ def test_a_loss_at_the_same_step_each_time_ends_after_the_bound(
   code = restart.run(
       start, max_restarts=max_restarts, first_backoff_s=0, retryable=(),
       logs_dir=str(tmp_path), say=said.append,
-      resize=elastic.resize_after(capacity, (), said.append))
+      resize=policy.Policy(capacity, said.append).after)
   assert code == 137
   assert attempts == list(range(1, max_restarts + 3))
   assert any(f'--max_restarts={max_restarts} is used up' in line
@@ -142,22 +201,22 @@ def test_losses_that_each_train_new_steps_shrink_freely(tmp_path):
   code = restart.run(
       lambda attempt: next(pods), max_restarts=0, first_backoff_s=0,
       retryable=(), logs_dir=str(tmp_path), say=lambda line: None,
-      resize=elastic.resize_after(capacity, (), lambda line: None))
+      resize=policy.Policy(capacity, lambda line: None).after)
   assert code == 0 and capacity.current == 2
 
 
 def test_a_growth_uses_no_restart_even_without_a_new_step(tmp_path):
   # The shrunk attempt is stopped to grow before it passes step 10 again.
   clock = [0.0]
-  capacity = elastic.Capacity(full=4, minimum=3, regrow_after_s=10)
+  capacity = elastic.Capacity(full=4, minimum=3, regrow_after_s=10,
+                              clock=lambda: clock[0])
   pods = iter([_Pod(137, 137, furthest_step=10),
                _Pod(75, regrew=True, processes=3, furthest_step=8),
                _Pod(0, furthest_step=30)])
   code = restart.run(
       lambda attempt: next(pods), max_restarts=0, first_backoff_s=0,
       retryable=(), logs_dir=str(tmp_path), say=lambda line: None,
-      resize=elastic.resize_after(capacity, (), lambda line: None,
-                                  now=lambda: clock[0]))
+      resize=policy.Policy(capacity, lambda line: None).after)
   assert code == 0
 
 
@@ -167,7 +226,7 @@ def test_a_loss_before_any_step_follows_the_usual_rules(tmp_path):
       lambda attempt: _Pod(137, 137, progressed=False), max_restarts=0,
       first_backoff_s=0, retryable=(), logs_dir=str(tmp_path),
       say=lambda line: None,
-      resize=elastic.resize_after(capacity, (), lambda line: None))
+      resize=policy.Policy(capacity, lambda line: None).after)
   assert code == 137 and capacity.current == 4
 
 
@@ -215,3 +274,23 @@ def test_a_config_one_elastic_topology_cannot_lay_out_is_refused_first():
       40, 2, (None, None, 5), elastic='3-4') == {5}
   assert training.check_elastic_layouts(256, 2, (None, None, None),
                                         elastic=None) == set()
+
+
+def test_one_class_decides_a_resize():
+  """The local pod, the TPU slices and Ray each give an elastic.Capacity;
+  no module but launcher/elastic.py builds a Resize or names a kind of
+  one but GROW (restart.py reads that one: a growth uses no restart)."""
+  root = pathlib.Path(__file__).resolve().parent.parent
+  found = []
+  for path in sorted((root / 'launcher').rglob('*.py')):
+    if path == root / 'launcher' / 'elastic.py':
+      continue
+    for node in ast.walk(ast.parse(path.read_text())):
+      called = isinstance(node, ast.Call)
+      named = node.func if called else node
+      name = (named.attr if isinstance(named, ast.Attribute) else
+              named.id if isinstance(named, ast.Name) else None)
+      if (name in ('SHRINK', 'WAIT', 'decide') or
+          called and name in ('Resize', 'Kind')):
+        found.append(f'{path.relative_to(root)}:{node.lineno} {name}')
+  assert found == []

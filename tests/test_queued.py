@@ -180,6 +180,8 @@ class _FakeFleet:
 
 
 class _Launch:
+  workers = 1
+
   def __init__(self, log_dir='/nonexistent', backoff=0.05, timeout=5.0):
     self.options = type('Options', (), {
         'queued_resource': 'run', 'tpu': 'run', 'slice_back_backoff': backoff,
@@ -200,9 +202,15 @@ class _Launch:
     self.prepared.append(nodes)
 
 
-def _ended(code, loss=None, regrew=False) -> restart.AttemptEnd:
-  """How an attempt ended, as after_attempt reads it."""
-  return restart.AttemptEnd(code, loss=loss, regrew=regrew)
+def _ended(code, lost=(), regrew=False) -> restart.AttemptEnd:
+  """How an attempt ended, as the elastic policy reads it (a TPU attempt
+  has progressed once a slice is lost under it)."""
+  return restart.AttemptEnd(code, lost=lost, regrew=regrew, progressed=True)
+
+
+def _after(group, end):
+  """The one elastic policy's resize, over `group`."""
+  return policy.Policy(group, group.launch.say).after(end)
 
 
 def _group(minimum: int, **launch_options):
@@ -219,23 +227,23 @@ def test_a_lost_slice_shrinks_the_job_and_comes_back_to_grow_it():
   launch, group = _group(minimum=1)
   group.fleets[0].up = False  # Slice 0 (process 0, the coordinator) lost.
   assert group.lost() is not None
-  assert group.after_attempt(_ended(75, loss='SUSPENDED')) == policy.Resize(
+  assert _after(group, _ended(75, lost=(0,))) == policy.Resize(
       'shrink')
   assert group.nodes() == ('run-b',)
   assert helpers.wait_for(group.grow_due, 10)
   assert launch.prepared == [('run-a',)] and group.fleets[0].created == 1
-  assert group.describe() == ('runs on run-b; run-a back, joining at the '
+  assert group.describe() == ('run-b; run-a back, joining at the '
                               'next step boundary')
-  assert group.after_attempt(_ended(75, regrew=True)) == policy.Resize(
+  assert _after(group, _ended(75, regrew=True)) == policy.Resize(
       'grow')
   assert group.nodes() == ('run-a', 'run-b') and not group.grow_due()
-  assert group.after_attempt(_ended(1)) is None  # A plain failure.
+  assert _after(group, _ended(1)) is None  # A plain failure.
 
 
 def test_below_min_slices_the_next_attempt_waits_for_them():
   _, group = _group(minimum=2)
   group.fleets[1].up = False
-  assert group.after_attempt(_ended(75, loss='SUSPENDED')) is None
+  assert _after(group, _ended(75, lost=(1,))) == policy.Resize('wait')
   assert group.ready_for_attempt()
   assert group.nodes() == ('run-a', 'run-b')
 
@@ -249,7 +257,7 @@ def test_a_slice_that_does_not_come_back_is_retried_then_given_up():
     raise commands.LaunchError('the capacity phase took over 1 s')
   group.fleets[1].wait_up = never_up
   group.fleets[1].up = False
-  assert group.after_attempt(_ended(75, loss='SUSPENDED')) is None
+  assert _after(group, _ended(75, lost=(1,))) == policy.Resize('wait')
   assert not group.ready_for_attempt()
   assert len(tries) >= 3, tries
   gaps = [b - a for a, b in zip(tries, tries[1:])]
@@ -260,7 +268,7 @@ def test_a_slice_that_does_not_come_back_is_retried_then_given_up():
   assert any(f'slice run-b did not come back in {len(tries)} tries '
              '(--slice_back_timeout=0.5 s)' in line
              for line in launch.said), launch.said
-  assert group.describe() == 'runs on run-a'
+  assert group.describe() == 'run-a'
 
 
 def test_a_slice_back_on_its_second_try_grows_the_job(tmp_path):
@@ -274,7 +282,7 @@ def test_a_slice_back_on_its_second_try_grows_the_job(tmp_path):
     real_wait_up()
   group.fleets[1].wait_up = up_on_the_second_try
   group.fleets[1].up = False
-  assert group.after_attempt(_ended(75, loss='SUSPENDED')) == policy.Resize(
+  assert _after(group, _ended(75, lost=(1,))) == policy.Resize(
       'shrink')
   # --status, from another process of this machine, while the driver
   # waits to try again.
@@ -290,7 +298,7 @@ def test_a_slice_back_on_its_second_try_grows_the_job(tmp_path):
   assert elastic.status_lines([str(tmp_path)], 'run') == [
       f'slice run-b (driver pid {os.getpid()}): back, joining at the next '
       'step boundary']
-  assert group.after_attempt(_ended(75, regrew=True)) == policy.Resize(
+  assert _after(group, _ended(75, regrew=True)) == policy.Resize(
       'grow')
   assert elastic.status_lines([str(tmp_path)], 'run') == [
       f'slice run-b (driver pid {os.getpid()}): in the job']

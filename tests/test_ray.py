@@ -129,22 +129,23 @@ def test_min_processes_makes_the_job_elastic():
   assert not elastic.Capacity(4, 4).elastic
 
 
-def _ended(code, lost, progressed=True, regrew=False, spare=0):
+def _ended(code, lost, progressed=True, regrew=False):
   """How a Ray attempt ended, as the policy reads it."""
   return restart.AttemptEnd(code, progressed=progressed, regrew=regrew,
-                            lost=tuple(lost), back=spare)
+                            lost=tuple(lost))
 
 
 def test_a_lost_node_shrinks_a_node_back_grows_too_few_wait():
   capacity = elastic.Capacity(full=4, minimum=2)
   said = []
-  resize = elastic.resize_after(capacity, said.append)
+  resize = policy.Policy(capacity, said.append).after
   assert resize(_ended(137, [2])) == policy.Resize(policy.SHRINK)
   assert capacity.current == 3 and 'rank(s) 2 lost' in said[-1]
   assert capacity.describe() == ('3 of 4 process(es), 1 to come back when Ray '
                                  'has a node for each')
   # The stop to grow (75) after one spare node: back to 4.
-  assert resize(_ended(75, [], regrew=True, spare=1)) == policy.Resize(
+  capacity.spare = 1  # What the attempt saw (attempt.py).
+  assert resize(_ended(75, [], regrew=True)) == policy.Resize(
       policy.GROW)
   assert capacity.current == 4
   # Three nodes at once leave 1 < 2: the next attempt asks for 2.
@@ -154,7 +155,7 @@ def test_a_lost_node_shrinks_a_node_back_grows_too_few_wait():
 
 def test_what_is_no_lost_node_follows_the_restart_rules():
   capacity = elastic.Capacity(full=4, minimum=2)
-  resize = elastic.resize_after(capacity, print)
+  resize = policy.Policy(capacity, print).after
   assert resize(_ended(1, [])) is None                       # a failure
   assert resize(_ended(75, [])) is None                      # a preemption
   assert resize(_ended(137, [1], progressed=False)) is None  # no step yet

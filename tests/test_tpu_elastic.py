@@ -84,7 +84,7 @@ def test_a_lost_slice_leaves_the_job_on_the_other_until_it_is_back(
             in result.stderr), result.stderr
     assert ('and the launcher saw its host go' in result.output or
             '[worker 0] podrun: exit 134' in result.output), result.output
-  assert (f'slice(s) {NAME}-{lost} lost: relaunching at once on the others'
+  assert (f'slice(s) {NAME}-{lost} lost: starting again at once on '
           in result.stderr), result.stderr
   assert f'slice {NAME}-{lost} is back after' in result.stderr
   assert '1 shrink(s), 1 growth(s)' in result.stderr

@@ -26,10 +26,12 @@ usual restart rules (a process that cannot start is no lost host).
 
 Example:
   >>> capacity = Capacity(full=4, minimum=2, regrow_after_s=30)
-  >>> capacity.after_lost(now=100.0)   # one process lost: 3 run on
+  >>> policy = elastic.Policy(capacity, say=print)
+  >>> policy.after(restart.AttemptEnd(137, progressed=True, lost=(3,)))
+  rank 3 lost (exit code 137): starting again at once on 3 of 4 ...
   Resize(kind=<Kind.SHRINK: 'shrink'>, wait_s=0.0)
-  >>> capacity.current, capacity.regrow_due(now=131.0)
-  (3, True)
+  >>> capacity.regrow_due(now=time.monotonic() + 31)
+  True
 """
 
 import dataclasses
@@ -37,10 +39,7 @@ import signal
 import time
 from typing import Callable, Optional
 
-from launcher import elastic
-from launcher import restart
 from runtime.common import exit_codes
-
 
 
 def is_lost_process(exit_code: Optional[int], retryable: tuple[int, ...]
@@ -55,7 +54,8 @@ def is_lost_process(exit_code: Optional[int], retryable: tuple[int, ...]
 
 @dataclasses.dataclass
 class Capacity:
-  """How many processes the job has now, and when lost ones come back.
+  """How many processes the job has now, and when lost ones come back; an
+  elastic.Capacity.
 
   Attributes:
     full: P, the processes the job was started with.
@@ -63,12 +63,15 @@ class Capacity:
     regrow_after_s: how long a lost process stays away.
     current: the processes of the next attempt.
     returns: monotonic times at which lost processes come back.
+    clock: now, as time.monotonic() tells it.
   """
   full: int
   minimum: int
   regrow_after_s: float
   current: int = 0
   returns: list[float] = dataclasses.field(default_factory=list)
+  clock: Callable[[], float] = time.monotonic
+  flag = '--min_processes'
 
   def __post_init__(self):
     if not 1 <= self.minimum <= self.full:
@@ -80,24 +83,38 @@ class Capacity:
                        'at least 0 seconds')
     self.current = self.current or self.full
 
-  def after_lost(self, now: float) -> elastic.Resize:
-    """One process is lost: SHRINK when the others are enough, else WAIT
-    until enough are back."""
-    self.current -= 1
-    self.returns.append(now + self.regrow_after_s)
-    if elastic.after_loss(self.current, self.minimum) == elastic.SHRINK:
-      return elastic.Resize(elastic.SHRINK)
+  def running(self) -> int:
+    return self.current
+
+  def lose(self, end) -> str:
+    """Each process of `end.lost` is away for --regrow_after seconds."""
+    now = self.clock()
+    self.current -= len(end.lost)
+    self.returns.extend([now + self.regrow_after_s] * len(end.lost))
+    code = f' (exit code {end.fault.exit_code})' if end.fault else ''
+    return f'rank {", ".join(map(str, end.lost))} lost{code}'
+
+  def wait(self) -> tuple[float, str]:
+    """Until the lost process that brings the job back to K returns."""
     needed = sorted(self.returns)[self.minimum - self.current - 1]
-    return elastic.Resize(elastic.WAIT, max(0.0, needed - now))
+    wait_s = max(0.0, needed - self.clock())
+    return wait_s, (f'waiting {wait_s:.1f} s for enough to be back '
+                    f'({self.regrow_after_s:g} s after their loss, '
+                    '--regrow_after)')
 
   def regrow_due(self, now: float) -> bool:
     """Whether a lost process is back, so the running attempt should stop
     at a step boundary and the job grow."""
     return bool(self.returns) and min(self.returns) <= now
 
-  def take_back(self, now: float) -> int:
+  def take_back(self) -> str:
+    self.processes_back()
+    return 'lost process(es) back'
+
+  def processes_back(self) -> int:
     """Takes back every lost process whose time has come; returns how many
     processes the next attempt has."""
+    now = self.clock()
     back = [t for t in self.returns if t <= now]
     self.returns = [t for t in self.returns if t > now]
     self.current += len(back)
@@ -107,38 +124,3 @@ class Capacity:
     away = self.full - self.current
     return (f'{self.current} of {self.full} process(es)' +
             (f', {away} coming back' if away else ''))
-
-
-def resize_after(capacity: Capacity, retryable: tuple[int, ...],
-                 say: Callable[[str], None], now=time.monotonic):
-  """restart.run's `resize` for an elastic local pod.
-
-  Returns:
-    how an attempt ended (restart.AttemptEnd) -> an elastic.Resize after a lost
-    process or a stop to grow, else None (the usual restart rules).
-  """
-  def resize(end: restart.AttemptEnd) -> Optional[elastic.Resize]:
-    fault = end.fault
-    lost = int(fault is not None and end.progressed and
-               is_lost_process(fault.exit_code, retryable))
-    kind = elastic.decide(end.code, end.regrew, lost,
-                          capacity.current - lost, capacity.minimum)
-    if kind == elastic.GROW:
-      capacity.take_back(now())
-      say(f'lost process(es) back: starting again at once on '
-          f'{capacity.describe()}, from the step every rank saved')
-      return elastic.Resize(elastic.GROW)
-    if kind is None:
-      return None
-    what = f'rank {fault.process_index} lost (exit code {fault.exit_code})'
-    resized = capacity.after_lost(now())
-    back = f'back in {capacity.regrow_after_s:g} s, --regrow_after'
-    if resized.kind == elastic.SHRINK:
-      say(f'{what}: starting again at once on {capacity.describe()} '
-          f'({back}), the same global batch on fewer devices')
-    else:
-      say(f'{what}: {capacity.current} left, fewer than --min_processes='
-          f'{capacity.minimum}; waiting {resized.wait_s:.1f} s for enough '
-          f'to be back ({back})')
-    return resized
-  return resize

@@ -35,6 +35,7 @@ import time
 import uuid
 from typing import Callable, Optional
 
+from launcher.local import elastic
 from launcher.local import members as members_lib
 from launcher.local import monitor as monitor_lib
 from launcher.local import output
@@ -69,6 +70,8 @@ class PodSpec:
       job (--min_processes, --local_processes), or None.
     attempts_may_follow: an elastic or restarting job, whose pod's end is
       not the job's.
+    retryable: the exit codes the restart rules retry; a process that ends
+      with one, or of SIGKILL, is reported lost with its host.
   """
   local_devices: int
   workdir: str
@@ -79,6 +82,7 @@ class PodSpec:
   log_all_ranks: bool = False
   elastic_processes: Optional[tuple[int, int]] = None
   attempts_may_follow: bool = False
+  retryable: tuple[int, ...] = ()
 
 
 def free_loopback_port() -> int:
@@ -213,7 +217,7 @@ class Gang:
         code=code, name=self.attempt_name, processes=self.num_processes,
         launcher_signalled=bool(self._signals), progressed=progressed,
         counts_steps=True, furthest_step=furthest, fault=fault,
-        regrew=monitor.regrowing)
+        regrew=monitor.regrowing, lost=self._lost(fault))
 
   def _write_ledgers_cut_short(self, started_wall: float) -> None:
     """A rank that ended before it opened its ledger (killed during its
@@ -237,6 +241,14 @@ class Gang:
     return records.Fault(at=end.member.exited_wall, detected=time.time(),
                          process_index=end.member.index,
                          exit_code=end.member.exit_code)
+
+  def _lost(self, fault: Optional[records.Fault]) -> tuple[int, ...]:
+    """(the failed process's index,) when it is taken for a lost host
+    (elastic.is_lost_process), else ()."""
+    if fault is None or not elastic.is_lost_process(fault.exit_code,
+                                                    self.spec.retryable):
+      return ()
+    return (fault.process_index,)
 
   def _furthest_step(self) -> int:
     """The furthest step any rank completed: the ranks' high-water marks,

@@ -59,7 +59,6 @@ class Attempt:
     self.attempt_name = records.attempt_name(job_id, number)
     self.num_processes = capacity.current
     self._regrew = False  # Stopped at a step boundary to grow.
-    self._spare = 0  # Then, how many nodes it saw a bundle free on.
     self._fault: Optional[records.Fault] = None
     self._group = None
     self._signalled: list[int] = []
@@ -93,8 +92,7 @@ class Attempt:
         code=code, name=self.attempt_name, processes=self.num_processes,
         launcher_signalled=bool(self._signalled), progressed=bool(steps),
         counts_steps=True, furthest_step=max(steps) if steps else None,
-        fault=self._fault, regrew=self._regrew, lost=lost,
-        back=self._spare)
+        fault=self._fault, regrew=self._regrew, lost=lost)
 
   def _on_signal(self, signum, frame) -> None:
     del frame
@@ -199,7 +197,7 @@ class Attempt:
     if not spare:
       return None
     self._regrew = True
-    self._spare = min(spare, capacity.full - capacity.current)
+    capacity.spare = spare
     return (f'{spare} node(s) with a bundle free outside the job: growing '
             f'from {capacity.current} process(es)')
 

@@ -21,6 +21,7 @@ import dataclasses
 import uuid
 from typing import Optional
 
+from launcher import elastic as policy
 from launcher import restart
 from launcher.common import flag_values
 from launcher.common import goodput_rollup
@@ -108,7 +109,7 @@ def run(options: Options) -> int:
         retryable=restart.check_retryable(options.retry_exit_codes),
         logs_dir=logs.record.logs(),
         say=output.say,
-        resize=(elastic.resize_after(capacity, output.say)
+        resize=(policy.Policy(capacity, output.say).after
                 if capacity.elastic else None))
   finally:
     logs.close()

@@ -19,30 +19,31 @@ attempt before trained nothing new (launcher/restart.py).
 
 Example:
   >>> capacity = Capacity(full=4, minimum=3)
-  >>> resize = resize_after(capacity, say=print)
+  >>> resize = elastic.Policy(capacity, say=print).after
   >>> resize(restart.AttemptEnd(137, progressed=True, lost=(2,)))  # 3 run on
   Resize(kind=<Kind.SHRINK: 'shrink'>, wait_s=0.0)
 """
 
 import dataclasses
-from typing import Callable, Optional
-
-from launcher import elastic
-from launcher import restart
 
 
 @dataclasses.dataclass
 class Capacity:
-  """How many processes the job has now.
+  """How many processes the job has now; an elastic.Capacity.
 
   Attributes:
     full: N, --num_processes.
     minimum: K, --min_processes: the fewest it runs on.
     current: the processes of the next (or running) attempt.
+    spare: the nodes with a bundle free outside the job that the attempt
+      stopped to grow saw (attempt.py); the growth takes in that many, at
+      least 1, at most N in all.
   """
   full: int
   minimum: int
   current: int = 0
+  spare: int = 0
+  flag = '--min_processes'
 
   def __post_init__(self):
     if not 1 <= self.minimum <= self.full:
@@ -55,43 +56,27 @@ class Capacity:
   def elastic(self) -> bool:
     return self.minimum < self.full
 
+  def running(self) -> int:
+    return self.current
+
+  def lose(self, end) -> str:
+    self.current -= len(end.lost)
+    return (f'rank(s) {", ".join(map(str, end.lost))} lost with their '
+            'node(s)')
+
+  def wait(self) -> tuple[float, str]:
+    """The next attempt asks for K bundles, and waits for them."""
+    self.current = self.minimum
+    return 0.0, (f'the next attempt waits for {self.minimum} nodes '
+                 '(--start_timeout)')
+
+  def take_back(self) -> str:
+    self.current = min(self.full, self.current + max(1, self.spare))
+    self.spare = 0
+    return 'node(s) back'
+
   def describe(self) -> str:
     away = self.full - self.current
     return (f'{self.current} of {self.full} process(es)' +
             (f', {away} to come back when Ray has a node for each' if away
              else ''))
-
-
-def resize_after(capacity: Capacity, say: Callable[[str], None]):
-  """restart.run's `resize` for an elastic job on Ray.
-
-  Returns:
-    how an attempt ended (restart.AttemptEnd) -> an elastic.Resize after a
-    lost node or a stop to grow, else None (the usual restart rules). The
-    end says which ranks it lost (`lost`) and, after a stop to grow, how
-    many nodes it saw spare (`back`).
-  """
-  def resize(end: restart.AttemptEnd) -> Optional[elastic.Resize]:
-    lost = len(end.lost) if end.progressed else 0
-    kind = elastic.decide(end.code, end.regrew, lost,
-                          capacity.current - lost, capacity.minimum)
-    if kind is None:
-      return None
-    if kind == elastic.GROW:
-      capacity.current = min(capacity.full,
-                             capacity.current + max(1, end.back))
-      say(f'node(s) back: starting again at once on {capacity.describe()}, '
-          'from the step every rank saved')
-      return elastic.Resize(kind)
-    ranks = ', '.join(map(str, end.lost))
-    capacity.current -= lost
-    if kind == elastic.SHRINK:
-      say(f'rank(s) {ranks} lost with their node(s): starting again at once '
-          f'on {capacity.describe()}, the same global batch on fewer devices')
-      return elastic.Resize(kind)
-    capacity.current = capacity.minimum
-    say(f'rank(s) {ranks} lost with their node(s): fewer than '
-        f'--min_processes={capacity.minimum} left; the next attempt waits '
-        f'for {capacity.minimum} nodes (--start_timeout)')
-    return elastic.Resize(kind)
-  return resize

@@ -147,7 +147,7 @@ class Attempt:
         launcher_signalled=bool(self._signals),
         progressed=self.slice_lost is not None or self.regrew,
         infrastructure=self.infrastructure, regrew=self.regrew,
-        loss=self.slice_lost, lost=tuple(self._lost_ids()))
+        lost=tuple(self._lost_ids()))
 
   def _follow(self, clients: list[subprocess.Popen]) -> None:
     """Waits for every gcloud to end, stopping the job on a signal; ends
@@ -228,7 +228,7 @@ class Attempt:
 
   def _on_lost(self, lost) -> None:
     self.slice_lost = lost.describe()
-    self._lost_nodes = tuple(getattr(lost, 'nodes', ()) or ())
+    self._lost_nodes = lost.of
     self.launch.say(f'the slice is lost under job {self.launch.job_id}: '
                     f'{self.slice_lost}')
 

@@ -182,7 +182,7 @@ def _run(launch: Launch, retryable: tuple[int, ...]) -> int:
                      say=launch.say,
                      on_signal=lambda signum: launch.on_signal(signum, None),
                      pending_signal=lambda: (launch.signals or [None])[0],
-                     resize=launch.slices.after_attempt)
+                     resize=slices_lib.resize(launch, launch.slices))
 
 
 def _clean_up(launch: Launch, code: int) -> None:

@@ -14,19 +14,20 @@ step they agree on; without it they restore their local copies), and:
   a step boundary as a preemption stops it (SIGTERM: every process saves
   the agreed step) and the job starts again on every slice; the new
   slice's processes have empty disks and restore from the others;
-- fewer than K left: the next attempt waits for enough to be back (a
-  restart, as without --min_slices).
+- fewer than K left: the next attempt waits for enough to be back.
 
-Shrinks and growths use none of --max_restarts. `SliceGroup` stands where
-one queued.Fleet stands without --min_slices (create, wait_up, lost,
-delete), so the rest of the driver does not tell them apart.
+The one elastic policy (launcher/elastic.py) decides, as for a local pod
+or a Ray job: shrinks, growths and waits use none of --max_restarts after
+an attempt that trained a new step. `SliceGroup` is the policy's
+Capacity, and stands where one queued.Fleet stands without --min_slices
+(create, wait_up, lost, delete), so the rest of the driver does not tell
+them apart.
 
 Example:
   >>> group = SliceGroup(launch, request, timeouts, 10, 'gcloud.log', 1)
-  >>> group.after_attempt(end)      # end.loss: slice 1 was lost
+  >>> elastic.Policy(group, say=print).after(end)   # slice 1's processes
+  slice(s) fleet-1 lost: starting again at once on fleet-0; fleet-1 ...
   Resize(kind=<Kind.SHRINK: 'shrink'>, wait_s=0.0)
-  >>> group.describe()
-  'runs on fleet-0; fleet-1 coming back'
 """
 
 import dataclasses
@@ -38,7 +39,6 @@ import threading
 import time
 from typing import Optional
 
-from launcher import elastic
 from launcher.tpu import babysit
 from launcher.tpu import queued
 from runtime.common import exit_codes
@@ -49,9 +49,6 @@ from runtime.common import records
 STATUS_FILE = 'slices.json'
 # The longest wait between two tries to bring a lost slice back.
 _MAX_BACKOFF_S = 600.0
-
-
-# restart.run's `resize`, the local pod's too (launcher/elastic.py).
 
 
 def requests(base: queued.Request) -> list[queued.Request]:
@@ -131,9 +128,17 @@ class SliceGroup:
   def created(self) -> list[str]:
     return [f.request.name for f in self.fleets if f.ours]
 
+  # elastic.Capacity, as the one elastic policy reads the slices.
+  flag = '--min_slices'
+
+  def running(self) -> int:
+    return len(self.active)
+
   def describe(self) -> str:
+    """'fleet-0; fleet-1 coming back': the slices the next attempt runs
+    on, then those not in the job yet."""
     names = self.request.nodes
-    text = 'runs on ' + ', '.join(names[i] for i in self.active)
+    text = ', '.join(names[i] for i in self.active)
     with self._lock:
       coming = sorted(set(self._threads) - set(self.active))
     if coming:
@@ -148,40 +153,34 @@ class SliceGroup:
     stop at a step boundary and the job grow."""
     return bool(self.ready)
 
-  def after_attempt(self, end) -> Optional[elastic.Resize]:
-    """restart.run's `resize`, given how an attempt ended
-    (restart.AttemptEnd): GROW after the stop for slices back, SHRINK after
-    a lost slice with at least --min_slices left, else None."""
-    lost = ([i for i in self.active if not self.fleets[i].up or
-             self.fleets[i].lost() is not None]
-            if end.loss is not None else [])
-    # A slice seen lost that is up again by now still ends the attempt as
-    # a loss: the job relaunches at once on every slice it has.
-    seen = len(lost) or int(end.loss is not None)
-    kind = elastic.decide(end.code, end.regrew, seen,
-                          len(self.active) - len(lost), self.minimum)
-    if kind == elastic.GROW:
-      self._take_ready()
-      self.launch.say(f'slices back: relaunching at once; the job '
-                      f'{self.describe()}')
-      return elastic.Resize(elastic.GROW)
-    if kind is None:
-      return None
+  def lose(self, end) -> str:
+    """The slices that hold a process of `end.lost` (numbered on the
+    slices the attempt ran on, `workers` a slice), and any other slice of
+    the job seen lost now, leave the job and are brought back in the
+    background."""
+    workers = self.launch.workers
+    held = {self.active[p // workers] for p in end.lost
+            if p // workers < len(self.active)}
+    lost = [i for i in self.active if i in held or not self.fleets[i].up or
+            self.fleets[i].lost() is not None]
     self.active = [i for i in self.active if i not in lost]
     for i in lost:
       self._bring_back(i)
-    if kind != elastic.SHRINK:
-      # Waiting for enough slices is a restart, as without --min_slices:
-      # ready_for_attempt waits before the next attempt.
-      self.launch.say(f'{len(self.active)} slice(s) left, fewer than '
-                      f'--min_slices={self.minimum}: the next attempt waits '
-                      'for enough to be back')
-      return None
-    names = ', '.join(self.request.nodes[i] for i in lost)
-    self.launch.say(f'slice(s) {names} lost: relaunching at once on the '
-                    'others, the same global batch on fewer devices; the job '
-                    f'{self.describe()}')
-    return elastic.Resize(elastic.SHRINK)
+    if not lost:
+      # A slice seen lost that is up again by now still ends the attempt
+      # as a loss: the job relaunches at once on every slice it has.
+      return 'the slice seen lost is up again'
+    return ('slice(s) ' + ', '.join(self.request.nodes[i] for i in lost) +
+            ' lost')
+
+  def wait(self) -> tuple[float, str]:
+    """The next attempt waits for them (ready_for_attempt)."""
+    return 0.0, 'the next attempt waits for enough to be back'
+
+  def take_back(self) -> str:
+    back = self._take_ready()
+    return ('slice(s) ' + ', '.join(self.request.nodes[i] for i in back) +
+            ' back')
 
   def ready_for_attempt(self) -> babysit.Ready:
     """Before an attempt: takes in slices back; waits while fewer than
@@ -201,7 +200,8 @@ class SliceGroup:
     return babysit.Ready(
         True, _waited(began) if time.time() - began > 1 else None)
 
-  def _take_ready(self) -> None:
+  def _take_ready(self) -> list[int]:
+    """Takes the slices back and set up into the job; returns them."""
     with self._lock:
       back, self.ready = self.ready, set()
       for i in back:
@@ -209,6 +209,7 @@ class SliceGroup:
     self.active = sorted(set(self.active) | back)
     for i in back:
       self._note(i, 'in the job')
+    return sorted(back)
 
   def _bring_back(self, index: int) -> None:
     """Deletes, creates, waits for and sets up slice `index` in a thread."""

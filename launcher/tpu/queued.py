@@ -97,10 +97,19 @@ def node_names(tpu: str, num_slices: int) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Observation:
-  """The queued resource's state and its nodes' (state, health) now."""
+  """The queued resource's state and its nodes' (state, health) now.
+
+  Attributes:
+    queued: the queued resource's state (NOT_FOUND: there is none).
+    nodes: {node: (state, health)}, empty while it has no nodes.
+    detail: the service's message, for a FAILED one.
+    of: the nodes the queued resource holds (its request's), named even
+      where the service answered none: a lost slice's processes are known.
+  """
   queued: str
   nodes: dict[str, tuple[str, str]]
   detail: str = ''
+  of: tuple[str, ...] = ()
 
   def phase(self) -> str:
     """'capacity', 'provisioning', 'ready' (waiting for it), 'up' or
@@ -158,7 +167,7 @@ def observe(gcloud: commands.Gcloud, request: Request) -> Observation:
   """Reads the queued resource and, once it has them, its nodes."""
   info = _describe(gcloud.queued('describe', request.name, '--format=json'))
   if info is None:
-    return Observation(NOT_FOUND, {})
+    return Observation(NOT_FOUND, {}, of=request.nodes)
   state = info.get('state', {})
   queued = state.get('state', 'STATE_UNSPECIFIED')
   detail = (state.get('failedData') or {}).get('error', {}).get('message', '')
@@ -169,7 +178,7 @@ def observe(gcloud: commands.Gcloud, request: Request) -> Observation:
       nodes[node] = ((described.get('state', '?'),
                       described.get('health', '')) if described else
                      (NOT_FOUND, ''))
-  return Observation(queued, nodes, detail)
+  return Observation(queued, nodes, detail, of=request.nodes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,8 @@
   attempt ends at once when it is lost; before the next, it is deleted,
   created again and set up (babysit.py).
 - `elastic.SliceGroup` (--create --min_slices): a queued resource a slice.
-  The job goes on without a lost one and grows when it is back.
+  The job goes on without a lost one and grows when it is back, as the one
+  elastic policy decides (`resize`).
 
 The driver and an attempt only ever hold a `Slices`, so neither asks which
 kind it has.
@@ -17,7 +18,6 @@ Example:
   >>> slices.create(); slices.wait_up()
   >>> slices.nodes()
   ('tpu-0', 'tpu-1')
-  >>> slices.after_attempt(end)   # None: the usual restart rules
 """
 
 from typing import Optional, Protocol
@@ -72,9 +72,6 @@ class Slices(Protocol):
   def grow_due(self) -> bool:
     """Whether the running attempt should stop at a step boundary to grow."""
 
-  def after_attempt(self, end) -> Optional[policy.Resize]:
-    """restart.run's `resize` (end: restart.AttemptEnd)."""
-
 
 class _EverySlice:
   """Slices that all run every attempt: nothing to grow into."""
@@ -87,10 +84,6 @@ class _EverySlice:
 
   def grow_due(self) -> bool:
     return False
-
-  def after_attempt(self, end) -> Optional[policy.Resize]:
-    del end
-    return None
 
 
 class Standing(_EverySlice):
@@ -185,6 +178,14 @@ class Babysat(_EverySlice):
     except exit_codes.PodrunError as e:
       launch.say(f'error: {e}')
       return babysit.Ready(False)
+
+
+def resize(launch, slices: Slices):
+  """restart.run's `resize` for `slices`: the one elastic policy over
+  elastic slices, else None (the usual restart rules)."""
+  if not isinstance(slices, elastic.SliceGroup):
+    return None
+  return policy.Policy(slices, launch.say).after
 
 
 def of(launch) -> Slices:

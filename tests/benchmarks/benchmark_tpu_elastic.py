@@ -167,12 +167,12 @@ _AFTER_RELAUNCH = (
 # PREEMPTED (the service's event) to the survivors' relaunch.
 _TO_RELAUNCH = (
     ('detection', 'the slice is lost under job'),
-    ('lost_slice_wait', 'relaunching at once on the others'))
+    ('lost_slice_wait', 'lost: starting again at once on'))
 # READY (the driver's first sight of the recreated slice ACTIVE) to the
 # relaunch on every slice.
 _TO_GROW = (
     ('set_up', ' is back after '),
-    ('agreed_save', 'slices back: relaunching'))
+    ('agreed_save', ' back: starting again at once on'))
 
 
 def _phases(lines, since: float, marks) -> tuple[dict, float]:
@@ -199,7 +199,7 @@ def _timeline(lines, events) -> dict:
   def first_step_after(when):
     return next(t for t in steps if t > when)
   # Elastic: the shrink; waiting: the recreated slice's relaunch.
-  relaunch = at('relaunching at once on the others') or at('s): relaunching')
+  relaunch = at('lost: starting again at once on') or at('s): relaunching')
   created = [e['t'] for e in events
              if e['event'] == 'created' and e['t'] > preempted]
   to_relaunch, _ = _phases(lines, preempted, _TO_RELAUNCH)
@@ -214,7 +214,7 @@ def _timeline(lines, events) -> dict:
               if t >= preempted and l.endswith(': going on')), None),
          'preempted_phases': {**to_relaunch, **after}}
   back = at(' is back after ')
-  grew = at('slices back: relaunching')
+  grew = at(' back: starting again at once on')
   if grew is not None:
     away = [t for t in steps if relaunch < t < back]
     ready = at('queued resource ACTIVE', after=relaunch)
