@@ -1,9 +1,11 @@
 """launcher/tpu/queued.py and flags.py without gcloud: requests, phases,
 the wait's per-phase clock, and the flags that go with --create."""
 
+import dataclasses
 import os
 import subprocess
 import time
+import typing
 
 import pytest
 
@@ -155,6 +157,26 @@ def test_the_tier_and_the_queued_resource_name():
        '--runtime_version=i', '--reserved', '--workdir=w'], ['--config=c'])
   assert (options.tier, options.queued_resource) == ('reserved', 't')
   assert launcher_args == ['--config=c', '--workdir=w']
+
+
+def test_the_flags_are_one_typed_frozen_options():
+  """Every flag is a field of flags.Options of the type its value has;
+  nothing changes them after parse."""
+  options, _ = flags.parse(
+      ['--tpu=t', '--zone=z', '--env=A=1', '--env=B=2', '--stop_grace=5',
+       '--min_slices=1', '--num_slices=2', '--create',
+       '--accelerator_type=v4-8', '--runtime_version=i'], ['--config=c'])
+  given = {a.dest for a in flags._parser()._actions if a.dest != 'help'}
+  fields = {f.name: f.type for f in dataclasses.fields(flags.Options)}
+  assert given | {'tier'} == set(fields)
+  assert options.env == ('A=1', 'B=2') and options.stop_grace == 5.0
+  for name, kind in fields.items():
+    value = getattr(options, name)
+    assert value is None or isinstance(value, typing.get_origin(kind) or (
+        float if kind is float else kind)) or (kind is float and
+                                                isinstance(value, int)), name
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    options.stop_grace = 1
 
 
 class _FakeFleet:

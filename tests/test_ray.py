@@ -16,6 +16,7 @@ from launcher.ray import attempt
 from launcher.ray import driver
 from launcher.ray import elastic
 from launcher.ray import host
+from launcher.ray import options as options_lib
 from launcher.ray import raylets
 from tests import helpers
 from tests import ray_cluster  # pylint: disable=unused-import; before Ray
@@ -28,7 +29,7 @@ def test_flags_and_the_launchers_after_the_separator():
                             '--resources_per_process={"GPU": 8, "CPU": 16}',
                             '--', '--config=configs/mnist.py',
                             '--workdir=/shared/mnist'])
-  assert options == driver.Options(
+  assert options == options_lib.Options(
       '10.0.0.1:6379', 4, {'GPU': 8.0, 'CPU': 16.0},
       ['--config=configs/mnist.py', '--workdir=/shared/mnist'])
   assert flag_values.workdir_of(options.launcher_args) == '/shared/mnist'

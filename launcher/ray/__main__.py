@@ -31,6 +31,7 @@ from launcher import restart
 from launcher.common import flag_values
 from launcher.common import project
 from launcher.ray import driver
+from launcher.ray import options as options_lib
 from runtime.common import exit_codes
 from runtime.common import layout
 
@@ -107,7 +108,7 @@ def _codes(text: str) -> tuple[int, ...]:
     raise argparse.ArgumentTypeError(f'{text}: give codes like 137,124') from e
 
 
-def parse(argv: list[str]) -> driver.Options:
+def parse(argv: list[str]) -> options_lib.Options:
   own, launcher_args = split_launcher_args(argv)
   parser = _parser()
   args = parser.parse_args(own)
@@ -136,7 +137,7 @@ def parse(argv: list[str]) -> driver.Options:
     retryable = restart.check_retryable(args.retry_exit_codes)
   except ValueError as e:
     parser.error(f'--retry_exit_codes: {e}')
-  return driver.Options(args.address, args.num_processes,
+  return options_lib.Options(args.address, args.num_processes,
                         args.resources_per_process, launcher_args,
                         start_timeout_s=args.start_timeout,
                         stop_grace_s=args.stop_grace,

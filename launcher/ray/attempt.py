@@ -16,6 +16,7 @@ from typing import Optional
 from launcher import restart
 from launcher import signals
 from launcher.ray import elastic
+from launcher.ray import options as options_lib
 from launcher.ray import output
 from runtime.common import env_vars
 from runtime.common import exit_codes
@@ -41,7 +42,7 @@ class Attempt:
   """The job once on `capacity.current` nodes; a restart.Attempt.
 
   Args:
-    options: podrun-ray's (driver.Options).
+    options: podrun-ray's flags.
     number: 1, 2, ... within the job.
     job_id: the same for every attempt of the job.
     logs: the rank logs and job.json (output.Logs).
@@ -49,8 +50,8 @@ class Attempt:
       (elastic.Capacity).
   """
 
-  def __init__(self, options, number: int, job_id: str, logs: output.Logs,
-               capacity: elastic.Capacity):
+  def __init__(self, options: options_lib.Options, number: int,
+               job_id: str, logs: output.Logs, capacity: elastic.Capacity):
     self.options = options
     self.number = number
     self.job_id = job_id

@@ -10,16 +10,14 @@ after a grace, once one has failed. A SIGINT or SIGTERM to the driver is
 every process's preemption notice: they save the step they agree on.
 
 Example:
-  >>> run(Options(address='auto', num_processes=4,
-  ...             resources_per_process={'GPU': 8},
-  ...             launcher_args=['--config=configs/mnist.py',
-  ...                            '--workdir=/shared/runs/mnist']))
+  >>> run(options_lib.Options(address='auto', num_processes=4,
+  ...         resources_per_process={'GPU': 8},
+  ...         launcher_args=['--config=configs/mnist.py',
+  ...                        '--workdir=/shared/runs/mnist']))
   0
 """
 
-import dataclasses
 import uuid
-from typing import Optional
 
 from launcher import elastic as policy
 from launcher import restart
@@ -28,42 +26,9 @@ from launcher.common import goodput_rollup
 from launcher.common import project as project_lib
 from launcher.ray import attempt as attempt_lib
 from launcher.ray import elastic
+from launcher.ray import options as options_lib
 from launcher.ray import output
 from runtime.common import exit_codes
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-  """What `podrun-ray` was asked.
-
-  Attributes:
-    address: the Ray cluster ('auto', or the head's HOST:PORT).
-    num_processes: one per node.
-    resources_per_process: one bundle, e.g. {'GPU': 8} or {'TPU': 4}.
-    launcher_args: the launcher's flags, as for `podrun`.
-    start_timeout_s: how long to wait for Ray to place every bundle.
-    stop_grace_s: after a process failed, how long the others have to end
-      on their own (their supervisors see the failure) before they are
-      stopped; also SIGTERM's grace before SIGKILL.
-    max_restarts, restart_backoff_s, retry_exit_codes: as the launcher's
-      flags of those names (launcher/restart.py).
-    min_processes: the fewest processes an elastic job runs on
-      (launcher/ray/elastic.py); None: always num_processes.
-    project_dir, project_max_mb: the project that travels to every node
-      (launcher/common/project.py); '' for the current directory.
-  """
-  address: str
-  num_processes: int
-  resources_per_process: dict[str, float]
-  launcher_args: list[str]
-  start_timeout_s: float = 120.0
-  stop_grace_s: float = 30.0
-  max_restarts: int = 0
-  restart_backoff_s: float = 1.0
-  retry_exit_codes: tuple[int, ...] = ()
-  min_processes: Optional[int] = None
-  project_dir: str = ''
-  project_max_mb: float = project_lib.DEFAULT_MAX_MB
 
 
 def runtime_env(found: project_lib.Project) -> dict:
@@ -74,7 +39,7 @@ def runtime_env(found: project_lib.Project) -> dict:
           'excludes': project_lib.left_out(found)}
 
 
-def run(options: Options) -> int:
+def run(options: options_lib.Options) -> int:
   """Runs the job to its end on `options.num_processes` nodes; its exit
   code."""
   try:

@@ -13,13 +13,14 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Optional, Protocol
+from typing import Optional, Protocol
 
 from launcher import restart
 from launcher import signals
 from launcher.tpu import babysit
 from launcher.tpu import commands
 from launcher.tpu import ends
+from launcher.tpu import flags
 from launcher.tpu import slices as slices_lib
 from launcher.tpu import worker_lines
 from runtime.common import exit_codes
@@ -38,8 +39,7 @@ class Context(Protocol):
   Attributes:
     job_id: the same on every attempt of the launch.
     launcher_args: the launcher's flags, as every worker gets them.
-    options: the driver's flags (flags.py): stop_grace, poll_interval,
-      lost_slice_wait, relaunch_grace, spot, log_all_workers.
+    options: the script's flags (flags.py).
     gcloud: how to reach a slice's workers (commands.Gcloud).
     slices: what the job runs on (slices.Slices).
     signals: SIGINT or SIGTERM the launch got, in order.
@@ -48,7 +48,7 @@ class Context(Protocol):
   """
   job_id: str
   launcher_args: list[str]
-  options: Any
+  options: flags.Options
   gcloud: commands.Gcloud
   slices: slices_lib.Slices
   signals: list[int]

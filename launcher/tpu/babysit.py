@@ -15,10 +15,40 @@ recovery.
 import dataclasses
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
+from launcher.tpu import commands
+from launcher.tpu import flags
 from launcher.tpu import queued
 from runtime.common import records
+
+
+class Owner(Protocol):
+  """What the slices (slices.py, elastic.py) and their babysitter use of
+  the launch they belong to; driver.Launch is one.
+
+  Attributes:
+    options: the script's flags.
+    gcloud: how to reach the slices.
+    all_nodes: every slice's node, NAME-0 ... NAME-(N-1) (or NAME alone).
+    workers: workers per slice, once described.
+  """
+  options: flags.Options
+  gcloud: commands.Gcloud
+  all_nodes: tuple[str, ...]
+
+  @property
+  def workers(self) -> int: ...
+
+  def say(self, message: str) -> None: ...
+
+  def path(self, name: str) -> str:
+    """The launch's log file `name`."""
+
+  def interrupted(self) -> bool: ...
+
+  def prepare(self, nodes: Optional[tuple[str, ...]] = None) -> None:
+    """Sets slices up again (a recreated slice's VMs are empty)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +123,7 @@ def lost_within(launch, grace_s: float) -> Optional[queued.Observation]:
                    max(0.0, deadline - time.monotonic())))
 
 
-def recreate(launch, fleet: queued.Fleet, lost: queued.Observation
+def recreate(launch: Owner, fleet: queued.Fleet, lost: queued.Observation
              ) -> records.Recreate:
   """Deletes the lost slice, creates it again, waits for it and sets its
   workers up; returns what that took.

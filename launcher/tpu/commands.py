@@ -19,6 +19,7 @@ from typing import Optional
 
 from runtime.common import exit_codes
 from launcher.common import job_tls
+from launcher.tpu import flags
 from runtime.common import records
 
 WORKER_SCRIPT = '$HOME/podrun/tpu_worker.py'
@@ -325,7 +326,8 @@ def multislice_env(place: SlicePlace) -> list[str]:
 
 def run_command(short_hash: str, job_id: str, worker_python: str,
                 envs: list[str], launcher_args: list[str], workers,
-                options, attempt=1, place: SlicePlace = SlicePlace(),
+                options: flags.Options, attempt=1,
+                place: SlicePlace = SlicePlace(),
                 run_directory: str = PODRUN) -> str:
   """The command every worker of one slice runs: tpu_worker.py run, every
   word quoted, in the code's `run_directory` (bundle.py: 'project', or

@@ -17,6 +17,7 @@ from launcher.common import project as project_lib
 from launcher.tpu import bundle
 from launcher.tpu import commands
 from launcher.tpu import elastic
+from launcher.tpu import flags
 from launcher.tpu import queued
 from runtime.common import accelerators
 from runtime.common import exit_codes
@@ -68,7 +69,7 @@ def image_python_warning(launch) -> str:
   """A warning when --create's image has a Python too old for the JAX and
   nothing provides another; '' otherwise."""
   options = launch.options
-  image = getattr(options, 'runtime_version', '') or ''
+  image = options.runtime_version
   system = next((v for prefix, v in _IMAGE_PYTHON.items()
                  if image.startswith(prefix)), None)
   minimum = commands.required_python(launch.jax_version)
@@ -162,7 +163,7 @@ def _queued_status(launch) -> tuple[str, ...]:
   return up
 
 
-def _log_dirs(options) -> list[str]:
+def _log_dirs(options: flags.Options) -> list[str]:
   """Where a driver of this machine may say how its slices stand: its
   --log_dir, else every launch's default one under ./tpu_logs."""
   if options.log_dir:

@@ -65,7 +65,7 @@ class Launch:
   """Everything one launch knows: the slices, the job, the commands, the
   logs, and the signals it got."""
 
-  def __init__(self, options, launcher_args: list[str],
+  def __init__(self, options: flags.Options, launcher_args: list[str],
                project: Optional[project_lib.Project] = None):
     self.options = options
     # What travels besides podrun's code (None: --stop, --status).

@@ -66,7 +66,8 @@ class SliceGroup:
     ready: slices back and set up, not yet in the job.
   """
 
-  def __init__(self, launch, base: queued.Request, timeouts: queued.Timeouts,
+  def __init__(self, launch: babysit.Owner, base: queued.Request,
+               timeouts: queued.Timeouts,
                poll_s: float, log_path: str, minimum: int):
     self.launch = launch
     self._stopping = threading.Event()
@@ -265,7 +266,8 @@ class SliceGroup:
     self._status.note(self.request.nodes[index], text, retry_at)
 
 
-def _recreate_once(fleet: queued.Fleet, launch, node: str) -> Optional[str]:
+def _recreate_once(fleet: queued.Fleet, launch: babysit.Owner, node: str
+                   ) -> Optional[str]:
   """One delete, create, wait and set-up of the slice `fleet` asks for:
   None when it is up and set up, 'interrupted', or why it failed."""
   try:

@@ -10,11 +10,76 @@ Example:
 """
 
 import argparse
+import dataclasses
 import re
+from typing import Optional
 
 from launcher.common import flag_values
-from launcher.common import project
+from launcher.common import project as project_lib
 from runtime.common import layout
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The script's flags, read once and checked (`parse`); each is the flag
+  of its name (`--help`), but for the two derived from others.
+
+  Attributes:
+    tier: 'spot', 'reserved' or 'on-demand' (--spot, --reserved).
+    queued_resource: the queued resource's name (--queued_resource, else
+      --tpu).
+  """
+  # The pod.
+  tpu: str
+  zone: str
+  project: str = ''
+  num_slices: int = 1
+  megascale_port: int = 8080
+  skip_preflight: bool = False
+  wait_healthy: float = 600
+  # What travels to every worker.
+  project_dir: str = ''
+  project_max_mb: float = project_lib.DEFAULT_MAX_MB
+  worker_python: str = ''
+  provision_python: bool = False
+  # The job.
+  workdir: str = ''
+  env: tuple[str, ...] = ()
+  job_id: str = ''
+  log_dir: str = ''
+  log_all_workers: bool = False
+  stop_grace: float = 60
+  orphan_timeout: float = 30
+  accelerator_devices: str = '/dev/accel*,/dev/vfio/*'
+  kill_accelerator_holders: bool = False
+  replace: bool = False
+  # Restarts.
+  max_restarts: int = 0
+  retry_exit_codes: str = ''
+  restart_backoff: float = 1.0
+  # The fleet.
+  create: bool = False
+  queued_resource: str = ''
+  accelerator_type: str = ''
+  runtime_version: str = ''
+  spot: bool = False
+  reserved: bool = False
+  valid_until: str = ''
+  delete_after: bool = False
+  capacity_timeout: float = 24 * 3600
+  provisioning_timeout: float = 1800
+  poll_interval: float = 10
+  lost_slice_wait: float = 30
+  relaunch_grace: float = 15
+  min_slices: int = 0
+  slice_back_backoff: float = 60
+  slice_back_timeout: float = 24 * 3600
+  # Control.
+  dry_run: bool = False
+  status: bool = False
+  stop: Optional[str] = None
+  # Derived.
+  tier: str = 'on-demand'
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,9 +109,9 @@ def _parser() -> argparse.ArgumentParser:
   add('--project_dir', default='', help='the project the job runs from on '
       'every worker: its files that git does not ignore (every file outside '
       'git) travel beside podrun\'s code (default: the current directory)')
-  add('--project_max_mb', type=float, default=project.DEFAULT_MAX_MB,
+  add('--project_max_mb', type=float, default=project_lib.DEFAULT_MAX_MB,
       help='refuse a project over this many MiB before anything is copied '
-      f'(default {project.DEFAULT_MAX_MB:g})')
+      f'(default {project_lib.DEFAULT_MAX_MB:g})')
   add('--worker_python', default='', help='the workers\' interpreter, used '
       'as it is: nothing is installed (default: python3.13 ... python3, '
       'with podrun installed into ~/podrun/venv)')
@@ -188,7 +253,8 @@ def _check_elastic(parser: argparse.ArgumentParser, options,
     parser.error(f'{fixed[0]} fixes what --min_slices lets change: drop it')
 
 
-def local_workdir_warning(options, launcher_args: list[str]) -> str:
+def local_workdir_warning(options: Options, launcher_args: list[str]
+                          ) -> str:
   """A loud warning when a slice this launch creates would take the run's
   record with it ('' when the workdir is in a bucket, or nothing is
   created)."""
@@ -205,19 +271,23 @@ def local_workdir_warning(options, launcher_args: list[str]) -> str:
 
 
 def parse(argv: list[str], launcher_args: list[str]
-          ) -> tuple[argparse.Namespace, list[str]]:
-  """The script's flags, and the launcher flags (those after `--`).
+          ) -> tuple[Options, list[str]]:
+  """The script's flags, and the launcher flags (those after `--`, with
+  --workdir added when the script got one).
 
-  Adds `options.tier` ('spot', 'reserved' or 'on-demand') and
-  `options.queued_resource` (default: the --tpu name).
+  Raises:
+    SystemExit: as argparse does, for --help or a flag refused.
   """
   launcher_args = list(launcher_args)
   parser = _parser()
-  options = parser.parse_args(argv)
-  _check(parser, options, launcher_args)
-  options.tier = ('spot' if options.spot else
-                  'reserved' if options.reserved else 'on-demand')
-  options.queued_resource = options.queued_resource or options.tpu
+  namespace = parser.parse_args(argv)
+  _check(parser, namespace, launcher_args)
+  given = vars(namespace)
+  options = Options(**{
+      **given, 'env': tuple(given['env']),
+      'tier': ('spot' if namespace.spot else
+               'reserved' if namespace.reserved else 'on-demand'),
+      'queued_resource': namespace.queued_resource or namespace.tpu})
   if options.workdir:
     launcher_args.append(f'--workdir={options.workdir}')
   return options, launcher_args

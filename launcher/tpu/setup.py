@@ -28,6 +28,7 @@ from launcher.common import project as project_lib
 from launcher.tpu import bundle as bundle_lib
 from launcher.tpu import commands
 from launcher.tpu import firewall
+from launcher.tpu import flags
 from launcher.tpu import preflight as preflight_lib
 from launcher.tpu.commands import LaunchError
 from runtime.common import accelerators
@@ -108,8 +109,9 @@ class SliceSetup:
       it is set up on the workers ('' before).
   """
 
-  def __init__(self, gcloud: commands.Gcloud, options, launcher_args:
-               list[str], job_id: str, say: Callable[[str], None],
+  def __init__(self, gcloud: commands.Gcloud, options: flags.Options,
+               launcher_args: list[str], job_id: str,
+               say: Callable[[str], None],
                gcloud_log: str, stop_if_interrupted: Callable[[], None],
                jax_version: Callable[[], str],
                authority: Callable[[], tls.PodAuthority],

@@ -76,7 +76,7 @@ class Slices(Protocol):
 class _EverySlice:
   """Slices that all run every attempt: nothing to grow into."""
 
-  def __init__(self, launch):
+  def __init__(self, launch: babysit.Owner):
     self._launch = launch
 
   def nodes(self) -> tuple[str, ...]:
@@ -133,7 +133,7 @@ class Babysat(_EverySlice):
   """The queued resource this launch created, brought back when lost."""
   watched = True
 
-  def __init__(self, launch, fleet: queued.Fleet):
+  def __init__(self, launch: babysit.Owner, fleet: queued.Fleet):
     super().__init__(launch)
     self.fleet = fleet
     self.request = fleet.request  # babysit.Watch names it.
@@ -180,7 +180,7 @@ class Babysat(_EverySlice):
       return babysit.Ready(False)
 
 
-def resize(launch, slices: Slices):
+def resize(launch: babysit.Owner, slices: Slices):
   """restart.run's `resize` for `slices`: the one elastic policy over
   elastic slices, else None (the usual restart rules)."""
   if not isinstance(slices, elastic.SliceGroup):
@@ -188,7 +188,7 @@ def resize(launch, slices: Slices):
   return policy.Policy(slices, launch.say).after
 
 
-def of(launch) -> Slices:
+def of(launch: babysit.Owner) -> Slices:
   """The kind of slices `launch.options` asks for (--create, --min_slices)."""
   options = launch.options
   if not options.create:
