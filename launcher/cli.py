@@ -321,7 +321,7 @@ def _pod_spec(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
       elastic_processes=((capacity.minimum, capacity.full) if capacity
                          else None),
       attempts_may_follow=bool(capacity) or _MAX_RESTARTS.value > 0,
-      retryable=_retryable_exit_codes(config))
+      supervision=_supervision(config))
 
 
 def _make_pod(spec: local_pod.PodSpec, job_id=None, attempt: int = 1,
@@ -356,14 +356,17 @@ def _capacity(config: ConfigDict) -> Optional[elastic.Capacity]:
     _fail(str(e))
 
 
-def _retryable_exit_codes(config: ConfigDict
-                          ) -> tuple[int, ...]:
+def _supervision(config: ConfigDict) -> restart.Supervision:
+  """--max_restarts, --restart_backoff, and the exit codes retried
+  (--retry_exit_codes with config.retry_exit_codes)."""
   try:
     codes = [int(c) for c in _RETRY_EXIT_CODES.value]
     codes += [int(c) for c in config.get('retry_exit_codes', ()) or ()]
-    return restart.check_retryable(codes)
+    return restart.Supervision(_MAX_RESTARTS.value, _RESTART_BACKOFF.value,
+                               tuple(codes))
   except ValueError as e:
-    _fail(f'--retry_exit_codes / config.retry_exit_codes: {e}')
+    _fail(f'--max_restarts, --restart_backoff, --retry_exit_codes / '
+          f'config.retry_exit_codes: {e}')
 
 
 def _report_goodput(workdir: str, shown_as: Optional[str] = None) -> None:
@@ -448,9 +451,7 @@ def _run_local_pod(config: ConfigDict, workdir: str) -> int:
     code = restart.run(
         lambda attempt: pod if attempt == 1 else _make_pod(
             spec, job_id=pod.job_id, attempt=attempt, capacity=capacity),
-        max_restarts=_MAX_RESTARTS.value,
-        first_backoff_s=_RESTART_BACKOFF.value, retryable=spec.retryable,
-        logs_dir=pod.logs_dir,
+        spec.supervision, logs_dir=pod.logs_dir,
         resize=(policy.Policy(capacity, restart.console_say).after
                 if capacity else None))
   finally:

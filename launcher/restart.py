@@ -5,9 +5,17 @@ starting the same job again resumes exactly there. Other failures are retried
 only when their exit code is marked retryable (--retry_exit_codes or
 config.retry_exit_codes); a user's own mistake (exit_codes.NEVER_RETRIED) is
 never retried, since it would fail the same way again. Each restart waits a
-back-off that doubles from --restart_backoff up to a minute. A local pod
-(launcher/local/pod.py) and a TPU pod's attempt (launcher/tpu/attempt.py)
-are both an `Attempt`, whose `run` returns an `AttemptEnd`.
+back-off that doubles from --restart_backoff up to a minute. Every
+launcher reads those flags once into a `Supervision`; a local pod
+(launcher/local/pod.py), a TPU pod's attempt (launcher/tpu/attempt.py) and
+a Ray job's (launcher/ray/attempt.py) are each an `Attempt`, whose `run`
+returns an `AttemptEnd`.
+
+Example:
+  >>> supervision = Supervision(max_restarts=3, retryable=(137,))
+  >>> run(lambda number: Gang(spec, 4, job_id, number), supervision,
+  ...     logs_dir='workdirs/mnist/logs')
+  0
 """
 
 import dataclasses
@@ -40,6 +48,36 @@ def check_retryable(codes: Iterable[int]) -> tuple[int, ...]:
         f'exit code(s) {refused} cannot be retried, since a run that ended '
         f'so would end the same way again ({never})')
   return codes
+
+
+@dataclasses.dataclass(frozen=True)
+class Supervision:
+  """How a launcher restarts its job, the same for every launcher (as
+  torchelastic's WorkerSpec holds max_restarts); read once from the flags.
+
+  Attributes:
+    max_restarts: how many times the job starts again at most
+      (--max_restarts).
+    first_backoff_s: the wait before the second restart in a row after
+      attempts that trained nothing new, doubling up to MAX_BACKOFF_S
+      (--restart_backoff).
+    retryable: exit codes besides PREEMPTED that are restarted
+      (--retry_exit_codes), ascending.
+
+  Raises:
+    ValueError: for a negative count or back-off, or an exit code that is
+      never retried (check_retryable), naming it.
+  """
+  max_restarts: int = 0
+  first_backoff_s: float = 1.0
+  retryable: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    if self.max_restarts < 0 or self.first_backoff_s < 0:
+      raise ValueError(
+          f'--max_restarts={self.max_restarts}, --restart_backoff='
+          f'{self.first_backoff_s:g}: neither may be negative')
+    object.__setattr__(self, 'retryable', check_retryable(self.retryable))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,8 +195,7 @@ def _sleep_unless_signalled(seconds: float) -> Optional[int]:
   return signalled[0] if signalled else None
 
 
-def run(start_attempt: Callable[[int], Attempt], max_restarts: int,
-        first_backoff_s: float, retryable: tuple[int, ...],
+def run(start_attempt: Callable[[int], Attempt], supervision: Supervision,
         logs_dir: str, say: Callable[[str], None] = console_say,
         on_signal: Optional[Callable[[int], None]] = None,
         pending_signal: Callable[[], Optional[int]] = lambda: None,
@@ -168,9 +205,7 @@ def run(start_attempt: Callable[[int], Attempt], max_restarts: int,
 
   Args:
     start_attempt: attempt number (1, 2, ...) -> the Attempt to run.
-    max_restarts: how many times to start the job again at most.
-    first_backoff_s: the wait before the first restart.
-    retryable: exit codes besides PREEMPTED that are retried.
+    supervision: how many restarts, after which exit codes, how far apart.
     logs_dir: where attempts.jsonl records each attempt's end.
     say: how to tell the user.
     on_signal: told of a SIGINT or SIGTERM that comes during a back-off,
@@ -195,11 +230,11 @@ def run(start_attempt: Callable[[int], Attempt], max_restarts: int,
     started = time.time()
     end = one.run()
     code = end.code
-    kind = kind_of(code, retryable)
+    kind = kind_of(code, supervision.retryable)
     newly_productive = high_water.advanced_by(end)
     resized, bounded = _resize_after(
-        end, kind, resize, newly_productive, high_water, max_restarts,
-        tally, say)
+        end, kind, resize, newly_productive, high_water,
+        supervision.max_restarts, tally, say)
     records.append_attempt(logs_dir, _record(
         attempt, end, kind, launcher_started, started, resized))
     if bounded:
@@ -208,8 +243,8 @@ def run(start_attempt: Callable[[int], Attempt], max_restarts: int,
       tally.count_resize(resized.kind)
       wait = resized.wait_s
     else:
-      wait = _restart_wait(end, kind, max_restarts, first_backoff_s,
-                           tally, say, newly_productive)
+      wait = _restart_wait(end, kind, supervision, tally, say,
+                           newly_productive)
       if wait is None:
         break
     signalled = pending_signal() or _sleep_unless_signalled(wait)
@@ -217,7 +252,8 @@ def run(start_attempt: Callable[[int], Attempt], max_restarts: int,
       code = _stopped_by(signalled, on_signal, say)
       break
     attempt += 1
-  if max_restarts or tally.shrinks or tally.grows or tally.waits:
+  if (supervision.max_restarts or tally.shrinks or tally.grows or
+      tally.waits):
     say(f'job ended with exit code {code} after {tally.describe()}')
   return code
 
@@ -305,9 +341,8 @@ def _resize_counted(what: str, code: int, high_water: HighWater,
   return True
 
 
-def _restart_wait(end: AttemptEnd, kind: str, max_restarts: int,
-                  first_backoff_s: float, tally: Tally,
-                  say: Callable[[str], None],
+def _restart_wait(end: AttemptEnd, kind: str, supervision: Supervision,
+                  tally: Tally, say: Callable[[str], None],
                   newly_productive: bool = True) -> Optional[float]:
   """The back-off before the next attempt, counted in `tally`; None when
   the job ends here."""
@@ -317,6 +352,7 @@ def _restart_wait(end: AttemptEnd, kind: str, max_restarts: int,
     tally.preemptions += 1
   else:
     tally.failures += 1
+  max_restarts = supervision.max_restarts
   if tally.restarts >= max_restarts:
     say(f'not restarting: --max_restarts={max_restarts} used up')
     return None
@@ -328,7 +364,7 @@ def _restart_wait(end: AttemptEnd, kind: str, max_restarts: int,
   # off.
   progressed = end.progressed and newly_productive
   tally.unproductive = 0 if progressed else tally.unproductive + 1
-  wait = backoff_s(first_backoff_s, tally.unproductive + 1)
+  wait = backoff_s(supervision.first_backoff_s, tally.unproductive + 1)
   what = ('a preemption' if kind == 'preempted'
           else f'retryable exit code {end.code}')
   say(f'restart {tally.restarts}/{max_restarts} after {what} in {wait:g} '

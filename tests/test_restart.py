@@ -8,6 +8,8 @@ import time
 import pytest
 
 from launcher import restart
+from launcher.ray import __main__ as ray_main
+from launcher.tpu import flags as tpu_flags
 from runtime.common import exit_codes
 from tests import helpers
 
@@ -31,6 +33,23 @@ def test_check_retryable_refuses_user_error_codes():
     restart.check_retryable([2, 5, 124])
 
 
+def test_one_supervision_spec_for_every_launcher():
+  """The local pod, a TPU launch and a Ray job read their restart flags
+  into the same frozen spec, checked as it is made."""
+  assert restart.Supervision(2, 0.5, (137, 7, 137)).retryable == (7, 137)
+  with pytest.raises(ValueError, match=r'exit code\(s\) \[2\] cannot'):
+    restart.Supervision(retryable=(2,))
+  with pytest.raises(ValueError, match='--max_restarts=-1'):
+    restart.Supervision(max_restarts=-1)
+  tpu, _ = tpu_flags.parse(['--tpu=t', '--zone=z', '--max_restarts=3',
+                            '--retry_exit_codes=137,7'], ['--config=c'])
+  ray = ray_main.parse(['--num_processes=2', '--max_restarts=3',
+                        '--retry_exit_codes=137,7', '--', '--config=c',
+                        '--workdir=/w'])
+  assert tpu.supervision == ray.supervision == restart.Supervision(
+      3, 1.0, (7, 137))
+
+
 def test_backoff_doubles_up_to_a_minute():
   assert [restart.backoff_s(1.0, n) for n in (1, 2, 3, 4, 5)] == [0, 1, 2, 4, 8]
   assert restart.backoff_s(1.0, 30) == restart.MAX_BACKOFF_S
@@ -49,8 +68,8 @@ class _FakePod:
 
 def test_run_counts_preemptions_and_failures_apart(tmp_path, capsys):
   codes = iter([exit_codes.PREEMPTED, 137, exit_codes.PREEMPTED, 0])
-  code = restart.run(lambda attempt: _FakePod(next(codes)), max_restarts=5,
-                     first_backoff_s=0, retryable=(137,),
+  code = restart.run(lambda attempt: _FakePod(next(codes)),
+                     restart.Supervision(5, 0, (137,)),
                      logs_dir=str(tmp_path))
   assert code == 0
   assert ('after 3 restart(s): 2 preemption(s), 1 retryable failure(s)'
@@ -60,7 +79,7 @@ def test_run_counts_preemptions_and_failures_apart(tmp_path, capsys):
 
 def test_run_stops_when_restarts_are_used_up(tmp_path, capsys):
   code = restart.run(lambda attempt: _FakePod(exit_codes.PREEMPTED),
-                     max_restarts=2, first_backoff_s=0, retryable=(),
+                     restart.Supervision(2, 0, ()),
                      logs_dir=str(tmp_path))
   assert code == exit_codes.PREEMPTED
   err = capsys.readouterr().err
@@ -75,7 +94,7 @@ def test_a_signalled_launcher_is_not_restarted(tmp_path):
     pods.append(attempt)
     return _FakePod(exit_codes.PREEMPTED, signalled=True)
 
-  assert restart.run(start, max_restarts=3, first_backoff_s=0, retryable=(),
+  assert restart.run(start, restart.Supervision(3, 0, ()),
                      logs_dir=str(tmp_path)) == exit_codes.PREEMPTED
   assert pods == [1]
 
@@ -90,8 +109,8 @@ def test_only_failures_without_progress_back_off(tmp_path, monkeypatch):
     return _FakePod(137 if attempt < 6 else 0,
                     progressed=next(progressed, True))
 
-  assert restart.run(start, max_restarts=5, first_backoff_s=1.0,
-                     retryable=(137,), logs_dir=str(tmp_path)) == 0
+  assert restart.run(start, restart.Supervision(5, 1.0, (137,)),
+                     logs_dir=str(tmp_path)) == 0
   # Trained then failed: at once; then 1 s, 2 s while failing without a
   # step; at once after an attempt that trained, and 1 s after one more
   # that did not.
@@ -117,9 +136,8 @@ def test_a_signal_during_the_back_off_ends_the_run_with_128_plus_n(
                        daemon=True).start()
     return _FakePod(137)
   began = time.monotonic()
-  code = restart.run(start, max_restarts=3, first_backoff_s=30,
-                     retryable=(137,), logs_dir=str(tmp_path),
-                     on_signal=told.append)
+  code = restart.run(start, restart.Supervision(3, 30, (137,)),
+                     logs_dir=str(tmp_path), on_signal=told.append)
   assert code == 128 + signal.SIGTERM and told == [signal.SIGTERM]
   assert started == [1]  # Not restarted.
   assert time.monotonic() - began < 25  # Generous: the back-off was 30 s.
@@ -127,8 +145,8 @@ def test_a_signal_during_the_back_off_ends_the_run_with_128_plus_n(
 
 
 def test_a_signal_the_caller_already_got_is_not_slept_through(tmp_path):
-  code = restart.run(lambda attempt: _FakePod(137), max_restarts=3,
-                     first_backoff_s=30, retryable=(137,),
+  code = restart.run(lambda attempt: _FakePod(137),
+                     restart.Supervision(3, 30, (137,)),
                      logs_dir=str(tmp_path),
                      pending_signal=lambda: signal.SIGINT)
   assert code == 128 + signal.SIGINT

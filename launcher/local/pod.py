@@ -70,8 +70,8 @@ class PodSpec:
       job (--min_processes, --local_processes), or None.
     attempts_may_follow: an elastic or restarting job, whose pod's end is
       not the job's.
-    retryable: the exit codes the restart rules retry; a process that ends
-      with one, or of SIGKILL, is reported lost with its host.
+    supervision: how the job is restarted; a process that ends with an
+      exit code it retries, or of SIGKILL, is reported lost with its host.
   """
   local_devices: int
   workdir: str
@@ -82,7 +82,7 @@ class PodSpec:
   log_all_ranks: bool = False
   elastic_processes: Optional[tuple[int, int]] = None
   attempts_may_follow: bool = False
-  retryable: tuple[int, ...] = ()
+  supervision: restart.Supervision = restart.Supervision()
 
 
 def free_loopback_port() -> int:
@@ -246,7 +246,8 @@ class Gang:
     """(the failed process's index,) when it is taken for a lost host
     (elastic.is_lost_process), else ()."""
     if fault is None or not elastic.is_lost_process(fault.exit_code,
-                                                    self.spec.retryable):
+                                                    self.spec.supervision
+                                                    .retryable):
       return ()
     return (fault.process_index,)
 

@@ -134,19 +134,19 @@ def parse(argv: list[str]) -> options_lib.Options:
     parser.error(f'--project_max_mb={args.project_max_mb:g}: must be '
                  'positive')
   try:
-    retryable = restart.check_retryable(args.retry_exit_codes)
+    supervision = restart.Supervision(args.max_restarts, args.restart_backoff,
+                                      args.retry_exit_codes)
   except ValueError as e:
-    parser.error(f'--retry_exit_codes: {e}')
+    parser.error(f'--max_restarts, --restart_backoff, --retry_exit_codes: '
+                 f'{e}')
   return options_lib.Options(args.address, args.num_processes,
-                        args.resources_per_process, launcher_args,
-                        start_timeout_s=args.start_timeout,
-                        stop_grace_s=args.stop_grace,
-                        max_restarts=args.max_restarts,
-                        restart_backoff_s=args.restart_backoff,
-                        retry_exit_codes=retryable,
-                        min_processes=args.min_processes,
-                        project_dir=args.project_dir,
-                        project_max_mb=args.project_max_mb)
+                             args.resources_per_process, launcher_args,
+                             start_timeout_s=args.start_timeout,
+                             stop_grace_s=args.stop_grace,
+                             supervision=supervision,
+                             min_processes=args.min_processes,
+                             project_dir=args.project_dir,
+                             project_max_mb=args.project_max_mb)
 
 
 def run() -> NoReturn:

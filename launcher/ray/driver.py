@@ -69,10 +69,7 @@ def run(options: options_lib.Options) -> int:
     code = restart.run(
         lambda number: attempt_lib.Attempt(options, number, job_id, logs,
                                            capacity),
-        max_restarts=options.max_restarts,
-        first_backoff_s=options.restart_backoff_s,
-        retryable=restart.check_retryable(options.retry_exit_codes),
-        logs_dir=logs.record.logs(),
+        options.supervision, logs_dir=logs.record.logs(),
         say=output.say,
         resize=(policy.Policy(capacity, output.say).after
                 if capacity.elastic else None))

@@ -11,6 +11,7 @@ Example:
 import dataclasses
 from typing import Optional
 
+from launcher import restart
 from launcher.common import project as project_lib
 
 
@@ -27,8 +28,8 @@ class Options:
     stop_grace_s: after a process failed, how long the others have to end
       on their own (their supervisors see the failure) before they are
       stopped; also SIGTERM's grace before SIGKILL.
-    max_restarts, restart_backoff_s, retry_exit_codes: as the launcher's
-      flags of those names (launcher/restart.py).
+    supervision: --max_restarts, --restart_backoff and --retry_exit_codes,
+      as every launcher restarts a job (launcher/restart.py).
     min_processes: the fewest processes an elastic job runs on
       (launcher/ray/elastic.py); None: always num_processes.
     project_dir, project_max_mb: the project that travels to every node
@@ -40,9 +41,7 @@ class Options:
   launcher_args: list[str]
   start_timeout_s: float = 120.0
   stop_grace_s: float = 30.0
-  max_restarts: int = 0
-  restart_backoff_s: float = 1.0
-  retry_exit_codes: tuple[int, ...] = ()
+  supervision: restart.Supervision = restart.Supervision()
   min_processes: Optional[int] = None
   project_dir: str = ''
   project_max_mb: float = project_lib.DEFAULT_MAX_MB

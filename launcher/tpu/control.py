@@ -132,9 +132,11 @@ def print_plan(launch) -> int:
   for request in _requests(launch):
     delete = shlex.join(gcloud.queued('delete', request.name, '--force',
                                       '--quiet'))
-    print(f'# at the end{" (--delete_after)" if options.delete_after else ""}'
-          f', on Ctrl-C or SIGTERM{", or after a preemption" if options.max_restarts else ""}:'
-          f' {delete}')
+    after_delete = ' (--delete_after)' if options.delete_after else ''
+    relaunched = (', or after a preemption'
+                  if options.supervision.max_restarts else '')
+    print(f'# at the end{after_delete}, on Ctrl-C or SIGTERM{relaunched}: '
+          f'{delete}')
   if isinstance(launch.slices, elastic.SliceGroup):
     print(f'# a lost slice: the job relaunches at once on the others (at '
           f'least --min_slices={options.min_slices}) while that slice is '

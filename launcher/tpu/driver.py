@@ -45,7 +45,6 @@ from launcher import tls
 from launcher.tpu import attempt as attempt_lib
 from launcher.tpu import bundle
 from launcher.tpu import commands
-from launcher.tpu.commands import LaunchError
 from launcher.tpu import control
 from launcher.tpu import flags
 from launcher.tpu import queued
@@ -168,7 +167,7 @@ class Launch:
         envs, self.launcher_args, self.workers, self.options,
         attempt, self.place(slice_id), bundle.run_directory(self.project))
 
-def _run(launch: Launch, retryable: tuple[int, ...]) -> int:
+def _run(launch: Launch) -> int:
   """Creates the slice (--create), prepares the workers and runs the job
   with its restarts."""
   launch.slices.create()
@@ -176,9 +175,7 @@ def _run(launch: Launch, retryable: tuple[int, ...]) -> int:
   launch.prepare()
   launch.stop_if_interrupted()
   return restart.run(lambda number: attempt_lib.Attempt(launch, number),
-                     max_restarts=launch.options.max_restarts,
-                     first_backoff_s=launch.options.restart_backoff,
-                     retryable=retryable, logs_dir=launch.log_dir,
+                     launch.options.supervision, logs_dir=launch.log_dir,
                      say=launch.say,
                      on_signal=lambda signum: launch.on_signal(signum, None),
                      pending_signal=lambda: (launch.signals or [None])[0],
@@ -273,17 +270,11 @@ def _keep_attempts_with_the_record(launch: Launch, code: int) -> None:
 
 
 def launch_job(launch: Launch) -> int:
-  options = launch.options
-  try:
-    retryable = restart.check_retryable(
-        int(c) for c in options.retry_exit_codes.split(',') if c.strip())
-  except ValueError as e:
-    raise LaunchError(f'--retry_exit_codes: {e}') from e
   launch.say(f'job {launch.job_id}, logs in {launch.log_dir}')
   code = exit_codes.FAILED
   with signals.handled((signal.SIGINT, signal.SIGTERM), launch.on_signal):
     try:
-      code = _run(launch, retryable)
+      code = _run(launch)
     except queued.Interrupted:
       pass
     except exit_codes.PodrunError as e:

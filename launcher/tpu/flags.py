@@ -14,6 +14,7 @@ import dataclasses
 import re
 from typing import Optional
 
+from launcher import restart
 from launcher.common import flag_values
 from launcher.common import project as project_lib
 from runtime.common import layout
@@ -22,9 +23,11 @@ from runtime.common import layout
 @dataclasses.dataclass(frozen=True)
 class Options:
   """The script's flags, read once and checked (`parse`); each is the flag
-  of its name (`--help`), but for the two derived from others.
+  of its name (`--help`), but for those read together.
 
   Attributes:
+    supervision: --max_restarts, --restart_backoff and --retry_exit_codes,
+      as every launcher restarts a job.
     tier: 'spot', 'reserved' or 'on-demand' (--spot, --reserved).
     queued_resource: the queued resource's name (--queued_resource, else
       --tpu).
@@ -54,9 +57,7 @@ class Options:
   kill_accelerator_holders: bool = False
   replace: bool = False
   # Restarts.
-  max_restarts: int = 0
-  retry_exit_codes: str = ''
-  restart_backoff: float = 1.0
+  supervision: restart.Supervision = restart.Supervision()
   # The fleet.
   create: bool = False
   queued_resource: str = ''
@@ -283,8 +284,16 @@ def parse(argv: list[str], launcher_args: list[str]
   namespace = parser.parse_args(argv)
   _check(parser, namespace, launcher_args)
   given = vars(namespace)
+  try:
+    supervision = restart.Supervision(
+        given.pop('max_restarts'), given.pop('restart_backoff'),
+        tuple(int(c) for c in given.pop('retry_exit_codes').split(',')
+              if c.strip()))
+  except ValueError as e:
+    parser.error(f'--max_restarts, --restart_backoff, --retry_exit_codes: '
+                 f'{e}')
   options = Options(**{
-      **given, 'env': tuple(given['env']),
+      **given, 'env': tuple(given['env']), 'supervision': supervision,
       'tier': ('spot' if namespace.spot else
                'reserved' if namespace.reserved else 'on-demand'),
       'queued_resource': namespace.queued_resource or namespace.tpu})
