@@ -23,6 +23,7 @@ import jax
 import pytest
 
 from launcher.tpu import commands
+from runtime.common import env_vars
 from runtime.common import exit_codes
 from launcher.common import job_tls
 from tests import helpers
@@ -417,6 +418,25 @@ def test_dry_run_prints_every_command_and_runs_none(pod):
       '--config.note=x y']
   assert lines[-2] == '# on a failure, Ctrl-C or SIGTERM:'
   assert 'tpu_worker.py" stop test-job-a1 --grace=5' in lines[-1]
+
+
+def test_with_a_bucket_the_driver_writes_the_launchers_files(pod):
+  """Where the workdir is a bucket, the driver completes its record after
+  its last attempt (launcher/tpu/record.py), so every worker is told that
+  a launcher writes the launcher's files: process 0 writes none of them
+  (layout.writer), and goodput.jsonl has one writer."""
+  def run_words(*launcher_args):
+    result = subprocess.run(
+        pod.args('--dry_run', '--', *LINEAR, *launcher_args),
+        cwd=helpers.REPO, env=pod.env, capture_output=True, text=True,
+        timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    run = next(l for l in result.stdout.splitlines()
+               if ' run test-job-a1 ' in l)
+    return shlex.split(shlex.split(run)[-1].split('=', 1)[1])
+  told = f'--env={env_vars.LAUNCHER_RECORD}=1'
+  assert told in run_words('--workdir=gs://runs/linear')
+  assert told not in run_words('--workdir=/tmp/runs/linear')
 
 
 def test_bad_arguments_exit_2_naming_them(pod):

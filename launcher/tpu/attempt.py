@@ -34,7 +34,7 @@ _LOST_PUMP_S = 5.0
 
 class Context(Protocol):
   """All that an attempt, its worker lines and its babysitter use of the
-  launch they belong to (driver.Launch is one).
+  launch they belong to (launch.Launch is one).
 
   Attributes:
     job_id: the same on every attempt of the launch.

@@ -25,7 +25,7 @@ from runtime.common import records
 
 class Owner(Protocol):
   """What the slices (slices.py, elastic.py) and their babysitter use of
-  the launch they belong to; driver.Launch is one.
+  the launch they belong to; launch.Launch is one.
 
   Attributes:
     options: the script's flags.

@@ -17,9 +17,12 @@ import shlex
 import subprocess
 from typing import Optional
 
-from runtime.common import exit_codes
+from launcher.common import flag_values
 from launcher.common import job_tls
 from launcher.tpu import flags
+from runtime.common import env_vars
+from runtime.common import exit_codes
+from runtime.common import layout
 from runtime.common import records
 
 WORKER_SCRIPT = '$HOME/podrun/tpu_worker.py'
@@ -354,6 +357,10 @@ def run_command(short_hash: str, job_id: str, worker_python: str,
     words.append('--replace')
   if options.kill_accelerator_holders:
     words.append('--kill_accelerator_holders')
+  if layout.in_bucket(flag_values.workdir_of(launcher_args)):
+    # The driver completes a bucket's record after its last attempt
+    # (record.py): process 0 writes none of the launcher's files.
+    envs = [*envs, f'{env_vars.LAUNCHER_RECORD}=1']
   words += [f'--env={e}' for e in [
       f'PODRUN_JOB_ID={job_id}',
       f'PODRUN_ATTEMPT={attempt_id(job_id, attempt)}',
