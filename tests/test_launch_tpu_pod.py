@@ -422,7 +422,7 @@ def test_dry_run_prints_every_command_and_runs_none(pod):
 
 def test_with_a_bucket_the_driver_writes_the_launchers_files(pod):
   """Where the workdir is a bucket, the driver completes its record after
-  its last attempt (launcher/tpu/record.py), so every worker is told that
+  its last attempt (launcher_record.py), so every worker is told that
   a launcher writes the launcher's files: process 0 writes none of them
   (layout.writer), and goodput.jsonl has one writer."""
   def run_words(*launcher_args):

@@ -23,9 +23,10 @@ on the same machine keeps what it wrote before the bucket had it.
 
 Each uploads the files it writes, as runtime/common/layout.py says (`owner`):
 process i its `rank_<i>.*`, process 0 the rest of the record, the launcher
-its own files (process 0 too where no launcher supervises it: a cluster's or
-a TPU VM's job; the TPU driver adds its attempts, the roll-up over them and
-logs/job.json at the end, `complete_record`). What is never mirrored, and
+its own files (process 0 too where no launcher reaches the workdir: a
+cluster's job, or a TPU VM's on its own disk; a TPU or Ray driver adds its
+attempts, the roll-up over them and logs/job.json to a bucket's record
+after its last attempt, launcher_record.py). What is never mirrored, and
 why: `layout.NEVER_MIRRORED`.
 
 JAX-free: the launcher's side runs it too. gcsfs is imported only for a
@@ -358,10 +359,21 @@ def merge_lines(url: str, relative: str, path: str, fs=None) -> None:
     fs.pipe_file(target, ('\n'.join(merged) + '\n').encode())
 
 
-def fetch_record(url: str, into: Optional[str] = None) -> str:
-  """Copies a bucket's workdir to local disk for a reader; returns the
-  local directory (`layout.Record.of(url)`'s unless `into`)."""
+def fetch_record(url: str, into: Optional[str] = None,
+                 job_id: Optional[str] = None) -> str:
+  """Copies a bucket's workdir to local disk; returns the local directory
+  (`layout.Record.of(url)`'s unless `into`).
+
+  Args:
+    url: the gs:// workdir.
+    into: where to copy it (None: this machine's copy).
+    job_id: None for a reader; for a launcher that files its logs in this
+      machine's copy, its job's id: the copy becomes that job's (another
+      job's set aside, as a process's fetch does) before the launcher
+      writes there, so that the job's processes on this machine take what
+      it wrote for their own job's.
+  """
   mirror = Mirror(url, into or layout.Record.of(url).workdir,
-                  owns=lambda _: False)
+                  owns=lambda _: False, job_id=job_id)
   mirror.fetch()
   return mirror.local_dir

@@ -106,11 +106,10 @@ class Attempt:
     # step 1 when the config cannot run on one of them.
     env = ({env_vars.ELASTIC_PROCESSES:
             f'{capacity.minimum}-{capacity.full}'} if capacity.elastic else {})
-    if not self.logs.record.bucket:
-      # The driver reaches a shared workdir: it writes the roll-up and its
-      # attempts there, once (layout.writer). A bucket's it does not
-      # mirror, so there process 0 writes them.
-      env[env_vars.LAUNCHER_RECORD] = '1'
+    # The driver writes the roll-up and its attempts into the workdir, once
+    # (layout.writer): a shared one at its end, a bucket's after its last
+    # attempt (launcher_record.py). Process 0 writes neither.
+    env[env_vars.LAUNCHER_RECORD] = '1'
     coordinator, pids = group.start(self.options.launcher_args, self.job_id,
                                     self.attempt_name, env)
     self.logs.start(self.number, {

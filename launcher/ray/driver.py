@@ -17,18 +17,23 @@ Example:
   0
 """
 
+import json
+import os
 import uuid
 
 from launcher import elastic as policy
 from launcher import restart
 from launcher.common import flag_values
 from launcher.common import goodput_rollup
+from launcher.common import launcher_record
 from launcher.common import project as project_lib
+from launcher.common import record_mirror
 from launcher.ray import attempt as attempt_lib
 from launcher.ray import elastic
 from launcher.ray import options as options_lib
 from launcher.ray import output
 from runtime.common import exit_codes
+from runtime.common import layout
 
 
 def runtime_env(found: project_lib.Project) -> dict:
@@ -63,6 +68,8 @@ def run(options: options_lib.Options) -> int:
   job_id = uuid.uuid4().hex[:12]
   logs = output.Logs(flag_values.workdir_of(options.launcher_args),
                      options.num_processes)
+  if logs.record.bucket:
+    _claim_the_copy(logs.record, job_id)
   capacity = elastic.Capacity(options.num_processes,
                               options.min_processes or options.num_processes)
   try:
@@ -76,15 +83,45 @@ def run(options: options_lib.Options) -> int:
   finally:
     logs.close()
     ray.shutdown()
-  _report_goodput(logs.record.workdir)
+  _report_goodput(logs.record, code)
   output.say(f'exit code {code}{exit_codes.signal_suffix(code)}')
   return code
 
 
-def _report_goodput(workdir: str) -> None:
-  """The job's goodput over every attempt, into summary.json and said."""
-  result = goodput_rollup.roll_up_into_summary(workdir)
-  if result['goodput'] is not None:
+def _claim_the_copy(record: layout.Record, job_id: str) -> None:
+  """Makes this machine's copy of a bucket's record the job's before the
+  driver files its logs there: else a process of the job on this machine
+  would find files the bucket lacks and set the copy, logs and all,
+  aside. A bucket that does not answer is the processes' to report."""
+  try:
+    record_mirror.fetch_record(record.bucket, record.workdir, job_id=job_id)
+  except Exception as e:  # pylint: disable=broad-except
+    output.say(f'warning: cannot read {record.bucket}: {e}')
+
+
+def _last_job(record: layout.Record) -> dict:
+  """What the last attempt's logs/job.json says ({} when none started)."""
+  try:
+    with open(record.job()) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return {}
+
+
+def _report_goodput(record: layout.Record, code: int) -> None:
+  """The job's goodput over every attempt, into the record's goodput.jsonl
+  and summary.json, and said. A bucket's gets them, with the attempts and
+  job.json, after the last attempt (launcher_record.py); this machine's
+  copy of it, none."""
+  if record.bucket:
+    job = {**_last_job(record), 'launched_by': 'podrun-ray',
+           'exit_code': code}
+    result = launcher_record.complete(
+        record.bucket, os.path.join(record.logs(), layout.ATTEMPTS), job,
+        output.say)
+  else:
+    result = goodput_rollup.roll_up_into_summary(record.workdir)
+  if result and result['goodput'] is not None:
     output.say(f'goodput {result["goodput"]:.3f}: '
                f'{result["parts"]["productive"]:.1f} s of productive steps in '
                f'{result["wall_s"]:.1f} s over {len(result["attempts"])} '

@@ -359,7 +359,7 @@ def run_command(short_hash: str, job_id: str, worker_python: str,
     words.append('--kill_accelerator_holders')
   if layout.in_bucket(flag_values.workdir_of(launcher_args)):
     # The driver completes a bucket's record after its last attempt
-    # (record.py): process 0 writes none of the launcher's files.
+    # (launcher_record.py): process 0 writes none of the launcher's files.
     envs = [*envs, f'{env_vars.LAUNCHER_RECORD}=1']
   words += [f'--env={e}' for e in [
       f'PODRUN_JOB_ID={job_id}',

@@ -26,9 +26,10 @@ order:
 6. deletes the queued resource it created on a signal, when it never came
    up, and with --delete_after at the end.
 
-What a launch knows is launch.py; what it adds to a bucket's record after
-its last attempt, record.py; --dry_run, --status and --stop are control.py;
-the flags are flags.py.
+What a launch knows is launch.py; --dry_run, --status and --stop are
+control.py; the flags are flags.py. A bucket's record gets the launcher's
+files from the driver after its last attempt
+(launcher/common/launcher_record.py).
 """
 
 import os
@@ -37,15 +38,17 @@ import sys
 
 from launcher import restart
 from launcher import signals
+from launcher.common import flag_values
+from launcher.common import launcher_record
 from launcher.common import project as project_lib
 from launcher.tpu import attempt as attempt_lib
 from launcher.tpu import control
 from launcher.tpu import flags
 from launcher.tpu import launch as launch_lib
 from launcher.tpu import queued
-from launcher.tpu import record
 from launcher.tpu import slices as slices_lib
 from runtime.common import exit_codes
+from runtime.common import layout
 
 
 def _run(launch: launch_lib.Launch) -> int:
@@ -94,6 +97,16 @@ def _kept(launch: launch_lib.Launch, code: int) -> str:
           f'--zone={zone} --force`, or launch with --delete_after')
 
 
+def _job_record(launch: launch_lib.Launch, code: int) -> dict:
+  """WORKDIR/logs/job.json of a TPU launch: where and how the job ran."""
+  return {'job_id': launch.job_id, 'launched_by': 'launch_tpu_pod',
+          'exit_code': code, 'tpu': launch.options.tpu,
+          'zone': launch.options.zone, 'slices': list(launch.all_nodes),
+          'workers_per_slice': launch.workers,
+          'accelerator_type': launch.options.accelerator_type or None,
+          'launcher_args': launch.launcher_args, 'log_dir': launch.log_dir}
+
+
 def launch_job(launch: launch_lib.Launch) -> int:
   """Runs the job with its restarts, deletes what should not be kept, and
   completes a bucket's record; returns the launch's exit code."""
@@ -112,7 +125,10 @@ def launch_job(launch: launch_lib.Launch) -> int:
       if launch.signals:
         code = exit_codes.SIGNAL_BASE + launch.signals[0]
       _clean_up(launch, code)
-  record.complete(launch, code)
+  url = flag_values.workdir_of(launch.launcher_args) or ''
+  if layout.in_bucket(url):
+    launcher_record.complete(url, launch.path(layout.ATTEMPTS),
+                             _job_record(launch, code), launch.say)
   if code == exit_codes.OK:
     launch.say(f'job {launch.job_id} finished on every worker')
   else:

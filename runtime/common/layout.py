@@ -125,12 +125,11 @@ def owner(relative: str) -> Union[int, str]:
 def writer(relative: str, launcher_record: bool) -> Union[int, str]:
   """Who writes the record file `relative` in a job: `owner`'s answer where
   a launcher reaches the workdir and writes its files (`launcher_record`:
-  a local pod; a Ray driver, for a workdir on a shared file system; a TPU
-  driver, for a workdir in a bucket, after its last attempt). The one
-  exception: where no launcher does (a cluster's job, a job on TPU VMs
-  whose workdir is on their disks, a Ray job whose workdir is a bucket),
-  process 0 writes them, since only the processes are sure to reach the
-  record."""
+  a local pod; a Ray driver; a TPU driver, for a workdir in a bucket; a
+  driver writes a bucket's after its last attempt). The one exception:
+  where no launcher does (a cluster's job, a job on TPU VMs whose workdir
+  is on their disks), process 0 writes them, since only the processes are
+  sure to reach the record."""
   who = owner(relative)
   return 0 if who == LAUNCHER and not launcher_record else who
 
