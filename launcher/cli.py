@@ -305,6 +305,7 @@ def _pod_spec(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
     if flags.FLAGS[name].present:
       _fail(f'--{name} is chosen by the launcher with --local_processes; '
             'drop it')
+  supervision = _supervision(config)
   topology = config.get('topology') or {}
   # Each process keeps its devices when others are lost: a host's.
   local_devices = (_LOCAL_DEVICES.value or topology.get('local_devices') or
@@ -320,8 +321,8 @@ def _pod_spec(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
       kill_grace=_KILL_GRACE.value, log_all_ranks=_LOG_ALL_RANKS.value,
       elastic_processes=((capacity.minimum, capacity.full) if capacity
                          else None),
-      attempts_may_follow=bool(capacity) or _MAX_RESTARTS.value > 0,
-      supervision=_supervision(config))
+      attempts_may_follow=bool(capacity) or supervision.max_restarts > 0,
+      supervision=supervision)
 
 
 def _make_pod(spec: local_pod.PodSpec, job_id=None, attempt: int = 1,
