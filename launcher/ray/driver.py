@@ -17,8 +17,6 @@ Example:
   0
 """
 
-import json
-import os
 import uuid
 
 from launcher import elastic as policy
@@ -83,7 +81,7 @@ def run(options: options_lib.Options) -> int:
   finally:
     logs.close()
     ray.shutdown()
-  _report_goodput(logs.record, code)
+  _report_goodput(logs, code)
   output.say(f'exit code {code}{exit_codes.signal_suffix(code)}')
   return code
 
@@ -99,26 +97,16 @@ def _claim_the_copy(record: layout.Record, job_id: str) -> None:
     output.say(f'warning: cannot read {record.bucket}: {e}')
 
 
-def _last_job(record: layout.Record) -> dict:
-  """What the last attempt's logs/job.json says ({} when none started)."""
-  try:
-    with open(record.job()) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return {}
-
-
-def _report_goodput(record: layout.Record, code: int) -> None:
+def _report_goodput(logs: output.Logs, code: int) -> None:
   """The job's goodput over every attempt, into the record's goodput.jsonl
   and summary.json, and said. A bucket's gets them, with the attempts and
   job.json, after the last attempt (launcher_record.py); this machine's
   copy of it, none."""
+  record = logs.record
   if record.bucket:
-    job = {**_last_job(record), 'launched_by': 'podrun-ray',
-           'exit_code': code}
-    result = launcher_record.complete(
-        record.bucket, os.path.join(record.logs(), layout.ATTEMPTS), job,
-        output.say)
+    job = {**logs.job, 'launched_by': 'podrun-ray', 'exit_code': code}
+    result = launcher_record.complete(record.bucket, record.attempts(), job,
+                                      output.say)
   else:
     result = goodput_rollup.roll_up_into_summary(record.workdir)
   if result and result['goodput'] is not None:

@@ -35,6 +35,8 @@ class Logs:
     self.num_processes = num_processes
     self.files: dict[int, TextIO] = {}
     self.record = layout.Record.of(workdir)
+    # What the last attempt's job.json says ({} before one started).
+    self.job: dict[str, Any] = {}
 
   def start(self, attempt: int, job: dict[str, Any]) -> None:
     """Opens the rank logs for `attempt` (a later one appends, under a
@@ -48,6 +50,7 @@ class Logs:
         log.write(f'===== attempt {attempt} =====\n')
       self.files[process_index] = log
     files.write_json(self.record.job(), job)
+    self.job = job
 
   def write(self, process_index: int, stream: str, line: str) -> None:
     if process_index in self.files:

@@ -167,10 +167,6 @@ class SliceGroup:
     self.active = [i for i in self.active if i not in lost]
     for i in lost:
       self._bring_back(i)
-    if not lost:
-      # A slice seen lost that is up again by now still ends the attempt
-      # as a loss: the job relaunches at once on every slice it has.
-      return 'the slice seen lost is up again'
     return ('slice(s) ' + ', '.join(self.request.nodes[i] for i in lost) +
             ' lost')
 

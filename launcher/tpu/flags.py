@@ -23,7 +23,8 @@ from runtime.common import layout
 @dataclasses.dataclass(frozen=True)
 class Options:
   """The script's flags, read once and checked (`parse`); each is the flag
-  of its name (`--help`), but for those read together.
+  of its name (`--help`, which holds the defaults), but for those read
+  together.
 
   Attributes:
     supervision: --max_restarts, --restart_backoff and --retry_exit_codes,
@@ -35,52 +36,52 @@ class Options:
   # The pod.
   tpu: str
   zone: str
-  project: str = ''
-  num_slices: int = 1
-  megascale_port: int = 8080
-  skip_preflight: bool = False
-  wait_healthy: float = 600
+  project: str
+  num_slices: int
+  megascale_port: int
+  skip_preflight: bool
+  wait_healthy: float
   # What travels to every worker.
-  project_dir: str = ''
-  project_max_mb: float = project_lib.DEFAULT_MAX_MB
-  worker_python: str = ''
-  provision_python: bool = False
+  project_dir: str
+  project_max_mb: float
+  worker_python: str
+  provision_python: bool
   # The job.
-  workdir: str = ''
-  env: tuple[str, ...] = ()
-  job_id: str = ''
-  log_dir: str = ''
-  log_all_workers: bool = False
-  stop_grace: float = 60
-  orphan_timeout: float = 30
-  accelerator_devices: str = '/dev/accel*,/dev/vfio/*'
-  kill_accelerator_holders: bool = False
-  replace: bool = False
+  workdir: str
+  env: tuple[str, ...]
+  job_id: str
+  log_dir: str
+  log_all_workers: bool
+  stop_grace: float
+  orphan_timeout: float
+  accelerator_devices: str
+  kill_accelerator_holders: bool
+  replace: bool
   # Restarts.
-  supervision: restart.Supervision = restart.Supervision()
+  supervision: restart.Supervision
   # The fleet.
-  create: bool = False
-  queued_resource: str = ''
-  accelerator_type: str = ''
-  runtime_version: str = ''
-  spot: bool = False
-  reserved: bool = False
-  valid_until: str = ''
-  delete_after: bool = False
-  capacity_timeout: float = 24 * 3600
-  provisioning_timeout: float = 1800
-  poll_interval: float = 10
-  lost_slice_wait: float = 30
-  relaunch_grace: float = 15
-  min_slices: int = 0
-  slice_back_backoff: float = 60
-  slice_back_timeout: float = 24 * 3600
+  create: bool
+  queued_resource: str
+  accelerator_type: str
+  runtime_version: str
+  spot: bool
+  reserved: bool
+  valid_until: str
+  delete_after: bool
+  capacity_timeout: float
+  provisioning_timeout: float
+  poll_interval: float
+  lost_slice_wait: float
+  relaunch_grace: float
+  min_slices: int
+  slice_back_backoff: float
+  slice_back_timeout: float
   # Control.
-  dry_run: bool = False
-  status: bool = False
-  stop: Optional[str] = None
+  dry_run: bool
+  status: bool
+  stop: Optional[str]
   # Derived.
-  tier: str = 'on-demand'
+  tier: str
 
 
 def _parser() -> argparse.ArgumentParser:
