@@ -59,6 +59,12 @@ _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None,
                                       'Processes in the job.')
 _PROCESS_ID = flags.DEFINE_integer('process_id', None,
                                    'This process, in [0, num_processes).')
+_CLUSTER = flags.DEFINE_enum(
+    'cluster', 'auto', cluster.CHOICES,
+    'auto: join the cluster the environment names (SLURM, Open MPI, '
+    'Kubernetes, a TPU slice whose metadata server names several workers), '
+    'else run one process on all of this host\'s devices; none: run one '
+    'process alone, whatever the environment says.')
 _COORDINATOR_BIND_ADDRESS = flags.DEFINE_string(
     'coordinator_bind_address', None,
     'HOST:PORT the coordinator listens on; default every interface.')
@@ -167,7 +173,7 @@ POD_FLAGS = ('local_processes', 'coordinator_address', 'num_processes',
              'process_id', 'coordinator_bind_address', 'workdir',
              'local_devices', 'dry_run', 'max_restarts', 'restart_backoff',
              'retry_exit_codes', 'preemption_grace', 'min_processes',
-             'regrow_after', 'tls', 'tls_dir')
+             'regrow_after', 'tls', 'tls_dir', 'cluster')
 
 
 def _fail(message: str) -> NoReturn:
@@ -287,7 +293,8 @@ def distributed_options():
       heartbeat_timeout=_HEARTBEAT_TIMEOUT.value,
       shutdown_timeout=_BARRIER_TIMEOUT.value,
       tls=_TLS.value,
-      tls_dir=_tls_dir())
+      tls_dir=_tls_dir(),
+      cluster=_CLUSTER.value)
 
 
 def _tls_dir() -> Optional[str]:
@@ -301,7 +308,8 @@ def _pod_spec(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
   """What every attempt of the local pod that --local_processes asks for
   runs with, from the flags (`capacity`: an elastic pod's; `authority`:
   its TLS)."""
-  for name in ('num_processes', 'process_id', 'coordinator_bind_address'):
+  for name in ('num_processes', 'process_id', 'coordinator_bind_address',
+               'cluster'):
     if flags.FLAGS[name].present:
       _fail(f'--{name} is chosen by the launcher with --local_processes; '
             'drop it')

@@ -28,6 +28,8 @@ GROUPS = (
         ('preemption_grace', 'seconds to save after a preemption notice'),
     )),
     ('A process of a cluster (SLURM, mpirun, Kubernetes, or by hand)', (
+        ('cluster', 'auto: join the cluster found, else run alone; none: '
+         'alone'),
         ('num_processes', 'processes in the job (else detected)'),
         ('process_id', 'this process, in [0, num_processes)'),
         ('coordinator_bind_address', 'HOST:PORT process 0 listens on'),

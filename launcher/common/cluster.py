@@ -19,6 +19,12 @@ from runtime.common import exit_codes
 # id as JOB_COMPLETION_INDEX instead.
 _K8S_INDEX = 'JOB_COMPLETION_INDEX'
 
+# --cluster: AUTO joins the cluster the environment names (or none); NONE
+# runs one process alone on every device of its host, whatever is around it.
+AUTO = 'auto'
+NONE = 'none'
+CHOICES = (AUTO, NONE)
+
 
 def _slurm(env: Mapping[str, str]) -> bool:
   # The same variables JAX's SlurmCluster requires.

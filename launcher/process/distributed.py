@@ -13,12 +13,13 @@ import ipaddress
 import os
 import socket
 import time
-from typing import Mapping, MutableMapping, Optional
+from typing import Callable, Mapping, MutableMapping, Optional
 
 from absl import logging
 
 from launcher.process import credentials
 from launcher.process import roll_call
+from launcher.process import tpu_metadata
 from launcher.common import cluster
 from runtime.common import exit_codes
 from launcher.common import job_tls
@@ -59,6 +60,7 @@ class Options:
       other processes.
     tls: --tls, 'auto', 'require' or 'off' (credentials.py).
     tls_dir: --tls_dir, the job's certificate authority.
+    cluster: --cluster, cluster.AUTO or cluster.NONE.
   """
   coordinator_address: Optional[str] = None
   num_processes: Optional[int] = None
@@ -69,8 +71,20 @@ class Options:
   shutdown_timeout: float = 300
   tls: str = job_tls.AUTO
   tls_dir: Optional[str] = None
+  cluster: str = cluster.AUTO
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """How this process joins the job, and why (one line for the log).
+
+  Attributes:
+    mode: EXPLICIT, DETECT or SINGLE.
+    why: what decided it, e.g. 'SLURM's variables' or 'libtpu is installed
+      but metadata.google.internal cannot be reached (...)'.
+  """
+  mode: str
+  why: str
 def split_address(address: str, flag: str = '--coordinator_address'
                   ) -> tuple[str, int]:
   """'host:port' or '[v6]:port' -> (host, port)."""
@@ -81,13 +95,21 @@ def split_address(address: str, flag: str = '--coordinator_address'
   return host.strip('[]'), int(port)
 
 
-def plan(options: Options, env: Optional[Mapping[str, str]] = None) -> str:
+def plan(options: Options, env: Optional[Mapping[str, str]] = None,
+         ask: Callable[[Mapping[str, str]], tpu_metadata.Answer] = (
+             tpu_metadata.workers)) -> Plan:
   """Chooses how this process joins the job: EXPLICIT, DETECT or SINGLE.
+
+  Args:
+    options: the launcher's flags.
+    env: the environment; os.environ by default.
+    ask: asks a TPU VM's metadata server for the slice's workers (bounded).
 
   Raises:
     DistributedInitError: when only some of the three flags are given, or
-      they contradict each other.
+      they contradict each other or --cluster=none.
   """
+  env = os.environ if env is None else env
   given = {
       '--coordinator_address': options.coordinator_address,
       '--num_processes': options.num_processes,
@@ -95,9 +117,15 @@ def plan(options: Options, env: Optional[Mapping[str, str]] = None) -> str:
   }
   missing = [k for k, v in given.items() if v is None]
   if len(missing) == 3:
-    return DETECT if cluster.detect(env) else SINGLE
+    if options.cluster == cluster.NONE:
+      return Plan(SINGLE, '--cluster=none')
+    return _found(env, ask)
+  present = ', '.join(f'{k}={v}' for k, v in given.items() if v is not None)
+  if options.cluster == cluster.NONE:
+    raise DistributedInitError(
+        f'--cluster=none runs one process alone, but {present} ask for a job '
+        'of several: drop one or the other.')
   if missing:
-    present = ', '.join(f'{k}={v}' for k, v in given.items() if v is not None)
     raise DistributedInitError(
         f'{present} given without {" and ".join(missing)}: pass all three, or '
         'none of them on a cluster JAX detects (Cloud TPU, SLURM, Open MPI, '
@@ -110,7 +138,50 @@ def plan(options: Options, env: Optional[Mapping[str, str]] = None) -> str:
     raise DistributedInitError(
         f'--process_id={options.process_id} is outside [0, '
         f'{options.num_processes}) for --num_processes={options.num_processes}')
-  return EXPLICIT
+  return Plan(EXPLICIT, '--coordinator_address, --num_processes and '
+              '--process_id')
+
+
+_DETECTED_BY = {
+    'slurm': "SLURM's variables (inside srun)",
+    'open_mpi': "Open MPI's variables (under mpirun)",
+    'kubernetes': "a Kubernetes indexed Job's variables",
+}
+
+
+def _found(env: Mapping[str, str],
+           ask: Callable[[Mapping[str, str]], tpu_metadata.Answer]) -> Plan:
+  """DETECT where the environment names a cluster of several processes,
+  else SINGLE; `why` says which variables or which answer decided."""
+  name = cluster.detect(env)
+  if name is None:
+    return Plan(SINGLE, 'no cluster in the environment (no SLURM, Open MPI, '
+                'Kubernetes or TPU variables, no libtpu)')
+  if name in _DETECTED_BY:
+    return Plan(DETECT, _DETECTED_BY[name])
+  if env.get('MEGASCALE_COORDINATOR_ADDRESS'):
+    return Plan(DETECT, 'MEGASCALE_COORDINATOR_ADDRESS (several TPU slices)')
+  if name == 'gke_tpu':
+    hosts = [h for h in env.get('TPU_WORKER_HOSTNAMES', '').split(',') if h]
+    if len(hosts) == 1:
+      return Plan(SINGLE, f'TPU_WORKER_HOSTNAMES names one worker '
+                  f'({hosts[0]})')
+    return Plan(DETECT, 'GKE\'s TPU variables' + (
+        f' ({len(hosts)} workers)' if hosts else ''))
+  # libtpu is installed: a Cloud TPU VM's metadata server, if there is one,
+  # says how many workers the slice has.
+  if env.get('TPU_SKIP_MDS_QUERY') is not None:
+    # JAX sets it on import where it finds no TPU chip.
+    return Plan(SINGLE, 'libtpu is installed and TPU_SKIP_MDS_QUERY is set '
+                '(no TPU chip, or no metadata server to ask)')
+  answer = ask(env)
+  if answer.workers is None:
+    return Plan(SINGLE, f'libtpu is installed but {answer.failure}')
+  if len(answer.workers) == 1:
+    return Plan(SINGLE, f'the TPU metadata server at {answer.address} names '
+                'one worker')
+  return Plan(DETECT, f'the TPU metadata server at {answer.address} names '
+              f'{len(answer.workers)} workers')
 
 
 # How long process 0 waits for its coordinator's port to be let go: an

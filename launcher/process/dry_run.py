@@ -20,14 +20,15 @@ def print_plan(argv: list[str], options: distributed.Options,
                local_devices: Optional[int]) -> int:
   """--dry_run without a local pod: what this process would do."""
   try:
-    mode = distributed.plan(options)
+    chosen = distributed.plan(options)
   except distributed.DistributedInitError as e:
     logging.error('%s', e)
     return exit_codes.DISTRIBUTED_INIT_FAILED
   command = [sys.executable, '-m', 'launcher'] + [
       a for a in argv[1:] if a not in ('--dry_run', '--dry_run=true')]
   print(f'this process would run: {shlex.join(command)}')
-  print(f'  jax.distributed: {_MODE_WORDS[mode]}')
+  mode = chosen.mode
+  print(f'  jax.distributed: {_MODE_WORDS[mode]}; {chosen.why}')
   if local_devices is not None:
     print(f'  devices: {local_devices} emulated CPU devices '
           '(jax_platforms=cpu, jax_num_cpu_devices)')

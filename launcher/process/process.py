@@ -91,7 +91,14 @@ def _terminate(signum, frame) -> NoReturn:
 def _join(config: ConfigDict, workdir: str, options: Options, supervised: bool
           ) -> tuple[str, list[topology.Expectation]]:
   """Devices and jax.distributed; returns the mode and what the pod must be."""
-  mode = distributed.plan(options.distributed)
+  chosen = distributed.plan(options.distributed)
+  mode = chosen.mode
+  if mode == distributed.SINGLE:
+    logging.info('one process on all of this host\'s devices, no '
+                 'coordinator: %s', chosen.why)
+  else:
+    logging.info('jax.distributed %s: %s', 'from the flags' if mode == (
+        distributed.EXPLICIT) else 'from the cluster', chosen.why)
   # On a cluster JAX configures itself, the scheduler's variables say what
   # JAX should find; a disagreement is named with the variable.
   place = (cluster.place() if mode == distributed.DETECT else
