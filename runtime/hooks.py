@@ -100,20 +100,30 @@ class Periodic(Hook):
 
 class LogMetrics(Periodic):
   """Every `every` steps and at the end: the means of the metrics since the
-  last record, the speed and the input wait, to the log, metrics.jsonl and
-  TensorBoard; the learning rate too when the task gives its schedule."""
+  last record, the speed and the input wait, what the chip does
+  (tflops_per_device, mfu, tokens_per_sec: runtime/flops.py), to the log,
+  metrics.jsonl and TensorBoard; the learning rate too when the task gives
+  its schedule."""
 
   def __init__(self, every: int, schedule: Optional[Callable] = None):
     super().__init__(every, at_end=True)
     self.schedule = schedule
+    self._described = False
 
   def work(self, run) -> None:
     run.drain()
     if not run.window.steps:
       return
     now = time.perf_counter()
-    record = {**run.window.means(),
-              **run.window.rates(now, run.options.data.global_batch_size)}
+    rates = run.window.rates(now, run.options.data.global_batch_size)
+    if rates and run.figures is not None:
+      run.figures.count(run.window.timed_steps,
+                        run.window.timed_steps / rates['steps_per_sec'])
+      rates.update(run.figures.rates(rates['steps_per_sec']))
+      if not self._described:
+        self._described = True
+        run.writer.log(run.figures.describe())
+    record = {**run.window.means(), **rates}
     if self.schedule is not None:
       # The rate the last step used: optax counts updates from 0.
       record['learning_rate'] = float(self.schedule(run.step - 1))

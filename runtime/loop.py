@@ -20,6 +20,7 @@ from runtime.common import deprecations
 from runtime.common import exit_codes
 from runtime.common import goodput
 from runtime.common import progress
+from runtime import flops as flops_lib
 from runtime import metrics as metrics_lib
 from runtime import options as options_lib
 from runtime import parallelism as parallelism_lib
@@ -64,6 +65,8 @@ class Run:
     window: the metrics since the last log record.
     last_metrics: the host metrics of the newest finished step.
     eval_metrics: the newest evaluation's results, eval_*.
+    figures: FLOPs per step, the device's peak and the run's mean speed
+      (runtime/flops.py); None: the step lines give no TFLOP/s.
   """
 
   def __init__(self, options: options_lib.Options, workdir: str, task,
@@ -71,9 +74,10 @@ class Run:
                parallelism: parallelism_lib.Parallelism, process_index: int,
                writer: metrics_lib.MetricsWriter, clock: goodput.StepClock,
                in_flight_limit: int, config: Optional[ConfigDict] = None,
-               placed: Optional[step_lib.TrainState] = None):
+               placed: Optional[step_lib.TrainState] = None,
+               figures: Optional[flops_lib.Figures] = None):
     self.options, self.workdir, self.task = options, workdir, task
-    self.placed = placed
+    self.placed, self.figures = placed, figures
     self._copy = (None if placed is None else
                   jax.jit(lambda state: state, out_shardings=placed))
     self._config = config  # Only for `config`, which goes.

@@ -37,6 +37,7 @@ from runtime.common import layout
 from runtime import coordination
 from runtime import data as data_lib
 from runtime import fingerprint as fingerprint_lib
+from runtime import flops as flops_lib
 from runtime import hooks as hooks_lib
 from runtime import integrity
 from runtime.checkpoints import local_checkpoint
@@ -99,6 +100,12 @@ class Task:
       dimension, or None for whole} where the rule's choice will not do
       (runtime/parallelism/state_layout.py `specs`); config.shard_dims
       wins over it.
+    flops_per_example: the model's FLOPs for one example, forward and
+      backward (6 x parameters x tokens, plus attention, for a decoder);
+      None: XLA's cost analysis of the compiled step counts them
+      (runtime/flops.py). The step lines' TFLOP/s and MFU come from it.
+    tokens_per_example: where examples are sequences, their length; the
+      step lines then give tokens_per_sec.
     evaluate: the old name of `eval_fn`, kept for one release.
   """
   params: Any
@@ -112,6 +119,8 @@ class Task:
   schedule: Optional[Callable[[int], Any]] = None
   hooks: Sequence[hooks_lib.Hook] = ()
   shard_dims: Optional[Mapping[str, Optional[int]]] = None
+  flops_per_example: Optional[float] = None
+  tokens_per_example: Optional[int] = None
   evaluate: Optional[Callable[[Any, Any], dict[str, float]]] = None
 
   def __post_init__(self):
@@ -141,6 +150,8 @@ class TrainResult:
     extra: anything a workload adds for summary.json's results.
     topology: what computed the steps: num_processes, num_devices,
       microbatches.
+    chip: the device kind, its peak, FLOPs per step and the run's TFLOP/s
+      per device, MFU and tokens/s (runtime/flops.py `Figures.summary`).
   """
   final_metrics: dict[str, float]
   eval_metrics: dict[str, float]
@@ -151,11 +162,13 @@ class TrainResult:
   steps: int
   extra: dict[str, Any] = dataclasses.field(default_factory=dict)
   topology: dict[str, int] = dataclasses.field(default_factory=dict)
+  chip: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def summary(self) -> dict[str, Any]:
     """The JSON-able part, for summary.json: no parameters."""
     out = {'fingerprint': self.fingerprint, 'start_step': self.start_step,
-           'eval': self.eval_metrics, 'topology': self.topology}
+           'eval': self.eval_metrics, 'topology': self.topology,
+           'chip': self.chip}
     if jax.tree_util.tree_leaves(self.model_state):
       out['model_state_fingerprint'] = fingerprint_lib.fingerprint(
           self.model_state)
@@ -218,10 +231,11 @@ def _hooks(options: options_lib.Options, workdir: str, task: Task, topo,
 
 
 def _step_fn(task: Task, par, layout: microbatches.Layout,
-             placed: Optional[step_lib.TrainState] = None) -> Callable:
+             placed: Optional[step_lib.TrainState] = None
+             ) -> tuple[Callable, flops_lib.Measured]:
   """The compiled step, agreed on by every process before its first run and
-  watched for late recompilations; with `placed` (a sharded state's
-  shardings), the sharded step."""
+  watched for late recompilations, and what measures its FLOPs; with
+  `placed` (a sharded state's shardings), the sharded step."""
   chosen = randomness.contract(task.rng, task.loss_uses_rng)
   if chosen == randomness.DEVICE and jax.process_index() == 0:
     logging.warning(
@@ -240,8 +254,9 @@ def _step_fn(task: Task, par, layout: microbatches.Layout,
     step = step_lib.make_sharded_train_step(
         task.loss_fn, task.optimizer, placed, rng=chosen,
         has_model_state=has_model_state, layout=layout)
+  measured = flops_lib.Measured(step)
   return structure.RecompileWatch(agreement.check_program_on_first_call(
-      step, coordination.current()))
+      measured, coordination.current())), measured
 
 
 _REPLICA_WORDS = {'process': 'one per process', 'slice': 'one per slice',
@@ -366,7 +381,11 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     state = step_lib.init_state(task.params, task.optimizer,
                                 options.data.seed, task.model_state)
     placed, where = _shardings(config, state, task.shard_dims)
-    step_fn = _step_fn(task, par, layout, placed)
+    step_fn, measured = _step_fn(task, par, layout, placed)
+    figures = flops_lib.Figures(
+        topo.device_kind, layout.num_devices,
+        lambda: measured.flops_per_device, options.data.global_batch_size,
+        task.tokens_per_example, task.flops_per_example)
   ledger.note(topology=layout_fields(topo, layout))
   with ledger.timing('checkpoint_restore'):
     ckpt, local = _open_checkpoints(options.checkpointing)
@@ -383,7 +402,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   clock = goodput.StepClock(ledger, goodput.steps_done_before(ledger))
   run = loop.Run(options, workdir, task, replicated, start, par,
                  topo.process_index, writer, clock, in_flight_limit,
-                 config=config, placed=placed)
+                 config=config, placed=placed, figures=figures)
   resumed = f', resuming at step {start}' if start else ''
   writer.log(f'training {options.steps} steps, global batch '
              f'{options.data.global_batch_size} ({layout.describe()}), {par}, '
@@ -405,6 +424,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     _log_final_metrics(run, writer)
     result = _result(run, topo, workdir)
   result.topology = layout_fields(topo, layout)
+  result.chip = figures.summary(figures.mean_steps_per_sec())
   return result
 
 

@@ -1,0 +1,193 @@
+"""What the chip does: FLOPs per step, TFLOP/s per device, MFU, tokens/s.
+
+FLOPs per step come from XLA's cost analysis of the compiled step (what the
+devices run, recomputation included), or from the workload's own figure
+(`Task.flops_per_example`: the model's FLOPs, what MaxText and levanter call
+MFU's numerator). The peak is the device kind's dense bf16 figure from
+`PEAK_FLOPS`; a kind not in it has no MFU, and the log says so once.
+
+Example:
+  >>> step = flops.Measured(jitted_step)          # reads FLOPs on 1st call
+  >>> figures = flops.Figures('TPU v5 lite', 1, step.flops_per_device)
+  >>> figures.rates(steps_per_sec=15.9)
+  {'tflops_per_device': 86.1, 'mfu': 0.437}
+"""
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+from absl import logging
+
+# Dense bf16 FLOP/s of one JAX device, by a piece of its device_kind
+# (lower case), the more specific first. A v2 or v3 chip shows as two JAX
+# devices (one per TensorCore); a v4 or v5p chip as one (megacore).
+PEAK_FLOPS = (
+    ('tpu v2', 22.5e12),
+    ('tpu v3', 61.5e12),
+    ('tpu v4', 275e12),
+    ('tpu v5 lite', 197e12),
+    ('tpu v5e', 197e12),
+    ('tpu v5p', 459e12),
+    ('tpu v5', 459e12),
+    ('tpu v6 lite', 918e12),
+    ('tpu v6e', 918e12),
+    ('tpu7x', 2307e12),
+    ('h100 pcie', 756e12),
+    ('h100', 989e12),
+    ('h200', 989e12),
+    ('gh200', 989e12),
+    ('b200', 2250e12),
+    ('a100', 312e12),
+    ('l4', 121e12),
+    ('a10', 125e12),
+    ('v100', 125e12),
+)
+
+
+def peak_flops(device_kind: str) -> Optional[float]:
+  """A device kind's dense bf16 FLOP/s per JAX device, or None if unknown.
+
+  Example:
+    >>> peak_flops('TPU v5 lite')
+    197000000000000.0
+  """
+  kind = device_kind.lower()
+  for piece, peak in PEAK_FLOPS:
+    if piece in kind:
+      return peak
+  return None
+
+
+def compiled_flops(fn: Any, *args) -> Optional[float]:
+  """FLOPs one device runs in one call of jitted or pmapped `fn` on `args`,
+  from XLA's cost analysis of the compiled program; None where the backend
+  gives none.
+
+  The compilation is the one the call itself then uses (JAX caches it in
+  the process), so asking costs no second compile.
+
+  Raises:
+    What tracing or compiling `fn` raises.
+  """
+  # A mistake in the step, or a compilation that fails, is raised here as
+  # the call itself would raise it.
+  compiled = fn.lower(*args).compile()
+  try:
+    cost = compiled.cost_analysis()
+  except Exception as e:  # pylint: disable=broad-except
+    logging.info('no FLOPs from the compiled step: %s: %s',
+                 type(e).__name__, e)
+    return None
+  if isinstance(cost, (list, tuple)):  # Older JAX: one dict per program.
+    cost = cost[0] if cost else {}
+  value = float((cost or {}).get('flops', 0.0))
+  return value if value > 0 else None
+
+
+class Measured:
+  """A jitted step whose first call reads the compiled program's FLOPs per
+  device (`flops_per_device`), then runs it; `lower` goes through, so the
+  program agreement can lower it too."""
+
+  def __init__(self, step_fn: Any):
+    self._fn = step_fn
+    self.flops_per_device: Optional[float] = None
+    self._asked = False
+
+  def lower(self, *args):
+    return self._fn.lower(*args)
+
+  def __call__(self, *args):
+    if not self._asked:
+      self._asked = True
+      self.flops_per_device = compiled_flops(self._fn, *args)
+    return self._fn(*args)
+
+
+@dataclasses.dataclass
+class Figures:
+  """The chip's figures of a run; `rates` turns a speed into them.
+
+  Attributes:
+    device_kind: jax.devices()[0].device_kind.
+    num_devices: devices of the whole job.
+    flops_per_device: () -> FLOPs one device runs per step, or None while
+      unknown (before the first step, or where the backend gives none).
+    tokens_per_example: the workload's sequence length, or None.
+    global_batch_size: examples per step.
+    workload_flops_per_example: the workload's own FLOPs per example
+      (forward and backward), which wins over the cost analysis.
+  """
+  device_kind: str
+  num_devices: int
+  flops_per_device: Callable[[], Optional[float]]
+  global_batch_size: int = 0
+  tokens_per_example: Optional[int] = None
+  workload_flops_per_example: Optional[float] = None
+  timed_steps: int = 0
+  timed_s: float = 0.0
+
+  def count(self, steps: int, seconds: float) -> None:
+    """Adds a window of timed steps (the first step of a run, which
+    compiles, is in none) to the run's mean speed."""
+    self.timed_steps += steps
+    self.timed_s += seconds
+
+  def mean_steps_per_sec(self) -> Optional[float]:
+    return self.timed_steps / self.timed_s if self.timed_s > 0 else None
+
+  @property
+  def peak(self) -> Optional[float]:
+    return peak_flops(self.device_kind)
+
+  def step_flops(self) -> Optional[float]:
+    """FLOPs of one step on one device, or None."""
+    if self.workload_flops_per_example:
+      return (self.workload_flops_per_example * self.global_batch_size /
+              self.num_devices)
+    return self.flops_per_device()
+
+  @property
+  def source(self) -> str:
+    return ('the workload\'s flops_per_example'
+            if self.workload_flops_per_example else
+            'XLA\'s cost analysis of the compiled step')
+
+  def rates(self, steps_per_sec: float) -> dict[str, float]:
+    """tflops_per_device, mfu (where the peak is known) and tokens_per_sec
+    (where the examples are sequences) at `steps_per_sec`."""
+    out = {}
+    flops = self.step_flops()
+    if flops:
+      per_device = flops * steps_per_sec
+      out['tflops_per_device'] = per_device / 1e12
+      if self.peak:
+        out['mfu'] = per_device / self.peak
+    if self.tokens_per_example:
+      out['tokens_per_sec'] = (self.tokens_per_example *
+                               self.global_batch_size * steps_per_sec)
+    return out
+
+  def describe(self) -> str:
+    """One line: the FLOPs per step, where from, and the peak."""
+    flops = self.step_flops()
+    peak = self.peak
+    said = (f'{flops / 1e9:.4g} GFLOP per step per device ({self.source})'
+            if flops else 'FLOPs per step unknown (no cost analysis on this '
+            'backend; Task.flops_per_example gives them)')
+    if peak:
+      return (f'{said}; peak {peak / 1e12:g} TFLOP/s per device '
+              f'({self.device_kind}, dense bf16)')
+    return (f'{said}; the peak of {self.device_kind!r} is unknown, so no '
+            'MFU (runtime/flops.py PEAK_FLOPS lists the known kinds)')
+
+  def summary(self, steps_per_sec: Optional[float]) -> dict[str, Any]:
+    """For summary.json: the kind, the peak, FLOPs per step and the run's
+    rates."""
+    out = {'device_kind': self.device_kind,
+           'peak_tflops_per_device': (self.peak or 0) / 1e12 or None,
+           'flops_per_step_per_device': self.step_flops(),
+           'flops_source': self.source}
+    if steps_per_sec:
+      out.update(self.rates(steps_per_sec))
+    return out
