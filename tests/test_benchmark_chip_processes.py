@@ -1,0 +1,47 @@
+"""The chip benchmark (tests/benchmarks/benchmark_chip.py) at its tiny shape,
+as CI runs it: every method of both workloads measured, the ratios and the
+launcher's first step against a hand-written one's. Speed is not asserted:
+it belongs to the benchmark's own runs (BUILD_NOTES.md)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests import helpers
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
+
+
+def run_tiny(tmp_path, steps: int, mnist_steps: int
+             ) -> tuple[subprocess.CompletedProcess, dict]:
+  """The benchmark at its tiny shape, one round: (the process, its JSON)."""
+  out = tmp_path / 'chip.json'
+  result = subprocess.run(
+      [sys.executable, 'tests/benchmarks/benchmark_chip.py', '--shape=tiny',
+       '--rounds=1', f'--steps={steps}', f'--mnist_steps={mnist_steps}',
+       f'--out={out}'],
+      cwd=helpers.REPO, env=helpers.launcher_env(), capture_output=True,
+      text=True, timeout=500, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result, json.loads(out.read_text())
+
+
+def test_the_benchmark_runs_at_its_tiny_shape(tmp_path):
+  """About 25 s: two one-step jobs in fresh processes, then two workloads
+  four ways each."""
+  result, figures = run_tiny(tmp_path, steps=6, mnist_steps=12)
+  assert figures['platform'] == 'cpu' and figures['shape'] == 'tiny'
+  for workload in ('lm', 'mnist_mlp'):
+    measured = figures[workload]
+    assert set(measured['steps_per_sec']) == {
+        'podrun_pmap', 'podrun_shard_map', 'hand', 'on_device'}
+    assert all(rate > 0 for rate in measured['steps_per_sec'].values())
+    for ratio in ('hand_vs_on_device', 'podrun_pmap_vs_hand',
+                  'podrun_shard_map_vs_hand'):
+      assert measured[ratio] > 0
+    assert measured['mfu']['hand'] is None  # The CPU's peak is unknown.
+  first = figures['first_step']
+  assert first['launcher_s'] > 0 and first['hand_s'] > 0
+  assert '| lm |' in result.stdout and 'one-step LM job' in result.stdout
