@@ -162,7 +162,8 @@ def test_a_tpu_host_asks_its_metadata_server_how_many_workers(
 def test_a_tpu_host_without_a_metadata_server_runs_alone(libtpu):
   where = _refusing_address()
   chosen = distributed.plan(_options(), env={'GCE_METADATA_IP': where})
-  assert chosen == distributed.Plan(distributed.SINGLE, chosen.why)
+  assert chosen == distributed.Plan(distributed.SINGLE, chosen.why,
+                                    (('TPU_SKIP_MDS_QUERY', '1'),))
   assert f'libtpu is installed but {where} cannot be reached' in chosen.why
   assert 'ConnectionRefusedError' in chosen.why
 

@@ -48,7 +48,8 @@ def test_the_readme_is_one_screen_of_why_and_limits():
   # As read: the quote's markers and the line breaks gone.
   first_screen = ' '.join(re.sub(r'^> ?', '', l) for l in lines[:40])
   for said in ('Status and limits', 'Data parallelism only',
-               'Not yet run on real TPU or GPU hardware'):
+               'On real hardware: one TPU v5e chip only',
+               'Never yet on a multi-host TPU slice or on a GPU'):
     assert said in first_screen, said
 
 

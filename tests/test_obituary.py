@@ -1,10 +1,14 @@
 """The obituary: a process's end written into its ledger however it ends."""
 
 import json
+import subprocess
+import sys
+import time
 
 import pytest
 
 from launcher.process import obituary
+from tests import helpers
 
 pytestmark = pytest.mark.unit
 
@@ -61,3 +65,41 @@ def test_what_it_writes_reads_back_as_the_records_types(tmp_path):
   assert notes.cause.startswith('killed without a trace')
   # Nothing it wrote is a field the records do not have.
   assert notes.to_json() == written
+
+
+_PARENT = '''
+import os, subprocess, sys, time
+read_fd, write_fd = os.pipe()
+child = subprocess.Popen([sys.executable, '-c', {child!r}, str(read_fd)],
+                         pass_fds=(read_fd,))
+os.close(read_fd)
+os.write(write_fd, b'Fatal Python error: Aborted\\n')
+time.sleep(0.5)
+os._exit(0)  # Without waiting for the child: it watches this end.
+'''
+
+_CHILD = '''
+import json, os, sys, time
+sys.path.insert(0, {repo!r})
+from launcher.process import obituary
+def no_pidfd(pid):
+  raise OSError(38, 'Function not implemented')
+os.pidfd_open = no_pidfd
+ended, traceback = obituary._watch(os.getppid(), int(sys.argv[1]))
+with open({out!r}, 'w') as f:
+  json.dump({{'ended': ended, 'traceback': traceback.decode()}}, f)
+'''
+
+
+def test_without_pidfd_the_end_is_seen_by_the_parent_changing(tmp_path):
+  """Where os.pidfd_open is not implemented (a TPU VM's container), the
+  watcher notices its process's end within a second anyway."""
+  out = tmp_path / 'seen.json'
+  child = _CHILD.format(repo=str(helpers.REPO), out=str(out))
+  started = time.time()
+  subprocess.run([sys.executable, '-c', _PARENT.format(child=child)],
+                 timeout=30, check=True)
+  assert helpers.wait_for(out.exists, 10)
+  seen = json.loads(out.read_text())
+  assert seen['traceback'] == 'Fatal Python error: Aborted\n'
+  assert seen['ended'] - started < 5

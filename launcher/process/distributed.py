@@ -82,9 +82,11 @@ class Plan:
     mode: EXPLICIT, DETECT or SINGLE.
     why: what decided it, e.g. 'SLURM's variables' or 'libtpu is installed
       but metadata.google.internal cannot be reached (...)'.
+    environment: (variable, value) pairs to set before JAX's backend starts.
   """
   mode: str
   why: str
+  environment: tuple[tuple[str, str], ...] = ()
 def split_address(address: str, flag: str = '--coordinator_address'
                   ) -> tuple[str, int]:
   """'host:port' or '[v6]:port' -> (host, port)."""
@@ -173,10 +175,13 @@ def _found(env: Mapping[str, str],
   if env.get('TPU_SKIP_MDS_QUERY') is not None:
     # JAX sets it on import where it finds no TPU chip.
     return Plan(SINGLE, 'libtpu is installed and TPU_SKIP_MDS_QUERY is set '
-                '(no TPU chip, or no metadata server to ask)')
+                '(no metadata server to ask)')
   answer = ask(env)
   if answer.workers is None:
-    return Plan(SINGLE, f'libtpu is installed but {answer.failure}')
+    # libtpu asks the same server when its backend starts, and waits for
+    # minutes where none answers (seen on a TPU v5e in a container).
+    return Plan(SINGLE, f'libtpu is installed but {answer.failure}',
+                (('TPU_SKIP_MDS_QUERY', '1'),))
   if len(answer.workers) == 1:
     return Plan(SINGLE, f'the TPU metadata server at {answer.address} names '
                 'one worker')

@@ -111,13 +111,22 @@ def record_end(ledger_path: str, process_index: int, ended: float,
 def _watch(pid: int, read_fd: int) -> tuple[float, bytes]:
   """Copies the traceback pipe to stderr until process `pid` exits; returns
   when it did and what came through the pipe."""
-  pidfd = os.pidfd_open(pid)
+  try:
+    pidfd = os.pidfd_open(pid)
+  except ProcessLookupError:
+    raise
+  except OSError:
+    # Some sandboxes have no pidfd (ENOSYS; seen on a TPU VM's container):
+    # `pid` started this process, so its end is when this one's parent
+    # changes, looked at every half second.
+    pidfd = None
   poller = select.poll()
   poller.register(read_fd, select.POLLIN)
-  poller.register(pidfd, select.POLLIN)
+  if pidfd is not None:
+    poller.register(pidfd, select.POLLIN)
   traceback = bytearray()
   while True:
-    ready = dict(poller.poll())
+    ready = dict(poller.poll(None if pidfd is not None else 500))
     if read_fd in ready:
       data = os.read(read_fd, 65536)
       if data:
@@ -125,7 +134,7 @@ def _watch(pid: int, read_fd: int) -> tuple[float, bytes]:
         os.write(2, data)
       else:
         poller.unregister(read_fd)
-    if pidfd in ready:
+    if (pidfd in ready if pidfd is not None else os.getppid() != pid):
       ended = time.time()
       os.set_blocking(read_fd, False)
       try:

@@ -93,6 +93,7 @@ def _join(config: ConfigDict, workdir: str, options: Options, supervised: bool
   """Devices and jax.distributed; returns the mode and what the pod must be."""
   chosen = distributed.plan(options.distributed)
   mode = chosen.mode
+  os.environ.update(chosen.environment)
   if mode == distributed.SINGLE:
     logging.info('one process on all of this host\'s devices, no '
                  'coordinator: %s', chosen.why)
