@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
 from ml_collections import ConfigDict
 import optax
 
@@ -152,6 +153,9 @@ class TrainResult:
       microbatches.
     chip: the device kind, its peak, FLOPs per step and the run's TFLOP/s
       per device, MFU and tokens/s (runtime/flops.py `Figures.summary`).
+    trained: False when the checkpoint was already at `steps` and this run
+      trained nothing: the launcher then leaves the record (summary.json)
+      as the run that trained wrote it.
   """
   final_metrics: dict[str, float]
   eval_metrics: dict[str, float]
@@ -163,6 +167,7 @@ class TrainResult:
   extra: dict[str, Any] = dataclasses.field(default_factory=dict)
   topology: dict[str, int] = dataclasses.field(default_factory=dict)
   chip: dict[str, Any] = dataclasses.field(default_factory=dict)
+  trained: bool = True
 
   def summary(self) -> dict[str, Any]:
     """The JSON-able part, for summary.json: no parameters."""
@@ -391,6 +396,10 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     ckpt, local = _open_checkpoints(options.checkpointing)
     start, state, _ = recovery.restore(options.checkpointing, ckpt, local,
                                        state, len(task.data), placed)
+  if start:
+    _say_where_it_resumes(ckpt, start, topo)
+  if start >= options.steps:
+    return _nothing_to_train(options, workdir, start, state, layout, topo)
   with ledger.naming('metrics_writer'):
     writer = metrics_lib.MetricsWriter(
         workdir, topo.process_index == 0, resume_step=start or None,
@@ -426,6 +435,48 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   result.topology = layout_fields(topo, layout)
   result.chip = figures.summary(figures.mean_steps_per_sec())
   return result
+
+
+def _say_where_it_resumes(ckpt, start: int, topo) -> None:
+  """One line where the checkpoint was saved on another topology. Every
+  process reads the meta (orbax's restore is collective); process 0 says."""
+  if ckpt is None or start not in ckpt.all_steps():
+    return
+  try:
+    saved = ckpt.meta(start).get('saved_by', {})
+  except Exception:  # pylint: disable=broad-except
+    return  # An older checkpoint's meta: nothing to compare.
+  then = (saved.get('process_count'), saved.get('device_count'))
+  now = (topo.process_count, topo.global_device_count)
+  if then != now and None not in then and topo.process_index == 0:
+    logging.info('the checkpoint of step %d was saved by %d process(es) on %d '
+                 'device(s); this run resumes it on %d process(es), %d '
+                 'device(s), with the same global batch', start, *then, *now)
+
+
+def _nothing_to_train(options: options_lib.Options, workdir: str, start: int,
+                      state: step_lib.TrainState, layout, topo) -> TrainResult:
+  """The TrainResult of a run whose checkpoint is already at its last
+  step: it says so, trains and evaluates nothing, and marks the result
+  untrained so that the record stays the trained run's."""
+  if topo.process_index == 0:
+    logging.warning(
+        'nothing to train: the checkpoint in %s is already at step %d of '
+        'config.steps=%d. This run trains nothing and leaves summary.json as '
+        'the run that trained wrote it. To train again from step 0, give '
+        'another --workdir; to train further, raise --config.steps.',
+        options.checkpointing.directory or workdir, start, options.steps)
+  if any(isinstance(leaf, jax.Array) and not leaf.is_fully_addressable
+         for leaf in jax.tree_util.tree_leaves(state)):
+    # A sharded state restored across processes: every process runs this.
+    host = multihost_utils.process_allgather(state, tiled=True)
+  else:
+    host = jax.device_get(state)
+  return TrainResult(final_metrics={}, eval_metrics={},
+                     fingerprint=fingerprint_lib.fingerprint(host.params),
+                     params=host.params, model_state=host.model_state,
+                     start_step=start, steps=options.steps,
+                     topology=layout_fields(topo, layout), trained=False)
 
 
 def _log_final_metrics(run: loop.Run, writer: metrics_lib.MetricsWriter

@@ -91,11 +91,21 @@ def _params_and_optimizer(config):
   return task.params, task.optimizer
 
 
-def test_a_finished_run_is_not_trained_again(tmp_path):
+def test_a_finished_run_is_not_trained_again(tmp_path, caplog):
   done = _train(_config(5), tmp_path)
-  again = _train(_config(5), tmp_path)
-  assert again.start_step == 5
+  records = (tmp_path / 'metrics.jsonl').read_text()
+  with caplog.at_level('WARNING'):
+    again = _train(_config(5), tmp_path)
+  assert again.start_step == 5 and not again.trained and done.trained
   assert again.fingerprint == done.fingerprint
+  assert again.final_metrics == {} and again.steps == 5
+  said = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+  assert any(m.startswith('nothing to train: the checkpoint in ') and
+             'is already at step 5 of config.steps=5' in m and
+             'another --workdir' in m and 'raise --config.steps' in m
+             for m in said), said
+  # Nothing trained, nothing logged: the record is the trained run's.
+  assert (tmp_path / 'metrics.jsonl').read_text() == records
 
 
 def test_restore_refuses_a_different_config_and_names_both_values(tmp_path):

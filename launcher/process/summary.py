@@ -86,7 +86,9 @@ def finish(config: ConfigDict, workdir: str, actual: topology.Topology,
   if supervisor.client is not None:
     supervisor.client.barrier('podrun/end_of_run')
   ledger.flush(final=True)
-  if actual.process_index == 0:
+  if actual.process_index == 0 and not getattr(results, 'trained', True):
+    logging.info('summary.json left as it was: this run trained nothing')
+  elif actual.process_index == 0:
     ranks = (peers_lib.rank_stats(supervisor.client)
              if supervisor.options.enabled else [])
     record = summary(config, actual, results, ranks)
