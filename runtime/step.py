@@ -9,7 +9,7 @@ over each replica's devices instead (runtime/parallelism/state_layout.py).
 """
 
 import inspect
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import jax
 from jax import lax
@@ -126,8 +126,30 @@ def _checked_output(loss_fn: LossFn, has_model_state: bool) -> LossFn:
     aux = out[1]
     if has_model_state and (not isinstance(aux, tuple) or len(aux) != 2):
       refuse(f'(loss, {_describe_output(aux)})')
+    _check_metrics(aux[0] if has_model_state else aux, want)
     return out
   return checked
+
+
+def _check_metrics(metrics: Any, want: str) -> None:
+  """Refuses metrics that are not a mapping of scalars, with the fix."""
+  if not isinstance(metrics, Mapping):
+    got = _describe_output(metrics)
+    hint = (' Flax\'s examples return (loss, logits): compute the metrics '
+            'from the logits inside loss_fn and return (loss, {\'accuracy\': '
+            '...}).' if getattr(metrics, 'ndim', 0) >= 1 else '')
+    raise exit_codes.ConfigError(
+        f'loss_fn returned (loss, {got}) where {want} needs a dict of '
+        f'scalar metrics ({{}} for none).{hint}')
+  for name, value in metrics.items():
+    shape = tuple(getattr(value, 'shape', ()))
+    if shape != ():
+      raise exit_codes.ConfigError(
+          f'loss_fn\'s metric {name!r} has shape {shape}; metrics must be '
+          'scalars, each a mean over the device\'s examples (podrun '
+          'averages them over the devices). Return its mean, or score '
+          'per-example values in evaluation: runtime.evaluate\'s metric_fn '
+          'returns them per example.')
 
 
 def _loss_and_grads(loss_fn: LossFn, state: TrainState, batch: Any,

@@ -32,9 +32,11 @@ from runtime.checkpoints import batch_limit
 from runtime.checkpoints import checkpoint
 from runtime.checkpoints import checkpoint_meta
 from runtime.common import deprecations
+from runtime.common import exit_codes
 from runtime.common import env_vars
 from runtime.common import goodput
 from runtime.common import layout
+from runtime import config_reads
 from runtime import coordination
 from runtime import data as data_lib
 from runtime import fingerprint as fingerprint_lib
@@ -126,6 +128,7 @@ class Task:
 
   def __post_init__(self):
     randomness.contract(self.rng, self.loss_uses_rng)  # Refuses a typo now.
+    _check_data(self.data)
     if self.evaluate is not None:
       deprecations.warn('Task(evaluate=...)', stacklevel=4)
       if self.eval_fn is not None:
@@ -133,6 +136,30 @@ class Task:
                          'give eval_fn alone')
       object.__setattr__(self, 'eval_fn', self.evaluate)
       object.__setattr__(self, 'evaluate', None)
+
+
+class DataSourceError(exit_codes.ConfigError):
+  """Task.data is not a random-access source (exit 2)."""
+
+
+def _check_data(data: Any) -> None:
+  """Refuses a Task.data without `len` and random access, with the fix."""
+  has_len = hasattr(type(data), '__len__')
+  readable = (hasattr(type(data), '__getitem__') or
+              callable(getattr(data, 'read_batch', None)))
+  if has_len and readable:
+    return
+  missing = ' and '.join(n for n, ok in (('len(data)', has_len),
+                                         ('data[i]', readable)) if not ok)
+  raise DataSourceError(
+      f'Task.data is {type(data).__module__}.{type(data).__name__}, which '
+      f'has no {missing}. podrun reads examples by index, every one once '
+      'an epoch in an order a resumed run continues exactly, so it needs '
+      'len(data) and data[i] -> example (or data.read_batch(ids)); an '
+      'iterator (a generator, tf.data, a tfds or grain iterator) has '
+      'neither. Load the arrays into runtime.ArraySource(**arrays), or give '
+      'a random-access source: a grain MapDataset (grain.MapDataset.source'
+      '(...)) or any object with __len__ and __getitem__.')
 
 
 @dataclasses.dataclass
@@ -419,6 +446,8 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
              f'{resumed}')
   if where:
     writer.log(where)
+  # The end of set-up: what nothing read is refused, or said.
+  config_reads.check(config)
   try:
     with prefetch.Prefetcher(
         _loader(options.data, task, topo, par, layout),

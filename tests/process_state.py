@@ -41,6 +41,8 @@ FRESH: dict[tuple[str, str], Callable[[Any], Any]] = {
     # found: a test under another STORAGE_EMULATOR_HOST searches anew.
     ('runtime.common.gcs_auth', '_search'): lambda m: None,
     ('runtime.common.gcs_auth', '_found'): lambda m: {},
+    # The config fields read since the launcher handed the config on.
+    ('runtime.config_reads', '_reads'): lambda m: m.stop(),
 }
 
 # Module-level state kept across tests on purpose, with the reason.
@@ -48,6 +50,8 @@ KEPT = {
     ('runtime.checkpoints.checkpoint', '_check_count'):
         'only makes check names unique; going back to 0 could reuse one',
     ('runtime.compile_events', '_lock'): 'a lock',
+    ('runtime.config_reads', '_originals'):
+        "ConfigDict's own methods, the same for the life of the process",
     ('runtime.common.gcs_auth', '_lock'): 'a lock',
     ('runtime.compile_events', '_listening'):
         "JAX's listener is registered once a process and cannot be removed",

@@ -1,8 +1,10 @@
 import numpy as np
-
+import optax
 import pytest
 
+import runtime
 from runtime import data
+from runtime import training
 
 pytestmark = pytest.mark.unit
 
@@ -43,3 +45,18 @@ def test_order_depends_on_seed_and_step_only():
 def test_unshuffled_reads_in_order():
   np.testing.assert_array_equal(
       data.global_batch_ids(2, 4, 10, seed=0, shuffle=False), [8, 9, 0, 1])
+
+
+@pytest.mark.parametrize('data, missing', [
+    ((x for x in range(3)), 'len(data) and data[i]'),
+    (iter([1, 2]), 'len(data) and data[i]'),
+    ({1, 2, 3}, 'data[i]'),
+])
+def test_a_task_refuses_an_iterator_with_the_fix(data, missing):
+  with pytest.raises(training.DataSourceError) as e:
+    runtime.Task(params={}, loss_fn=lambda p, b: (0.0, {}),
+                 optimizer=optax.sgd(0.1), data=data)
+  said = str(e.value)
+  assert f'has no {missing}' in said
+  assert 'runtime.ArraySource(**arrays)' in said and 'grain' in said
+  assert e.value.exit_code == 2

@@ -39,6 +39,7 @@ from runtime.common import layout
 from launcher.common import output_prefix
 from launcher.common import record_mirror
 from launcher.common import workload
+from runtime import config_reads
 from runtime import coordination
 from runtime import topology
 
@@ -242,7 +243,12 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
       gcs_auth.wait()
   # The workload's own set-up, up to runtime.train (training.py names it).
   ledger.mark('workload')
-  results = run_workload(config, record_dir) or {}
+  # runtime.train says, before step 1, what of the config nothing read.
+  config_reads.start()
+  try:
+    results = run_workload(config, record_dir) or {}
+  finally:
+    config_reads.stop()
   with ledger.naming('summary'):
     summary.finish(config, record_dir, actual, results, running.supervisor,
                    running.ledger, launcher_record)

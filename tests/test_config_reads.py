@@ -1,0 +1,71 @@
+"""Nothing a config sets goes unread in silence (runtime/config_reads.py):
+another trainer's name that nothing read is refused before step 1 with
+podrun's name for it; another field of the user's that nothing read is said."""
+
+import logging
+
+from ml_collections import ConfigDict
+import pytest
+
+from configs import base
+from configs import linear_regression as linear_regression_config
+from runtime import config_reads
+from runtime import training
+from runtime.workloads import linear_regression
+
+pytestmark = pytest.mark.devices
+
+
+def test_podrun_s_own_fields_are_the_base_config_s():
+  assert config_reads.PODRUN_FIELDS == set(base.get_config().keys())
+
+
+def _flax_config() -> ConfigDict:
+  # Flax's examples' default.py on top of podrun's base config.
+  config = linear_regression_config.get_config()
+  config.steps = 3
+  config.batch_size = 128
+  config.num_epochs = 10
+  config.learning_rate = 0.1
+  return config
+
+
+def test_another_trainer_s_names_are_refused_before_step_1(tmp_path):
+  config = _flax_config()
+  task, _ = linear_regression.make_task(config)
+  config_reads.start()
+  with pytest.raises(config_reads.UnreadConfigError) as e:
+    training.train(config, str(tmp_path), task)
+  said = str(e.value)
+  assert e.value.exit_code == 2
+  assert ('batch_size=128, which podrun does not read: set '
+          'config.global_batch_size') in said
+  assert 'num_epochs=10, which podrun does not read: set config.steps' in said
+  assert 'learning_rate=0.1' in said and 'config.optimizer.learning_rate' in said
+  assert not (tmp_path / 'metrics.jsonl').exists() or not (
+      tmp_path / 'metrics.jsonl').read_text()
+  # Recording stopped: ConfigDict is itself again.
+  assert ConfigDict.__getattr__ is config_reads._originals['__getattr__']
+
+
+def test_a_name_the_workload_reads_is_not_refused(tmp_path, caplog):
+  config = _flax_config()
+  del config['batch_size'], config['num_epochs']
+  config.my_own_field = 'kept'
+  config_reads.start()
+  config.optimizer.learning_rate = config.learning_rate  # The workload reads it.
+  task, _ = linear_regression.make_task(config)
+  with caplog.at_level(logging.WARNING):
+    training.train(config, str(tmp_path), task)
+  said = [r.getMessage() for r in caplog.records
+          if 'nothing read before step 1' in r.getMessage()]
+  assert said == [
+      "the config sets my_own_field='kept', which nothing read before step 1 "
+      '(a hook or an evaluation may still read it; if nothing does, it is a '
+      'name podrun does not know)']
+
+
+def test_without_the_launcher_nothing_is_recorded(tmp_path):
+  config = _flax_config()
+  task, _ = linear_regression.make_task(config)
+  training.train(config, str(tmp_path), task)  # No start(): no check.
