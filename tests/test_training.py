@@ -196,31 +196,3 @@ def test_a_loss_fn_of_another_output_is_refused_before_step_1(
                                      'return (loss, metrics)')):
     training.train(config, str(tmp_path),
                    dataclasses.replace(task, loss_fn=loss_fn))
-
-
-@pytest.mark.parametrize('returned, said', [
-    # Flax's examples: (loss, logits).
-    (lambda loss, batch: (loss, batch['x'] * 2.0),
-     "loss_fn returned (loss, an array of shape (32, 3)) where (loss, "
-     "metrics) needs a dict of scalar metrics ({} for none). Flax's "
-     "examples return (loss, logits): compute the metrics from the logits "
-     "inside loss_fn"),
-    # A per-example value among the metrics.
-    (lambda loss, batch: (loss, {'error': batch['y'] - 1.0}),
-     "loss_fn's metric 'error' has shape (32,); metrics must be scalars"),
-])
-def test_metrics_of_another_form_are_refused_before_step_1(
-    tmp_path, returned, said):
-  config = linear_regression_config.get_config()
-  config.steps = 3
-  task, _ = linear_regression.make_task(config)
-
-  def loss_fn(params, batch):
-    loss, _ = linear_regression.loss_fn(params, batch)
-    return returned(loss, batch)
-  with pytest.raises(exit_codes.ConfigError, match=re.escape(said)):
-    training.train(config, str(tmp_path),
-                   dataclasses.replace(task, loss_fn=loss_fn))
-  # Refused while the step compiled: nothing was trained or written.
-  assert not (tmp_path / 'metrics.jsonl').exists() or not (
-      tmp_path / 'metrics.jsonl').read_text()
