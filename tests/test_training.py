@@ -177,22 +177,35 @@ def test_a_device_batch_limit_accumulates_as_many_microbatches(tmp_path):
   assert result.topology['microbatches'] == 4  # Groups of 16.
 
 
-@pytest.mark.parametrize('returned, what', [
-    (lambda loss: loss, 'an array of shape ()'),
-    (lambda loss: (loss, {}, {}), 'a tuple of 3'),
-    (lambda loss: (loss * jnp.ones(2), {}), 'a loss of shape (2,)'),
+@pytest.mark.parametrize('returned, said', [
+    (lambda loss, batch: loss, 'loss_fn returned an array of shape (); it '
+     'must return (loss, metrics)'),
+    (lambda loss, batch: (loss, {}, {}), 'loss_fn returned a tuple of 3; it '
+     'must return (loss, metrics)'),
+    (lambda loss, batch: (loss * jnp.ones(2), {}), 'loss_fn returned a loss '
+     'of shape (2,); it must return (loss, metrics)'),
+    # Flax's examples: (loss, logits).
+    (lambda loss, batch: (loss, batch['x'] * 2.0),
+     "loss_fn returned (loss, an array of shape (32, 3)) where (loss, "
+     "metrics) needs a dict of scalar metrics ({} for none). Flax's "
+     "examples return (loss, logits): compute the metrics from the logits "
+     "inside loss_fn"),
+    # A per-example value among the metrics.
+    (lambda loss, batch: (loss, {'error': batch['y'] - 1.0}),
+     "loss_fn's metric 'error' has shape (32,); metrics must be scalars"),
 ])
 def test_a_loss_fn_of_another_output_is_refused_before_step_1(
-    tmp_path, returned, what):
+    tmp_path, returned, said):
   config = linear_regression_config.get_config()
   config.steps = 3
   task, _ = linear_regression.make_task(config)
 
   def loss_fn(params, batch):
     loss, _ = linear_regression.loss_fn(params, batch)
-    return returned(loss)
-  with pytest.raises(exit_codes.ConfigError,
-                     match=re.escape(f'loss_fn returned {what}; it must '
-                                     'return (loss, metrics)')):
+    return returned(loss, batch)
+  with pytest.raises(exit_codes.ConfigError, match=re.escape(said)):
     training.train(config, str(tmp_path),
                    dataclasses.replace(task, loss_fn=loss_fn))
+  # Refused while the step compiled: nothing was trained or written.
+  assert not (tmp_path / 'metrics.jsonl').exists() or not (
+      tmp_path / 'metrics.jsonl').read_text()
