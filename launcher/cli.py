@@ -387,7 +387,7 @@ def _report_goodput(workdir: str, shown_as: Optional[str] = None) -> None:
   print(f'[launcher] goodput {result["goodput"]:.3f}: '
         f'{result["parts"]["productive"]:.1f} s of productive steps in '
         f'{result["wall_s"]:.1f} s over {len(result["attempts"])} '
-        f'attempt(s){_between_commands(result)}; scripts/goodput.py '
+        f'attempt(s){_between_commands(result)}; podrun-goodput '
         f'{shown_as or workdir} shows where the rest went', file=sys.stderr, flush=True)
 
 

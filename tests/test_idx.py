@@ -90,7 +90,7 @@ def test_mnist_names_a_missing_file_and_the_fetch_script(tmp_path):
   mnist.write_synthetic(str(tmp_path), num_train=8, num_test=8)
   (tmp_path / 't10k-labels-idx1-ubyte.gz').unlink()
   with pytest.raises(idx.IdxError, match=r't10k-labels-idx1-ubyte\[.gz\]: no '
-                                         'such file.*scripts/fetch_mnist.py'):
+                                         'such file.*podrun-fetch-mnist'):
     mnist.load(str(tmp_path))
 
 

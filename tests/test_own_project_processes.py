@@ -190,6 +190,22 @@ def _wheel_venv(tmp_path):
   return venv
 
 
+def test_the_commands_podrun_s_messages_name_are_on_the_path(tmp_path):
+  """About 20 s: a wheel built and installed into a fresh environment,
+  whose bin/ must hold the commands the launcher's messages name."""
+  venv = _wheel_venv(tmp_path)
+  scripts = tomllib.loads(
+      (helpers.REPO / 'pyproject.toml').read_text())['project']['scripts']
+  for command in ('podrun-goodput', 'podrun-fetch-mnist'):
+    assert command in scripts
+    result = subprocess.run([str(venv / 'bin' / command), '--help'],
+                            cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env=helpers.launcher_env(
+                                PYTHONPATH=''))
+    assert result.returncode == 0, (command, result.stderr[-2000:])
+    assert 'usage:' in result.stdout
+
+
 def test_podrun_installed_from_a_wheel_ships_itself_and_the_project(
     pod, tmp_path, local_run):
   """About 20 s: a wheel built and installed into a fresh environment."""

@@ -2,7 +2,7 @@
 
 Reads the four standard IDX files (gzipped or not) from `config.data_dir`, a
 local directory or a gs:// bucket that every host reads; nothing is
-downloaded at run time (scripts/fetch_mnist.py fetches them, to either).
+downloaded at run time (`podrun-fetch-mnist` fetches them, to either).
 Evaluates on the whole test split every `config.eval_every` steps and at the
 end, exactly: every test example once (runtime/evaluation.py).
 """
@@ -36,7 +36,7 @@ def _find(data_dir: str, name: str) -> str:
   raise idx.IdxError(
       f'{_join(data_dir, name)}[.gz]: no such file. Put the MNIST IDX '
       f'files in config.data_dir={data_dir!r}, for example with '
-      f'`python scripts/fetch_mnist.py --data_dir={data_dir}`.')
+      f'`podrun-fetch-mnist --data_dir={data_dir}`.')
 
 
 def _join(data_dir: str, name: str) -> str:
