@@ -9,6 +9,7 @@ over each replica's devices instead (runtime/parallelism/state_layout.py).
 """
 
 import inspect
+import re
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import jax
@@ -118,7 +119,20 @@ def _checked_output(loss_fn: LossFn, has_model_state: bool) -> LossFn:
         f'{loss_fn_signatures()}.')
 
   def checked(*args):
-    out = loss_fn(*args)
+    try:
+      out = loss_fn(*args)
+    except NameError as e:
+      unbound = re.search(r'unbound axis name: (\w+)', str(e))
+      if unbound is None:
+        raise
+      raise exit_codes.ConfigError(
+          f'loss_fn uses the axis name {unbound[1]!r} (a collective such as '
+          f'lax.pmean(x, {unbound[1]!r}), or Flax\'s nn.BatchNorm(axis_name='
+          f'{unbound[1]!r})), which the step does not bind: podrun maps the '
+          f'step over the devices on the axis {_AXIS!r} '
+          '(runtime.parallelism.DATA_AXIS). Name that axis in the model: '
+          f'nn.BatchNorm(axis_name={_AXIS!r}), lax.pmean(x, {_AXIS!r}).'
+          ) from None
     if not isinstance(out, tuple) or len(out) != 2:
       refuse(_describe_output(out))
     if tuple(getattr(out[0], 'shape', ())) != ():

@@ -193,6 +193,12 @@ def test_a_device_batch_limit_accumulates_as_many_microbatches(tmp_path):
     # A per-example value among the metrics.
     (lambda loss, batch: (loss, {'error': batch['y'] - 1.0}),
      "loss_fn's metric 'error' has shape (32,); metrics must be scalars"),
+    # Flax's ImageNet idiom, nn.BatchNorm(axis_name='batch').
+    (lambda loss, batch: (jax.lax.pmean(loss, 'batch'), {}),
+     "loss_fn uses the axis name 'batch' (a collective such as "
+     "lax.pmean(x, 'batch'), or Flax's nn.BatchNorm(axis_name='batch')), "
+     "which the step does not bind: podrun maps the step over the devices "
+     "on the axis 'devices'"),
 ])
 def test_a_loss_fn_of_another_output_is_refused_before_step_1(
     tmp_path, returned, said):
