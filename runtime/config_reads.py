@@ -3,15 +3,17 @@
 A config may set fields no code reads: another trainer's names (Flax's
 examples set `batch_size`, `num_epochs` and a top-level `learning_rate`),
 or a typo. The launcher records which fields are read from the moment it
-hands the config to the workload (`start`); `runtime.train` checks at the
+hands the config to the workload (`start`). `runtime.train` checks at the
 end of its set-up (`check`): another trainer's name that nothing read is
-refused with podrun's name for it, and any other top-level field of the
-user's own that nothing read is named in a warning (it may be read later,
-by a hook or an evaluation).
+refused with podrun's name for it. At the end of the run (`finish`), any
+other top-level field of the user's own that nothing read, in set-up or
+since (a hook, a data loader and an evaluation may read late), is named in
+a warning.
 
 Example:
   >>> config_reads.start()                 # the launcher, before the workload
   >>> config_reads.check(config)            # runtime.train, before step 1
+  >>> config_reads.finish(config)           # runtime.train, after the last
 """
 
 from typing import Optional
@@ -97,26 +99,31 @@ def unread(config: ConfigDict) -> list[str]:
 
 
 def check(config: ConfigDict) -> None:
-  """Refuses another trainer's names that nothing read, and warns of the
-  user's other top-level fields that nothing read; then stops recording.
+  """Refuses another trainer's names that nothing read; recording goes on.
 
   Raises:
     UnreadConfigError: naming each such field and podrun's name for it.
   """
-  try:
-    found = unread(config)
-  finally:
-    stop()
-  foreign = [f for f in found if f in FOREIGN]
+  foreign = [f for f in unread(config) if f in FOREIGN]
   if foreign:
+    stop()
     raise UnreadConfigError(
         'the config sets ' + '; '.join(
             f'{f}={config[f]!r}, which podrun does not read: set '
             f'{FOREIGN[f]}' for f in foreign) +
         '. Nothing in the job read them before step 1. Drop them, or read '
         'them in the workload.')
+
+
+def finish(config: ConfigDict) -> None:
+  """Warns of the user's top-level fields that nothing read in the whole
+  run; stops recording."""
+  try:
+    found = unread(config)
+  finally:
+    stop()
   if found:
-    logging.warning('the config sets %s, which nothing read before step 1 '
-                    '(a hook or an evaluation may still read it; if nothing '
-                    'does, it is a name podrun does not know)',
+    logging.warning('the config sets %s, which nothing in the job read: '
+                    'a name podrun does not know, or one this run had no '
+                    'use for',
                     ', '.join(f'{f}={config[f]!r}' for f in found))

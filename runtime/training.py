@@ -446,7 +446,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
              f'{resumed}')
   if where:
     writer.log(where)
-  # The end of set-up: what nothing read is refused, or said.
+  # The end of set-up: another trainer's names that nothing read are refused.
   config_reads.check(config)
   try:
     with prefetch.Prefetcher(
@@ -458,6 +458,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     clock.close()
     with ledger.naming('results'):
       writer.close()
+  config_reads.finish(config)
   with ledger.naming('results'):
     _log_final_metrics(run, writer)
     result = _result(run, topo, workdir)

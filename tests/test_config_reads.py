@@ -2,6 +2,7 @@
 another trainer's name that nothing read is refused before step 1 with
 podrun's name for it; another field of the user's that nothing read is said."""
 
+import dataclasses
 import logging
 
 from ml_collections import ConfigDict
@@ -58,11 +59,35 @@ def test_a_name_the_workload_reads_is_not_refused(tmp_path, caplog):
   with caplog.at_level(logging.WARNING):
     training.train(config, str(tmp_path), task)
   said = [r.getMessage() for r in caplog.records
-          if 'nothing read before step 1' in r.getMessage()]
+          if 'which nothing in the job read' in r.getMessage()]
   assert said == [
-      "the config sets my_own_field='kept', which nothing read before step 1 "
-      '(a hook or an evaluation may still read it; if nothing does, it is a '
-      'name podrun does not know)']
+      "the config sets my_own_field='kept', which nothing in the job read: a "
+      'name podrun does not know, or one this run had no use for']
+  assert ConfigDict.__getattr__ is config_reads._originals['__getattr__']
+
+
+def test_a_field_read_late_is_not_named(tmp_path, caplog):
+  """A field the workload reads after set-up (in a hook) is read."""
+  config = linear_regression_config.get_config()
+  config.steps = 3
+  config.late_field = 5
+  task, _ = linear_regression.make_task(config)
+
+  class ReadsLate:
+    def begin(self, run):
+      pass
+
+    def after_step(self, run):
+      if run.step == 2:
+        assert config.late_field == 5
+
+    def end(self, run, error):
+      pass
+  config_reads.start()
+  with caplog.at_level(logging.WARNING):
+    training.train(config, str(tmp_path),
+                   dataclasses.replace(task, hooks=(ReadsLate(),)))
+  assert 'which nothing in the job read' not in caplog.text
 
 
 def test_without_the_launcher_nothing_is_recorded(tmp_path):
