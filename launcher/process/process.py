@@ -95,12 +95,6 @@ def _join(config: ConfigDict, workdir: str, options: Options, supervised: bool
   chosen = distributed.plan(options.distributed)
   mode = chosen.mode
   os.environ.update(chosen.environment)
-  if mode == distributed.SINGLE:
-    logging.info('one process on all of this host\'s devices, no '
-                 'coordinator: %s', chosen.why)
-  else:
-    logging.info('jax.distributed %s: %s', 'from the flags' if mode == (
-        distributed.EXPLICIT) else 'from the cluster', chosen.why)
   # On a cluster JAX configures itself, the scheduler's variables say what
   # JAX should find; a disagreement is named with the variable.
   place = (cluster.place() if mode == distributed.DETECT else
@@ -123,6 +117,12 @@ def _join(config: ConfigDict, workdir: str, options: Options, supervised: bool
     # The rank is known: prefix from here on.
     output_prefix.setup(place.process_index, place.num_processes,
                         supervised, options.log_all_ranks)
+  if mode == distributed.SINGLE:
+    logging.info('one process on all of this host\'s devices, no '
+                 'coordinator: %s', chosen.why)
+  else:  # After the prefix: every line of a rank carries it.
+    logging.info('jax.distributed %s: %s', 'from the flags' if mode == (
+        distributed.EXPLICIT) else 'from the cluster', chosen.why)
   distributed.prepare_environment(options.distributed.coordinator_address)
   roll = None
   if mode != distributed.SINGLE and place.process_index is not None:

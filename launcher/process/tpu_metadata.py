@@ -77,18 +77,23 @@ def workers(env: Optional[Mapping[str, str]] = None,
 
   def ask():
     try:
-      result.append(_get(url, bound_s))
+      # The join below decides silence; the socket's own timeout, later,
+      # only ends the thread.
+      result.append(_get(url, bound_s + 1))
     except Exception as e:  # pylint: disable=broad-except
       result.append(e)
 
   thread = threading.Thread(target=ask, name='tpu-metadata', daemon=True)
   thread.start()
   thread.join(bound_s)
+  silent = Answer(where, None, f'no answer from {where} within {bound_s:g} s')
   if not result:
-    return Answer(where, None, f'no answer from {where} within {bound_s:g} s')
+    return silent
   if isinstance(result[0], Exception):
     error = result[0]
     reason = getattr(error, 'reason', error)
+    if isinstance(reason, TimeoutError):  # socket.timeout is TimeoutError.
+      return silent
     return Answer(where, None,
                   f'{where} cannot be reached ({type(reason).__name__}: '
                   f'{reason})')
