@@ -29,7 +29,7 @@ def run_tiny(tmp_path, steps: int, mnist_steps: int
 
 
 def test_the_benchmark_runs_at_its_tiny_shape(tmp_path):
-  """About 25 s: two one-step jobs in fresh processes, then two workloads
+  """25-55 s (the suite beside it): two one-step jobs in fresh processes, then two workloads
   four ways each."""
   result, figures = run_tiny(tmp_path, steps=6, mnist_steps=12)
   assert figures['platform'] == 'cpu' and figures['shape'] == 'tiny'
