@@ -29,8 +29,8 @@ def run_tiny(tmp_path, steps: int, mnist_steps: int
 
 
 def test_the_benchmark_runs_at_its_tiny_shape(tmp_path):
-  """25-55 s (the suite beside it): two one-step jobs in fresh processes, then two workloads
-  four ways each."""
+  """25-55 s (the more with the suite beside it): two one-step jobs in
+  fresh processes, then two workloads four ways each."""
   result, figures = run_tiny(tmp_path, steps=6, mnist_steps=12)
   assert figures['platform'] == 'cpu' and figures['shape'] == 'tiny'
   for workload in ('lm', 'mnist_mlp'):
