@@ -8,7 +8,7 @@ MFU's numerator). The peak is the device kind's dense bf16 figure from
 
 Example:
   >>> step = flops.Measured(jitted_step)          # reads FLOPs on 1st call
-  >>> figures = flops.Figures('TPU v5 lite', 1, step.flops_per_device)
+  >>> figures = flops.Figures('TPU v5 lite', 1, lambda: step.flops_per_device)
   >>> figures.rates(steps_per_sec=15.9)
   {'tflops_per_device': 86.1, 'mfu': 0.437}
 """
@@ -185,7 +185,7 @@ class Figures:
     """For summary.json: the kind, the peak, FLOPs per step and the run's
     rates."""
     out = {'device_kind': self.device_kind,
-           'peak_tflops_per_device': (self.peak or 0) / 1e12 or None,
+           'peak_tflops_per_device': self.peak / 1e12 if self.peak else None,
            'flops_per_step_per_device': self.step_flops(),
            'flops_source': self.source}
     if steps_per_sec:

@@ -176,9 +176,11 @@ def _measure(name: str, config, task, rounds: int, scratch: str) -> dict:
                        os.path.join(scratch, f'{name}_{method}_{r}'))
       rates[method].append(rate)
   median = {m: statistics.median(v) for m, v in rates.items()}
-  peak = flops.peak_flops(device.device_kind)
-  per_step = task.flops_per_example * batch_size / jax.device_count()
-  mfu = {m: (per_step * median[m] / peak if peak else None) for m in METHODS}
+  figures = flops.Figures(device.device_kind, jax.device_count(),
+                          lambda: None, batch_size,
+                          workload_flops_per_example=task.flops_per_example)
+  per_step = figures.step_flops()
+  mfu = {m: figures.rates(median[m]).get('mfu') for m in METHODS}
   return {
       'steps_per_sec': median, 'rounds': rates,
       'hand_vs_on_device': median['hand'] / median['on_device'],
