@@ -63,9 +63,10 @@ def test_a_restart_is_accounted_for_and_recomputed_steps_counted(tmp_path):
   # Recomputed: exactly the steps after 10 that attempt 1 had completed.
   assert attempts[1]['notes']['recomputed_steps'] == trained - resumed
   assert attempts[1]['parts']['recomputed'] > 0
-  # The second attempt found attempt 1's compilations in the cache.
-  assert attempts[1]['notes'].get('compile_cache_hits', 0) > 0
-  assert attempts[1]['parts']['compile'] < attempts[0]['parts']['compile']
+  # Two CPU processes run without the persistent cache (compilation.py
+  # says why): the second attempt compiled again, and said so.
+  assert not attempts[1]['notes'].get('compile_cache_hits')
+  assert attempts[1]['parts']['compile'] > 0
   per_rank = attempts[1]['ranks']
   assert sorted(per_rank) == ['0', '1']
 

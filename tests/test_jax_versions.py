@@ -63,7 +63,7 @@ def test_the_compilation_cache_is_written_and_read_back(tmp_path):
       from runtime.common import goodput
       ledger = goodput.Ledger()
       goodput.use(ledger)
-      compilation.use_cache({str(tmp_path)!r}, '/nonexistent')
+      compilation.use_cache({str(tmp_path)!r}, '/nonexistent', 'cpu', 1)
       compilation.count_into(ledger)
       jax.jit(lambda x: jnp.cos(x) * 1.5)(np.arange(5.0)).block_until_ready()
       print('hits', ledger.notes.compile_cache_hits or 0)

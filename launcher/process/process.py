@@ -218,7 +218,8 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
   # also writes the end this process cannot write itself.
   obituary.start(running.ledger.path, actual.process_index)
   with ledger.naming('compilation_cache'):
-    compilation.use_cache(options.compilation_cache_dir, record_dir)
+    compilation.use_cache(options.compilation_cache_dir, record_dir,
+                          actual.platform, actual.process_count)
   topology.check(expected, actual)
   if actual.process_index == 0:
     logging.info('topology: %s', actual.describe())
@@ -235,6 +236,9 @@ def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
                                   running.supervisor)
   with ledger.naming('workload_import'):
     run_workload = workload.resolve(config.workload)
+  # After the workload's import, which may extend sys.path; before its
+  # first lowering.
+  compilation.same_source_paths(sys.path)
   os.makedirs(record_dir, exist_ok=True)
   if _uses_bucket(config, workdir):
     # The workload's own reads from a bucket (epath, gcsfs) take the
