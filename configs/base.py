@@ -1,144 +1,15 @@
-"""Every field the runtime reads, with its default; the other configs start
-from `get_config()` and change a few.
+"""Deprecated: the base config is `runtime.config_base` now.
 
-The sections `model`, `optimizer` and `data`, with `workload`, `seed` and
-`global_batch_size`, decide what a run computes: a resumed run must agree with
-its checkpoint on them (runtime/checkpoints/checkpoint_meta.py
-TRAJECTORY_SECTIONS). A workload puts its own fields there. Every other field
-only steers the run and may change between a run and its resumption.
+`from configs import base` goes on working wherever the project has no
+`configs` package of its own (podrun's `configs` is a namespace portion, so
+a project's own configs/default.py sits beside this file); it warns once.
 """
 
-from ml_collections import config_dict
+import warnings
 
+from runtime.config_base import get_config  # pylint: disable=unused-import
 
-def get_config() -> config_dict.ConfigDict:
-  config = config_dict.ConfigDict()
-  _add_trajectory(config)
-  _add_run_control(config)
-  _add_checkpoints(config)
-  _add_topology(config)
-  return config
-
-
-def _add_trajectory(config: config_dict.ConfigDict) -> None:
-  """What the run computes."""
-  # 'package.module:function', called as function(config, workdir).
-  config.workload = config_dict.placeholder(str)
-  config.seed = 0
-  config.global_batch_size = 256
-  config.model = config_dict.ConfigDict()
-  config.optimizer = config_dict.ConfigDict()
-  config.optimizer.learning_rate = 0.1
-  config.data = config_dict.ConfigDict()
-  # Reshuffle the data every epoch (see runtime/data.py).
-  config.data.shuffle = True
-
-
-def _add_run_control(config: config_dict.ConfigDict) -> None:
-  """How the run goes."""
-  config.steps = 100
-  config.log_every = 10
-  # Evaluate every eval_every steps (0: only at the end), in global batches
-  # of eval_batch_size examples; only workloads that evaluate read these.
-  config.eval_every = 0
-  config.eval_batch_size = 1024
-  # Dispatched steps allowed to be unfinished; None: 1 on CPU, 2 elsewhere.
-  config.max_steps_in_flight = config_dict.placeholder(int)
-  # 'pmap', or 'shard_map' (jit + jax.shard_map over a mesh of all devices):
-  # the same step, the same pmean (runtime/parallelism/).
-  config.parallelism = 'pmap'
-  # Where the parameters and the optimiser state live: 'replicated', whole
-  # on every device, or 'sharded', each leaf split over the devices of a
-  # replica (runtime/parallelism/state_layout.py): replica 'process' (one
-  # per process), 'slice' (one per TPU slice) or 'all' (every device). The
-  # batch is split over every device either way, so a step computes the same
-  # to float rounding. 'sharded' needs parallelism='shard_map' and a job of
-  # a fixed size.
-  config.state_layout = 'replicated'
-  config.replica = 'process'
-  # With 'sharded': the dimension to split a leaf along, where the rule
-  # (its largest dimension that the replica's devices divide) will not do,
-  # 'PATTERN=DIM,...' with DIM a number or 'whole'; a pattern names a leaf
-  # by its path or the path's end, 'embed/embedding=1,out/*=whole'. Wins
-  # over Task.shard_dims.
-  config.shard_dims = ''
-  # Examples per device in one forward and backward pass (0: no limit),
-  # passes per device (0: as few as the limit allows), or the examples of
-  # one pass exactly (0: chosen from the other two). Beyond the limit the
-  # step accumulates gradients over microbatches, and a global batch that
-  # does not divide over the devices is padded with groups that never count
-  # (runtime/parallelism/microbatches.py). None changes what a step
-  # computes, only how, except statistics over a pass (BatchNorm's), which
-  # microbatch_size keeps the same on any topology: a run may resume with
-  # others. Left at 0, an elastic job keeps its first attempt's pass size.
-  config.device_batch_limit = 0
-  config.microbatches = 0
-  config.microbatch_size = 0
-  # Batches read and copied to the devices ahead of the step that needs them.
-  config.prefetch = 2
-  # Every integrity_every steps, each device's copy of the parameters is
-  # checked against every other's (runtime/integrity.py); 0: never.
-  config.integrity_every = 100
-  # TensorBoard event files in WORKDIR/tensorboard besides metrics.jsonl.
-  config.tensorboard = True
-  # A profiler trace of steps start_step + 1 .. start_step + num_steps into
-  # WORKDIR/tensorboard (0 steps: none).
-  config.profile = config_dict.ConfigDict()
-  config.profile.start_step = 10
-  config.profile.num_steps = 0
-
-
-def _add_checkpoints(config: config_dict.ConfigDict) -> None:
-  """Saving, resuming, restarting."""
-  # Checkpoints (runtime/checkpoints/checkpoint.py): every checkpoint_every
-  # steps (0: only at the end and on preemption), the newest keep_checkpoints
-  # kept, written while training goes on. checkpoint_dir '' means
-  # WORKDIR/checkpoints; on a multi-host job it must be storage every host
-  # shares (e.g. gs://...).
-  config.checkpointing = True
-  config.checkpoint_every = 1000
-  config.keep_checkpoints = 3
-  config.checkpoint_dir = ''
-  config.async_checkpointing = True
-  # The local tier (runtime/checkpoints/local_checkpoint.py): every process
-  # keeps its own copy every local_checkpoint_every steps (0: never), the
-  # newest keep_local_checkpoints of them, in local_checkpoint_dir ('':
-  # /dev/shm, else the temporary directory). After a hard failure the job
-  # resumes from the newest copy any process holds
-  # (runtime/checkpoints/recovery.py). local_checkpoint_every_s > 0 counts
-  # seconds of training instead of steps (for a state that is slow to copy);
-  # either way copies in seconds never block the loop over 1 % of its time
-  # (runtime/checkpoints/local_cadence.py).
-  config.local_checkpoint_every = 25
-  config.local_checkpoint_every_s = 0.0
-  config.keep_local_checkpoints = 2
-  config.local_checkpoint_dir = ''
-  # Other jobs' copies on a host, unwritten this long, are removed at start
-  # (and at once when their checkpoint directory is gone):
-  # runtime/checkpoints/local_leftovers.py.
-  config.local_checkpoint_leftover_hours = 24.0
-  # Resume from the latest checkpoint in checkpoint_dir; False starts afresh
-  # and refuses a directory that already holds checkpoints.
-  config.restore = True
-  # Fields (or whole sections) of model, optimizer, data, ... that may differ
-  # from the checkpoint's when resuming, e.g. ('optimizer.learning_rate',).
-  config.restore_may_change = ()
-  # Exit codes besides 75 (preempted) that the launcher's --max_restarts
-  # retries; added to --retry_exit_codes.
-  config.retry_exit_codes = ()
-
-
-def _add_topology(config: config_dict.ConfigDict) -> None:
-  """The pod the job expects; None accepts whatever is there."""
-  config.topology = config_dict.ConfigDict()
-  config.topology.num_processes = config_dict.placeholder(int)
-  config.topology.local_devices = config_dict.placeholder(int)
-  # 'cpu', 'gpu' or 'tpu'.
-  config.topology.platform = config_dict.placeholder(str)
-  # A Cloud TPU slice such as 'v4-32': implies the platform, the processes
-  # and the devices per process (runtime/common/accelerators.py), and
-  # scripts/launch_tpu_pod.sh checks the pod against it before launching.
-  config.topology.accelerator_type = config_dict.placeholder(str)
-  # Slices of that type in a multislice job (scripts/launch_tpu_pod.sh
-  # --num_slices): processes = hosts per slice x num_slices.
-  config.topology.num_slices = config_dict.placeholder(int)
+warnings.warn(
+    '`from configs import base` is deprecated: write `from runtime import '
+    'config_base` and `config_base.get_config()`; podrun\'s `configs` name '
+    'may be the project\'s own', FutureWarning, stacklevel=2)

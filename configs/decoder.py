@@ -6,7 +6,7 @@ for a CPU.
   python -m launcher --config=configs/decoder.py:tiny      # a few seconds on a CPU
 """
 
-from configs import base
+from runtime import config_base
 
 # (layers, width, heads, vocabulary, sequence length, global batch)
 SHAPES = {
@@ -20,7 +20,7 @@ def get_config(shape: str = 'gpt2_small'):
     raise ValueError(f'configs/decoder.py:{shape}: no such shape; the shapes '
                      f'are {", ".join(SHAPES)}')
   layers, width, heads, vocab, length, batch = SHAPES[shape]
-  config = base.get_config()
+  config = config_base.get_config()
   config.workload = 'runtime.workloads.decoder:train_and_evaluate'
   config.model.shape = shape
   config.model.layers = layers

@@ -4,11 +4,11 @@
   python -m launcher --config=configs/dot_product.py --config.reshape=False  # the runtime's error
 """
 
-from configs import base
+from runtime import config_base
 
 
 def get_config():
-  config = base.get_config()
+  config = config_base.get_config()
   config.workload = 'runtime.workloads.dot_product:train_and_evaluate'
   config.num_pairs = 10_000_000
   # False hands pmap the flat (n, 3) arrays, which it cannot map.

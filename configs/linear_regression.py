@@ -4,11 +4,11 @@
   python -m launcher --config=configs/linear_regression.py --local_processes=2
 """
 
-from configs import base
+from runtime import config_base
 
 
 def get_config():
-  config = base.get_config()
+  config = config_base.get_config()
   config.workload = 'runtime.workloads.linear_regression:train_and_evaluate'
   config.data.features = 3
   config.data.num_examples = 4096

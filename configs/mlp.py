@@ -4,11 +4,11 @@
   python -m launcher --config=configs/mlp.py --local_processes=2 --local_devices=4
 """
 
-from configs import base
+from runtime import config_base
 
 
 def get_config():
-  config = base.get_config()
+  config = config_base.get_config()
   config.workload = 'runtime.workloads.mlp:train_and_evaluate'
   config.data.features = 16
   config.data.num_classes = 4

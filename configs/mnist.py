@@ -6,11 +6,11 @@
   python -m launcher --config=configs/mnist.py --config.parallelism=shard_map
 """
 
-from configs import base
+from runtime import config_base
 
 
 def get_config():
-  config = base.get_config()
+  config = config_base.get_config()
   config.workload = 'runtime.workloads.mnist:train_and_evaluate'
   # A path: it may move between a run and its resumption.
   config.data_dir = 'data/mnist'

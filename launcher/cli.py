@@ -510,6 +510,11 @@ def _run_process(config: ConfigDict, workdir: str) -> int:
 def run() -> NoReturn:
   """`python -m launcher`: flags, then `main`; a ConfigError from either is
   one line and exit code 2, never a traceback."""
+  # The config file's own imports (`from configs import default`) find the
+  # project's packages first, as `python -m` would: the `podrun` command
+  # starts with its bin/ directory there instead.
+  if os.getcwd() not in sys.path:
+    sys.path.insert(0, os.getcwd())
   try:
     app.run(main, flags_parser=parse_flags)
   except exit_codes.ConfigError as e:

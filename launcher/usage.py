@@ -70,7 +70,7 @@ or a Cloud TPU pod (scripts/launch_tpu_pod.sh).
   podrun --config=my_config.py --local_processes=2 --local_devices=4
   podrun --config=configs/mlp.py --config.steps=500 --workdir=/tmp/mlp
 
---config.FIELD=VALUE overrides any field of the config (configs/base.py
+--config.FIELD=VALUE overrides any field of the config (runtime/config_base.py
 lists them). --helpfull lists absl's own flags too.
 """
 

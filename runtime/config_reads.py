@@ -41,7 +41,7 @@ FOREIGN = {
 
 # Attribute access and get: what code reads a field by; to_dict, items and
 # copies go through __getitem__, and read every field alike.
-# configs/base.py's top-level fields, which podrun itself reads (some only
+# runtime/config_base.py's top-level fields, which podrun itself reads (some only
 # in the supervising launcher); tests/test_config_reads.py holds them equal.
 PODRUN_FIELDS = frozenset((
     'async_checkpointing', 'checkpoint_dir', 'checkpoint_every',

@@ -76,7 +76,7 @@ class Options:
 
   @classmethod
   def of(cls, config: ConfigDict, workdir: str) -> 'Options':
-    """Reads a config made from configs/base.py."""
+    """Reads a config made from runtime/config_base.py."""
     profile = config.get('profile') or {}
     return cls(
         steps=config.steps,

@@ -386,7 +386,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   notice saves the step every process agreed on and raises `Preempted`.
 
   Args:
-    config: a config made from configs/base.py.
+    config: a config made from runtime/config_base.py.
     workdir: where metrics.jsonl and tensorboard/ (process 0),
       ranks/rank_<i>.json and, by default, checkpoints/ go.
     task: the model and data.

@@ -4,7 +4,7 @@
   each flag's default and absl help), `podrun-tpu launch`'s
   (launcher/tpu/flags.py) and `podrun-ray`'s (launcher/ray/__main__.py),
   by their argparse groups;
-- docs/reference/config.md: every field of configs/base.py, by section,
+- docs/reference/config.md: every field of runtime/config_base.py, by section,
   with its default and the comment above it.
 
   python scripts/docs_reference.py           # writes both pages
@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from configs import base  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime import config_base  # pylint: disable=g-import-not-at-top,wrong-import-position
 from launcher import cli  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
 from launcher import usage  # pylint: disable=g-import-not-at-top,wrong-import-position
 from launcher.ray import __main__ as ray_main  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -126,12 +126,12 @@ def _comment_above(lines: list[str], lineno: int) -> str:
 
 
 def config_page() -> str:
-  path = REPO / 'configs' / 'base.py'
+  path = REPO / 'runtime' / 'config_base.py'
   source = path.read_text()
   lines = source.splitlines()
-  values = base.get_config()
+  values = config_base.get_config()
   out = ['# Config fields', '', _GENERATED, '',
-         'Every field of `configs/base.py`, which every config starts from; '
+         'Every field of `runtime/config_base.py`, which every config starts from; '
          '`--config.FIELD=VALUE` sets one on the command line. The fields of '
          '`model`, `optimizer` and `data`, with `workload`, `seed` and '
          '`global_batch_size`, decide what a run computes: a resumed run '

@@ -2,7 +2,7 @@
 the tests launch on hosts that do not share this machine's disk.
 
   my_project/
-    my_config.py      starts from configs.base; names regress.train
+    my_config.py      starts from runtime.config_base; names regress.train
     regress/
       __init__.py
       model.py        the parameters and the loss
@@ -19,19 +19,26 @@ Example:
 """
 
 import pathlib
+import shutil
+import subprocess
+import sys
+import sysconfig
 
 import numpy as np
+
+from launcher.common import project
+from tests import helpers
 
 CONFIG = 'my_config.py'
 STEPS = 12
 
 _CONFIG = f'''"""A project of a user's own: cd my_project && podrun --config={CONFIG}"""
 
-from configs import base
+from runtime import config_base
 
 
 def get_config():
-  config = base.get_config()
+  config = config_base.get_config()
   config.workload = 'regress.train:train_and_evaluate'
   config.data.path = 'data/points.csv'
   config.global_batch_size = 64
@@ -95,3 +102,32 @@ def write(root) -> pathlib.Path:
   np.savetxt(root / 'data' / 'points.csv', np.column_stack([x, y]),
              delimiter=',', fmt='%.6f')
   return root
+
+
+def wheel_venv(tmp_path) -> pathlib.Path:
+  """A fresh virtual environment with podrun installed from a wheel built
+  from the checkout's files (no -e: nothing of the checkout on its path);
+  the test environment's site-packages give it the dependencies."""
+  source = tmp_path / 'source'
+  for name in project.listed_files(str(helpers.REPO)):
+    target = source / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(helpers.REPO / name, target)
+  wheels = tmp_path / 'wheels'
+  pip = [sys.executable, '-m', 'pip', '--disable-pip-version-check', '-q']
+  subprocess.run([*pip, 'wheel', '--no-deps', '--no-build-isolation',
+                  '-w', str(wheels), str(source)], check=True, timeout=180,
+                 cwd=tmp_path)
+  wheel, = wheels.glob('podrun-*.whl')
+  venv = tmp_path / 'venv'
+  subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)],
+                 check=True, timeout=60)
+  python = venv / 'bin' / 'python'
+  subprocess.run([*pip, '--python', str(python), 'install', '--no-deps',
+                  '--no-index', str(wheel)], check=True, timeout=120)
+  site, = venv.glob('lib/python*/site-packages')
+  # A path line of a .pth file is appended after site-packages, and that
+  # directory's own .pth files (the checkout's editable install) are not
+  # read: the deps come from there, podrun from the wheel.
+  (site / 'test_deps.pth').write_text(sysconfig.get_paths()['purelib'] + '\n')
+  return venv

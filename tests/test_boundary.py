@@ -12,7 +12,8 @@ The rule, module by module (docs/layout.md states it):
   launcher (the rest) -> launcher outside launcher.process, runtime.common
   launcher.tpu.worker, launcher.tpu.worker_accelerator -> each other only
                          (they run on a TPU VM without the project)
-  configs             -> configs (a config is data: ml_collections alone)
+  configs             -> configs, runtime.config_base (a config is data:
+                         ml_collections and the base config alone)
 
 with one door: `launcher.cli`, when the launcher is itself a process of the
 job, imports launcher.process inside the function that runs it (`_DOORS`).
@@ -110,7 +111,7 @@ def _allowed(importer: str, imported: str) -> bool:
   if importer in _STANDALONE:
     return imported in _STANDALONE
   if under(importer, 'configs'):
-    return under(imported, 'configs')
+    return under(imported, 'configs') or imported == 'runtime.config_base'
   if under(importer, 'runtime.common'):
     return under(imported, 'runtime.common')
   if under(importer, 'runtime'):

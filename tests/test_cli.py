@@ -93,8 +93,8 @@ def test_a_missing_or_broken_config_file_says_so(tmp_path):
 
 def test_missing_and_unimportable_workloads(tmp_path):
   config = tmp_path / 'no_workload.py'
-  config.write_text('from configs import base\n\n'
-                    'def get_config():\n  return base.get_config()\n')
+  config.write_text('from runtime import config_base\n\n'
+                    'def get_config():\n  return config_base.get_config()\n')
   result = helpers.run_launcher([f'--config={config}'], timeout=60)
   assert result.returncode == 2
   assert 'names no workload' in _one_error_line(result)

@@ -8,7 +8,7 @@ import logging
 from ml_collections import ConfigDict
 import pytest
 
-from configs import base
+from runtime import config_base
 from configs import linear_regression as linear_regression_config
 from runtime import config_reads
 from runtime import training
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.devices
 
 
 def test_podrun_s_own_fields_are_the_base_config_s():
-  assert config_reads.PODRUN_FIELDS == set(base.get_config().keys())
+  assert config_reads.PODRUN_FIELDS == set(config_base.get_config().keys())
 
 
 def _flax_config() -> ConfigDict:

@@ -34,7 +34,7 @@ def test_the_site_builds_strictly(tmp_path):
 
 def test_the_reference_pages_are_what_the_code_says():
   """The flags and config pages (scripts/docs_reference.py) match the
-  flags and configs/base.py as they are now."""
+  flags and runtime/config_base.py as they are now."""
   result = subprocess.run(
       [sys.executable, 'scripts/docs_reference.py', '--check'],
       cwd=helpers.REPO, capture_output=True, text=True, timeout=120,

@@ -9,16 +9,12 @@ refused before anything is copied.
 
 import os
 import shlex
-import shutil
 import subprocess
-import sys
-import sysconfig
 import time
 import tomllib
 
 import pytest
 
-from launcher.common import project
 from runtime.common import exit_codes
 from tests import helpers
 from tests import own_project
@@ -161,39 +157,10 @@ def test_on_ray_the_project_goes_to_every_node_as_its_working_dir(
   assert helpers.fingerprints(workdir) == helpers.fingerprints(local_run)
 
 
-def _wheel_venv(tmp_path):
-  """A fresh virtual environment with podrun installed from a wheel built
-  from the checkout's files (no -e: nothing of the checkout on its path);
-  the test environment's site-packages give it the dependencies."""
-  source = tmp_path / 'source'
-  for name in project.listed_files(str(helpers.REPO)):
-    target = source / name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(helpers.REPO / name, target)
-  wheels = tmp_path / 'wheels'
-  pip = [sys.executable, '-m', 'pip', '--disable-pip-version-check', '-q']
-  subprocess.run([*pip, 'wheel', '--no-deps', '--no-build-isolation',
-                  '-w', str(wheels), str(source)], check=True, timeout=180,
-                 cwd=tmp_path)
-  wheel, = wheels.glob('podrun-*.whl')
-  venv = tmp_path / 'venv'
-  subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)],
-                 check=True, timeout=60)
-  python = venv / 'bin' / 'python'
-  subprocess.run([*pip, '--python', str(python), 'install', '--no-deps',
-                  '--no-index', str(wheel)], check=True, timeout=120)
-  site, = venv.glob('lib/python*/site-packages')
-  # A path line of a .pth file is appended after site-packages, and that
-  # directory's own .pth files (the checkout's editable install) are not
-  # read: the deps come from there, podrun from the wheel.
-  (site / 'test_deps.pth').write_text(sysconfig.get_paths()['purelib'] + '\n')
-  return venv
-
-
 def test_the_commands_podrun_s_messages_name_are_on_the_path(tmp_path):
   """About 20 s: a wheel built and installed into a fresh environment,
   whose bin/ must hold the commands the launcher's messages name."""
-  venv = _wheel_venv(tmp_path)
+  venv = own_project.wheel_venv(tmp_path)
   scripts = tomllib.loads(
       (helpers.REPO / 'pyproject.toml').read_text())['project']['scripts']
   for command in ('podrun-goodput', 'podrun-fetch-mnist'):
@@ -209,7 +176,7 @@ def test_the_commands_podrun_s_messages_name_are_on_the_path(tmp_path):
 def test_podrun_installed_from_a_wheel_ships_itself_and_the_project(
     pod, tmp_path, local_run):
   """About 20 s: a wheel built and installed into a fresh environment."""
-  venv = _wheel_venv(tmp_path)
+  venv = own_project.wheel_venv(tmp_path)
   root = own_project.write(tmp_path / 'my_project')
   workdir = tmp_path / 'work'
   python = str(venv / 'bin' / 'python')

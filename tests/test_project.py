@@ -63,8 +63,7 @@ def test_a_missing_directory_exits_2_naming_it(tmp_path):
       e.value)
 
 
-@pytest.mark.parametrize('name', ['runtime/__init__.py', 'launcher.py',
-                                  'configs/__init__.py'])
+@pytest.mark.parametrize('name', ['runtime/__init__.py', 'launcher.py'])
 def test_a_package_of_podruns_name_is_refused(tmp_path, name):
   _write(tmp_path, 'my_config.py')
   _write(tmp_path, name)
@@ -75,10 +74,16 @@ def test_a_package_of_podruns_name_is_refused(tmp_path, name):
   assert 'Nothing was copied' in str(e.value)
 
 
-def test_a_folder_of_configs_without_init_shadows_nothing(tmp_path):
-  # A namespace portion: Python takes podrun's regular package first.
-  _write(tmp_path, 'configs/my_config.py')
-  assert project.find(str(tmp_path)).files == ('configs/my_config.py',)
+@pytest.mark.parametrize('names', [
+    ['configs/default.py'],  # Flax's examples: a namespace portion
+    ['configs/__init__.py', 'configs/default.py'],  # a regular package
+])
+def test_a_projects_own_configs_travel(tmp_path, names):
+  # podrun's configs/ is a namespace portion of example configs: the
+  # project's own `configs` is the project's, whichever kind it is.
+  for name in names:
+    _write(tmp_path, name)
+  assert project.find(str(tmp_path)).files == tuple(sorted(names))
 
 
 def test_podruns_own_checkout_may_hold_its_packages(tmp_path):

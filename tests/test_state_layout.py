@@ -123,8 +123,8 @@ def test_the_mesh_keeps_each_device_on_its_rows_and_holds_an_eighth():
 
 
 def _config(**fields):
-  from configs import base  # pylint: disable=g-import-not-at-top
-  config = base.get_config()
+  from runtime import config_base  # pylint: disable=g-import-not-at-top
+  config = config_base.get_config()
   config.update(fields)
   return config
 

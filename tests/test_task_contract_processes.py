@@ -40,11 +40,11 @@ def train_and_evaluate(config, workdir):
       optimizer=optax.sgd(learning_rate), data=data))
 '''
 
-_CONFIG = '''from configs import base
+_CONFIG = '''from runtime import config_base
 
 
 def get_config(mistake='none'):
-  config = base.get_config()
+  config = config_base.get_config()
   config.workload = 'my_workload:train_and_evaluate'
   config.mistake = mistake
   config.steps = 5

@@ -27,10 +27,13 @@ PODRUN_SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 # A launch's default cap on the project's size, in MiB (--project_max_mb).
 DEFAULT_MAX_MB = 100.0
-# podrun's own top-level packages: a regular package or module of these
-# names in the project would be imported in place of podrun's on every host
-# (the project's directory comes first on sys.path).
+# podrun's own top-level packages, as they travel with a job.
 PODRUN_PACKAGES = ('launcher', 'runtime', 'configs')
+# Those a regular package or module of the same name in the project would be
+# imported in place of on every host (the project's directory comes first on
+# sys.path). podrun's `configs` is a namespace portion holding only its
+# example configs, which run by path: a project's own `configs` wins.
+SHADOWED = ('launcher', 'runtime')
 _MIB = 1 << 20
 
 
@@ -148,10 +151,10 @@ def _escaped(path: str) -> str:
 def shadowing(files) -> list[str]:
   """The files of a project that would shadow podrun's own packages: a
   regular package (NAME/__init__.py) or a module (NAME.py) at its top. A
-  directory NAME/ without __init__.py (a folder of configs, say) does not:
-  Python prefers the regular package to a namespace portion."""
+  directory NAME/ without __init__.py does not: Python prefers the regular
+  package to a namespace portion."""
   found = []
-  for name in PODRUN_PACKAGES:
+  for name in SHADOWED:
     for path in (f'{name}/__init__.py', f'{name}.py'):
       if path in files:
         found.append(path)
@@ -186,7 +189,7 @@ def find(directory: Optional[str], max_mb: float = DEFAULT_MAX_MB,
     raise ProjectError(
         f'the project {path} holds {", ".join(clashes)}, which on every host '
         f'would be imported instead of podrun\'s own package of that name '
-        f'({", ".join(PODRUN_PACKAGES)} are podrun\'s): rename it, or launch '
+        f'({" and ".join(SHADOWED)} are podrun\'s): rename it, or launch '
         f'from (or with {flag}=) a directory without it. Nothing was copied.')
   sizes = {n: os.path.getsize(os.path.join(path, n)) for n in files}
   size = sum(sizes.values())

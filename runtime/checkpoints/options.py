@@ -74,7 +74,7 @@ class Checkpointing:
 
   @classmethod
   def of(cls, config: ConfigDict, workdir: str) -> 'Checkpointing':
-    """Reads a config made from configs/base.py."""
+    """Reads a config made from runtime/config_base.py."""
     return cls(
         enabled=bool(config.get('checkpointing', True)),
         directory=directory(config, workdir),

@@ -52,7 +52,7 @@ def replica_of(config: Any, elastic: Optional[str] = None) -> Optional[str]:
   """config.replica when config.state_layout is 'sharded', else None.
 
   Args:
-    config: a config made from configs/base.py.
+    config: a config made from runtime/config_base.py.
     elastic: the elastic job's "K-P" processes, or None for a fixed size.
 
   Raises:

@@ -8,11 +8,11 @@
 
 from ml_collections import ConfigDict
 
-from configs import base
+from runtime import config_base
 
 
 def get_config():
-  config = base.get_config()
+  config = config_base.get_config()
   config.workload = 'tests.workloads.charlm:train_and_evaluate'
   config.rng = ''  # '' (loss_uses_rng=True, one key a call) or 'example'.
   config.model = ConfigDict({'width': 32, 'heads': 2, 'length': 16,
