@@ -11,13 +11,21 @@ which the collectives need) and splits it over its devices. Each step psums,
 over all devices, the masked sums of the per-example metrics and the number
 of real examples, so the result is weighted by examples, not by batches,
 devices or padding.
+
+Before step 1, `runtime.train` calls the task's eval_fn once inside
+`check_eval_fn`: there `evaluate` traces metric_fn on its first batch and
+runs nothing, so that a metric_fn returning a mean is refused before the
+run rather than after it.
 """
 
+import contextlib
 import dataclasses
 import functools
 import math
+import threading
 from typing import Any, Callable, Iterator, Optional
 
+from absl import logging
 import jax
 from jax import lax
 import numpy as np
@@ -146,6 +154,56 @@ def _sum(x):
   return x.astype(np.float32).sum()
 
 
+class _Checking(threading.local):
+  """Whether `evaluate` only traces (inside `check_eval_fn`), and the error
+  its trace raised, if any."""
+  active = False
+  error: Optional[BaseException] = None
+
+
+_CHECKING = _Checking()
+
+
+def check_eval_fn(eval_fn: Callable[[Any, Any], Any], params: Any,
+                  model_state: Any) -> None:
+  """Calls `eval_fn(params, model_state)` with every `evaluate` in it only
+  traced on its first batch: a metric_fn that breaks the contract raises
+  here (MetricShapeError, exit 2) before step 1.
+
+  Within the check, `evaluate` returns {name: nan, 'num_examples': n}. An
+  error of eval_fn's own code past that (it may test the values) is left
+  to the real evaluation, where the values are real.
+  """
+  _CHECKING.active, _CHECKING.error = True, None
+  try:
+    eval_fn(params, model_state)
+  except Exception as e:  # pylint: disable=broad-except
+    if _CHECKING.error is not None:
+      raise _CHECKING.error from None
+    logging.debug('eval_fn, called with traced evaluations only, raised '
+                  '%r; the evaluations will say more', e)
+  finally:
+    _CHECKING.active, _CHECKING.error = False, None
+
+
+def _traced_only(step: Callable, params: Any, source: Any,
+                 layout: 'EvalLayout', parallelism: parallelism_lib.Parallelism
+                 ) -> dict[str, float]:
+  """`step`'s trace on the first eval batch (metric_fn's contract checked),
+  with nan for each metric it names."""
+  ids, mask = next(eval_batches(len(source), layout, jax.process_index(),
+                                jax.process_count()))
+  batch = data_lib.read_batch(source, ids)
+  try:
+    shapes = jax.eval_shape(step, params,
+                            *parallelism.put_batch((batch, mask)))
+  except Exception as e:
+    _CHECKING.error = e
+    raise
+  return {**{k: float('nan') for k in shapes if k != 'num_examples'},
+          'num_examples': len(source)}
+
+
 def evaluate(params: Any, metric_fn: MetricFn, source: Any,
              global_batch_size: int,
              parallelism: parallelism_lib.Parallelism,
@@ -172,6 +230,8 @@ def evaluate(params: Any, metric_fn: MetricFn, source: Any,
   process_index, process_count = jax.process_index(), jax.process_count()
   layout = plan(global_batch_size, jax.device_count(), device_batch_limit)
   step = make_eval_step(metric_fn, parallelism)
+  if _CHECKING.active:
+    return _traced_only(step, params, source, layout, parallelism)
   num_examples = len(source)
   totals = None
   for ids, mask in eval_batches(num_examples, layout, process_index,

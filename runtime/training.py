@@ -39,6 +39,7 @@ from runtime.common import layout
 from runtime import config_reads
 from runtime import coordination
 from runtime import data as data_lib
+from runtime import evaluation
 from runtime import fingerprint as fingerprint_lib
 from runtime import flops as flops_lib
 from runtime import hooks as hooks_lib
@@ -446,8 +447,13 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
              f'{resumed}')
   if where:
     writer.log(where)
-  # The end of set-up: another trainer's names that nothing read are refused.
+  # The end of set-up: another trainer's names that nothing read are refused,
+  # and the evaluation's contract is checked by tracing it.
   config_reads.check(config)
+  if task.eval_fn is not None:
+    with ledger.naming('eval_check'):
+      evaluation.check_eval_fn(task.eval_fn, replicated.params,
+                               replicated.model_state)
   try:
     with prefetch.Prefetcher(
         _loader(options.data, task, topo, par, layout),

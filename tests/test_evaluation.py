@@ -104,3 +104,36 @@ def test_a_metric_that_is_a_mean_is_refused_naming_it(tmp_path):
                      match=r"'loss' has shape \(\); .* shape \(10,\)"):
     evaluation.evaluate(params, means, mnist.sources(data)['test'], 80,
                         parallelism.PMAP)
+
+
+def test_the_check_before_training_traces_and_runs_nothing(tmp_path):
+  mnist.write_synthetic(str(tmp_path), num_train=16, num_test=101)
+  data = mnist.load(str(tmp_path))
+  config = mnist_config.get_config()
+  config.model.hidden_sizes = (8,)
+  params = parallelism.PMAP.replicate(mnist.init_params(config, 784))
+  test = mnist.sources(data)['test']
+  seen = []
+
+  def eval_fn(params_, _):
+    values = evaluation.evaluate(params_, mnist.example_metrics, test, 80,
+                                 parallelism.PMAP)
+    seen.append(values)
+    assert values['accuracy'] > 0.5  # eval_fn's own test of the values
+    return values
+
+  # In the check the values are nan, so eval_fn's own assertion fails: that
+  # is left to the real evaluation, and the check passes.
+  evaluation.check_eval_fn(eval_fn, params, None)
+  assert sorted(seen[0]) == ['accuracy', 'loss', 'num_examples']
+  assert np.isnan(seen[0]['loss']) and seen[0]['num_examples'] == 101
+
+  def means(params_, _):
+    return evaluation.evaluate(
+        params_, lambda p, b: {'loss': mnist.example_metrics(p, b)[
+            'loss'].mean()}, test, 80, parallelism.PMAP)
+  with pytest.raises(evaluation.MetricShapeError, match=r"'loss' has shape"):
+    evaluation.check_eval_fn(means, params, None)
+  # Outside the check, evaluate runs for real.
+  assert not np.isnan(evaluation.evaluate(
+      params, mnist.example_metrics, test, 80, parallelism.PMAP)['loss'])

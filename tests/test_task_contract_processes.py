@@ -1,6 +1,7 @@
 """A user's mistakes, made in a project outside the checkout, each refused
 with exit 2 before step 1 and a line naming the fix: Flax's (loss, logits),
-a per-example metric, a generator as Task.data, and Flax's config names."""
+a per-example metric, a generator as Task.data, Flax's config names, and an
+evaluation metric that is a mean rather than per example."""
 
 import pytest
 
@@ -30,14 +31,21 @@ def train_and_evaluate(config, workdir):
       return loss, {'error': prediction - batch['y']}
     return loss, {}
 
+  def metric_fn(params, batch):
+    error = (batch['x'] @ params['w'] - batch['y']) ** 2
+    return {'error': error.mean() if config.mistake == 'mean_metric'
+            else error}
+
   data = runtime.ArraySource(x=x, y=y)
+  eval_fn = lambda params, _: runtime.evaluate(
+      params, metric_fn, data, 64, runtime.parallelism.from_config(config))
   if config.mistake == 'generator':
     data = ({'x': a, 'y': b} for a, b in zip(x, y))
   learning_rate = 0.1 if config.mistake == 'flax_names' else (
       config.optimizer.learning_rate)
   return runtime.train(config, workdir, runtime.Task(
       params={'w': np.zeros(3, np.float32)}, loss_fn=loss_fn,
-      optimizer=optax.sgd(learning_rate), data=data))
+      optimizer=optax.sgd(learning_rate), data=data, eval_fn=eval_fn))
 '''
 
 _CONFIG = '''from runtime import config_base
@@ -73,6 +81,8 @@ def project(tmp_path_factory):
     ('generator', 'Load the arrays into runtime.ArraySource(**arrays)'),
     ('flax_names', 'batch_size=128, which podrun does not read: set '
                    'config.global_batch_size'),
+    ('mean_metric', "metric_fn's 'error' has shape (); it must hold one value "
+                    'per example'),
 ])
 def test_each_mistake_ends_before_step_1_naming_the_fix(project, tmp_path,
                                                         mistake, fix):
@@ -81,6 +91,7 @@ def test_each_mistake_ends_before_step_1_naming_the_fix(project, tmp_path,
       cwd=project)
   if fix is None:
     assert result.returncode == 0, result.output[-3000:]
+    assert 'eval at step 5: eval_error=' in result.stderr
     return
   assert result.returncode == exit_codes.CONFIG_ERROR, result.output[-3000:]
   assert fix in result.stderr, result.stderr[-3000:]

@@ -71,7 +71,7 @@ JOB_PARTS = ('unrecorded', 'launch_overhead', 'restart_backoff',
 OTHER_NAMES = ('record_fetch', 'stall_history', 'compilation_cache',
                'agreement', 'lease', 'workload_import', 'credentials',
                'workload_setup', 'train_setup', 'metrics_writer', 'replicate',
-               'loop_end', 'results', 'summary')
+               'eval_check', 'loop_end', 'results', 'summary')
 _FLUSH_EVERY_S = 2.0
 
 
