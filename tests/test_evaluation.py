@@ -87,14 +87,20 @@ def test_mnist_learns_generated_digits(tmp_path):
   assert result.eval_metrics['eval_accuracy'] > 0.9, result.eval_metrics
 
 
-def test_a_metric_that_is_a_mean_is_refused_naming_it(tmp_path):
-  # 1001 examples in batches of 80: a mean per batch would be weighted by
-  # batches and count the padding; only per-example values are exact.
-  mnist.write_synthetic(str(tmp_path), num_train=16, num_test=1001)
+def _small_mnist(tmp_path, num_test: int):
+  """(replicated parameters of a small MLP, a test split of num_test)."""
+  mnist.write_synthetic(str(tmp_path), num_train=16, num_test=num_test)
   data = mnist.load(str(tmp_path))
   config = mnist_config.get_config()
   config.model.hidden_sizes = (8,)
   params = parallelism.PMAP.replicate(mnist.init_params(config, 784))
+  return params, mnist.sources(data)['test']
+
+
+def test_a_metric_that_is_a_mean_is_refused_naming_it(tmp_path):
+  # 1001 examples in batches of 80: a mean per batch would be weighted by
+  # batches and count the padding; only per-example values are exact.
+  params, test = _small_mnist(tmp_path, num_test=1001)
 
   def means(params_, batch):
     per_example = mnist.example_metrics(params_, batch)
@@ -102,17 +108,11 @@ def test_a_metric_that_is_a_mean_is_refused_naming_it(tmp_path):
             'loss': per_example['loss'].mean()}
   with pytest.raises(evaluation.MetricShapeError,
                      match=r"'loss' has shape \(\); .* shape \(10,\)"):
-    evaluation.evaluate(params, means, mnist.sources(data)['test'], 80,
-                        parallelism.PMAP)
+    evaluation.evaluate(params, means, test, 80, parallelism.PMAP)
 
 
 def test_the_check_before_training_traces_and_runs_nothing(tmp_path):
-  mnist.write_synthetic(str(tmp_path), num_train=16, num_test=101)
-  data = mnist.load(str(tmp_path))
-  config = mnist_config.get_config()
-  config.model.hidden_sizes = (8,)
-  params = parallelism.PMAP.replicate(mnist.init_params(config, 784))
-  test = mnist.sources(data)['test']
+  params, test = _small_mnist(tmp_path, num_test=101)
   seen = []
 
   def eval_fn(params_, _):
