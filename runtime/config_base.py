@@ -34,10 +34,14 @@ def _add_trajectory(config: config_dict.ConfigDict) -> None:
   """What the run computes."""
   # 'package.module:function', called as function(config, workdir).
   config.workload = config_dict.placeholder(str)
+  # The run's one seed: the data order and the step's random keys.
   config.seed = 0
+  # Examples per step, over every device of every process.
   config.global_batch_size = 256
   config.model = config_dict.ConfigDict()
   config.optimizer = config_dict.ConfigDict()
+  # The built-in workloads' optimizers read it; a workload of one's own reads
+  # it where it builds its optimizer.
   config.optimizer.learning_rate = 0.1
   config.data = config_dict.ConfigDict()
   # Reshuffle the data every epoch (see runtime/data.py).
@@ -46,11 +50,16 @@ def _add_trajectory(config: config_dict.ConfigDict) -> None:
 
 def _add_run_control(config: config_dict.ConfigDict) -> None:
   """How the run goes."""
+  # The step training ends at, counted over every attempt: a resumed run
+  # goes on from its checkpoint to this step.
   config.steps = 100
+  # A step line, metrics.jsonl and TensorBoard every log_every steps, each
+  # the mean of the steps since the one before.
   config.log_every = 10
-  # Evaluate every eval_every steps (0: only at the end), in global batches
-  # of eval_batch_size examples; only workloads that evaluate read these.
+  # Evaluate every eval_every steps (0: only at the end); only workloads that
+  # evaluate read it.
   config.eval_every = 0
+  # Examples per evaluation step over every device (runtime.evaluate).
   config.eval_batch_size = 1024
   # Dispatched steps allowed to be unfinished; None: 1 on CPU, 2 elsewhere.
   config.max_steps_in_flight = config_dict.placeholder(int)
@@ -65,6 +74,8 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   # to float rounding. 'sharded' needs parallelism='shard_map' and a job of
   # a fixed size.
   config.state_layout = 'replicated'
+  # With 'sharded', the devices that hold one whole copy of the state:
+  # 'process', 'slice' or 'all'.
   config.replica = 'process'
   # With 'sharded': the dimension to split a leaf along, where the rule
   # (its largest dimension that the replica's devices divide) will not do,
@@ -82,7 +93,9 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   # microbatch_size keeps the same on any topology: a run may resume with
   # others. Left at 0, an elastic job keeps its first attempt's pass size.
   config.device_batch_limit = 0
+  # Passes per device in one step (0: as few as device_batch_limit allows).
   config.microbatches = 0
+  # The examples of one pass exactly (0: chosen from the other two).
   config.microbatch_size = 0
   # Batches read and copied to the devices ahead of the step that needs them.
   config.prefetch = 2
@@ -94,7 +107,9 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   # A profiler trace of steps start_step + 1 .. start_step + num_steps into
   # WORKDIR/tensorboard (0 steps: none).
   config.profile = config_dict.ConfigDict()
+  # The step after which the trace starts.
   config.profile.start_step = 10
+  # Steps traced (0: no trace).
   config.profile.num_steps = 0
 
 
@@ -106,9 +121,15 @@ def _add_checkpoints(config: config_dict.ConfigDict) -> None:
   # WORKDIR/checkpoints; on a multi-host job it must be storage every host
   # shares (e.g. gs://...).
   config.checkpointing = True
+  # A persistent save every this many steps (0: only at the end and on a
+  # preemption).
   config.checkpoint_every = 1000
+  # The newest persistent checkpoints kept.
   config.keep_checkpoints = 3
+  # Where the persistent checkpoints go ('': WORKDIR/checkpoints); storage
+  # every host shares on a multi-host job (e.g. gs://...).
   config.checkpoint_dir = ''
+  # Write a persistent checkpoint while training goes on.
   config.async_checkpointing = True
   # The local tier (runtime/checkpoints/local_checkpoint.py): every process
   # keeps its own copy every local_checkpoint_every steps (0: never), the
@@ -120,8 +141,12 @@ def _add_checkpoints(config: config_dict.ConfigDict) -> None:
   # either way copies in seconds never block the loop over 1 % of its time
   # (runtime/checkpoints/local_cadence.py).
   config.local_checkpoint_every = 25
+  # Above 0: a local copy about every this many seconds of training instead,
+  # never blocking the loop over 1 % of its time.
   config.local_checkpoint_every_s = 0.0
+  # The newest local copies each process keeps.
   config.keep_local_checkpoints = 2
+  # Where the local copies go ('': /dev/shm, else the temporary directory).
   config.local_checkpoint_dir = ''
   # Other jobs' copies on a host, unwritten this long, are removed at start
   # (and at once when their checkpoint directory is gone):
@@ -141,7 +166,9 @@ def _add_checkpoints(config: config_dict.ConfigDict) -> None:
 def _add_topology(config: config_dict.ConfigDict) -> None:
   """The pod the job expects; None accepts whatever is there."""
   config.topology = config_dict.ConfigDict()
+  # The processes of the job.
   config.topology.num_processes = config_dict.placeholder(int)
+  # The devices of each process.
   config.topology.local_devices = config_dict.placeholder(int)
   # 'cpu', 'gpu' or 'tpu'.
   config.topology.platform = config_dict.placeholder(str)

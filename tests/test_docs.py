@@ -42,6 +42,17 @@ def test_the_reference_pages_are_what_the_code_says():
   assert result.returncode == 0, result.stderr
 
 
+def test_every_config_field_is_described_at_its_definition():
+  # The config page's rows come from the comment right above each field in
+  # runtime/config_base.py (the test above keeps the page current).
+  rows = [line.split('|') for line in
+          (DOCS / 'reference' / 'config.md').read_text().splitlines()
+          if line.startswith('| `')]
+  assert len(rows) >= 40
+  undescribed = [r[1].strip() for r in rows if not r[3].strip()]
+  assert not undescribed, f'no comment above: {undescribed}'
+
+
 def test_the_readme_is_one_screen_of_why_and_limits():
   lines = README.read_text().splitlines()
   assert len(lines) <= 200, f'README.md is {len(lines)} lines: 200 at most'
