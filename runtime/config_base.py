@@ -66,6 +66,11 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   # 'pmap', or 'shard_map' (jit + jax.shard_map over a mesh of all devices):
   # the same step, the same pmean (runtime/parallelism/).
   config.parallelism = 'pmap'
+  # The name of the axis the step maps over every device, which the model's
+  # own collectives use: lax.pmean(x, NAME), Flax's nn.BatchNorm(
+  # axis_name=NAME). Flax's examples call it 'batch'. A sharded state's step
+  # keeps its own axes.
+  config.axis_name = 'devices'
   # Where the parameters and the optimiser state live: 'replicated', whole
   # on every device, or 'sharded', each leaf split over the devices of a
   # replica (runtime/parallelism/state_layout.py): replica 'process' (one

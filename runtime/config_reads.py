@@ -41,10 +41,11 @@ FOREIGN = {
 
 # Attribute access and get: what code reads a field by; to_dict, items and
 # copies go through __getitem__, and read every field alike.
-# runtime/config_base.py's top-level fields, which podrun itself reads (some only
-# in the supervising launcher); tests/test_config_reads.py holds them equal.
+# runtime/config_base.py's top-level fields, which podrun itself reads (some
+# only in the supervising launcher); tests/test_config_reads.py holds them
+# equal.
 PODRUN_FIELDS = frozenset((
-    'async_checkpointing', 'checkpoint_dir', 'checkpoint_every',
+    'async_checkpointing', 'axis_name', 'checkpoint_dir', 'checkpoint_every',
     'checkpointing', 'data', 'device_batch_limit', 'eval_batch_size',
     'eval_every', 'global_batch_size', 'integrity_every', 'keep_checkpoints',
     'keep_local_checkpoints', 'local_checkpoint_dir', 'local_checkpoint_every',

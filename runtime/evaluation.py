@@ -124,7 +124,7 @@ def make_eval_step(metric_fn: MetricFn,
     _check_per_example(values, mask.shape[0])
     sums = {k: _sum(v * mask) for k, v in values.items()}
     sums['num_examples'] = _sum(mask)
-    return lax.psum(sums, parallelism_lib.DATA_AXIS)
+    return lax.psum(sums, parallelism.axis)
 
   return parallelism.map(step, in_axes=(None, 0, 0), out_axes=None)
 

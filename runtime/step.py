@@ -103,7 +103,8 @@ def _describe_output(value: Any) -> str:
   return f'a {type(value).__name__}'
 
 
-def _checked_output(loss_fn: LossFn, has_model_state: bool) -> LossFn:
+def _checked_output(loss_fn: LossFn, has_model_state: bool,
+                    axis: Any = _AXIS) -> LossFn:
   """loss_fn, refusing at trace time an output of another form than
   (loss, metrics), or (loss, (metrics, new_model_state)), with a scalar loss.
 
@@ -125,14 +126,15 @@ def _checked_output(loss_fn: LossFn, has_model_state: bool) -> LossFn:
       unbound = re.search(r'unbound axis name: (\w+)', str(e))
       if unbound is None:
         raise
+      fix = (f'set config.axis_name={unbound[1]!r} to map the step over '
+             'that name' if isinstance(axis, str) else
+             f'name that axis in the model: lax.pmean(x, {axis!r})')
       raise exit_codes.ConfigError(
           f'loss_fn uses the axis name {unbound[1]!r} (a collective such as '
           f'lax.pmean(x, {unbound[1]!r}), or Flax\'s nn.BatchNorm(axis_name='
           f'{unbound[1]!r})), which the step does not bind: podrun maps the '
-          f'step over the devices on the axis {_AXIS!r} '
-          '(runtime.parallelism.DATA_AXIS). Name that axis in the model: '
-          f'nn.BatchNorm(axis_name={_AXIS!r}), lax.pmean(x, {_AXIS!r}).'
-          ) from None
+          f'step over the devices on the axis {axis!r}. Either {fix}, or '
+          f'use {axis!r} in the model.') from None
     if not isinstance(out, tuple) or len(out) != 2:
       refuse(_describe_output(out))
     if tuple(getattr(out[0], 'shape', ())) != ():
@@ -167,9 +169,9 @@ def _check_metrics(metrics: Any, want: str) -> None:
 
 
 def _loss_and_grads(loss_fn: LossFn, state: TrainState, batch: Any,
-                    extra: tuple, has_model_state: bool):
+                    extra: tuple, has_model_state: bool, axis: Any = _AXIS):
   """(loss, metrics, new model_state, grads) of one device's batch."""
-  loss_fn = _checked_output(loss_fn, has_model_state)
+  loss_fn = _checked_output(loss_fn, has_model_state, axis)
   if not has_model_state:
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         state.params, batch, *extra)
@@ -180,10 +182,10 @@ def _loss_and_grads(loss_fn: LossFn, state: TrainState, batch: Any,
 
 
 def _group_values(loss_fn: LossFn, state: TrainState, group: Any,
-                  extra: tuple, has_model_state: bool):
+                  extra: tuple, has_model_state: bool, axis: Any = _AXIS):
   """({**metrics, 'loss'}, new model_state, grads) of one group."""
   loss, metrics, model_state, grads = _loss_and_grads(
-      loss_fn, state, group, extra, has_model_state)
+      loss_fn, state, group, extra, has_model_state, axis)
   structure.check_same('model_state', state.model_state, model_state,
                        _MODEL_STATE_HINT)
   return {**metrics, 'loss': loss}, model_state, grads
@@ -214,7 +216,7 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
   def counted(group, j):
     index = first + j
     extra = randomness.keys_for(rng, step_rng, index, index * m, m)
-    out = _group_values(loss_fn, state, group, extra, has_model_state)
+    out = _group_values(loss_fn, state, group, extra, has_model_state, axis)
     real = index < layout.real_groups
     return jax.tree_util.tree_map(
         lambda x: jnp.where(real, x, jnp.zeros_like(x)), out)
@@ -249,7 +251,8 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
 
   Each device computes the loss and gradients of its share of the batch; the
   gradients, the metrics and the new model state are averaged with
-  `lax.pmean` over `devices`, which spans all devices of all processes, and
+  `lax.pmean` over `parallelism.axis` (config.axis_name, 'devices' unless
+  set), which spans all devices of all processes, and
   every device applies the same optimiser update. Since every device holds
   the same number of examples, the mean of the per-device means is the mean
   over the global batch.
@@ -283,7 +286,7 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   """
   check_loss_fn(loss_fn, rng is not None, has_model_state)
   values = _device_values(randomness.explained(loss_fn, rng), rng, layout,
-                          has_model_state)
+                          has_model_state, axis=parallelism.axis)
 
   def step(state: TrainState, batch: Any):
     next_rng, step_rng = jax.random.split(state.rng)
@@ -316,7 +319,8 @@ def _device_values(loss_fn: LossFn, contract: Optional[str],
       device = lax.axis_index(axis)
       extra = randomness.keys_for(contract, step_rng, device, device * rows,
                                   rows)
-      out = _group_values(loss_fn, state, batch, extra, has_model_state)
+      out = _group_values(loss_fn, state, batch, extra, has_model_state,
+                          axis)
       if sum_grads is None:
         return lax.pmean(out, axis)
       metrics, model_state, grads = out

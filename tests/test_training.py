@@ -177,6 +177,46 @@ def test_a_device_batch_limit_accumulates_as_many_microbatches(tmp_path):
   assert result.topology['microbatches'] == 4  # Groups of 16.
 
 
+@pytest.mark.parametrize('parallelism', ['pmap', 'shard_map'])
+def test_the_models_collectives_run_under_the_users_axis_name(
+    tmp_path, parallelism):
+  # A model normalising over the global batch with its own collective, as
+  # Flax's nn.BatchNorm(axis_name='batch') does: under config.axis_name the
+  # step is the one it is under podrun's name, to the bit.
+  config = linear_regression_config.get_config()
+  config.steps, config.parallelism = 4, parallelism
+  task, _ = linear_regression.make_task(config)
+
+  def normalised(axis):
+    def loss_fn(params, batch):
+      x = batch['x'] - jax.lax.pmean(batch['x'].mean(0), axis)
+      return linear_regression.loss_fn(params, {**batch, 'x': x})
+    return dataclasses.replace(task, loss_fn=loss_fn)
+
+  ours = training.train(config, str(tmp_path / 'devices'),
+                        normalised('devices'))
+  config.axis_name = 'batch'
+  flax = training.train(config, str(tmp_path / 'batch'), normalised('batch'))
+  assert flax.fingerprint == ours.fingerprint
+  # Evaluation's collectives follow the name too.
+  par = runtime.parallelism.from_config(config)
+  assert par.axis == 'batch' and repr(par) == (
+      f"{parallelism} over the axis 'batch'")
+  values = runtime.evaluate(par.replicate(flax.params),
+                            lambda p, b: {'y2': b['y'] ** 2}, task.data, 64,
+                            par)
+  ys = np.asarray([task.data[i]['y'] for i in range(len(task.data))])
+  assert values['num_examples'] == len(task.data)
+  np.testing.assert_allclose(values['y2'], (ys ** 2).mean(), rtol=1e-5)
+
+
+def test_an_axis_name_that_is_not_a_name_is_refused():
+  config = linear_regression_config.get_config()
+  config.axis_name = 'two words'
+  with pytest.raises(ValueError, match="config.axis_name='two words'"):
+    runtime.parallelism.from_config(config)
+
+
 @pytest.mark.parametrize('returned, said', [
     (lambda loss, batch: loss, 'loss_fn returned an array of shape (); it '
      'must return (loss, metrics)'),
@@ -198,7 +238,7 @@ def test_a_device_batch_limit_accumulates_as_many_microbatches(tmp_path):
      "loss_fn uses the axis name 'batch' (a collective such as "
      "lax.pmean(x, 'batch'), or Flax's nn.BatchNorm(axis_name='batch')), "
      "which the step does not bind: podrun maps the step over the devices "
-     "on the axis 'devices'"),
+     "on the axis 'devices'. Either set config.axis_name='batch'"),
 ])
 def test_a_loss_fn_of_another_output_is_refused_before_step_1(
     tmp_path, returned, said):

@@ -36,26 +36,26 @@ DATA_AXIS = 'devices'
 
 
 @functools.lru_cache(maxsize=None)
-def global_mesh() -> Mesh:
-  """A 1-D mesh, axis `devices`, of all devices, each process's together.
+def global_mesh(axis: str = DATA_AXIS) -> Mesh:
+  """A 1-D mesh, axis `axis`, of all devices, each process's together.
 
   Devices are ordered by (process index, id), so process p's devices hold
   rows [p * G / P, (p + 1) * G / P) of a global batch: the rows that
   `batches.process_rows` gives it.
   """
   devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-  return Mesh(np.array(devices), (DATA_AXIS,))
+  return Mesh(np.array(devices), (axis,))
 
 
-def _local_mesh() -> Mesh:
-  return Mesh(np.array(jax.local_devices()), (DATA_AXIS,))
+def _local_mesh(axis: str) -> Mesh:
+  return Mesh(np.array(jax.local_devices()), (axis,))
 
 
-def _spec(axis: Optional[int]) -> PartitionSpec:
-  if axis not in (None, 0):
-    raise ValueError(f'in/out axis {axis}: only 0 (mapped over devices) and '
-                     'None (replicated) are supported')
-  return PartitionSpec() if axis is None else PartitionSpec(DATA_AXIS)
+def _spec(position: Optional[int], axis: str) -> PartitionSpec:
+  if position not in (None, 0):
+    raise ValueError(f'in/out axis {position}: only 0 (mapped over devices) '
+                     'and None (replicated) are supported')
+  return PartitionSpec() if position is None else PartitionSpec(axis)
 
 
 def _read(x: Any) -> np.ndarray:
@@ -77,8 +77,9 @@ def _read(x: Any) -> np.ndarray:
 
 
 class Parallelism:
-  """How the job's devices run one per-device function. Stateless; compare
-  and hash by name.
+  """How the job's devices run one per-device function, and the name of the
+  axis its collectives use (config.axis_name; DATA_AXIS unless set).
+  Compare and hash by both.
 
   Example:
     >>> par = parallelism.from_config(config)
@@ -88,9 +89,16 @@ class Parallelism:
   """
   name = ''
 
+  def __init__(self, axis: str = DATA_AXIS):
+    self.axis = axis
+
+  def with_axis(self, axis: str) -> 'Parallelism':
+    """The same way to run, with collectives over `axis`."""
+    return type(self)(axis)
+
   def map(self, fn: Callable, in_axes: Sequence[Optional[int]],
           out_axes: Any, donate_argnums: tuple[int, ...] = ()) -> Callable:
-    """Runs `fn` once per device of the job, collectives over `devices`.
+    """Runs `fn` once per device of the job, collectives over `self.axis`.
 
     Args:
       fn: the per-device function.
@@ -137,13 +145,16 @@ class Parallelism:
     return jax.tree_util.tree_map(_read, tree)
 
   def __repr__(self) -> str:
-    return self.name
+    if self.axis == DATA_AXIS:
+      return self.name
+    return f'{self.name} over the axis {self.axis!r}'
 
   def __eq__(self, other) -> bool:
-    return isinstance(other, Parallelism) and other.name == self.name
+    return (isinstance(other, Parallelism) and other.name == self.name and
+            other.axis == self.axis)
 
   def __hash__(self) -> int:
-    return hash(self.name)
+    return hash((self.name, self.axis))
 
 
 class _Pmap(Parallelism):
@@ -151,17 +162,18 @@ class _Pmap(Parallelism):
   name = 'pmap'
 
   def map(self, fn, in_axes, out_axes, donate_argnums=()):
-    return jax.pmap(fn, axis_name=DATA_AXIS, in_axes=tuple(in_axes),
+    return jax.pmap(fn, axis_name=self.axis, in_axes=tuple(in_axes),
                     out_axes=out_axes, donate_argnums=donate_argnums)
 
   def put_batch(self, tree):
     local = batches.split_for_devices(tree, jax.local_device_count())
-    return jax.device_put(local, NamedSharding(_local_mesh(),
-                                               PartitionSpec(DATA_AXIS)))
+    return jax.device_put(local, NamedSharding(_local_mesh(self.axis),
+                                               PartitionSpec(self.axis)))
 
   def replicate(self, tree):
     # The layout pmap's out_axes=None gives back: no recompile after step 1.
-    return jax.device_put(tree, NamedSharding(_local_mesh(), PartitionSpec()))
+    return jax.device_put(tree, NamedSharding(_local_mesh(self.axis),
+                                              PartitionSpec()))
 
 
 class _ShardMap(Parallelism):
@@ -169,21 +181,23 @@ class _ShardMap(Parallelism):
   name = 'shard_map'
 
   def map(self, fn, in_axes, out_axes, donate_argnums=()):
-    out_specs = jax.tree_util.tree_map(_spec, out_axes,
-                                       is_leaf=lambda x: x is None)
+    out_specs = jax.tree_util.tree_map(lambda p: _spec(p, self.axis),
+                                       out_axes, is_leaf=lambda x: x is None)
     # check_vma=False gives pmap's semantics, which the step is written for.
     # With the check on, JAX tracks that the parameters are replicated, so the
     # gradient with respect to them comes out already summed over the
     # devices, and the step's own pmean would leave it device_count too big.
-    mapped = jax.shard_map(fn, mesh=global_mesh(),
-                           in_specs=tuple(_spec(a) for a in in_axes),
+    mapped = jax.shard_map(fn, mesh=global_mesh(self.axis),
+                           in_specs=tuple(_spec(a, self.axis)
+                                          for a in in_axes),
                            out_specs=out_specs, check_vma=False)
     return jax.jit(mapped, donate_argnums=donate_argnums)
 
   def put_batch(self, tree):
     # Split first anyway: the same divisibility check and message as pmap.
     local = batches.split_for_devices(tree, jax.local_device_count())
-    placement = NamedSharding(global_mesh(), PartitionSpec(DATA_AXIS))
+    placement = NamedSharding(global_mesh(self.axis),
+                              PartitionSpec(self.axis))
 
     def assemble(x):
       rows = batches.merge_devices(x)
@@ -193,7 +207,7 @@ class _ShardMap(Parallelism):
     return jax.tree_util.tree_map(assemble, local)
 
   def replicate(self, tree):
-    placement = NamedSharding(global_mesh(), PartitionSpec())
+    placement = NamedSharding(global_mesh(self.axis), PartitionSpec())
     return jax.tree_util.tree_map(
         lambda x: jax.make_array_from_process_local_data(placement,
                                                          np.asarray(x)), tree)
@@ -219,7 +233,11 @@ def from_config(config: ConfigDict) -> Parallelism:
   Example:
     >>> par = parallelism.from_config(config)
   """
-  return named(config.parallelism)
+  axis = config.get('axis_name') or DATA_AXIS
+  if not isinstance(axis, str) or not axis.isidentifier():
+    raise ValueError(f'config.axis_name={axis!r}; give a name such as '
+                     f'\'batch\' (Flax\'s examples) or {DATA_AXIS!r}')
+  return named(config.parallelism).with_axis(axis)
 
 
 def of(config: ConfigDict) -> Parallelism:
