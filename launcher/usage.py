@@ -24,7 +24,8 @@ GROUPS = (
         ('local_processes', 'start and supervise N processes on 127.0.0.1'),
         ('coordinator_address', 'HOST:PORT of process 0 (a local pod: the '
          'port)'),
-        ('kill_grace', 'seconds from SIGTERM to SIGKILL at teardown'),
+        ('kill_grace', 'seconds from the SIGINT that stops the ranks to '
+         'SIGKILL'),
         ('preemption_grace', 'seconds to save after a preemption notice'),
     )),
     ('A process of a cluster (SLURM, mpirun, Kubernetes, or by hand)', (
