@@ -93,8 +93,9 @@ class Parallelism:
     self.axis = axis
 
   def with_axis(self, axis: str) -> 'Parallelism':
-    """The same way to run, with collectives over `axis`."""
-    return type(self)(axis)
+    """The same way to run, with collectives over `axis` (itself when the
+    name is its own: PMAP and SHARD_MAP stay the values they are)."""
+    return self if axis == self.axis else type(self)(axis)
 
   def map(self, fn: Callable, in_axes: Sequence[Optional[int]],
           out_axes: Any, donate_argnums: tuple[int, ...] = ()) -> Callable:
