@@ -18,7 +18,6 @@ runs nothing, so that a metric_fn returning a mean is refused before the
 run rather than after it.
 """
 
-import contextlib
 import dataclasses
 import functools
 import math
