@@ -197,8 +197,8 @@ def _verdict(stage: str, published: Mapping[int, str]) -> str:
 
 
 def check_program_on_first_call(step_fn: Callable,
-                                client: Optional[coordination.Client]
-                                ) -> Callable:
+                                client: Optional[coordination.Client],
+                                stage: str = 'program') -> Callable:
   """`step_fn` that, before its first run, agrees on its lowered program.
 
   The first call lowers the step for its arguments (StableHLO, without
@@ -214,7 +214,7 @@ def check_program_on_first_call(step_fn: Callable,
       started = time.perf_counter()
       text = step_fn.lower(*args).as_text(debug_info=False)
       agree(client, {'program.train_step': hashlib.sha256(
-          text.encode()).hexdigest()[:16]}, 'program')
+          text.encode()).hexdigest()[:16]}, stage)
       agreed.append(time.perf_counter() - started)
       logging.info('the step program, lowered and compared in %.2f s',
                    agreed[0])

@@ -61,8 +61,14 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   config.eval_every = 0
   # Examples per evaluation step over every device (runtime.evaluate).
   config.eval_batch_size = 1024
-  # Dispatched steps allowed to be unfinished; None: 1 on CPU, 2 elsewhere.
+  # Calls of the step allowed to be unfinished; None: 1 on CPU, 2 elsewhere.
   config.max_steps_in_flight = config_dict.placeholder(int)
+  # Steps one call of the step runs (runtime/dispatch.py), over as many
+  # batches placed at once: the same updates and data order as one per call.
+  # Every cadence in steps must then be a multiple of it. 0 is auto: 1 on
+  # a CPU; on an accelerator, after 20 steps one per call, enough for a
+  # call of about 20 ms when a step takes under 5 ms, dividing every cadence.
+  config.steps_per_dispatch = 0
   # 'pmap', or 'shard_map' (jit + jax.shard_map over a mesh of all devices):
   # the same step, the same pmean (runtime/parallelism/).
   config.parallelism = 'pmap'
@@ -137,17 +143,16 @@ def _add_checkpoints(config: config_dict.ConfigDict) -> None:
   # Write a persistent checkpoint while training goes on.
   config.async_checkpointing = True
   # The local tier (runtime/checkpoints/local_checkpoint.py): every process
-  # keeps its own copy every local_checkpoint_every steps (0: never), the
-  # newest keep_local_checkpoints of them, in local_checkpoint_dir ('':
-  # /dev/shm, else the temporary directory). After a hard failure the job
-  # resumes from the newest copy any process holds
-  # (runtime/checkpoints/recovery.py). local_checkpoint_every_s > 0 counts
-  # seconds of training instead of steps (for a state that is slow to copy);
-  # either way copies in seconds never block the loop over 1 % of its time
-  # (runtime/checkpoints/local_cadence.py).
-  config.local_checkpoint_every = 25
+  # keeps its own copy of the state, the newest keep_local_checkpoints of
+  # them, in local_checkpoint_dir ('': /dev/shm, else the temporary
+  # directory). After a hard failure the job resumes from the newest copy
+  # any process holds (runtime/checkpoints/recovery.py). Unset: a copy every
+  # 25 steps, or at a later multiple of 25 where copies would block the loop
+  # over 2 % of its time (runtime/checkpoints/local_cadence.py). Set: a copy
+  # every local_checkpoint_every steps as asked (0: never).
+  config.local_checkpoint_every = config_dict.placeholder(int)
   # Above 0: a local copy about every this many seconds of training instead,
-  # never blocking the loop over 1 % of its time.
+  # never blocking the loop over 2 % of its time.
   config.local_checkpoint_every_s = 0.0
   # The newest local copies each process keeps.
   config.keep_local_checkpoints = 2

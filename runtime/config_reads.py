@@ -53,7 +53,8 @@ PODRUN_FIELDS = frozenset((
     'max_steps_in_flight', 'microbatch_size', 'microbatches', 'model',
     'optimizer', 'parallelism', 'prefetch', 'profile', 'replica', 'restore',
     'restore_may_change', 'retry_exit_codes', 'seed', 'shard_dims',
-    'state_layout', 'steps', 'tensorboard', 'topology', 'workload'))
+    'state_layout', 'steps', 'steps_per_dispatch', 'tensorboard', 'topology',
+    'workload'))
 
 _METHODS = ('__getattr__', 'get')
 # (id of a ConfigDict, field) read since `start`; None when not recording.

@@ -110,8 +110,23 @@ class LogMetrics(Periodic):
     self.schedule = schedule
     self._described = False
 
+  def begin(self, run) -> None:
+    run.on_retired.append(lambda step: self._retired(run, step))
+
+  def after_step(self, run) -> None:
+    """Nothing: a record is written when its step's metrics are in
+    (`_retired`), so that logging never waits for the device."""
+
+  def _retired(self, run, step: int) -> None:
+    if (self.every and step % self.every == 0) or step == run.steps:
+      self._write(run, step)
+
   def work(self, run) -> None:
+    """Writes the record of every step dispatched so far (waits for them)."""
     run.drain()
+    self._write(run, run.step)
+
+  def _write(self, run, step: int) -> None:
     if not run.window.steps:
       return
     now = time.perf_counter()
@@ -126,13 +141,13 @@ class LogMetrics(Periodic):
     record = {**run.window.means(), **rates}
     if self.schedule is not None:
       # The rate the last step used: optax counts updates from 0.
-      record['learning_rate'] = float(self.schedule(run.step - 1))
-    run.writer.write(run.step, record)
+      record['learning_rate'] = float(self.schedule(step - 1))
+    run.writer.write(step, record)
     speed = record.get('steps_per_sec')
     eta = '' if speed is None else ' eta=' + metrics_lib.format_duration(
-        (run.steps - run.step) / max(speed, 1e-9))
+        (run.steps - step) / max(speed, 1e-9))
     shown = ' '.join(f'{k}={v:.6g}' for k, v in record.items())
-    run.writer.log(f'step {run.step}/{run.steps} {shown}{eta}')
+    run.writer.log(f'step {step}/{run.steps} {shown}{eta}')
     run.window.reset(now)
 
 
@@ -232,7 +247,9 @@ class SaveCheckpoints(Hook):
           progress.working('checkpoint',
                            self.checkpoints.describe_save(run.step))):
       # Every record up to this step is on disk before its checkpoint is:
-      # a run resumed from it then misses none (metrics.py).
+      # a run resumed from it then misses none (metrics.py). The drain
+      # writes this step's record (LogMetrics writes as steps retire).
+      run.drain()
       run.writer.flush()
       saved = run.saved_state()
       self.checkpoints.save(run.step, saved,
@@ -288,8 +305,9 @@ class SaveLocalCheckpoints(Hook):
     started = time.perf_counter()
     with (run.clock.timing('checkpoint_blocking'),
           progress.working('local_checkpoint')):
+      run.drain()
       run.writer.flush()
-      kept = run.local_state()
+      kept = run.local_state_later()
       # The whole state's shapes, also when this copy is a part of it.
       meta = self.describe(run, run.state, 'local')
       if run.part is not None:
@@ -328,9 +346,9 @@ class PreemptionAgreement(Hook):
     self.notice.__enter__()
 
   def after_step(self, run) -> None:
-    # Every process asks at every step, with the same count: the agreement
-    # is a collective of its own.
-    if not self.notice.reached(run.count) or run.final:
+    # Every process asks after every call, with the same count: the
+    # agreement is a collective of its own.
+    if not self.notice.reached(run.dispatches) or run.final:
       return
     logging.warning('preemption notice: every process saves step %d and '
                     'stops', run.step)

@@ -1,9 +1,10 @@
 """The step loop: small and fixed; everything periodic is a hook.
 
-Per step the loop takes the prepared batch, dispatches the step, keeps at
-most `max_steps_in_flight` steps unfinished (reading each finished step's
-metrics back: the loss check, progress for the supervisor, goodput, the
-metrics window) and calls every hook (runtime/hooks.py).
+Per dispatch (one step, or config.steps_per_dispatch of them:
+runtime/dispatch.py) the loop takes the prepared batch, calls the step,
+keeps at most `max_steps_in_flight` calls unfinished (reading each finished
+step's metrics back: the loss check, progress for the supervisor, goodput,
+the metrics window) and calls every hook (runtime/hooks.py).
 """
 
 import collections
@@ -12,6 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from absl import logging
 import jax
+import jax.numpy as jnp
 from ml_collections import ConfigDict
 import numpy as np
 
@@ -44,6 +46,23 @@ def check_finite(step: int, metrics: dict[str, float]) -> None:
         ' or check the data of that step.')
 
 
+# The share of a device's memory a copy of the state may take it up to.
+_ROOM_SHARE = 0.9
+
+
+def device_has_room(state: Any) -> bool:
+  """Whether the first local device has the memory for one more copy of
+  `state` (a replicated state: one copy per device), below _ROOM_SHARE of
+  its limit. True where the device does not say (a CPU: host memory)."""
+  stats = jax.local_devices()[0].memory_stats()
+  if not stats or 'bytes_limit' not in stats:
+    return True
+  size = sum(leaf.size * leaf.dtype.itemsize
+             for leaf in jax.tree_util.tree_leaves(state))
+  return (stats.get('bytes_in_use', 0) + size <=
+          _ROOM_SHARE * stats['bytes_limit'])
+
+
 class Run:
   """The loop's state, as hooks see it after each step.
 
@@ -60,6 +79,8 @@ class Run:
     step: steps done, counting those of earlier runs.
     steps: the step the run ends at (options.steps).
     count: steps this process has run since it started.
+    dispatches: calls of the step this process has made since it started
+      (the same on every process).
     writer: metrics.jsonl, TensorBoard and the log (process 0).
     clock: goodput accounting of this process.
     window: the metrics since the last log record.
@@ -83,13 +104,15 @@ class Run:
     self._config = config  # Only for `config`, which goes.
     self.parallelism, self.process_index = parallelism, process_index
     self.state, self.start_step, self.step = state, start_step, start_step
-    self.steps, self.count = options.steps, 0
+    self.steps, self.count, self.dispatches = options.steps, 0, 0
     self.writer, self.clock = writer, clock
     self.window = metrics_lib.Window()
     self.last_metrics: dict[str, float] = {}
     self.eval_metrics: dict[str, float] = {}
     self._in_flight = collections.deque()
     self._in_flight_limit = in_flight_limit
+    # Called with the last step of every call whose metrics are in.
+    self.on_retired: list[Callable[[int], None]] = []
 
   @property
   def final(self) -> bool:
@@ -108,6 +131,25 @@ class Run:
     if self.placed is None:
       return self.numpy_state()
     return shard_parts.own(self.state)
+
+  def local_state_later(self) -> Callable[[], step_lib.TrainState]:
+    """`local_state`, read to the host later: `() -> that state`.
+
+    Replicated, where the device has the memory for one more state: a copy
+    on the device now (the next step donates the state's own buffers), its
+    copy to the host started at once, and the callable, which a thread may
+    call while the loop goes on, waits for it. The loop then waits only for
+    the copy's dispatch. Otherwise (a sharded state, or a device short of
+    memory) the state is read now and the callable returns it.
+    """
+    if self.placed is not None or not device_has_room(self.state):
+      host = self.local_state()
+      return lambda: host
+    copies = jax.tree_util.tree_map(
+        lambda x: jnp.copy(x.addressable_data(0)), self.state)
+    for leaf in jax.tree_util.tree_leaves(copies):
+      leaf.copy_to_host_async()
+    return lambda: jax.tree_util.tree_map(np.asarray, copies)
 
   @property
   def part(self) -> Optional[dict[str, int]]:
@@ -143,10 +185,17 @@ class Run:
     deprecations.warn('Run.host_state')
     return self.numpy_state()
 
-  def dispatched(self, step: int, metrics: Any) -> None:
-    """Records a dispatched step; waits while too many are unfinished."""
-    self.step, self.count = step, self.count + 1
-    self._in_flight.append((step, metrics))
+  def dispatched(self, step: int, metrics: Any, steps: int = 1) -> None:
+    """Records a call that ran `steps` steps up to `step` (metrics stacked
+    over them when steps > 1); waits while too many calls are unfinished."""
+    self.step, self.count = step, self.count + steps
+    self.dispatches += 1
+    for leaf in jax.tree_util.tree_leaves(metrics):
+      if isinstance(leaf, jax.Array) and leaf.is_fully_addressable:
+        # Its copy starts as soon as the step ends; the retire finds it
+        # on the host.
+        leaf.copy_to_host_async()
+    self._in_flight.append((step, steps, metrics))
     while len(self._in_flight) >= self._in_flight_limit:
       self._retire()
 
@@ -156,25 +205,35 @@ class Run:
       self._retire()
 
   def _retire(self) -> None:
-    done_step, pending = self._in_flight.popleft()
-    metrics = {k: float(v)
+    last_step, steps, pending = self._in_flight.popleft()
+    stacked = {k: np.reshape(v, (steps,))
                for k, v in self.parallelism.to_host(pending).items()}
-    check_finite(done_step, metrics)
-    self.last_metrics = metrics
-    self.clock.step_done(done_step)
-    progress.report(done_step, self.process_index,
-                    force=done_step == self.steps)
-    self.window.add(metrics, time.perf_counter())
+    now = time.perf_counter()
+    for i in range(steps):
+      done_step = last_step - steps + 1 + i
+      metrics = {k: float(v[i]) for k, v in stacked.items()}
+      check_finite(done_step, metrics)
+      self.last_metrics = metrics
+      self.clock.step_done(done_step)
+      progress.report(done_step, self.process_index,
+                      force=done_step == self.steps)
+      self.window.add(metrics, now)
+    for callback in self.on_retired:
+      callback(last_step)
 
 
-def run_steps(run: Run, step_fn: Callable, next_batch: Callable,
-              hooks: Sequence[Any]) -> None:
-  """Runs steps run.start_step + 1 .. run.steps, calling the hooks.
+def run_steps(run: Run, step_fn: Callable[[int], Callable],
+              next_batch: Callable, hooks: Sequence[Any]) -> None:
+  """Runs steps run.start_step + 1 .. run.steps, calling the hooks after
+  every dispatch.
 
   Args:
-    run: the loop's state; run.state is replaced after every step.
-    step_fn: `(state, batch) -> (state, metrics)`, the mapped step.
-    next_batch: `step -> (placed batch, seconds waited for it)`, 0-based.
+    run: the loop's state; run.state is replaced after every dispatch.
+    step_fn: `steps -> ((state, batch) -> (state, metrics))`, the mapped
+      step that runs that many steps per call.
+    next_batch: `step -> (steps, placed batch, seconds waited for it)`: the
+      dispatch that follows `step` (0-based) and its batch
+      (runtime/dispatch.py `Dispatches.next`).
     hooks: each with begin, after_step and end (runtime/hooks.py).
   """
   begun = []  # Ended in `finally`, also when a later hook's begin fails.
@@ -183,21 +242,25 @@ def run_steps(run: Run, step_fn: Callable, next_batch: Callable,
     for hook in hooks:
       hook.begin(run)
       begun.append(hook)
-    for step in range(run.start_step, run.steps):
-      batch, waited_s = next_batch(step)
+    step = run.start_step
+    programs = set()
+    while step < run.steps:
+      steps, batch, waited_s = next_batch(step)
       run.window.waited(waited_s)
       run.clock.take('input_wait', waited_s)
-      first = step == run.start_step
+      first = steps not in programs
+      programs.add(steps)
       if first:
         # Its dispatch compiles and agrees on the step program, waiting for
         # every process: the others must see that this one has its batch.
-        progress.begin(step + 1)
+        progress.begin(step + steps)
       dispatch_started = time.perf_counter()
-      run.state, metrics = step_fn(run.state, batch)
+      run.state, metrics = step_fn(steps)(run.state, batch)
       if not first:
-        progress.begin(step + 1, waited_s + time.perf_counter() -
+        progress.begin(step + steps, waited_s + time.perf_counter() -
                        dispatch_started)
-      run.dispatched(step + 1, metrics)
+      step += steps
+      run.dispatched(step, metrics, steps)
       for hook in hooks:
         hook.after_step(run)
     run.drain()

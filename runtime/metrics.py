@@ -140,7 +140,9 @@ class Window:
     for k, v in metrics.items():
       self.sums[k] += v
     if self.timing:
-      self.timed_steps += 1
+      # Steps retired with the first (one call of several steps) are not
+      # timed: their time is the first step's.
+      self.timed_steps += now > self.start
     else:  # The run's first step: time from its end.
       self.timing, self.start = True, now
 

@@ -14,6 +14,7 @@ from typing import Optional
 from ml_collections import ConfigDict
 
 from runtime.checkpoints import options as checkpoint_options
+from runtime import dispatch
 
 # How a run checkpoints, `Options.checkpointing`'s type.
 Checkpointing = checkpoint_options.Checkpointing
@@ -62,8 +63,10 @@ class Options:
     eval_every: an evaluation every this many steps and at the end (0: at
       the end only), when the task has an eval_fn.
     integrity_every: the replica check's period in steps (0: at saves only).
-    max_steps_in_flight: dispatched steps that may be unfinished at once
+    max_steps_in_flight: calls of the step that may be unfinished at once
       (None: chosen by platform, training.max_steps_in_flight).
+    steps_per_dispatch: steps one call runs; None: 'auto'
+      (runtime/dispatch.py).
     checkpointing: both checkpoint tiers.
   """
   steps: int
@@ -73,6 +76,7 @@ class Options:
   integrity_every: int
   max_steps_in_flight: Optional[int]
   checkpointing: Checkpointing
+  steps_per_dispatch: Optional[int] = 1
 
   @classmethod
   def of(cls, config: ConfigDict, workdir: str) -> 'Options':
@@ -90,4 +94,6 @@ class Options:
         eval_every=config.eval_every,
         integrity_every=config.integrity_every,
         max_steps_in_flight=config.max_steps_in_flight,
-        checkpointing=Checkpointing.of(config, workdir))
+        checkpointing=Checkpointing.of(config, workdir),
+        steps_per_dispatch=dispatch.parse(
+            config.get('steps_per_dispatch', dispatch.AUTO)))

@@ -245,8 +245,8 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                     parallelism: parallelism_lib.Parallelism,
                     rng: Optional[str] = None,
                     has_model_state: bool = False,
-                    layout: Optional[microbatches_lib.Layout] = None
-                    ) -> Callable:
+                    layout: Optional[microbatches_lib.Layout] = None,
+                    steps: int = 1) -> Callable:
   """Builds the data-parallel step `(state, batch) -> (state, metrics)`.
 
   Each device computes the loss and gradients of its share of the batch; the
@@ -273,12 +273,16 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
       without padding: each device computes its share in one pass. Else
       each device runs its k groups one after another and the step
       averages over the real groups (see `_accumulated`).
+    steps: how many steps one call runs (config.steps_per_dispatch), one
+      after another in a `lax.scan`: the same updates and keys as as many
+      calls. Each device's rows are then the steps' rows in step order
+      (`runtime.dispatch.stack`).
 
   Returns:
     step(state, batch) with state a replicated `TrainState` and batch placed
     by `parallelism.put_batch`; returns the new replicated state and a dict
-    of replicated scalar metrics that includes 'loss'. The input state is
-    donated.
+    of replicated scalar metrics that includes 'loss', each of shape
+    (steps,) when steps > 1. The input state is donated.
 
   Example:
     >>> step = make_train_step(loss_fn, optax.sgd(0.1), parallelism.PMAP)
@@ -293,8 +297,28 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     metrics, model_state, grads = values(state, batch, step_rng)
     return _applied(optimizer, state, grads, model_state, next_rng), metrics
 
-  return parallelism.map(step, in_axes=(None, 0), out_axes=(None, None),
+  return parallelism.map(_scanned(step, steps, _device_steps),
+                         in_axes=(None, 0), out_axes=(None, None),
                          donate_argnums=(0,))
+
+
+def _device_steps(batch: Any, steps: int) -> Any:
+  """One device's rows of `steps` steps, (steps x n, ...) per leaf, in step
+  order, as (steps, n, ...)."""
+  return jax.tree_util.tree_map(
+      lambda x: x.reshape((steps, -1) + x.shape[1:]), batch)
+
+
+def _scanned(step: Callable, steps: int, split: Callable) -> Callable:
+  """`step`, or with steps > 1 a function running it `steps` times over the
+  batches `split(batch, steps)` cuts: `(state, batch) -> (state, metrics
+  stacked over the steps)`."""
+  if steps == 1:
+    return step
+
+  def run(state, batch):
+    return lax.scan(step, state, split(batch, steps))
+  return run
 
 
 def _device_values(loss_fn: LossFn, contract: Optional[str],
@@ -348,8 +372,8 @@ def make_sharded_train_step(loss_fn: LossFn,
                             placed: TrainState,
                             rng: Optional[str] = None,
                             has_model_state: bool = False,
-                            layout: Optional[microbatches_lib.Layout] = None
-                            ) -> Callable:
+                            layout: Optional[microbatches_lib.Layout] = None,
+                            steps: int = 1) -> Callable:
   """The step of `make_train_step` under `parallelism.SHARD_MAP`, with the
   state split over each replica's devices: the same per-device values, the
   same update, each leaf living where `placed` says.
@@ -367,7 +391,8 @@ def make_sharded_train_step(loss_fn: LossFn,
   reduces over all of it.
 
   Args:
-    loss_fn, optimizer, rng, has_model_state, layout: as `make_train_step`.
+    loss_fn, optimizer, rng, has_model_state, layout, steps: as
+      `make_train_step`.
     placed: a TrainState of NamedShardings (`state_shardings`).
 
   Returns:
@@ -408,8 +433,19 @@ def make_sharded_train_step(loss_fn: LossFn,
         state._replace(opt_state=(), rng=()), batch, step_rng)
     return _applied(optimizer, state, grads, model_state, next_rng), metrics
 
+  def global_steps(batch, steps):
+    # Each device's rows are its rows of every step in step order: as
+    # (devices, steps, n) the steps are a dimension of their own.
+    def one(x):
+      rows = x.reshape((grid.size, steps, -1) + x.shape[1:]).swapaxes(0, 1)
+      rows = rows.reshape((steps, -1) + x.shape[1:])
+      return lax.with_sharding_constraint(
+          rows, NamedSharding(grid, PartitionSpec(None, every)))
+    return jax.tree_util.tree_map(one, batch)
+
   whole = NamedSharding(parallelism_lib.global_mesh(), PartitionSpec())
-  return jax.jit(step, out_shardings=(placed, whole), donate_argnums=(0,))
+  return jax.jit(_scanned(step, steps, global_steps),
+                 out_shardings=(placed, whole), donate_argnums=(0,))
 
 
 def state_shardings(grid: Mesh, state_specs: Any) -> Any:

@@ -39,11 +39,13 @@ from runtime.common import layout
 from runtime import config_reads
 from runtime import coordination
 from runtime import data as data_lib
+from runtime import dispatch
 from runtime import evaluation
 from runtime import fingerprint as fingerprint_lib
 from runtime import flops as flops_lib
 from runtime import hooks as hooks_lib
 from runtime import integrity
+from runtime.checkpoints import local_cadence
 from runtime.checkpoints import local_checkpoint
 from runtime import loop
 from runtime import metrics as metrics_lib
@@ -51,7 +53,6 @@ from runtime import options as options_lib
 from runtime import parallelism as parallelism_lib
 from runtime.parallelism import microbatches
 from runtime.parallelism import state_layout
-from runtime import prefetch
 from runtime import randomness
 from runtime.checkpoints import recovery
 from runtime import step as step_lib
@@ -263,33 +264,104 @@ def _hooks(options: options_lib.Options, workdir: str, task: Task, topo,
   return built_in + list(task.hooks)
 
 
-def _step_fn(task: Task, par, layout: microbatches.Layout,
-             placed: Optional[step_lib.TrainState] = None
-             ) -> tuple[Callable, flops_lib.Measured]:
-  """The compiled step, agreed on by every process before its first run and
-  watched for late recompilations, and what measures its FLOPs; with
-  `placed` (a sharded state's shardings), the sharded step."""
-  chosen = randomness.contract(task.rng, task.loss_uses_rng)
-  if chosen == randomness.DEVICE and jax.process_index() == 0:
-    logging.warning(
-        'Task(%s): loss_fn gets one key per call, so its dropout changes '
-        'with the number of devices and microbatches. For the same step on '
-        'any layout, Task(rng=\'example\') gives a key per example: '
-        'runtime.dropout(rng, rate, x), or Flax\'s dropout layers under '
-        'runtime.per_example (docs/workloads.md, Randomness)',
-        'rng=\'device\'' if task.rng else 'loss_uses_rng=True')
-  has_model_state = task.model_state is not None
-  if placed is None:
-    step = step_lib.make_train_step(
-        task.loss_fn, task.optimizer, par, rng=chosen,
-        has_model_state=has_model_state, layout=layout)
-  else:
-    step = step_lib.make_sharded_train_step(
-        task.loss_fn, task.optimizer, placed, rng=chosen,
-        has_model_state=has_model_state, layout=layout)
-  measured = flops_lib.Measured(step)
-  return structure.RecompileWatch(agreement.check_program_on_first_call(
-      measured, coordination.current())), measured
+class _Programs:
+  """The compiled step for each number of steps per call, built on first
+  use: each agreed on by every process before its first run and watched for
+  late recompilations. Only the one-step program's FLOPs are measured (XLA's
+  cost analysis counts a scan's body once)."""
+
+  def __init__(self, task: Task, par, layout: microbatches.Layout,
+               placed: Optional[step_lib.TrainState] = None):
+    self._task, self._par, self._layout = task, par, layout
+    self._placed = placed
+    self._built: dict[int, Callable] = {}
+    self._measured: Optional[flops_lib.Measured] = None
+    contract = randomness.contract(task.rng, task.loss_uses_rng)
+    if contract == randomness.DEVICE and jax.process_index() == 0:
+      logging.warning(
+          'Task(%s): loss_fn gets one key per call, so its dropout changes '
+          'with the number of devices and microbatches. For the same step on '
+          'any layout, Task(rng=\'example\') gives a key per example: '
+          'runtime.dropout(rng, rate, x), or Flax\'s dropout layers under '
+          'runtime.per_example (docs/workloads.md, Randomness)',
+          'rng=\'device\'' if task.rng else 'loss_uses_rng=True')
+    self._contract = contract
+
+  def flops_per_device(self) -> Optional[float]:
+    """One step's FLOPs per device, once the one-step program has run."""
+    return None if self._measured is None else self._measured.flops_per_device
+
+  def __call__(self, steps: int) -> Callable:
+    if steps not in self._built:
+      self._built[steps] = self._build(steps)
+    return self._built[steps]
+
+  def _build(self, steps: int) -> Callable:
+    task, has_model_state = self._task, self._task.model_state is not None
+    if self._placed is None:
+      step = step_lib.make_train_step(
+          task.loss_fn, task.optimizer, self._par, rng=self._contract,
+          has_model_state=has_model_state, layout=self._layout, steps=steps)
+    else:
+      step = step_lib.make_sharded_train_step(
+          task.loss_fn, task.optimizer, self._placed, rng=self._contract,
+          has_model_state=has_model_state, layout=self._layout, steps=steps)
+    if steps == 1:
+      step = self._measured = flops_lib.Measured(step)
+    stage = 'program' if steps == 1 else f'program_{steps}_steps'
+    name = 'the train step' if steps == 1 else f'the {steps}-step call'
+    return structure.RecompileWatch(agreement.check_program_on_first_call(
+        step, coordination.current(), stage), name)
+
+
+def _cadences(options: options_lib.Options, task: Task) -> dict[str, int]:
+  """Every cadence in steps the loop keeps, by its config name (0: none):
+  what steps_per_dispatch must divide."""
+  checkpointing = options.checkpointing
+  local = checkpointing.local
+  cadences = {
+      'log_every': options.logging.every,
+      'eval_every': options.eval_every if task.eval_fn is not None else 0,
+      'integrity_every': options.integrity_every,
+      'checkpoint_every': checkpointing.every if checkpointing.enabled else 0,
+      # The default cadence copies at the first dispatch at or after its
+      # step: any k fits it.
+      'local_checkpoint_every': (
+          local.every_steps if checkpointing.enabled and not local.every_s
+          and not local.budgeted else 0),
+  }
+  if options.logging.profile_steps:
+    cadences['profile.start_step'] = options.logging.profile_start
+    cadences['profile.num_steps'] = options.logging.profile_steps
+  for hook in task.hooks:
+    if isinstance(hook, hooks_lib.Periodic):
+      cadences[f'Task.hooks {type(hook).__name__}(every)'] = hook.every
+  return cadences
+
+
+def _steps_per_dispatch(options: options_lib.Options, task: Task,
+                        platform: str) -> tuple[Optional[int], Callable]:
+  """(k, or None to measure first; what decides k after measuring).
+
+  Raises:
+    DispatchError: for a k that a cadence is not a multiple of.
+  """
+  cadences = _cadences(options, task)
+  decide = lambda: dispatch.decide_auto(
+      cadences, platform, local_cadence.recent_step_s,
+      coordination.current())
+  k = options.steps_per_dispatch
+  if k is not None:
+    dispatch.check_cadences(k, cadences)
+    return k, decide
+  others = [type(h).__name__ for h in task.hooks
+            if not isinstance(h, hooks_lib.Periodic)]
+  if platform == 'cpu' or others:
+    if others and jax.process_index() == 0:
+      logging.info('steps_per_dispatch=auto: one step per call, since the '
+                   'task\'s hooks %s are called after every step', others)
+    return 1, decide
+  return None, decide
 
 
 _REPLICA_WORDS = {'process': 'one per process', 'slice': 'one per slice',
@@ -413,12 +485,13 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     par = parallelism_lib.from_config(config)
     state = step_lib.init_state(task.params, task.optimizer,
                                 options.data.seed, task.model_state)
+    per_dispatch, decide = _steps_per_dispatch(options, task, topo.platform)
     placed, where = _shardings(config, state, task.shard_dims)
-    step_fn, measured = _step_fn(task, par, layout, placed)
+    programs = _Programs(task, par, layout, placed)
     figures = flops_lib.Figures(
-        topo.device_kind, layout.num_devices,
-        lambda: measured.flops_per_device, options.data.global_batch_size,
-        task.tokens_per_example, task.flops_per_example)
+        topo.device_kind, layout.num_devices, programs.flops_per_device,
+        options.data.global_batch_size, task.tokens_per_example,
+        task.flops_per_example)
   ledger.note(topology=layout_fields(topo, layout))
   with ledger.timing('checkpoint_restore'):
     ckpt, local = _open_checkpoints(options.checkpointing)
@@ -441,10 +514,12 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
                  topo.process_index, writer, clock, in_flight_limit,
                  config=config, placed=placed, figures=figures)
   resumed = f', resuming at step {start}' if start else ''
+  per_call = ('steps_per_dispatch=auto' if per_dispatch is None else
+              f'{per_dispatch} step(s) per call')
   writer.log(f'training {options.steps} steps, global batch '
              f'{options.data.global_batch_size} ({layout.describe()}), {par}, '
-             f'{in_flight_limit} step(s) in flight, on {topo.describe()}'
-             f'{resumed}')
+             f'{per_call}, {in_flight_limit} call(s) in flight, on '
+             f'{topo.describe()}{resumed}')
   if where:
     writer.log(where)
   # The end of set-up: another trainer's names that nothing read are refused,
@@ -455,10 +530,10 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
       evaluation.check_eval_fn(task.eval_fn, replicated.params,
                                replicated.model_state)
   try:
-    with prefetch.Prefetcher(
-        _loader(options.data, task, topo, par, layout),
-        range(start, options.steps), size=options.data.prefetch) as batches:
-      loop.run_steps(run, step_fn, batches.next,
+    with dispatch.Dispatches(
+        _loader(options.data, task, topo, par, layout), start, options.steps,
+        per_dispatch, decide, size=options.data.prefetch) as dispatches:
+      loop.run_steps(run, programs, dispatches.next,
                      _hooks(options, workdir, task, topo, ckpt, local))
   finally:
     clock.close()
@@ -533,18 +608,24 @@ def layout_fields(topo, layout: microbatches.Layout) -> dict[str, int]:
 
 
 def _loader(data: options_lib.Data, task: Task, topo, par,
-            layout: microbatches.Layout) -> Callable[[int], Any]:
-  """step -> this process's part of that step's batch, on its devices:
-  its real examples, then zero rows where the layout pads."""
-  def load(step: int):
+            layout: microbatches.Layout) -> Callable[[int, int], Any]:
+  """(step, steps) -> this process's part of the batches of the steps after
+  `step`, on its devices, for one call (runtime/dispatch.py `stack`): its
+  real examples of each step, then zero rows where the layout pads."""
+  rows, real = microbatches.process_positions(
+      layout, topo.process_index, topo.local_device_count)
+
+  def read(step: int):
     ids = data_lib.global_batch_ids(
         step, data.global_batch_size, len(task.data), data.seed,
         data.shuffle)
-    rows, real = microbatches.process_positions(
-        layout, topo.process_index, topo.local_device_count)
-    batch = data_lib.read_padded(task.data, ids[rows.start:rows.start + real],
-                                 rows.stop - rows.start)
-    return par.put_batch(batch)
+    return data_lib.read_padded(task.data, ids[rows.start:rows.start + real],
+                                rows.stop - rows.start)
+
+  def load(step: int, steps: int):
+    return par.put_batch(dispatch.stack(
+        [read(s) for s in range(step, step + steps)],
+        topo.local_device_count))
   return load
 
 

@@ -30,16 +30,18 @@ def run_tiny(tmp_path, steps: int, mnist_steps: int
 
 def test_the_benchmark_runs_at_its_tiny_shape(tmp_path):
   """25-55 s (the more with the suite beside it): two one-step jobs in
-  fresh processes, then two workloads four ways each."""
+  fresh processes, then two workloads five ways each."""
   result, figures = run_tiny(tmp_path, steps=6, mnist_steps=12)
   assert figures['platform'] == 'cpu' and figures['shape'] == 'tiny'
   for workload in ('lm', 'mnist_mlp'):
     measured = figures[workload]
     assert set(measured['steps_per_sec']) == {
-        'podrun_pmap', 'podrun_shard_map', 'hand', 'on_device'}
+        'podrun_pmap', 'podrun_shard_map', 'podrun_pmap_k1', 'hand',
+        'on_device'}
     assert all(rate > 0 for rate in measured['steps_per_sec'].values())
     for ratio in ('hand_vs_on_device', 'podrun_pmap_vs_hand',
-                  'podrun_shard_map_vs_hand'):
+                  'podrun_shard_map_vs_hand', 'podrun_pmap_k1_vs_hand',
+                  'podrun_pmap_vs_on_device'):
       assert measured[ratio] > 0
     assert measured['mfu']['hand'] is None  # The CPU's peak is unknown.
   first = figures['first_step']

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import time
 
 import jax
 import numpy as np
@@ -240,3 +241,31 @@ def test_a_sharded_state_saves_and_loads_split_whole_or_split_otherwise(
     assert np.array_equal(read['params']['kernel'], host.params['kernel'])
     assert np.array_equal(read['rng'], host.rng)
   ckpt.close()
+
+
+def test_a_save_that_queues_behind_the_last_is_said_once(tmp_path, caplog,
+                                                         monkeypatch):
+  ckpt = checkpoint.Checkpoints(str(tmp_path / 'ckpt'), every=10, keep=3)
+  state = {'w': np.zeros(4, np.float32)}
+  slow = [True]
+  real_save = ckpt._save  # pylint: disable=protected-access
+
+  def slow_save(step, state, meta):
+    real_save(step, state, meta)
+    if slow[0]:
+      time.sleep(0.8)
+  monkeypatch.setattr(ckpt, '_save', slow_save)
+  monkeypatch.setattr(checkpoint.local_cadence, 'recent_step_s', lambda: 0.1)
+  with caplog.at_level('WARNING'):
+    ckpt.save(10, state, {})
+    ckpt.save(20, state, {})
+    ckpt.save(30, state, {})
+    slow[0] = False
+    ckpt.wait()
+  said = [r.getMessage() for r in caplog.records
+          if 'saves queue' in r.getMessage()]
+  assert len(said) == 1, said
+  assert 'step 20 waited' in said[0] and 'save of step 10' in said[0]
+  assert 'checkpoint_every=10' in said[0]
+  assert 'at least' in said[0]
+  assert ckpt.all_steps() == [10, 20, 30]

@@ -219,7 +219,7 @@ def _fake_run(step):
   clock = types.SimpleNamespace(timing=lambda _: contextlib.nullcontext())
   writer = types.SimpleNamespace(flush=lambda: None)
   return types.SimpleNamespace(step=step, final=False, clock=clock,
-                               writer=writer, numpy_state=lambda: {},
+                               writer=writer, numpy_state=lambda: {}, drain=lambda: None,
                                saved_state=lambda: {})
 
 

@@ -19,8 +19,10 @@ sharded.
 """
 
 import logging as stdlib_logging
+import math
 import os
 import threading
+import time
 import uuid
 from typing import Any, Optional
 
@@ -31,11 +33,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from runtime.checkpoints import checkpoint_meta
+from runtime.checkpoints import local_cadence
 from runtime.checkpoints import options as checkpoint_options
 from runtime import coordination
 from runtime.common import gcs_auth
 
 _SHARED_CHECK_DIR = '.shared_check'
+# A save that waits less for the one before it is not worth a word.
+_QUEUE_SAID_FROM_S = 0.5
 # Defined with the checks that raise it most; every tier raises it.
 CheckpointError = checkpoint_meta.CheckpointError
 
@@ -128,6 +133,8 @@ class Checkpoints:
     self._async = async_save
     self._thread: Optional[threading.Thread] = None
     self._saving: Optional[int] = None
+    self._saving_since = 0.0
+    self._queued_said = False
     self._error: Optional[BaseException] = None
     # Naming every process makes orbax meet at the coordination service's
     # barriers instead of at collectives over the devices, which a save on
@@ -177,15 +184,38 @@ class Checkpoints:
     Every process makes its saves in the same order, so their threads meet
     at orbax's barriers as the main threads would.
     """
-    self._join()
+    self._wait_for_previous(step)
     if not self._async:
       self._save(step, state, meta)
       return
-    self._saving = step
+    self._saving, self._saving_since = step, time.perf_counter()
     self._thread = threading.Thread(target=self._save,
                                     args=(step, state, meta),
                                     name=f'checkpoint-{step}', daemon=True)
     self._thread.start()
+
+  def _wait_for_previous(self, step: int) -> None:
+    """Waits for the save still being written, if any; says once, with the
+    figures and what to set, when a save had to queue behind the last."""
+    if not self.saving():
+      self._join()
+      return
+    started = time.perf_counter()
+    self.wait()
+    waited = time.perf_counter() - started
+    if self._queued_said or waited < _QUEUE_SAID_FROM_S:
+      return
+    self._queued_said = True
+    took = time.perf_counter() - self._saving_since
+    step_s = local_cadence.recent_step_s()
+    fix = ('' if not step_s else
+           f'; saves that do not queue need checkpoint_every of at least '
+           f'{math.ceil(took / step_s)} steps of {step_s:.3g} s')
+    logging.warning(
+        'the persistent save of step %d waited %.2f s for the save of step '
+        '%d, which took %.2f s from its start: the saves queue and the loop '
+        'waits (config.checkpoint_every=%d)%s', step, waited, self._saving,
+        took, self.every, fix)
 
   def _save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
     try:

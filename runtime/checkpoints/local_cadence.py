@@ -1,15 +1,20 @@
 """When the local tier saves: every N steps, or every N seconds of training.
 
-config.local_checkpoint_every counts steps. config.local_checkpoint_every_s,
-when above 0, counts seconds instead, for a model whose copy is slow: after the
-warm-up, and again after every save, process 0 turns the seconds into a number
-of steps from the recent step time and tells the others, so that every process
-copies the same step (a restore then finds every copy local:
-runtime/checkpoints/recovery.py). In seconds, copies are never so frequent that
-the loop's blocking for them exceeds BLOCKING_SHARE (1 %) of its time: a state
-that blocks the loop 1 s per copy is copied at most every 100 s. A cadence in
-steps stays as asked (every process copies the same steps) and warns once when
-a copy blocks more than that (and at least 50 ms).
+By default (config.local_checkpoint_every unset) a copy comes every
+DEFAULT_EVERY_STEPS steps, or at a later multiple of them: copies are never
+so frequent that the loop's blocking for them exceeds BLOCKING_SHARE (2 %)
+of its time, measured from the last copy's cost. A state that blocks the
+loop 1 s per copy is copied at most every 50 s.
+
+config.local_checkpoint_every, set, counts steps as asked (every process
+copies the same steps) and warns once when a copy blocks more than the
+share (and at least 50 ms). config.local_checkpoint_every_s, when above 0,
+counts seconds instead, within the same share.
+
+After the warm-up (seconds), or after every copy (seconds, and the
+default), process 0 turns the seconds into a number of steps from the recent
+step time and tells the others, so that every process copies the same step
+(a restore then finds every copy local: runtime/checkpoints/recovery.py).
 
 Example:
   >>> cadence = Cadence(every_steps=0, every_s=30.0,
@@ -28,7 +33,9 @@ import numpy as np
 from runtime.common import progress
 from runtime import coordination
 
-BLOCKING_SHARE = 0.01
+BLOCKING_SHARE = 0.02
+# The default cadence's shortest interval, in steps.
+DEFAULT_EVERY_STEPS = 25
 # A copy that blocks less is not worth a warning, whatever its share (a
 # small model's steps of a few ms on a laptop).
 _WARN_FROM_S = 0.05
@@ -51,11 +58,16 @@ def steps_between(every_s: float, step_s: Optional[float],
     blocking_s: what the last copy blocked the loop (0 before the first).
 
   Example:
-    >>> steps_between(30.0, step_s=0.5, blocking_s=1.0)  # 1 % needs 100 s
-    200
+    >>> steps_between(30.0, step_s=0.5, blocking_s=1.0)  # 2 % needs 50 s
+    100
   """
   interval_s = max(every_s, blocking_s / BLOCKING_SHARE)
   return max(1, math.ceil(interval_s / max(step_s or interval_s, 1e-9)))
+
+
+def _multiple_from(step: int, every: int) -> int:
+  """The first multiple of `every` at or after `step`."""
+  return -(-step // every) * every
 
 
 class Cadence:
@@ -68,9 +80,12 @@ class Cadence:
 
   def __init__(self, every_steps: int = 0, every_s: float = 0.0,
                client: Optional[coordination.Client] = None,
-               step_s: Callable[[], Optional[float]] = recent_step_s):
+               step_s: Callable[[], Optional[float]] = recent_step_s,
+               budgeted: bool = False):
     self.every_steps, self.every_s = every_steps, every_s
     self.client, self._step_s = client, step_s
+    # Every `every_steps` steps at the soonest, within BLOCKING_SHARE.
+    self.budgeted = budgeted and every_steps > 0 and every_s <= 0
     self.next_step: Optional[int] = None
     self.blocking_s = 0.0
     self._warned = False
@@ -84,7 +99,12 @@ class Cadence:
     return self.every_s > 0
 
   def due(self, step: int, count: int) -> bool:
-    """Whether to copy after `step`, the `count`-th step of this process."""
+    """Whether to copy after `step`, the `count`-th step of this process
+    (or the last of the steps of its call: `step` need not be consecutive)."""
+    if self.budgeted:
+      if self.next_step is None:
+        self.next_step = _multiple_from(step, self.every_steps)
+      return step >= self.next_step
     if not self.in_seconds:
       return self.every_steps > 0 and step % self.every_steps == 0
     if count < progress.WARMUP_STEPS:
@@ -96,7 +116,7 @@ class Cadence:
   def saved(self, step: int, blocking_s: float) -> None:
     """A copy of `step` blocked the loop `blocking_s`: plans the next."""
     self.blocking_s = blocking_s
-    if self.in_seconds:
+    if self.in_seconds or self.budgeted:
       self.next_step = self._agree(step)
       return
     step_s = self._step_s()
@@ -108,13 +128,22 @@ class Cadence:
       logging.warning(
           'a local copy blocks the loop %.3f s, %.1f %% of the %d steps '
           '(%.3f s) between copies; config.local_checkpoint_every_s=%g keeps '
-          'it under %g %%', blocking_s,
+          'it under %g %% (or leave local_checkpoint_every unset: every '
+          '%d steps within that share)', blocking_s,
           100 * blocking_s / (self.every_steps * step_s), self.every_steps,
           self.every_steps * step_s,
-          math.ceil(self.every_steps * step_s), 100 * BLOCKING_SHARE)
+          math.ceil(self.every_steps * step_s), 100 * BLOCKING_SHARE,
+          DEFAULT_EVERY_STEPS)
 
   def _agree(self, step: int) -> int:
     def decide() -> str:
+      if self.budgeted:
+        # The next multiple, or later as the share needs; `next_step` is
+        # the multiple this copy was for (a call may have passed it).
+        between = steps_between(0.0, self._step_s(), self.blocking_s)
+        return str(_multiple_from(
+            max(self.next_step + self.every_steps, step + between),
+            self.every_steps))
       return str(step + steps_between(self.every_s, self._step_s(),
                                       self.blocking_s))
     if self.client is None:

@@ -2,11 +2,11 @@
 
 The persistent tier (runtime/checkpoints/checkpoint.py) goes to storage every
 process shares, often a bucket, and is written rarely. This tier is written
-every config.local_checkpoint_every steps by every process, into a directory on
-its own host (or every config.local_checkpoint_every_s seconds:
-runtime/checkpoints/local_cadence.py), so that a hard failure (SIGKILL, the OOM
-killer, a lost host) costs a few steps instead of everything since the last
-persistent save. The state is replicated, so any one process's copy restores
+often (runtime/checkpoints/local_cadence.py) by every process, into a
+directory on its own host, so that a hard failure (SIGKILL, the OOM killer, a
+lost host) costs a few steps instead of everything since the last persistent
+save. The copy leaves the devices while the next steps run, where a device
+has the memory for one more state (`loop.Run.local_state_later`). The state is replicated, so any one process's copy restores
 all of them (runtime/checkpoints/recovery.py).
 
 Layout: LOCAL_DIR/JOB/rank_<i>/step_<s>/{state.npz, meta.json}, where
@@ -48,7 +48,7 @@ import tempfile
 import threading
 import uuid
 import zipfile
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from absl import logging
 from etils import epath
@@ -116,7 +116,8 @@ def open_for(tier: checkpoint_options.LocalTier, persistent_dir: str
   if not tier.enabled:
     return None
   client = coordination.current()
-  cadence = local_cadence.Cadence(tier.every_steps, tier.every_s, client)
+  cadence = local_cadence.Cadence(tier.every_steps, tier.every_s, client,
+                                  budgeted=tier.budgeted)
   jid = (job_id(persistent_dir) if client is None else
          client.from_0(_JOB_ID_KEY, lambda: job_id(persistent_dir)))
   root = tier.root or default_root()
@@ -218,20 +219,28 @@ class LocalCheckpoints:
                         f'{_STEP_PREFIX}{step}')
 
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
-    """Starts writing `state` (host arrays) as step `step`; returns at once.
+    """Starts writing `state` as step `step`; returns at once.
 
+    `state` is host arrays, or `() -> host arrays`, which the writing thread
+    calls (a copy still on its way from the devices: `Run.local_state_later`).
     Waits for the previous save first, so at most one is being written.
     """
     self.wait()
+    if callable(state):
+      read = lambda: _flat(state())
+    else:
+      arrays = _flat(state)
+      read = lambda: arrays
     self._thread = threading.Thread(
-        target=self._write, args=(step, _flat(state), meta),
+        target=self._write, args=(step, read, meta),
         name=f'local-checkpoint-{step}', daemon=True)
     self._thread.start()
 
-  def _write(self, step: int, arrays: dict[str, np.ndarray],
+  def _write(self, step: int, read: Callable[[], dict[str, np.ndarray]],
              meta: dict[str, Any]) -> None:
     tmp = os.path.join(self.path, f'{_TMP_PREFIX}{step}')
     try:
+      arrays = read()
       self._make()
       shutil.rmtree(tmp, ignore_errors=True)
       os.makedirs(tmp)

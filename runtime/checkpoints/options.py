@@ -13,6 +13,7 @@ from typing import Any
 from ml_collections import ConfigDict
 
 from runtime.checkpoints import checkpoint_meta
+from runtime.checkpoints import local_cadence
 from runtime.common import layout
 
 
@@ -23,6 +24,9 @@ class LocalTier:
   Attributes:
     every_steps: a copy every this many steps (config.local_checkpoint_every;
       0: by steps never).
+    budgeted: every_steps is the default's (local_checkpoint_every unset):
+      the soonest, with copies further apart where they would block the
+      loop more than local_cadence.BLOCKING_SHARE of its time.
     every_s: or about every this many seconds of training
       (config.local_checkpoint_every_s; 0: by time never).
     keep: copies kept (config.keep_local_checkpoints).
@@ -34,6 +38,7 @@ class LocalTier:
   every_steps: int = 0
   every_s: float = 0.0
   keep: int = 2
+  budgeted: bool = False
   root: str = ''
   leftover_hours: float = 24.0
 
@@ -75,6 +80,7 @@ class Checkpointing:
   @classmethod
   def of(cls, config: ConfigDict, workdir: str) -> 'Checkpointing':
     """Reads a config made from runtime/config_base.py."""
+    local_every = config.get('local_checkpoint_every')
     return cls(
         enabled=bool(config.get('checkpointing', True)),
         directory=directory(config, workdir),
@@ -82,7 +88,9 @@ class Checkpointing:
         async_save=bool(config.async_checkpointing),
         restore=bool(config.restore),
         local=LocalTier(
-            every_steps=config.local_checkpoint_every,
+            every_steps=(local_cadence.DEFAULT_EVERY_STEPS
+                         if local_every is None else local_every),
+            budgeted=local_every is None,
             every_s=config.get('local_checkpoint_every_s', 0.0) or 0.0,
             keep=config.keep_local_checkpoints,
             root=config.get('local_checkpoint_dir', '') or '',

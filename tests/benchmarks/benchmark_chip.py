@@ -12,13 +12,16 @@ order that turns by one every round:
 
 - podrun_pmap, podrun_shard_map: `runtime.train` with its defaults
   (metrics every config.log_every steps, TensorBoard, the replica check,
-  prefetch), but checkpoints off;
+  prefetch, steps_per_dispatch auto), but checkpoints off;
+- podrun_pmap_k1: the same with one step per call;
 - hand: `jax.jit` of the same step with the state donated, each batch cut
   from host memory and `jax.device_put`, no block until the end;
 - on_device: that step on one batch already on the device.
 
-Each run's speed counts steps 2 to N (the first compiles), from the end of
-step 1 to the end of step N; a figure is the median over the rounds. MFU is
+Each run's speed counts the steps after the first WARM_STEPS (compilation,
+and auto's measurement), to the end of step N; a figure is the median over
+the rounds. `--mode=checkpoints` times instead the LM's whole run of --steps
+with each checkpoint setting, against none. MFU is
 the model's FLOPs (`flops_per_example`) over the device kind's peak
 (runtime/flops.py). Before any of it, two fresh processes time a one-step
 job from their start to their end, compilation included: the launcher
@@ -43,7 +46,11 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-METHODS = ('podrun_pmap', 'podrun_shard_map', 'hand', 'on_device')
+METHODS = ('podrun_pmap', 'podrun_shard_map', 'podrun_pmap_k1', 'hand',
+           'on_device')
+# Steps each way runs before its clock starts: the first compiles, and
+# podrun's auto steps_per_dispatch measures 20 steps before it chooses.
+WARM_STEPS = 40
 
 
 def _lm_config(shape: str, steps: int):
@@ -100,52 +107,65 @@ def _hand_step(task):
 
 def _host_batches(task, batch_size: int, count: int) -> list:
   """`count` batches of consecutive examples, numpy, as a hand-written loop
-  slices them."""
+  slices them; at most 64 distinct ones, taken in turn (host memory)."""
   rows = len(task.data)
-  out = []
-  for i in range(count):
+  distinct = []
+  for i in range(min(count, 64)):
     start = (i * batch_size) % (rows - batch_size + 1)
-    out.append(task.data.read_batch(range(start, start + batch_size)))
-  return out
+    distinct.append(task.data.read_batch(range(start, start + batch_size)))
+  return [distinct[i % len(distinct)] for i in range(count)]
 
 
 def _timed_loop(step, state, batches, place) -> tuple[float, object]:
-  """Steps/s of steps 2..N (the first compiles); returns (rate, state)."""
+  """Steps/s after the first WARM_STEPS; returns (rate, state)."""
   import jax  # pylint: disable=g-import-not-at-top
-  state, loss = step(state, place(batches[0]))
+  warm = min(WARM_STEPS, len(batches) - 1)
+  for batch in batches[:warm]:
+    state, loss = step(state, place(batch))
   jax.block_until_ready(loss)
   started = time.perf_counter()
-  for batch in batches[1:]:
+  for batch in batches[warm:]:
     state, loss = step(state, place(batch))
   jax.block_until_ready((state, loss))
-  return (len(batches) - 1) / (time.perf_counter() - started), state
+  return (len(batches) - warm) / (time.perf_counter() - started), state
 
 
-class _Clock:
-  """A podrun hook: the time from the end of the run's first step to the
-  end of its last, and the steps between."""
+def _clock(warm: int = WARM_STEPS):
+  """A podrun hook: the time from the end of the first call that reaches
+  `warm` steps to the end of the last, and the steps between. Periodic
+  with no period: it asks for no step of its own, so auto
+  steps_per_dispatch may choose any."""
+  from runtime import hooks  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
 
-  def begin(self, run):
-    self.started = None
+  class Clock(hooks.Periodic):
 
-  def after_step(self, run):
-    if run.count == 1:
-      import jax  # pylint: disable=g-import-not-at-top
+    def __init__(self):
+      super().__init__(every=0)
+      self.started = None
+
+    def after_step(self, run):
+      if self.started is None and run.count >= min(warm, run.steps - 1):
+        jax.block_until_ready(run.state)
+        self.started, self.count = time.perf_counter(), run.count
+
+    def end(self, run, error):
+      if error is not None:
+        return
       jax.block_until_ready(run.state)
-      self.started = time.perf_counter()
-
-  def end(self, run, error):
-    import jax  # pylint: disable=g-import-not-at-top
-    jax.block_until_ready(run.state)
-    self.rate = (run.count - 1) / (time.perf_counter() - self.started)
+      self.rate = ((run.count - self.count) /
+                   (time.perf_counter() - self.started))
+  return Clock()
 
 
-def _podrun(config, task, parallelism: str, workdir: str) -> float:
+def _podrun(config, task, parallelism: str, workdir: str,
+            **overrides) -> float:
   import dataclasses  # pylint: disable=g-import-not-at-top
   from runtime import training  # pylint: disable=g-import-not-at-top
   config = config.copy_and_resolve_references()
   config.parallelism, config.checkpointing = parallelism, False
-  clock = _Clock()
+  config.update(overrides)
+  clock = _clock()
   training.train(config, workdir, dataclasses.replace(task, hooks=(clock,)))
   return clock.rate
 
@@ -159,21 +179,28 @@ def _measure(name: str, config, task, rounds: int, scratch: str) -> dict:
   batches = _host_batches(task, batch_size, config.steps)
   device = jax.devices()[0]
   on_device = jax.device_put(batches[0], device)
-  state = jax.device_put((task.params, task.optimizer.init(task.params)),
-                         device)
   rates = {m: [] for m in METHODS}
   for r in range(rounds):
     order = METHODS[r % len(METHODS):] + METHODS[:r % len(METHODS)]
     for method in order:
-      if method == 'hand':
-        rate, state = _timed_loop(step, state, batches,
-                                  lambda b: jax.device_put(b, device))
-      elif method == 'on_device':
-        rate, state = _timed_loop(step, state, [on_device] * len(batches),
-                                  lambda b: b)
+      if method in ('hand', 'on_device'):
+        # Placed for this run alone: podrun's runs get the chip's memory.
+        state = jax.device_put(
+            (task.params, task.optimizer.init(task.params)), device)
+        if method == 'hand':
+          rate, state = _timed_loop(step, state, batches,
+                                    lambda b: jax.device_put(b, device))
+        else:
+          rate, state = _timed_loop(step, state, [on_device] * len(batches),
+                                    lambda b: b)
+        jax.tree_util.tree_map(lambda x: x.delete(), state)
+        del state
       else:
-        rate = _podrun(config, task, method.split('_', 1)[1],
-                       os.path.join(scratch, f'{name}_{method}_{r}'))
+        rate = _podrun(config, task,
+                       method.removeprefix('podrun_').removesuffix('_k1'),
+                       os.path.join(scratch, f'{name}_{method}_{r}'),
+                       **({'steps_per_dispatch': 1} if method.endswith('k1')
+                          else {}))
       rates[method].append(rate)
   median = {m: statistics.median(v) for m, v in rates.items()}
   figures = flops.Figures(device.device_kind, jax.device_count(),
@@ -186,8 +213,113 @@ def _measure(name: str, config, task, rounds: int, scratch: str) -> dict:
       'hand_vs_on_device': median['hand'] / median['on_device'],
       'podrun_pmap_vs_hand': median['podrun_pmap'] / median['hand'],
       'podrun_shard_map_vs_hand': median['podrun_shard_map'] / median['hand'],
+      'podrun_pmap_k1_vs_hand': median['podrun_pmap_k1'] / median['hand'],
+      'podrun_pmap_vs_on_device': (median['podrun_pmap'] /
+                                   median['on_device']),
       'mfu': mfu, 'flops_per_step_per_device': per_step,
   }
+
+
+# One default changed at a time, then all four: which costs what.
+ABLATIONS = {
+    'defaults': {},
+    'in_flight_4': {'max_steps_in_flight': 4},
+    'log_every_1000': {'log_every': 1000},
+    'no_tensorboard': {'tensorboard': False},
+    'no_integrity': {'integrity_every': 0},
+    'all_four': {'max_steps_in_flight': 4, 'log_every': 1000,
+                 'tensorboard': False, 'integrity_every': 0},
+}
+
+
+def _host_parts():
+  """Patches the loop's parts with timers; returns {part: seconds}."""
+  import collections  # pylint: disable=g-import-not-at-top
+  from runtime import hooks, integrity, loop, prefetch  # pylint: disable=g-import-not-at-top
+  spent = collections.defaultdict(float)
+
+  def timed(owner, name, part):
+    inner = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+      started = time.perf_counter()
+      try:
+        return inner(*args, **kwargs)
+      finally:
+        spent[part] += time.perf_counter() - started
+    setattr(owner, name, wrapper)
+  timed(loop.Run, '_retire', 'retire (metrics to host)')
+  timed(loop.Run, 'dispatched', 'dispatched (incl. retire)')
+  timed(prefetch.Prefetcher, 'next', 'next batch')
+  for cls in (hooks.LogMetrics, hooks.PreemptionAgreement,
+              integrity.CheckReplicas):
+    timed(cls, 'after_step', cls.__name__)
+  return spent
+
+
+def _ablation(config, task, rounds: int, scratch: str) -> dict:
+  """podrun pmap with each ablation, against the hand-written loop, rounds
+  alternating; plus where the host's time goes with the defaults."""
+  import jax  # pylint: disable=g-import-not-at-top
+  device = jax.devices()[0]
+  step = _hand_step(task)
+  batches = _host_batches(task, config.global_batch_size, config.steps)
+  names = ('hand',) + tuple(ABLATIONS)
+  rates = {n: [] for n in names}
+  for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      if name == 'hand':
+        state = jax.device_put(
+            (task.params, task.optimizer.init(task.params)), device)
+        rate, state = _timed_loop(step, state, batches,
+                                  lambda b: jax.device_put(b, device))
+        jax.tree_util.tree_map(lambda x: x.delete(), state)
+      else:
+        rate = _podrun(config, task, 'pmap',
+                       os.path.join(scratch, f'ablate_{name}_{r}'),
+                       **ABLATIONS[name])
+      rates[name].append(rate)
+  median = {n: statistics.median(v) for n, v in rates.items()}
+  spent = _host_parts()
+  started = time.perf_counter()
+  _podrun(config, task, 'pmap', os.path.join(scratch, 'ablate_parts'))
+  wall = time.perf_counter() - started
+  return {'vs_hand': {n: median[n] / median['hand'] for n in names},
+          'steps_per_sec': median, 'rounds': rates,
+          'host_seconds_per_step': {k: v / config.steps
+                                    for k, v in spent.items()},
+          'wall_s_with_parts': wall}
+
+
+CHECKPOINTS = {
+    'none': {'checkpointing': False},
+    'final_only': {'checkpoint_every': 0, 'local_checkpoint_every': 0},
+    'defaults': {},
+    'persistent_every_10': {'checkpoint_every': 10,
+                            'local_checkpoint_every': 0},
+}
+
+
+def _checkpoint_table(config, task, rounds: int, scratch: str) -> dict:
+  """Seconds of `train` with each checkpoint setting (a fresh workdir each
+  time), rounds alternating; medians and each against none."""
+  from runtime import training  # pylint: disable=g-import-not-at-top
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  seconds = {name: [] for name in CHECKPOINTS}
+  for r in range(-1, rounds):  # Round -1 compiles for the cache.
+    names = list(CHECKPOINTS)
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      run_config = config.copy_and_resolve_references()
+      run_config.parallelism = 'pmap'
+      run_config.update(CHECKPOINTS[name])
+      started = time.perf_counter()
+      training.train(run_config, os.path.join(scratch, f'ckpt_{name}_{r}'),
+                     dataclasses.replace(task, hooks=()))
+      if r >= 0:
+        seconds[name].append(time.perf_counter() - started)
+  median = {n: statistics.median(v) for n, v in seconds.items()}
+  return {'seconds': median, 'rounds': seconds,
+          'vs_none': {n: median[n] / median['none'] for n in median}}
 
 
 def _hand_first_step(shape: str) -> None:
@@ -245,6 +377,11 @@ def main() -> None:
   parser.add_argument('--first_step', action=argparse.BooleanOptionalAction,
                       default=True)
   parser.add_argument('--hand_first_step', action='store_true')
+  parser.add_argument(
+      '--mode', choices=('loop', 'ablate', 'checkpoints'), default='loop',
+      help='loop: every way of running the step; ablate: podrun with one '
+      'default changed at a time; checkpoints: the LM with each checkpoint '
+      'setting')
   parser.add_argument('--out', default=None)
   args = parser.parse_args()
   if args.hand_first_step:
@@ -263,11 +400,23 @@ def main() -> None:
            'jax': jax.__version__, 'shape': args.shape,
            'date': time.strftime('%Y-%m-%d'), 'first_step': first}
     config = _lm_config(args.shape, args.steps)
-    out['lm'] = _measure('lm', config, _lm_task(config), args.rounds, scratch)
-    config = _mnist_config(args.mnist_steps)
-    out['mnist_mlp'] = _measure('mnist', config, _mnist_task(config),
-                                args.rounds, scratch)
-  _print_table(out)
+    if args.mode == 'checkpoints':
+      out['lm_checkpoints'] = _checkpoint_table(config, _lm_task(config),
+                                                args.rounds, scratch)
+    elif args.mode == 'ablate':
+      out['lm_ablation'] = _ablation(config, _lm_task(config), args.rounds,
+                                     scratch)
+      config = _mnist_config(args.mnist_steps)
+      out['mnist_ablation'] = _ablation(config, _mnist_task(config),
+                                        args.rounds, scratch)
+    else:
+      out['lm'] = _measure('lm', config, _lm_task(config), args.rounds,
+                           scratch)
+      config = _mnist_config(args.mnist_steps)
+      out['mnist_mlp'] = _measure('mnist', config, _mnist_task(config),
+                                  args.rounds, scratch)
+  if args.mode == 'loop':
+    _print_table(out)
   text = json.dumps(out, indent=1, default=str)
   print(text)
   if args.out:
@@ -277,7 +426,8 @@ def main() -> None:
 def _print_table(out: dict) -> None:
   print(f'{out["device_kind"]} ({out["platform"]}), JAX {out["jax"]}')
   print('| workload | hand / on-device | podrun pmap / hand | podrun shard_map'
-        ' / hand | MFU on-device, hand, pmap, shard_map |')
+        ' / hand | podrun pmap k=1 / hand | podrun pmap / on-device | MFU '
+        'on-device, hand, pmap, shard_map |')
   for name in ('lm', 'mnist_mlp'):
     r = out[name]
     mfu = ', '.join('-' if r['mfu'][m] is None else f'{100 * r["mfu"][m]:.1f} %'
@@ -285,7 +435,9 @@ def _print_table(out: dict) -> None:
                               'podrun_shard_map'))
     print(f'| {name} | {r["hand_vs_on_device"]:.3f} | '
           f'{r["podrun_pmap_vs_hand"]:.3f} | '
-          f'{r["podrun_shard_map_vs_hand"]:.3f} | {mfu} |')
+          f'{r["podrun_shard_map_vs_hand"]:.3f} | '
+          f'{r["podrun_pmap_k1_vs_hand"]:.3f} | '
+          f'{r["podrun_pmap_vs_on_device"]:.3f} | {mfu} |')
   if out['first_step']:
     f = out['first_step']
     print(f'one-step LM job, start to end: launcher {f["launcher_s"]:.1f} s, '

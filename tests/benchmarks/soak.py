@@ -102,6 +102,7 @@ class Trial:
   target: int   # the process the fault hits; -1: the launcher
   at_step: int
   start_delay_s: float = 0.0
+  config: tuple[str, ...] = ()  # More --config flags, after JOB's.
 
 
 def draw(rng: random.Random, count: int, classes, modes) -> list[Trial]:
@@ -360,7 +361,7 @@ def run_trial(trial: Trial, root: pathlib.Path) -> dict:
   local_root = root / f'trial-{trial.index:03d}-local'
   tmp = root / f'trial-{trial.index:03d}-tmp'
   tmp.mkdir(parents=True)
-  args = [*JOB, *POD[trial.mode], *RESTARTS]
+  args = [*JOB, *trial.config, *POD[trial.mode], *RESTARTS]
   started = time.time()
   proc = _start(args, workdir, local_root, tmp)
   watch = Watch(proc)

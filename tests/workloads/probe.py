@@ -76,6 +76,34 @@ def _misbehave(config: ConfigDict) -> None:
   raise ValueError(f'unknown fail_mode {config.fail_mode!r}')
 
 
+class _Pace(hooks.Hook):
+  """Sleeps `seconds` for every step of the call just made (several with
+  config.steps_per_dispatch), as that many longer steps would."""
+
+  def __init__(self, seconds: float):
+    self.seconds, self.count = seconds, 0
+
+  def after_step(self, run) -> None:
+    time.sleep(self.seconds * (run.count - self.count))
+    self.count = run.count
+
+
+class _Misbehave(hooks.Hook):
+  """Misbehaves (config.fail_mode) after the call that runs
+  config.fail_at_step."""
+
+  def __init__(self, config):
+    self.config, self.last = config, 0
+
+  def begin(self, run) -> None:
+    self.last = run.step
+
+  def after_step(self, run) -> None:
+    ran, self.last = (self.last, run.step), run.step
+    if ran[0] < self.config.fail_at_step <= ran[1]:
+      _misbehave(self.config)
+
+
 def train_and_evaluate(config: ConfigDict, workdir):
   task, dataset = linear_regression.make_task(config)
   source = task.data
@@ -116,18 +144,14 @@ def train_and_evaluate(config: ConfigDict, workdir):
         local_checkpoint.default_root(), f'host_{jax.process_index()}')
   extra_hooks = []
   if config.step_seconds:  # In the loop, so the ledger books it productive.
-    extra_hooks.append(hooks.Periodic(
-        1, lambda run: time.sleep(config.step_seconds)))
+    extra_hooks.append(_Pace(config.step_seconds))
   if config.device_example_seconds:
     per_device = config.global_batch_size / jax.device_count()
-    extra_hooks.append(hooks.Periodic(1, lambda run: time.sleep(
-        config.device_example_seconds * per_device)))
+    extra_hooks.append(_Pace(config.device_example_seconds * per_device))
   if jax.process_count() < config.slow_below_processes:
-    extra_hooks.append(hooks.Periodic(
-        1, lambda run: time.sleep(config.slow_below_seconds)))
+    extra_hooks.append(_Pace(config.slow_below_seconds))
   if config.fail_at_step and config.fail_rank == jax.process_index():
-    extra_hooks.append(hooks.Periodic(1, lambda run: (
-        _misbehave(config) if run.step == config.fail_at_step else None)))
+    extra_hooks.append(_Misbehave(config))
   if config.flip_rank == jax.process_index():
     extra_hooks.append(hooks.Periodic(config.flip_step, lambda run: flip_bit(
         run, config.flip_step, config.flip_device)))

@@ -1,0 +1,171 @@
+"""Several steps per call (config.steps_per_dispatch) on 8 devices: the same
+updates, data order, keys and metrics as one step per call."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from configs import linear_regression as linear_regression_config
+from configs import mlp as mlp_config
+from runtime import dispatch
+from runtime import hooks
+from runtime import training
+from runtime.workloads import linear_regression
+from runtime.workloads import mlp
+
+pytestmark = pytest.mark.devices
+
+
+def test_choose_takes_k_from_the_step_time_and_the_cadences():
+  assert dispatch.choose(None, {'log_every': 10}) == 1
+  assert dispatch.choose(0.010, {'log_every': 10}) == 1  # A slow step.
+  assert dispatch.choose(0.001, {'log_every': 10}) == 10  # 20 ms wanted.
+  assert dispatch.choose(0.001, {'log_every': 12}) == 12
+  assert dispatch.choose(0.001, {'log_every': 10, 'eval_every': 25}) == 5
+  assert dispatch.choose(0.001, {'log_every': 7}) == 7
+  assert dispatch.choose(0.0001, {}) == dispatch.MOST_STEPS
+  assert dispatch.choose(0.0001, {'log_every': 0, 'x': 96}) == 48
+
+
+def test_a_dispatch_runs_up_to_the_next_multiple_of_k():
+  assert dispatch.size_at(0, 4, 100) == 4
+  assert dispatch.size_at(6, 4, 100) == 2  # A resume in between: back in line.
+  assert dispatch.size_at(96, 4, 98) == 2  # The last, shorter.
+
+
+def test_stack_puts_each_devices_rows_of_every_step_together():
+  step = lambda s: {'x': np.arange(4) + 10 * s}  # 2 devices of 2 rows.
+  stacked = dispatch.stack([step(0), step(1), step(2)], local_devices=2)
+  # Device 0: its rows of steps 0, 1, 2; then device 1's.
+  np.testing.assert_array_equal(
+      stacked['x'], [0, 1, 10, 11, 20, 21, 2, 3, 12, 13, 22, 23])
+
+
+@pytest.mark.parametrize('value', [-1, 2.5, 'fast', True])
+def test_a_value_that_is_no_count_is_refused(value):
+  with pytest.raises(dispatch.DispatchError, match='steps_per_dispatch'):
+    dispatch.parse(value)
+
+
+def test_a_count_given_as_a_flag_is_read():
+  assert dispatch.parse('4') == 4 and dispatch.parse('auto') is None
+  assert dispatch.parse(0) is None
+
+
+def _records(workdir) -> list[dict]:
+  with open(workdir / 'metrics.jsonl') as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize('parallelism,state_layout', [
+    ('pmap', 'replicated'), ('shard_map', 'replicated'),
+    ('shard_map', 'sharded')])
+def test_four_steps_per_call_train_as_one(tmp_path, parallelism,
+                                          state_layout):
+  config = mlp_config.get_config()
+  config.steps, config.log_every, config.integrity_every = 24, 4, 8
+  config.parallelism, config.state_layout = parallelism, state_layout
+  config.checkpointing = False
+  task, _ = mlp.make_task(config)
+  config.steps_per_dispatch = 1
+  one = training.train(config, str(tmp_path / 'one'), task)
+  config.steps_per_dispatch = 4
+  four = training.train(config, str(tmp_path / 'four'), task)
+  jax.tree_util.tree_map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+      one.params, four.params)
+  for a, b in zip(_records(tmp_path / 'one'), _records(tmp_path / 'four'),
+                  strict=True):
+    assert a['step'] == b['step']
+    assert a['loss'] == pytest.approx(b['loss'], rel=1e-6)
+  assert one.final_metrics['loss'] == pytest.approx(
+      four.final_metrics['loss'], rel=1e-6)
+
+
+def test_dropout_draws_the_same_keys_in_a_call_of_several_steps(tmp_path):
+  config = mlp_config.get_config()
+  config.steps, config.log_every, config.checkpointing = 8, 4, False
+  task, _ = mlp.make_task(config)
+  base = task.loss_fn
+
+  def loss_fn(params, batch, rng):
+    keep = jax.random.bernoulli(rng[0], 0.5, (1,))  # Each example's key.
+    loss, metrics = base(params, batch)
+    return loss * (1.0 + keep[0]), metrics
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  task = dataclasses.replace(task, loss_fn=loss_fn, rng='example')
+  config.steps_per_dispatch = 1
+  one = training.train(config, str(tmp_path / 'one'), task)
+  config.steps_per_dispatch = 4
+  four = training.train(config, str(tmp_path / 'four'), task)
+  assert one.fingerprint == four.fingerprint or jax.tree_util.tree_all(
+      jax.tree_util.tree_map(
+          lambda a, b: np.allclose(a, b, rtol=1e-6, atol=1e-7),
+          one.params, four.params))
+
+
+def test_a_resume_between_multiples_gets_back_in_line(tmp_path):
+  """6 steps one per call, then to 22 four per call (2, 4, 4, 4, 2): the
+  run that never stopped, with a checkpoint at step 6."""
+  config = linear_regression_config.get_config()
+  config.log_every, config.checkpoint_every = 2, 2
+  task, _ = linear_regression.make_task(config)
+  config.steps, config.steps_per_dispatch = 22, 1
+  straight = training.train(config, str(tmp_path / 'straight'), task)
+  config.steps = 6
+  training.train(config, str(tmp_path / 'resumed'), task)
+  config.steps, config.steps_per_dispatch = 22, 4
+  config.log_every, config.checkpoint_every = 4, 4
+  config.local_checkpoint_every = 4
+  resumed = training.train(config, str(tmp_path / 'resumed'), task)
+  assert resumed.start_step == 6
+  assert resumed.fingerprint == straight.fingerprint or np.allclose(
+      resumed.params['weight'], straight.params['weight'], rtol=1e-6)
+  steps = [r['step'] for r in _records(tmp_path / 'resumed') if 'loss' in r]
+  assert steps == [2, 4, 6, 8, 12, 16, 20, 22]
+
+
+def test_a_cadence_that_is_not_a_multiple_is_refused_before_step_1(
+    tmp_path):
+  config = linear_regression_config.get_config()
+  config.steps, config.steps_per_dispatch = 8, 4
+  config.log_every, config.integrity_every = 10, 6
+  task, _ = linear_regression.make_task(config)
+  with pytest.raises(dispatch.DispatchError) as refused:
+    training.train(config, str(tmp_path), task)
+  message = str(refused.value)
+  assert 'integrity_every=6' in message and 'log_every=10' in message
+  assert 'steps_per_dispatch=4' in message
+  assert not (tmp_path / 'metrics.jsonl').exists()
+
+
+def test_a_tasks_periodic_hook_is_a_cadence_too(tmp_path):
+  config = linear_regression_config.get_config()
+  config.steps, config.steps_per_dispatch, config.log_every = 8, 4, 4
+  config.checkpoint_every = config.local_checkpoint_every = 4
+  task, _ = linear_regression.make_task(config)
+  seen = []
+  hook = hooks.Periodic(every=3, callback=lambda run: seen.append(run.step))
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  with pytest.raises(dispatch.DispatchError, match=r'Periodic\(every\)=3'):
+    training.train(config, str(tmp_path / 'refused'),
+                   dataclasses.replace(task, hooks=(hook,)))
+  hook = hooks.Periodic(every=8, callback=lambda run: seen.append(run.step))
+  training.train(config, str(tmp_path / 'runs'),
+                 dataclasses.replace(task, hooks=(hook,)))
+  assert seen == [8]
+
+
+def test_auto_is_one_step_per_call_on_a_cpu(tmp_path):
+  config = linear_regression_config.get_config()
+  config.steps = 4
+  assert config.steps_per_dispatch == 0  # Auto.
+  task, _ = linear_regression.make_task(config)
+  k, _ = training._steps_per_dispatch(  # pylint: disable=protected-access
+      training.options_lib.Options.of(config, str(tmp_path)), task, 'cpu')
+  assert k == 1
+  k, decide = training._steps_per_dispatch(  # pylint: disable=protected-access
+      training.options_lib.Options.of(config, str(tmp_path)), task, 'tpu')
+  assert k is None  # Measured first on an accelerator.
