@@ -17,6 +17,9 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 from absl import logging
+import jax
+
+from runtime import memory as memory_lib
 
 # Dense bf16 FLOP/s of one JAX device, by a piece of its device_kind
 # (lower case), the more specific first. A v2 or v3 chip shows as two JAX
@@ -69,9 +72,10 @@ def compiled_flops(fn: Any, *args) -> Optional[float]:
   Raises:
     What tracing or compiling `fn` raises.
   """
-  # A mistake in the step, or a compilation that fails, is raised here as
-  # the call itself would raise it.
-  compiled = fn.lower(*args).compile()
+  return _flops_of(fn.lower(*args).compile())
+
+
+def _flops_of(compiled: Any) -> Optional[float]:
   try:
     cost = compiled.cost_analysis()
   except Exception as e:  # pylint: disable=broad-except
@@ -86,12 +90,15 @@ def compiled_flops(fn: Any, *args) -> Optional[float]:
 
 class Measured:
   """A jitted step whose first call reads the compiled program's FLOPs per
-  device (`flops_per_device`), then runs it; `lower` goes through, so the
-  program agreement can lower it too."""
+  device (`flops_per_device`) and the memory it needs of each device
+  (`memory`, said once by process 0, with whether it fits the device),
+  then runs it; `lower` goes through, so the program agreement can lower
+  it too."""
 
   def __init__(self, step_fn: Any):
     self._fn = step_fn
     self.flops_per_device: Optional[float] = None
+    self.memory: Optional[memory_lib.StepMemory] = None
     self._asked = False
 
   def lower(self, *args):
@@ -100,7 +107,18 @@ class Measured:
   def __call__(self, *args):
     if not self._asked:
       self._asked = True
-      self.flops_per_device = compiled_flops(self._fn, *args)
+      # A mistake in the step, or a compilation that fails, is raised here
+      # as the call itself would raise it. The compiled program is let go
+      # before the call loads its own: a TPU reserves a loaded program's
+      # memory, and two of a big step do not fit.
+      compiled = self._fn.lower(*args).compile()
+      self.flops_per_device = _flops_of(compiled)
+      self.memory = memory_lib.of_compiled(compiled)
+      del compiled
+      if self.memory is not None and jax.process_index() == 0:
+        fits, line = memory_lib.verdict(self.memory,
+                                        memory_lib.device_limit())
+        (logging.info if fits else logging.warning)('%s', line)
     return self._fn(*args)
 
 

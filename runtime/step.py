@@ -193,8 +193,7 @@ def _group_values(loss_fn: LossFn, state: TrainState, group: Any,
 
 def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
                  layout: microbatches_lib.Layout, rng: Optional[str],
-                 has_model_state: bool, axis: Any = _AXIS,
-                 sum_grads: Optional[Callable] = None):
+                 has_model_state: bool, axis: Any = _AXIS):
   """Metrics, model state and grads averaged over the step's real groups.
 
   One device's batch, (k x m, ...) per leaf, runs as k groups of m, one
@@ -202,8 +201,7 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
   activations live at a time). A padding group's zero rows are computed
   like any others, and its values are then replaced by zeros (`where`,
   which also drops a NaN they gave); the sums over the devices are divided
-  by the real groups alone (the gradients' sum by `sum_grads`, when given:
-  a sharded state's). Computing the padding costs no wall time: the
+  by the real groups alone. Computing the padding costs no wall time: the
   padding is the batch's tail, so device 0 runs k real groups whenever a
   step has any padding. (Skipping it with `lax.cond` instead made the CNN
   of configs/mnist_cnn.py 9x slower on XLA:CPU; BUILD_NOTES.md.)
@@ -231,14 +229,8 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
         jax.eval_shape(counted, jax.tree_util.tree_map(lambda x: x[0], groups),
                        0))
     sums, _ = lax.scan(one, zeros, (jnp.arange(k), groups))
-  if sum_grads is None:
-    return jax.tree_util.tree_map(
-        lambda x: lax.psum(x, axis) / layout.real_groups, sums)
-  metrics, model_state, grads = sums
-  mean = lambda tree: jax.tree_util.tree_map(
-      lambda x: x / layout.real_groups, tree)
-  return (*mean(lax.psum((metrics, model_state), axis)),
-          mean(sum_grads(grads)))
+  return jax.tree_util.tree_map(
+      lambda x: lax.psum(x, axis) / layout.real_groups, sums)
 
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
@@ -323,16 +315,11 @@ def _scanned(step: Callable, steps: int, split: Callable) -> Callable:
 
 def _device_values(loss_fn: LossFn, contract: Optional[str],
                    layout: Optional[microbatches_lib.Layout],
-                   has_model_state: bool, axis: Any = _AXIS,
-                   sum_grads: Optional[Callable] = None,
-                   devices: int = 0) -> Callable:
+                   has_model_state: bool, axis: Any = _AXIS) -> Callable:
   """One device's part of a step: `(state, batch, step_rng) -> (metrics,
   model_state, grads)`, each averaged over every device.
 
-  `axis` names every device (a tuple of mesh axes on a 2-D mesh);
-  `sum_grads`, when given, sums the gradients over every device in its own
-  way (a sharded state's: each device keeps its shards), and `devices`
-  says how many to divide by.
+  `axis` names every device.
   """
   one_pass = layout is None or (layout.microbatches == 1 and
                                 not layout.padded_groups)
@@ -343,15 +330,10 @@ def _device_values(loss_fn: LossFn, contract: Optional[str],
       device = lax.axis_index(axis)
       extra = randomness.keys_for(contract, step_rng, device, device * rows,
                                   rows)
-      out = _group_values(loss_fn, state, batch, extra, has_model_state,
-                          axis)
-      if sum_grads is None:
-        return lax.pmean(out, axis)
-      metrics, model_state, grads = out
-      return (*lax.pmean((metrics, model_state), axis),
-              jax.tree_util.tree_map(lambda g: g / devices, sum_grads(grads)))
+      return lax.pmean(_group_values(loss_fn, state, batch, extra,
+                                     has_model_state, axis), axis)
     return _accumulated(loss_fn, state, batch, step_rng, layout, contract,
-                        has_model_state, axis, sum_grads)
+                        has_model_state, axis)
   return values
 
 
@@ -376,19 +358,25 @@ def make_sharded_train_step(loss_fn: LossFn,
                             steps: int = 1) -> Callable:
   """The step of `make_train_step` under `parallelism.SHARD_MAP`, with the
   state split over each replica's devices: the same per-device values, the
-  same update, each leaf living where `placed` says.
+  same update, each leaf living where `placed` says, and no device holding
+  the whole parameters or gradients at once (FSDP).
 
-  The state's shardings are on the (replicas, shards) mesh of
-  runtime/parallelism/state_layout.py, whose devices, flattened, are the
-  global mesh's in its order, so the map runs over that mesh and each
-  device computes the rows of the batch it computes replicated. Every
-  device computes with the whole parameters (jit gathers them from the
-  shards for the map). A split leaf's gradient is then summed inside the
-  replica by a reduce-scatter, each device keeping its shard's sum, and
-  across replicas by an all-reduce of the shards; a whole leaf's by one
-  all-reduce. The optimiser updates the shards under jit, which sees
-  global arrays, so an update that reduces over a leaf (a global norm)
-  reduces over all of it.
+  Each device's loss is mapped with `jax.vmap` over a leading device
+  dimension of the batch, under the same axis name as the replicated step
+  (so a model's own collectives still span every device), and that
+  dimension is split over the (replicas, shards) mesh of
+  runtime/parallelism/state_layout.py (`spmd_axis_name`), whose devices,
+  flattened, are the global mesh's in its order: each device computes the
+  rows of the batch it computes replicated. The gradient is then taken of
+  the mean of those losses, through the map, rather than per device and
+  averaged after: each weight's gradient is one contraction over every
+  device's rows, which XLA's partitioner reduce-scatters into the shards
+  `placed` keeps where the layer's backward pass makes it, as it gathers a
+  split parameter where a layer uses it (MaxText's FSDP). A model whose
+  layers are a `lax.scan` under `jax.checkpoint` then holds one layer's
+  parameters and gradients whole at a time. The optimiser updates the
+  shards under jit, which sees global arrays, so an update that reduces
+  over a leaf (a global norm) reduces over all of it.
 
   Args:
     loss_fn, optimizer, rng, has_model_state, layout, steps: as
@@ -401,37 +389,24 @@ def make_sharded_train_step(loss_fn: LossFn,
     same, and the replicated metrics. The input state is donated.
   """
   check_loss_fn(loss_fn, rng is not None, has_model_state)
-  placements, treedef = jax.tree_util.tree_flatten(placed.params)
+  placements = jax.tree_util.tree_leaves(placed.params)
   grid = placements[0].mesh
   every = (state_layout.REPLICA_AXIS, state_layout.SHARD_AXIS)
-  grad_specs = jax.tree_util.tree_unflatten(
-      treedef, [p.spec for p in placements])
-
-  def sum_grads(grads):
-    def one(g, spec):
-      split = [d for d, a in enumerate(tuple(spec))
-               if a == state_layout.SHARD_AXIS]
-      if not split:
-        return lax.psum(g, every)
-      kept = lax.psum_scatter(g, state_layout.SHARD_AXIS,
-                              scatter_dimension=split[0], tiled=True)
-      return lax.psum(kept, state_layout.REPLICA_AXIS)
-    return jax.tree_util.tree_map(one, grads, grad_specs)
-
-  mapped = jax.shard_map(
-      _device_values(randomness.explained(loss_fn, rng), rng, layout,
-                     has_model_state, every, sum_grads, grid.size),
-      mesh=grid, in_specs=(PartitionSpec(), PartitionSpec(every),
-                           PartitionSpec()),
-      out_specs=(PartitionSpec(), PartitionSpec(), grad_specs),
-      check_vma=False)  # pmap's semantics, as parallelism.SHARD_MAP.
+  total = _global_loss(randomness.explained(loss_fn, rng), rng, layout,
+                       has_model_state, grid.size, every)
+  by_device = NamedSharding(grid, PartitionSpec(every))
 
   def step(state: TrainState, batch: Any):
     next_rng, step_rng = jax.random.split(state.rng)
-    # Only what the loss reads goes through the map: no gathered moments.
-    metrics, model_state, grads = mapped(
-        state._replace(opt_state=(), rng=()), batch, step_rng)
-    return _applied(optimizer, state, grads, model_state, next_rng), metrics
+    rows = jax.tree_util.tree_map(
+        lambda x: lax.with_sharding_constraint(
+            x.reshape((grid.size, -1) + x.shape[1:]), by_device), batch)
+    (loss, (metrics, model_state)), grads = jax.value_and_grad(
+        total, has_aux=True)(state.params, state.model_state, rows, step_rng)
+    grads = jax.tree_util.tree_map(lax.with_sharding_constraint, grads,
+                                   placed.params)
+    return (_applied(optimizer, state, grads, model_state, next_rng),
+            {**metrics, 'loss': loss})
 
   def global_steps(batch, steps):
     # Each device's rows are its rows of every step in step order: as
@@ -446,6 +421,69 @@ def make_sharded_train_step(loss_fn: LossFn,
   whole = NamedSharding(parallelism_lib.global_mesh(), PartitionSpec())
   return jax.jit(_scanned(step, steps, global_steps),
                  out_shardings=(placed, whole), donate_argnums=(0,))
+
+
+def _global_loss(loss_fn: LossFn, contract: Optional[str],
+                 layout: Optional[microbatches_lib.Layout],
+                 has_model_state: bool, devices: int, every: tuple) -> Callable:
+  """`(params, model_state, rows, step_rng) -> (loss, (metrics,
+  model_state))`: the step's loss, metrics and new model state, each the
+  mean over every device's real groups, with rows (devices, n, ...).
+
+  The same values as `_device_values` averages, as one function of the
+  parameters, so that its gradient is taken through the map over devices.
+  """
+  checked = _checked_output(loss_fn, has_model_state, _AXIS)
+  k = 1 if layout is None else layout.microbatches
+  one_pass = layout is None or (k == 1 and not layout.padded_groups)
+  groups = devices if one_pass else layout.real_groups
+
+  def group_values(params, model_state, group, extra):
+    if has_model_state:
+      loss, (metrics, new_state) = checked(params, model_state, group, *extra)
+      structure.check_same('model_state', model_state, new_state,
+                           _MODEL_STATE_HINT)
+    else:
+      (loss, metrics), new_state = checked(params, group, *extra), model_state
+    return loss, (metrics, new_state)
+
+  def device_sums(params, model_state, batch, step_rng):
+    device = lax.axis_index(_AXIS)
+    if one_pass:
+      rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
+      extra = randomness.keys_for(contract, step_rng, device, device * rows,
+                                  rows)
+      return group_values(params, model_state, batch, extra)
+    m = layout.microbatch_size
+    split = jax.tree_util.tree_map(
+        lambda x: x.reshape((k, m) + x.shape[1:]), batch)
+
+    def one(sums, xs):
+      j, group = xs
+      index = device * k + j
+      extra = randomness.keys_for(contract, step_rng, index, index * m, m)
+      out = group_values(params, model_state, group, extra)
+      # A padding group counts nothing (`where` also drops a NaN it gave).
+      out = jax.tree_util.tree_map(
+          lambda x: jnp.where(index < layout.real_groups, x,
+                              jnp.zeros_like(x)), out)
+      return jax.tree_util.tree_map(jnp.add, sums, out), None
+    first = jax.tree_util.tree_map(lambda x: x[0], split)
+    zeros = jax.tree_util.tree_map(
+        lambda s: jnp.zeros(s.shape, s.dtype),
+        jax.eval_shape(lambda g: group_values(
+            params, model_state, g,
+            randomness.keys_for(contract, step_rng, 0, 0, m)), first))
+    sums, _ = lax.scan(one, zeros, (jnp.arange(k), split))
+    return sums
+
+  mapped = jax.vmap(device_sums, in_axes=(None, None, 0, None),
+                    axis_name=_AXIS, spmd_axis_name=every)
+
+  def total(params, model_state, rows, step_rng):
+    sums = mapped(params, model_state, rows, step_rng)
+    return jax.tree_util.tree_map(lambda x: x.sum(0) / groups, sums)
+  return total
 
 
 def state_shardings(grid: Mesh, state_specs: Any) -> Any:

@@ -291,6 +291,12 @@ class _Programs:
     """One step's FLOPs per device, once the one-step program has run."""
     return None if self._measured is None else self._measured.flops_per_device
 
+  def memory(self) -> dict[str, int]:
+    """The one-step program's bytes per device (runtime/memory.py), once
+    it has run; {} where unknown."""
+    known = self._measured is not None and self._measured.memory is not None
+    return self._measured.memory.as_dict() if known else {}
+
   def __call__(self, steps: int) -> Callable:
     if steps not in self._built:
       self._built[steps] = self._build(steps)
@@ -545,6 +551,8 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     result = _result(run, topo, workdir)
   result.topology = layout_fields(topo, layout)
   result.chip = figures.summary(figures.mean_steps_per_sec())
+  if programs.memory():
+    result.chip['step_memory'] = programs.memory()
   return result
 
 

@@ -19,6 +19,13 @@ from runtime import step as step_lib
 
 pytestmark = pytest.mark.unit
 STEPS, G = 20, 64
+# What a layout can change is the order of the float sums. The share of a
+# leaf's movement in training that two layouts may differ by (the largest
+# seen is 1e-4), and the share beyond which replicated layouts themselves
+# differ for a leaf whose gradient is rounding alone (its movement is then
+# rounding amplified by Adam, and says nothing of the layout).
+MOVED_SHARE = 0.01
+NOISE_SHARE = 0.1
 
 
 def _params():
@@ -144,20 +151,18 @@ def _charlm_replicated(k):
                                          (2, 2), (4, 2)])
 def test_the_transformer_with_adam_trains_as_the_replicated_one(replicas, k):
   """tests/workloads/charlm.py's transformer (width 64, 4 heads), Adam, a
-  key per example, 20 steps of 48 examples: each parameter within what
-  replicated layouts of the same step already differ by, or 1e-5.
+  key per example, 20 steps of 48 examples: each parameter within 1 % of
+  how far it moved in training (the largest difference seen is 1e-4 of it).
 
-  The attention's key bias has a gradient of zero but for rounding (a bias
-  shared by every key moves each query's scores alike, and the softmax
-  forgets it), and Adam divides that rounding by its own size: a leaf of
-  noise moving by up to the learning rate a step. Summing the gradients by
-  a reduce-scatter and then across replicas adds them in another order
-  than the replicated step's all-reduce. One replica of 8 is bit for bit
-  the replicated step; with 2 or 4 replicas the key bias differs by up to
-  6.8e-4 after 20 steps on JAX 0.10.2 and 6.1e-4 on 0.12.0.1, about its own
-  size, where the replicated step with 1, 2 and 3 microbatches differs by
-  up to 1.05e-3 and 7.3e-4. The baseline is the largest difference, leaf by
-  leaf, between those three.
+  Left out, and named: the leaves whose gradient is rounding alone, which
+  replicated layouts of the same step (1, 2 and 3 microbatches) already
+  leave more than 10 % of their movement apart. The attention's key bias
+  is one (a bias shared by every key moves each query's scores alike, and
+  the softmax forgets it): Adam divides that rounding by its own size, so
+  the leaf moves by noise (5.5e-4 in 20 steps where the others move 2e-2),
+  and any other order of the sums (XLA's reduce-scatter, the replicas'
+  all-reduce) ends it elsewhere: 6e-4 to 9e-4 apart here, as much as it
+  moved. The test asserts it is the only such leaf.
   """
   task = _charlm_task()
   layout = microbatches.plan(48, 8, microbatches=k)
@@ -175,17 +180,23 @@ def test_the_transformer_with_adam_trains_as_the_replicated_one(replicas, k):
            if state_layout.SHARD_AXIS in tuple(s)]
   assert split, specs.params
   want = _charlm_replicated(k)
+  start = jax.tree_util.tree_leaves(host.params)
   layouts = [jax.tree_util.tree_leaves(_charlm_replicated(j))
              for j in (1, 2, 3)]
   leaves = jax.tree_util.tree_leaves_with_path
+  noise = []
   for i, ((path, a), b) in enumerate(zip(
       leaves(jax.device_get(got.params)), jax.tree_util.tree_leaves(want),
       strict=True)):
-    apart = max(float(np.max(np.abs(x[i] - y[i])))
-                for x, y in itertools.combinations(layouts, 2))
-    bound = np.maximum(apart, 1e-5 * np.abs(b) + 1e-6)
-    worst = float(np.max(np.abs(a - b) - bound))
-    assert worst <= 0, (
-        f'{jax.tree_util.keystr(path)}: sharded and replicated differ by '
-        f'{float(np.max(np.abs(a - b))):.2e}, replicated with 1, 2 and 3 '
-        f'microbatches by up to {apart:.2e}')
+    moved = float(np.max(np.abs(b - start[i])))
+    replicated_apart = max(float(np.max(np.abs(x[i] - y[i])))
+                           for x, y in itertools.combinations(layouts, 2))
+    name = jax.tree_util.keystr(path)
+    if replicated_apart > NOISE_SHARE * moved:
+      noise.append(name)  # Where it ends is rounding's choice.
+      continue
+    apart = float(np.max(np.abs(a - b)))
+    assert apart <= MOVED_SHARE * moved + 1e-6, (
+        f'{name}: sharded and replicated differ by {apart:.2e}, over '
+        f'{MOVED_SHARE:.0%} of the {moved:.2e} the leaf moved in training')
+  assert noise == ["['attention']['key']['bias'].value"], noise

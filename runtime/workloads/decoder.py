@@ -62,8 +62,12 @@ def _norm(x, scale):
   return (x32 * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def logits_fn(params, tokens: jnp.ndarray, heads: int) -> jnp.ndarray:
-  """(n, T) int tokens -> (n, T, V) logits, bfloat16."""
+def logits_fn(params, tokens: jnp.ndarray, heads: int,
+              remat: bool = False) -> jnp.ndarray:
+  """(n, T) int tokens -> (n, T, V) logits, bfloat16; with `remat`, each
+  layer's activations are computed again in the backward pass instead of
+  kept (`jax.checkpoint`), so that, with sharded state, one layer's
+  gathered parameters live at a time."""
   p = jax.tree_util.tree_map(lambda a: a.astype(COMPUTE), params)
   n, length = tokens.shape
   x = p['embed'][tokens] + p['position'][:length]
@@ -80,16 +84,17 @@ def logits_fn(params, tokens: jnp.ndarray, heads: int) -> jnp.ndarray:
     hidden = jax.nn.gelu(_norm(x, layer['norm_2']) @ layer['up'])
     return x + hidden @ layer['down'], None
 
-  x, _ = jax.lax.scan(block, x, p['layers'])
+  x, _ = jax.lax.scan(jax.checkpoint(block) if remat else block, x,
+                      p['layers'])
   return _norm(x, p['norm']) @ p['embed'].T
 
 
-def make_loss_fn(heads: int):
+def make_loss_fn(heads: int, remat: bool = False):
   """`(params, batch) -> (loss, {})`: next-token cross-entropy of one
   device's sequences, batch['tokens'] (n, T + 1)."""
   def loss_fn(params, batch):
     tokens = batch['tokens']
-    logits = logits_fn(params, tokens[:, :-1], heads)
+    logits = logits_fn(params, tokens[:, :-1], heads, remat)
     return optax.softmax_cross_entropy_with_integer_labels(
         logits.astype(jnp.float32), tokens[:, 1:]).mean(), {}
   return loss_fn
@@ -121,7 +126,8 @@ def tokens(config: ConfigDict) -> np.ndarray:
 def make_task(config: ConfigDict) -> runtime.Task:
   return runtime.Task(
       params=init_params(config),
-      loss_fn=make_loss_fn(config.model.heads),
+      loss_fn=make_loss_fn(config.model.heads,
+                           bool(config.model.get('remat', False))),
       optimizer=optax.adamw(config.optimizer.learning_rate,
                             weight_decay=config.optimizer.weight_decay),
       data=runtime.ArraySource(tokens=tokens(config)),

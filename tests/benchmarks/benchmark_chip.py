@@ -161,12 +161,18 @@ def _clock(warm: int = WARM_STEPS):
 def _podrun(config, task, parallelism: str, workdir: str,
             **overrides) -> float:
   import dataclasses  # pylint: disable=g-import-not-at-top
+  import gc  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
   from runtime import training  # pylint: disable=g-import-not-at-top
   config = config.copy_and_resolve_references()
   config.parallelism, config.checkpointing = parallelism, False
   config.update(overrides)
   clock = _clock()
   training.train(config, workdir, dataclasses.replace(task, hooks=(clock,)))
+  # Each run's step is a new function: its loaded program would stay, and
+  # a TPU reserves a loaded program's memory (three of the LM's do not fit).
+  jax.clear_caches()
+  gc.collect()
   return clock.rate
 
 
