@@ -11,6 +11,7 @@ import pytest
 
 from runtime.workloads import mnist
 from tests import helpers
+from tests.benchmarks import soak
 
 pytestmark = pytest.mark.processes
 
@@ -253,3 +254,20 @@ def test_a_kill_in_a_local_save_restores_each_process_s_part(
     # A replica per process keeps the whole leaf, one over both its half.
     half = 4096 if replica == 'process' else 2048
     assert ballast.shape == (half,), (process, ballast.shape)
+
+
+def test_the_census_is_exact_through_a_sigkill_with_sharded_state(tmp_path):
+  """About 20 s: the fault soak's census job (tests/benchmarks/soak.py) on
+  a 2x4 local pod with its state sharded, process 1 SIGKILLed at step 22;
+  the job resumes from the local tier and trains every example and
+  step exactly once."""
+  trial = soak.Trial(0, 'sigkill_step', 'fixed', target=1, at_step=22,
+                     config=('--config.parallelism=shard_map',
+                             '--config.state_layout=sharded'))
+  row = soak.run_trial(trial, tmp_path)
+  assert row['success'], {k: v for k, v in row.items()}
+  assert row['census_exact'] and not row['left_behind']
+  assert row['attempts'] >= 2, row
+  logs = ''.join(p.read_text(errors='replace') for p in
+                 (tmp_path / 'trial-000' / 'logs').rglob('*') if p.is_file())
+  assert 'state sharded' in logs, logs[-3000:]
