@@ -95,7 +95,8 @@ def flags_page() -> str:
   lines = ['# Flags', '', _GENERATED, '',
            'Every flag of the three commands, by what it is for. '
            '`podrun --help`, `podrun-tpu launch --help` and '
-           '`podrun-ray --help` print the same.', '',
+           '`podrun-ray --help` list the same flags, each with a shorter '
+           'text.', '',
            *_podrun(),
            *_argparse('podrun-tpu launch',
                       '`scripts/launch_tpu_pod.sh --tpu=NAME --zone=ZONE '
