@@ -215,9 +215,11 @@ class Run:
       check_finite(done_step, metrics)
       self.last_metrics = metrics
       self.clock.step_done(done_step)
-      progress.report(done_step, self.process_index,
-                      force=done_step == self.steps)
       self.window.add(metrics, now)
+    # Once a call: its steps' mean interval is what the supervisor and the
+    # cadences learn (one report a step would give all but one step 0 s).
+    progress.report(last_step, self.process_index,
+                    force=last_step == self.steps)
     for callback in self.on_retired:
       callback(last_step)
 

@@ -169,3 +169,15 @@ def test_auto_is_one_step_per_call_on_a_cpu(tmp_path):
   k, decide = training._steps_per_dispatch(  # pylint: disable=protected-access
       training.options_lib.Options.of(config, str(tmp_path)), task, 'tpu')
   assert k is None  # Measured first on an accelerator.
+
+
+def test_a_call_of_several_steps_reports_their_mean_interval(tmp_path):
+  # What the local tier's budget and the hang deadline learn from.
+  from runtime.common import progress  # pylint: disable=g-import-not-at-top
+  config = linear_regression_config.get_config()
+  config.steps, config.steps_per_dispatch, config.log_every = 64, 8, 8
+  config.checkpointing, config.integrity_every = False, 64
+  task, _ = linear_regression.make_task(config)
+  training.train(config, str(tmp_path), task)
+  seconds = progress.snapshot().step_seconds
+  assert seconds and min(seconds) > 0, seconds
