@@ -31,7 +31,8 @@
 #       --accelerator_type=v4-32 --runtime_version=tpu-ubuntu2204-base \
 #       --provision_python --spot --max_restarts=10 --delete_after -- \
 #       --config=configs/mnist.py --config.data_dir=gs://BUCKET/mnist \
-#       --config.checkpoint_dir=gs://BUCKET/mnist-run
+#       --workdir=gs://BUCKET/mnist-run
+# (the workdir in a bucket: the slice's disks go with a preemption)
 #
 # Your own project: run the script from its directory (or name it with
 # --project_dir). Its files that git does not ignore (every file, outside
@@ -104,7 +105,7 @@ esac
 if [ -n "${PODRUN_LOCAL_PYTHON:-}" ]; then
   py="$PODRUN_LOCAL_PYTHON"
 else
-  (source "$repo/scripts/env.sh") >&2 || { echo "launch_tpu_pod: error: could not set up $repo/.venv" >&2; exit 2; }
+  (PODRUN_EXTRAS="${PODRUN_EXTRAS-pod}" source "$repo/scripts/env.sh") >&2 || { echo "launch_tpu_pod: error: could not set up $repo/.venv" >&2; exit 2; }
   py="${PODRUN_VENV:-$repo/.venv}/bin/python"
 fi
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
