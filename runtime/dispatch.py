@@ -34,11 +34,17 @@ AUTO = 'auto'
 # the rest give the step time.
 AUTO_MEASURED_STEPS = 20
 # 'auto' takes k > 1 for steps under FAST_STEP_S, and makes one call last
-# about TARGET_CALL_S: the host's few hundred microseconds per call are
-# then a few percent of it.
+# about TARGET_CALL_S at the one-step-a-call pace. That pace is the host's
+# (the MNIST MLP on a TPU v5e: 1.6 ms a step, 0.28 ms of it the chip's), so
+# the call is shorter once the host's part is shared: 40 ms picked k = 25
+# there, which ran at 1.25x k = 10 (BUILD_NOTES.md, issue 71).
 FAST_STEP_S = 0.005
-TARGET_CALL_S = 0.02
+TARGET_CALL_S = 0.04
 MOST_STEPS = 64
+# And a call's batches stay under MOST_CALL_BYTES on each host: on that
+# host a call of 40 MB of batch ran at 0.36x one of 20 MB (k = 50 against
+# 25), the time going to the host's copies and the transfer.
+MOST_CALL_BYTES = 24 << 20
 _DECISION_KEY = 'podrun/steps_per_dispatch'
 
 
@@ -92,18 +98,24 @@ def fitting(cadences: Mapping[str, int]) -> int:
   return math.gcd(*(every for every in cadences.values() if every))
 
 
-def choose(step_s: Optional[float], cadences: Mapping[str, int]) -> int:
+def choose(step_s: Optional[float], cadences: Mapping[str, int],
+           step_bytes: int = 0) -> int:
   """'auto's k from the measured step time: 1 for a step of FAST_STEP_S or
-  more; else the largest k up to TARGET_CALL_S / step_s (and MOST_STEPS)
-  that divides every cadence.
+  more; else the largest k up to TARGET_CALL_S / step_s, MOST_STEPS and
+  MOST_CALL_BYTES / step_bytes (this host's batch bytes a step) that
+  divides every cadence.
 
   Example:
     >>> choose(0.0005, {'log_every': 10})
     10
+    >>> choose(0.0016, {'log_every': 100}, step_bytes=803_840)
+    25
   """
   if not step_s or step_s >= FAST_STEP_S:
     return 1
   wanted = min(MOST_STEPS, math.ceil(TARGET_CALL_S / step_s))
+  if step_bytes:
+    wanted = max(1, min(wanted, MOST_CALL_BYTES // step_bytes))
   common = fitting(cadences)
   return max(k for k in range(1, wanted + 1) if not common or common % k == 0)
 
@@ -201,14 +213,16 @@ class Dispatches:
 
 def decide_auto(cadences: Mapping[str, int], platform: str,
                 step_s: Callable[[], Optional[float]],
-                client: Optional[coordination.Client]) -> int:
-  """'auto's k: 1 on a CPU; else `choose` from process 0's step time, told
-  to every process. Process 0 says what it chose."""
+                client: Optional[coordination.Client],
+                step_bytes: Callable[[], int] = lambda: 0) -> int:
+  """'auto's k: 1 on a CPU; else `choose` from process 0's step time and
+  batch bytes a step, told to every process. Process 0 says what it
+  chose."""
   if platform == 'cpu':
     return 1
 
   def decide() -> str:
-    return str(choose(step_s(), cadences))
+    return str(choose(step_s(), cadences, step_bytes()))
   k = (int(decide()) if client is None or client.process_count == 1 else
        int(client.from_0(_DECISION_KEY, decide)))
   if jax.process_index() == 0:

@@ -25,6 +25,7 @@ from absl import logging
 import jax
 from jax.experimental import multihost_utils
 from ml_collections import ConfigDict
+import numpy as np
 import optax
 
 from runtime import agreement
@@ -345,9 +346,18 @@ def _cadences(options: options_lib.Options, task: Task) -> dict[str, int]:
   return cadences
 
 
+def _step_bytes(task: Task, rows: int) -> int:
+  """The bytes of `rows` examples: one step's batch on one host."""
+  example = data_lib.read_padded(task.data, np.arange(1), 1)
+  return rows * sum(np.asarray(x).nbytes
+                    for x in jax.tree_util.tree_leaves(example))
+
+
 def _steps_per_dispatch(options: options_lib.Options, task: Task,
-                        platform: str) -> tuple[Optional[int], Callable]:
-  """(k, or None to measure first; what decides k after measuring).
+                        platform: str, rows_per_process: int
+                        ) -> tuple[Optional[int], Callable]:
+  """(k, or None to measure first; what decides k after measuring), for
+  hosts that place `rows_per_process` rows a step.
 
   Raises:
     DispatchError: for a k that a cadence is not a multiple of.
@@ -355,7 +365,7 @@ def _steps_per_dispatch(options: options_lib.Options, task: Task,
   cadences = _cadences(options, task)
   decide = lambda: dispatch.decide_auto(
       cadences, platform, local_cadence.recent_step_s,
-      coordination.current())
+      coordination.current(), lambda: _step_bytes(task, rows_per_process))
   k = options.steps_per_dispatch
   if k is not None:
     dispatch.check_cadences(k, cadences)
@@ -491,7 +501,10 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     par = parallelism_lib.from_config(config)
     state = step_lib.init_state(task.params, task.optimizer,
                                 options.data.seed, task.model_state)
-    per_dispatch, decide = _steps_per_dispatch(options, task, topo.platform)
+    rows, _ = microbatches.process_positions(
+        layout, topo.process_index, topo.local_device_count)
+    per_dispatch, decide = _steps_per_dispatch(
+        options, task, topo.platform, rows.stop - rows.start)
     placed, where = _shardings(config, state, task.shard_dims)
     programs = _Programs(task, par, layout, placed)
     figures = flops_lib.Figures(

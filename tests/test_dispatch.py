@@ -9,6 +9,7 @@ import pytest
 
 from configs import linear_regression as linear_regression_config
 from configs import mlp as mlp_config
+import runtime
 from runtime import dispatch
 from runtime import hooks
 from runtime import training
@@ -21,12 +22,29 @@ pytestmark = pytest.mark.devices
 def test_choose_takes_k_from_the_step_time_and_the_cadences():
   assert dispatch.choose(None, {'log_every': 10}) == 1
   assert dispatch.choose(0.010, {'log_every': 10}) == 1  # A slow step.
-  assert dispatch.choose(0.001, {'log_every': 10}) == 10  # 20 ms wanted.
+  assert dispatch.choose(0.001, {'log_every': 10}) == 10  # 40 ms wanted.
+  assert dispatch.choose(0.0016, {'log_every': 100}) == 25
   assert dispatch.choose(0.001, {'log_every': 12}) == 12
   assert dispatch.choose(0.001, {'log_every': 10, 'eval_every': 25}) == 5
   assert dispatch.choose(0.001, {'log_every': 7}) == 7
   assert dispatch.choose(0.0001, {}) == dispatch.MOST_STEPS
   assert dispatch.choose(0.0001, {'log_every': 0, 'x': 96}) == 48
+
+
+def test_choose_keeps_a_calls_batches_under_most_call_bytes():
+  mib = 1 << 20
+  assert dispatch.choose(0.0001, {}, step_bytes=mib) == 24
+  assert dispatch.choose(0.0016, {'log_every': 100}, step_bytes=2 * mib) == 10
+  # A step's batch over the limit alone still runs, one a call.
+  assert dispatch.choose(0.0001, {}, step_bytes=64 * mib) == 1
+
+
+def test_step_bytes_are_one_hosts_rows_of_a_step():
+  task = runtime.Task(params={}, loss_fn=None, optimizer=None,
+                      data=runtime.ArraySource(
+                          image=np.zeros((10, 784), np.float32),
+                          label=np.zeros(10, np.int32)))
+  assert training._step_bytes(task, 256) == 256 * (784 * 4 + 4)
 
 
 def test_a_dispatch_runs_up_to_the_next_multiple_of_k():
@@ -158,17 +176,25 @@ def test_a_tasks_periodic_hook_is_a_cadence_too(tmp_path):
   assert seen == [8]
 
 
-def test_auto_is_one_step_per_call_on_a_cpu(tmp_path):
+def test_auto_is_one_step_per_call_on_a_cpu(tmp_path, monkeypatch):
   config = linear_regression_config.get_config()
   config.steps = 4
   assert config.steps_per_dispatch == 0  # Auto.
   task, _ = linear_regression.make_task(config)
+  options = training.options_lib.Options.of(config, str(tmp_path))
   k, _ = training._steps_per_dispatch(  # pylint: disable=protected-access
-      training.options_lib.Options.of(config, str(tmp_path)), task, 'cpu')
+      options, task, 'cpu', rows_per_process=8)
   assert k == 1
   k, decide = training._steps_per_dispatch(  # pylint: disable=protected-access
-      training.options_lib.Options.of(config, str(tmp_path)), task, 'tpu')
+      options, task, 'tpu', rows_per_process=8)
   assert k is None  # Measured first on an accelerator.
+  # Then a fast step, and room for 3 steps' batches a call: of the cadences'
+  # divisors (log 20, integrity 100) that leaves 2.
+  monkeypatch.setattr(training.local_cadence, 'recent_step_s', lambda: 1e-4)
+  monkeypatch.setattr(dispatch, 'MOST_CALL_BYTES',
+                      3 * training._step_bytes(task, 8))  # pylint: disable=protected-access
+  assert (config.log_every, config.integrity_every) == (20, 100)
+  assert decide() == 2
 
 
 def test_a_call_of_several_steps_reports_their_mean_interval(tmp_path):

@@ -3,6 +3,7 @@ step alone, side by side in one process, on whatever JAX sees.
 
   python tests/benchmarks/benchmark_chip.py [--shape=gpt2_small|tiny]
       [--rounds=3] [--steps=40] [--mnist_steps=300] [--out=chip.json]
+      [--workload=lm|mnist|both] [--methods=hand,on_device,...]
 
 Two workloads: the decoder LM of configs/decoder.py (default GPT-2 small's
 shape, 124 M parameters, bf16 compute, AdamW, sequences of 512, batch 16;
@@ -37,6 +38,7 @@ import functools
 import json
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -130,10 +132,12 @@ def _timed_loop(step, state, batches, place) -> tuple[float, object]:
   return (len(batches) - warm) / (time.perf_counter() - started), state
 
 
-def _clock(warm: int = WARM_STEPS):
+def _clock(warm: int = WARM_STEPS, stop: int = 0):
   """A podrun hook: the time from the end of the first call that reaches
-  `warm` steps to the end of the last, and the steps between. Periodic
-  with no period: it asks for no step of its own, so auto
+  `warm` steps to the end of the last (`rate`), and to the end of the first
+  call that reaches step `stop` (`last_rate`: the task's hooks run after
+  the built-in ones, so the final step's includes the final save's wait).
+  Periodic with no period: it asks for no step of its own, so auto
   steps_per_dispatch may choose any."""
   from runtime import hooks  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
@@ -148,6 +152,11 @@ def _clock(warm: int = WARM_STEPS):
       if self.started is None and run.count >= min(warm, run.steps - 1):
         jax.block_until_ready(run.state)
         self.started, self.count = time.perf_counter(), run.count
+      elif (self.started is not None and run.step >= (stop or run.steps)
+            and not hasattr(self, 'last_rate')):
+        jax.block_until_ready(run.state)
+        self.last_rate = ((run.count - self.count) /
+                          (time.perf_counter() - self.started))
 
     def end(self, run, error):
       if error is not None:
@@ -176,8 +185,11 @@ def _podrun(config, task, parallelism: str, workdir: str,
   return clock.rate
 
 
-def _measure(name: str, config, task, rounds: int, scratch: str) -> dict:
-  """Every method, `rounds` times, alternating; medians and ratios."""
+def _measure(name: str, config, task, rounds: int, scratch: str,
+             methods: tuple[str, ...], partial) -> dict:
+  """Each of `methods`, `rounds` times, alternating; medians and ratios.
+  `partial(rates)` is called after every run, so a run cut short still
+  leaves what it measured."""
   import jax  # pylint: disable=g-import-not-at-top
   from runtime import flops  # pylint: disable=g-import-not-at-top
   batch_size = config.global_batch_size
@@ -185,9 +197,9 @@ def _measure(name: str, config, task, rounds: int, scratch: str) -> dict:
   batches = _host_batches(task, batch_size, config.steps)
   device = jax.devices()[0]
   on_device = jax.device_put(batches[0], device)
-  rates = {m: [] for m in METHODS}
+  rates = {m: [] for m in methods}
   for r in range(rounds):
-    order = METHODS[r % len(METHODS):] + METHODS[:r % len(METHODS)]
+    order = methods[r % len(methods):] + methods[:r % len(methods)]
     for method in order:
       if method in ('hand', 'on_device'):
         # Placed for this run alone: podrun's runs get the chip's memory.
@@ -202,28 +214,27 @@ def _measure(name: str, config, task, rounds: int, scratch: str) -> dict:
         jax.tree_util.tree_map(lambda x: x.delete(), state)
         del state
       else:
-        rate = _podrun(config, task,
-                       method.removeprefix('podrun_').removesuffix('_k1'),
+        parallelism, _, k = method.removeprefix('podrun_').partition('_k')
+        rate = _podrun(config, task, parallelism,
                        os.path.join(scratch, f'{name}_{method}_{r}'),
-                       **({'steps_per_dispatch': 1} if method.endswith('k1')
-                          else {}))
+                       **({'steps_per_dispatch': int(k)} if k else {}))
       rates[method].append(rate)
+      partial({'rounds': rates})
   median = {m: statistics.median(v) for m, v in rates.items()}
   figures = flops.Figures(device.device_kind, jax.device_count(),
                           lambda: None, batch_size,
                           workload_flops_per_example=task.flops_per_example)
   per_step = figures.step_flops()
-  mfu = {m: figures.rates(median[m]).get('mfu') for m in METHODS}
-  return {
-      'steps_per_sec': median, 'rounds': rates,
-      'hand_vs_on_device': median['hand'] / median['on_device'],
-      'podrun_pmap_vs_hand': median['podrun_pmap'] / median['hand'],
-      'podrun_shard_map_vs_hand': median['podrun_shard_map'] / median['hand'],
-      'podrun_pmap_k1_vs_hand': median['podrun_pmap_k1'] / median['hand'],
-      'podrun_pmap_vs_on_device': (median['podrun_pmap'] /
-                                   median['on_device']),
-      'mfu': mfu, 'flops_per_step_per_device': per_step,
-  }
+  mfu = {m: figures.rates(median[m]).get('mfu') for m in methods}
+  ratios = {f'{a}_vs_{b}': median[a] / median[b]
+            for a, b in (('hand', 'on_device'), ('podrun_pmap', 'hand'),
+                         ('podrun_shard_map', 'hand'),
+                         ('podrun_pmap_k1', 'hand'),
+                         ('podrun_pmap', 'on_device'),
+                         ('podrun_shard_map', 'on_device'))
+            if a in median and b in median}
+  return {'steps_per_sec': median, 'rounds': rates, **ratios, 'mfu': mfu,
+          'flops_per_step_per_device': per_step}
 
 
 # One default changed at a time, then all four: which costs what.
@@ -301,31 +312,48 @@ CHECKPOINTS = {
     'none': {'checkpointing': False},
     'final_only': {'checkpoint_every': 0, 'local_checkpoint_every': 0},
     'defaults': {},
+    # The local tier's default before issue 71.
+    'local_every_25': {'checkpoint_every': 0, 'local_checkpoint_every': 25},
     'persistent_every_10': {'checkpoint_every': 10,
                             'local_checkpoint_every': 0},
 }
 
 
-def _checkpoint_table(config, task, rounds: int, scratch: str) -> dict:
-  """Seconds of `train` with each checkpoint setting (a fresh workdir each
-  time), rounds alternating; medians and each against none."""
+def _checkpoint_table(config, task, rounds: int, scratch: str,
+                      settings: tuple[str, ...], partial) -> dict:
+  """With each checkpoint setting (a fresh workdir each time), rounds
+  alternating: the seconds of the whole `train` (the final save included)
+  and the loop's steps/s after WARM_STEPS to the step before the last (the
+  saves between included, not the final one); medians and each against
+  none."""
   from runtime import training  # pylint: disable=g-import-not-at-top
   import dataclasses  # pylint: disable=g-import-not-at-top
-  seconds = {name: [] for name in CHECKPOINTS}
+  import gc  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  seconds = {name: [] for name in settings}
+  loop_rates = {name: [] for name in settings}
   for r in range(-1, rounds):  # Round -1 compiles for the cache.
-    names = list(CHECKPOINTS)
+    names = list(settings) if r >= 0 else ['none']
     for name in names[r % len(names):] + names[:r % len(names)]:
       run_config = config.copy_and_resolve_references()
       run_config.parallelism = 'pmap'
       run_config.update(CHECKPOINTS[name])
+      clock = _clock(stop=run_config.steps - 1)
       started = time.perf_counter()
       training.train(run_config, os.path.join(scratch, f'ckpt_{name}_{r}'),
-                     dataclasses.replace(task, hooks=()))
+                     dataclasses.replace(task, hooks=(clock,)))
+      jax.clear_caches()  # As in _podrun: loaded programs hold memory.
+      gc.collect()
       if r >= 0:
         seconds[name].append(time.perf_counter() - started)
+        loop_rates[name].append(clock.last_rate)
+        partial({'seconds': seconds, 'loop_steps_per_sec': loop_rates})
   median = {n: statistics.median(v) for n, v in seconds.items()}
+  loop = {n: statistics.median(v) for n, v in loop_rates.items()}
   return {'seconds': median, 'rounds': seconds,
-          'vs_none': {n: median[n] / median['none'] for n in median}}
+          'vs_none': {n: median[n] / median['none'] for n in median},
+          'loop_steps_per_sec': loop, 'loop_rounds': loop_rates,
+          'loop_time_vs_none': {n: loop['none'] / loop[n] for n in loop}}
 
 
 def _hand_first_step(shape: str) -> None:
@@ -388,11 +416,32 @@ def main() -> None:
       help='loop: every way of running the step; ablate: podrun with one '
       'default changed at a time; checkpoints: the LM with each checkpoint '
       'setting')
-  parser.add_argument('--out', default=None)
+  parser.add_argument('--workload', choices=('lm', 'mnist', 'both'),
+                      default='both')
+  parser.add_argument('--methods', default=','.join(METHODS),
+                      help='comma-separated, of ' + ', '.join(METHODS))
+  parser.add_argument('--checkpoints', default='none,final_only,defaults',
+                      help='--mode=checkpoints: comma-separated, of ' +
+                      ', '.join(CHECKPOINTS))
+  parser.add_argument('--out', default=None,
+                      help='JSON written after every run, whole or partial')
   args = parser.parse_args()
   if args.hand_first_step:
     _hand_first_step(args.shape)
     return
+  methods = tuple(args.methods.split(','))
+  # Beside METHODS, podrun_pmap_kN and podrun_shard_map_kN: N steps a call.
+  unknown = {m for m in methods if m not in METHODS and not re.fullmatch(
+      r'podrun_(pmap|shard_map)_k[0-9]+', m)}
+  if unknown:
+    parser.error(f'--methods: {sorted(unknown)} are none of {METHODS}')
+  out = {}
+
+  def write(key, value):
+    out[key] = value
+    if args.out:
+      pathlib.Path(args.out).write_text(json.dumps(out, indent=1,
+                                                   default=str))
   with tempfile.TemporaryDirectory(prefix='podrun_chip_') as scratch:
     # Before this process touches the chip: one program at a time holds it.
     first = _first_steps(args.shape, scratch) if args.first_step else None
@@ -402,48 +451,54 @@ def main() -> None:
     jax.config.update('jax_compilation_cache_dir', f'{scratch}/cache')
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
     device = jax.devices()[0]
-    out = {'device_kind': device.device_kind, 'platform': device.platform,
-           'jax': jax.__version__, 'shape': args.shape,
-           'date': time.strftime('%Y-%m-%d'), 'first_step': first}
+    out.update(device_kind=device.device_kind, platform=device.platform,
+               jax=jax.__version__, shape=args.shape,
+               date=time.strftime('%Y-%m-%d'), first_step=first)
+    lm = args.workload in ('lm', 'both')
+    mnist = args.workload in ('mnist', 'both')
     config = _lm_config(args.shape, args.steps)
     if args.mode == 'checkpoints':
-      out['lm_checkpoints'] = _checkpoint_table(config, _lm_task(config),
-                                                args.rounds, scratch)
+      write('lm_checkpoints', _checkpoint_table(
+          config, _lm_task(config), args.rounds, scratch,
+          tuple(args.checkpoints.split(',')),
+          functools.partial(write, 'lm_checkpoints')))
     elif args.mode == 'ablate':
-      out['lm_ablation'] = _ablation(config, _lm_task(config), args.rounds,
-                                     scratch)
-      config = _mnist_config(args.mnist_steps)
-      out['mnist_ablation'] = _ablation(config, _mnist_task(config),
-                                        args.rounds, scratch)
+      if lm:
+        write('lm_ablation', _ablation(config, _lm_task(config), args.rounds,
+                                       scratch))
+      if mnist:
+        config = _mnist_config(args.mnist_steps)
+        write('mnist_ablation', _ablation(config, _mnist_task(config),
+                                          args.rounds, scratch))
     else:
-      out['lm'] = _measure('lm', config, _lm_task(config), args.rounds,
-                           scratch)
-      config = _mnist_config(args.mnist_steps)
-      out['mnist_mlp'] = _measure('mnist', config, _mnist_task(config),
-                                  args.rounds, scratch)
+      if lm:
+        write('lm', _measure('lm', config, _lm_task(config), args.rounds,
+                             scratch, methods, functools.partial(write, 'lm')))
+      if mnist:
+        config = _mnist_config(args.mnist_steps)
+        write('mnist_mlp', _measure(
+            'mnist', config, _mnist_task(config), args.rounds, scratch,
+            methods, functools.partial(write, 'mnist_mlp')))
   if args.mode == 'loop':
     _print_table(out)
-  text = json.dumps(out, indent=1, default=str)
-  print(text)
-  if args.out:
-    pathlib.Path(args.out).write_text(text)
+  print(json.dumps(out, indent=1, default=str))
 
 
 def _print_table(out: dict) -> None:
   print(f'{out["device_kind"]} ({out["platform"]}), JAX {out["jax"]}')
-  print('| workload | hand / on-device | podrun pmap / hand | podrun shard_map'
-        ' / hand | podrun pmap k=1 / hand | podrun pmap / on-device | MFU '
-        'on-device, hand, pmap, shard_map |')
+  ratios = ('hand_vs_on_device', 'podrun_pmap_vs_hand',
+            'podrun_shard_map_vs_hand', 'podrun_pmap_k1_vs_hand',
+            'podrun_pmap_vs_on_device')
+  print('| workload | ' + ' | '.join(r.replace('_vs_', ' / ')
+                                     for r in ratios) + ' | MFU |')
   for name in ('lm', 'mnist_mlp'):
+    if name not in out:
+      continue
     r = out[name]
-    mfu = ', '.join('-' if r['mfu'][m] is None else f'{100 * r["mfu"][m]:.1f} %'
-                    for m in ('on_device', 'hand', 'podrun_pmap',
-                              'podrun_shard_map'))
-    print(f'| {name} | {r["hand_vs_on_device"]:.3f} | '
-          f'{r["podrun_pmap_vs_hand"]:.3f} | '
-          f'{r["podrun_shard_map_vs_hand"]:.3f} | '
-          f'{r["podrun_pmap_k1_vs_hand"]:.3f} | '
-          f'{r["podrun_pmap_vs_on_device"]:.3f} | {mfu} |')
+    mfu = ', '.join(f'{m} {100 * v:.1f} %' for m, v in r['mfu'].items()
+                    if v is not None)
+    cells = ' | '.join(f'{r[k]:.3f}' if k in r else '-' for k in ratios)
+    print(f'| {name} | {cells} | {mfu} |')
   if out['first_step']:
     f = out['first_step']
     print(f'one-step LM job, start to end: launcher {f["launcher_s"]:.1f} s, '
