@@ -29,7 +29,7 @@ from launcher import restart
 from launcher import tls
 from launcher import usage
 from launcher.common import cluster
-from runtime.common import env_vars
+from runtime.common import handoff
 from runtime.common import exit_codes
 from runtime.common import layout
 from launcher.common import goodput_rollup
@@ -77,7 +77,7 @@ _TLS = flags.DEFINE_enum(
 _TLS_DIR = flags.DEFINE_string(
     'tls_dir', None,
     'The job\'s certificate authority (`podrun-tls DIR` makes one), on a '
-    'path every host reads; default $PODRUN_TLS_DIR.')
+    f'path every host reads; default ${handoff.variable("tls_dir")}.')
 _INITIALIZATION_TIMEOUT = flags.DEFINE_integer(
     'initialization_timeout', 300,
     'Seconds to wait for every process to join the job.')
@@ -299,7 +299,7 @@ def distributed_options():
 
 def _tls_dir() -> Optional[str]:
   """--tls_dir, else $PODRUN_TLS_DIR (a TPU driver sets it, as ~/...)."""
-  found = _TLS_DIR.value or os.environ.get(env_vars.TLS_DIR)
+  found = _TLS_DIR.value or handoff.current().tls_dir
   return os.path.expanduser(found) if found else None
 
 

@@ -14,6 +14,7 @@ from typing import Optional
 from ml_collections import ConfigDict
 
 from runtime.checkpoints import options as checkpoint_options
+from runtime.common import handoff
 from runtime import dispatch
 
 # How a run checkpoints, `Options.checkpointing`'s type.
@@ -68,6 +69,9 @@ class Options:
     steps_per_dispatch: steps one call runs; None: 'auto'
       (runtime/dispatch.py).
     checkpointing: both checkpoint tiers.
+    elastic: (fewest, most) processes the job may run on, as its launcher
+      says (runtime/common/handoff.py); None for a fixed size.
+    attempt: the attempt's name, as its launcher says; '' for none.
   """
   steps: int
   data: Data
@@ -77,11 +81,16 @@ class Options:
   max_steps_in_flight: Optional[int]
   checkpointing: Checkpointing
   steps_per_dispatch: Optional[int] = 1
+  elastic: Optional[tuple[int, int]] = None
+  attempt: str = ''
 
   @classmethod
-  def of(cls, config: ConfigDict, workdir: str) -> 'Options':
-    """Reads a config made from runtime/config_base.py."""
+  def of(cls, config: ConfigDict, workdir: str,
+         told: Optional[handoff.Handoff] = None) -> 'Options':
+    """Reads a config made from runtime/config_base.py, and what the
+    launcher told this process (default: handoff.current())."""
     profile = config.get('profile') or {}
+    told = told or handoff.current()
     return cls(
         steps=config.steps,
         data=Data(global_batch_size=config.global_batch_size,
@@ -96,4 +105,5 @@ class Options:
         max_steps_in_flight=config.max_steps_in_flight,
         checkpointing=Checkpointing.of(config, workdir),
         steps_per_dispatch=dispatch.parse(
-            config.get('steps_per_dispatch', dispatch.AUTO)))
+            config.get('steps_per_dispatch', dispatch.AUTO)),
+        elastic=told.elastic, attempt=told.attempt or '')

@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 import jax
 
 from runtime.common import accelerators
-from runtime.common import env_vars
+from runtime.common import handoff
 from runtime.common import exit_codes
 
 
@@ -229,13 +229,14 @@ def implied_by_pod_launch() -> list[Expectation]:
   A worker whose JAX does not find the pod (no libtpu, say) would otherwise
   run a job of its own, "process 0 of 1", beside the others.
   """
-  count = os.environ.get(env_vars.EXPECTED_PROCESSES)
+  count = handoff.current().expected_processes
   if not count:
     return []
   slices = num_slices_from_env()
   what = (f'{slices} slices x {int(count) // slices} workers' if slices > 1
           else f'{count} workers')
-  source = (f'the TPU pod\'s {what} ({env_vars.EXPECTED_PROCESSES}, from '
+  variable = handoff.variable('expected_processes')
+  source = (f'the TPU pod\'s {what} ({variable}, from '
             'scripts/launch_tpu_pod.sh)')
   expected = [Expectation('num_processes', int(count), source)]
   if slices > 1:

@@ -18,7 +18,6 @@ Example (a workload):
 """
 
 import dataclasses
-import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from absl import logging
@@ -34,7 +33,6 @@ from runtime.checkpoints import checkpoint
 from runtime.checkpoints import checkpoint_meta
 from runtime.common import deprecations
 from runtime.common import exit_codes
-from runtime.common import env_vars
 from runtime.common import goodput
 from runtime.common import layout
 from runtime import config_reads
@@ -227,12 +225,13 @@ def max_steps_in_flight(configured: Optional[int], platform: str) -> int:
   return 1 if platform == 'cpu' else 2
 
 
-def _open_checkpoints(options: options_lib.Checkpointing):
-  """(persistent tier, local tier); None for each that is off."""
+def _open_checkpoints(options: options_lib.Checkpointing, attempt: str):
+  """(persistent tier, local tier); None for each that is off. The local
+  copies name the attempt that wrote them."""
   if not options.enabled:
     return None, None
   ckpt = checkpoint.open_for(options)
-  return ckpt, local_checkpoint.open_for(options.local, ckpt.path)
+  return ckpt, local_checkpoint.open_for(options.local, ckpt.path, attempt)
 
 
 def _hooks(options: options_lib.Options, workdir: str, task: Task, topo,
@@ -385,12 +384,13 @@ _REPLICA_WORDS = {'process': 'one per process', 'slice': 'one per slice',
 
 
 def _shardings(config: ConfigDict, state: step_lib.TrainState,
-               task_dims: Optional[Mapping[str, Optional[int]]]
+               task_dims: Optional[Mapping[str, Optional[int]]],
+               elastic: Optional[tuple[int, int]]
                ) -> tuple[Optional[step_lib.TrainState], str]:
   """(the state's shardings, or None to replicate it; the console's line
-  on where the state lives)."""
-  replica = state_layout.replica_of(
-      config, os.environ.get(env_vars.ELASTIC_PROCESSES))
+  on where the state lives), in a job of a fixed size or of `elastic`'s
+  (fewest, most) processes."""
+  replica = state_layout.replica_of(config, elastic)
   if replica is None:
     return None, ''
   grid = state_layout.mesh(replica)
@@ -408,10 +408,13 @@ def _shardings(config: ConfigDict, state: step_lib.TrainState,
 
 
 def plan_layout(config: ConfigDict, topo, workdir: Optional[str] = None,
-                has_model_state: bool = False) -> microbatches.Layout:
+                has_model_state: bool = False,
+                elastic: Optional[tuple[int, int]] = None
+                ) -> microbatches.Layout:
   """How each step's global batch sits on this job's devices; with a
   workdir and nothing fixed by the config, in the group size of the job's
-  first attempt (runtime/checkpoints/batch_limit.py)."""
+  first attempt (runtime/checkpoints/batch_limit.py); refused first where
+  one of `elastic`'s (fewest, most) process counts cannot lay it out."""
   num_devices = topo.process_count * topo.local_device_count
   size = config.get('microbatch_size') or None
   if workdir is not None and size is None:
@@ -419,7 +422,7 @@ def plan_layout(config: ConfigDict, topo, workdir: Optional[str] = None,
   limits = (config.get('device_batch_limit') or None,
             config.get('microbatches') or None, size)
   sizes = check_elastic_layouts(config.global_batch_size,
-                                topo.local_device_count, limits)
+                                topo.local_device_count, limits, elastic)
   if has_model_state and len(sizes) > 1 and topo.process_index == 0:
     logging.warning(
         'the model state (BatchNorm\'s statistics) is computed over groups '
@@ -430,17 +433,17 @@ def plan_layout(config: ConfigDict, topo, workdir: Optional[str] = None,
 
 
 def check_elastic_layouts(global_batch_size: int, local_device_count: int,
-                          limits: tuple, elastic: Optional[str] = None
-                          ) -> set[int]:
+                          limits: tuple,
+                          elastic: Optional[tuple[int, int]]) -> set[int]:
   """Refuses, before step 1, a config that one of the process counts an
-  elastic job may run on (env_vars.ELASTIC_PROCESSES, "K-P") cannot lay out.
+  elastic job may run on cannot lay out.
 
   Args:
     global_batch_size: G.
     local_device_count: each process's devices (hosts are alike).
     limits: (device_batch_limit, microbatches, microbatch_size) as
       `microbatches.plan` takes them.
-    elastic: "K-P"; None reads the environment.
+    elastic: (fewest, most) processes; None for a job of a fixed size.
 
   Returns:
     The group sizes those layouts have (empty when the job is not elastic).
@@ -448,10 +451,9 @@ def check_elastic_layouts(global_batch_size: int, local_device_count: int,
   Raises:
     LayoutError: naming the process count, the devices and why.
   """
-  elastic = elastic or os.environ.get(env_vars.ELASTIC_PROCESSES)
   if not elastic:
     return set()
-  fewest, most = (int(n) for n in elastic.split('-'))
+  fewest, most = elastic
   sizes = set()
   for processes in range(fewest, most + 1):
     try:
@@ -495,7 +497,8 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   with ledger.naming('train_setup'):
     options = options_lib.Options.of(config, workdir)
     topo = topology_lib.current()
-    layout = plan_layout(config, topo, workdir, task.model_state is not None)
+    layout = plan_layout(config, topo, workdir, task.model_state is not None,
+                         options.elastic)
     in_flight_limit = max_steps_in_flight(options.max_steps_in_flight,
                                           topo.platform)
     par = parallelism_lib.from_config(config)
@@ -505,7 +508,8 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
         layout, topo.process_index, topo.local_device_count)
     per_dispatch, decide = _steps_per_dispatch(
         options, task, topo.platform, rows.stop - rows.start)
-    placed, where = _shardings(config, state, task.shard_dims)
+    placed, where = _shardings(config, state, task.shard_dims,
+                               options.elastic)
     programs = _Programs(task, par, layout, placed)
     figures = flops_lib.Figures(
         topo.device_kind, layout.num_devices, programs.flops_per_device,
@@ -513,7 +517,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
         task.flops_per_example)
   ledger.note(topology=layout_fields(topo, layout))
   with ledger.timing('checkpoint_restore'):
-    ckpt, local = _open_checkpoints(options.checkpointing)
+    ckpt, local = _open_checkpoints(options.checkpointing, options.attempt)
     start, state, _ = recovery.restore(options.checkpointing, ckpt, local,
                                        state, len(task.data), placed)
   if start:

@@ -25,6 +25,9 @@ from typing import Any, Callable
 # Module-level state that each test starts from anew: (module, name) ->
 # a function of the module that makes the fresh value.
 FRESH: dict[tuple[str, str], Callable[[Any], Any]] = {
+    # What launcher.process installed as the launcher's word (first: the
+    # progress state below reads it).
+    ('runtime.common.handoff', '_installed'): lambda m: None,
     # The step reports the stall watchdog and the heartbeat read.
     ('runtime.common.progress', '_progress'): lambda m: m._Progress(),
     # The goodput ledger of "this process" (with its running step clock).

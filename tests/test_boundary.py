@@ -162,7 +162,7 @@ def test_the_check_finds_an_import_against_the_rule():
       ('launcher.restart', 'from runtime import train'),
       ('launcher.local.pod', 'from launcher.process import process'),
       ('runtime.common.progress', 'import jax'),
-      ('launcher.tpu.worker', 'from runtime.common import env_vars'),
+      ('launcher.tpu.worker', 'from runtime.common import handoff'),
       ('launcher.common.cluster', 'from launcher.process import peers'),
       ('launcher.common.workload', 'import jax'),
       # Spelled so that a search for the name misses them.

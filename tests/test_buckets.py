@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from runtime.common import env_vars
+from runtime.common import handoff
 from runtime.common import exit_codes
 from tests import gcs as gcs_lib
 from tests import helpers
@@ -53,7 +53,7 @@ def _start(gcs, workdir, *args, record_cache=None):
   """The probe job; a bucket's workdir copied under `record_cache`."""
   env = gcs.env()
   if record_cache is not None:
-    env[env_vars.RECORD_CACHE] = str(record_cache)
+    env[handoff.RECORD_CACHE] = str(record_cache)
   return helpers.start_launcher([*PROBE, f'--workdir={workdir}', *args],
                                 env=helpers.launcher_env(**env))
 
@@ -268,7 +268,7 @@ def test_a_silent_metadata_server_costs_a_bucket_job_nothing(gcs, tmp_path):
   url = 'gs://runs/silent'
   with gcs_lib.SilentMetadata() as silent:
     env = {**gcs.env(), **silent.env(),
-           env_vars.RECORD_CACHE: str(tmp_path / 'cache')}
+           handoff.RECORD_CACHE: str(tmp_path / 'cache')}
     for steps in (10, 20):
       proc = helpers.start_launcher(
           [*PROBE, f'--workdir={url}', f'--config.steps={steps}'],

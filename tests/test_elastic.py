@@ -260,18 +260,18 @@ def test_an_elastic_job_keeps_its_groups_on_any_number_of_devices(tmp_path):
 def test_a_config_one_elastic_topology_cannot_lay_out_is_refused_first():
   # One pass of at most 40 examples: 256 fits on 4 x 2 devices (32 each),
   # not on 2 x 2 (64 each), which --min_processes=2 allows.
-  training.check_elastic_layouts(256, 2, (40, 1, None), elastic='4-4')
+  training.check_elastic_layouts(256, 2, (40, 1, None), elastic=(4, 4))
   with pytest.raises(microbatches.LayoutError,
                      match=r'this elastic job may run on 2 to 4 processes, '
                      r'and on 2 x 2 devices: global batch size 256 in 1 '
                      r'microbatch\(es\) on 4 devices needs groups of 64'):
-    training.check_elastic_layouts(256, 2, (40, 1, None), elastic='2-4')
+    training.check_elastic_layouts(256, 2, (40, 1, None), elastic=(2, 4))
   # Left to choose, the groups change with the count (BatchNorm would);
   # a fixed group size keeps them.
   assert training.check_elastic_layouts(
-      40, 2, (5, None, None), elastic='3-4') == {4, 5}
+      40, 2, (5, None, None), elastic=(3, 4)) == {4, 5}
   assert training.check_elastic_layouts(
-      40, 2, (None, None, 5), elastic='3-4') == {5}
+      40, 2, (None, None, 5), elastic=(3, 4)) == {5}
   assert training.check_elastic_layouts(256, 2, (None, None, None),
                                         elastic=None) == set()
 

@@ -15,7 +15,7 @@ import pytest
 
 from launcher import tls
 from launcher.process import credentials
-from runtime.common import env_vars
+from runtime.common import handoff
 from runtime.common import exit_codes
 from launcher.common import job_tls
 
@@ -118,7 +118,7 @@ def test_a_process_joins_without_tls_only_when_told(tmp_path, monkeypatch):
       credentials.issue_for('require', None, 0, version)
   authority = tmp_path / 'tls'
   job_tls.make_authority(str(authority), 'j')
-  env = {env_vars.JOB_ID: 'j', env_vars.ATTEMPT: 'j-a3'}
+  env = {handoff.JOB_ID: 'j', handoff.ATTEMPT: 'j-a3'}
   issued = credentials.issue_for('auto', str(authority), 2, '0.12.0', env)
   assert issued.uri == 'podrun://j/j-a3/process/2'
   # Beside the authority, so that the local pod's cleanup takes it too.

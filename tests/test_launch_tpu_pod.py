@@ -23,7 +23,7 @@ import jax
 import pytest
 
 from launcher.tpu import commands
-from runtime.common import env_vars
+from runtime.common import handoff
 from runtime.common import exit_codes
 from launcher.common import job_tls
 from tests import helpers
@@ -434,7 +434,7 @@ def test_with_a_bucket_the_driver_writes_the_launchers_files(pod):
     run = next(l for l in result.stdout.splitlines()
                if ' run test-job-a1 ' in l)
     return shlex.split(shlex.split(run)[-1].split('=', 1)[1])
-  told = f'--env={env_vars.LAUNCHER_RECORD}=1'
+  told = f'--env={handoff.LAUNCHER_RECORD}=1'
   assert told in run_words('--workdir=gs://runs/linear')
   assert told not in run_words('--workdir=/tmp/runs/linear')
 

@@ -112,10 +112,10 @@ def _names_used(tree: ast.AST) -> set[str]:
 
 def test_no_module_but_the_layout_decides_where_the_record_lives():
   """Where a bucket's record is copied (`local_copy`, PODRUN_RECORD_CACHE)
-  is read in layout.py alone (env_vars.py names the variable); everyone
+  is read in layout.py alone (handoff.py names the variable); everyone
   else asks `Record.of`."""
   own = {helpers.REPO / 'runtime' / 'common' / name
-         for name in ('layout.py', 'env_vars.py')}
+         for name in ('layout.py', 'handoff.py')}
   deciders = []
   for top in ('launcher', 'runtime', 'scripts'):
     for path in sorted((helpers.REPO / top).rglob('*.py')):

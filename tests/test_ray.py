@@ -18,6 +18,7 @@ from launcher.ray import elastic
 from launcher.ray import host
 from launcher.ray import options as options_lib
 from launcher.ray import raylets
+from runtime.common import handoff
 from tests import helpers
 from tests import ray_cluster  # pylint: disable=unused-import; before Ray
 
@@ -33,12 +34,20 @@ def test_flags_and_the_launchers_after_the_separator():
       '10.0.0.1:6379', 4, {'GPU': 8.0, 'CPU': 16.0},
       ['--config=configs/mnist.py', '--workdir=/shared/mnist'])
   assert flag_values.workdir_of(options.launcher_args) == '/shared/mnist'
+  # The user's variables, for every process.
+  options = ray_main.parse(['--num_processes=2', '--env=WANDB_API_KEY=k',
+                            '--env', 'XLA_FLAGS=--xla_dump_to=/tmp/x=1', '--',
+                            '--config=c', '--workdir=/w'])
+  assert options.env == {'WANDB_API_KEY': 'k',
+                         'XLA_FLAGS': '--xla_dump_to=/tmp/x=1'}
 
 
 @pytest.mark.parametrize('argv, says', [
     (['--num_processes=0', '--', '--config=c', '--workdir=/w'],
      '--num_processes=0: at least'),
     (['--num_processes=2'], 'no launcher flags after `--`'),
+    (['--num_processes=2', '--env=1A=b', '--', '--config=c', '--workdir=/w'],
+     '--env 1A=b: expected KEY=VALUE'),
     (['--num_processes=2', '--resources_per_process={"GPU": 0}', '--',
       '--config=c', '--workdir=/w'], 'positive amounts'),
     (['--num_processes=2', '--resources_per_process=GPU', '--', '--config=c',
@@ -100,12 +109,15 @@ def test_a_process_inherits_nothing_of_an_earlier_job():
           'PODRUN_GONE_FILE': '/old/gone', 'MEGASCALE_SLICE_ID': '1',
           'CUDA_VISIBLE_DEVICES': '0,1',
           'PODRUN_LOCAL_CHECKPOINT_DIR': '/mnt/ssd/podrun'}
-  env = host.fresh_env(node, {'PODRUN_PROCESS_ID': '0',
-                              'PODRUN_NUM_PROCESSES': '4'})
+  env = host.fresh_env(node, handoff.Handoff(process_id=0, num_processes=4))
   # The node's own settings stay.
   assert env == {'PATH': '/usr/bin', 'CUDA_VISIBLE_DEVICES': '0,1',
                  'PODRUN_LOCAL_CHECKPOINT_DIR': '/mnt/ssd/podrun',
                  'PODRUN_PROCESS_ID': '0', 'PODRUN_NUM_PROCESSES': '4'}
+  # The user's variables go in; what the launcher tells wins over them.
+  env = host.fresh_env(node, handoff.Handoff(process_id=0),
+                       {'WANDB_API_KEY': 'k', 'PODRUN_PROCESS_ID': '9'})
+  assert env['WANDB_API_KEY'] == 'k' and env['PODRUN_PROCESS_ID'] == '0'
 
 
 def test_no_cluster_at_the_address_is_named(monkeypatch, capsys):

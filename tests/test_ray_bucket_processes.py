@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from runtime.common import env_vars
+from runtime.common import handoff
 from tests import gcs as gcs_lib
 from tests import helpers
 from tests import ray_cluster  # Before Ray: it keeps Ray on 127.0.0.1.
@@ -31,7 +31,7 @@ def test_the_driver_writes_the_launchers_files_into_the_bucket(
     gcs.bucket('runs')
     # The raylets, their processes and the driver all see the emulator and
     # keep their copy of the record under `cache`.
-    for name, value in {**gcs.env(), env_vars.RECORD_CACHE: str(cache)
+    for name, value in {**gcs.env(), handoff.RECORD_CACHE: str(cache)
                         }.items():
       monkeypatch.setenv(name, value)
     url = 'gs://runs/ray'

@@ -72,16 +72,21 @@ def test_more_processes_than_nodes_is_refused_naming_both(cluster, tmp_path):
 
 def test_a_failing_process_ends_the_job_with_its_code(cluster, tmp_path):
   """A user's error on rank 2 (exit 7 at step 5) ends every process and the
-  job with 7: the root cause, not the peers' 10."""
+  job with 7: the root cause, not the peers' 10. The user's --env reached
+  every process; the nodes never saw the driver's shell."""
   result = ray_cluster.run_podrun_ray(
       cluster.address, 4,
       [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
        f'--workdir={tmp_path}', '--config.steps=40',
        '--config.fail_rank=2', '--config.fail_step=5',
-       '--config.fail_mode=podrun_error', '--config.fail_code=7'],
-      '--stop_grace=20')
+       '--config.fail_mode=podrun_error', '--config.fail_code=7',
+       '--config.echo_env=PROBE_API_KEY'],
+      '--stop_grace=20', '--env=PROBE_API_KEY=from the driver')
   assert result.returncode == 7, result.output
   assert 'rank 2 ended with exit code 7' in result.stderr, result.stderr
+  for rank in range(4):
+    log = (tmp_path / 'logs' / f'rank_{rank}.log').read_text()
+    assert 'probe: env PROBE_API_KEY=from the driver' in log, log[-2000:]
   _no_job_left(cluster, tmp_path)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from launcher.process import stall
-from runtime.common import env_vars
+from runtime.common import handoff
 from runtime.common import goodput
 from runtime.common import layout
 from runtime.common import progress
@@ -67,7 +67,7 @@ HOSTS = ['--config.per_rank_local_dir=True']
 def _local_job_dir(workdir, host=None) -> pathlib.Path:
   job = (pathlib.Path(workdir) / 'checkpoints' /
          local_checkpoint.JOB_ID_FILE).read_text().strip()
-  root = pathlib.Path(os.environ[env_vars.LOCAL_CHECKPOINT_DIR])
+  root = pathlib.Path(os.environ[handoff.LOCAL_CHECKPOINT_DIR])
   return (root if host is None else root / f'host_{host}') / job
 
 

@@ -142,7 +142,7 @@ def test_the_layout_is_chosen_by_the_config_and_refused_where_it_cannot_run():
       state_layout.replica_of(_config(**fields))
   with pytest.raises(exit_codes.ConfigError, match='elastic job .processes 3-4'):
     state_layout.replica_of(_config(state_layout='sharded',
-                                    parallelism='shard_map'), elastic='3-4')
+                                    parallelism='shard_map'), elastic=(3, 4))
 
 
 def test_an_override_by_the_path_s_end_names_the_moments_too():
@@ -175,7 +175,7 @@ def test_config_shard_dims_win_over_the_task_s():
   config = _config(state_layout='sharded', parallelism='shard_map',
                    shard_dims='dense/kernel=whole')
   placed, line = training._shardings(  # pylint: disable=protected-access
-      config, _adam_state(), {'dense/kernel': 1, 'out/kernel': None})
+      config, _adam_state(), {'dense/kernel': 1, 'out/kernel': None}, None)
   params = jax.tree_util.tree_map(lambda s: s.spec, placed['params'])
   assert params['dense']['kernel'] == PartitionSpec()
   assert params['out']['kernel'] == PartitionSpec()

@@ -19,7 +19,7 @@ import time
 import jax
 import pytest
 
-from runtime.common import env_vars
+from runtime.common import handoff
 from runtime.common import exit_codes
 from launcher.common import job_tls
 from tests import cluster
@@ -107,8 +107,8 @@ def test_strangers_are_refused_and_the_job_trains_on(tmp_path,
                    if '=' in e)
     assert flags['--tls'] == 'require', flags
     strangers = _strangers(f'127.0.0.1:{port}', flags['--tls_dir'],
-                           environ[env_vars.ATTEMPT],
-                           environ[env_vars.JOB_ID], tmp_path)
+                           environ[handoff.ATTEMPT],
+                           environ[handoff.JOB_ID], tmp_path)
     with socket.create_connection(('127.0.0.1', port), timeout=5) as raw:
       raw.sendall(b'GET / HTTP/1.1\r\nHost: x\r\n\r\n' * 4)
     for name, stranger in strangers.items():
@@ -140,7 +140,7 @@ def test_processes_started_by_hand_share_an_authority_and_refuse_a_stale_one(
           '--config.fail_rank=0', '--config.fail_step=0',
           '--config.fail_seconds=0.25', '--tls=require',
           f'--tls_dir={authority}']
-  attempt = lambda name: {env_vars.JOB_ID: 'run', env_vars.ATTEMPT: name}
+  attempt = lambda name: {handoff.JOB_ID: 'run', handoff.ATTEMPT: name}
   with cluster.Cluster(tmp_path / 'job', 2, args, port=port,
                        rank_env={0: attempt('run-a2'),
                                  1: attempt('run-a2')}) as job:

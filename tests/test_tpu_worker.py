@@ -85,8 +85,8 @@ def test_which_lines_of_other_workers_reach_the_console(line, shown):
 def test_gone_tells_the_job_which_processes_went(tmp_path, monkeypatch,
                                                  capsys):
   from launcher.process import peers  # pylint: disable=g-import-not-at-top
-  from runtime.common import env_vars  # pylint: disable=g-import-not-at-top
-  assert worker.GONE_FILE_VAR == env_vars.GONE_FILE
+  from runtime.common import handoff  # pylint: disable=g-import-not-at-top
+  assert worker.GONE_FILE_VAR == handoff.GONE_FILE
   monkeypatch.setattr(worker, 'JOBS_DIR', str(tmp_path))
   monkeypatch.setenv('PODRUN_PROCESS_ID', '0')
   assert worker.main(['gone', 'job-a2', '--processes=3,2',

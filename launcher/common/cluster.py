@@ -11,12 +11,13 @@ import importlib.util
 import os
 from typing import Mapping, MutableMapping, Optional
 
-from runtime.common import env_vars
 from runtime.common import exit_codes
+from runtime.common import handoff
 
-# A scheduler hands each process its place through env_vars.COORDINATOR_*,
-# NUM_PROCESSES and PROCESS_ID; a Kubernetes indexed Job gives the process
-# id as JOB_COMPLETION_INDEX instead.
+# A scheduler hands each process its place through the hand-off's
+# coordinator, process count and process id (runtime/common/handoff.py); a
+# Kubernetes indexed Job gives the process id as JOB_COMPLETION_INDEX
+# instead.
 _K8S_INDEX = 'JOB_COMPLETION_INDEX'
 
 # --cluster: AUTO joins the cluster the environment names (or none); NONE
@@ -65,8 +66,9 @@ def job_id(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
   the environment tells one: PODRUN_JOB_ID (every podrun launcher sets it),
   else SLURM's job id; None for processes started by hand without it."""
   env = os.environ if env is None else env
-  if env.get(env_vars.JOB_ID):
-    return env[env_vars.JOB_ID]
+  told = _handoff(env).job_id
+  if told:
+    return told
   if env.get('SLURM_JOB_ID'):
     return f'slurm-{env["SLURM_JOB_ID"]}'
   return None
@@ -95,6 +97,13 @@ def detect(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
 
 class ClusterEnvError(exit_codes.ConfigError):
   """A cluster variable holds something that is not what it should be."""
+
+
+def _handoff(env: Mapping[str, str]) -> handoff.Handoff:
+  try:
+    return handoff.Handoff.read(env)
+  except handoff.HandoffError as e:
+    raise ClusterEnvError(str(e)) from None
 
 
 def _int(env: Mapping[str, str], name: str) -> Optional[int]:
@@ -128,18 +137,23 @@ def _count(var: str):
   return lambda env: (_int(env, var), var)
 
 
+def _told(field: str):
+  return lambda env: (getattr(_handoff(env), field), handoff.variable(field))
+
+
 def _tpu_worker_count(env: Mapping[str, str]):
   hosts = env.get('TPU_WORKER_HOSTNAMES')
   return (len(hosts.split(',')) if hosts else None), 'TPU_WORKER_HOSTNAMES'
 
 
-# (id variable, env -> (process count or None, its variable)), in this order.
+# (env -> (process id or None, its variable), env -> (process count or
+# None, its variable)), in this order.
 _PLACES = (
-    (env_vars.PROCESS_ID, _count(env_vars.NUM_PROCESSES)),
-    ('SLURM_PROCID', _count('SLURM_NTASKS')),
-    ('OMPI_COMM_WORLD_RANK', _count('OMPI_COMM_WORLD_SIZE')),
-    (_K8S_INDEX, _count(env_vars.NUM_PROCESSES)),
-    ('TPU_WORKER_ID', _tpu_worker_count),
+    (_told('process_id'), _told('num_processes')),
+    (_count('SLURM_PROCID'), _count('SLURM_NTASKS')),
+    (_count('OMPI_COMM_WORLD_RANK'), _count('OMPI_COMM_WORLD_SIZE')),
+    (_count(_K8S_INDEX), _told('num_processes')),
+    (_count('TPU_WORKER_ID'), _tpu_worker_count),
 )
 
 
@@ -161,8 +175,8 @@ def place(env: Optional[Mapping[str, str]] = None) -> Place:
     Place(process_index=3, num_processes=4, id_source='SLURM_PROCID', ...)
   """
   env = os.environ if env is None else env
-  for id_var, read_count in _PLACES:
-    process_index = _int(env, id_var)
+  for read_id, read_count in _PLACES:
+    process_index, id_var = read_id(env)
     if process_index is None:
       continue
     if id_var == 'TPU_WORKER_ID' and (_int(env, 'MEGASCALE_NUM_SLICES') or
@@ -196,20 +210,14 @@ def explicit_options(env: Optional[Mapping[str, str]] = None
     (2, 'JOB_COMPLETION_INDEX')
   """
   env = os.environ if env is None else env
-  found = {}
-  for flag, var in (('coordinator_address', env_vars.COORDINATOR_ADDRESS),
-                    ('coordinator_bind_address',
-                     env_vars.COORDINATOR_BIND_ADDRESS)):
-    if env.get(var):
-      found[flag] = (env[var], var)
-  for flag, var in (('num_processes', env_vars.NUM_PROCESSES),
-                    ('process_id', env_vars.PROCESS_ID)):
-    value = _int(env, var)
-    if value is not None:
-      found[flag] = (value, var)
+  told = _handoff(env)
+  found = {flag: (getattr(told, flag), handoff.variable(flag))
+           for flag in ('coordinator_address', 'coordinator_bind_address',
+                        'num_processes', 'process_id')
+           if getattr(told, flag) is not None}
   index = _int(env, _K8S_INDEX)
   if 'process_id' not in found and index is not None and (
-      env_vars.COORDINATOR_ADDRESS in env):
+      told.coordinator_address is not None):
     found['process_id'] = (index, _K8S_INDEX)
   return found
 

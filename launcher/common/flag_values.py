@@ -12,7 +12,28 @@ Example:
   >>> workdir_of(['--config=configs/mnist.py'])  # None: the default
 """
 
-from typing import Optional
+import re
+from typing import Optional, Sequence
+
+
+def env_pairs(pairs: Sequence[str]) -> dict[str, str]:
+  """--env's KEY=VALUE pairs as {KEY: VALUE}, the last of a KEY winning.
+
+  Raises:
+    ValueError: naming a pair that is not KEY=VALUE with KEY a variable name.
+
+  Example:
+    >>> env_pairs(['WANDB_API_KEY=k', 'XLA_FLAGS=--xla_dump_to=/tmp/x'])
+    {'WANDB_API_KEY': 'k', 'XLA_FLAGS': '--xla_dump_to=/tmp/x'}
+  """
+  out = {}
+  for pair in pairs:
+    if not re.match(r'^[A-Za-z_][A-Za-z0-9_]*=', pair):
+      raise ValueError(f'--env {pair}: expected KEY=VALUE with KEY a '
+                       'variable name')
+    key, _, value = pair.partition('=')
+    out[key] = value
+  return out
 
 
 def last_value(args: list[str], name: str) -> Optional[str]:

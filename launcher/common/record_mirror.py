@@ -55,7 +55,7 @@ from typing import Callable, Optional
 
 from absl import logging
 
-from runtime.common import env_vars
+from runtime.common import handoff
 from runtime.common import gcs_auth
 from runtime.common import layout
 
@@ -259,8 +259,8 @@ class Mirror:
   def start(self, every_s: Optional[float] = None) -> None:
     """Uploads every `every_s` seconds (default $PODRUN_RECORD_UPLOAD_EVERY_S,
     else PUSH_EVERY_S) from a thread of its own."""
-    every_s = every_s or float(os.environ.get(env_vars.RECORD_UPLOAD_EVERY_S)
-                               or PUSH_EVERY_S)
+    every_s = (every_s or handoff.Settings.read().record_upload_every_s
+               or PUSH_EVERY_S)
     def loop():
       while not self._stop.wait(every_s):
         try:

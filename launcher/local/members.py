@@ -10,7 +10,7 @@ Each is a `Member` of the pod's gang; "rank" is what the user reads (the
 
 Example:
   >>> members = plan(2, 4, '/runs/a', ['--config=configs/mlp.py'],
-  ...                '127.0.0.1:8476', {'PODRUN_JOB_ID': 'j'})
+  ...                '127.0.0.1:8476', handoff.Handoff(job_id='j'))
   >>> start(members, attempt=1, progress_fd=w)
   >>> stop(members, signal.SIGINT, grace_s=5, changed=event)
 """
@@ -26,8 +26,8 @@ import time
 from typing import Callable, Optional
 
 from launcher.common import cluster
-from runtime.common import env_vars
 from runtime.common import exit_codes
+from runtime.common import handoff
 from runtime.common import layout
 
 LOOPBACK_HOSTS = ('127.0.0.1', 'localhost', '::1')
@@ -39,8 +39,9 @@ class Member:
   """One process of the pod and what the launcher knows of it."""
   index: int
   command: list[str]
-  env: dict[str, str]
+  env: dict[str, str]  # Beside ours and the hand-off's.
   log_path: str
+  told: handoff.Handoff = handoff.Handoff()
   popen: Optional[subprocess.Popen] = None
   exit_code: Optional[int] = None
   exited_at: Optional[float] = None
@@ -53,9 +54,10 @@ class Member:
 
 def plan(num_processes: int, local_devices: int, workdir: str,
          logs_dir: str, process_args: list[str], coordinator_address: str,
-         env: dict[str, str]) -> list[Member]:
-  """Every rank's command line and the variables it gets beyond ours."""
-  extra = dict(env)
+         told: handoff.Handoff) -> list[Member]:
+  """Every rank's command line, what the launcher tells it (`told`, the
+  progress pipe added at its start) and the variables it gets beyond ours."""
+  extra = {'PYTHONUNBUFFERED': '1'}
   if cluster.proxy_warnings('127.0.0.1', os.environ):
     exempt = {k: os.environ[k] for k in ('no_proxy', 'NO_PROXY')
               if k in os.environ}
@@ -67,7 +69,7 @@ def plan(num_processes: int, local_devices: int, workdir: str,
       f'--coordinator_address={coordinator_address}',
       f'--coordinator_bind_address={coordinator_address}',
       f'--num_processes={num_processes}', f'--process_id={index}'],
-      dict(extra), layout.rank_file(logs_dir, index, '.log'))
+      dict(extra), layout.rank_file(logs_dir, index, '.log'), told=told)
           for index in range(num_processes)]
 
 
@@ -92,8 +94,8 @@ def start(members: list[Member], attempt: int, progress_fd: int) -> None:
       member.log_file.write(f'===== attempt {attempt} =====\n'.encode())
     member.popen = subprocess.Popen(
         member.command,
-        env={**os.environ, **member.env,
-             env_vars.PROGRESS_FD: str(progress_fd)},
+        env={**os.environ, **member.env, **dataclasses.replace(
+            member.told, progress_fd=progress_fd).env()},
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, start_new_session=True,
         pass_fds=(progress_fd,), preexec_fn=_die_with_parent)

@@ -42,10 +42,10 @@ from launcher.local import output
 from launcher.local import report
 from launcher import restart
 from launcher import signals
-from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import files
 from runtime.common import goodput
+from runtime.common import handoff
 from runtime.common import layout
 from runtime.common import records
 
@@ -157,11 +157,9 @@ class Gang:
     self._members = members_lib.plan(
         num_processes, spec.local_devices, spec.workdir, self.logs_dir,
         list(spec.process_args), self.coordinator_address,
-        {'PYTHONUNBUFFERED': '1', env_vars.SUPERVISED: '1',
-         env_vars.LAUNCHER_RECORD: '1',
-         env_vars.JOB_ID: self.job_id, env_vars.ATTEMPT: self.attempt_name,
-         **({env_vars.ELASTIC_PROCESSES: '%d-%d' % elastic_processes}
-            if elastic_processes else {})})
+        handoff.Handoff(job_id=self.job_id, attempt=self.attempt_name,
+                        elastic=elastic_processes or None, supervised=True,
+                        launcher_record=True))
     self._console = output.Console(num_processes, spec.log_all_ranks)
     self._changed = threading.Event()
     self._signals: list[int] = []
@@ -173,7 +171,8 @@ class Gang:
           '(loopback only), workdir ' + self.workdir)
     print('each rank inherits the launcher\'s environment, plus:')
     for member in self._members:
-      env = {**member.env, env_vars.PROGRESS_FD: '<progress pipe fd>'}
+      env = {**member.env, **member.told.env(),
+             handoff.variable('progress_fd'): '<progress pipe fd>'}
       print(f'rank {member.index}/{self.num_processes}: cd '
             f'{shlex.quote(os.getcwd())} && env ' +
             shlex.join([f'{k}={v}' for k, v in sorted(env.items())] +

@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 
 from absl import logging
 
-from runtime.common import env_vars
+from runtime.common import handoff
 from runtime.common import exit_codes
 from launcher.common import job_tls
 
@@ -32,10 +32,11 @@ def _identity(env: Mapping[str, str]) -> tuple[str, str]:
   """(job, attempt) as the launcher named them, or SLURM (a requeued job
   is a new attempt); a job started by hand without them shares one
   identity on every attempt."""
-  if env_vars.ATTEMPT not in env and 'SLURM_JOB_ID' in env:
+  told = handoff.Handoff.read(env)
+  if told.attempt is None and 'SLURM_JOB_ID' in env:
     job = f'slurm-{env["SLURM_JOB_ID"]}'
     return job, f'{job}-r{env.get("SLURM_RESTART_COUNT", "0")}'
-  return env.get(env_vars.JOB_ID, 'job'), env.get(env_vars.ATTEMPT, 'attempt')
+  return told.job_id or 'job', told.attempt or 'attempt'
 
 
 def issue_for(mode: str, tls_dir: Optional[str], process_index: Optional[int],

@@ -27,7 +27,7 @@ from typing import Any, Optional
 from absl import logging
 import numpy as np
 
-from runtime.common import env_vars
+from runtime.common import handoff
 from runtime.common import progress
 from runtime.common import records as records_lib
 from runtime import coordination
@@ -75,7 +75,7 @@ class Gone:
 def gone(path: Optional[str] = None) -> Gone:
   """What the launcher wrote to `path` (default: the file PODRUN_GONE_FILE
   names); Gone() when it wrote nothing, or nothing readable."""
-  path = path if path is not None else os.environ.get(env_vars.GONE_FILE)
+  path = path if path is not None else handoff.current().gone_file
   if not path:
     return Gone()
   try:

@@ -31,7 +31,7 @@ from launcher.process import supervisor as supervisor_lib
 from runtime import agreement
 from runtime.checkpoints import options as checkpoint_options
 from launcher.common import cluster
-from runtime.common import env_vars
+from runtime.common import handoff
 from runtime.common import exit_codes
 from runtime.common import gcs_auth
 from runtime.common import goodput
@@ -190,16 +190,16 @@ def _uses_bucket(config: ConfigDict, workdir: str) -> bool:
              for v in (workdir, *values(config)))
 
 
-def _run(config: ConfigDict, workdir: str, options: Options, supervised: bool,
-         running: _Running) -> None:
+def _run(config: ConfigDict, workdir: str, options: Options,
+         told: handoff.Handoff, running: _Running) -> None:
   # A bucket's workdir is written here and mirrored (record_mirror.py); its
   # lease and checkpoints are in the bucket itself.
   record_dir = layout.Record.of(workdir).workdir
-  launcher_record = os.environ.get(env_vars.LAUNCHER_RECORD) == '1'
+  launcher_record = told.launcher_record
   if _uses_bucket(config, workdir):
     # Found while jax.distributed starts, once for every client.
     gcs_auth.start()
-  mode, expected = _join(config, record_dir, options, supervised)
+  mode, expected = _join(config, record_dir, options, told.supervised)
   coordination.set_default_timeout(options.supervision.barrier_timeout)
   running.supervisor = supervisor_lib.Supervisor(coordination.current(),
                                                  options.supervision)
@@ -282,7 +282,11 @@ def run(config: ConfigDict, workdir: str, options: Options) -> int:
   Returns:
     An exit code from `exit_codes`, or a workload's own.
   """
-  supervised = os.environ.get(env_vars.SUPERVISED) == '1'
+  # What the launcher told this process, read once; the runtime takes its
+  # part from here (handoff.current()).
+  told = handoff.Handoff.read(os.environ)
+  handoff.use(told)
+  supervised = told.supervised
   faulthandler.enable()
   # The local pod's hang watchdog asks for every thread's stack this way.
   faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -295,7 +299,7 @@ def run(config: ConfigDict, workdir: str, options: Options) -> int:
   goodput.use(running.ledger)
   code = exit_codes.OK
   try:
-    _run(config, workdir, options, supervised, running)
+    _run(config, workdir, options, told, running)
   except BaseException as e:  # pylint: disable=broad-except
     code = own_code = exit_codes.code_of(e)
     if code not in (exit_codes.OK, exit_codes.PREEMPTED) and running.supervisor:

@@ -7,7 +7,6 @@ Example:
   >>> finish(config, workdir, topology.current(), results, supervisor, ledger)
 """
 
-import os
 import time
 from typing import Any, Optional
 import uuid
@@ -18,7 +17,7 @@ from ml_collections import ConfigDict
 from launcher.process import compilation
 from launcher.process import peers as peers_lib
 from launcher.process import supervisor as supervisor_lib
-from runtime.common import env_vars
+from runtime.common import handoff
 from runtime.common import files
 from runtime.common import layout
 from runtime.common import records
@@ -31,8 +30,9 @@ from runtime import topology
 def attempt_name(client: Optional[coordination.Client]) -> str:
   """One name for this attempt on every process: the launcher's, else made
   by process 0 and shared through the coordination service."""
-  if os.environ.get(env_vars.ATTEMPT):
-    return os.environ[env_vars.ATTEMPT]
+  told = handoff.current().attempt
+  if told:
+    return told
   made = records.attempt_name(time.strftime('%Y%m%d-%H%M%S-', time.gmtime()) +
                               uuid.uuid4().hex[:8], 1)
   if client is None:

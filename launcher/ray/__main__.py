@@ -93,6 +93,11 @@ def _parser() -> argparse.ArgumentParser:
                       "to each node as Ray's working_dir: its files that git "
                       'does not ignore (every file outside git); default '
                       'the current directory')
+  parser.add_argument('--env', action='append', default=[],
+                      metavar='KEY=VALUE',
+                      help='a variable for the job\'s process on every node '
+                      '(repeatable); the launching shell\'s variables do not '
+                      'reach the nodes')
   parser.add_argument('--project_max_mb', type=float,
                       default=project.DEFAULT_MAX_MB,
                       help='refuse a project over this many MiB before '
@@ -130,6 +135,10 @@ def parse(argv: list[str]) -> options_lib.Options:
                  "node's own copy of the project: give one every node "
                  'reaches (an absolute path on a shared file system, or '
                  'gs://)')
+  try:
+    env = flag_values.env_pairs(args.env)
+  except ValueError as e:
+    parser.error(str(e))
   if args.project_max_mb <= 0:
     parser.error(f'--project_max_mb={args.project_max_mb:g}: must be '
                  'positive')
@@ -146,7 +155,7 @@ def parse(argv: list[str]) -> options_lib.Options:
                              supervision=supervision,
                              min_processes=args.min_processes,
                              project_dir=args.project_dir,
-                             project_max_mb=args.project_max_mb)
+                             project_max_mb=args.project_max_mb, env=env)
 
 
 def run() -> NoReturn:

@@ -18,9 +18,9 @@ from launcher import signals
 from launcher.ray import elastic
 from launcher.ray import options as options_lib
 from launcher.ray import output
-from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import goodput
+from runtime.common import handoff
 from runtime.common import layout
 from runtime.common import records
 
@@ -104,14 +104,15 @@ class Attempt:
     capacity = self.capacity
     # Every count of processes from --min_processes up: refused before
     # step 1 when the config cannot run on one of them.
-    env = ({env_vars.ELASTIC_PROCESSES:
-            f'{capacity.minimum}-{capacity.full}'} if capacity.elastic else {})
     # The driver writes the roll-up and its attempts into the workdir, once
     # (layout.writer): a shared one at its end, a bucket's after its last
     # attempt (launcher_record.py). Process 0 writes neither.
-    env[env_vars.LAUNCHER_RECORD] = '1'
-    coordinator, pids = group.start(self.options.launcher_args, self.job_id,
-                                    self.attempt_name, env)
+    told = handoff.Handoff(
+        job_id=self.job_id, attempt=self.attempt_name, launcher_record=True,
+        elastic=((capacity.minimum, capacity.full) if capacity.elastic
+                 else None))
+    coordinator, pids = group.start(self.options.launcher_args, told,
+                                    self.options.env)
     self.logs.start(self.number, {
         'job_id': self.job_id, 'attempt': self.number,
         'attempt_name': self.attempt_name,

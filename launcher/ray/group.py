@@ -7,11 +7,12 @@ them at its end, so nothing of it outlives it on any node.
 Example:
   >>> group = Group.reserve(4, {'GPU': 8}, timeout_s=120)
   >>> group.start(['--config=configs/mnist.py', '--workdir=/shared/mnist'],
-  ...             job_id='3f2a', attempt='3f2a-a1')
+  ...             handoff.Handoff(job_id='3f2a', attempt='3f2a-a1'))
   >>> group.read()          # [(process index, stream, line), ...]
   >>> group.remove()
 """
 
+import dataclasses
 import signal
 import time
 from typing import Any, Optional
@@ -23,8 +24,8 @@ from ray.util import scheduling_strategies
 
 from launcher.ray import host as host_lib
 from launcher.ray import raylets
-from runtime.common import env_vars
 from runtime.common import exit_codes
+from runtime.common import handoff
 
 
 # The exit code of a process whose node died under it: what SIGKILL gives,
@@ -114,24 +115,20 @@ class Group:
              for i in range(num_processes)]
     return cls(placement, hosts)
 
-  def start(self, launcher_args: list[str], job_id: str, attempt: str,
+  def start(self, launcher_args: list[str], told: handoff.Handoff,
             env: Optional[dict[str, str]] = None) -> tuple[str, list[int]]:
-    """Starts every process, process 0's node the coordinator, with `env`
-    besides its place; returns the coordinator's address and each
-    process's pid on its node."""
+    """Starts every process, process 0's node the coordinator, told
+    `told` and its place, with the user's `env`; returns the coordinator's
+    address and each process's pid on its node."""
     places = ray.get([host.address.remote() for host in self.hosts])
     self.nodes = [node for _, _, node in places]
     self._raylets = raylets.addresses(self.nodes)
     ip, port, _ = places[0]
     coordinator = f'[{ip}]:{port}' if ':' in ip else f'{ip}:{port}'
-    pids = ray.get([host.start.remote(launcher_args, {
-        **(env or {}),
-        env_vars.COORDINATOR_ADDRESS: coordinator,
-        env_vars.COORDINATOR_BIND_ADDRESS: coordinator,
-        env_vars.NUM_PROCESSES: str(len(self.hosts)),
-        env_vars.PROCESS_ID: str(process_index),
-        env_vars.JOB_ID: job_id,
-        env_vars.ATTEMPT: attempt})
+    pids = ray.get([host.start.remote(launcher_args, dataclasses.replace(
+        told, coordinator_address=coordinator,
+        coordinator_bind_address=coordinator,
+        num_processes=len(self.hosts), process_id=process_index), env or {})
         for process_index, host in enumerate(self.hosts)])
     return coordinator, pids
 

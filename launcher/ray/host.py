@@ -12,12 +12,13 @@ Nothing here imports Ray: launcher/ray/group.py makes this class an actor.
 Example (on the driver, through Ray):
   >>> host = ray.remote(Host).options(...).remote()
   >>> ip, port = ray.get(host.address.remote())
-  >>> host.start.remote(argv, env)
+  >>> host.start.remote(argv, handoff.Handoff(job_id='j', process_id=0))
   >>> lines, exit_code = ray.get(host.read.remote())   # None while it runs
 """
 
 import collections
 import ctypes
+import dataclasses
 import os
 import shutil
 import signal
@@ -29,31 +30,28 @@ import threading
 import time
 from typing import Optional
 
-from runtime.common import env_vars
 from runtime.common import exit_codes
 from runtime.common import files
+from runtime.common import handoff
 
 # Variables no process may inherit from the node: its place in the job, its
 # attempt and the multislice set-up come from this attempt alone (a stale
 # MEGASCALE_* on a replacement node hangs jax.distributed.initialize). The
 # node's own settings (PODRUN_LOCAL_CHECKPOINT_DIR, PODRUN_RECORD_CACHE,
 # PODRUN_TLS_DIR, ...) stay.
-NOT_INHERITED = (env_vars.COORDINATOR_ADDRESS, env_vars.NUM_PROCESSES,
-                 env_vars.PROCESS_ID, env_vars.COORDINATOR_BIND_ADDRESS,
-                 env_vars.JOB_ID, env_vars.ATTEMPT,
-                 env_vars.EXPECTED_PROCESSES, env_vars.ELASTIC_PROCESSES,
-                 env_vars.SUPERVISED, env_vars.LAUNCHER_RECORD,
-                 env_vars.PROGRESS_FD,
-                 env_vars.GONE_FILE)
+NOT_INHERITED = handoff.NAMES
 NOT_INHERITED_PREFIXES = ('MEGASCALE_',)
 _MAX_LINES_PER_READ = 2000
 
 
-def fresh_env(base: dict[str, str], place: dict[str, str]) -> dict[str, str]:
-  """`base` without anything of an earlier job, with `place` set."""
+def fresh_env(base: dict[str, str], told: handoff.Handoff,
+              user: Optional[dict[str, str]] = None) -> dict[str, str]:
+  """`base` without anything of an earlier job, with the user's variables
+  and then `told` set."""
   env = {k: v for k, v in base.items() if k not in NOT_INHERITED and
          not k.startswith(NOT_INHERITED_PREFIXES)}
-  env.update(place)
+  env.update(user or {})
+  env.update(told.env())
   return env
 
 
@@ -83,15 +81,17 @@ class Host:
       s.bind((ip, 0))
       return ip, s.getsockname()[1], ray.get_runtime_context().get_node_id()
 
-  def start(self, argv: list[str], place: dict[str, str]) -> int:
-    """Starts `python -m launcher ARGV` with `place` (PODRUN_*) in its
-    environment; returns its pid."""
+  def start(self, argv: list[str], told: handoff.Handoff,
+            user: Optional[dict[str, str]] = None) -> int:
+    """Starts `python -m launcher ARGV` with the user's variables, told
+    `told` and where the word of other hosts' going is written; returns
+    its pid."""
     self._gone_dir = tempfile.mkdtemp(prefix='podrun-gone-')
-    place = {**place,
-             env_vars.GONE_FILE: os.path.join(self._gone_dir, 'gone.json')}
+    told = dataclasses.replace(
+        told, gone_file=os.path.join(self._gone_dir, 'gone.json'))
     self._popen = subprocess.Popen(
         [sys.executable, '-u', '-m', 'launcher', *argv],
-        env=fresh_env(dict(os.environ), place), stdin=subprocess.DEVNULL,
+        env=fresh_env(dict(os.environ), told, user), stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True, preexec_fn=_die_with_parent)
     for name, stream in (('stdout', self._popen.stdout),

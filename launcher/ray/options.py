@@ -34,6 +34,7 @@ class Options:
       (launcher/ray/elastic.py); None: always num_processes.
     project_dir, project_max_mb: the project that travels to every node
       (launcher/common/project.py); '' for the current directory.
+    env: the user's variables for every process (--env KEY=VALUE).
   """
   address: str
   num_processes: int
@@ -45,3 +46,4 @@ class Options:
   min_processes: Optional[int] = None
   project_dir: str = ''
   project_max_mb: float = project_lib.DEFAULT_MAX_MB
+  env: dict[str, str] = dataclasses.field(default_factory=dict)

@@ -20,7 +20,7 @@ from typing import Optional
 from launcher.common import flag_values
 from launcher.common import job_tls
 from launcher.tpu import flags
-from runtime.common import env_vars
+from runtime.common import handoff
 from runtime.common import exit_codes
 from runtime.common import layout
 from runtime.common import records
@@ -148,9 +148,11 @@ for p in CANDIDATES; do
   if [ "$ok" = 1 ]; then py="$path"; break; fi
 done'''
 # Prints one line per worker: `[worker W] podrun-python: ok|missing ...`.
-PYTHON_PROBE = r'''w="${PODRUN_PROCESS_ID:-${TPU_WORKER_ID:-$(curl -sf -m 3 -H 'Metadata-Flavor: Google' http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number 2>/dev/null || echo '?')}}"
+PYTHON_PROBE = r'''w="${PROCESS_ID:-${TPU_WORKER_ID:-$(curl -sf -m 3 -H 'Metadata-Flavor: Google' http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number 2>/dev/null || echo '?')}}"
 FIND
 if [ -n "$py" ]; then mkdir -p "$HOME/podrun" && printf '%s\n' "$py" > "$HOME/podrun/python" && echo "[worker $w] podrun-python: ok $py"; else echo "[worker $w] podrun-python: missing${found:- nothing}"; fi'''
+PYTHON_PROBE = PYTHON_PROBE.replace('PROCESS_ID',
+                                    handoff.variable('process_id'), 1)
 # The interpreter the check found on a worker, which its set-up uses: the
 # check always runs first, also on a recreated slice's new VMs.
 FOUND_PYTHON = '$HOME/podrun/python'
@@ -328,7 +330,8 @@ def multislice_env(place: SlicePlace) -> list[str]:
 
 
 def run_command(short_hash: str, job_id: str, worker_python: str,
-                envs: list[str], launcher_args: list[str], workers,
+                told: handoff.Handoff, envs: list[str],
+                launcher_args: list[str], workers,
                 options: flags.Options, attempt=1,
                 place: SlicePlace = SlicePlace(),
                 run_directory: str = PODRUN) -> str:
@@ -340,7 +343,9 @@ def run_command(short_hash: str, job_id: str, worker_python: str,
   Every attempt is a job of its own on the workers, JOB_ID-aN, so that a
   restart starts afresh while a rerun of the same command attaches; they
   share the workdir lease through PODRUN_JOB_ID. `workers` is one slice's;
-  the job must find workers x slices processes.
+  the job must find workers x slices processes. Each process is told
+  `told` with the job id and attempt, and gets the user's `envs`
+  (NAME=VALUE, --env) after it.
   """
   python = (shlex.quote(worker_python) if worker_python else
             '"$HOME/podrun/venv/bin/python"')
@@ -357,13 +362,13 @@ def run_command(short_hash: str, job_id: str, worker_python: str,
     words.append('--replace')
   if options.kill_accelerator_holders:
     words.append('--kill_accelerator_holders')
-  if layout.in_bucket(flag_values.workdir_of(launcher_args)):
-    # The driver completes a bucket's record after its last attempt
-    # (launcher_record.py): process 0 writes none of the launcher's files.
-    envs = [*envs, f'{env_vars.LAUNCHER_RECORD}=1']
+  # The driver completes a bucket's record after its last attempt
+  # (launcher_record.py): process 0 writes none of the launcher's files.
+  told = dataclasses.replace(
+      told, job_id=job_id, attempt=attempt_id(job_id, attempt),
+      launcher_record=layout.in_bucket(flag_values.workdir_of(launcher_args)))
   words += [f'--env={e}' for e in [
-      f'PODRUN_JOB_ID={job_id}',
-      f'PODRUN_ATTEMPT={attempt_id(job_id, attempt)}',
+      *(f'{k}={v}' for k, v in told.env().items()),
       *multislice_env(place), *envs]]
   code = f'$HOME/podrun/code-{short_hash}'
   return (f'cd "{code}/{run_directory}" && exec python3 '

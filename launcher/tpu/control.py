@@ -125,8 +125,8 @@ def print_plan(launch) -> int:
       print(shlex.join(command))
   for slice_id, node in enumerate(launch.nodes):
     print(shlex.join(gcloud.ssh(commands.run_command(
-        short, launch.job_id, options.worker_python, options.env,
-        launch.launcher_args, workers, options, 1, launch.place(slice_id),
+        short, launch.job_id, options.worker_python, launch.told(),
+        list(options.env), launch.launcher_args, workers, options, 1, launch.place(slice_id),
         bundle.run_directory(launch.project)),
                                 node=node, workers=batch)))
   for request in _requests(launch):

@@ -200,10 +200,10 @@ def _parser() -> argparse.ArgumentParser:
 def _check(parser: argparse.ArgumentParser, options, launcher_args) -> None:
   if not re.fullmatch(r'[A-Za-z0-9._-]*', options.job_id):
     parser.error("--job_id may hold letters, digits, '.', '_' and '-' only")
-  for pair in options.env:
-    if not re.match(r'^[A-Za-z_][A-Za-z0-9_]*=', pair):
-      parser.error(f'--env {pair}: expected KEY=VALUE with KEY a variable '
-                   'name')
+  try:
+    flag_values.env_pairs(options.env)
+  except ValueError as e:
+    parser.error(str(e))
   control = options.stop is not None or options.status
   if not launcher_args and not control:
     parser.error('give the launcher flags after --, e.g. -- '

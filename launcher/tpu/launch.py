@@ -29,7 +29,7 @@ from launcher.tpu import flags
 from launcher.tpu import queued
 from launcher.tpu import setup as setup_lib
 from launcher.tpu import slices as slices_lib
-from runtime.common import env_vars
+from runtime.common import handoff
 
 
 class Launch:
@@ -124,17 +124,23 @@ class Launch:
         first.first_address if first else self.coordinator,
         self.options.megascale_port)
 
+  def told(self) -> handoff.Handoff:
+    """What every attempt tells each process, before its job id and
+    attempt (commands.run_command)."""
+    # Every count of slices from --min_slices up: refused before step 1
+    # when the config cannot run on one of them.
+    elastic = ((self.options.min_slices * self.workers,
+                self.options.num_slices * self.workers)
+               if self.options.min_slices and isinstance(self.workers, int)
+               else None)
+    return handoff.Handoff(
+        elastic=elastic,
+        tls_dir=(commands.tls_dir(self.job_id) if self.authority.directory
+                 else None))
+
   def run_command(self, attempt: int, slice_id: int = 0) -> str:
-    envs = list(self.options.env)
-    if self.options.min_slices and isinstance(self.workers, int):
-      # Every count of slices from --min_slices up: refused before step 1
-      # when the config cannot run on one of them.
-      envs.append(f'{env_vars.ELASTIC_PROCESSES}='
-                  f'{self.options.min_slices * self.workers}-'
-                  f'{self.options.num_slices * self.workers}')
-    if self.authority.directory:
-      envs.append(f'{env_vars.TLS_DIR}={commands.tls_dir(self.job_id)}')
     return commands.run_command(
         self.setup.code_hash, self.job_id, self.options.worker_python,
-        envs, self.launcher_args, self.workers, self.options,
+        self.told(), list(self.options.env), self.launcher_args,
+        self.workers, self.options,
         attempt, self.place(slice_id), bundle.run_directory(self.project))

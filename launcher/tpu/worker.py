@@ -71,7 +71,7 @@ _KEEPALIVE_S = 5.0
 # JAX's default coordinator port, on slice 0's worker 0.
 _JAX_COORDINATOR_PORT = 8476
 _POLL_S = 0.05
-# runtime/common/env_vars.py's GONE_FILE (tests/test_tpu_worker.py checks).
+# runtime/common/handoff.py's GONE_FILE (tests/test_tpu_worker.py checks).
 GONE_FILE_VAR = 'PODRUN_GONE_FILE'
 
 

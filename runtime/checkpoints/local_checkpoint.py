@@ -55,7 +55,7 @@ from etils import epath
 import jax
 import numpy as np
 
-from runtime.common import env_vars
+from runtime.common import handoff
 from runtime import coordination
 from runtime.checkpoints import local_cadence
 from runtime.checkpoints import options as checkpoint_options
@@ -79,8 +79,9 @@ def default_root() -> str:
   /dev/shm is RAM: a save costs a memory copy, and it survives the process
   (not the host). Without it, the system's temporary directory.
   """
-  if os.environ.get(env_vars.LOCAL_CHECKPOINT_DIR):
-    return os.environ[env_vars.LOCAL_CHECKPOINT_DIR]
+  configured = handoff.Settings.read().local_checkpoint_dir
+  if configured:
+    return configured
   shm = '/dev/shm'
   if os.path.isdir(shm) and os.access(shm, os.W_OK):
     return os.path.join(shm, f'podrun-{os.getuid()}')
@@ -104,14 +105,15 @@ def job_id(persistent_dir: str) -> str:
   return new
 
 
-def open_for(tier: checkpoint_options.LocalTier, persistent_dir: str
-             ) -> Optional['LocalCheckpoints']:
+def open_for(tier: checkpoint_options.LocalTier, persistent_dir: str,
+             attempt: str = '') -> Optional['LocalCheckpoints']:
   """This process's local tier, or None when it is off (`tier.enabled`).
 
   Args:
     tier: its cadence, how many copies it keeps, and where.
     persistent_dir: the persistent tier's directory, where the job's id
       lives.
+    attempt: the attempt's name, which its copies record ('' for none).
   """
   if not tier.enabled:
     return None
@@ -126,7 +128,7 @@ def open_for(tier: checkpoint_options.LocalTier, persistent_dir: str
   return LocalCheckpoints(os.path.join(root, jid, f'{RANK_PREFIX}{index}'),
                           every=tier.every_steps, keep=tier.keep,
                           cadence=cadence,
-                          attempt=os.environ.get(env_vars.ATTEMPT, ''),
+                          attempt=attempt,
                           owner=persistent_dir)
 
 

@@ -3,8 +3,8 @@
 The supervisor (launcher/ outside launcher/process/) never loads JAX, and
 nothing in runtime/ imports launcher/, so what both need sits here, low:
 exit codes and the errors that carry them (`exit_codes`), whole-file writes
-(`files`), the environment variables the launcher hands its processes
-(`env_vars`), the accelerator types (`accelerators`), the old spellings
+(`files`), what the launcher tells its processes and their variables
+(`handoff`), the accelerator types (`accelerators`), the old spellings
 still kept (`deprecations`), the progress pipe (`progress`), the goodput
 ledger a process writes (`goodput`) and the records it holds (`records`),
 the workdir's layout: where each file of the record lives and who writes

@@ -50,7 +50,7 @@ import os
 import re
 from typing import Optional, Union
 
-from runtime.common import env_vars
+from runtime.common import handoff
 
 SUMMARY = 'summary.json'
 ROLLUP = 'goodput.jsonl'
@@ -161,7 +161,7 @@ def local_copy(url: str) -> str:
     >>> local_copy('gs://runs/mnist/')
     '/home/me/.cache/podrun/record/runs/mnist'
   """
-  root = os.environ.get(env_vars.RECORD_CACHE) or os.path.join(
+  root = handoff.Settings.read().record_cache or os.path.join(
       os.path.expanduser('~'), '.cache', 'podrun', 'record')
   return os.path.join(root, url[len('gs://'):].strip('/'))
 

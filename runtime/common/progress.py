@@ -23,7 +23,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from runtime.common import env_vars
+from runtime.common import handoff
 
 _MIN_INTERVAL_S = 1.0
 _RECENT_STEPS = 100
@@ -98,8 +98,7 @@ class _Progress:
     self.step_seconds = collections.deque(maxlen=_RECENT_STEPS)
     self.own_seconds = collections.deque(maxlen=_RECENT_STEPS)
     self.begun_count = 0
-    fd = os.environ.get(env_vars.PROGRESS_FD)
-    self.fd = int(fd) if fd else None
+    self.fd = handoff.current().progress_fd
     self.last_write = None
     self.working = self.working_since = self.worked_until = None
     self.working_on = ''

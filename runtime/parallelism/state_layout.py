@@ -48,12 +48,14 @@ REPLICAS = ('process', 'slice', 'all')
 LAYOUTS = ('replicated', 'sharded')
 
 
-def replica_of(config: Any, elastic: Optional[str] = None) -> Optional[str]:
+def replica_of(config: Any, elastic: Optional[tuple[int, int]] = None
+               ) -> Optional[str]:
   """config.replica when config.state_layout is 'sharded', else None.
 
   Args:
     config: a config made from runtime/config_base.py.
-    elastic: the elastic job's "K-P" processes, or None for a fixed size.
+    elastic: the elastic job's (fewest, most) processes, or None for a
+      fixed size.
 
   Raises:
     ConfigError: an unknown layout or replica, 'sharded' under pmap or in
@@ -74,7 +76,7 @@ def replica_of(config: Any, elastic: Optional[str] = None) -> Optional[str]:
   if elastic:
     raise exit_codes.ConfigError(
         f"config.state_layout='sharded' in an elastic job (processes "
-        f'{elastic}): a lost process would take shards no other replica is '
+        f'{elastic[0]}-{elastic[1]}): a lost process would take shards no other replica is '
         "known to hold yet; run it at a fixed size, or keep 'replicated'")
   replica = config.get('replica', 'process')
   if replica not in REPLICAS:

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 import numpy as np
 
-from runtime.common import env_vars
+from runtime.common import handoff
 from runtime.common import exit_codes
 from runtime import hooks
 from runtime.checkpoints import local_checkpoint
@@ -105,6 +105,9 @@ class _Misbehave(hooks.Hook):
 
 
 def train_and_evaluate(config: ConfigDict, workdir):
+  if config.echo_env:
+    print(f'probe: env {config.echo_env}='
+          f'{os.environ.get(config.echo_env, "<unset>")}', flush=True)
   task, dataset = linear_regression.make_task(config)
   source = task.data
   seen = []
@@ -178,7 +181,7 @@ def train_and_evaluate(config: ConfigDict, workdir):
 
 def _id_log(workdir: str):
   """This process's ids log of this attempt, opened for appending."""
-  attempt = os.environ.get(env_vars.ATTEMPT, 'unnamed')
+  attempt = os.environ.get(handoff.ATTEMPT, 'unnamed')
   folder = os.path.join(workdir, 'ids', attempt)
   os.makedirs(folder, exist_ok=True)
   return open(os.path.join(folder, f'rank_{jax.process_index()}.jsonl'), 'a')

@@ -35,6 +35,9 @@ def get_config():
   config.slow_below_processes = 0
   config.slow_below_seconds = 0.0
   config.census = False
+  # A variable each process prints at its start, as `probe: env NAME=VALUE`
+  # ('' for none): what reached it.
+  config.echo_env = ''
   # How the probe misbehaves only steers the run: outside the trajectory
   # sections, so a resumed run may change it with no registration.
   return config
