@@ -26,6 +26,7 @@ from launcher.local import monitor
 from launcher.local import pod as local_pod
 from launcher import elastic as policy
 from launcher import restart
+from launcher import restart_flags
 from launcher import tls
 from launcher import usage
 from launcher.common import cluster
@@ -135,21 +136,9 @@ _PREEMPTION_GRACE = flags.DEFINE_float(
     'preemption_grace', 120,
     'Local pod: seconds the ranks get, after a preemption notice, to save a '
     'checkpoint and exit before they are killed.')
-_MAX_RESTARTS = flags.DEFINE_integer(
-    'max_restarts', 0,
-    'Local pod: start the whole job again, resuming from its checkpoint, up '
-    'to this many times after a preemption or a retryable exit code.')
-_RESTART_BACKOFF = flags.DEFINE_float(
-    'restart_backoff', 1.0,
-    'Local pod: a job that trained before it failed restarts at once; '
-    'attempts that fail in a row without completing a step wait this many '
-    'seconds before the second restart, doubled for each further one, at '
-    'most 60.')
-_RETRY_EXIT_CODES = flags.DEFINE_list(
-    'retry_exit_codes', [],
-    'Exit codes besides 75 (preempted) that --max_restarts retries, e.g. '
-    '137,124; added to config.retry_exit_codes. 0, 1, 2, 3, 5 and 11 never '
-    'are.')
+# --max_restarts, --restart_backoff, --retry_exit_codes: as every launcher
+# declares them (the codes added to config.retry_exit_codes).
+_RESTART = restart_flags.define_absl(flags, __name__, 'Local pod: ')
 _MIN_PROCESSES = flags.DEFINE_integer(
     'min_processes', None,
     'Local pod, elastic: a process lost (SIGKILL, or a --retry_exit_codes '
@@ -368,14 +357,14 @@ def _capacity(config: ConfigDict) -> Optional[elastic.Capacity]:
 def _supervision(config: ConfigDict) -> restart.Supervision:
   """--max_restarts, --restart_backoff, and the exit codes retried
   (--retry_exit_codes with config.retry_exit_codes)."""
+  from_config = list(config.get('retry_exit_codes', ()) or ())
   try:
-    codes = [int(c) for c in _RETRY_EXIT_CODES.value]
-    codes += [int(c) for c in config.get('retry_exit_codes', ()) or ()]
-    return restart.Supervision(_MAX_RESTARTS.value, _RESTART_BACKOFF.value,
-                               tuple(codes))
+    return restart_flags.supervision_of(
+        *(_RESTART[name].value for name, *_ in restart_flags.FLAGS),
+        more_codes=from_config)
   except ValueError as e:
-    _fail(f'--max_restarts, --restart_backoff, --retry_exit_codes / '
-          f'config.retry_exit_codes: {e}')
+    _fail(f'{e}' + (f' (with config.retry_exit_codes={from_config})'
+                    if from_config else ''))
 
 
 def _report_goodput(workdir: str, shown_as: Optional[str] = None) -> None:
@@ -478,7 +467,7 @@ def _run_process(config: ConfigDict, workdir: str) -> int:
   if _MIN_PROCESSES.value is not None:
     _fail('--min_processes needs --local_processes; a cluster\'s job '
           'started on fewer processes resumes by itself (docs/elastic.md)')
-  if _MAX_RESTARTS.value:
+  if _RESTART['max_restarts'].value:
     _fail('--max_restarts needs --local_processes: on a cluster every host '
           'must restart together, which is the scheduler\'s job (for example '
           'SLURM --requeue, a Kubernetes Job\'s backoffLimit); the job then '

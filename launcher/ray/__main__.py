@@ -27,7 +27,7 @@ import os
 import sys
 from typing import NoReturn
 
-from launcher import restart
+from launcher import restart_flags
 from launcher.common import flag_values
 from launcher.common import project
 from launcher.ray import driver
@@ -78,16 +78,7 @@ def _parser() -> argparse.ArgumentParser:
                       help='seconds to wait for Ray to place every bundle')
   parser.add_argument('--stop_grace', type=float, default=30.0,
                       help='seconds the others have to end after a failure')
-  parser.add_argument('--max_restarts', type=int, default=0,
-                      help='times to start the job again after a preemption '
-                      'or a --retry_exit_codes failure, each on a fresh '
-                      'placement group')
-  parser.add_argument('--restart_backoff', type=float, default=1.0,
-                      help='seconds before a restart after an attempt that '
-                      'trained nothing new, doubling')
-  parser.add_argument('--retry_exit_codes', type=_codes, default=(),
-                      help='exit codes besides 75 that --max_restarts '
-                      'retries, e.g. 137 for a lost node')
+  restart_flags.add_to(parser)  # Each restart on a fresh placement group.
   parser.add_argument('--project_dir', default='',
                       help='the project every process runs from, shipped '
                       "to each node as Ray's working_dir: its files that git "
@@ -104,13 +95,6 @@ def _parser() -> argparse.ArgumentParser:
                       f'anything is uploaded (default '
                       f'{project.DEFAULT_MAX_MB:g})')
   return parser
-
-
-def _codes(text: str) -> tuple[int, ...]:
-  try:
-    return tuple(int(c) for c in text.split(',') if c.strip())
-  except ValueError as e:
-    raise argparse.ArgumentTypeError(f'{text}: give codes like 137,124') from e
 
 
 def parse(argv: list[str]) -> options_lib.Options:
@@ -143,11 +127,10 @@ def parse(argv: list[str]) -> options_lib.Options:
     parser.error(f'--project_max_mb={args.project_max_mb:g}: must be '
                  'positive')
   try:
-    supervision = restart.Supervision(args.max_restarts, args.restart_backoff,
-                                      args.retry_exit_codes)
+    supervision = restart_flags.supervision_of(
+        args.max_restarts, args.restart_backoff, args.retry_exit_codes)
   except ValueError as e:
-    parser.error(f'--max_restarts, --restart_backoff, --retry_exit_codes: '
-                 f'{e}')
+    parser.error(str(e))
   return options_lib.Options(args.address, args.num_processes,
                              args.resources_per_process, launcher_args,
                              start_timeout_s=args.start_timeout,

@@ -15,6 +15,7 @@ import re
 from typing import Optional
 
 from launcher import restart
+from launcher import restart_flags
 from launcher.common import flag_values
 from launcher.common import project as project_lib
 from runtime.common import layout
@@ -145,12 +146,7 @@ def _parser() -> argparse.ArgumentParser:
       'there')
   group = parser.add_argument_group('Restarts')
   add = group.add_argument
-  add('--max_restarts', type=int, default=0, help='relaunch a preempted job '
-      '(exit 75, or a --retry_exit_codes code) up to N times (default 0)')
-  add('--retry_exit_codes', default='', metavar='C,...', help='exit codes '
-      'besides 75 that --max_restarts relaunches')
-  add('--restart_backoff', type=float, default=1.0, help='seconds before a '
-      'relaunch after an attempt that made no progress, doubling (default 1)')
+  restart_flags.add_to(group)
   group = parser.add_argument_group(
       'The fleet (--create: queued resources, babysitting, elastic slices)')
   add = group.add_argument
@@ -286,13 +282,10 @@ def parse(argv: list[str], launcher_args: list[str]
   _check(parser, namespace, launcher_args)
   given = vars(namespace)
   try:
-    supervision = restart.Supervision(
-        given.pop('max_restarts'), given.pop('restart_backoff'),
-        tuple(int(c) for c in given.pop('retry_exit_codes').split(',')
-              if c.strip()))
+    supervision = restart_flags.supervision_of(
+        *(given.pop(name) for name, *_ in restart_flags.FLAGS))
   except ValueError as e:
-    parser.error(f'--max_restarts, --restart_backoff, --retry_exit_codes: '
-                 f'{e}')
+    parser.error(str(e))
   options = Options(**{
       **given, 'env': tuple(given['env']), 'supervision': supervision,
       'tier': ('spot' if namespace.spot else
