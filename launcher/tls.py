@@ -92,17 +92,6 @@ class PodAuthority:
       self.directory = None
 
 
-def mode_of(launcher_args: list[str]) -> str:
-  """The --tls a job's launcher gets (the last given; auto if none)."""
-  found = AUTO
-  for i, arg in enumerate(launcher_args):
-    if arg.startswith('--tls='):
-      found = arg[len('--tls='):]
-    elif arg == '--tls' and i + 1 < len(launcher_args):
-      found = launcher_args[i + 1]
-  return found
-
-
 def archive(directory: str, out: str) -> None:
   """The authority's files as a .tar.gz that keeps their mode (0600), for a
   driver to copy to its workers."""

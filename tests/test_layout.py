@@ -3,10 +3,13 @@
 That a real pod writes nothing else: test_local_pod."""
 
 import ast
+import json
 import os
+import pathlib
 
 import pytest
 
+from runtime.common import handoff
 from runtime.common import layout
 from tests import helpers
 
@@ -125,3 +128,43 @@ def test_no_module_but_the_layout_decides_where_the_record_lives():
       if used & {'local_copy', 'RECORD_CACHE'}:
         deciders.append(str(path.relative_to(helpers.REPO)))
   assert not deciders, deciders
+
+
+def test_a_copy_of_a_buckets_record_is_that_record(tmp_path, monkeypatch):
+  """What a workload is handed for a gs:// workdir is this machine's copy;
+  its checkpoints are still the bucket's, read from the copy's marker, so
+  nothing writes them into the config."""
+  from runtime.checkpoints import options as checkpoint_options  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv(handoff.RECORD_CACHE, str(tmp_path))
+  record = layout.Record.of('gs://runs/mnist/')
+  copy = record.workdir
+  assert layout.Record.of(copy).checkpoints() == copy + '/checkpoints'
+  (pathlib.Path(copy) / '.podrun').mkdir(parents=True)
+  (pathlib.Path(copy) / layout.COPY_OF).write_text(
+      json.dumps({'url': 'gs://runs/mnist', 'job_id': 'j'}))
+  again = layout.Record.of(copy)
+  assert again.bucket == 'gs://runs/mnist' and again.workdir == copy
+  assert again.checkpoints() == 'gs://runs/mnist/checkpoints'
+  from configs import linear_regression  # pylint: disable=g-import-not-at-top
+  config = linear_regression.get_config()
+  assert checkpoint_options.directory(config, copy) == (
+      'gs://runs/mnist/checkpoints')
+
+
+def test_nothing_writes_the_checkpoint_directory_into_a_config():
+  writers = []
+  for top in ('launcher', 'runtime'):
+    for path in sorted((helpers.REPO / top).rglob('*.py')):
+      if path.name == 'config_base.py':  # The default, ''.
+        continue
+      for node in ast.walk(ast.parse(path.read_text())):
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, (ast.AugAssign,
+                                                      ast.AnnAssign)) else [])
+        for target in targets:
+          for leaf in ast.walk(target):
+            if isinstance(leaf, ast.Attribute) and (
+                leaf.attr == 'checkpoint_dir'):
+              writers.append(f'{path.relative_to(helpers.REPO)}:'
+                             f'{node.lineno}')
+  assert not writers, writers

@@ -156,7 +156,7 @@ def test_the_tier_and_the_queued_resource_name():
       ['--tpu=t', '--zone=z', '--create', '--accelerator_type=v4-8',
        '--runtime_version=i', '--reserved', '--workdir=w'], ['--config=c'])
   assert (options.tier, options.queued_resource) == ('reserved', 't')
-  assert launcher_args == ['--config=c', '--workdir=w']
+  assert list(launcher_args) == ['--config=c', '--workdir=w']
 
 
 def test_the_flags_are_one_typed_frozen_options():

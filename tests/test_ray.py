@@ -32,8 +32,9 @@ def test_flags_and_the_launchers_after_the_separator():
                             '--workdir=/shared/mnist'])
   assert options == options_lib.Options(
       '10.0.0.1:6379', 4, {'GPU': 8.0, 'CPU': 16.0},
-      ['--config=configs/mnist.py', '--workdir=/shared/mnist'])
-  assert flag_values.workdir_of(options.launcher_args) == '/shared/mnist'
+      flag_values.LaunchArgs(['--config=configs/mnist.py',
+                              '--workdir=/shared/mnist']))
+  assert options.launcher_args.workdir == '/shared/mnist'
   # The user's variables, for every process.
   options = ray_main.parse(['--num_processes=2', '--env=WANDB_API_KEY=k',
                             '--env', 'XLA_FLAGS=--xla_dump_to=/tmp/x=1', '--',

@@ -9,7 +9,7 @@ does this, so that a driver and the job never disagree on a value.
 Example:
   >>> last_value(['--workdir=a', '--workdir', 'b'], 'workdir')
   'b'
-  >>> workdir_of(['--config=configs/mnist.py'])  # None: the default
+  >>> LaunchArgs(['--config=configs/mnist.py']).workdir  # None: the default
 """
 
 import re
@@ -61,6 +61,51 @@ def last_value(args: list[str], name: str) -> Optional[str]:
   return found
 
 
-def workdir_of(args: list[str]) -> Optional[str]:
-  """The --workdir the launcher gets from `args`; None for its default."""
-  return last_value(args, 'workdir')
+class LaunchArgs(tuple):
+  """The launcher's flags that a driver hands every process unchanged
+  (what follows `--` on its command line), with the few the driver reads
+  itself, each read as absl will read it (`last_value`).
+
+  A tuple of the words, so that it goes onto a command line as it is.
+
+  Example:
+    >>> own, args = LaunchArgs.split(['--num_processes=4', '--',
+    ...                               '--config=c.py', '--workdir=gs://b/r'])
+    >>> own, args.workdir, args.config, args.tls
+    (['--num_processes=4'], 'gs://b/r', 'c.py', 'auto')
+  """
+  __slots__ = ()
+
+  @classmethod
+  def split(cls, argv: Sequence[str]) -> tuple[list[str], 'LaunchArgs']:
+    """(the driver's own flags, before the first `--`; the launcher's,
+    after it)."""
+    argv = list(argv)
+    if '--' not in argv:
+      return argv, cls()
+    at = argv.index('--')
+    return argv[:at], cls(argv[at + 1:])
+
+  def value(self, name: str) -> Optional[str]:
+    """--`name`'s value, e.g. 'config.topology.accelerator_type'; None if
+    absent."""
+    return last_value(list(self), name)
+
+  @property
+  def workdir(self) -> Optional[str]:
+    """--workdir; None for the launcher's default."""
+    return self.value('workdir')
+
+  @property
+  def config(self) -> Optional[str]:
+    """--config's PATH[:ARG]; None if absent."""
+    return self.value('config')
+
+  @property
+  def tls(self) -> str:
+    """--tls, 'auto' when absent (launcher/tls.py)."""
+    return self.value('tls') or 'auto'
+
+  def with_workdir(self, workdir: str) -> 'LaunchArgs':
+    """These flags, with --workdir set to `workdir` after them."""
+    return LaunchArgs((*self, f'--workdir={workdir}'))

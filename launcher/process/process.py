@@ -153,14 +153,12 @@ def _take_lease(config: ConfigDict, workdir: str, options: Options,
       options.supervision.barrier_timeout)
 
 
-def _mirror_record(config: ConfigDict, url: str, record_dir: str,
-                   process_index: int, launcher_record: bool) -> None:
+def _mirror_record(url: str, record_dir: str, process_index: int,
+                   launcher_record: bool) -> None:
   """Fetches what earlier attempts left of the record in the bucket to this
   machine's copy, and starts uploading this process's part of it (where no
   launcher writes its files of the record, process 0 uploads them:
   layout.writer)."""
-  if 'checkpoint_dir' in config and not config.checkpoint_dir:
-    config.checkpoint_dir = layout.Record.of(url).checkpoints()
   mirror = record_mirror.Mirror(
       url, record_dir, record_mirror.process_owns(process_index,
                                                   launcher_record),
@@ -208,7 +206,7 @@ def _run(config: ConfigDict, workdir: str, options: Options,
   ledger = running.ledger
   if record_dir != workdir:
     with ledger.naming('record_fetch'):
-      _mirror_record(config, workdir, record_dir, actual.process_index,
+      _mirror_record(workdir, record_dir, actual.process_index,
                      launcher_record)
   with ledger.naming('stall_history'):
     running.supervisor.learn_in(record_dir)

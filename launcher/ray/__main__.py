@@ -36,14 +36,6 @@ from runtime.common import exit_codes
 from runtime.common import layout
 
 
-def split_launcher_args(argv: list[str]) -> tuple[list[str], list[str]]:
-  """(argv before `--`, the launcher flags after it)."""
-  if '--' not in argv:
-    return argv, []
-  at = argv.index('--')
-  return argv[:at], argv[at + 1:]
-
-
 def _resources(text: str) -> dict[str, float]:
   try:
     value = json.loads(text)
@@ -98,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str]) -> options_lib.Options:
-  own, launcher_args = split_launcher_args(argv)
+  own, launcher_args = flag_values.LaunchArgs.split(argv)
   parser = _parser()
   args = parser.parse_args(own)
   if args.num_processes < 1:
@@ -110,7 +102,7 @@ def parse(argv: list[str]) -> options_lib.Options:
                  f'{args.num_processes}')
   if not launcher_args:
     parser.error('no launcher flags after `--`: give at least --config')
-  workdir = flag_values.workdir_of(launcher_args)
+  workdir = launcher_args.workdir
   if workdir is None:
     parser.error('no --workdir among the launcher flags: give one every node '
                  'reaches (a shared file system or gs://)')

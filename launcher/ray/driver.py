@@ -12,8 +12,9 @@ every process's preemption notice: they save the step they agree on.
 Example:
   >>> run(options_lib.Options(address='auto', num_processes=4,
   ...         resources_per_process={'GPU': 8},
-  ...         launcher_args=['--config=configs/mnist.py',
-  ...                        '--workdir=/shared/runs/mnist']))
+  ...         launcher_args=flag_values.LaunchArgs([
+  ...             '--config=configs/mnist.py',
+  ...             '--workdir=/shared/runs/mnist'])))
   0
 """
 
@@ -21,7 +22,6 @@ import uuid
 
 from launcher import elastic as policy
 from launcher import restart
-from launcher.common import flag_values
 from launcher.common import goodput_rollup
 from launcher.common import launcher_record
 from launcher.common import project as project_lib
@@ -64,7 +64,7 @@ def run(options: options_lib.Options) -> int:
                'address)')
     return exit_codes.POD_UNAVAILABLE
   job_id = uuid.uuid4().hex[:12]
-  logs = output.Logs(flag_values.workdir_of(options.launcher_args),
+  logs = output.Logs(options.launcher_args.workdir,
                      options.num_processes)
   if logs.record.bucket:
     _claim_the_copy(logs.record, job_id)

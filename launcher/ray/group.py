@@ -15,7 +15,7 @@ Example:
 import dataclasses
 import signal
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import ray
 from ray.util.placement_group import placement_group
@@ -115,7 +115,7 @@ class Group:
              for i in range(num_processes)]
     return cls(placement, hosts)
 
-  def start(self, launcher_args: list[str], told: handoff.Handoff,
+  def start(self, launcher_args: Sequence[str], told: handoff.Handoff,
             env: Optional[dict[str, str]] = None) -> tuple[str, list[int]]:
     """Starts every process, process 0's node the coordinator, told
     `told` and its place, with the user's `env`; returns the coordinator's
@@ -125,7 +125,7 @@ class Group:
     self._raylets = raylets.addresses(self.nodes)
     ip, port, _ = places[0]
     coordinator = f'[{ip}]:{port}' if ':' in ip else f'{ip}:{port}'
-    pids = ray.get([host.start.remote(launcher_args, dataclasses.replace(
+    pids = ray.get([host.start.remote(list(launcher_args), dataclasses.replace(
         told, coordinator_address=coordinator,
         coordinator_bind_address=coordinator,
         num_processes=len(self.hosts), process_id=process_index), env or {})

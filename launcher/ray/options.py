@@ -3,8 +3,9 @@
 Example:
   >>> Options(address='auto', num_processes=4,
   ...         resources_per_process={'GPU': 8},
-  ...         launcher_args=['--config=configs/mnist.py',
-  ...                        '--workdir=/shared/runs/mnist']).min_processes
+  ...         launcher_args=flag_values.LaunchArgs([
+  ...             '--config=configs/mnist.py',
+  ...             '--workdir=/shared/runs/mnist'])).min_processes
   None
 """
 
@@ -12,6 +13,7 @@ import dataclasses
 from typing import Optional
 
 from launcher import restart
+from launcher.common import flag_values
 from launcher.common import project as project_lib
 
 
@@ -23,7 +25,7 @@ class Options:
     address: the Ray cluster ('auto', or the head's HOST:PORT).
     num_processes: one per node.
     resources_per_process: one bundle, e.g. {'GPU': 8} or {'TPU': 4}.
-    launcher_args: the launcher's flags, as for `podrun`.
+    launcher_args: the launcher's flags, as for `podrun`, read once.
     start_timeout_s: how long to wait for Ray to place every bundle.
     stop_grace_s: after a process failed, how long the others have to end
       on their own (their supervisors see the failure) before they are
@@ -39,7 +41,7 @@ class Options:
   address: str
   num_processes: int
   resources_per_process: dict[str, float]
-  launcher_args: list[str]
+  launcher_args: flag_values.LaunchArgs
   start_timeout_s: float = 120.0
   stop_grace_s: float = 30.0
   supervision: restart.Supervision = restart.Supervision()

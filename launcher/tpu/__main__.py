@@ -23,16 +23,9 @@ from launcher.tpu import bundle
 from launcher.tpu import driver
 from launcher.tpu import preflight
 from runtime.common import exit_codes
+from launcher.common import flag_values
 from launcher.common import output_prefix
 from launcher.common import project
-
-
-def split_launcher_args(argv: list[str]) -> tuple[list[str], list[str]]:
-  """(argv before `--`, the launcher flags after it)."""
-  if '--' not in argv:
-    return argv, []
-  at = argv.index('--')
-  return argv[:at], argv[at + 1:]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -97,7 +90,7 @@ def _check(args, launcher_args: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-  argv, launcher_args = split_launcher_args(argv)
+  argv, launcher_args = flag_values.LaunchArgs.split(argv)
   output_prefix.quiet_routine_logs()
   if argv[:1] == ['launch']:
     return driver.main(argv[1:], launcher_args)

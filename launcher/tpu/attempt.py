@@ -38,7 +38,8 @@ class Context(Protocol):
 
   Attributes:
     job_id: the same on every attempt of the launch.
-    launcher_args: the launcher's flags, as every worker gets them.
+    launcher_args: the launcher's flags, as every worker gets them, read
+      once.
     options: the script's flags (flags.py).
     gcloud: how to reach a slice's workers (commands.Gcloud).
     slices: what the job runs on (slices.Slices).
@@ -47,7 +48,7 @@ class Context(Protocol):
     workers: workers per slice.
   """
   job_id: str
-  launcher_args: list[str]
+  launcher_args: flag_values.LaunchArgs
   options: flags.Options
   gcloud: commands.Gcloud
   slices: slices_lib.Slices
@@ -190,7 +191,7 @@ class Attempt:
       self.launch.say(f'waiting up to {wait_s:g} s (--lost_slice_wait) for '
                       'the job on the lost slice to end (its preemption '
                       'save) before anything deletes it')
-    url = flag_values.workdir_of(self.launch.launcher_args) or ''
+    url = self.launch.launcher_args.workdir or ''
     ledgers = (ends.Ledgers(url, self.attempt_name, self._lost_ids()).start()
                if layout.in_bucket(url) else None)
     try:
@@ -217,7 +218,7 @@ class Attempt:
   def _job_over(self, ledgers: Optional[ends.Ledgers] = None
                 ) -> Optional[str]:
     """Why nothing of the job can still be saving, or None (ends.over)."""
-    url = flag_values.workdir_of(self.launch.launcher_args) or ''
+    url = self.launch.launcher_args.workdir or ''
     kept_in_bucket = layout.in_bucket(url) or any(
         '=gs://' in arg for arg in self.launch.launcher_args)
     return ends.over(

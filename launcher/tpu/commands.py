@@ -331,7 +331,7 @@ def multislice_env(place: SlicePlace) -> list[str]:
 
 def run_command(short_hash: str, job_id: str, worker_python: str,
                 told: handoff.Handoff, envs: list[str],
-                launcher_args: list[str], workers,
+                launcher_args: flag_values.LaunchArgs, workers,
                 options: flags.Options, attempt=1,
                 place: SlicePlace = SlicePlace(),
                 run_directory: str = PODRUN) -> str:
@@ -366,7 +366,7 @@ def run_command(short_hash: str, job_id: str, worker_python: str,
   # (launcher_record.py): process 0 writes none of the launcher's files.
   told = dataclasses.replace(
       told, job_id=job_id, attempt=attempt_id(job_id, attempt),
-      launcher_record=layout.in_bucket(flag_values.workdir_of(launcher_args)))
+      launcher_record=layout.in_bucket(launcher_args.workdir))
   words += [f'--env={e}' for e in [
       *(f'{k}={v}' for k, v in told.env().items()),
       *multislice_env(place), *envs]]

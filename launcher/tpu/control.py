@@ -56,9 +56,9 @@ def planned_workers(launch):
   """One slice's worker count as far as the flags tell it (the accelerator
   type of --create or of --config.topology.accelerator_type), else a
   placeholder for what describe will say."""
-  accelerator_type = launch.options.accelerator_type or next(
-      (a.split('=', 1)[1] for a in launch.launcher_args
-       if a.startswith('--config.topology.accelerator_type=')), '')
+  accelerator_type = (
+      launch.options.accelerator_type or
+      launch.launcher_args.value('config.topology.accelerator_type') or '')
   try:
     return accelerators.slice_topology(accelerator_type).hosts
   except accelerators.AcceleratorTypeError:

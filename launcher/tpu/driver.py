@@ -35,10 +35,10 @@ files from the driver after its last attempt
 import os
 import signal
 import sys
+from typing import Sequence
 
 from launcher import restart
 from launcher import signals
-from launcher.common import flag_values
 from launcher.common import launcher_record
 from launcher.common import project as project_lib
 from launcher.tpu import attempt as attempt_lib
@@ -125,7 +125,7 @@ def launch_job(launch: launch_lib.Launch) -> int:
       if launch.signals:
         code = exit_codes.SIGNAL_BASE + launch.signals[0]
       _clean_up(launch, code)
-  url = flag_values.workdir_of(launch.launcher_args) or ''
+  url = launch.launcher_args.workdir or ''
   if layout.in_bucket(url):
     launcher_record.complete(url, launch.path(layout.ATTEMPTS),
                              _job_record(launch, code), launch.say)
@@ -137,7 +137,7 @@ def launch_job(launch: launch_lib.Launch) -> int:
   return code
 
 
-def main(argv: list[str], launcher_args: list[str]) -> int:
+def main(argv: list[str], launcher_args: Sequence[str]) -> int:
   """`launch`: the script's flags in argv, the launcher's after `--`."""
   try:
     options, launcher_args = flags.parse(argv, launcher_args)

@@ -12,7 +12,7 @@ Example:
 import argparse
 import dataclasses
 import re
-from typing import Optional
+from typing import Optional, Sequence
 
 from launcher import restart
 from launcher import restart_flags
@@ -244,19 +244,20 @@ def _check_elastic(parser: argparse.ArgumentParser, options,
     parser.error(f'--min_slices={options.min_slices} with --num_slices='
                  f'{options.num_slices}: it must be from 1 to '
                  f'{options.num_slices - 1}')
-  fixed = [a for a in launcher_args
-           if a.startswith(('--config.topology.num_slices=',
-                            '--config.topology.num_processes='))]
+  fixed = [f'--{name}={launcher_args.value(name)}'
+           for name in ('config.topology.num_slices',
+                        'config.topology.num_processes')
+           if launcher_args.value(name) is not None]
   if fixed:
     parser.error(f'{fixed[0]} fixes what --min_slices lets change: drop it')
 
 
-def local_workdir_warning(options: Options, launcher_args: list[str]
-                          ) -> str:
+def local_workdir_warning(options: Options,
+                          launcher_args: flag_values.LaunchArgs) -> str:
   """A loud warning when a slice this launch creates would take the run's
   record with it ('' when the workdir is in a bucket, or nothing is
   created)."""
-  workdir = flag_values.workdir_of(launcher_args) or ''
+  workdir = launcher_args.workdir or ''
   if not options.create or layout.in_bucket(workdir):
     return ''
   where = (f'--workdir={workdir}' if workdir else
@@ -268,15 +269,15 @@ def local_workdir_warning(options: Options, launcher_args: list[str]
           'in a bucket: --workdir=gs://BUCKET/RUN')
 
 
-def parse(argv: list[str], launcher_args: list[str]
-          ) -> tuple[Options, list[str]]:
+def parse(argv: list[str], launcher_args: Sequence[str]
+          ) -> tuple[Options, flag_values.LaunchArgs]:
   """The script's flags, and the launcher flags (those after `--`, with
   --workdir added when the script got one).
 
   Raises:
     SystemExit: as argparse does, for --help or a flag refused.
   """
-  launcher_args = list(launcher_args)
+  launcher_args = flag_values.LaunchArgs(launcher_args)
   parser = _parser()
   namespace = parser.parse_args(argv)
   _check(parser, namespace, launcher_args)
@@ -292,5 +293,5 @@ def parse(argv: list[str], launcher_args: list[str]
                'reserved' if namespace.reserved else 'on-demand'),
       'queued_resource': namespace.queued_resource or namespace.tpu})
   if options.workdir:
-    launcher_args.append(f'--workdir={options.workdir}')
+    launcher_args = launcher_args.with_workdir(options.workdir)
   return options, launcher_args

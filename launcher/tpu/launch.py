@@ -22,6 +22,7 @@ import weakref
 from typing import Optional
 
 from launcher import tls
+from launcher.common import flag_values
 from launcher.common import project as project_lib
 from launcher.tpu import bundle
 from launcher.tpu import commands
@@ -36,7 +37,8 @@ class Launch:
   """Everything one launch knows: the slices, the job, the commands, the
   logs, and the signals it got."""
 
-  def __init__(self, options: flags.Options, launcher_args: list[str],
+  def __init__(self, options: flags.Options,
+               launcher_args: flag_values.LaunchArgs,
                project: Optional[project_lib.Project] = None):
     self.options = options
     # What travels besides podrun's code (None: --stop, --status).
@@ -111,7 +113,7 @@ class Launch:
     """The launch's certificate authority for mutual TLS on the job's
     coordinator (launcher/tls.py), where --tls and the workers' JAX allow;
     removed from this machine with the launch."""
-    authority = tls.PodAuthority(tls.mode_of(self.launcher_args),
+    authority = tls.PodAuthority(self.launcher_args.tls,
                                  self.job_id, self.say, self.jax_version)
     weakref.finalize(self, authority.close)
     return authority

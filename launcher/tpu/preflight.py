@@ -18,6 +18,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from launcher.common import flag_values
 from runtime.common import accelerators
 from runtime.common import exit_codes
 
@@ -169,16 +170,15 @@ def expected_accelerator_type(launcher_args: Sequence[str]) -> Optional[str]:
   """
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
-  config_args = [a for a in launcher_args if a.startswith('--config=')]
-  if not config_args:
+  launcher_args = flag_values.LaunchArgs(launcher_args)
+  if launcher_args.config is None:
     return None
-  override = [a.split('=', 1)[1] for a in launcher_args
-              if a.startswith('--config.topology.accelerator_type=')]
+  override = launcher_args.value('config.topology.accelerator_type')
   values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', None, '', flag_values=values)
-  values(['launch_tpu_pod', config_args[-1]])
-  if override:
-    return override[-1] or None
+  values(['launch_tpu_pod', f'--config={launcher_args.config}'])
+  if override is not None:
+    return override or None
   topology = values.config.get('topology') or {}
   return topology.get('accelerator_type')
 

@@ -102,10 +102,11 @@ class Checkpointing:
 
 def directory(config: ConfigDict, workdir: str) -> str:
   """Where the run's checkpoints go: config.checkpoint_dir or
-  WORKDIR/checkpoints.
+  WORKDIR/checkpoints (for a bucket's workdir, or this machine's copy of
+  one, the bucket's).
 
   Example:
     >>> directory(config, '/tmp/w')  # config.checkpoint_dir == ''
     '/tmp/w/checkpoints'
   """
-  return config.checkpoint_dir or layout.Record(workdir).checkpoints()
+  return config.checkpoint_dir or layout.Record.of(workdir).checkpoints()

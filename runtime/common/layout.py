@@ -46,6 +46,7 @@ Example:
 """
 
 import glob
+import json
 import os
 import re
 from typing import Optional, Union
@@ -166,6 +167,16 @@ def local_copy(url: str) -> str:
   return os.path.join(root, url[len('gs://'):].strip('/'))
 
 
+def _copy_of(directory: str) -> Optional[str]:
+  """The bucket whose copy `directory` is, or None."""
+  try:
+    with open(os.path.join(directory, COPY_OF)) as f:
+      url = json.load(f).get('url')
+  except (OSError, ValueError, AttributeError):
+    return None
+  return url.rstrip('/') if in_bucket(url) else None
+
+
 class Record:
   """The paths of one workdir, a method each.
 
@@ -182,10 +193,12 @@ class Record:
   @classmethod
   def of(cls, workdir: str) -> 'Record':
     """The record of a job's --workdir: a bucket's is written on this
-    machine's copy, `local_copy(workdir)`."""
+    machine's copy, `local_copy(workdir)`; and that copy's path (what a
+    workload is handed) is the same record again, its bucket read from the
+    copy's COPY_OF."""
     if in_bucket(workdir):
       return cls(local_copy(workdir), bucket=workdir.rstrip('/'))
-    return cls(workdir)
+    return cls(workdir, bucket=_copy_of(workdir))
 
   def _path(self, *parts: str) -> str:
     return os.path.join(self.workdir, *parts)
