@@ -30,13 +30,13 @@ from launcher import restart_flags
 from launcher import tls
 from launcher import usage
 from launcher.common import cluster
-from runtime.common import handoff
-from runtime.common import exit_codes
-from runtime.common import layout
-from launcher.common import goodput_rollup
+from launcher.common import launcher_record
 from launcher.common import output_prefix
 from launcher.common import record_mirror
 from launcher.common import workload
+from runtime.common import exit_codes
+from runtime.common import handoff
+from runtime.common import layout
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file, PATH[:ARG]; --config.KEY=VALUE overrides.',
@@ -367,25 +367,6 @@ def _supervision(config: ConfigDict) -> restart.Supervision:
                     if from_config else ''))
 
 
-def _report_goodput(workdir: str, shown_as: Optional[str] = None) -> None:
-  """Rolls up the job's ledgers with the launcher's view of its attempts
-  (in `workdir`, a local directory; `shown_as` names it for the reader)."""
-  result = goodput_rollup.roll_up_into_summary(workdir)
-  if result['goodput'] is None:
-    return
-  print(f'[launcher] goodput {result["goodput"]:.3f}: '
-        f'{result["parts"]["productive"]:.1f} s of productive steps in '
-        f'{result["wall_s"]:.1f} s over {len(result["attempts"])} '
-        f'attempt(s){_between_commands(result)}; podrun-goodput '
-        f'{shown_as or workdir} shows where the rest went', file=sys.stderr, flush=True)
-
-
-def _between_commands(result: dict) -> str:
-  idle = result['between_commands_s']
-  return (f' (and {idle:.1f} s between commands, when nothing ran it)'
-          if idle > 0 else '')
-
-
 def _workdir(flag: Optional[str]) -> str:
   """The job's workdir: an absolute local path, or a gs:// URL (never taken
   for a relative path named 'gs:')."""
@@ -454,10 +435,13 @@ def _run_local_pod(config: ConfigDict, workdir: str) -> int:
                 if capacity else None))
   finally:
     authority.close()
-  if mirror is None:
-    _report_goodput(workdir)
-  else:
-    _report_goodput(mirror.local_dir, shown_as=workdir)
+  # The pod's launcher mirrors a bucket's record itself (its copy is where
+  # the ranks write): the goodput is rolled up in that copy, then uploaded.
+  launcher_record.finish(
+      layout.Record(workdir if mirror is None else mirror.local_dir),
+      layout.Record(workdir).attempts(), None, restart.console_say,
+      shown=workdir)
+  if mirror is not None:
     mirror.finish()
   return code
 

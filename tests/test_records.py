@@ -7,6 +7,7 @@ import pytest
 from runtime.common import goodput
 from runtime.common import layout
 from runtime.common import records
+from tests import helpers
 
 pytestmark = pytest.mark.unit
 
@@ -66,3 +67,31 @@ def test_summary_json_has_one_writer_and_its_goodput_is_replaced(tmp_path):
   written = json.loads((tmp_path / 'summary.json').read_text())
   assert written == {'workload': 'w', 'steps': 4,
                      'goodput': goodput_of(0.75)}
+
+
+def test_job_json_has_one_shape_from_every_launcher(tmp_path):
+  """The local pod, Ray and the TPU driver each write a records.Job: the
+  same fields first, then what only that launcher knows."""
+  job = records.Job(job_id='j', launched_by='podrun-ray', attempt=2,
+                    attempt_name='j-a2', coordinator_address='10.0.0.1:8476',
+                    ranks=({'rank': 0, 'pid': 7, 'node': 'n0'},),
+                    launcher={'ray_address': 'auto'})
+  path = tmp_path / 'job.json'
+  job.write(str(path))
+  assert json.loads(path.read_text()) == {
+      'job_id': 'j', 'launched_by': 'podrun-ray', 'attempt': 2,
+      'attempt_name': 'j-a2', 'coordinator_address': '10.0.0.1:8476',
+      'ranks': [{'rank': 0, 'pid': 7, 'node': 'n0'}], 'ray_address': 'auto'}
+  # The end of a launch: its exit code, nothing unknown written as null.
+  assert records.Job('j', 'launch_tpu_pod', exit_code=0).as_json() == {
+      'job_id': 'j', 'launched_by': 'launch_tpu_pod', 'ranks': [],
+      'exit_code': 0}
+
+
+def test_every_job_json_is_written_as_a_job():
+  writers = []
+  for path in sorted((helpers.REPO / 'launcher').rglob('*.py')):
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+      if '.job()' in line and '.write(' not in line:
+        writers.append(f'{path.relative_to(helpers.REPO)}:{number}')
+  assert not writers, writers

@@ -21,12 +21,11 @@ from typing import Callable, Optional
 
 from launcher.common import goodput_rollup
 from launcher.common import record_mirror
-from runtime.common import files
 from runtime.common import layout
 from runtime.common import records
 
 
-def _write(url: str, attempts_path: str, job: dict) -> records.RollUp:
+def _write(url: str, attempts_path: str, job: records.Job) -> records.RollUp:
   """Merges the attempts into the bucket's, then fetches the record into a
   directory of its own, rolls it up, writes job.json and uploads the
   launcher's files; returns the roll-up."""
@@ -37,14 +36,14 @@ def _write(url: str, attempts_path: str, job: dict) -> records.RollUp:
                                   owns=record_mirror.launcher_owns)
     mirror.fetch()
     result = goodput_rollup.roll_up_into_summary(local)
-    files.write_json(layout.Record(local).job(), job)
+    job.write(layout.Record(local).job())
     mirror.push()
     if mirror.unwritten:
       raise RuntimeError(f'{", ".join(sorted(mirror.unwritten))} not written')
   return result
 
 
-def complete(url: str, attempts_path: str, job: dict,
+def complete(url: str, attempts_path: str, job: records.Job,
              say: Callable[[str], None]) -> Optional[records.RollUp]:
   """Completes the bucket record at `url` with the launcher's files.
 
@@ -81,3 +80,44 @@ def complete(url: str, attempts_path: str, job: dict,
   say(f'warning: cannot add the attempts and the goodput roll-up to {url} '
       f'({why}); the attempts are in {attempts_path}')
   return None
+
+
+def finish(record: layout.Record, attempts_path: str,
+           job: Optional[records.Job],
+           say: Callable[[str], None], shown: Optional[str] = None
+           ) -> Optional[records.RollUp]:
+  """A launcher's end of its job's record, the same for every launcher: a
+  bucket's record is completed (`complete`), a shared one's goodput rolled
+  up where it lies (its launcher wrote its attempts and job.json there);
+  then the goodput is said in one line.
+
+  Args:
+    record: the job's record (layout.Record.of its --workdir).
+    attempts_path: the launcher's attempts.jsonl on this machine.
+    job: what a bucket's logs/job.json says of the job (None where the
+      launcher wrote it in the record itself).
+    say: how to tell the user.
+    shown: the workdir as the user named it (default the record's).
+
+  Returns:
+    The roll-up over every attempt, or None where there is none.
+  """
+  if record.bucket and job is not None:
+    result = complete(record.bucket, attempts_path, job, say)
+  else:
+    result = goodput_rollup.roll_up_into_summary(record.workdir)
+  if result and result['goodput'] is not None:
+    say(goodput_line(result, shown or record.bucket or record.workdir))
+  return result
+
+
+def goodput_line(result: records.RollUp, workdir: str) -> str:
+  """The one line every launcher ends with, of a roll-up of `workdir`."""
+  idle = result['between_commands_s']
+  between = (f' (and {idle:.1f} s between commands, when nothing ran it)'
+             if idle > 0 else '')
+  return (f'goodput {result["goodput"]:.3f}: '
+          f'{result["parts"]["productive"]:.1f} s of productive steps in '
+          f'{result["wall_s"]:.1f} s over {len(result["attempts"])} '
+          f'attempt(s){between}; podrun-goodput {workdir} shows where the '
+          'rest went')

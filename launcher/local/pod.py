@@ -24,7 +24,6 @@ stalls or the launcher is told to stop:
 """
 
 import dataclasses
-import json
 import os
 import shlex
 import signal
@@ -281,16 +280,13 @@ class Gang:
     return threads
 
   def _write_job_file(self) -> None:
-    job = {
-        'job_id': self.job_id,
-        'attempt': self.attempt,
-        'coordinator_address': self.coordinator_address,
-        'launcher_pid': os.getpid(),
-        'ranks': [{'rank': r.index, 'pid': r.popen.pid,
-                   'command': r.command} for r in self._members],
-    }
-    with open(self.record.job(), 'w') as f:
-      json.dump(job, f, indent=2)
+    records.Job(
+        job_id=self.job_id, launched_by='podrun', attempt=self.attempt,
+        attempt_name=self.attempt_name,
+        coordinator_address=self.coordinator_address,
+        ranks=tuple({'rank': r.index, 'pid': r.popen.pid,
+                     'command': r.command} for r in self._members),
+        launcher={'launcher_pid': os.getpid()}).write(self.record.job())
 
   def _on_signal(self, signum, frame) -> None:
     del frame

@@ -113,13 +113,12 @@ class Attempt:
                  else None))
     coordinator, pids = group.start(self.options.launcher_args, told,
                                     self.options.env)
-    self.logs.start(self.number, {
-        'job_id': self.job_id, 'attempt': self.number,
-        'attempt_name': self.attempt_name,
-        'coordinator_address': coordinator,
-        'ray_address': self.options.address,
-        'ranks': [{'rank': r, 'pid': p, 'node': n} for r, (p, n) in
-                  enumerate(zip(pids, group.nodes))]})
+    self.logs.start(self.number, records.Job(
+        job_id=self.job_id, launched_by='podrun-ray', attempt=self.number,
+        attempt_name=self.attempt_name, coordinator_address=coordinator,
+        ranks=tuple({'rank': r, 'pid': p, 'node': n} for r, (p, n) in
+                    enumerate(zip(pids, group.nodes))),
+        launcher={'ray_address': self.options.address}))
     output.say(f'attempt {self.number}: started {len(pids)} processes, one '
                f'a node, coordinator {coordinator}')
 

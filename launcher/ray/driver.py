@@ -18,11 +18,11 @@ Example:
   0
 """
 
+import dataclasses
 import uuid
 
 from launcher import elastic as policy
 from launcher import restart
-from launcher.common import goodput_rollup
 from launcher.common import launcher_record
 from launcher.common import project as project_lib
 from launcher.common import record_mirror
@@ -32,6 +32,7 @@ from launcher.ray import options as options_lib
 from launcher.ray import output
 from runtime.common import exit_codes
 from runtime.common import layout
+from runtime.common import records
 
 
 def runtime_env(found: project_lib.Project) -> dict:
@@ -81,7 +82,7 @@ def run(options: options_lib.Options) -> int:
   finally:
     logs.close()
     ray.shutdown()
-  _report_goodput(logs, code)
+  _report_goodput(logs, job_id, code)
   output.say(f'exit code {code}{exit_codes.signal_suffix(code)}')
   return code
 
@@ -97,20 +98,13 @@ def _claim_the_copy(record: layout.Record, job_id: str) -> None:
     output.say(f'warning: cannot read {record.bucket}: {e}')
 
 
-def _report_goodput(logs: output.Logs, code: int) -> None:
+def _report_goodput(logs: output.Logs, job_id: str, code: int) -> None:
   """The job's goodput over every attempt, into the record's goodput.jsonl
   and summary.json, and said. A bucket's gets them, with the attempts and
   job.json, after the last attempt (launcher_record.py); this machine's
   copy of it, none."""
-  record = logs.record
-  if record.bucket:
-    job = {**logs.job, 'launched_by': 'podrun-ray', 'exit_code': code}
-    result = launcher_record.complete(record.bucket, record.attempts(), job,
-                                      output.say)
-  else:
-    result = goodput_rollup.roll_up_into_summary(record.workdir)
-  if result and result['goodput'] is not None:
-    output.say(f'goodput {result["goodput"]:.3f}: '
-               f'{result["parts"]["productive"]:.1f} s of productive steps in '
-               f'{result["wall_s"]:.1f} s over {len(result["attempts"])} '
-               'attempt(s)')
+  launcher_record.finish(
+      logs.record, logs.record.attempts(),
+      dataclasses.replace(logs.job or records.Job(job_id, 'podrun-ray'),
+                          exit_code=code),
+      output.say)

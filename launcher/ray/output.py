@@ -11,11 +11,11 @@ Example:
 
 import os
 import sys
-from typing import Any, TextIO
+from typing import Optional, TextIO
 
 from launcher.common import output_prefix
-from runtime.common import files
 from runtime.common import layout
+from runtime.common import records
 
 
 def say(text: str) -> None:
@@ -35,10 +35,10 @@ class Logs:
     self.num_processes = num_processes
     self.files: dict[int, TextIO] = {}
     self.record = layout.Record.of(workdir)
-    # What the last attempt's job.json says ({} before one started).
-    self.job: dict[str, Any] = {}
+    # What the last attempt's job.json says (None before one started).
+    self.job: Optional[records.Job] = None
 
-  def start(self, attempt: int, job: dict[str, Any]) -> None:
+  def start(self, attempt: int, job: records.Job) -> None:
     """Opens the rank logs for `attempt` (a later one appends, under a
     header) and writes job.json."""
     self.close()
@@ -49,7 +49,7 @@ class Logs:
       if attempt > 1:
         log.write(f'===== attempt {attempt} =====\n')
       self.files[process_index] = log
-    files.write_json(self.record.job(), job)
+    job.write(self.record.job())
     self.job = job
 
   def write(self, process_index: int, stream: str, line: str) -> None:

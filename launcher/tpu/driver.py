@@ -49,6 +49,7 @@ from launcher.tpu import queued
 from launcher.tpu import slices as slices_lib
 from runtime.common import exit_codes
 from runtime.common import layout
+from runtime.common import records
 
 
 def _run(launch: launch_lib.Launch) -> int:
@@ -97,14 +98,16 @@ def _kept(launch: launch_lib.Launch, code: int) -> str:
           f'--zone={zone} --force`, or launch with --delete_after')
 
 
-def _job_record(launch: launch_lib.Launch, code: int) -> dict:
+def _job_record(launch: launch_lib.Launch, code: int) -> records.Job:
   """WORKDIR/logs/job.json of a TPU launch: where and how the job ran."""
-  return {'job_id': launch.job_id, 'launched_by': 'launch_tpu_pod',
-          'exit_code': code, 'tpu': launch.options.tpu,
-          'zone': launch.options.zone, 'slices': list(launch.all_nodes),
-          'workers_per_slice': launch.workers,
-          'accelerator_type': launch.options.accelerator_type or None,
-          'launcher_args': launch.launcher_args, 'log_dir': launch.log_dir}
+  return records.Job(
+      job_id=launch.job_id, launched_by='launch_tpu_pod', exit_code=code,
+      launcher={'tpu': launch.options.tpu, 'zone': launch.options.zone,
+                'slices': list(launch.all_nodes),
+                'workers_per_slice': launch.workers,
+                'accelerator_type': launch.options.accelerator_type or None,
+                'launcher_args': list(launch.launcher_args),
+                'log_dir': launch.log_dir})
 
 
 def launch_job(launch: launch_lib.Launch) -> int:
@@ -127,8 +130,10 @@ def launch_job(launch: launch_lib.Launch) -> int:
       _clean_up(launch, code)
   url = launch.launcher_args.workdir or ''
   if layout.in_bucket(url):
-    launcher_record.complete(url, launch.path(layout.ATTEMPTS),
-                             _job_record(launch, code), launch.say)
+    # A workdir on the workers' disks is theirs to roll up.
+    launcher_record.finish(layout.Record.of(url),
+                           launch.path(layout.ATTEMPTS),
+                           _job_record(launch, code), launch.say)
   if code == exit_codes.OK:
     launch.say(f'job {launch.job_id} finished on every worker')
   else:

@@ -10,7 +10,8 @@ Each kind is defined once here:
   it ran (the local pod's WORKDIR/logs, the TPU driver's LOG_DIR);
 - `AttemptRow` and `RollUp`: the goodput roll-up over every attempt
   (launcher/common/goodput_rollup.py; WORKDIR/goodput.jsonl, a row a line);
-- `Summary`: WORKDIR/summary.json, written by `write_summary` alone.
+- `Summary`: WORKDIR/summary.json, written by `write_summary` alone;
+- `Job`: WORKDIR/logs/job.json, which job ran where, as its launcher says.
 
 The three JSON files others read (ledgers, the roll-up, summary.json) stay
 dicts on disk and in memory, typed as TypedDicts: scripts and notebooks
@@ -34,6 +35,42 @@ from runtime.common import exit_codes
 from runtime.common import files
 from runtime.common import layout
 
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """WORKDIR/logs/job.json: which job ran where, as its launcher says; the
+  same shape from every launcher.
+
+  Attributes:
+    job_id: the same on every attempt.
+    launched_by: 'podrun' (a local pod), 'podrun-ray' or 'launch_tpu_pod'.
+    attempt: the attempt's number (None: the launch as a whole).
+    attempt_name: its ledgers' folder (records.attempt_name).
+    coordinator_address: where its processes met.
+    ranks: each process's {'rank', 'pid', and 'node' or 'command'}.
+    exit_code: how the job ended (None while it runs).
+    launcher: what else this launcher knows of it (its pid; the Ray
+      address; the TPU, zone and slices), written beside the rest.
+  """
+  job_id: str
+  launched_by: str
+  attempt: Optional[int] = None
+  attempt_name: Optional[str] = None
+  coordinator_address: Optional[str] = None
+  ranks: tuple[dict[str, Any], ...] = ()
+  exit_code: Optional[int] = None
+  launcher: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def as_json(self) -> dict[str, Any]:
+    """The file's object: the fields told, then `launcher`'s."""
+    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+           if f.name != 'launcher' and getattr(self, f.name) is not None}
+    out['ranks'] = list(self.ranks)
+    return {**out, **self.launcher}
+
+  def write(self, path: str) -> None:
+    files.write_json(path, self.as_json())
 
 
 def attempt_name(job_id: str, number: int) -> str:
