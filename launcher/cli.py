@@ -259,8 +259,8 @@ def pod_passthrough_args(argv: list[str]) -> list[str]:
 
 
 def distributed_options():
-  """The distributed flags, as a launcher.process.distributed.Options; a flag
-  not given falls back to PODRUN_* variables.
+  """The distributed flags, as a launcher.process.distributed.CoordinatorFlags;
+  a flag not given falls back to PODRUN_* variables.
 
   See `cluster.explicit_options` for the variables. Only a launcher that is
   itself a process of the job asks for them, so launcher.process is imported
@@ -276,7 +276,7 @@ def distributed_options():
                'coordinator_bind_address'):
     values[flag] = (flags.FLAGS[flag].value if flags.FLAGS[flag].present
                     else from_env.get(flag, (flags.FLAGS[flag].value,))[0])
-  return distributed.Options(
+  return distributed.CoordinatorFlags(
       **values,
       initialization_timeout=_INITIALIZATION_TIMEOUT.value,
       heartbeat_timeout=_HEARTBEAT_TIMEOUT.value,
@@ -302,7 +302,7 @@ def _pod_spec(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
     if flags.FLAGS[name].present:
       _fail(f'--{name} is chosen by the launcher with --local_processes; '
             'drop it')
-  supervision = _supervision(config)
+  restarts = _restarts(config)
   topology = config.get('topology') or {}
   # Each process keeps its devices when others are lost: a host's.
   local_devices = (_LOCAL_DEVICES.value or topology.get('local_devices') or
@@ -318,8 +318,8 @@ def _pod_spec(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
       kill_grace=_KILL_GRACE.value, log_all_ranks=_LOG_ALL_RANKS.value,
       elastic_processes=((capacity.minimum, capacity.full) if capacity
                          else None),
-      attempts_may_follow=bool(capacity) or supervision.max_restarts > 0,
-      supervision=supervision)
+      attempts_may_follow=bool(capacity) or restarts.max_restarts > 0,
+      restarts=restarts)
 
 
 def _make_pod(spec: local_pod.PodSpec, job_id=None, attempt: int = 1,
@@ -354,12 +354,12 @@ def _capacity(config: ConfigDict) -> Optional[elastic.Capacity]:
     _fail(str(e))
 
 
-def _supervision(config: ConfigDict) -> restart.Supervision:
+def _restarts(config: ConfigDict) -> restart.RestartPolicy:
   """--max_restarts, --restart_backoff, and the exit codes retried
   (--retry_exit_codes with config.retry_exit_codes)."""
   from_config = list(config.get('retry_exit_codes', ()) or ())
   try:
-    return restart_flags.supervision_of(
+    return restart_flags.policy_of(
         *(_RESTART[name].value for name, *_ in restart_flags.FLAGS),
         more_codes=from_config)
   except ValueError as e:
@@ -430,7 +430,7 @@ def _run_local_pod(config: ConfigDict, workdir: str) -> int:
     code = restart.run(
         lambda attempt: pod if attempt == 1 else _make_pod(
             spec, job_id=pod.job_id, attempt=attempt, capacity=capacity),
-        spec.supervision, logs_dir=pod.logs_dir,
+        spec.restarts, logs_dir=pod.logs_dir,
         resize=(policy.Policy(capacity, restart.console_say).after
                 if capacity else None))
   finally:
@@ -462,13 +462,13 @@ def _run_process(config: ConfigDict, workdir: str) -> int:
     from launcher.process import dry_run  # pylint: disable=g-import-not-at-top
     return dry_run.print_plan(sys.argv, distributed_options(),
                               _LOCAL_DEVICES.value)
-  from launcher.process import process  # pylint: disable=g-import-not-at-top
+  from launcher.process import job  # pylint: disable=g-import-not-at-top
   from launcher.process import supervisor  # pylint: disable=g-import-not-at-top
-  return process.run(config, workdir, process.Options(
+  return job.run(config, workdir, job.ProcessFlags(
       distributed=distributed_options(),
       local_devices=_LOCAL_DEVICES.value,
       log_all_ranks=_LOG_ALL_RANKS.value,
-      supervision=supervisor.Options(
+      supervision=supervisor.WatchFlags(
           heartbeat_timeout=_HEARTBEAT_TIMEOUT.value,
           stall_timeout=_STALL_TIMEOUT.value,
           first_step_timeout=_FIRST_STEP_TIMEOUT.value,

@@ -6,14 +6,14 @@ only when their exit code is marked retryable (--retry_exit_codes or
 config.retry_exit_codes); a user's own mistake (exit_codes.NEVER_RETRIED) is
 never retried, since it would fail the same way again. Each restart waits a
 back-off that doubles from --restart_backoff up to a minute. Every
-launcher reads those flags once into a `Supervision`; a local pod
+launcher reads those flags once into a `RestartPolicy`; a local pod
 (launcher/local/pod.py), a TPU pod's attempt (launcher/tpu/attempt.py) and
 a Ray job's (launcher/ray/attempt.py) are each an `Attempt`, whose `run`
 returns an `AttemptEnd`.
 
 Example:
-  >>> supervision = Supervision(max_restarts=3, retryable=(137,))
-  >>> run(lambda number: Gang(spec, 4, job_id, number), supervision,
+  >>> restarts = RestartPolicy(max_restarts=3, retryable=(137,))
+  >>> run(lambda number: Gang(spec, 4, job_id, number), restarts,
   ...     logs_dir='workdirs/mnist/logs')
   0
 """
@@ -51,7 +51,7 @@ def check_retryable(codes: Iterable[int]) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Supervision:
+class RestartPolicy:
   """How a launcher restarts its job, the same for every launcher (as
   torchelastic's WorkerSpec holds max_restarts); read once from the flags.
 
@@ -195,7 +195,7 @@ def _sleep_unless_signalled(seconds: float) -> Optional[int]:
   return signalled[0] if signalled else None
 
 
-def run(start_attempt: Callable[[int], Attempt], supervision: Supervision,
+def run(start_attempt: Callable[[int], Attempt], restarts: RestartPolicy,
         logs_dir: str, say: Callable[[str], None] = console_say,
         on_signal: Optional[Callable[[int], None]] = None,
         pending_signal: Callable[[], Optional[int]] = lambda: None,
@@ -205,7 +205,7 @@ def run(start_attempt: Callable[[int], Attempt], supervision: Supervision,
 
   Args:
     start_attempt: attempt number (1, 2, ...) -> the Attempt to run.
-    supervision: how many restarts, after which exit codes, how far apart.
+    restarts: how many restarts, after which exit codes, how far apart.
     logs_dir: where attempts.jsonl records each attempt's end.
     say: how to tell the user.
     on_signal: told of a SIGINT or SIGTERM that comes during a back-off,
@@ -230,11 +230,11 @@ def run(start_attempt: Callable[[int], Attempt], supervision: Supervision,
     started = time.time()
     end = one.run()
     code = end.code
-    kind = kind_of(code, supervision.retryable)
+    kind = kind_of(code, restarts.retryable)
     newly_productive = high_water.advanced_by(end)
     resized, bounded = _resize_after(
         end, kind, resize, newly_productive, high_water,
-        supervision.max_restarts, tally, say)
+        restarts.max_restarts, tally, say)
     records.append_attempt(logs_dir, _record(
         attempt, end, kind, launcher_started, started, resized))
     if bounded:
@@ -243,7 +243,7 @@ def run(start_attempt: Callable[[int], Attempt], supervision: Supervision,
       tally.count_resize(resized.kind)
       wait = resized.wait_s
     else:
-      wait = _restart_wait(end, kind, supervision, tally, say,
+      wait = _restart_wait(end, kind, restarts, tally, say,
                            newly_productive)
       if wait is None:
         break
@@ -252,7 +252,7 @@ def run(start_attempt: Callable[[int], Attempt], supervision: Supervision,
       code = _stopped_by(signalled, on_signal, say)
       break
     attempt += 1
-  if (supervision.max_restarts or tally.shrinks or tally.grows or
+  if (restarts.max_restarts or tally.shrinks or tally.grows or
       tally.waits):
     say(f'job ended with exit code {code} after {tally.describe()}')
   return code
@@ -341,7 +341,7 @@ def _resize_counted(what: str, code: int, high_water: HighWater,
   return True
 
 
-def _restart_wait(end: AttemptEnd, kind: str, supervision: Supervision,
+def _restart_wait(end: AttemptEnd, kind: str, restarts: RestartPolicy,
                   tally: Tally, say: Callable[[str], None],
                   newly_productive: bool = True) -> Optional[float]:
   """The back-off before the next attempt, counted in `tally`; None when
@@ -352,7 +352,7 @@ def _restart_wait(end: AttemptEnd, kind: str, supervision: Supervision,
     tally.preemptions += 1
   else:
     tally.failures += 1
-  max_restarts = supervision.max_restarts
+  max_restarts = restarts.max_restarts
   if tally.restarts >= max_restarts:
     say(f'not restarting: --max_restarts={max_restarts} used up')
     return None
@@ -364,7 +364,7 @@ def _restart_wait(end: AttemptEnd, kind: str, supervision: Supervision,
   # off.
   progressed = end.progressed and newly_productive
   tally.unproductive = 0 if progressed else tally.unproductive + 1
-  wait = backoff_s(supervision.first_backoff_s, tally.unproductive + 1)
+  wait = backoff_s(restarts.first_backoff_s, tally.unproductive + 1)
   what = ('a preemption' if kind == 'preempted'
           else f'retryable exit code {end.code}')
   say(f'restart {tally.restarts}/{max_restarts} after {what} in {wait:g} '

@@ -1,13 +1,13 @@
 """The restart flags, declared once for every launcher: `podrun` (absl),
-`podrun-tpu` and `podrun-ray` (argparse), read into one `restart.Supervision`.
+`podrun-tpu` and `podrun-ray` (argparse), read into one `restart.RestartPolicy`.
 
 Example:
   >>> parser = argparse.ArgumentParser()
   >>> add_to(parser)
   >>> args = parser.parse_args(['--max_restarts=2', '--retry_exit_codes=137'])
-  >>> supervision_of(args.max_restarts, args.restart_backoff,
+  >>> policy_of(args.max_restarts, args.restart_backoff,
   ...                args.retry_exit_codes)
-  Supervision(max_restarts=2, first_backoff_s=1.0, retryable=(137,))
+  RestartPolicy(max_restarts=2, first_backoff_s=1.0, retryable=(137,))
 """
 
 from typing import Any, Iterable
@@ -67,10 +67,10 @@ def parse_codes(text: str) -> tuple[int, ...]:
   return tuple(codes)
 
 
-def supervision_of(max_restarts: int, restart_backoff: float,
+def policy_of(max_restarts: int, restart_backoff: float,
                    retry_exit_codes: str, more_codes: Iterable[int] = (),
-                   ) -> restart.Supervision:
-  """The flags' `Supervision`, with `more_codes` retried too (a config's
+                   ) -> restart.RestartPolicy:
+  """The flags' `RestartPolicy`, with `more_codes` retried too (a config's
   own).
 
   Raises:
@@ -78,6 +78,6 @@ def supervision_of(max_restarts: int, restart_backoff: float,
   """
   try:
     codes = parse_codes(retry_exit_codes) + tuple(int(c) for c in more_codes)
-    return restart.Supervision(max_restarts, restart_backoff, codes)
+    return restart.RestartPolicy(max_restarts, restart_backoff, codes)
   except ValueError as e:
     raise ValueError(f'{_NAMES}: {e}') from None

@@ -90,7 +90,7 @@ class Run:
       (runtime/flops.py); None: the step lines give no TFLOP/s.
   """
 
-  def __init__(self, options: options_lib.Options, workdir: str, task,
+  def __init__(self, options: options_lib.TrainOptions, workdir: str, task,
                state: step_lib.TrainState, start_step: int,
                parallelism: parallelism_lib.Parallelism, process_index: int,
                writer: metrics_lib.MetricsWriter, clock: goodput.StepClock,

@@ -3,7 +3,7 @@ loop, its hooks and the loader take instead of the ConfigDict. How a run
 checkpoints is its own part: runtime/checkpoints/options.py.
 
 Example:
-  >>> options = Options.of(config, '/runs/mnist')
+  >>> options = TrainOptions.of(config, '/runs/mnist')
   >>> options.steps, options.logging.every, options.checkpointing.every
   (1000, 50, 500)
 """
@@ -17,7 +17,7 @@ from runtime.checkpoints import options as checkpoint_options
 from runtime.common import handoff
 from runtime import dispatch
 
-# How a run checkpoints, `Options.checkpointing`'s type.
+# How a run checkpoints, `TrainOptions.checkpointing`'s type.
 Checkpointing = checkpoint_options.Checkpointing
 
 
@@ -54,7 +54,7 @@ class Logging:
 
 
 @dataclasses.dataclass(frozen=True)
-class Options:
+class TrainOptions:
   """Everything of a config that `train` and its parts use.
 
   Attributes:
@@ -86,7 +86,7 @@ class Options:
 
   @classmethod
   def of(cls, config: ConfigDict, workdir: str,
-         told: Optional[handoff.Handoff] = None) -> 'Options':
+         told: Optional[handoff.Handoff] = None) -> 'TrainOptions':
     """Reads a config made from runtime/config_base.py, and what the
     launcher told this process (default: handoff.current())."""
     profile = config.get('profile') or {}

@@ -234,7 +234,7 @@ def _open_checkpoints(options: options_lib.Checkpointing, attempt: str):
   return ckpt, local_checkpoint.open_for(options.local, ckpt.path, attempt)
 
 
-def _hooks(options: options_lib.Options, workdir: str, task: Task, topo,
+def _hooks(options: options_lib.TrainOptions, workdir: str, task: Task, topo,
            ckpt, local) -> list[hooks_lib.Hook]:
   """The built-in hooks, in the order they run, then the task's."""
   log = hooks_lib.LogMetrics(options.logging.every, task.schedule)
@@ -320,7 +320,7 @@ class _Programs:
         step, coordination.current(), stage), name)
 
 
-def _cadences(options: options_lib.Options, task: Task) -> dict[str, int]:
+def _cadences(options: options_lib.TrainOptions, task: Task) -> dict[str, int]:
   """Every cadence in steps the loop keeps, by its config name (0: none):
   what steps_per_dispatch must divide."""
   checkpointing = options.checkpointing
@@ -352,7 +352,7 @@ def _step_bytes(task: Task, rows: int) -> int:
                     for x in jax.tree_util.tree_leaves(example))
 
 
-def _steps_per_dispatch(options: options_lib.Options, task: Task,
+def _steps_per_dispatch(options: options_lib.TrainOptions, task: Task,
                         platform: str, rows_per_process: int
                         ) -> tuple[Optional[int], Callable]:
   """(k, or None to measure first; what decides k after measuring), for
@@ -495,7 +495,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   ledger = goodput.current()
   ledger.name_since('workload', 'workload_setup')
   with ledger.naming('train_setup'):
-    options = options_lib.Options.of(config, workdir)
+    options = options_lib.TrainOptions.of(config, workdir)
     topo = topology_lib.current()
     layout = plan_layout(config, topo, workdir, task.model_state is not None,
                          options.elastic)
@@ -590,7 +590,7 @@ def _say_where_it_resumes(ckpt, start: int, topo) -> None:
                  'device(s), with the same global batch', start, *then, *now)
 
 
-def _nothing_to_train(options: options_lib.Options, workdir: str, start: int,
+def _nothing_to_train(options: options_lib.TrainOptions, workdir: str, start: int,
                       state: step_lib.TrainState, layout, topo) -> TrainResult:
   """The TrainResult of a run whose checkpoint is already at its last
   step: it says so, trains and evaluates nothing, and marks the result

@@ -40,7 +40,7 @@ _STANDALONE = ('launcher.tpu.worker', 'launcher.tpu.worker_accelerator')
 # (importer, imported): allowed only inside a function.
 _DOORS = {('launcher.cli', 'launcher.process.distributed'),
           ('launcher.cli', 'launcher.process.dry_run'),
-          ('launcher.cli', 'launcher.process.process'),
+          ('launcher.cli', 'launcher.process.job'),
           ('launcher.cli', 'launcher.process.supervisor')}
 
 
@@ -160,7 +160,7 @@ def test_the_check_finds_an_import_against_the_rule():
       ('runtime.common.files', 'from runtime import metrics'),
       ('runtime.step', 'from launcher import restart'),
       ('launcher.restart', 'from runtime import train'),
-      ('launcher.local.pod', 'from launcher.process import process'),
+      ('launcher.local.pod', 'from launcher.process import job'),
       ('runtime.common.progress', 'import jax'),
       ('launcher.tpu.worker', 'from runtime.common import handoff'),
       ('launcher.common.cluster', 'from launcher.process import peers'),
@@ -168,16 +168,16 @@ def test_the_check_finds_an_import_against_the_rule():
       # Spelled so that a search for the name misses them.
       ('runtime.metrics', 'importlib.import_module("launcher.restart")'),
       ('runtime.common.records', 'from .. import metrics'),
-      ('launcher.local.pod', 'from ..process import process'),
+      ('launcher.local.pod', 'from ..process import job'),
       ('configs.mnist', 'from runtime import parallelism'),
   ]
   for importer, line in bad:
     tree = ast.parse(line)
     assert violations({**modules, importer: tree}), (importer, line)
   # The door is open only inside a function.
-  at_top = ast.parse('from launcher.process import process')
+  at_top = ast.parse('from launcher.process import job')
   assert violations({**modules, 'launcher.cli': at_top}) == [
-      'launcher.cli imports launcher.process.process']
+      'launcher.cli imports launcher.process.job']
 
 
 def script_imports_of_tests(scripts: dict[str, ast.Module]) -> list[str]:

@@ -181,7 +181,7 @@ def test_auto_is_one_step_per_call_on_a_cpu(tmp_path, monkeypatch):
   config.steps = 4
   assert config.steps_per_dispatch == 0  # Auto.
   task, _ = linear_regression.make_task(config)
-  options = training.options_lib.Options.of(config, str(tmp_path))
+  options = training.options_lib.TrainOptions.of(config, str(tmp_path))
   k, _ = training._steps_per_dispatch(  # pylint: disable=protected-access
       options, task, 'cpu', rows_per_process=8)
   assert k == 1

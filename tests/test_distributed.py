@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 
 
 def _options(**kwargs):
-  return distributed.Options(**kwargs)
+  return distributed.CoordinatorFlags(**kwargs)
 
 
 def test_plan():

@@ -150,7 +150,7 @@ def test_shrinks_and_growths_use_no_restart(tmp_path, capsys):
                _Pod(0)])
   said = []
   code = restart.run(
-      lambda attempt: next(pods), restart.Supervision(0, 0, ()),
+      lambda attempt: next(pods), restart.RestartPolicy(0, 0, ()),
       logs_dir=str(tmp_path), say=said.append,
       resize=policy.Policy(capacity, said.append).after)
   assert code == 0
@@ -179,7 +179,7 @@ def test_a_loss_at_the_same_step_each_time_ends_after_the_bound(
 
   said = []
   code = restart.run(
-      start, restart.Supervision(max_restarts, 0, ()),
+      start, restart.RestartPolicy(max_restarts, 0, ()),
       logs_dir=str(tmp_path), say=said.append,
       resize=policy.Policy(capacity, said.append).after)
   assert code == 137
@@ -199,7 +199,7 @@ def test_losses_that_each_train_new_steps_shrink_freely(tmp_path):
                _Pod(137, 137, processes=3, furthest_step=12),
                _Pod(0, processes=2, furthest_step=20)])
   code = restart.run(
-      lambda attempt: next(pods), restart.Supervision(0, 0, ()),
+      lambda attempt: next(pods), restart.RestartPolicy(0, 0, ()),
       logs_dir=str(tmp_path), say=lambda line: None,
       resize=policy.Policy(capacity, lambda line: None).after)
   assert code == 0 and capacity.current == 2
@@ -214,7 +214,7 @@ def test_a_growth_uses_no_restart_even_without_a_new_step(tmp_path):
                _Pod(75, regrew=True, processes=3, furthest_step=8),
                _Pod(0, furthest_step=30)])
   code = restart.run(
-      lambda attempt: next(pods), restart.Supervision(0, 0, ()),
+      lambda attempt: next(pods), restart.RestartPolicy(0, 0, ()),
       logs_dir=str(tmp_path), say=lambda line: None,
       resize=policy.Policy(capacity, lambda line: None).after)
   assert code == 0
@@ -224,7 +224,7 @@ def test_a_loss_before_any_step_follows_the_usual_rules(tmp_path):
   capacity = elastic.Capacity(full=4, minimum=3, regrow_after_s=10)
   code = restart.run(
       lambda attempt: _Pod(137, 137, progressed=False),
-      restart.Supervision(0, 0, ()), logs_dir=str(tmp_path),
+      restart.RestartPolicy(0, 0, ()), logs_dir=str(tmp_path),
       say=lambda line: None,
       resize=policy.Policy(capacity, lambda line: None).after)
   assert code == 137 and capacity.current == 4

@@ -160,16 +160,16 @@ def test_the_tier_and_the_queued_resource_name():
 
 
 def test_the_flags_are_one_typed_frozen_options():
-  """Every flag is a field of flags.Options of the type its value has;
+  """Every flag is a field of flags.PodFlags of the type its value has;
   nothing changes them after parse."""
   options, _ = flags.parse(
       ['--tpu=t', '--zone=z', '--env=A=1', '--env=B=2', '--stop_grace=5',
        '--min_slices=1', '--num_slices=2', '--create',
        '--accelerator_type=v4-8', '--runtime_version=i'], ['--config=c'])
   given = {a.dest for a in flags._parser()._actions if a.dest != 'help'}
-  fields = {f.name: f.type for f in dataclasses.fields(flags.Options)}
+  fields = {f.name: f.type for f in dataclasses.fields(flags.PodFlags)}
   read_together = {'max_restarts', 'restart_backoff', 'retry_exit_codes'}
-  assert given - read_together | {'tier', 'supervision'} == set(fields)
+  assert given - read_together | {'tier', 'restarts'} == set(fields)
   assert options.env == ('A=1', 'B=2') and options.stop_grace == 5.0
   for name, kind in fields.items():
     value = getattr(options, name)

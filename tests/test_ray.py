@@ -30,7 +30,7 @@ def test_flags_and_the_launchers_after_the_separator():
                             '--resources_per_process={"GPU": 8, "CPU": 16}',
                             '--', '--config=configs/mnist.py',
                             '--workdir=/shared/mnist'])
-  assert options == options_lib.Options(
+  assert options == options_lib.RayFlags(
       '10.0.0.1:6379', 4, {'GPU': 8.0, 'CPU': 16.0},
       flag_values.LaunchArgs(['--config=configs/mnist.py',
                               '--workdir=/shared/mnist']))

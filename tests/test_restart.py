@@ -36,17 +36,17 @@ def test_check_retryable_refuses_user_error_codes():
 def test_one_supervision_spec_for_every_launcher():
   """The local pod, a TPU launch and a Ray job read their restart flags
   into the same frozen spec, checked as it is made."""
-  assert restart.Supervision(2, 0.5, (137, 7, 137)).retryable == (7, 137)
+  assert restart.RestartPolicy(2, 0.5, (137, 7, 137)).retryable == (7, 137)
   with pytest.raises(ValueError, match=r'exit code\(s\) \[2\] cannot'):
-    restart.Supervision(retryable=(2,))
+    restart.RestartPolicy(retryable=(2,))
   with pytest.raises(ValueError, match='--max_restarts=-1'):
-    restart.Supervision(max_restarts=-1)
+    restart.RestartPolicy(max_restarts=-1)
   tpu, _ = tpu_flags.parse(['--tpu=t', '--zone=z', '--max_restarts=3',
                             '--retry_exit_codes=137,7'], ['--config=c'])
   ray = ray_main.parse(['--num_processes=2', '--max_restarts=3',
                         '--retry_exit_codes=137,7', '--', '--config=c',
                         '--workdir=/w'])
-  assert tpu.supervision == ray.supervision == restart.Supervision(
+  assert tpu.restarts == ray.restarts == restart.RestartPolicy(
       3, 1.0, (7, 137))
 
 
@@ -69,7 +69,7 @@ class _FakePod:
 def test_run_counts_preemptions_and_failures_apart(tmp_path, capsys):
   codes = iter([exit_codes.PREEMPTED, 137, exit_codes.PREEMPTED, 0])
   code = restart.run(lambda attempt: _FakePod(next(codes)),
-                     restart.Supervision(5, 0, (137,)),
+                     restart.RestartPolicy(5, 0, (137,)),
                      logs_dir=str(tmp_path))
   assert code == 0
   assert ('after 3 restart(s): 2 preemption(s), 1 retryable failure(s)'
@@ -79,7 +79,7 @@ def test_run_counts_preemptions_and_failures_apart(tmp_path, capsys):
 
 def test_run_stops_when_restarts_are_used_up(tmp_path, capsys):
   code = restart.run(lambda attempt: _FakePod(exit_codes.PREEMPTED),
-                     restart.Supervision(2, 0, ()),
+                     restart.RestartPolicy(2, 0, ()),
                      logs_dir=str(tmp_path))
   assert code == exit_codes.PREEMPTED
   err = capsys.readouterr().err
@@ -94,7 +94,7 @@ def test_a_signalled_launcher_is_not_restarted(tmp_path):
     pods.append(attempt)
     return _FakePod(exit_codes.PREEMPTED, signalled=True)
 
-  assert restart.run(start, restart.Supervision(3, 0, ()),
+  assert restart.run(start, restart.RestartPolicy(3, 0, ()),
                      logs_dir=str(tmp_path)) == exit_codes.PREEMPTED
   assert pods == [1]
 
@@ -109,7 +109,7 @@ def test_only_failures_without_progress_back_off(tmp_path, monkeypatch):
     return _FakePod(137 if attempt < 6 else 0,
                     progressed=next(progressed, True))
 
-  assert restart.run(start, restart.Supervision(5, 1.0, (137,)),
+  assert restart.run(start, restart.RestartPolicy(5, 1.0, (137,)),
                      logs_dir=str(tmp_path)) == 0
   # Trained then failed: at once; then 1 s, 2 s while failing without a
   # step; at once after an attempt that trained, and 1 s after one more
@@ -136,7 +136,7 @@ def test_a_signal_during_the_back_off_ends_the_run_with_128_plus_n(
                        daemon=True).start()
     return _FakePod(137)
   began = time.monotonic()
-  code = restart.run(start, restart.Supervision(3, 30, (137,)),
+  code = restart.run(start, restart.RestartPolicy(3, 30, (137,)),
                      logs_dir=str(tmp_path), on_signal=told.append)
   assert code == 128 + signal.SIGTERM and told == [signal.SIGTERM]
   assert started == [1]  # Not restarted.
@@ -146,7 +146,7 @@ def test_a_signal_during_the_back_off_ends_the_run_with_128_plus_n(
 
 def test_a_signal_the_caller_already_got_is_not_slept_through(tmp_path):
   code = restart.run(lambda attempt: _FakePod(137),
-                     restart.Supervision(3, 30, (137,)),
+                     restart.RestartPolicy(3, 30, (137,)),
                      logs_dir=str(tmp_path),
                      pending_signal=lambda: signal.SIGINT)
   assert code == 128 + signal.SIGINT

@@ -17,20 +17,20 @@ _JOB = ['--', '--config=configs/mnist.py', '--workdir=/shared/mnist']
 
 
 def _ray(*own):
-  return ray_main.parse(['--num_processes=2', *own, *_JOB]).supervision
+  return ray_main.parse(['--num_processes=2', *own, *_JOB]).restarts
 
 
 def _tpu(*own):
   options, _ = tpu_flags.parse(['--tpu=t', '--zone=z', *own], _JOB[1:])
-  return options.supervision
+  return options.restarts
 
 
 def test_both_argparse_launchers_read_them_into_one_supervision():
   own = ('--max_restarts=3', '--restart_backoff=2.5',
          '--retry_exit_codes=137, 124')
-  expected = restart.Supervision(3, 2.5, (124, 137))
+  expected = restart.RestartPolicy(3, 2.5, (124, 137))
   assert _ray(*own) == _tpu(*own) == expected
-  assert _ray() == _tpu() == restart.Supervision()
+  assert _ray() == _tpu() == restart.RestartPolicy()
 
 
 @pytest.mark.parametrize('own, words', [

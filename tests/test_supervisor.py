@@ -70,7 +70,7 @@ def test_straggler_needs_both_the_ratio_and_a_share_of_the_step():
 
 
 def test_a_transport_error_waits_for_the_peers_cause():
-  options = supervisor.Options(heartbeat_timeout=15)
+  options = supervisor.WatchFlags(heartbeat_timeout=15)
   assert supervisor._consequence_wait_s(  # pylint: disable=protected-access
       'JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection reset by '
       'peer', options) == 17
@@ -88,7 +88,7 @@ def test_a_silent_peer_is_declared_lost_and_everyone_exits_10():
   # The stall watch off: this process completes no step, and only the
   # heartbeat is under test.
   sup = supervisor.Supervisor(
-      client, supervisor.Options(heartbeat_timeout=1.5, stall_timeout=0,
+      client, supervisor.WatchFlags(heartbeat_timeout=1.5, stall_timeout=0,
                                  first_step_timeout=0), host='h0',
       exit_process=lambda code: (exited.append(code), done.set()))
   sup.start()
@@ -187,7 +187,7 @@ def test_the_own_watchdog_publishes_a_stall_and_dumps_stacks():
   exited, dumped = [], []
   done = threading.Event()
   sup = supervisor.Supervisor(
-      client, supervisor.Options(first_step_timeout=1), host='h1',
+      client, supervisor.WatchFlags(first_step_timeout=1), host='h1',
       exit_process=lambda code: (exited.append(code), done.set()),
       dump_stacks=lambda: dumped.append(True))
   sup.start()
@@ -202,7 +202,7 @@ def test_the_own_watchdog_publishes_a_stall_and_dumps_stacks():
 @pytest.mark.parametrize('first_is_consequence', [True, False])
 def test_fail_keeps_its_code_unless_another_failed_first(first_is_consequence):
   client = _FakeJob(process_index=1, process_count=2)
-  sup = supervisor.Supervisor(client, supervisor.Options(), host='h1')
+  sup = supervisor.Supervisor(client, supervisor.WatchFlags(), host='h1')
   if first_is_consequence:
     client.set(end_of_job.END_KEY, end_of_job.encode(records.Fault(
         'failed', 0, 'h0', 7, 'SystemExit(7)')))
@@ -234,7 +234,7 @@ def test_process_0_waits_for_the_ack_of_the_process_whose_failure_won(
   # publish; were process 0 to exit then, JAX would abort process 1 (-6)
   # before it wrote its records or its exit code (seen once in CI).
   store = memory_job.MemoryStore()
-  one = supervisor.Supervisor(_FakeJob(1, 2, store), supervisor.Options(),
+  one = supervisor.Supervisor(_FakeJob(1, 2, store), supervisor.WatchFlags(),
                               host='h1')
   assert one.fail(3, 'TopologyMismatchError: x', may_be_consequence=False) == 3
   zero = end_of_job.EndOfJob(_FakeJob(0, 2, store))
@@ -256,7 +256,7 @@ def test_after_a_preemption_process_0_leaves_once_the_others_have(
   # (and its service with it) while another still writes its records.
   store = memory_job.MemoryStore()
   zero, one, two = (supervisor.Supervisor(_FakeJob(i, 3, store),
-                                          supervisor.Options(), host=f'h{i}')
+                                          supervisor.WatchFlags(), host=f'h{i}')
                     for i in range(3))
   monkeypatch.setattr(end_of_job, '_ACK_WAIT_S', 0.5)
   one.leave()

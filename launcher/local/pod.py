@@ -69,7 +69,7 @@ class PodSpec:
       job (--min_processes, --local_processes), or None.
     attempts_may_follow: an elastic or restarting job, whose pod's end is
       not the job's.
-    supervision: how the job is restarted; a process that ends with an
+    restarts: how the job is restarted; a process that ends with an
       exit code it retries, or of SIGKILL, is reported lost with its host.
   """
   local_devices: int
@@ -81,7 +81,7 @@ class PodSpec:
   log_all_ranks: bool = False
   elastic_processes: Optional[tuple[int, int]] = None
   attempts_may_follow: bool = False
-  supervision: restart.Supervision = restart.Supervision()
+  restarts: restart.RestartPolicy = restart.RestartPolicy()
 
 
 def free_loopback_port() -> int:
@@ -244,7 +244,7 @@ class Gang:
     """(the failed process's index,) when it is taken for a lost host
     (elastic.is_lost_process), else ()."""
     if fault is None or not elastic.is_lost_process(fault.exit_code,
-                                                    self.spec.supervision
+                                                    self.spec.restarts
                                                     .retryable):
       return ()
     return (fault.process_index,)

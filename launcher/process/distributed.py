@@ -40,7 +40,7 @@ class DistributedInitError(exit_codes.PodrunError, RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Options:
+class CoordinatorFlags:
   """The launcher's distributed flags.
 
   Attributes:
@@ -97,7 +97,7 @@ def split_address(address: str, flag: str = '--coordinator_address'
   return host.strip('[]'), int(port)
 
 
-def plan(options: Options, env: Optional[Mapping[str, str]] = None,
+def plan(options: CoordinatorFlags, env: Optional[Mapping[str, str]] = None,
          ask: Callable[[Mapping[str, str]], tpu_metadata.Answer] = (
              tpu_metadata.workers)) -> Plan:
   """Chooses how this process joins the job: EXPLICIT, DETECT or SINGLE.
@@ -302,9 +302,9 @@ def check_jax_untouched() -> None:
         'into the workload function.')
 
 
-def _before_joining(options: Options,
+def _before_joining(options: CoordinatorFlags,
                     found: Optional[job_tls.Credentials]
-                    ) -> Options:
+                    ) -> CoordinatorFlags:
   """Process 0: chooses where its coordinator listens and checks the port
   is free. The others: wait for the coordinator and check it is this
   attempt's. Returns the options with the bind address chosen."""
@@ -328,7 +328,7 @@ def _before_joining(options: Options,
   return options
 
 
-def initialize(mode: str, options: Options,
+def initialize(mode: str, options: CoordinatorFlags,
                roll: Optional[roll_call.RollCall] = None) -> None:
   """Starts jax.distributed as `mode` says; must run before any JAX work.
 

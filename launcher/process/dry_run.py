@@ -1,7 +1,7 @@
 """--dry_run without a local pod: what this process would run.
 
 Example:
-  >>> print_plan(sys.argv, distributed.Options(), local_devices=None)
+  >>> print_plan(sys.argv, distributed.CoordinatorFlags(), local_devices=None)
   this process would run: python -m launcher --config=...
 """
 
@@ -16,7 +16,7 @@ from launcher.process import distributed
 from runtime.common import exit_codes
 
 
-def print_plan(argv: list[str], options: distributed.Options,
+def print_plan(argv: list[str], options: distributed.CoordinatorFlags,
                local_devices: Optional[int]) -> int:
   """--dry_run without a local pod: what this process would do."""
   try:

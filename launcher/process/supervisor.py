@@ -51,7 +51,7 @@ _TICK_S = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
-class Options:
+class WatchFlags:
   """The supervision flags.
 
   Attributes:
@@ -111,14 +111,14 @@ class Supervisor:
   the process.
 
   Example:
-    >>> supervisor = Supervisor(coordination.current(), Options())
+    >>> supervisor = Supervisor(coordination.current(), WatchFlags())
     >>> supervisor.start()
     >>> ...                                  # the workload
     >>> supervisor.finishing()               # no more steps to watch
     >>> supervisor.stop()
   """
 
-  def __init__(self, client: Optional[coordination.Client], options: Options,
+  def __init__(self, client: Optional[coordination.Client], options: WatchFlags,
                host: Optional[str] = None,
                exit_process: Callable[[int], None] = flush_and_exit,
                dump_stacks: Optional[Callable[[], None]] = None):
@@ -369,7 +369,7 @@ def _coordinator_lost(silent_s: float, heartbeat_timeout: float,
 
 
 def _stall_floor(client: Optional[coordination.Client],
-                 options: Options) -> float:
+                 options: WatchFlags) -> float:
   """--stall_floor, and with peers never below --heartbeat_timeout + 2
   beats: a process that died is then named lost, with the ack wait that
   skips it, before its peers' steps are taken for stalled."""
@@ -379,7 +379,7 @@ def _stall_floor(client: Optional[coordination.Client],
              options.heartbeat_timeout + 2 * peers_lib.BEAT_EVERY_S)
 
 
-def _consequence_wait_s(summary: str, options: Options) -> float:
+def _consequence_wait_s(summary: str, options: WatchFlags) -> float:
   """How long a failing process waits for another's cause before its own.
 
   A collective whose peer died fails with a transport error (CPU: gloo's

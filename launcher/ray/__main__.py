@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-def parse(argv: list[str]) -> options_lib.Options:
+def parse(argv: list[str]) -> options_lib.RayFlags:
   own, launcher_args = flag_values.LaunchArgs.split(argv)
   parser = _parser()
   args = parser.parse_args(own)
@@ -119,15 +119,15 @@ def parse(argv: list[str]) -> options_lib.Options:
     parser.error(f'--project_max_mb={args.project_max_mb:g}: must be '
                  'positive')
   try:
-    supervision = restart_flags.supervision_of(
+    restarts = restart_flags.policy_of(
         args.max_restarts, args.restart_backoff, args.retry_exit_codes)
   except ValueError as e:
     parser.error(str(e))
-  return options_lib.Options(args.address, args.num_processes,
+  return options_lib.RayFlags(args.address, args.num_processes,
                              args.resources_per_process, launcher_args,
                              start_timeout_s=args.start_timeout,
                              stop_grace_s=args.stop_grace,
-                             supervision=supervision,
+                             restarts=restarts,
                              min_processes=args.min_processes,
                              project_dir=args.project_dir,
                              project_max_mb=args.project_max_mb, env=env)

@@ -50,7 +50,7 @@ class Attempt:
       (elastic.Capacity).
   """
 
-  def __init__(self, options: options_lib.Options, number: int,
+  def __init__(self, options: options_lib.RayFlags, number: int,
                job_id: str, logs: output.Logs, capacity: elastic.Capacity):
     self.options = options
     self.number = number

@@ -2,7 +2,7 @@
 for good, as every launcher restarts (launcher/restart.py).
 
 Each process is the per-process path every deployment runs (a cluster's
-process, launcher/process/process.py): supervision, the agreement, checkpoints,
+process, launcher/process/job.py): supervision, the agreement, checkpoints,
 goodput and the record are the job's own; each attempt (attempt.py) gives
 it its place from Ray's own view of the group (never from the node's
 environment), shows and files its output (output.py), and stops the others,
@@ -10,7 +10,7 @@ after a grace, once one has failed. A SIGINT or SIGTERM to the driver is
 every process's preemption notice: they save the step they agree on.
 
 Example:
-  >>> run(options_lib.Options(address='auto', num_processes=4,
+  >>> run(options_lib.RayFlags(address='auto', num_processes=4,
   ...         resources_per_process={'GPU': 8},
   ...         launcher_args=flag_values.LaunchArgs([
   ...             '--config=configs/mnist.py',
@@ -43,7 +43,7 @@ def runtime_env(found: project_lib.Project) -> dict:
           'excludes': project_lib.left_out(found)}
 
 
-def run(options: options_lib.Options) -> int:
+def run(options: options_lib.RayFlags) -> int:
   """Runs the job to its end on `options.num_processes` nodes; its exit
   code."""
   try:
@@ -75,7 +75,7 @@ def run(options: options_lib.Options) -> int:
     code = restart.run(
         lambda number: attempt_lib.Attempt(options, number, job_id, logs,
                                            capacity),
-        options.supervision, logs_dir=logs.record.logs(),
+        options.restarts, logs_dir=logs.record.logs(),
         say=output.say,
         resize=(policy.Policy(capacity, output.say).after
                 if capacity.elastic else None))

@@ -1,7 +1,7 @@
 """What `podrun-ray` was asked: its flags, read once (__main__.parse).
 
 Example:
-  >>> Options(address='auto', num_processes=4,
+  >>> RayFlags(address='auto', num_processes=4,
   ...         resources_per_process={'GPU': 8},
   ...         launcher_args=flag_values.LaunchArgs([
   ...             '--config=configs/mnist.py',
@@ -18,7 +18,7 @@ from launcher.common import project as project_lib
 
 
 @dataclasses.dataclass(frozen=True)
-class Options:
+class RayFlags:
   """What `podrun-ray` was asked.
 
   Attributes:
@@ -30,7 +30,7 @@ class Options:
     stop_grace_s: after a process failed, how long the others have to end
       on their own (their supervisors see the failure) before they are
       stopped; also SIGTERM's grace before SIGKILL.
-    supervision: --max_restarts, --restart_backoff and --retry_exit_codes,
+    restarts: --max_restarts, --restart_backoff and --retry_exit_codes,
       as every launcher restarts a job (launcher/restart.py).
     min_processes: the fewest processes an elastic job runs on
       (launcher/ray/elastic.py); None: always num_processes.
@@ -44,7 +44,7 @@ class Options:
   launcher_args: flag_values.LaunchArgs
   start_timeout_s: float = 120.0
   stop_grace_s: float = 30.0
-  supervision: restart.Supervision = restart.Supervision()
+  restarts: restart.RestartPolicy = restart.RestartPolicy()
   min_processes: Optional[int] = None
   project_dir: str = ''
   project_max_mb: float = project_lib.DEFAULT_MAX_MB

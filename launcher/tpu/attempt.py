@@ -49,7 +49,7 @@ class Context(Protocol):
   """
   job_id: str
   launcher_args: flag_values.LaunchArgs
-  options: flags.Options
+  options: flags.PodFlags
   gcloud: commands.Gcloud
   slices: slices_lib.Slices
   signals: list[int]

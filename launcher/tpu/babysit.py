@@ -33,7 +33,7 @@ class Owner(Protocol):
     all_nodes: every slice's node, NAME-0 ... NAME-(N-1) (or NAME alone).
     workers: workers per slice, once described.
   """
-  options: flags.Options
+  options: flags.PodFlags
   gcloud: commands.Gcloud
   all_nodes: tuple[str, ...]
 

@@ -332,7 +332,7 @@ def multislice_env(place: SlicePlace) -> list[str]:
 def run_command(short_hash: str, job_id: str, worker_python: str,
                 told: handoff.Handoff, envs: list[str],
                 launcher_args: flag_values.LaunchArgs, workers,
-                options: flags.Options, attempt=1,
+                options: flags.PodFlags, attempt=1,
                 place: SlicePlace = SlicePlace(),
                 run_directory: str = PODRUN) -> str:
   """The command every worker of one slice runs: tpu_worker.py run, every

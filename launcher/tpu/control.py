@@ -134,7 +134,7 @@ def print_plan(launch) -> int:
                                       '--quiet'))
     after_delete = ' (--delete_after)' if options.delete_after else ''
     relaunched = (', or after a preemption'
-                  if options.supervision.max_restarts else '')
+                  if options.restarts.max_restarts else '')
     print(f'# at the end{after_delete}, on Ctrl-C or SIGTERM{relaunched}: '
           f'{delete}')
   if isinstance(launch.slices, elastic.SliceGroup):
@@ -165,7 +165,7 @@ def _queued_status(launch) -> tuple[str, ...]:
   return up
 
 
-def _log_dirs(options: flags.Options) -> list[str]:
+def _log_dirs(options: flags.PodFlags) -> list[str]:
   """Where a driver of this machine may say how its slices stand: its
   --log_dir, else every launch's default one under ./tpu_logs."""
   if options.log_dir:

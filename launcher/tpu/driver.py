@@ -60,7 +60,7 @@ def _run(launch: launch_lib.Launch) -> int:
   launch.prepare()
   launch.stop_if_interrupted()
   return restart.run(lambda number: attempt_lib.Attempt(launch, number),
-                     launch.options.supervision, logs_dir=launch.log_dir,
+                     launch.options.restarts, logs_dir=launch.log_dir,
                      say=launch.say,
                      on_signal=lambda signum: launch.on_signal(signum, None),
                      pending_signal=lambda: (launch.signals or [None])[0],

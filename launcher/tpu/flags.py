@@ -22,13 +22,13 @@ from runtime.common import layout
 
 
 @dataclasses.dataclass(frozen=True)
-class Options:
+class PodFlags:
   """The script's flags, read once and checked (`parse`); each is the flag
   of its name (`--help`, which holds the defaults), but for those read
   together.
 
   Attributes:
-    supervision: --max_restarts, --restart_backoff and --retry_exit_codes,
+    restarts: --max_restarts, --restart_backoff and --retry_exit_codes,
       as every launcher restarts a job.
     tier: 'spot', 'reserved' or 'on-demand' (--spot, --reserved).
     queued_resource: the queued resource's name (--queued_resource, else
@@ -59,7 +59,7 @@ class Options:
   kill_accelerator_holders: bool
   replace: bool
   # Restarts.
-  supervision: restart.Supervision
+  restarts: restart.RestartPolicy
   # The fleet.
   create: bool
   queued_resource: str
@@ -252,7 +252,7 @@ def _check_elastic(parser: argparse.ArgumentParser, options,
     parser.error(f'{fixed[0]} fixes what --min_slices lets change: drop it')
 
 
-def local_workdir_warning(options: Options,
+def local_workdir_warning(options: PodFlags,
                           launcher_args: flag_values.LaunchArgs) -> str:
   """A loud warning when a slice this launch creates would take the run's
   record with it ('' when the workdir is in a bucket, or nothing is
@@ -270,7 +270,7 @@ def local_workdir_warning(options: Options,
 
 
 def parse(argv: list[str], launcher_args: Sequence[str]
-          ) -> tuple[Options, flag_values.LaunchArgs]:
+          ) -> tuple[PodFlags, flag_values.LaunchArgs]:
   """The script's flags, and the launcher flags (those after `--`, with
   --workdir added when the script got one).
 
@@ -283,12 +283,12 @@ def parse(argv: list[str], launcher_args: Sequence[str]
   _check(parser, namespace, launcher_args)
   given = vars(namespace)
   try:
-    supervision = restart_flags.supervision_of(
+    restarts = restart_flags.policy_of(
         *(given.pop(name) for name, *_ in restart_flags.FLAGS))
   except ValueError as e:
     parser.error(str(e))
-  options = Options(**{
-      **given, 'env': tuple(given['env']), 'supervision': supervision,
+  options = PodFlags(**{
+      **given, 'env': tuple(given['env']), 'restarts': restarts,
       'tier': ('spot' if namespace.spot else
                'reserved' if namespace.reserved else 'on-demand'),
       'queued_resource': namespace.queued_resource or namespace.tpu})

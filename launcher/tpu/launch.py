@@ -37,7 +37,7 @@ class Launch:
   """Everything one launch knows: the slices, the job, the commands, the
   logs, and the signals it got."""
 
-  def __init__(self, options: flags.Options,
+  def __init__(self, options: flags.PodFlags,
                launcher_args: flag_values.LaunchArgs,
                project: Optional[project_lib.Project] = None):
     self.options = options

@@ -109,7 +109,7 @@ class SliceSetup:
       it is set up on the workers ('' before).
   """
 
-  def __init__(self, gcloud: commands.Gcloud, options: flags.Options,
+  def __init__(self, gcloud: commands.Gcloud, options: flags.PodFlags,
                launcher_args: list[str], job_id: str,
                say: Callable[[str], None],
                gcloud_log: str, stop_if_interrupted: Callable[[], None],

@@ -54,7 +54,7 @@ _RESUME_HINT = 'the same command resumes from the newest checkpoint'
 
 
 @dataclasses.dataclass(frozen=True)
-class Options:
+class ProcessFlags:
   """How this process joins the job and is supervised.
 
   Attributes:
@@ -67,10 +67,10 @@ class Options:
     compilation_cache_dir: JAX's persistent compilation cache; None means
       WORKDIR/compilation_cache, '' none.
   """
-  distributed: distributed.Options
+  distributed: distributed.CoordinatorFlags
   local_devices: Optional[int] = None
   log_all_ranks: bool = False
-  supervision: supervisor_lib.Options = supervisor_lib.Options()
+  supervision: supervisor_lib.WatchFlags = supervisor_lib.WatchFlags()
   lease_timeout: float = 60
   compilation_cache_dir: Optional[str] = None
 
@@ -89,8 +89,8 @@ def _terminate(signum, frame) -> NoReturn:
   raise SystemExit(exit_codes.SIGNAL_BASE + signum)
 
 
-def _join(config: ConfigDict, workdir: str, options: Options, supervised: bool
-          ) -> tuple[str, list[topology.Expectation]]:
+def _join(config: ConfigDict, workdir: str, options: ProcessFlags,
+          supervised: bool) -> tuple[str, list[topology.Expectation]]:
   """Devices and jax.distributed; returns the mode and what the pod must be."""
   chosen = distributed.plan(options.distributed)
   mode = chosen.mode
@@ -140,7 +140,7 @@ def _join(config: ConfigDict, workdir: str, options: Options, supervised: bool
   return mode, expected
 
 
-def _take_lease(config: ConfigDict, workdir: str, options: Options,
+def _take_lease(config: ConfigDict, workdir: str, options: ProcessFlags,
                 supervisor: supervisor_lib.Supervisor
                 ) -> Optional[lease_lib.Lease]:
   """The workdir (and checkpoint directory) leased for this job."""
@@ -188,7 +188,7 @@ def _uses_bucket(config: ConfigDict, workdir: str) -> bool:
              for v in (workdir, *values(config)))
 
 
-def _run(config: ConfigDict, workdir: str, options: Options,
+def _run(config: ConfigDict, workdir: str, options: ProcessFlags,
          told: handoff.Handoff, running: _Running) -> None:
   # A bucket's workdir is written here and mirrored (record_mirror.py); its
   # lease and checkpoints are in the bucket itself.
@@ -265,7 +265,7 @@ def _exit_on_ctrl_c(code: int) -> None:
   supervisor_lib.flush_and_exit(code)
 
 
-def run(config: ConfigDict, workdir: str, options: Options) -> int:
+def run(config: ConfigDict, workdir: str, options: ProcessFlags) -> int:
   """Runs the job in this process and returns its exit code.
 
   A failing process publishes its cause to the others (supervisor.py) and
