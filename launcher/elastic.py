@@ -9,7 +9,7 @@ reads the `Resize` that results.
 
 Example:
   >>> policy = Policy(capacity, say=print)   # 4 processes, at least 3
-  >>> policy.after(restart.AttemptEnd(137, progressed=True, lost=(3,)))
+  >>> policy.after(attempts.AttemptEnd(137, progressed=True, lost=(3,)))
   rank 3 lost (exit code 137): starting again at once on 3 of 4 ...
   Resize(kind=<Kind.SHRINK: 'shrink'>, wait_s=0.0)
 """
@@ -18,6 +18,7 @@ import dataclasses
 import enum
 from typing import Callable, Optional, Protocol
 
+from launcher import attempts
 from runtime.common import exit_codes
 
 
@@ -68,8 +69,8 @@ class Capacity(Protocol):
     """What the next attempt runs on and what comes back, in words:
     '3 of 4 process(es), 1 coming back'."""
 
-  def lose(self, end) -> str:
-    """Takes what the attempt that ended so (restart.AttemptEnd) lost out
+  def lose(self, end: attempts.AttemptEnd) -> str:
+    """Takes what the attempt that ended so lost out
     of the next attempt (its `lost` processes' units, and any other unit
     seen gone); they may come back by themselves. Returns what was lost, in
     words: 'rank 3 lost (exit code 137)'."""
@@ -98,9 +99,9 @@ class Policy:
   capacity: Capacity
   say: Callable[[str], None]
 
-  def after(self, end) -> Optional[Resize]:
-    """The next attempt's resize, given how one ended (restart.AttemptEnd:
-    its code, `regrew`, `progressed` and `lost`).
+  def after(self, end: attempts.AttemptEnd) -> Optional[Resize]:
+    """The next attempt's resize, given how one ended (its code, `regrew`,
+    `progressed` and `lost`).
 
     A loss before any step completed is no lost host (a process that
     cannot start fails the same way on any number): None."""

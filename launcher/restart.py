@@ -8,8 +8,8 @@ never retried, since it would fail the same way again. Each restart waits a
 back-off that doubles from --restart_backoff up to a minute. Every
 launcher reads those flags once into a `RestartPolicy`; a local pod
 (launcher/local/pod.py), a TPU pod's attempt (launcher/tpu/attempt.py) and
-a Ray job's (launcher/ray/attempt.py) are each an `Attempt`, whose `run`
-returns an `AttemptEnd`.
+a Ray job's (launcher/ray/attempt.py) are each an `attempts.Attempt`, whose
+`run` returns an `attempts.AttemptEnd`.
 
 Example:
   >>> restarts = RestartPolicy(max_restarts=3, retryable=(137,))
@@ -22,8 +22,9 @@ import dataclasses
 import signal
 import sys
 import time
-from typing import Callable, Iterable, Optional, Protocol
+from typing import Callable, Iterable, Optional
 
+from launcher import attempts
 from launcher import elastic
 from launcher import signals
 from runtime.common import exit_codes
@@ -78,56 +79,6 @@ class RestartPolicy:
           f'--max_restarts={self.max_restarts}, --restart_backoff='
           f'{self.first_backoff_s:g}: neither may be negative')
     object.__setattr__(self, 'retryable', check_retryable(self.retryable))
-
-
-@dataclasses.dataclass(frozen=True)
-class AttemptEnd:
-  """How one start of the job ended: all that `run` and an elastic policy
-  read of it, as torchelastic's agent reads a worker group's RunResult.
-
-  Attributes:
-    code: the attempt's exit code (its root cause's, exit_codes).
-    name: the name its processes' goodput ledgers are filed under (None:
-      recorded so).
-    processes: how many processes it ran (None: not known).
-    launcher_signalled: whether whoever runs the launcher sent it SIGINT or
-      SIGTERM meanwhile.
-    progressed: whether any process completed a step (False: the failed
-      attempt counts toward the back-off).
-    counts_steps: whether `furthest_step` is known (False: a resize is
-      taken to have trained something new).
-    furthest_step: the furthest step any process completed, or None.
-    fault: after a failure, when the failed process exited and when the
-      attempt was declared failed, for the time to recover.
-    infrastructure: when the attempt first had to bring its machines back
-      (a TPU slice recreated after a preemption), which goodput counts as
-      infrastructure recovery.
-    regrew: it was stopped at a step boundary so that the job grows.
-    lost: the process indices lost with their hosts (a local process's
-      SIGKILL, a Ray node, a TPU slice), ascending, numbered as this
-      attempt numbered them; what the elastic policy takes out
-      (launcher/elastic.py).
-  """
-  code: int
-  name: Optional[str] = None
-  processes: Optional[int] = None
-  launcher_signalled: bool = False
-  progressed: bool = False
-  counts_steps: bool = False
-  furthest_step: Optional[int] = None
-  fault: Optional[records.Fault] = None
-  infrastructure: Optional[records.Recreate] = None
-  regrew: bool = False
-  lost: tuple[int, ...] = ()
-
-
-class Attempt(Protocol):
-  """One start of the whole job, as `run` drives it: a local pod
-  (launcher/local/pod.py), a TPU pod's attempt (launcher/tpu/attempt.py)
-  or a Ray job's (launcher/ray/attempt.py)."""
-
-  def run(self) -> AttemptEnd:
-    """Runs the attempt to its end; returns how it ended."""
 
 
 @dataclasses.dataclass
@@ -195,12 +146,13 @@ def _sleep_unless_signalled(seconds: float) -> Optional[int]:
   return signalled[0] if signalled else None
 
 
-def run(start_attempt: Callable[[int], Attempt], restarts: RestartPolicy,
-        logs_dir: str, say: Callable[[str], None] = console_say,
+def run(start_attempt: Callable[[int], attempts.Attempt],
+        restarts: RestartPolicy, logs_dir: str,
+        say: Callable[[str], None] = console_say,
         on_signal: Optional[Callable[[int], None]] = None,
         pending_signal: Callable[[], Optional[int]] = lambda: None,
-        resize: Optional[Callable[[AttemptEnd], Optional[elastic.Resize]]]
-        = None) -> int:
+        resize: Optional[Callable[[attempts.AttemptEnd],
+                                  Optional[elastic.Resize]]] = None) -> int:
   """Runs attempts until one ends for good; returns its exit code.
 
   Args:
@@ -264,7 +216,7 @@ class HighWater:
   def __init__(self):
     self.step: Optional[int] = None
 
-  def advanced_by(self, end: AttemptEnd) -> bool:
+  def advanced_by(self, end: attempts.AttemptEnd) -> bool:
     """Whether the attempt that ended so completed a step past every
     attempt before it (True when it cannot tell); keeps its furthest
     step."""
@@ -278,7 +230,7 @@ class HighWater:
     return advanced
 
 
-def _record(attempt: int, end: AttemptEnd, kind: str,
+def _record(attempt: int, end: attempts.AttemptEnd, kind: str,
             launcher_started: float, started: float,
             resized: Optional[elastic.Resize]) -> records.LauncherAttempt:
   """attempts.jsonl's line for an attempt that just ended."""
@@ -291,8 +243,8 @@ def _record(attempt: int, end: AttemptEnd, kind: str,
       processes=end.processes)
 
 
-def _resize_after(end: AttemptEnd, kind: str,
-                  resize: Optional[Callable[[AttemptEnd],
+def _resize_after(end: attempts.AttemptEnd, kind: str,
+                  resize: Optional[Callable[[attempts.AttemptEnd],
                                             Optional[elastic.Resize]]],
                   newly_productive: bool, high_water: HighWater,
                   max_restarts: int, tally: Tally,
@@ -341,8 +293,9 @@ def _resize_counted(what: str, code: int, high_water: HighWater,
   return True
 
 
-def _restart_wait(end: AttemptEnd, kind: str, restarts: RestartPolicy,
-                  tally: Tally, say: Callable[[str], None],
+def _restart_wait(end: attempts.AttemptEnd, kind: str,
+                  restarts: RestartPolicy, tally: Tally,
+                  say: Callable[[str], None],
                   newly_productive: bool = True) -> Optional[float]:
   """The back-off before the next attempt, counted in `tally`; None when
   the job ends here."""

@@ -9,6 +9,7 @@ import pathlib
 from ml_collections import ConfigDict
 import pytest
 
+from launcher import attempts
 from launcher import elastic as policy
 from launcher import restart
 from launcher.local import elastic
@@ -58,7 +59,7 @@ def test_one_policy_decides_after_every_attempt(exit_code, regrew, lost, left,
                                                 decided):
   units = _Units(running=left + lost, minimum=2)
   said = []
-  resized = policy.Policy(units, said.append).after(restart.AttemptEnd(
+  resized = policy.Policy(units, said.append).after(attempts.AttemptEnd(
       exit_code, progressed=True, regrew=regrew, lost=tuple(range(lost))))
   assert (resized and resized.kind) == decided
   assert units.running() == left and units.back == (decided == policy.GROW)
@@ -69,7 +70,7 @@ def test_one_policy_decides_after_every_attempt(exit_code, regrew, lost, left,
 
 def test_a_loss_before_any_step_is_no_lost_host():
   units = _Units(running=4, minimum=2)
-  assert policy.Policy(units, print).after(restart.AttemptEnd(
+  assert policy.Policy(units, print).after(attempts.AttemptEnd(
       137, progressed=False, lost=(1,))) is None
   assert units.running() == 4
 
@@ -81,8 +82,8 @@ def test_a_resize_kind_is_one_of_three_and_recorded_as_its_word():
     policy.Resize('halve')
 
 
-def _lost(*indices) -> restart.AttemptEnd:
-  return restart.AttemptEnd(137, progressed=True, lost=indices,
+def _lost(*indices) -> attempts.AttemptEnd:
+  return attempts.AttemptEnd(137, progressed=True, lost=indices,
                             fault=records.Fault(at=0, detected=0,
                                                 process_index=indices[0],
                                                 exit_code=137))
@@ -127,18 +128,18 @@ def test_which_exits_are_lost_hosts():
 
 
 class _Pod:
-  """A restart.Attempt that ends as it is told."""
+  """An attempts.Attempt that ends as it is told."""
 
   def __init__(self, code, fault_code=None, progressed=True, regrew=False,
                processes=4, furthest_step=None):
-    self.end = restart.AttemptEnd(
+    self.end = attempts.AttemptEnd(
         code, progressed=progressed, regrew=regrew, processes=processes,
         counts_steps=furthest_step is not None, furthest_step=furthest_step,
         fault=(records.Fault(at=0, detected=0, process_index=3,
                              exit_code=fault_code) if fault_code else None),
         lost=(3,) if fault_code else ())
 
-  def run(self) -> restart.AttemptEnd:
+  def run(self) -> attempts.AttemptEnd:
     return self.end
 
 

@@ -9,8 +9,8 @@ import typing
 
 import pytest
 
+from launcher import attempts
 from launcher import elastic as policy
-from launcher import restart
 from launcher.tpu import commands
 from launcher.tpu import elastic
 from launcher.tpu import flags
@@ -225,10 +225,10 @@ class _Launch:
     self.prepared.append(nodes)
 
 
-def _ended(code, lost=(), regrew=False) -> restart.AttemptEnd:
+def _ended(code, lost=(), regrew=False) -> attempts.AttemptEnd:
   """How an attempt ended, as the elastic policy reads it (a TPU attempt
   has progressed once a slice is lost under it)."""
-  return restart.AttemptEnd(code, lost=lost, regrew=regrew, progressed=True)
+  return attempts.AttemptEnd(code, lost=lost, regrew=regrew, progressed=True)
 
 
 def _after(group, end):

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from launcher import attempts
 from launcher import elastic as policy
-from launcher import restart
 from launcher.common import flag_values
 from launcher.ray import __main__ as ray_main
 from launcher.ray import attempt
@@ -145,7 +145,7 @@ def test_min_processes_makes_the_job_elastic():
 
 def _ended(code, lost, progressed=True, regrew=False):
   """How a Ray attempt ended, as the policy reads it."""
-  return restart.AttemptEnd(code, progressed=progressed, regrew=regrew,
+  return attempts.AttemptEnd(code, progressed=progressed, regrew=regrew,
                             lost=tuple(lost))
 
 

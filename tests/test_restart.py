@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from launcher import attempts
 from launcher import restart
 from launcher.ray import __main__ as ray_main
 from launcher.tpu import flags as tpu_flags
@@ -56,13 +57,13 @@ def test_backoff_doubles_up_to_a_minute():
 
 
 class _FakePod:
-  """A restart.Attempt that ends as it is told."""
+  """An attempts.Attempt that ends as it is told."""
 
   def __init__(self, code, signalled=False, progressed=False):
-    self.end = restart.AttemptEnd(code, launcher_signalled=signalled,
+    self.end = attempts.AttemptEnd(code, launcher_signalled=signalled,
                                   progressed=progressed)
 
-  def run(self) -> restart.AttemptEnd:
+  def run(self) -> attempts.AttemptEnd:
     return self.end
 
 

@@ -27,7 +27,7 @@ usual restart rules (a process that cannot start is no lost host).
 Example:
   >>> capacity = Capacity(full=4, minimum=2, regrow_after_s=30)
   >>> policy = elastic.Policy(capacity, say=print)
-  >>> policy.after(restart.AttemptEnd(137, progressed=True, lost=(3,)))
+  >>> policy.after(attempts.AttemptEnd(137, progressed=True, lost=(3,)))
   rank 3 lost (exit code 137): starting again at once on 3 of 4 ...
   Resize(kind=<Kind.SHRINK: 'shrink'>, wait_s=0.0)
   >>> capacity.regrow_due(now=time.monotonic() + 31)
@@ -39,6 +39,7 @@ import signal
 import time
 from typing import Callable, Optional
 
+from launcher import attempts
 from runtime.common import exit_codes
 
 
@@ -86,7 +87,7 @@ class Capacity:
   def running(self) -> int:
     return self.current
 
-  def lose(self, end) -> str:
+  def lose(self, end: attempts.AttemptEnd) -> str:
     """Each process of `end.lost` is away for --regrow_after seconds."""
     now = self.clock()
     self.current -= len(end.lost)

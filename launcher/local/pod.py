@@ -34,6 +34,7 @@ import time
 import uuid
 from typing import Callable, Optional
 
+from launcher import attempts
 from launcher.local import elastic
 from launcher.local import members as members_lib
 from launcher.local import monitor as monitor_lib
@@ -110,7 +111,7 @@ def _loopback_address(address: Optional[str]) -> str:
 
 
 class Gang:
-  """N local processes, each one host of the job; a restart.Attempt.
+  """N local processes, each one host of the job; an attempts.Attempt.
 
   Raises ValueError for a process count below 1 or a coordinator address
   that is not on loopback.
@@ -178,7 +179,7 @@ class Gang:
                        member.command))
     return exit_codes.OK
 
-  def run(self) -> restart.AttemptEnd:
+  def run(self) -> attempts.AttemptEnd:
     """Starts the ranks, supervises them and returns how the job ended."""
     os.makedirs(self.logs_dir, exist_ok=True)
     started, started_wall = time.monotonic(), time.time()
@@ -211,7 +212,7 @@ class Gang:
                          self.logs_dir, self._signals, monitor.regrowing,
                          attempt=(self.attempt
                                   if self.spec.attempts_may_follow else None))
-    return restart.AttemptEnd(
+    return attempts.AttemptEnd(
         code=code, name=self.attempt_name, processes=self.num_processes,
         launcher_signalled=bool(self._signals), progressed=progressed,
         counts_steps=True, furthest_step=furthest, fault=fault,

@@ -4,7 +4,7 @@ relayed until all have ended, everything of it removed.
 
 Example:
   >>> end = Attempt(options, 2, '3f2a9c', logs, capacity).run()
-  >>> end.code, end.lost          # restart.AttemptEnd
+  >>> end.code, end.lost          # attempts.AttemptEnd
   (137, (2,))
 """
 
@@ -13,6 +13,7 @@ import signal
 import time
 from typing import Optional
 
+from launcher import attempts
 from launcher import restart
 from launcher import signals
 from launcher.ray import elastic
@@ -39,7 +40,7 @@ _ASK_RAYLET_EVERY_S = 1.0
 
 
 class Attempt:
-  """The job once on `capacity.current` nodes; a restart.Attempt.
+  """The job once on `capacity.current` nodes; an attempts.Attempt.
 
   Args:
     options: podrun-ray's flags.
@@ -67,7 +68,7 @@ class Attempt:
     self._next_drain_check = 0.0
     self._next_grow_check = 0.0
 
-  def run(self) -> restart.AttemptEnd:
+  def run(self) -> attempts.AttemptEnd:
     from launcher.ray import group as group_lib  # pylint: disable=g-import-not-at-top
     try:
       self._group = group_lib.Group.reserve(
@@ -85,11 +86,11 @@ class Attempt:
     return self._end(code, lost=tuple(sorted(self._group.lost)))
 
   def _end(self, code: int, lost: tuple[int, ...] = ()
-           ) -> restart.AttemptEnd:
+           ) -> attempts.AttemptEnd:
     """How the attempt ended; its steps are counted from the ledgers'
     high-water marks in the workdir."""
     steps = steps_done(self.logs.record, self.attempt_name)
-    return restart.AttemptEnd(
+    return attempts.AttemptEnd(
         code=code, name=self.attempt_name, processes=self.num_processes,
         launcher_signalled=bool(self._signalled), progressed=bool(steps),
         counts_steps=True, furthest_step=max(steps) if steps else None,

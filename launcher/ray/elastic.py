@@ -20,11 +20,13 @@ attempt before trained nothing new (launcher/restart.py).
 Example:
   >>> capacity = Capacity(full=4, minimum=3)
   >>> resize = elastic.Policy(capacity, say=print).after
-  >>> resize(restart.AttemptEnd(137, progressed=True, lost=(2,)))  # 3 run on
+  >>> resize(attempts.AttemptEnd(137, progressed=True, lost=(2,)))  # 3 run on
   Resize(kind=<Kind.SHRINK: 'shrink'>, wait_s=0.0)
 """
 
 import dataclasses
+
+from launcher import attempts
 
 
 @dataclasses.dataclass
@@ -59,7 +61,7 @@ class Capacity:
   def running(self) -> int:
     return self.current
 
-  def lose(self, end) -> str:
+  def lose(self, end: attempts.AttemptEnd) -> str:
     self.current -= len(end.lost)
     return (f'rank(s) {", ".join(map(str, end.lost))} lost with their '
             'node(s)')

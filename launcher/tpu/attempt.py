@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Optional, Protocol
 
-from launcher import restart
+from launcher import attempts
 from launcher import signals
 from launcher.tpu import babysit
 from launcher.tpu import commands
@@ -81,9 +81,9 @@ class Context(Protocol):
 
 class Attempt:
   """One run of the job on every worker of every slice: its output, its end,
-  its stop; a restart.Attempt.
+  its stop; an attempts.Attempt.
 
-  `run()` returns how it ended (restart.AttemptEnd), whose code is the
+  `run()` returns how it ended (attempts.AttemptEnd), whose code is the
   first failing worker's (a worker's 10, "another process failed", is never
   taken for the cause), PREEMPTED (75) when a slice this launch created is
   lost under it, or 128 + N when this driver got signal N.
@@ -105,7 +105,7 @@ class Attempt:
     self._lock = threading.Lock()
     self._signals: list[int] = []
 
-  def run(self) -> restart.AttemptEnd:
+  def run(self) -> attempts.AttemptEnd:
     launch = self.launch
     ready = (launch.slices.ready_for_attempt() if self.number > 1
              else babysit.Ready(True))
@@ -138,11 +138,11 @@ class Attempt:
         self._stopper.join()
       return self._end(self._code([c.returncode for c in clients]))
 
-  def _end(self, code: int) -> restart.AttemptEnd:
+  def _end(self, code: int) -> attempts.AttemptEnd:
     """How the attempt ended. A lost slice is no fault of the job, nor is a
     stop to grow: either relaunches without backing off (`progressed`)."""
     launch = self.launch
-    return restart.AttemptEnd(
+    return attempts.AttemptEnd(
         code=code, name=self.attempt_name,
         processes=self._processes or launch.workers * len(launch.nodes),
         launcher_signalled=bool(self._signals),

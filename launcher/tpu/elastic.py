@@ -39,6 +39,7 @@ import threading
 import time
 from typing import Optional
 
+from launcher import attempts
 from launcher.tpu import babysit
 from launcher.tpu import queued
 from runtime.common import exit_codes
@@ -154,7 +155,7 @@ class SliceGroup:
     stop at a step boundary and the job grow."""
     return bool(self.ready)
 
-  def lose(self, end) -> str:
+  def lose(self, end: attempts.AttemptEnd) -> str:
     """The slices that hold a process of `end.lost` (numbered on the
     slices the attempt ran on, `workers` a slice), and any other slice of
     the job seen lost now, leave the job and are brought back in the
