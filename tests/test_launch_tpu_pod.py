@@ -407,12 +407,16 @@ def test_dry_run_prints_every_command_and_runs_none(pod):
                       '--project=proj fake-pod --format=json')
   run = next(l for l in lines if ' run test-job-a1 ' in l)
   words = shlex.split(shlex.split(run)[-1].split('=', 1)[1])
+  # What the real attempt tells each worker: the job's authority where the
+  # workers' JAX (this one, here) has mutual TLS.
+  tls_dir = (['--env=PODRUN_TLS_DIR=~/podrun/tls-test-job']
+             if job_tls.supported(jax.__version__) else [])
   assert words[words.index('run'):] == [
       'run', 'test-job-a1', '--python=/opt/py thon/bin/python',
       '--env=PYTHONPATH=$HOME/podrun/code-<code sha256[:16]>/podrun',
       '--expected_processes=<workers from describe>', '--stop_grace=5',
       '--orphan_timeout=30', '--accelerator_devices=/dev/accel*,/dev/vfio/*',
-      '--env=PODRUN_JOB_ID=test-job',
+      *tls_dir, '--env=PODRUN_JOB_ID=test-job',
       '--env=PODRUN_ATTEMPT=test-job-a1', '--env=A=b c',
       '--', *LINEAR,
       '--config.note=x y']

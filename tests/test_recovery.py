@@ -238,6 +238,8 @@ def test_the_learned_deadline_ends_a_wedged_rank(tmp_path):
 
 
 def test_the_learned_deadline_allows_for_a_long_evaluation(tmp_path):
+  """About 25-35 s: two evaluations of 9 s each, longer than the learned
+  deadline, on a 2-process pod."""
   # Steps of milliseconds, a floor of 5 s (--heartbeat_timeout + 2 s) and
   # evaluations of 9 s: only the announced evaluation keeps the deadline
   # from firing. The premise, K x p99 under 9 s, leaves a loaded machine
