@@ -70,6 +70,46 @@ def epoch_order(seed: int, epoch: int, num_examples: int,
   return order
 
 
+def steps_batch_ids(first_step: int, steps: int, global_batch_size: int,
+                    num_examples: int, seed: int,
+                    shuffle: bool = True) -> np.ndarray:
+  """Example ids of the global batches of `steps` consecutive steps, read
+  from the stream at once (one call a dispatch, not one a step).
+
+  Args:
+    first_step: 0-based step number of the first.
+    steps: how many steps, at least 1.
+    global_batch_size: G, at most num_examples.
+    num_examples: size of the data set.
+    seed: the shuffling seed; epoch e uses (seed, e).
+    shuffle: False reads the examples in order, epoch after epoch.
+
+  Returns:
+    (steps, G) int64 ids; row i is step first_step + i's global batch, all
+    distinct; a batch may straddle two epochs.
+
+  Example:
+    >>> steps_batch_ids(2, 2, 4, 10, seed=0, shuffle=False)
+    array([[8, 9, 0, 1],
+           [2, 3, 4, 5]])
+  """
+  if not 0 < global_batch_size <= num_examples:
+    raise ValueError(f'global batch size {global_batch_size} must be between '
+                     f'1 and the {num_examples} examples of the data set')
+  positions = (first_step * global_batch_size +
+               np.arange(steps * global_batch_size))
+  epochs = positions // num_examples
+  offsets = positions % num_examples
+  ids = np.empty(len(positions), np.int64)
+  # Positions grow with the index: each epoch is one run of them.
+  bounds = np.flatnonzero(np.diff(epochs)) + 1
+  for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(positions)]):
+    ids[start:stop] = epoch_order(seed, int(epochs[start]), num_examples,
+                                  global_batch_size,
+                                  shuffle)[offsets[start:stop]]
+  return ids.reshape(steps, global_batch_size)
+
+
 def global_batch_ids(step: int, global_batch_size: int, num_examples: int,
                      seed: int, shuffle: bool = True) -> np.ndarray:
   """Example ids of one step's global batch, all distinct.
@@ -88,18 +128,8 @@ def global_batch_ids(step: int, global_batch_size: int, num_examples: int,
     >>> global_batch_ids(2, 4, 10, seed=0, shuffle=False)
     array([8, 9, 0, 1])
   """
-  if not 0 < global_batch_size <= num_examples:
-    raise ValueError(f'global batch size {global_batch_size} must be between '
-                     f'1 and the {num_examples} examples of the data set')
-  positions = step * global_batch_size + np.arange(global_batch_size)
-  epochs = positions // num_examples
-  offsets = positions % num_examples
-  ids = np.empty(global_batch_size, np.int64)
-  for epoch in np.unique(epochs):
-    here = epochs == epoch
-    ids[here] = epoch_order(seed, int(epoch), num_examples, global_batch_size,
-                            shuffle)[offsets[here]]
-  return ids
+  return steps_batch_ids(step, 1, global_batch_size, num_examples, seed,
+                         shuffle)[0]
 
 
 def process_batch_ids(step: int, global_batch_size: int, num_examples: int,

@@ -127,7 +127,7 @@ class RecompileWatch:
   first step in the step's own layout); any later compilation costs a full
   compile on every process and usually means an argument changed its shape,
   dtype, weak type or placement. The warning names the arguments that
-  differ from the previous call's.
+  differ from the second call's.
 
   Example:
     >>> step = RecompileWatch(make_train_step(...))
@@ -147,7 +147,10 @@ class RecompileWatch:
     if self._calls > 2 and not self.warned and compiled:
       self.warned = True
       logging.warning('%s', self._message(args))
-    self._previous = _signature(args)
+    if self._calls <= 2:
+      # The arguments every later call should match. Read once, not every
+      # call: a big state's leaves cost the host time each step otherwise.
+      self._previous = _signature(args)
     return out
 
   def _message(self, args: tuple) -> str:
@@ -160,4 +163,4 @@ class RecompileWatch:
             'placement (a new trace, or an evicted cache entry)')
     return (f'{self._name} compiled again at call {self._calls}, after the '
             f'first steps: every process pays a full compilation. What '
-            f'changed since the previous call: {what}')
+            f'changed since the second call: {what}')

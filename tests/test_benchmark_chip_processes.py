@@ -47,3 +47,19 @@ def test_the_benchmark_runs_at_its_tiny_shape(tmp_path):
   first = figures['first_step']
   assert first['launcher_s'] > 0 and first['hand_s'] > 0
   assert '| lm |' in result.stdout and 'one-step LM job' in result.stdout
+
+
+def test_the_host_batch_benchmark_times_both_ways(tmp_path):
+  """About 10 s: the old and the new way of a call's batch, on 2 devices."""
+  out = tmp_path / 'host_batch.json'
+  subprocess.run(
+      [sys.executable, 'tests/benchmarks/benchmark_host_batch.py',
+       '--devices=2', '--calls=8', '--rounds=1', '--steps_per_call=1,4',
+       f'--out={out}'],
+      cwd=helpers.REPO, env=helpers.launcher_env(), capture_output=True,
+      text=True, timeout=200, check=True)
+  figures = json.loads(out.read_text())
+  assert figures['devices'] == 2
+  for k in ('k1', 'k4'):
+    assert set(figures[k]['ms_a_call']) == {'stacked', 'one_read'}
+    assert figures[k]['one_read_vs_stacked'] > 0

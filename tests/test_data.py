@@ -1,9 +1,14 @@
+import types
+
+import jax
 import numpy as np
 import optax
 import pytest
 
 import runtime
 from runtime import data
+from runtime import dispatch
+from runtime.parallelism import microbatches
 from runtime import training
 
 pytestmark = pytest.mark.unit
@@ -40,6 +45,42 @@ def test_order_depends_on_seed_and_step_only():
   a = data.global_batch_ids(7, 32, 500, seed=0)
   np.testing.assert_array_equal(a, data.global_batch_ids(7, 32, 500, seed=0))
   assert not np.array_equal(a, data.global_batch_ids(7, 32, 500, seed=1))
+
+
+def test_the_ids_of_several_steps_are_each_steps_ids_across_epochs():
+  # 97 examples in batches of 48: calls of 5 steps straddle epochs.
+  for first in (0, 1, 7, 30):
+    np.testing.assert_array_equal(
+        data.steps_batch_ids(first, 5, 48, 97, seed=2),
+        [data.global_batch_ids(first + i, 48, 97, seed=2) for i in range(5)])
+
+
+@pytest.mark.parametrize('devices, processes', [(1, 1), (4, 1), (2, 2),
+                                                (2, 3)])
+def test_a_calls_batch_is_read_at_once_as_stacked_step_by_step(
+    devices, processes):
+  """The loader's one read of a call's examples gives what stacking each
+  step's read gives (3 processes x 2 devices pad 256 rows: the stacked
+  path)."""
+  rng = np.random.default_rng(0)
+  source = runtime.ArraySource(x=rng.random((1000, 3), np.float32),
+                               y=np.arange(1000))
+  layout = microbatches.plan(256, devices * processes)
+  options = types.SimpleNamespace(global_batch_size=256, seed=4, shuffle=True)
+  task = types.SimpleNamespace(data=source)
+  for p in range(processes):
+    topo = types.SimpleNamespace(process_index=p, local_device_count=devices)
+    put = types.SimpleNamespace(put_batch=lambda tree: tree)
+    load = training._loader(options, task, topo, put, layout)
+    rows, real = microbatches.process_positions(layout, p, devices)
+    for first, steps in ((0, 1), (3, 4), (5, 3)):
+      stacked = dispatch.stack(
+          [data.read_padded(source, data.global_batch_ids(
+              s, 256, 1000, 4)[rows.start:rows.start + real],
+                            rows.stop - rows.start)
+           for s in range(first, first + steps)], devices)
+      jax.tree_util.tree_map(np.testing.assert_array_equal,
+                             load(first, steps), stacked)
 
 
 def test_unshuffled_reads_in_order():

@@ -62,10 +62,12 @@ def _lm_config(shape: str, steps: int):
   return config
 
 
-def _mnist_config(steps: int):
+def _mnist_config(steps: int, hidden: tuple[int, ...] = ()):
   from configs import mnist  # pylint: disable=g-import-not-at-top
   config = mnist.get_config()
   config.steps, config.eval_every = steps, 0
+  if hidden:
+    config.model.hidden_sizes = hidden
   return config
 
 
@@ -408,6 +410,11 @@ def main() -> None:
   parser.add_argument('--rounds', type=int, default=3)
   parser.add_argument('--steps', type=int, default=40)
   parser.add_argument('--mnist_steps', type=int, default=300)
+  parser.add_argument(
+      '--mnist_hidden', default='',
+      help='the MLP\'s hidden sizes, e.g. 8,8: a step with next to no '
+      'compute, where the host\'s work per step is the whole cost (a CPU '
+      'proxy of a small step on a chip)')
   parser.add_argument('--first_step', action=argparse.BooleanOptionalAction,
                       default=True)
   parser.add_argument('--hand_first_step', action='store_true')
@@ -430,6 +437,7 @@ def main() -> None:
     _hand_first_step(args.shape)
     return
   methods = tuple(args.methods.split(','))
+  hidden = tuple(int(n) for n in args.mnist_hidden.split(',') if n)
   # Beside METHODS, podrun_pmap_kN and podrun_shard_map_kN: N steps a call.
   unknown = {m for m in methods if m not in METHODS and not re.fullmatch(
       r'podrun_(pmap|shard_map)_k[0-9]+', m)}
@@ -467,7 +475,7 @@ def main() -> None:
         write('lm_ablation', _ablation(config, _lm_task(config), args.rounds,
                                        scratch))
       if mnist:
-        config = _mnist_config(args.mnist_steps)
+        config = _mnist_config(args.mnist_steps, hidden)
         write('mnist_ablation', _ablation(config, _mnist_task(config),
                                           args.rounds, scratch))
     else:
@@ -475,7 +483,7 @@ def main() -> None:
         write('lm', _measure('lm', config, _lm_task(config), args.rounds,
                              scratch, methods, functools.partial(write, 'lm')))
       if mnist:
-        config = _mnist_config(args.mnist_steps)
+        config = _mnist_config(args.mnist_steps, hidden)
         write('mnist_mlp', _measure(
             'mnist', config, _mnist_task(config), args.rounds, scratch,
             methods, functools.partial(write, 'mnist_mlp')))
