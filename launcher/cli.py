@@ -13,6 +13,7 @@ import ast
 import importlib.util
 import os
 import sys
+import time
 import uuid
 from typing import NoReturn, Optional
 
@@ -326,13 +327,15 @@ def _make_pod(spec: local_pod.PodSpec, job_id=None, attempt: int = 1,
               capacity: Optional[elastic.Capacity] = None) -> local_pod.Gang:
   """One attempt's local pod (`capacity`: how many of its processes an
   elastic pod has now)."""
+  if capacity is not None and attempt > 1:
+    capacity.ready(time.monotonic())
   try:
     return local_pod.Gang(
         spec,
-        num_processes=(capacity.processes_back() if capacity
+        num_processes=(capacity.running() if capacity
                        else _LOCAL_PROCESSES.value),
         job_id=job_id, attempt=attempt,
-        regrow_due=capacity.regrow_due if capacity else lambda now: False)
+        grow_due=capacity.grow_due if capacity else lambda now: False)
   except ValueError as e:
     _fail(str(e))
 

@@ -20,6 +20,7 @@ from typing import Callable, Optional, Protocol
 
 from launcher import attempts
 from runtime.common import exit_codes
+from runtime.common import records
 
 
 class Kind(enum.StrEnum):
@@ -51,8 +52,26 @@ class Resize:
                        f'{[k.value for k in Kind]}') from None
 
 
+@dataclasses.dataclass(frozen=True)
+class Ready:
+  """Before an attempt: whether the job can run again (truthy when it
+  can), and what bringing its units back took, as goodput's
+  infrastructure recovery (None when nothing had to come back, or the
+  launcher does not time it)."""
+  ok: bool
+  infrastructure: Optional[records.Recreate] = None
+
+  def __bool__(self) -> bool:
+    return self.ok
+
+
 class Capacity(Protocol):
   """What an elastic job can run on now, and what may come back.
+
+  Every launcher drives it the same way: `Policy.after` calls `lose`,
+  `take_back` and `waiting` after an attempt; the running attempt asks
+  `grow_due` while it runs; and every attempt after the first starts with
+  `ready`. `now` is time.monotonic().
 
   Attributes:
     minimum: the fewest units the job runs on.
@@ -75,14 +94,24 @@ class Capacity(Protocol):
     seen gone); they may come back by themselves. Returns what was lost, in
     words: 'rank 3 lost (exit code 137)'."""
 
+  def grow_due(self, now: float) -> bool:
+    """Whether lost units are back, so that the running attempt should
+    stop at a step boundary and the job grow."""
+
   def take_back(self) -> str:
     """Takes every unit that is back into the next attempt; returns what
     came back, in words: 'lost process(es) back'."""
 
-  def wait(self) -> tuple[float, str]:
-    """With fewer than `minimum` units left: (how long the launcher waits
-    before the next attempt, what it waits for in words). 0 s: the next
-    attempt itself waits for its units."""
+  def waiting(self) -> tuple[float, str]:
+    """With fewer than `minimum` units left, what the job waits for,
+    changing nothing: (the seconds the launcher sleeps before the next
+    attempt, in words). 0 s: the next attempt's `ready` does the
+    waiting."""
+
+  def ready(self, now: float) -> Ready:
+    """Before every attempt after the first: takes in the units that are
+    back, and waits while fewer than `minimum` are there. Not ready when
+    they cannot come (the job ends)."""
 
 
 @dataclasses.dataclass
@@ -119,7 +148,7 @@ class Policy:
                'the same global batch on fewer devices')
       return Resize(SHRINK)
     left = capacity.running()
-    wait_s, waiting = capacity.wait()
+    wait_s, waiting = capacity.waiting()
     self.say(f'{lost}: {left} left, fewer than {capacity.flag}='
              f'{capacity.minimum}; {waiting}')
     return Resize(WAIT, wait_s)

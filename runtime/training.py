@@ -270,9 +270,9 @@ class _Programs:
   late recompilations. Only the one-step program's FLOPs are measured (XLA's
   cost analysis counts a scan's body once)."""
 
-  def __init__(self, task: Task, par, layout: microbatches.Layout,
+  def __init__(self, task: Task, par, batch_layout: microbatches.Layout,
                placed: Optional[step_lib.TrainState] = None):
-    self._task, self._par, self._layout = task, par, layout
+    self._task, self._par, self._batch_layout = task, par, batch_layout
     self._placed = placed
     self._built: dict[int, Callable] = {}
     self._measured: Optional[flops_lib.Measured] = None
@@ -307,11 +307,13 @@ class _Programs:
     if self._placed is None:
       step = step_lib.make_train_step(
           task.loss_fn, task.optimizer, self._par, rng=self._contract,
-          has_model_state=has_model_state, layout=self._layout, steps=steps)
+          has_model_state=has_model_state, layout=self._batch_layout,
+          steps=steps)
     else:
       step = step_lib.make_sharded_train_step(
           task.loss_fn, task.optimizer, self._placed, rng=self._contract,
-          has_model_state=has_model_state, layout=self._layout, steps=steps)
+          has_model_state=has_model_state, layout=self._batch_layout,
+          steps=steps)
     if steps == 1:
       step = self._measured = flops_lib.Measured(step)
     stage = 'program' if steps == 1 else f'program_{steps}_steps'
@@ -497,25 +499,25 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   with ledger.naming('train_setup'):
     options = options_lib.TrainOptions.of(config, workdir)
     topo = topology_lib.current()
-    layout = plan_layout(config, topo, workdir, task.model_state is not None,
-                         options.elastic)
+    batch_layout = plan_layout(config, topo, workdir,
+                               task.model_state is not None, options.elastic)
     in_flight_limit = max_steps_in_flight(options.max_steps_in_flight,
                                           topo.platform)
     par = parallelism_lib.from_config(config)
     state = step_lib.init_state(task.params, task.optimizer,
                                 options.data.seed, task.model_state)
     rows, _ = microbatches.process_positions(
-        layout, topo.process_index, topo.local_device_count)
+        batch_layout, topo.process_index, topo.local_device_count)
     per_dispatch, decide = _steps_per_dispatch(
         options, task, topo.platform, rows.stop - rows.start)
     placed, where = _shardings(config, state, task.shard_dims,
                                options.elastic)
-    programs = _Programs(task, par, layout, placed)
+    programs = _Programs(task, par, batch_layout, placed)
     figures = flops_lib.Figures(
-        topo.device_kind, layout.num_devices, programs.flops_per_device,
+        topo.device_kind, batch_layout.num_devices, programs.flops_per_device,
         options.data.global_batch_size, task.tokens_per_example,
         task.flops_per_example)
-  ledger.note(topology=layout_fields(topo, layout))
+  ledger.note(topology=layout_fields(topo, batch_layout))
   with ledger.timing('checkpoint_restore'):
     ckpt, local = _open_checkpoints(options.checkpointing, options.attempt)
     start, state, _ = recovery.restore(options.checkpointing, ckpt, local,
@@ -523,12 +525,13 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   if start:
     _say_where_it_resumes(ckpt, start, topo)
   if start >= options.steps:
-    return _nothing_to_train(options, workdir, start, state, layout, topo)
+    return _nothing_to_train(options, workdir, start, state, batch_layout,
+                             topo)
   with ledger.naming('metrics_writer'):
     writer = metrics_lib.MetricsWriter(
         workdir, topo.process_index == 0, resume_step=start or None,
         tensorboard_events=options.logging.tensorboard,
-        fields=layout_fields(topo, layout))
+        fields=layout_fields(topo, batch_layout))
   with ledger.naming('replicate'):
     replicated = (par.replicate(state) if placed is None else
                   state_layout.place(state, placed))
@@ -540,8 +543,8 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   per_call = ('steps_per_dispatch=auto' if per_dispatch is None else
               f'{per_dispatch} step(s) per call')
   writer.log(f'training {options.steps} steps, global batch '
-             f'{options.data.global_batch_size} ({layout.describe()}), {par}, '
-             f'{per_call}, {in_flight_limit} call(s) in flight, on '
+             f'{options.data.global_batch_size} ({batch_layout.describe()}), '
+             f'{par}, {per_call}, {in_flight_limit} call(s) in flight, on '
              f'{topo.describe()}{resumed}')
   if where:
     writer.log(where)
@@ -554,8 +557,9 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
                                replicated.model_state)
   try:
     with dispatch.Dispatches(
-        _loader(options.data, task, topo, par, layout), start, options.steps,
-        per_dispatch, decide, size=options.data.prefetch) as dispatches:
+        _loader(options.data, task, topo, par, batch_layout), start,
+        options.steps, per_dispatch, decide,
+        size=options.data.prefetch) as dispatches:
       loop.run_steps(run, programs, dispatches.next,
                      _hooks(options, workdir, task, topo, ckpt, local))
   finally:
@@ -566,7 +570,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   with ledger.naming('results'):
     _log_final_metrics(run, writer)
     result = _result(run, topo, workdir)
-  result.topology = layout_fields(topo, layout)
+  result.topology = layout_fields(topo, batch_layout)
   result.chip = figures.summary(figures.mean_steps_per_sec())
   if programs.memory():
     result.chip['step_memory'] = programs.memory()
@@ -591,7 +595,8 @@ def _say_where_it_resumes(ckpt, start: int, topo) -> None:
 
 
 def _nothing_to_train(options: options_lib.TrainOptions, workdir: str, start: int,
-                      state: step_lib.TrainState, layout, topo) -> TrainResult:
+                      state: step_lib.TrainState, batch_layout, topo
+                      ) -> TrainResult:
   """The TrainResult of a run whose checkpoint is already at its last
   step: it says so, trains and evaluates nothing, and marks the result
   untrained so that the record stays the trained run's."""
@@ -612,7 +617,7 @@ def _nothing_to_train(options: options_lib.TrainOptions, workdir: str, start: in
                      fingerprint=fingerprint_lib.fingerprint(host.params),
                      params=host.params, model_state=host.model_state,
                      start_step=start, steps=options.steps,
-                     topology=layout_fields(topo, layout), trained=False)
+                     topology=layout_fields(topo, batch_layout), trained=False)
 
 
 def _log_final_metrics(run: loop.Run, writer: metrics_lib.MetricsWriter
@@ -625,20 +630,20 @@ def _log_final_metrics(run: loop.Run, writer: metrics_lib.MetricsWriter
                f'{run.options.logging.every} steps)')
 
 
-def layout_fields(topo, layout: microbatches.Layout) -> dict[str, int]:
+def layout_fields(topo, batch_layout: microbatches.Layout) -> dict[str, int]:
   """What every metrics row says of the topology that computed it."""
   return {'num_processes': topo.process_count,
-          'num_devices': layout.num_devices,
-          'microbatches': layout.microbatches}
+          'num_devices': batch_layout.num_devices,
+          'microbatches': batch_layout.microbatches}
 
 
 def _loader(data: options_lib.Data, task: Task, topo, par,
-            layout: microbatches.Layout) -> Callable[[int, int], Any]:
+            batch_layout: microbatches.Layout) -> Callable[[int, int], Any]:
   """(step, steps) -> this process's part of the batches of the steps after
   `step`, on its devices, for one call (runtime/dispatch.py `stack`): its
-  real examples of each step, then zero rows where the layout pads."""
+  real examples of each step, then zero rows where the batch layout pads."""
   rows, real = microbatches.process_positions(
-      layout, topo.process_index, topo.local_device_count)
+      batch_layout, topo.process_index, topo.local_device_count)
   devices = topo.local_device_count
 
   def ids_of(step: int, steps: int) -> np.ndarray:

@@ -255,3 +255,28 @@ def test_only_the_ray_driver_imports_ray():
   assert found == []
   assert any(imported.split('.')[0] == 'ray' for imported, _ in imports(
       'launcher.ray.group', modules['launcher.ray.group']))
+
+
+def _binds_the_record_layout_twice(tree: ast.Module) -> list[int]:
+  """The lines where a module that imports runtime.common.layout (where
+  the record's files are) binds `layout` to something else (a batch's
+  microbatches.Layout: call it batch_layout)."""
+  imports = any(
+      isinstance(node, ast.ImportFrom) and node.module == 'runtime.common'
+      and any(a.name == 'layout' and a.asname is None for a in node.names)
+      for node in ast.walk(tree))
+  if not imports:
+    return []
+  return [node.lineno for node in ast.walk(tree)
+          if (isinstance(node, ast.arg) and node.arg == 'layout') or
+          (isinstance(node, ast.Name) and node.id == 'layout' and
+           isinstance(node.ctx, ast.Store))]
+
+
+def test_layout_means_one_thing_where_the_record_layout_is_imported():
+  twice = {name: lines for name, tree in project_modules().items()
+           if (lines := _binds_the_record_layout_twice(tree))}
+  assert not twice, twice
+  caught = ast.parse('from runtime.common import layout\n'
+                     'def f(layout): return layout.Record\n')
+  assert _binds_the_record_layout_twice(caught) == [2]

@@ -38,7 +38,7 @@ class _Units:
     self.current -= len(end.lost)
     return f'{len(end.lost)} lost'
 
-  def wait(self):
+  def waiting(self):
     return 3.0, 'waiting 3 s'
 
   def take_back(self):
@@ -96,13 +96,13 @@ def test_a_loss_shrinks_while_enough_are_left_then_waits():
   resize = policy.Policy(capacity, print).after
   assert resize(_lost(3)) == policy.Resize(policy.SHRINK)
   assert capacity.describe() == '3 of 4 process(es), 1 coming back'
-  assert not capacity.regrow_due(now=129) and capacity.regrow_due(now=130)
+  assert not capacity.grow_due(now=129) and capacity.grow_due(now=130)
   # A second loss leaves 2 < 3: wait until the first lost one is back.
   clock[0] = 110
   assert resize(_lost(1)) == policy.Resize(policy.WAIT, 20)
   for now, processes in ((125, 2), (130, 3), (140, 4)):
     clock[0] = now
-    assert capacity.processes_back() == processes
+    assert capacity.ready(now) and capacity.running() == processes
   assert not capacity.returns
 
 
@@ -295,3 +295,24 @@ def test_one_class_decides_a_resize():
           called and name in ('Resize', 'Kind')):
         found.append(f'{path.relative_to(root)}:{node.lineno} {name}')
   assert found == []
+
+
+def test_the_three_capacities_are_driven_through_one_protocol():
+  """Local pods, Ray jobs and TPU slices each implement every method of
+  elastic.Capacity with its signature, and nothing of it under another
+  name."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  from launcher.ray import elastic as ray_elastic  # pylint: disable=g-import-not-at-top
+  from launcher.tpu import elastic as tpu_elastic  # pylint: disable=g-import-not-at-top
+  methods = [name for name, member in vars(policy.Capacity).items()
+             if callable(member) and not name.startswith('_')]
+  assert set(methods) == {'running', 'describe', 'lose', 'grow_due',
+                          'take_back', 'waiting', 'ready'}
+  for capacity in (elastic.Capacity, ray_elastic.Capacity,
+                   tpu_elastic.SliceGroup):
+    for name in methods:
+      wanted = list(inspect.signature(getattr(policy.Capacity, name)).parameters)
+      got = list(inspect.signature(getattr(capacity, name)).parameters)
+      assert got == wanted, (capacity.__qualname__, name, got, wanted)
+    for old in ('wait', 'regrow_due', 'processes_back', 'ready_for_attempt'):
+      assert not hasattr(capacity, old), (capacity.__qualname__, old)

@@ -72,7 +72,8 @@ def test_attempts_with_ledgers_lists_each_attempts_processes(tmp_path):
     ('ranks/rank_0.json', 0),
     ('metrics.jsonl', 0),
     ('tensorboard/events.out.tfevents.1', 0),
-    ('summary.json', 0),
+    ('run.json', 0),
+    ('summary.json', layout.LAUNCHER),
     ('goodput.jsonl', layout.LAUNCHER),
     ('logs/attempts.jsonl', layout.LAUNCHER),
     ('logs/job.json', layout.LAUNCHER),
@@ -80,13 +81,10 @@ def test_attempts_with_ledgers_lists_each_attempts_processes(tmp_path):
 ])
 def test_each_file_has_one_writer(relative, writer):
   assert layout.owner(relative) == writer
-  # summary.json is process 0's; the launcher rewrites its goodput.
-  assert layout.launcher_writes(relative) == (
-      writer == layout.LAUNCHER or relative == 'summary.json')
 
 
 def test_what_a_bucket_holds():
-  for relative in ('summary.json', 'goodput.jsonl', 'logs/attempts.jsonl',
+  for relative in ('summary.json', 'run.json', 'goodput.jsonl', 'logs/attempts.jsonl',
                    'logs/job.json', 'metrics.jsonl', 'goodput/a/rank_0.json'):
     assert layout.mirrored(relative), relative
   for relative in ('checkpoints/10/state', '.podrun/join/rank_0.json',

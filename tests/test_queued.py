@@ -253,13 +253,13 @@ def test_a_lost_slice_shrinks_the_job_and_comes_back_to_grow_it():
   assert _after(group, _ended(75, lost=(0,))) == policy.Resize(
       'shrink')
   assert group.nodes() == ('run-b',)
-  assert helpers.wait_for(group.grow_due, 10)
+  assert helpers.wait_for(lambda: group.grow_due(time.monotonic()), 10)
   assert launch.prepared == [('run-a',)] and group.fleets[0].created == 1
   assert group.describe() == ('run-b; run-a back, joining at the '
                               'next step boundary')
   assert _after(group, _ended(75, regrew=True)) == policy.Resize(
       'grow')
-  assert group.nodes() == ('run-a', 'run-b') and not group.grow_due()
+  assert group.nodes() == ('run-a', 'run-b') and not group.grow_due(time.monotonic())
   assert _after(group, _ended(1)) is None  # A plain failure.
 
 
@@ -267,7 +267,7 @@ def test_below_min_slices_the_next_attempt_waits_for_them():
   _, group = _group(minimum=2)
   group.fleets[1].up = False
   assert _after(group, _ended(75, lost=(1,))) == policy.Resize('wait')
-  assert group.ready_for_attempt()
+  assert group.ready(time.monotonic())
   assert group.nodes() == ('run-a', 'run-b')
 
 
@@ -281,7 +281,7 @@ def test_a_slice_that_does_not_come_back_is_retried_then_given_up():
   group.fleets[1].wait_up = never_up
   group.fleets[1].up = False
   assert _after(group, _ended(75, lost=(1,))) == policy.Resize('wait')
-  assert not group.ready_for_attempt()
+  assert not group.ready(time.monotonic())
   assert len(tries) >= 3, tries
   gaps = [b - a for a, b in zip(tries, tries[1:])]
   assert all(g >= 0.05 for g in gaps) and gaps[-1] >= 2 * 0.05, gaps
@@ -316,7 +316,7 @@ def test_a_slice_back_on_its_second_try_grows_the_job(tmp_path):
                          'in '), line
   assert line.endswith('s: try 1 failed: the service answered FAILED'), line
   assert elastic.status_lines([str(tmp_path)], 'another-tpu') == []
-  assert helpers.wait_for(group.grow_due, 10)
+  assert helpers.wait_for(lambda: group.grow_due(time.monotonic()), 10)
   assert group.fleets[1].created == 2 and launch.prepared == [('run-b',)]
   assert elastic.status_lines([str(tmp_path)], 'run') == [
       f'slice run-b (driver pid {os.getpid()}): back, joining at the next '

@@ -158,13 +158,15 @@ def test_a_lost_node_shrinks_a_node_back_grows_too_few_wait():
   assert capacity.describe() == ('3 of 4 process(es), 1 to come back when Ray '
                                  'has a node for each')
   # The stop to grow (75) after one spare node: back to 4.
-  capacity.spare = 1  # What the attempt saw (attempt.py).
+  capacity.look = lambda: 1  # What the attempt's group sees (attempt.py).
+  assert capacity.grow_due(now=0.0) and capacity.spare == 1
   assert resize(_ended(75, [], regrew=True)) == policy.Resize(
       policy.GROW)
   assert capacity.current == 4
   # Three nodes at once leave 1 < 2: the next attempt asks for 2.
   assert resize(_ended(137, [0, 1, 3])) == policy.Resize(policy.WAIT)
-  assert capacity.current == 2 and 'waits for 2 nodes' in said[-1]
+  assert 'waits for 2 nodes' in said[-1]
+  assert capacity.ready(now=0.0) and capacity.current == 2
 
 
 def test_what_is_no_lost_node_follows_the_restart_rules():

@@ -54,12 +54,13 @@ def test_the_driver_writes_the_launchers_files_into_the_bucket(
   assert (job['launched_by'], job['exit_code'], len(job['ranks'])) == (
       'podrun-ray', 0, 2), job
   # This machine's copy of the record, which process 0 wrote into and
-  # mirrored: no roll-up there, so process 0 wrote none.
+  # mirrored: its run.json, and no roll-up or summary.json there, the
+  # driver's (in the bucket above), so process 0 wrote neither.
   copy = cache / 'runs' / 'ray'
-  assert (copy / 'summary.json').exists()
+  assert (copy / 'run.json').exists()
+  assert not (copy / 'summary.json').exists()
   # The driver's logs stay in the copy: it was this job's before the
   # driver wrote there, so no process set it aside.
   assert not list(cache.glob('runs/ray.set-aside-*'))
   assert (copy / 'logs' / 'rank_1.log').stat().st_size > 0
   assert not (copy / 'goodput.jsonl').exists(), os.listdir(copy)
-  assert helpers.read_json(copy / 'summary.json')['goodput'] is None

@@ -78,13 +78,14 @@ def _mirror(tmp_path, bucket, owns=None, job_id=None):
 
 def test_each_file_has_one_owner():
   zero, one = record_mirror.process_owns(0), record_mirror.process_owns(1)
-  for relative in ('metrics.jsonl', 'summary.json',
+  for relative in ('metrics.jsonl', 'run.json',
                    'tensorboard/events.out.tfevents.1.host'):
     assert zero(relative) and not one(relative), relative
   for relative in ('ranks/rank_1.json', 'stall/rank_1.json',
                    'goodput/abc-a2/rank_1.json', 'goodput/abc-a2/rank_1.step'):
     assert one(relative) and not zero(relative), relative
-  for relative in ('goodput.jsonl', 'logs/attempts.jsonl', 'logs/job.json'):
+  for relative in ('summary.json', 'goodput.jsonl', 'logs/attempts.jsonl',
+                   'logs/job.json'):
     assert record_mirror.launcher_owns(relative)
     assert not zero(relative) and not one(relative), relative
   assert not record_mirror.launcher_owns('logs/rank_0.log')
@@ -224,22 +225,22 @@ def test_without_a_job_id_the_copy_is_taken_as_it_is(tmp_path):
 def test_a_failed_upload_is_named_and_tried_again(tmp_path, caplog):
   bucket = Bucket()
   mirror = _mirror(tmp_path, bucket)
-  _write(tmp_path / 'copy', 'summary.json', b'{}')
+  _write(tmp_path / 'copy', 'run.json', b'{}')
   bucket.failing = True
   assert mirror.push() == []
-  assert mirror.unwritten == {'summary.json'}
-  assert 'cannot write gs://runs/job/summary.json' in caplog.text
+  assert mirror.unwritten == {'run.json'}
+  assert 'cannot write gs://runs/job/run.json' in caplog.text
   assert not mirror.finish(timeout_s=5)
-  assert 'gs://runs/job misses summary.json' in caplog.text
+  assert 'gs://runs/job misses run.json' in caplog.text
   bucket.failing = False
-  assert mirror.push() == ['summary.json']
+  assert mirror.push() == ['run.json']
   assert mirror.unwritten == set()
 
 
 def test_the_last_upload_is_bounded(tmp_path, caplog):
   bucket = Bucket()
   mirror = _mirror(tmp_path, bucket)
-  _write(tmp_path / 'copy', 'summary.json', b'{}')
+  _write(tmp_path / 'copy', 'run.json', b'{}')
   bucket.hang.set()
   started = time.monotonic()
   assert not mirror.finish(timeout_s=0.5)

@@ -48,16 +48,15 @@ def _summary_goodput(tmp_path, name: str):
 def test_each_side_writes_what_the_layout_says(tmp_path):
   """About 10 s: three runs of 10 steps."""
   # By hand, no launcher over it: process 0 writes the launcher's roll-up
-  # too, the one exception.
+  # and summary.json too, the one exception.
   alone = _run(tmp_path, 'alone')
-  assert layout.ROLLUP in alone, alone
+  assert {layout.ROLLUP, layout.SUMMARY, layout.RUN} <= alone, alone
   assert {layout.writer(f, launcher_record=False) for f in alone} == {0}
   assert _summary_goodput(tmp_path, 'alone')['attempts'] == 1
   # A launcher's process: nothing of the launcher's.
   process = _run(tmp_path, 'process', PODRUN_LAUNCHER_RECORD='1')
   assert {layout.writer(f, launcher_record=True) for f in process} == {0}
-  assert process == alone - {layout.ROLLUP}
-  assert _summary_goodput(tmp_path, 'process') is None
+  assert process == alone - {layout.ROLLUP, layout.SUMMARY}
   # A local pod of that one process: the launcher added its files alone.
   pod = _run(tmp_path, 'pod', '--local_processes=1')
   assert pod >= process

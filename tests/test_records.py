@@ -53,20 +53,25 @@ def test_attempts_are_appended_and_read_back(tmp_path):
   assert records.read_attempts(str(tmp_path / 'missing.jsonl')) == []
 
 
-def test_summary_json_has_one_writer_and_its_goodput_is_replaced(tmp_path):
+def test_summary_json_is_run_json_with_the_goodput_over_every_attempt(
+    tmp_path):
+  """Process 0 writes run.json, the launcher summary.json from it: one
+  writer each."""
   workdir = str(tmp_path)
   goodput_of = lambda g: {'wall_s': 10.0, 'goodput': g,
                           'capacity_goodput': g, 'reduced_size_s': 0.0,
                           'parts': {'productive': 10.0 * g}, 'attempts': 1}
   assert records.with_goodput(workdir, goodput_of(0.5)) is None
   assert not (tmp_path / 'summary.json').exists()  # No run finished.
-  path = records.write_summary(workdir, {'workload': 'w', 'steps': 4,
-                                         'goodput': goodput_of(0.5)})
-  assert path == str(tmp_path / 'summary.json')
-  records.with_goodput(workdir, goodput_of(0.75))
+  path = records.write_run(workdir, {'workload': 'w', 'steps': 4})
+  assert path == str(tmp_path / 'run.json')
+  records.with_goodput(workdir, goodput_of(0.5))
+  records.with_goodput(workdir, goodput_of(0.75))  # After a later attempt.
   written = json.loads((tmp_path / 'summary.json').read_text())
   assert written == {'workload': 'w', 'steps': 4,
                      'goodput': goodput_of(0.75)}
+  assert json.loads((tmp_path / 'run.json').read_text()) == {
+      'workload': 'w', 'steps': 4}
 
 
 def test_job_json_has_one_shape_from_every_launcher(tmp_path):

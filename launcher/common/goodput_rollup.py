@@ -204,8 +204,8 @@ def _take_out(parts: dict[str, float], seconds: float,
 
 
 def roll_up_into_summary(workdir: str) -> records.RollUp:
-  """Writes WORKDIR/goodput.jsonl and the goodput of WORKDIR/summary.json
-  (when it exists) from every ledger and launcher attempt the workdir
+  """Writes WORKDIR/goodput.jsonl, and WORKDIR/summary.json from run.json
+  (when a run finished), from every ledger and launcher attempt the workdir
   holds; returns the roll-up (`rollup`)."""
   result = write_rollup(workdir)
   records.with_goodput(workdir, summary(result))

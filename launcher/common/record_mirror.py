@@ -85,7 +85,8 @@ def process_owns(process_index: int, launcher_record: bool = True
 def launcher_owns(relative: str) -> bool:
   """Which record files the launcher uploads: those it writes that a
   bucket's copy holds (not the processes' logs)."""
-  return layout.launcher_writes(relative) and layout.mirrored(relative)
+  return (layout.owner(relative) == layout.LAUNCHER and
+          layout.mirrored(relative))
 
 
 def bucket_fs():

@@ -30,7 +30,7 @@ Example:
   >>> policy.after(attempts.AttemptEnd(137, progressed=True, lost=(3,)))
   rank 3 lost (exit code 137): starting again at once on 3 of 4 ...
   Resize(kind=<Kind.SHRINK: 'shrink'>, wait_s=0.0)
-  >>> capacity.regrow_due(now=time.monotonic() + 31)
+  >>> capacity.grow_due(now=time.monotonic() + 31)
   True
 """
 
@@ -40,6 +40,7 @@ import time
 from typing import Callable, Optional
 
 from launcher import attempts
+from launcher import elastic as policy
 from runtime.common import exit_codes
 
 
@@ -95,7 +96,7 @@ class Capacity:
     code = f' (exit code {end.fault.exit_code})' if end.fault else ''
     return f'rank {", ".join(map(str, end.lost))} lost{code}'
 
-  def wait(self) -> tuple[float, str]:
+  def waiting(self) -> tuple[float, str]:
     """Until the lost process that brings the job back to K returns."""
     needed = sorted(self.returns)[self.minimum - self.current - 1]
     wait_s = max(0.0, needed - self.clock())
@@ -103,23 +104,25 @@ class Capacity:
                     f'({self.regrow_after_s:g} s after their loss, '
                     '--regrow_after)')
 
-  def regrow_due(self, now: float) -> bool:
+  def grow_due(self, now: float) -> bool:
     """Whether a lost process is back, so the running attempt should stop
     at a step boundary and the job grow."""
     return bool(self.returns) and min(self.returns) <= now
 
   def take_back(self) -> str:
-    self.processes_back()
+    self._back(self.clock())
     return 'lost process(es) back'
 
-  def processes_back(self) -> int:
-    """Takes back every lost process whose time has come; returns how many
-    processes the next attempt has."""
-    now = self.clock()
+  def ready(self, now: float) -> policy.Ready:
+    """Takes back every lost process whose time has come. The launcher
+    slept `waiting`'s seconds before, so K are back."""
+    self._back(now)
+    return policy.Ready(True)
+
+  def _back(self, now: float) -> None:
     back = [t for t in self.returns if t <= now]
     self.returns = [t for t in self.returns if t > now]
     self.current += len(back)
-    return self.current
 
   def describe(self) -> str:
     away = self.full - self.current

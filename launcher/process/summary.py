@@ -1,5 +1,6 @@
 """How a process's run is recorded: its goodput ledger under the attempt's
-name, and, once every process is done, WORKDIR/summary.json.
+name, and, once every process is done, WORKDIR/run.json (and summary.json,
+where no launcher writes it).
 
 Example:
   >>> open_ledger(ledger, workdir, coordination.current(), process_index)
@@ -51,9 +52,9 @@ def open_ledger(ledger: goodput.Ledger, workdir: str,
   compilation.count_into(ledger)
 
 
-def summary(config: ConfigDict, topo: topology.Topology, results: Any,
-             ranks: list[dict[str, Any]]) -> records.Summary:
-  """summary.json; results are a workload's TrainResult or its own dict."""
+def run_record(config: ConfigDict, topo: topology.Topology, results: Any,
+               ranks: list[dict[str, Any]]) -> records.Run:
+  """run.json; results are a workload's TrainResult or its own dict."""
   if hasattr(results, 'summary'):
     final_metrics, results = results.final_metrics, results.summary()
   else:
@@ -78,9 +79,9 @@ def finish(config: ConfigDict, workdir: str, actual: topology.Topology,
             results: Any,
             supervisor: supervisor_lib.Supervisor,
             ledger: goodput.Ledger, launcher_record: bool = False) -> None:
-  """Waits (bounded) for every process, then process 0 writes summary.json:
-  its goodput, and the roll-up (goodput.jsonl), only where no launcher
-  writes them (`launcher_record`; layout.writer)."""
+  """Waits (bounded) for every process, then process 0 writes run.json;
+  and, only where no launcher writes them (`launcher_record`;
+  layout.writer), the roll-up (goodput.jsonl) and summary.json."""
   supervisor.finishing()
   supervisor.publish_final()
   if supervisor.client is not None:
@@ -91,12 +92,12 @@ def finish(config: ConfigDict, workdir: str, actual: topology.Topology,
   elif actual.process_index == 0:
     ranks = (peers_lib.rank_stats(supervisor.client)
              if supervisor.options.enabled else [])
-    record = summary(config, actual, results, ranks)
+    record = run_record(config, actual, results, ranks)
+    path = records.write_run(workdir, record)
     # The launcher, which sees every attempt end, writes them after this.
-    record['goodput'] = (
-        None if layout.writer(layout.ROLLUP, launcher_record) == layout.LAUNCHER
-        else goodput_rollup.summary(goodput_rollup.write_rollup(workdir)))
-    path = records.write_summary(workdir, record)
+    if layout.writer(layout.SUMMARY, launcher_record) != layout.LAUNCHER:
+      goodput_rollup.roll_up_into_summary(workdir)
+      path = layout.Record(workdir).summary()
     logging.info('results: %s', files.to_json(record['results']))
     logging.info('wrote %s', path)
   supervisor.stop()

@@ -27,7 +27,6 @@ from runtime.common import records
 
 _READ_EVERY_S = 0.2
 _DRAIN_CHECK_EVERY_S = 1.0
-_GROW_CHECK_EVERY_S = 1.0
 # A rank silent this long once every other process has ended, one failing,
 # is taken for lost with its node, before Ray declares the node dead (about
 # 12 s here). Its failure is dated by its last answer, so it is the root
@@ -66,7 +65,6 @@ class Attempt:
     self._signalled: list[int] = []
     self._silence = Silence()
     self._next_drain_check = 0.0
-    self._next_grow_check = 0.0
 
   def run(self) -> attempts.AttemptEnd:
     from launcher.ray import group as group_lib  # pylint: disable=g-import-not-at-top
@@ -77,6 +75,7 @@ class Attempt:
     except group_lib.CapacityError as e:
       output.say(f'error: {e}')
       return self._end(exit_codes.POD_UNAVAILABLE)
+    self.capacity.look = self._spare
     try:
       with signals.handled((signal.SIGINT, signal.SIGTERM), self._on_signal):
         self._start()
@@ -182,25 +181,24 @@ class Attempt:
             time.time() - (now - when))
 
   def _grow_due(self, now: float) -> Optional[str]:
-    """Why the job should grow now: an elastic job below --num_processes
-    and a live node outside its group with a bundle free (checked every
-    _GROW_CHECK_EVERY_S); None otherwise."""
+    """Why the job should grow now: its capacity sees a node with a bundle
+    free outside the group (elastic.Capacity.grow_due), once an
+    attempt; None otherwise."""
     capacity = self.capacity
-    if (self._regrew or capacity.current >= capacity.full or
-        now < self._next_grow_check):
+    if self._regrew or not capacity.grow_due(now):
       return None
-    self._next_grow_check = now + _GROW_CHECK_EVERY_S
+    self._regrew = True
+    return (f'{capacity.spare} node(s) with a bundle free outside the job: '
+            f'growing from {capacity.current} process(es)')
+
+  def _spare(self) -> int:
+    """What the capacity's `look` asks: the live nodes outside the group
+    with a bundle free, once this attempt trains."""
     if not steps_done(self.logs.record, self.attempt_name):
       # Before its first step a process may not yet take SIGTERM for a
       # notice to save: growing waits until this attempt trains.
-      return None
-    spare = self._group.spare_nodes(self.options.resources_per_process)
-    if not spare:
-      return None
-    self._regrew = True
-    capacity.spare = spare
-    return (f'{spare} node(s) with a bundle free outside the job: growing '
-            f'from {capacity.current} process(es)')
+      return 0
+    return self._group.spare_nodes(self.options.resources_per_process)
 
   def _notice(self, now: float) -> Optional[str]:
     """Why every process should save and stop now: the driver was

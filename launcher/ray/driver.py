@@ -19,6 +19,7 @@ Example:
 """
 
 import dataclasses
+import time
 import uuid
 
 from launcher import elastic as policy
@@ -71,10 +72,14 @@ def run(options: options_lib.RayFlags) -> int:
     _claim_the_copy(logs.record, job_id)
   capacity = elastic.Capacity(options.num_processes,
                               options.min_processes or options.num_processes)
+
+  def start(number: int) -> attempt_lib.Attempt:
+    if number > 1:
+      capacity.ready(time.monotonic())
+    return attempt_lib.Attempt(options, number, job_id, logs, capacity)
   try:
     code = restart.run(
-        lambda number: attempt_lib.Attempt(options, number, job_id, logs,
-                                           capacity),
+        start,
         options.restarts, logs_dir=logs.record.logs(),
         say=output.say,
         resize=(policy.Policy(capacity, output.say).after

@@ -25,8 +25,15 @@ Example:
 """
 
 import dataclasses
+from typing import Callable
 
 from launcher import attempts
+from launcher import elastic as policy
+
+
+# How often a job below --num_processes asks Ray for nodes with a bundle
+# free outside it.
+LOOK_EVERY_S = 1.0
 
 
 @dataclasses.dataclass
@@ -37,15 +44,20 @@ class Capacity:
     full: N, --num_processes.
     minimum: K, --min_processes: the fewest it runs on.
     current: the processes of the next (or running) attempt.
-    spare: the nodes with a bundle free outside the job that the attempt
-      stopped to grow saw (attempt.py); the growth takes in that many, at
-      least 1, at most N in all.
+    spare: the nodes with a bundle free outside the job that `grow_due`
+      saw last; the growth takes in that many, at least 1, at most N in
+      all.
+    look: `() -> spare`, set by the running attempt to ask its placement
+      group (0 before its processes train: a process may not take the
+      notice to save before then).
   """
   full: int
   minimum: int
   current: int = 0
   spare: int = 0
+  look: Callable[[], int] = lambda: 0
   flag = '--min_processes'
+  _next_look: float = 0.0
 
   def __post_init__(self):
     if not 1 <= self.minimum <= self.full:
@@ -66,9 +78,17 @@ class Capacity:
     return (f'rank(s) {", ".join(map(str, end.lost))} lost with their '
             'node(s)')
 
-  def wait(self) -> tuple[float, str]:
-    """The next attempt asks for K bundles, and waits for them."""
-    self.current = self.minimum
+  def grow_due(self, now: float) -> bool:
+    """Whether a node with a bundle free is outside the job while it runs
+    on fewer than N (asked every LOOK_EVERY_S)."""
+    if self.current >= self.full or now < self._next_look:
+      return False
+    self._next_look = now + LOOK_EVERY_S
+    self.spare = self.look()
+    return self.spare > 0
+
+  def waiting(self) -> tuple[float, str]:
+    """The next attempt asks for K bundles, and waits for them (`ready`)."""
     return 0.0, (f'the next attempt waits for {self.minimum} nodes '
                  '(--start_timeout)')
 
@@ -76,6 +96,15 @@ class Capacity:
     self.current = min(self.full, self.current + max(1, self.spare))
     self.spare = 0
     return 'node(s) back'
+
+  def ready(self, now: float) -> policy.Ready:
+    """Below K, the attempt asks for K bundles: its placement group waits
+    for them up to --start_timeout, and the attempt ends with 6 (no
+    capacity) when they never come."""
+    del now
+    self.current = max(self.current, self.minimum)
+    self.look = lambda: 0  # The attempt that set it has ended.
+    return policy.Ready(True)
 
   def describe(self) -> str:
     away = self.full - self.current

@@ -16,6 +16,7 @@ import time
 from typing import Optional, Protocol
 
 from launcher import attempts
+from launcher import elastic as policy
 from launcher import signals
 from launcher.tpu import babysit
 from launcher.tpu import commands
@@ -107,8 +108,8 @@ class Attempt:
 
   def run(self) -> attempts.AttemptEnd:
     launch = self.launch
-    ready = (launch.slices.ready_for_attempt() if self.number > 1
-             else babysit.Ready(True))
+    ready = (launch.slices.ready(time.monotonic()) if self.number > 1
+             else policy.Ready(True))
     self.infrastructure = ready.infrastructure
     if not ready:
       if launch.signals:
@@ -171,7 +172,7 @@ class Attempt:
     """Slices back (an elastic launch): every process saves the step they
     agree on, as on a preemption, and the attempt ends to grow."""
     if (self.regrew or self._stopper is not None or
-        not self.launch.slices.grow_due()):
+        not self.launch.slices.grow_due(time.monotonic())):
       return
     self.regrew = True
     self._stop('slice(s) back and set up: saving at a step boundary to grow')

@@ -7,12 +7,11 @@ rather than waiting on ssh sessions to VMs that no longer exist. Before the
 next attempt `recreate` deletes the queued resource, creates it again under
 the same name, waits through its phases and sets the new VMs up; the job
 then resumes from its checkpoint. The `Recreate` record it returns, the
-attempt's `infrastructure` (`Ready`), carries that time into
+attempt's `infrastructure` (`elastic.Ready`), carries that time into
 attempts.jsonl, where the goodput roll-up counts it as infrastructure
 recovery.
 """
 
-import dataclasses
 import threading
 import time
 from typing import Callable, Optional, Protocol
@@ -49,18 +48,6 @@ class Owner(Protocol):
 
   def prepare(self, nodes: Optional[tuple[str, ...]] = None) -> None:
     """Sets slices up again (a recreated slice's VMs are empty)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Ready:
-  """Before an attempt: whether the job can run again (truthy when it
-  can), and what bringing its slices back took, as goodput's
-  infrastructure recovery (None when nothing had to come back)."""
-  ok: bool
-  infrastructure: Optional[records.Recreate] = None
-
-  def __bool__(self) -> bool:
-    return self.ok
 
 
 class Watch:

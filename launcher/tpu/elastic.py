@@ -40,6 +40,7 @@ import time
 from typing import Optional
 
 from launcher import attempts
+from launcher import elastic as policy
 from launcher.tpu import babysit
 from launcher.tpu import queued
 from runtime.common import exit_codes
@@ -64,7 +65,7 @@ class SliceGroup:
 
   Attributes:
     active: indices of the slices the next (or running) attempt runs on.
-    ready: slices back and set up, not yet in the job.
+    set_up: slices back and set up, not yet in the job.
   """
 
   def __init__(self, launch: babysit.Owner, base: queued.Request,
@@ -77,7 +78,7 @@ class SliceGroup:
                    for request in requests(base)]
     self.minimum = minimum
     self.active = list(range(len(self.fleets)))
-    self.ready: set[int] = set()
+    self.set_up: set[int] = set()
     self.request = base
     self._threads: dict[int, threading.Thread] = {}
     self._status = SliceStatus(launch.path(STATUS_FILE), launch.options.tpu)
@@ -146,14 +147,15 @@ class SliceGroup:
     if coming:
       text += '; ' + ', '.join(
           names[i] + (' back, joining at the next step boundary'
-                      if i in self.ready else ' coming back')
+                      if i in self.set_up else ' coming back')
           for i in coming)
     return text
 
-  def grow_due(self) -> bool:
+  def grow_due(self, now: float) -> bool:
     """Whether a slice is back and set up, so the running attempt should
     stop at a step boundary and the job grow."""
-    return bool(self.ready)
+    del now
+    return bool(self.set_up)
 
   def lose(self, end: attempts.AttemptEnd) -> str:
     """The slices that hold a process of `end.lost` (numbered on the
@@ -171,37 +173,38 @@ class SliceGroup:
     return ('slice(s) ' + ', '.join(self.request.nodes[i] for i in lost) +
             ' lost')
 
-  def wait(self) -> tuple[float, str]:
-    """The next attempt waits for them (ready_for_attempt)."""
+  def waiting(self) -> tuple[float, str]:
+    """The next attempt waits for them (`ready`)."""
     return 0.0, 'the next attempt waits for enough to be back'
 
   def take_back(self) -> str:
-    back = self._take_ready()
+    back = self._take_set_up()
     return ('slice(s) ' + ', '.join(self.request.nodes[i] for i in back) +
             ' back')
 
-  def ready_for_attempt(self) -> babysit.Ready:
+  def ready(self, now: float) -> policy.Ready:
     """Before an attempt: takes in slices back; waits while fewer than
     --min_slices are (the wait, when over a second, is the Ready's
     `infrastructure`); not ready when none can come (their recreate
     failed)."""
+    del now  # The wait is dated by the wall clock, as goodput's records are.
     began = time.time()
     while True:
-      self._take_ready()
+      self._take_set_up()
       if len(self.active) >= self.minimum:
         break
       with self._lock:
         coming = [i for i, t in self._threads.items() if t.is_alive()]
       if not coming or self.interrupted():
-        return babysit.Ready(False)
+        return policy.Ready(False)
       time.sleep(0.2)
-    return babysit.Ready(
+    return policy.Ready(
         True, _waited(began) if time.time() - began > 1 else None)
 
-  def _take_ready(self) -> list[int]:
+  def _take_set_up(self) -> list[int]:
     """Takes the slices back and set up into the job; returns them."""
     with self._lock:
-      back, self.ready = self.ready, set()
+      back, self.set_up = self.set_up, set()
       for i in back:
         self._threads.pop(i, None)
     self.active = sorted(set(self.active) | back)
@@ -254,7 +257,7 @@ class SliceGroup:
     # so at once, and --status must not go back to this line then.
     self._note(index, 'back, joining at the next step boundary')
     with self._lock:
-      self.ready.add(index)
+      self.set_up.add(index)
     self.launch.say(f'slice {node} is back after {time.time() - began:.1f} s '
                     '(delete, create, set-up): the job grows at its next step '
                     'boundary')

@@ -65,11 +65,11 @@ class Slices(Protocol):
 
   def delete(self, why: str) -> None: ...
 
-  def ready_for_attempt(self) -> babysit.Ready:
+  def ready(self, now: float) -> policy.Ready:
     """Before a relaunch: whether the job can run again; may bring slices
     back first, and says what that took."""
 
-  def grow_due(self) -> bool:
+  def grow_due(self, now: float) -> bool:
     """Whether the running attempt should stop at a step boundary to grow."""
 
 
@@ -82,7 +82,8 @@ class _EverySlice:
   def nodes(self) -> tuple[str, ...]:
     return self._launch.all_nodes
 
-  def grow_due(self) -> bool:
+  def grow_due(self, now: float) -> bool:
+    del now
     return False
 
 
@@ -110,23 +111,24 @@ class Standing(_EverySlice):
   def delete(self, why: str) -> None:
     del why
 
-  def ready_for_attempt(self) -> babysit.Ready:
+  def ready(self, now: float) -> policy.Ready:
     """Whether every slice can run the job again (its state as the
     preflight reads it; --skip_preflight: taken that it can)."""
+    del now
     launch = self._launch
     if launch.options.skip_preflight:
-      return babysit.Ready(True)
+      return policy.Ready(True)
     for node in self.nodes():
       try:
         ok, why = preflight_lib.recoverable(preflight_lib.make_client(
             node, launch.options.zone, launch.options.project or None))
       except Exception as e:  # pylint: disable=broad-except
         launch.say(preflight_lib.explain_api_error(node, e))
-        return babysit.Ready(False)
+        return policy.Ready(False)
       if not ok:
         launch.say(f'TPU {node} {why}: cannot come back, not relaunching')
-        return babysit.Ready(False)
-    return babysit.Ready(True)
+        return policy.Ready(False)
+    return policy.Ready(True)
 
 
 class Babysat(_EverySlice):
@@ -164,20 +166,21 @@ class Babysat(_EverySlice):
   def delete(self, why: str) -> None:
     self.fleet.delete(why)
 
-  def ready_for_attempt(self) -> babysit.Ready:
+  def ready(self, now: float) -> policy.Ready:
     """The slice still stands, or it is recreated and set up (what that
     took is the Ready's `infrastructure`)."""
+    del now
     launch = self._launch
     try:
       lost = self.fleet.lost()
       if lost is None:
-        return babysit.Ready(True)
-      return babysit.Ready(True, babysit.recreate(launch, self.fleet, lost))
+        return policy.Ready(True)
+      return policy.Ready(True, babysit.recreate(launch, self.fleet, lost))
     except queued.Interrupted:
-      return babysit.Ready(False)
+      return policy.Ready(False)
     except exit_codes.PodrunError as e:
       launch.say(f'error: {e}')
-      return babysit.Ready(False)
+      return policy.Ready(False)
 
 
 def resize(launch: babysit.Owner, slices: Slices):

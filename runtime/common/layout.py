@@ -21,9 +21,10 @@ writes it. Every module reads and writes the workdir through here.
 
 Who writes what (`owner`): the launcher `LAUNCHER_FILES` and the rest of
 logs/; process i the other files named `rank_<i>.*`; process 0 everything
-else. summary.json is process 0's, and the launcher, which sees every
-attempt, writes its goodput; both through records.write_summary, which
-holds its format (records.Summary).
+else. So summary.json, which holds the goodput over every attempt, is the
+launcher's, which sees every attempt: it is run.json (process 0's: what the
+run that finished ran on and computed) with that goodput added
+(records.with_goodput).
 Where no launcher reaches the workdir, process 0 writes the launcher's
 files too (`writer`, the one exception).
 
@@ -41,7 +42,7 @@ Example:
   >>> record = Record('/runs/mnist')
   >>> record.ledger('mnist-a2', 3)
   '/runs/mnist/goodput/mnist-a2/rank_3.json'
-  >>> owner('goodput/mnist-a2/rank_3.json'), owner('summary.json')
+  >>> owner('goodput/mnist-a2/rank_3.json'), owner('run.json')
   (3, 0)
 """
 
@@ -54,6 +55,7 @@ from typing import Optional, Union
 from runtime.common import handoff
 
 SUMMARY = 'summary.json'
+RUN = 'run.json'
 ROLLUP = 'goodput.jsonl'
 METRICS = 'metrics.jsonl'
 TENSORBOARD = 'tensorboard'
@@ -72,14 +74,14 @@ COPY_OF = os.path.join('.podrun', 'copy_of.json')
 LEASE = '.podrun_lease.json'
 # Every name the job itself writes at the top of a workdir (a workload may
 # add its own).
-TOP_LEVEL = (SUMMARY, ROLLUP, METRICS, TENSORBOARD, BATCH_LIMIT, RESULTS,
+TOP_LEVEL = (SUMMARY, RUN, ROLLUP, METRICS, TENSORBOARD, BATCH_LIMIT, RESULTS,
              LEDGERS, STALL, LOGS, CHECKPOINTS, COMPILATION_CACHE, '.podrun',
              LEASE)
 
 # What the launcher writes (process 0 where no launcher supervises it),
 # relative to the workdir, with '/'.
 LAUNCHER = 'launcher'
-LAUNCHER_FILES = (ROLLUP, f'{LOGS}/{ATTEMPTS}', f'{LOGS}/{JOB}')
+LAUNCHER_FILES = (SUMMARY, ROLLUP, f'{LOGS}/{ATTEMPTS}', f'{LOGS}/{JOB}')
 # Never mirrored to a bucket: orbax writes the checkpoints there itself; the
 # roll call and the lease coordinate live processes; the cache and the
 # launcher's per-process logs belong to the machine that made them.
@@ -133,12 +135,6 @@ def writer(relative: str, launcher_record: bool) -> Union[int, str]:
   sure to reach the record."""
   who = owner(relative)
   return 0 if who == LAUNCHER and not launcher_record else who
-
-
-def launcher_writes(relative: str) -> bool:
-  """Whether the launcher writes `relative`: its own files, and summary.json's
-  goodput over every attempt."""
-  return relative == SUMMARY or owner(relative) == LAUNCHER
 
 
 def mirrored(relative: str) -> bool:
@@ -205,6 +201,9 @@ class Record:
 
   def summary(self) -> str:
     return self._path(SUMMARY)
+
+  def run(self) -> str:
+    return self._path(RUN)
 
   def rollup(self) -> str:
     return self._path(ROLLUP)

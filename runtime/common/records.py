@@ -10,7 +10,8 @@ Each kind is defined once here:
   it ran (the local pod's WORKDIR/logs, the TPU driver's LOG_DIR);
 - `AttemptRow` and `RollUp`: the goodput roll-up over every attempt
   (launcher/common/goodput_rollup.py; WORKDIR/goodput.jsonl, a row a line);
-- `Summary`: WORKDIR/summary.json, written by `write_summary` alone;
+- `Run` and `Summary`: WORKDIR/run.json, process 0's (`write_run`), and
+  WORKDIR/summary.json, run.json with the goodput (`with_goodput`);
 - `Job`: WORKDIR/logs/job.json, which job ran where, as its launcher says.
 
 The three JSON files others read (ledgers, the roll-up, summary.json) stay
@@ -391,8 +392,9 @@ class SummaryGoodput(TypedDict):
   attempts: int
 
 
-class Summary(TypedDict, total=False):
-  """WORKDIR/summary.json: what the job ran on and what it computed.
+class Run(TypedDict, total=False):
+  """WORKDIR/run.json, process 0's: what the run that finished ran on and
+  computed.
 
   Keys:
     workload, steps, global_batch_size: from the config.
@@ -401,9 +403,6 @@ class Summary(TypedDict, total=False):
     final_metrics: the last step's metrics.
     ranks: each process's supervision figures (peers.rank_stats).
     results: the workload's TrainResult.summary(), or its own dict.
-    goodput: over every attempt (SummaryGoodput); None from process 0
-      where a launcher writes it after the last attempt
-      (layout.writer).
   """
   workload: str
   steps: Optional[int]
@@ -416,26 +415,31 @@ class Summary(TypedDict, total=False):
   final_metrics: Optional[dict[str, float]]
   ranks: list[dict[str, Any]]
   results: Any
-  goodput: Optional[SummaryGoodput]
 
 
-def write_summary(workdir: str, summary: Summary) -> str:
-  """Writes WORKDIR/summary.json whole; returns its path. Process 0 writes
-  it at the end of a run; a launcher that ran several attempts writes it
-  again with the goodput over all of them (`with_goodput`)."""
-  path = layout.Record(workdir).summary()
-  files.write_json(path, summary)
+class Summary(Run, total=False):
+  """WORKDIR/summary.json, the launcher's (process 0's where no launcher
+  writes the record: layout.writer): run.json and the goodput over every
+  attempt (SummaryGoodput)."""
+  goodput: SummaryGoodput
+
+
+def write_run(workdir: str, run: Run) -> str:
+  """Writes WORKDIR/run.json whole (process 0, at the end of a run that
+  trained); returns its path."""
+  path = layout.Record(workdir).run()
+  files.write_json(path, run)
   return path
 
 
 def with_goodput(workdir: str, goodput: SummaryGoodput) -> Optional[Summary]:
-  """WORKDIR/summary.json again, its goodput replaced; None (and nothing
-  written) where no run finished to write one."""
-  path = layout.Record(workdir).summary()
-  if not os.path.exists(path):
+  """Writes WORKDIR/summary.json: run.json with `goodput`; None (and nothing
+  written) where no run finished to write run.json."""
+  try:
+    with open(layout.Record(workdir).run()) as f:
+      run: Run = json.load(f)
+  except FileNotFoundError:
     return None
-  with open(path) as f:
-    summary: Summary = json.load(f)
-  summary['goodput'] = goodput
-  write_summary(workdir, summary)
+  summary: Summary = {**run, 'goodput': goodput}
+  files.write_json(layout.Record(workdir).summary(), summary)
   return summary
