@@ -37,6 +37,7 @@ from typing import Callable, NoReturn, Optional
 
 from absl import logging
 
+from launcher.process import contact as contact_lib
 from launcher.process import end_of_job
 from launcher.process import peers as peers_lib
 from launcher.process import stall
@@ -46,9 +47,6 @@ from runtime.common import progress
 from launcher.common import record_mirror
 from runtime.common import records
 from runtime import coordination
-
-_TICK_S = 0.5
-
 
 @dataclasses.dataclass(frozen=True)
 class WatchFlags:
@@ -105,7 +103,8 @@ def flush_and_exit(code: int) -> NoReturn:
 class Supervisor:
   """The watcher of one process; see the module docstring.
 
-  Its parts: the heartbeats (`peers.Peers`), the hang watchdog
+  Its parts: the heartbeats and the coordinator's silence
+  (`contact.Contact`, over `peers.Peers`), the hang watchdog
   (`stall.StallWatch`) and the end-of-job handshake
   (`end_of_job.EndOfJob`); this class runs them from one thread and ends
   the process.
@@ -134,11 +133,10 @@ class Supervisor:
     self._stop = threading.Event()
     self._watching_steps = True
     self._thread = None
-    self._beats = 0
-    self._sender: Optional[threading.Thread] = None
-    self.cpu_s = 0.0
-    self._last_contact = time.monotonic()
+    self.cpu_s = 0.0  # What watching has cost this process.
     self._peers = peers_lib.Peers(client, self.host, options.heartbeat_timeout)
+    self._contact = (None if client is None else contact_lib.Contact(
+        client, self._peers, options.heartbeat_timeout))
     self._end = end_of_job.EndOfJob(client)
     self._stall = stall.StallWatch(
         self.process_index, self.host, options.stall_timeout,
@@ -148,7 +146,9 @@ class Supervisor:
   def start(self) -> None:
     if not self.options.enabled:
       return
-    self._stall.started_at = self._last_contact = time.monotonic()
+    self._stall.started_at = time.monotonic()
+    if self._contact is not None:
+      self._contact.last = self._stall.started_at
     self._thread = threading.Thread(target=self._watch, daemon=True,
                                     name='podrun-supervisor')
     self._thread.start()
@@ -172,8 +172,8 @@ class Supervisor:
 
   def publish_final(self) -> None:
     """Publishes this process's last step times, for summary.json."""
-    if self.client is not None and self.options.enabled:
-      self._beat(progress.snapshot())
+    if self._contact is not None and self.options.enabled:
+      self._contact.beat(progress.snapshot(), self.cpu_s)
 
   def stop(self) -> None:
     self._stop.set()
@@ -201,48 +201,17 @@ class Supervisor:
 
   def _poll_end(self) -> Optional[records.Fault]:
     """The job's end if published; a 'lost' cause for a silent coordinator."""
-    if self.client is None:
-      self._stop.wait(_TICK_S)
+    if self._contact is None:
+      self._stop.wait(contact_lib.TICK_S)
       return None
-    try:
-      cause = self._end.poll(_TICK_S)
-    except Exception as e:  # pylint: disable=broad-except
-      lost = _coordinator_lost(time.monotonic() - self._last_contact,
-                               self.options.heartbeat_timeout, e)
-      if lost is None:
-        self._stop.wait(_TICK_S)
-      return lost
-    if cause is not None:
-      self._last_contact = time.monotonic()
-      return cause
-    # No end yet, or a coordinator that takes the call and never answers
-    # (stopped, not gone): the poll's deadline reads the same, so only a
-    # heartbeat the service took counts as contact (_beat).
-    return _coordinator_lost(time.monotonic() - self._last_contact,
-                             self.options.heartbeat_timeout,
-                             TimeoutError('no answer to the heartbeats'))
-
-  def _beat_in_background(self, snapshot: progress.Snapshot) -> None:
-    """Hands the heartbeat to a thread of its own: a call to a coordinator
-    that is stopped (not gone) never returns, and this thread must go on
-    judging the silence (_poll_end)."""
-    if self._sender is not None and self._sender.is_alive():
-      return  # The last beat has not returned: its silence is what counts.
-    self._sender = threading.Thread(target=self._beat, args=(snapshot,),
-                                    daemon=True, name='podrun-heartbeat')
-    self._sender.start()
-
-  def _beat(self, snapshot: progress.Snapshot) -> None:
-    self._beats += 1
-    if self._peers.publish_own(snapshot, self._beats, self.cpu_s):
-      self._last_contact = time.monotonic()
+    return self._contact.end_or_loss(self._end, self._stop)
 
   def _check(self, now: float) -> Optional[records.Fault]:
     """The once-a-second duties; returns a cause to publish, if any."""
     snapshot = progress.snapshot()
-    self.cpu_s = time.thread_time()  # What watching has cost this process.
-    if self.client is not None:
-      self._beat_in_background(snapshot)
+    self.cpu_s = time.thread_time()
+    if self._contact is not None:
+      self._contact.beat_in_background(snapshot, self.cpu_s)
     if not self._watching_steps:
       return None
     if self.process_index == 0 and self.client is not None:
@@ -356,18 +325,6 @@ def _log_stall(cause: records.Fault,
                 exit_codes.STALLED)
 
 
-def _coordinator_lost(silent_s: float, heartbeat_timeout: float,
-                      error: Exception) -> Optional[records.Fault]:
-  """Process 0's loss, when it has not answered for longer than allowed."""
-  gone = peers_lib.gone()
-  if silent_s <= gone.silence_allowed(0, heartbeat_timeout):
-    return None
-  return records.Fault('lost', 0, _coordinator_host(), summary=(
-      f'the coordinator (process 0) did not answer for {silent_s:.0f} s '
-      f'(--heartbeat_timeout={heartbeat_timeout:g}){gone.reason(0)}; last '
-      f'error: {peers_lib.first_line(error)}'), at=time.time() - silent_s)
-
-
 def _stall_floor(client: Optional[coordination.Client],
                  options: WatchFlags) -> float:
   """--stall_floor, and with peers never below --heartbeat_timeout + 2
@@ -391,7 +348,3 @@ def _consequence_wait_s(summary: str, options: WatchFlags) -> float:
   if any(word in summary for word in transport):
     return options.heartbeat_timeout + 2 * peers_lib.BEAT_EVERY_S
   return 0.3
-
-
-def _coordinator_host() -> str:
-  return coordination.coordinator_address().rpartition(':')[0] or '?'

@@ -37,7 +37,7 @@ import os
 import re
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from launcher import attempts
 from launcher import elastic as policy
@@ -61,28 +61,24 @@ def requests(base: queued.Request) -> list[queued.Request]:
 
 
 class SliceGroup:
-  """The slices of an elastic launch: which run the job, which come back.
+  """The slices of an elastic launch: which run the job, and the lost ones
+  coming back (`Comebacks`).
 
   Attributes:
     active: indices of the slices the next (or running) attempt runs on.
-    set_up: slices back and set up, not yet in the job.
   """
 
   def __init__(self, launch: babysit.Owner, base: queued.Request,
                timeouts: queued.Timeouts,
                poll_s: float, log_path: str, minimum: int):
     self.launch = launch
-    self._stopping = threading.Event()
     self.fleets = [queued.Fleet(launch.gcloud, request, timeouts, poll_s,
                                 log_path, launch.say, self.interrupted)
                    for request in requests(base)]
     self.minimum = minimum
     self.active = list(range(len(self.fleets)))
-    self.set_up: set[int] = set()
     self.request = base
-    self._threads: dict[int, threading.Thread] = {}
-    self._status = SliceStatus(launch.path(STATUS_FILE), launch.options.tpu)
-    self._lock = threading.Lock()
+    self._comebacks = Comebacks(launch, lambda i: self.fleets[i], base.nodes)
 
   # slices.Slices, as the driver and an attempt use them.
   watched = True
@@ -113,14 +109,12 @@ class SliceGroup:
 
   def delete(self, why: str) -> None:
     """Stops bringing slices back, then deletes every one this launch made."""
-    self._stopping.set()
-    for thread in list(self._threads.values()):
-      thread.join()
+    self._comebacks.stop()
     for fleet in self.fleets:
       fleet.delete(why)
 
   def interrupted(self) -> bool:
-    return self._stopping.is_set() or self.launch.interrupted()
+    return self._comebacks.stopped() or self.launch.interrupted()
 
   def nodes(self) -> tuple[str, ...]:
     return tuple(self.request.nodes[i] for i in self.active)
@@ -142,12 +136,12 @@ class SliceGroup:
     on, then those not in the job yet."""
     names = self.request.nodes
     text = ', '.join(names[i] for i in self.active)
-    with self._lock:
-      coming = sorted(set(self._threads) - set(self.active))
+    coming, set_up = self._comebacks.pending()
+    coming = sorted(set(coming) - set(self.active))
     if coming:
       text += '; ' + ', '.join(
           names[i] + (' back, joining at the next step boundary'
-                      if i in self.set_up else ' coming back')
+                      if i in set_up else ' coming back')
           for i in coming)
     return text
 
@@ -155,7 +149,7 @@ class SliceGroup:
     """Whether a slice is back and set up, so the running attempt should
     stop at a step boundary and the job grow."""
     del now
-    return bool(self.set_up)
+    return bool(self._comebacks.pending()[1])
 
   def lose(self, end: attempts.AttemptEnd) -> str:
     """The slices that hold a process of `end.lost` (numbered on the
@@ -169,7 +163,7 @@ class SliceGroup:
             self.fleets[i].lost() is not None]
     self.active = [i for i in self.active if i not in lost]
     for i in lost:
-      self._bring_back(i)
+      self._comebacks.start(i)
     return ('slice(s) ' + ', '.join(self.request.nodes[i] for i in lost) +
             ' lost')
 
@@ -193,9 +187,7 @@ class SliceGroup:
       self._take_set_up()
       if len(self.active) >= self.minimum:
         break
-      with self._lock:
-        coming = [i for i, t in self._threads.items() if t.is_alive()]
-      if not coming or self.interrupted():
+      if not self._comebacks.trying() or self.interrupted():
         return policy.Ready(False)
       time.sleep(0.2)
     return policy.Ready(
@@ -203,34 +195,79 @@ class SliceGroup:
 
   def _take_set_up(self) -> list[int]:
     """Takes the slices back and set up into the job; returns them."""
-    with self._lock:
-      back, self.set_up = self.set_up, set()
-      for i in back:
-        self._threads.pop(i, None)
-    self.active = sorted(set(self.active) | back)
-    for i in back:
-      self._note(i, 'in the job')
-    return sorted(back)
+    back = self._comebacks.take()
+    self.active = sorted(set(self.active) | set(back))
+    return back
 
-  def _bring_back(self, index: int) -> None:
-    """Deletes, creates, waits for and sets up slice `index` in a thread."""
+
+class Comebacks:
+  """The threads that bring an elastic launch's lost slices back: each
+  deletes, creates, waits for and sets up one slice, trying again after a
+  back-off; where each stands is in LOG_DIR/slices.json (`SliceStatus`).
+
+  Args:
+    launch: the launch (its gcloud, options, say and set-up).
+    fleet: slice index -> its queued resource.
+    nodes: the node of each slice, by index.
+  """
+
+  def __init__(self, launch: babysit.Owner,
+               fleet: Callable[[int], queued.Fleet], nodes: tuple[str, ...]):
+    self._launch, self._fleet, self._nodes = launch, fleet, nodes
+    self._stopping = threading.Event()
+    self._threads: dict[int, threading.Thread] = {}
+    self._set_up: set[int] = set()
+    self._status = SliceStatus(launch.path(STATUS_FILE), launch.options.tpu)
+    self._lock = threading.Lock()
+
+  def start(self, index: int) -> None:
+    """Brings slice `index` back in a thread of its own."""
     thread = threading.Thread(target=self._recreate, args=(index,),
                               daemon=True)
     with self._lock:
       self._threads[index] = thread
     thread.start()
 
+  def pending(self) -> tuple[list[int], set[int]]:
+    """(the slices coming back and not taken yet, those of them set up)."""
+    with self._lock:
+      return sorted(self._threads), set(self._set_up)
+
+  def trying(self) -> bool:
+    """Whether a slice is still being brought back."""
+    with self._lock:
+      return any(t.is_alive() for t in self._threads.values())
+
+  def take(self) -> list[int]:
+    """The slices back and set up, now in the job: no longer pending."""
+    with self._lock:
+      back, self._set_up = sorted(self._set_up), set()
+      for i in back:
+        self._threads.pop(i, None)
+    for i in back:
+      self._note(i, 'in the job')
+    return back
+
+  def stop(self) -> None:
+    """Stops every try and waits for the threads to end."""
+    self._stopping.set()
+    for thread in list(self._threads.values()):
+      thread.join()
+
+  def stopped(self) -> bool:
+    return self._stopping.is_set()
+
   def _recreate(self, index: int) -> None:
     """Brings slice `index` back; a failed try is tried again after a
     back-off (--slice_back_backoff, doubling up to _MAX_BACKOFF_S) for as
     long as the job runs, or until --slice_back_timeout has passed."""
-    node = self.request.nodes[index]
-    options = self.launch.options
+    node, launch = self._nodes[index], self._launch
+    options = launch.options
     began = time.time()
     backoff = options.slice_back_backoff
     for tries in itertools.count(1):
       self._note(index, f'coming back (try {tries})')
-      error = _recreate_once(self.fleets[index], self.launch, node)
+      error = _recreate_once(self._fleet(index), launch, node)
       if error is None:
         break
       if error == 'interrupted':
@@ -242,28 +279,28 @@ class SliceGroup:
         self._note(index, f'not coming back: {tries} tries failed in '
                    f'{time.time() - began:.0f} s (--slice_back_timeout); the '
                    f'last: {error}')
-        self.launch.say(f'slice {node} did not come back in {tries} tries '
-                        f'(--slice_back_timeout={options.slice_back_timeout:g}'
-                        f' s): {error}; the job goes on without it')
+        launch.say(f'slice {node} did not come back in {tries} tries '
+                   f'(--slice_back_timeout={options.slice_back_timeout:g}'
+                   f' s): {error}; the job goes on without it')
         return
       self._note(index, f'retrying in {backoff:g} s: try {tries} failed: '
                  f'{error}', retry_at=time.time() + backoff)
-      self.launch.say(f'slice {node} did not come back (try {tries}): '
-                      f'{error}; trying again in {backoff:g} s')
-      if self._stopping.wait(backoff) or self.interrupted():
+      launch.say(f'slice {node} did not come back (try {tries}): '
+                 f'{error}; trying again in {backoff:g} s')
+      if self._stopping.wait(backoff) or launch.interrupted():
         return
       backoff = min(2 * backoff, _MAX_BACKOFF_S)
     # Said before it is ready: once ready, the job may take it in and say
     # so at once, and --status must not go back to this line then.
     self._note(index, 'back, joining at the next step boundary')
     with self._lock:
-      self.set_up.add(index)
-    self.launch.say(f'slice {node} is back after {time.time() - began:.1f} s '
-                    '(delete, create, set-up): the job grows at its next step '
-                    'boundary')
+      self._set_up.add(index)
+    launch.say(f'slice {node} is back after {time.time() - began:.1f} s '
+               '(delete, create, set-up): the job grows at its next step '
+               'boundary')
 
   def _note(self, index: int, text: str, retry_at: float = 0.0) -> None:
-    self._status.note(self.request.nodes[index], text, retry_at)
+    self._status.note(self._nodes[index], text, retry_at)
 
 
 def _recreate_once(fleet: queued.Fleet, launch: babysit.Owner, node: str
