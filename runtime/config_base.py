@@ -46,6 +46,12 @@ def _add_trajectory(config: config_dict.ConfigDict) -> None:
   config.data = config_dict.ConfigDict()
   # Reshuffle the data every epoch (see runtime/data.py).
   config.data.shuffle = True
+  # Keep an in-memory data set (a runtime.ArraySource) on every device and
+  # gather each call's batch there: only the example ids cross from the
+  # host. For small data sets whose steps take a few milliseconds on an
+  # accelerator, where placing each batch is the host's bound; it costs the
+  # arrays' size on every device.
+  config.data.on_device = False
 
 
 def _add_run_control(config: config_dict.ConfigDict) -> None:

@@ -30,11 +30,14 @@ class Data:
     seed: the data order's (and the state's initialisation).
     shuffle: whether each epoch is a new permutation.
     prefetch: batches loaded ahead of the step.
+    on_device: the data set kept on every device, each batch gathered
+      there (config.data.on_device).
   """
   global_batch_size: int
   seed: int
   shuffle: bool
   prefetch: int
+  on_device: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +98,8 @@ class TrainOptions:
         steps=config.steps,
         data=Data(global_batch_size=config.global_batch_size,
                   seed=config.seed, shuffle=bool(config.data.shuffle),
-                  prefetch=config.prefetch),
+                  prefetch=config.prefetch,
+                  on_device=bool(config.data.get('on_device', False))),
         logging=Logging(every=config.log_every,
                         tensorboard=bool(config.tensorboard),
                         profile_start=profile.get('start_step', 0) or 0,

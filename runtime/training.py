@@ -38,6 +38,7 @@ from runtime.common import layout
 from runtime import config_reads
 from runtime import coordination
 from runtime import data as data_lib
+from runtime import device_data
 from runtime import dispatch
 from runtime import evaluation
 from runtime import fingerprint as fingerprint_lib
@@ -542,10 +543,12 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   resumed = f', resuming at step {start}' if start else ''
   per_call = ('steps_per_dispatch=auto' if per_dispatch is None else
               f'{per_dispatch} step(s) per call')
+  where_data = ('the data set on the devices' if options.data.on_device
+                else 'batches from the host')
   writer.log(f'training {options.steps} steps, global batch '
              f'{options.data.global_batch_size} ({batch_layout.describe()}), '
-             f'{par}, {per_call}, {in_flight_limit} call(s) in flight, on '
-             f'{topo.describe()}{resumed}')
+             f'{par}, {per_call}, {in_flight_limit} call(s) in flight, '
+             f'{where_data}, on {topo.describe()}{resumed}')
   if where:
     writer.log(where)
   # The end of set-up: another trainer's names that nothing read are refused,
@@ -651,6 +654,16 @@ def _loader(data: options_lib.Data, task: Task, topo, par,
     return data_lib.steps_batch_ids(
         step, steps, data.global_batch_size, len(task.data), data.seed,
         data.shuffle)[:, rows.start:rows.start + real]
+
+  if data.on_device:
+    gather = device_data.Gather(par, task.data)
+
+    def on_device(step: int, steps: int):
+      # The host path's order, padding rows included (ids past the end).
+      ids = np.full((steps, rows.stop - rows.start), gather.padding_id)
+      ids[:, :real] = ids_of(step, steps)
+      return gather(ids.reshape(steps, devices, -1).swapaxes(0, 1).reshape(-1))
+    return on_device
 
   def load(step: int, steps: int):
     ids = ids_of(step, steps)

@@ -50,7 +50,7 @@ def test_the_benchmark_runs_at_its_tiny_shape(tmp_path):
 
 
 def test_the_host_batch_benchmark_times_both_ways(tmp_path):
-  """About 10 s: the old and the new way of a call's batch, on 2 devices."""
+  """About 10 s: the three ways of a call's batch, on 2 devices."""
   out = tmp_path / 'host_batch.json'
   subprocess.run(
       [sys.executable, 'tests/benchmarks/benchmark_host_batch.py',
@@ -61,5 +61,7 @@ def test_the_host_batch_benchmark_times_both_ways(tmp_path):
   figures = json.loads(out.read_text())
   assert figures['devices'] == 2
   for k in ('k1', 'k4'):
-    assert set(figures[k]['ms_a_call']) == {'stacked', 'one_read'}
+    assert set(figures[k]['ms_a_call']) == {'stacked', 'one_read',
+                                            'on_device'}
     assert figures[k]['one_read_vs_stacked'] > 0
+    assert figures[k]['on_device_vs_stacked'] > 0

@@ -66,7 +66,8 @@ def test_a_calls_batch_is_read_at_once_as_stacked_step_by_step(
   source = runtime.ArraySource(x=rng.random((1000, 3), np.float32),
                                y=np.arange(1000))
   layout = microbatches.plan(256, devices * processes)
-  options = types.SimpleNamespace(global_batch_size=256, seed=4, shuffle=True)
+  options = types.SimpleNamespace(global_batch_size=256, seed=4, shuffle=True,
+                                  on_device=False)
   task = types.SimpleNamespace(data=source)
   for p in range(processes):
     topo = types.SimpleNamespace(process_index=p, local_device_count=devices)

@@ -207,3 +207,41 @@ def test_a_call_of_several_steps_reports_their_mean_interval(tmp_path):
   training.train(config, str(tmp_path), task)
   seconds = progress.snapshot().step_seconds
   assert seconds and min(seconds) > 0, seconds
+
+
+@pytest.mark.parametrize('parallelism,k,global_batch_size', [
+    ('pmap', 1, 512), ('pmap', 4, 500), ('shard_map', 4, 512),
+    ('shard_map', 1, 500)])
+def test_data_kept_on_the_devices_trains_as_data_from_the_host(
+    tmp_path, parallelism, k, global_batch_size):
+  """config.data.on_device: the same batches, so the same losses and
+  parameters, with several steps a call and with a padded layout (500
+  examples on 8 devices: 504 rows)."""
+  config = mlp_config.get_config()
+  config.steps, config.log_every, config.integrity_every = 12, 4, 0
+  config.parallelism, config.checkpointing = parallelism, False
+  config.global_batch_size, config.steps_per_dispatch = global_batch_size, k
+  task, _ = mlp.make_task(config)
+  host = training.train(config, str(tmp_path / 'host'), task)
+  config.data.on_device = True
+  device = training.train(config, str(tmp_path / 'device'), task)
+  jax.tree_util.tree_map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+      host.params, device.params)
+  for a, b in zip(_records(tmp_path / 'host'), _records(tmp_path / 'device'),
+                  strict=True):
+    assert a['loss'] == pytest.approx(b['loss'], rel=1e-6)
+
+
+def test_data_on_the_devices_needs_arrays_in_memory(tmp_path):
+  config = mlp_config.get_config()
+  config.steps, config.checkpointing, config.data.on_device = 4, False, True
+  task, dataset = mlp.make_task(config)
+  examples = [{'x': x, 'label': y} for x, y in zip(dataset['x'],
+                                                   dataset['label'])]
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  task = dataclasses.replace(task, data=examples)
+  with pytest.raises(training.exit_codes.ConfigError,
+                     match='needs its arrays in memory as a '
+                     'runtime.ArraySource; this task.s data is a list'):
+    training.train(config, str(tmp_path), task)

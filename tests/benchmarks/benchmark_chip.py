@@ -177,7 +177,7 @@ def _podrun(config, task, parallelism: str, workdir: str,
   from runtime import training  # pylint: disable=g-import-not-at-top
   config = config.copy_and_resolve_references()
   config.parallelism, config.checkpointing = parallelism, False
-  config.update(overrides)
+  config.update_from_flattened_dict(overrides)
   clock = _clock()
   training.train(config, workdir, dataclasses.replace(task, hooks=(clock,)))
   # Each run's step is a new function: its loaded program would stay, and
@@ -216,10 +216,15 @@ def _measure(name: str, config, task, rounds: int, scratch: str,
         jax.tree_util.tree_map(lambda x: x.delete(), state)
         del state
       else:
-        parallelism, _, k = method.removeprefix('podrun_').partition('_k')
+        way = method.removeprefix('podrun_')
+        data_on_device = way.endswith('_on_device')
+        parallelism, _, k = way.removesuffix('_on_device').partition('_k')
+        overrides = {'steps_per_dispatch': int(k)} if k else {}
+        if data_on_device:
+          overrides['data.on_device'] = True
         rate = _podrun(config, task, parallelism,
                        os.path.join(scratch, f'{name}_{method}_{r}'),
-                       **({'steps_per_dispatch': int(k)} if k else {}))
+                       **overrides)
       rates[method].append(rate)
       partial({'rounds': rates})
   median = {m: statistics.median(v) for m, v in rates.items()}
@@ -438,9 +443,11 @@ def main() -> None:
     return
   methods = tuple(args.methods.split(','))
   hidden = tuple(int(n) for n in args.mnist_hidden.split(',') if n)
-  # Beside METHODS, podrun_pmap_kN and podrun_shard_map_kN: N steps a call.
+  # Beside METHODS, podrun_pmap_kN and podrun_shard_map_kN: N steps a call;
+  # a suffix _on_device keeps the data set on the devices
+  # (config.data.on_device).
   unknown = {m for m in methods if m not in METHODS and not re.fullmatch(
-      r'podrun_(pmap|shard_map)_k[0-9]+', m)}
+      r'podrun_(pmap|shard_map)(_k[0-9]+)?(_on_device)?', m)}
   if unknown:
     parser.error(f'--methods: {sorted(unknown)} are none of {METHODS}')
   out = {}

@@ -1,0 +1,82 @@
+"""An in-memory data set kept on the devices (config.data.on_device).
+
+A small step on an accelerator leaves the host as the bound: each call's
+batch is read from host memory and copied to the devices, megabytes a call.
+With the data set on every device (replicated once, at the start), a call
+sends only its example ids, and one compiled gather builds the batch where
+the step reads it. The ids are those the host path reads, in the same
+order (runtime/training.py `_loader`), so the batches are the same; a
+layout's padding rows are ids past the data set's end, which the gather
+fills with zeros, as the host path pads.
+
+Example:
+  >>> gather = Gather(par, source)              # source: a runtime.ArraySource
+  >>> batch = gather(order)                     # (n,) ids, the host's order
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from runtime.common import exit_codes
+from runtime import data as data_lib
+
+
+class DeviceDataError(exit_codes.ConfigError):
+  """config.data.on_device=True for data that cannot go to the devices."""
+
+
+def check(source: Any) -> None:
+  """Refuses a source that is not arrays in memory.
+
+  Raises:
+    DeviceDataError: naming the source's type and what to use.
+  """
+  if not isinstance(source, data_lib.ArraySource):
+    raise DeviceDataError(
+        f'config.data.on_device=True keeps the data set on the devices, '
+        f'which needs its arrays in memory as a runtime.ArraySource; this '
+        f'task\'s data is a {type(source).__name__}. Wrap the arrays in '
+        'runtime.ArraySource(name=array, ...), or set config.data.on_device='
+        'False.')
+
+
+def _take(arrays: dict[str, jax.Array], ids: jax.Array) -> dict[str, jax.Array]:
+  # An id past the end (a padding row) reads zeros.
+  return {name: jnp.take(a, ids, axis=0, mode='fill', fill_value=0)
+          for name, a in arrays.items()}
+
+
+class Gather:
+  """The data set on every device, and the gather of a call's batch.
+
+  Args:
+    par: how the step maps over the devices (runtime/parallelism).
+    source: the task's runtime.ArraySource; its arrays are placed whole on
+      every device the step spans.
+  """
+
+  def __init__(self, par, source: data_lib.ArraySource):
+    check(source)
+    self._par = par
+    self.padding_id = len(source)
+    self._arrays = par.replicate(source.arrays)
+    self._gather = None
+
+  def __call__(self, order: np.ndarray) -> dict[str, jax.Array]:
+    """The batch of the ids `order`.
+
+    Args:
+      order: (n,) ids, this process's rows of the call in the order
+        `put_batch` takes them; `padding_id` for a padding row.
+
+    Returns:
+      each array's rows, placed as `par.put_batch` places a host batch.
+    """
+    ids = self._par.put_batch(order.astype(np.int32))
+    if self._gather is None:
+      # The batch keeps the ids' placement: each device gathers its rows.
+      self._gather = jax.jit(_take, out_shardings=ids.sharding)
+    return self._gather(self._arrays, ids)
