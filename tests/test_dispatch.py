@@ -77,6 +77,18 @@ def _records(workdir) -> list[dict]:
     return [json.loads(line) for line in f]
 
 
+def _assert_trained_alike(one, other, one_workdir, other_workdir) -> None:
+  """Two runs' parameters agree to 1e-6, and so does every metrics
+  record's loss, step by step."""
+  jax.tree_util.tree_map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+      one.params, other.params)
+  for a, b in zip(_records(one_workdir), _records(other_workdir),
+                  strict=True):
+    assert a['step'] == b['step']
+    assert a['loss'] == pytest.approx(b['loss'], rel=1e-6)
+
+
 @pytest.mark.parametrize('parallelism,state_layout', [
     ('pmap', 'replicated'), ('shard_map', 'replicated'),
     ('shard_map', 'sharded')])
@@ -91,13 +103,7 @@ def test_four_steps_per_call_train_as_one(tmp_path, parallelism,
   one = training.train(config, str(tmp_path / 'one'), task)
   config.steps_per_dispatch = 4
   four = training.train(config, str(tmp_path / 'four'), task)
-  jax.tree_util.tree_map(
-      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
-      one.params, four.params)
-  for a, b in zip(_records(tmp_path / 'one'), _records(tmp_path / 'four'),
-                  strict=True):
-    assert a['step'] == b['step']
-    assert a['loss'] == pytest.approx(b['loss'], rel=1e-6)
+  _assert_trained_alike(one, four, tmp_path / 'one', tmp_path / 'four')
   assert one.final_metrics['loss'] == pytest.approx(
       four.final_metrics['loss'], rel=1e-6)
 
@@ -225,12 +231,7 @@ def test_data_kept_on_the_devices_trains_as_data_from_the_host(
   host = training.train(config, str(tmp_path / 'host'), task)
   config.data.on_device = True
   device = training.train(config, str(tmp_path / 'device'), task)
-  jax.tree_util.tree_map(
-      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
-      host.params, device.params)
-  for a, b in zip(_records(tmp_path / 'host'), _records(tmp_path / 'device'),
-                  strict=True):
-    assert a['loss'] == pytest.approx(b['loss'], rel=1e-6)
+  _assert_trained_alike(host, device, tmp_path / 'host', tmp_path / 'device')
 
 
 def test_data_on_the_devices_needs_arrays_in_memory(tmp_path):
