@@ -50,7 +50,7 @@ def _add_trajectory(config: config_dict.ConfigDict) -> None:
   # gather each call's batch there: only the example ids cross from the
   # host. For small data sets whose steps take a few milliseconds on an
   # accelerator, where placing each batch is the host's bound; it costs the
-  # arrays' size on every device.
+  # arrays' size on every device (refused over half a device's memory).
   config.data.on_device = False
 
 

@@ -14,7 +14,7 @@ Example:
   >>> batch = gather(order)                     # (n,) ids, the host's order
 """
 
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +43,27 @@ def check(source: Any) -> None:
         'False.')
 
 
+# The share of a device's memory the data set may take.
+MOST_SHARE = 0.5
+
+
+def check_fits(size: int, stats: Optional[dict]) -> None:
+  """Refuses a data set of `size` bytes over MOST_SHARE of a device's
+  memory (`stats`: its memory_stats(); None or no limit, as on a CPU: any
+  size).
+
+  Raises:
+    DeviceDataError: naming both sizes and what to set.
+  """
+  limit = (stats or {}).get('bytes_limit')
+  if limit and size > MOST_SHARE * limit:
+    raise DeviceDataError(
+        f'config.data.on_device=True: the data set is {size / 2**30:.2f} GiB '
+        f'and a device has {limit / 2**30:.2f} GiB, of which it may take '
+        f'{MOST_SHARE:.0%} beside the state and the step; set '
+        'config.data.on_device=False to read each batch from the host.')
+
+
 def _take(arrays: dict[str, jax.Array], ids: jax.Array) -> dict[str, jax.Array]:
   # An id past the end (a padding row) reads zeros.
   return {name: jnp.take(a, ids, axis=0, mode='fill', fill_value=0)
@@ -60,6 +81,8 @@ class Gather:
 
   def __init__(self, par, source: data_lib.ArraySource):
     check(source)
+    check_fits(sum(a.nbytes for a in source.arrays.values()),
+               jax.local_devices()[0].memory_stats())
     self._par = par
     self.padding_id = len(source)
     self._arrays = par.replicate(source.arrays)

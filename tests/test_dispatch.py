@@ -246,3 +246,13 @@ def test_data_on_the_devices_needs_arrays_in_memory(tmp_path):
                      match='needs its arrays in memory as a '
                      'runtime.ArraySource; this task.s data is a list'):
     training.train(config, str(tmp_path), task)
+
+
+def test_data_on_the_devices_must_fit_beside_the_state():
+  from runtime import device_data  # pylint: disable=g-import-not-at-top
+  device_data.check_fits(10 << 30, None)  # A CPU says no limit.
+  device_data.check_fits(7 << 30, {'bytes_limit': 16 << 30})
+  with pytest.raises(device_data.DeviceDataError,
+                     match='the data set is 9.00 GiB and a device has 16.00 '
+                     'GiB, of which it may take 50%'):
+    device_data.check_fits(9 << 30, {'bytes_limit': 16 << 30})
