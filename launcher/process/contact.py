@@ -9,7 +9,7 @@ coordinator takes calls and never answers them, so the heartbeat runs in a
 thread of its own and its silence is what is judged.
 
 Example:
-  >>> contact = Contact(client, peers, heartbeat_timeout=10)
+  >>> contact = Contact(peers, heartbeat_timeout=10)
   >>> contact.beat_in_background(progress.snapshot(), cpu_s)
   >>> contact.end_or_loss(end, stop)     # the job's end, a loss, or None
 """
@@ -32,14 +32,12 @@ class Contact:
   """The heartbeats of one process and the coordinator's silence.
 
   Args:
-    client: the coordination client.
     peers: publishes this process's heartbeat (peers.Peers).
     heartbeat_timeout: --heartbeat_timeout, the silence allowed.
   """
 
-  def __init__(self, client: coordination.Client, peers: peers_lib.Peers,
-               heartbeat_timeout: float):
-    self._client, self._peers = client, peers
+  def __init__(self, peers: peers_lib.Peers, heartbeat_timeout: float):
+    self._peers = peers
     self._heartbeat_timeout = heartbeat_timeout
     self._beats = 0
     self._sender: Optional[threading.Thread] = None

@@ -135,8 +135,9 @@ class Supervisor:
     self._thread = None
     self.cpu_s = 0.0  # What watching has cost this process.
     self._peers = peers_lib.Peers(client, self.host, options.heartbeat_timeout)
+    # Without peers there is no coordinator to hear from.
     self._contact = (None if client is None else contact_lib.Contact(
-        client, self._peers, options.heartbeat_timeout))
+        self._peers, options.heartbeat_timeout))
     self._end = end_of_job.EndOfJob(client)
     self._stall = stall.StallWatch(
         self.process_index, self.host, options.stall_timeout,
