@@ -10,6 +10,7 @@ Example:
 import json
 import math
 import os
+import threading
 from typing import Any
 
 
@@ -21,7 +22,9 @@ def write_atomic(path: str, text: str) -> None:
     text: the whole new contents.
   """
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  tmp = f'{path}.tmp{os.getpid()}'
+  # One name per thread: two threads of a process writing the same file (a
+  # lease's renewal and its taker) would otherwise rename each other's.
+  tmp = f'{path}.tmp{os.getpid()}_{threading.get_ident()}'
   with open(tmp, 'w') as f:
     f.write(text)
   os.replace(tmp, path)
