@@ -469,6 +469,7 @@ def _run_process(config: ConfigDict, workdir: str) -> int:
   from launcher.process import supervisor  # pylint: disable=g-import-not-at-top
   return job.run(config, workdir, job.ProcessFlags(
       distributed=distributed_options(),
+      config_file=flags.FLAGS['config'].config_filename.split(':')[0],
       local_devices=_LOCAL_DEVICES.value,
       log_all_ranks=_LOG_ALL_RANKS.value,
       supervision=supervisor.WatchFlags(

@@ -106,10 +106,13 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   # one pass exactly (0: chosen from the other two). Beyond the limit the
   # step accumulates gradients over microbatches, and a global batch that
   # does not divide over the devices is padded with groups that never count
-  # (runtime/parallelism/microbatches.py). None changes what a step
-  # computes, only how, except statistics over a pass (BatchNorm's), which
-  # microbatch_size keeps the same on any topology: a run may resume with
-  # others. Left at 0, an elastic job keeps its first attempt's pass size.
+  # (runtime/parallelism/microbatches.py), unless the loss has a collective
+  # over the batch axis, which padding would enter (runtime/batch_layout.py).
+  # None changes what a step computes, only how, except statistics over a
+  # pass (BatchNorm's), which microbatch_size keeps the same on any topology
+  # where they are over one device's pass (not with axis_name): a run may
+  # resume with others. Left at 0, an elastic job keeps its first attempt's
+  # pass size.
   config.device_batch_limit = 0
   # Passes per device in one step (0: as few as device_batch_limit allows).
   config.microbatches = 0

@@ -193,6 +193,16 @@ def read_batch(source, ids: np.ndarray):
   return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *examples)
 
 
+def first_example(source):
+  """Example 0 as a batch of one (each leaf (1, ...)), for its shapes and
+  dtypes: through `source[0]` where the source has it, so that a source's
+  `read_batch` sees only the loop's batches (the ids it reads for steps).
+  """
+  if hasattr(type(source), '__getitem__'):
+    return jax.tree_util.tree_map(lambda x: np.asarray(x)[None], source[0])
+  return read_padded(source, np.arange(1), 1)
+
+
 def read_padded(source, ids: np.ndarray, rows: int):
   """The examples `ids`, then zero rows up to `rows` (a layout's padding,
   which the step never counts; runtime/parallelism/microbatches.py).

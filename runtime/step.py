@@ -21,6 +21,7 @@ import optax
 
 from runtime.common import exit_codes
 from runtime import parallelism as parallelism_lib
+from runtime.parallelism import collectives
 from runtime.parallelism import microbatches as microbatches_lib
 from runtime.parallelism import state_layout
 from runtime import randomness
@@ -142,7 +143,9 @@ def _checked_output(loss_fn: LossFn, has_model_state: bool,
     aux = out[1]
     if has_model_state and (not isinstance(aux, tuple) or len(aux) != 2):
       refuse(f'(loss, {_describe_output(aux)})')
-    _check_metrics(aux[0] if has_model_state else aux, want)
+    metrics = aux[0] if has_model_state else aux
+    _check_metrics(metrics, want)
+    _check_loss_metric(metrics, out[0])
     return out
   return checked
 
@@ -166,6 +169,20 @@ def _check_metrics(metrics: Any, want: str) -> None:
           'averages them over the devices). Return its mean, or score '
           'per-example values in evaluation: runtime.evaluate\'s metric_fn '
           'returns them per example.')
+
+
+def _check_loss_metric(metrics: Mapping, loss: Any) -> None:
+  """Refuses a metric named 'loss' that is not loss_fn's loss itself: the
+  step logs the loss it differentiates under that name, and would replace
+  the metric without a word."""
+  if 'loss' in metrics and metrics['loss'] is not loss:
+    raise exit_codes.ConfigError(
+        "loss_fn's metrics hold 'loss', a value other than the loss it "
+        "returns; podrun logs the returned loss (the one it differentiates, "
+        "weight decay and all) as 'loss', so the metric would be replaced. "
+        "Rename the metric (Flax's examples: metrics['loss'] is the "
+        "cross-entropy; call it 'cross_entropy'), or return the loss itself "
+        "under that name.")
 
 
 def _loss_and_grads(loss_fn: LossFn, state: TrainState, batch: Any,
@@ -231,6 +248,36 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
     sums, _ = lax.scan(one, zeros, (jnp.arange(k), groups))
   return jax.tree_util.tree_map(
       lambda x: lax.psum(x, axis) / layout.real_groups, sums)
+
+
+def loss_collectives(loss_fn: LossFn, state: TrainState, group: Any,
+                      rng: Optional[str], has_model_state: bool,
+                      axis: Any, num_devices: int) -> tuple[str, ...]:
+  """The collectives over `axis` that loss_fn takes on one group, read from
+  the jaxpr of the step's forward and backward pass (nothing runs).
+
+  Args:
+    loss_fn, rng, has_model_state: as `make_train_step`.
+    state: a TrainState of arrays or `jax.ShapeDtypeStruct`s.
+    group: one group's batch, arrays or structs, (m, ...) per leaf.
+    axis: the axis the step maps over every device.
+    num_devices: that axis's size.
+
+  Returns:
+    The primitives' names (`collectives.over_axis`); () for a loss that
+    mixes no rows between devices.
+  """
+  rows = jax.tree_util.tree_leaves(group)[0].shape[0]
+  explained = randomness.explained(loss_fn, rng)
+
+  def values(state, group, step_rng):
+    extra = randomness.keys_for(rng, step_rng, 0, 0, rows)
+    return _loss_and_grads(explained, state, group, extra, has_model_state,
+                           axis)
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+  jaxpr = jax.make_jaxpr(values, axis_env=[(axis, num_devices)])(
+      state, group, key)
+  return collectives.over_axis(jaxpr, axis)
 
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,

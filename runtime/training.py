@@ -28,6 +28,7 @@ import numpy as np
 import optax
 
 from runtime import agreement
+from runtime import batch_layout as batch_layout_lib
 from runtime.checkpoints import batch_limit
 from runtime.checkpoints import checkpoint
 from runtime.checkpoints import checkpoint_meta
@@ -350,7 +351,7 @@ def _cadences(options: options_lib.TrainOptions, task: Task) -> dict[str, int]:
 
 def _step_bytes(task: Task, rows: int) -> int:
   """The bytes of `rows` examples: one step's batch on one host."""
-  example = data_lib.read_padded(task.data, np.arange(1), 1)
+  example = data_lib.first_example(task.data)
   return rows * sum(np.asarray(x).nbytes
                     for x in jax.tree_util.tree_leaves(example))
 
@@ -410,66 +411,6 @@ def _shardings(config: ConfigDict, state: step_lib.TrainState,
       f'{used.describe()}')
 
 
-def plan_layout(config: ConfigDict, topo, workdir: Optional[str] = None,
-                has_model_state: bool = False,
-                elastic: Optional[tuple[int, int]] = None
-                ) -> microbatches.Layout:
-  """How each step's global batch sits on this job's devices; with a
-  workdir and nothing fixed by the config, in the group size of the job's
-  first attempt (runtime/checkpoints/batch_limit.py); refused first where
-  one of `elastic`'s (fewest, most) process counts cannot lay it out."""
-  num_devices = topo.process_count * topo.local_device_count
-  size = config.get('microbatch_size') or None
-  if workdir is not None and size is None:
-    size = batch_limit.first_group_size(config, workdir, num_devices)
-  limits = (config.get('device_batch_limit') or None,
-            config.get('microbatches') or None, size)
-  sizes = check_elastic_layouts(config.global_batch_size,
-                                topo.local_device_count, limits, elastic)
-  if has_model_state and len(sizes) > 1 and topo.process_index == 0:
-    logging.warning(
-        'the model state (BatchNorm\'s statistics) is computed over groups '
-        'of %s examples depending on how many processes this elastic job '
-        'runs on: set config.microbatch_size to one of them to keep the '
-        'groups, and the step, the same', sorted(sizes))
-  return microbatches.plan(config.global_batch_size, num_devices, *limits)
-
-
-def check_elastic_layouts(global_batch_size: int, local_device_count: int,
-                          limits: tuple,
-                          elastic: Optional[tuple[int, int]]) -> set[int]:
-  """Refuses, before step 1, a config that one of the process counts an
-  elastic job may run on cannot lay out.
-
-  Args:
-    global_batch_size: G.
-    local_device_count: each process's devices (hosts are alike).
-    limits: (device_batch_limit, microbatches, microbatch_size) as
-      `microbatches.plan` takes them.
-    elastic: (fewest, most) processes; None for a job of a fixed size.
-
-  Returns:
-    The group sizes those layouts have (empty when the job is not elastic).
-
-  Raises:
-    LayoutError: naming the process count, the devices and why.
-  """
-  if not elastic:
-    return set()
-  fewest, most = elastic
-  sizes = set()
-  for processes in range(fewest, most + 1):
-    try:
-      sizes.add(microbatches.plan(
-          global_batch_size, processes * local_device_count,
-          *limits).microbatch_size)
-    except microbatches.LayoutError as e:
-      raise microbatches.LayoutError(
-          f'this elastic job may run on {fewest} to {most} processes, and '
-          f'on {processes} x {local_device_count} devices: {e}') from None
-  return sizes
-
-
 def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   """Trains `task` to step `config.steps` on every device of the job.
 
@@ -500,19 +441,20 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   with ledger.naming('train_setup'):
     options = options_lib.TrainOptions.of(config, workdir)
     topo = topology_lib.current()
-    batch_layout = plan_layout(config, topo, workdir,
-                               task.model_state is not None, options.elastic)
     in_flight_limit = max_steps_in_flight(options.max_steps_in_flight,
                                           topo.platform)
     par = parallelism_lib.from_config(config)
     state = step_lib.init_state(task.params, task.optimizer,
                                 options.data.seed, task.model_state)
+    placed, where = _shardings(config, state, task.shard_dims,
+                               options.elastic)
+    batch_layout = _choose_layout(config, topo, workdir, task, state, options,
+                                  par.axis if placed is None else
+                                  parallelism_lib.DATA_AXIS)
     rows, _ = microbatches.process_positions(
         batch_layout, topo.process_index, topo.local_device_count)
     per_dispatch, decide = _steps_per_dispatch(
         options, task, topo.platform, rows.stop - rows.start)
-    placed, where = _shardings(config, state, task.shard_dims,
-                               options.elastic)
     programs = _Programs(task, par, batch_layout, placed)
     figures = flops_lib.Figures(
         topo.device_kind, batch_layout.num_devices, programs.flops_per_device,
@@ -540,6 +482,8 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   run = loop.Run(options, workdir, task, replicated, start, par,
                  topo.process_index, writer, clock, in_flight_limit,
                  config=config, placed=placed, figures=figures)
+  if topo.process_index == 0:
+    _remember_layout_once(run, config, workdir, batch_layout)
   resumed = f', resuming at step {start}' if start else ''
   per_call = ('steps_per_dispatch=auto' if per_dispatch is None else
               f'{per_dispatch} step(s) per call')
@@ -578,6 +522,35 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   if programs.memory():
     result.chip['step_memory'] = programs.memory()
   return result
+
+
+def _choose_layout(config: ConfigDict, topo, workdir: str, task: Task,
+                   state: step_lib.TrainState,
+                   options: options_lib.TrainOptions,
+                   axis: Any) -> microbatches.Layout:
+  """runtime/batch_layout.py's choice for this job, with the task's loss
+  read for collectives over `axis` where a layout would pad."""
+  mixing = batch_layout_lib.loss_mixing(
+      task.loss_fn, randomness.contract(task.rng, task.loss_uses_rng),
+      task.model_state is not None, state, task.data, axis,
+      topo.process_count * topo.local_device_count)
+  return batch_layout_lib.choose(config, topo, workdir,
+                                 task.model_state is not None,
+                                 options.elastic, mixing, axis)
+
+
+def _remember_layout_once(run: loop.Run, config: ConfigDict, workdir: str,
+                          chosen: microbatches.Layout) -> None:
+  """Keeps the group size for later attempts once the first call has run
+  (runtime/checkpoints/batch_limit.py): a run refused before step 1 leaves
+  nothing behind."""
+  done = []
+
+  def first(_):
+    if not done:
+      done.append(True)
+      batch_limit.remember(config, workdir, chosen)
+  run.on_retired.append(first)
 
 
 def _say_where_it_resumes(ckpt, start: int, topo) -> None:

@@ -149,6 +149,8 @@ def test_jax_touched_while_loading_the_config(tmp_path):
                                  f'--workdir={tmp_path}'], timeout=60)
   assert result.returncode == 4
   assert 'JAX was used before jax.distributed.initialize' in result.stderr
+  assert f'while the config {config} (or a module it imports)' in (
+      result.stderr)
 
 
 def test_partial_coordinator_flags(tmp_path):

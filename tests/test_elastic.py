@@ -13,8 +13,8 @@ from launcher import attempts
 from launcher import elastic as policy
 from launcher import restart
 from launcher.local import elastic
+from runtime import batch_layout
 from runtime.checkpoints import batch_limit
-from runtime import training
 from runtime.parallelism import microbatches
 from runtime.common import records
 
@@ -236,22 +236,49 @@ def _config(**fields) -> ConfigDict:
                      'microbatches': 0, **fields})
 
 
+def _remember(config, workdir, devices):
+  batch_limit.remember(config, workdir, microbatches.plan(
+      config.global_batch_size, devices))
+
+
 def test_the_first_attempts_group_size_is_kept_by_later_ones(tmp_path):
-  assert batch_limit.first_group_size(_config(), str(tmp_path), 8) == 32
-  # A smaller attempt: 32 a pass, not 64.
-  assert batch_limit.first_group_size(_config(), str(tmp_path), 4) == 32
+  # Nothing is kept until a step has run (`remember`, after the first call).
+  assert batch_limit.first_group_size(_config(), str(tmp_path)) == (None, '')
+  _remember(_config(), str(tmp_path), 8)
+  # A smaller attempt: 32 a pass, not 64; the layout line says why.
+  size, note = batch_limit.first_group_size(_config(), str(tmp_path))
+  assert size == 32 and note == (
+      "groups of 32 as the job's first attempt on 8 device(s) "
+      '(device_batch_limit.json)')
+  # A later attempt does not overwrite the first's.
+  _remember(_config(), str(tmp_path), 4)
+  assert batch_limit.first_group_size(_config(), str(tmp_path))[0] == 32
   for fixed in ({'device_batch_limit': 16}, {'microbatches': 2},
                 {'microbatch_size': 8}):
     assert batch_limit.first_group_size(
-        _config(**fixed), str(tmp_path), 4) is None, fixed
+        _config(**fixed), str(tmp_path)) == (None, ''), fixed
+
+
+def test_a_kept_group_size_of_another_global_batch_is_ignored(tmp_path):
+  _remember(_config(global_batch_size=256), str(tmp_path), 8)
+  size, note = batch_limit.first_group_size(_config(global_batch_size=128),
+                                            str(tmp_path))
+  assert size is None and note == (
+      'device_batch_limit.json (groups of 32) was made for global batch '
+      '256, not 128: ignored')
+  # The run that then trains keeps its own.
+  _remember(_config(global_batch_size=128), str(tmp_path), 8)
+  assert batch_limit.first_group_size(_config(global_batch_size=128),
+                                      str(tmp_path))[0] == 16
 
 
 def test_an_elastic_job_keeps_its_groups_on_any_number_of_devices(tmp_path):
   # 40 on 8 devices: groups of 5. On 6, left to choose, groups of 4 (fewest
   # passes, then least padding) would change BatchNorm's statistics; kept,
   # 5 costs the same 2 passes.
+  _remember(_config(global_batch_size=40), str(tmp_path), 8)
   assert batch_limit.first_group_size(_config(global_batch_size=40),
-                                      str(tmp_path), 8) == 5
+                                      str(tmp_path))[0] == 5
   assert microbatches.plan(40, 6, device_batch_limit=5).microbatch_size == 4
   kept = microbatches.plan(40, 6, microbatch_size=5)
   assert (kept.microbatch_size, kept.microbatches, kept.padded_groups) == (
@@ -261,19 +288,19 @@ def test_an_elastic_job_keeps_its_groups_on_any_number_of_devices(tmp_path):
 def test_a_config_one_elastic_topology_cannot_lay_out_is_refused_first():
   # One pass of at most 40 examples: 256 fits on 4 x 2 devices (32 each),
   # not on 2 x 2 (64 each), which --min_processes=2 allows.
-  training.check_elastic_layouts(256, 2, (40, 1, None), elastic=(4, 4))
+  batch_layout.check_elastic_layouts(256, 2, (40, 1, None), elastic=(4, 4))
   with pytest.raises(microbatches.LayoutError,
                      match=r'this elastic job may run on 2 to 4 processes, '
                      r'and on 2 x 2 devices: global batch size 256 in 1 '
                      r'microbatch\(es\) on 4 devices needs groups of 64'):
-    training.check_elastic_layouts(256, 2, (40, 1, None), elastic=(2, 4))
+    batch_layout.check_elastic_layouts(256, 2, (40, 1, None), elastic=(2, 4))
   # Left to choose, the groups change with the count (BatchNorm would);
   # a fixed group size keeps them.
-  assert training.check_elastic_layouts(
+  assert batch_layout.check_elastic_layouts(
       40, 2, (5, None, None), elastic=(3, 4)) == {4, 5}
-  assert training.check_elastic_layouts(
+  assert batch_layout.check_elastic_layouts(
       40, 2, (None, None, 5), elastic=(3, 4)) == {5}
-  assert training.check_elastic_layouts(256, 2, (None, None, None),
+  assert batch_layout.check_elastic_layouts(256, 2, (None, None, None),
                                         elastic=None) == set()
 
 

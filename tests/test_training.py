@@ -255,3 +255,30 @@ def test_a_loss_fn_of_another_output_is_refused_before_step_1(
   # Refused while the step compiled: nothing was trained or written.
   assert not (tmp_path / 'metrics.jsonl').exists() or not (
       tmp_path / 'metrics.jsonl').read_text()
+
+
+def test_a_metric_named_loss_is_refused_unless_it_is_the_loss(tmp_path):
+  # Flax's ImageNet example: metrics['loss'] is the cross-entropy, the loss
+  # returned adds weight decay; one would silently replace the other.
+  config = linear_regression_config.get_config()
+  config.steps = 2
+  task, _ = linear_regression.make_task(config)
+
+  def decayed(params, batch):
+    loss, metrics = linear_regression.loss_fn(params, batch)
+    return loss + 0.1 * jnp.sum(params['weight'] ** 2), {**metrics,
+                                                         'loss': loss}
+  with pytest.raises(exit_codes.ConfigError, match=re.escape(
+      "loss_fn's metrics hold 'loss', a value other than the loss it "
+      "returns")):
+    training.train(config, str(tmp_path / 'a'),
+                   dataclasses.replace(task, loss_fn=decayed))
+
+  def same(params, batch):  # The loss itself under its name is fine.
+    loss, metrics = linear_regression.loss_fn(params, batch)
+    return loss, {**metrics, 'loss': loss}
+  plain = training.train(config, str(tmp_path / 'b'), task)
+  named = training.train(config, str(tmp_path / 'c'),
+                         dataclasses.replace(task, loss_fn=same))
+  assert named.fingerprint == plain.fingerprint
+  assert named.final_metrics['loss'] == plain.final_metrics['loss']

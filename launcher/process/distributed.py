@@ -289,17 +289,23 @@ def _wait_for_coordinator(host: str, port: int, timeout_s: float) -> None:
       'and port as the other processes can reach it.')
 
 
-def check_jax_untouched() -> None:
-  """Raises DistributedInitError if JAX's backend is already initialised."""
+def check_jax_untouched(config_file: str = '') -> None:
+  """Raises DistributedInitError if JAX's backend is already initialised,
+  naming `config_file` (the --config file, loaded before this) if known."""
   from runtime import coordination  # pylint: disable=g-import-not-at-top
   if coordination.backend_started():
+    loaded = (f'the config {config_file} (or a module it imports) was loaded'
+              if config_file else 'the config or a module imported by it was '
+              'loaded')
     raise DistributedInitError(
         'JAX was used before jax.distributed.initialize: its backend is '
         'already initialised, so this process cannot join a multi-process '
         'job (and emulated device counts no longer apply). Something ran JAX '
-        'code while the config or a module imported by it was loaded, for '
-        'example jax.devices() or jnp.zeros() at import time; move that code '
-        'into the workload function.')
+        f'code while {loaded}, for example jax.device_count(), '
+        'jax.devices() or jnp.zeros() at import time or in get_config(); '
+        'move that code into the workload function (a global batch from '
+        'the device count: set config.global_batch_size, or compute it in '
+        'the workload).')
 
 
 def _before_joining(options: CoordinatorFlags,

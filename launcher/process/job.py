@@ -66,6 +66,7 @@ class ProcessFlags:
       workdir is taken over (lease.py).
     compilation_cache_dir: JAX's persistent compilation cache; None means
       WORKDIR/compilation_cache, '' none.
+    config_file: the --config file, for messages ('' where unknown).
   """
   distributed: distributed.CoordinatorFlags
   local_devices: Optional[int] = None
@@ -73,6 +74,7 @@ class ProcessFlags:
   supervision: supervisor_lib.WatchFlags = supervisor_lib.WatchFlags()
   lease_timeout: float = 60
   compilation_cache_dir: Optional[str] = None
+  config_file: str = ''
 
 
 @dataclasses.dataclass
@@ -110,7 +112,7 @@ def _join(config: ConfigDict, workdir: str, options: ProcessFlags,
       process_index=(place.process_index, place.id_source),
       local_devices=(options.local_devices, '--local_devices'))
   workload.parse(config.get('workload'))
-  distributed.check_jax_untouched()
+  distributed.check_jax_untouched(options.config_file)
   devices.configure(options.local_devices,
                     multi_process=mode != distributed.SINGLE)
   if place.process_index is not None and place.num_processes is not None:

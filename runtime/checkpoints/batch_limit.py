@@ -5,17 +5,23 @@ A job that loses processes trains the same global batch on fewer devices
 then take more examples in one pass than on the first attempt, and a model
 that just fitted in a device's memory would run out of it; and a model with
 statistics over a group (BatchNorm) would compute them over other groups.
-So the first attempt's examples per pass (its group size m) are written to
-WORKDIR/device_batch_limit.json, and a later attempt whose config fixes
-none of device_batch_limit, microbatches and microbatch_size keeps m as its
-group size: on fewer devices it accumulates microbatches, on any number of
-devices the groups, and so the step, are the same. That costs no passes: on
-D devices no group of at most m examples needs fewer than
-ceil(G / m / D).
+So the group size (m) of the job's first attempt that ran a step is written
+to WORKDIR/device_batch_limit.json, with the global batch it was made for,
+and a later attempt whose config fixes none of device_batch_limit,
+microbatches and microbatch_size keeps m as its group size: on fewer devices
+it accumulates microbatches, on any number of devices the groups, and so the
+step, are the same. That costs no passes: on D devices no group of at most m
+examples needs fewer than ceil(G / m / D).
+
+Nothing is written before a step has run (`remember`, after the first call
+retires): a run refused in its set-up leaves nothing that steers the next.
+A file made for another global batch is ignored, and the layout line says
+so (`first_group_size`'s note).
 
 Example:
-  >>> size = batch_limit.first_group_size(config, workdir, num_devices=6)
+  >>> size, note = batch_limit.first_group_size(config, workdir, 6)
   >>> microbatches.plan(config.global_batch_size, 6, microbatch_size=size)
+  >>> batch_limit.remember(config, workdir, layout)   # once a step has run
 """
 
 import json
@@ -32,49 +38,73 @@ from runtime.parallelism import microbatches
 _KEY = 'podrun/device_batch_limit'
 
 
-def _read(workdir: str) -> Optional[int]:
+def _read(workdir: str) -> Optional[dict]:
   try:
     with open(layout.Record(workdir).batch_limit()) as f:
-      return int(json.load(f)['device_batch_limit'])
+      found = json.load(f)
+    int(found['device_batch_limit'])
+    return found
   except (OSError, ValueError, KeyError, TypeError):
     return None
 
 
-def _first_or_new(workdir: str, global_batch_size: int,
-                  num_devices: int) -> int:
-  """The limit written by the job's first attempt, or this one's, written."""
+def _steered(config: ConfigDict) -> bool:
+  """Whether the config fixes the groups itself (nothing is remembered)."""
+  return any(config.get(f) for f in ('device_batch_limit', 'microbatches',
+                                     'microbatch_size'))
+
+
+def _kept(workdir: str, global_batch_size: int) -> tuple[Optional[int], str]:
+  """(the first attempt's group size or None, why: '' or the note)."""
   found = _read(workdir)
-  if found is not None:
-    return found
-  plan = microbatches.plan(global_batch_size, num_devices)
-  os.makedirs(workdir, exist_ok=True)
-  files.write_json(layout.Record(workdir).batch_limit(), {
-      'device_batch_limit': plan.microbatch_size,
-      'num_devices': num_devices,
-      'global_batch_size': global_batch_size})
-  return plan.microbatch_size
+  if found is None:
+    return None, ''
+  made_for = found.get('global_batch_size')
+  if made_for != global_batch_size:
+    return None, (f'{layout.BATCH_LIMIT} (groups of '
+                  f'{found["device_batch_limit"]}) was made for global batch '
+                  f'{made_for}, not {global_batch_size}: ignored')
+  return int(found['device_batch_limit']), (
+      f'groups of {found["device_batch_limit"]} as the job\'s first attempt '
+      f'on {found.get("num_devices")} device(s) ({layout.BATCH_LIMIT})')
 
 
-def first_group_size(config: ConfigDict, workdir: str,
-                     num_devices: int) -> Optional[int]:
-  """The group size of this attempt, as the job's first attempt chose it.
+def first_group_size(config: ConfigDict, workdir: str
+                     ) -> tuple[Optional[int], str]:
+  """The group size the job's first attempt trained with, and a note for
+  the layout line.
 
   Args:
     config: the job's config; when it sets device_batch_limit, microbatches
-      or microbatch_size, the user steers and nothing is remembered (None).
+      or microbatch_size, the user steers and nothing is remembered.
     workdir: where the first attempt's group size is kept.
-    num_devices: every device of this attempt.
 
   Returns:
-    The group size, the same on every process (process 0 reads or writes
-    it), or None.
+    (the group size or None, the note: why it is used or ignored, '' when
+    there is nothing to say), the same on every process (process 0 reads
+    it).
   """
-  if any(config.get(f) for f in ('device_batch_limit', 'microbatches',
-                                 'microbatch_size')):
-    return None
-  def make() -> str:
-    return str(_first_or_new(workdir, config.global_batch_size, num_devices))
+  if _steered(config):
+    return None, ''
+  def read() -> str:
+    return json.dumps(_kept(workdir, config.global_batch_size))
   client = coordination.current()
   if client is None or client.process_count == 1:
-    return int(make())
-  return int(client.from_0(_KEY, make))
+    size, note = json.loads(read())
+  else:
+    size, note = json.loads(client.from_0(_KEY, read))
+  return size, note
+
+
+def remember(config: ConfigDict, workdir: str,
+             chosen: microbatches.Layout) -> None:
+  """Writes `chosen`'s group size as the job's first, on process 0, once a
+  step has run with it; nothing when the config steers the groups or an
+  earlier attempt's size for this global batch is already kept."""
+  if _steered(config) or _kept(workdir, chosen.global_batch_size)[0]:
+    return
+  os.makedirs(workdir, exist_ok=True)
+  files.write_json(layout.Record(workdir).batch_limit(), {
+      'device_batch_limit': chosen.microbatch_size,
+      'num_devices': chosen.num_devices,
+      'global_batch_size': chosen.global_batch_size})

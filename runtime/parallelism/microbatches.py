@@ -50,6 +50,9 @@ class Layout:
   num_devices: int
   microbatch_size: int
   microbatches: int
+  # Why this layout and not the plain one, for the layout line ('' if
+  # plain): a remembered group size, or one dropped.
+  note: str = dataclasses.field(default='', compare=False)
 
   @property
   def real_groups(self) -> int:
@@ -75,7 +78,7 @@ class Layout:
     if self.padded_groups:
       text += (f', {self.padded_groups} of {self.num_devices * self.microbatches}'
                f' group(s) padding ({self.padding_share:.0%} of the passes)')
-    return text
+    return f'{text}; {self.note}' if self.note else text
 
 
 def _divisors(n: int) -> list[int]:
@@ -154,6 +157,40 @@ def plan(global_batch_size: int, num_devices: int,
         f'config.device_batch_limit={device_batch_limit}; raise '
         'config.microbatches or leave it 0 to let the limit choose')
   return Layout(global_batch_size, num_devices, m, microbatches)
+
+
+def unpadded(global_batch_size: int, num_devices: int,
+             device_batch_limit: Optional[int] = None,
+             microbatches: Optional[int] = None) -> Optional[Layout]:
+  """The layout with the fewest passes per device that pads nothing
+  (k x m x D = G), within the limits; None when there is none (D does not
+  divide G, or every such group is over the limit).
+
+  Example:
+    >>> unpadded(40, 8, device_batch_limit=4)   # plan() pads 6 of 16 here
+    Layout(global_batch_size=40, num_devices=8, microbatch_size=1, microbatches=5)
+  """
+  if global_batch_size % num_devices:
+    return None
+  share = global_batch_size // num_devices
+  for k in _divisors(share):
+    m = share // k
+    if microbatches and k != microbatches:
+      continue
+    if device_batch_limit and m > device_batch_limit:
+      continue
+    return Layout(global_batch_size, num_devices, m, k)
+  return None
+
+
+def batches_without_padding(global_batch_size: int, num_devices: int
+                            ) -> tuple[int, ...]:
+  """The global batch sizes nearest G below and above that divide over D
+  devices (one when G does), for messages."""
+  below = global_batch_size // num_devices * num_devices
+  if below == global_batch_size:
+    return (global_batch_size,)
+  return tuple(b for b in (below, below + num_devices) if b > 0)
 
 
 def process_positions(layout: Layout, process_index: int,

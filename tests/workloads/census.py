@@ -52,6 +52,9 @@ def _with_ids(source):
     def read_batch(self, ids):
       return {**read(ids), 'census_id': np.asarray(ids, np.int32)}
 
+    def __getitem__(self, index):  # One example, for its shapes.
+      return {**source[index], 'census_id': np.int32(index)}
+
   return WithIds()
 
 

@@ -164,7 +164,7 @@ def train_and_evaluate(config: ConfigDict, workdir):
       task.loss_fn)
   task = dataclasses.replace(
       task, params=params, loss_fn=loss_fn,
-      data=_Source(len(source), load_examples),
+      data=_Source(len(source), load_examples, source),
       hooks=list(task.hooks) + extra_hooks, eval_fn=evaluate)
   if config.census:
     task = census.add(task, config.global_batch_size)
@@ -247,8 +247,13 @@ def flip_bit(run, step: int, device: int) -> None:
 class _Source:
   """A data source that reads through `read_batch(ids)`."""
 
-  def __init__(self, size, read_batch):
-    self.size, self.read_batch = size, read_batch
+  def __init__(self, size, read_batch, source=None):
+    self.size, self.read_batch, self._source = size, read_batch, source
+
+  def __getitem__(self, index):
+    # The runtime's look at one example's shapes (runtime.data
+    # first_example), never a step's read: not recorded.
+    return self._source[index]
 
   def __len__(self):
     return self.size
