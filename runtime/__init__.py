@@ -20,6 +20,9 @@ A workload is a function `(config, workdir)` that builds a `Task` and calls
                              layers with a key per example, under
                              Task(rng='example')
   fingerprint                fingerprint(tree), to compare processes
+  DynamicScale               a dynamic loss scale for float16,
+                             Task(loss_scale=DynamicScale()): Flax's, step
+                             for step (runtime/loss_scale.py)
 
 Example:
   >>> import runtime
@@ -41,7 +44,8 @@ import warnings
 from runtime.common import deprecations
 
 __all__ = [
-    'ArraySource', 'CheckpointError', 'ConfigError', 'PodrunError',
+    'ArraySource', 'CheckpointError', 'ConfigError', 'DynamicScale',
+    'PodrunError',
     'Preempted', 'Task', 'TrainResult',
     'dropout', 'evaluate', 'fingerprint', 'hooks', 'parallelism',
     'per_example', 'progress', 'train',
@@ -58,6 +62,7 @@ _EXPORTS = {
     'ArraySource': ('runtime.data', 'ArraySource'),
     'CheckpointError': ('runtime.checkpoints.checkpoint_meta', 'CheckpointError'),
     'ConfigError': ('runtime.common.exit_codes', 'ConfigError'),
+    'DynamicScale': ('runtime.loss_scale', 'DynamicScale'),
     'PodrunError': ('runtime.common.exit_codes', 'PodrunError'),
     'Preempted': ('runtime.preemption', 'Preempted'),
     'Task': ('runtime.training', 'Task'),

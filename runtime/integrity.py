@@ -1,12 +1,14 @@
 """Replica consistency: every device of every process holds the same
-parameters.
+parameters and model state.
 
 In data parallelism the replicas must agree after every step. Silent data
 corruption, or a non-deterministic op on one device, breaks that without a
 sound. Every `config.integrity_every` steps each process computes, on each
 of its devices and from that device's own copy, one checksum per parameter
 leaf: the sum, modulo 2**32, of the leaf's raw bits read as unsigned
-integers. The sum is exact and does not depend on the order of addition, and
+integers (the model state's leaves too: BatchNorm's statistics are averaged
+over the devices after every step and must agree as the parameters do). The
+sum is exact and does not depend on the order of addition, and
 flipping any one bit changes it. Process 0 gathers every device's checksums
 through the coordination service, takes the value most devices hold as the
 right one, and every process stops with exit 12 (REPLICAS_DIVERGED) when any
@@ -133,6 +135,16 @@ def leaf_paths(tree: Any) -> list[str]:
           for p, _ in jax.tree_util.tree_leaves_with_path(tree)]
 
 
+def checked(state: Any) -> tuple[dict[str, Any], list[str]]:
+  """The part of a TrainState (or of its shardings) every replica must hold
+  alike, the parameters and the model state, and each leaf's path
+  ('params[...]', 'model_state[...]')."""
+  tree = {'params': state.params, 'model_state': state.model_state}
+  paths = [f'{path[0].key}{jax.tree_util.keystr(path[1:])}'
+           for path, _ in jax.tree_util.tree_leaves_with_path(tree)]
+  return tree, paths
+
+
 def outliers(rows: dict[tuple[int, int], list[int]], paths: list[str],
              positions: Optional[dict[tuple[int, int], int]] = None,
              split: Sequence[bool] = ()) -> list[str]:
@@ -145,7 +157,7 @@ def outliers(rows: dict[tuple[int, int], list[int]], paths: list[str],
 
   Args:
     rows: {(process index, local device index): checksums, one per leaf}.
-    paths: each leaf's path.
+    paths: each leaf's path, as the message names it (`checked`).
     positions: {the same keys: shard position}; None when every device
       holds the whole parameters.
     split: per leaf, whether it is split (with `positions`).
@@ -170,12 +182,13 @@ def outliers(rows: dict[tuple[int, int], list[int]], paths: list[str],
     where = (f' (shard {positions[(process_index, device)]} of {shards})'
              if positions is not None and split[leaf] else '')
     lines.append(f'rank {process_index} device {device}{where}: first '
-                 f'differs at params{paths[leaf]}')
+                 f'differs at {paths[leaf]}')
   return lines
 
 
 class CheckReplicas(hooks_lib.Periodic):
-  """Every `every` steps: every device's parameters against the others'.
+  """Every `every` steps: every device's parameters and model state
+  against the others'.
 
   Args:
     every: config.integrity_every (0: never).
@@ -189,15 +202,16 @@ class CheckReplicas(hooks_lib.Periodic):
 
   def work(self, run) -> None:
     placed = run.placed
+    tree, paths = checked(run.state)
     if placed is None:
-      rows = checksums_by_device(run.state.params, run.parallelism)
+      rows = checksums_by_device(tree, run.parallelism)
       positions, split = None, ()
     else:
-      rows, positions = checksums_by_shard(run.state.params, placed.params)
+      shardings, _ = checked(placed)
+      rows, positions = checksums_by_shard(tree, shardings)
       split = [state_layout.SHARD_AXIS in tuple(s.spec)
-               for s in jax.tree_util.tree_leaves(placed.params)]
+               for s in jax.tree_util.tree_leaves(shardings)]
     client = coordination.current()
-    paths = leaf_paths(run.state.params)
     if client is None or client.process_count == 1:
       lines = outliers({(0, d): list(r) for d, r in enumerate(rows)}, paths,
                        None if positions is None else

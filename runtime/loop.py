@@ -38,12 +38,16 @@ class NonFiniteLossError(exit_codes.PodrunError, FloatingPointError):
 
 
 def check_finite(step: int, metrics: dict[str, float]) -> None:
-  """Raises NonFiniteLossError naming `step` when its loss is NaN or inf."""
+  """Raises NonFiniteLossError naming `step` when its loss is NaN or inf,
+  but for a step the loss scale skipped (runtime/loss_scale.py), which
+  changed nothing."""
   loss = metrics['loss']
-  if not np.isfinite(loss):
+  if not np.isfinite(loss) and not metrics.get('loss_scale_skipped'):
     raise NonFiniteLossError(
-        f'the loss is {loss} at step {step}; stopping. Lower the learning rate'
-        ' or check the data of that step.')
+        f'the loss is {loss} at step {step}; stopping (exit 1). Lower the '
+        'learning rate or check the data of that step; in float16, '
+        'Task(loss_scale=runtime.DynamicScale()) skips a step whose '
+        'gradients are not finite instead.')
 
 
 # The share of a device's memory a copy of the state may take it up to.

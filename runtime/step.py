@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from runtime.common import exit_codes
+from runtime import loss_scale as loss_scale_lib
 from runtime import parallelism as parallelism_lib
 from runtime.parallelism import collectives
 from runtime.parallelism import microbatches as microbatches_lib
@@ -186,23 +187,31 @@ def _check_loss_metric(metrics: Mapping, loss: Any) -> None:
 
 
 def _loss_and_grads(loss_fn: LossFn, state: TrainState, batch: Any,
-                    extra: tuple, has_model_state: bool, axis: Any = _AXIS):
-  """(loss, metrics, new model_state, grads) of one device's batch."""
+                    extra: tuple, has_model_state: bool, axis: Any = _AXIS,
+                    scale: Any = None):
+  """(loss, metrics, new model_state, grads) of one device's batch; with a
+  loss `scale` (runtime/loss_scale.py), the gradients of the scaled loss,
+  unscaled in float32, as Flax's DynamicScale takes them."""
   loss_fn = _checked_output(loss_fn, has_model_state, axis)
+  if scale is not None:
+    loss_fn = loss_scale_lib.scaled(loss_fn, scale)
+  args = ((state.params, state.model_state, batch, *extra) if has_model_state
+          else (state.params, batch, *extra))
+  (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(*args)
+  if scale is not None:
+    loss, grads = loss_scale_lib.unscaled(loss, grads, scale)
   if not has_model_state:
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params, batch, *extra)
-    return loss, metrics, state.model_state, grads
-  (loss, (metrics, model_state)), grads = jax.value_and_grad(
-      loss_fn, has_aux=True)(state.params, state.model_state, batch, *extra)
+    return loss, aux, state.model_state, grads
+  metrics, model_state = aux
   return loss, metrics, model_state, grads
 
 
 def _group_values(loss_fn: LossFn, state: TrainState, group: Any,
-                  extra: tuple, has_model_state: bool, axis: Any = _AXIS):
+                  extra: tuple, has_model_state: bool, axis: Any = _AXIS,
+                  scale: Any = None):
   """({**metrics, 'loss'}, new model_state, grads) of one group."""
   loss, metrics, model_state, grads = _loss_and_grads(
-      loss_fn, state, group, extra, has_model_state, axis)
+      loss_fn, state, group, extra, has_model_state, axis, scale)
   structure.check_same('model_state', state.model_state, model_state,
                        _MODEL_STATE_HINT)
   return {**metrics, 'loss': loss}, model_state, grads
@@ -210,7 +219,7 @@ def _group_values(loss_fn: LossFn, state: TrainState, group: Any,
 
 def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
                  layout: microbatches_lib.Layout, rng: Optional[str],
-                 has_model_state: bool, axis: Any = _AXIS):
+                 has_model_state: bool, axis: Any = _AXIS, scale: Any = None):
   """Metrics, model state and grads averaged over the step's real groups.
 
   One device's batch, (k x m, ...) per leaf, runs as k groups of m, one
@@ -231,7 +240,8 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
   def counted(group, j):
     index = first + j
     extra = randomness.keys_for(rng, step_rng, index, index * m, m)
-    out = _group_values(loss_fn, state, group, extra, has_model_state, axis)
+    out = _group_values(loss_fn, state, group, extra, has_model_state, axis,
+                        scale)
     real = index < layout.real_groups
     return jax.tree_util.tree_map(
         lambda x: jnp.where(real, x, jnp.zeros_like(x)), out)
@@ -285,7 +295,7 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                     rng: Optional[str] = None,
                     has_model_state: bool = False,
                     layout: Optional[microbatches_lib.Layout] = None,
-                    steps: int = 1) -> Callable:
+                    steps: int = 1, loss_scale: bool = False) -> Callable:
   """Builds the data-parallel step `(state, batch) -> (state, metrics)`.
 
   Each device computes the loss and gradients of its share of the batch; the
@@ -316,6 +326,10 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
       after another in a `lax.scan`: the same updates and keys as as many
       calls. Each device's rows are then the steps' rows in step order
       (`runtime.dispatch.stack`).
+    loss_scale: the optimiser is `loss_scale.wrap`'s and its state a
+      `ScaleState`: the loss is scaled by it before differentiating, each
+      device's gradients unscaled before the pmean, and the metrics gain
+      `loss_scale.metrics`.
 
   Returns:
     step(state, batch) with state a replicated `TrainState` and batch placed
@@ -333,8 +347,10 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
 
   def step(state: TrainState, batch: Any):
     next_rng, step_rng = jax.random.split(state.rng)
-    metrics, model_state, grads = values(state, batch, step_rng)
-    return _applied(optimizer, state, grads, model_state, next_rng), metrics
+    scale = state.opt_state.scale if loss_scale else None
+    metrics, model_state, grads = values(state, batch, step_rng, scale)
+    new = _applied(optimizer, state, grads, model_state, next_rng)
+    return new, _with_scale_metrics(metrics, new)
 
   return parallelism.map(_scanned(step, steps, _device_steps),
                          in_axes=(None, 0), out_axes=(None, None),
@@ -371,16 +387,16 @@ def _device_values(loss_fn: LossFn, contract: Optional[str],
   one_pass = layout is None or (layout.microbatches == 1 and
                                 not layout.padded_groups)
 
-  def values(state: TrainState, batch: Any, step_rng):
+  def values(state: TrainState, batch: Any, step_rng, scale=None):
     if one_pass:  # The step of before accumulation, bit for bit.
       rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
       device = lax.axis_index(axis)
       extra = randomness.keys_for(contract, step_rng, device, device * rows,
                                   rows)
       return lax.pmean(_group_values(loss_fn, state, batch, extra,
-                                     has_model_state, axis), axis)
+                                     has_model_state, axis, scale), axis)
     return _accumulated(loss_fn, state, batch, step_rng, layout, contract,
-                        has_model_state, axis)
+                        has_model_state, axis, scale)
   return values
 
 
@@ -392,8 +408,17 @@ def _applied(optimizer: optax.GradientTransformation, state: TrainState,
                        dtypes=False)
   structure.check_same('the optimiser state', state.opt_state, opt_state)
   params = optax.apply_updates(state.params, updates)
+  if isinstance(opt_state, loss_scale_lib.ScaleState):
+    params = loss_scale_lib.kept_where_skipped(opt_state, params, state.params)
   structure.check_same('params', state.params, params)
   return TrainState(params, model_state, opt_state, next_rng)
+
+
+def _with_scale_metrics(metrics: dict, new: TrainState) -> dict:
+  """The step's metrics, with the loss scale's where it has one."""
+  if isinstance(new.opt_state, loss_scale_lib.ScaleState):
+    return {**metrics, **loss_scale_lib.metrics(new.opt_state)}
+  return metrics
 
 
 def make_sharded_train_step(loss_fn: LossFn,
@@ -402,7 +427,8 @@ def make_sharded_train_step(loss_fn: LossFn,
                             rng: Optional[str] = None,
                             has_model_state: bool = False,
                             layout: Optional[microbatches_lib.Layout] = None,
-                            steps: int = 1) -> Callable:
+                            steps: int = 1,
+                            loss_scale: bool = False) -> Callable:
   """The step of `make_train_step` under `parallelism.SHARD_MAP`, with the
   state split over each replica's devices: the same per-device values, the
   same update, each leaf living where `placed` says, and no device holding
@@ -426,7 +452,7 @@ def make_sharded_train_step(loss_fn: LossFn,
   over a leaf (a global norm) reduces over all of it.
 
   Args:
-    loss_fn, optimizer, rng, has_model_state, layout, steps: as
+    loss_fn, optimizer, rng, has_model_state, layout, steps, loss_scale: as
       `make_train_step`.
     placed: a TrainState of NamedShardings (`state_shardings`).
 
@@ -448,12 +474,16 @@ def make_sharded_train_step(loss_fn: LossFn,
     rows = jax.tree_util.tree_map(
         lambda x: lax.with_sharding_constraint(
             x.reshape((grid.size, -1) + x.shape[1:]), by_device), batch)
+    scale = state.opt_state.scale if loss_scale else None
+    loss_fn = total if scale is None else loss_scale_lib.scaled(total, scale)
     (loss, (metrics, model_state)), grads = jax.value_and_grad(
-        total, has_aux=True)(state.params, state.model_state, rows, step_rng)
+        loss_fn, has_aux=True)(state.params, state.model_state, rows, step_rng)
+    if scale is not None:
+      loss, grads = loss_scale_lib.unscaled(loss, grads, scale)
     grads = jax.tree_util.tree_map(lax.with_sharding_constraint, grads,
                                    placed.params)
-    return (_applied(optimizer, state, grads, model_state, next_rng),
-            {**metrics, 'loss': loss})
+    new = _applied(optimizer, state, grads, model_state, next_rng)
+    return new, _with_scale_metrics({**metrics, 'loss': loss}, new)
 
   def global_steps(batch, steps):
     # Each device's rows are its rows of every step in step order: as

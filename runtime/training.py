@@ -49,6 +49,7 @@ from runtime import integrity
 from runtime.checkpoints import local_cadence
 from runtime.checkpoints import local_checkpoint
 from runtime import loop
+from runtime import loss_scale as loss_scale_lib
 from runtime import metrics as metrics_lib
 from runtime import options as options_lib
 from runtime import parallelism as parallelism_lib
@@ -112,6 +113,11 @@ class Task:
       (runtime/flops.py). The step lines' TFLOP/s and MFU come from it.
     tokens_per_example: where examples are sequences, their length; the
       step lines then give tokens_per_sec.
+    loss_scale: a dynamic loss scale for float16 (runtime/loss_scale.py,
+      Flax's DynamicScale step for step): the loss is scaled before
+      differentiating, a step whose gradients are not all finite is
+      skipped (its non-finite loss then stops nothing) and the scale backs
+      off; None: none.
     evaluate: the old name of `eval_fn`, kept for one release.
   """
   params: Any
@@ -127,6 +133,7 @@ class Task:
   shard_dims: Optional[Mapping[str, Optional[int]]] = None
   flops_per_example: Optional[float] = None
   tokens_per_example: Optional[int] = None
+  loss_scale: Optional[loss_scale_lib.DynamicScale] = None
   evaluate: Optional[Callable[[Any, Any], dict[str, float]]] = None
 
   def __post_init__(self):
@@ -139,6 +146,13 @@ class Task:
                          'give eval_fn alone')
       object.__setattr__(self, 'eval_fn', self.evaluate)
       object.__setattr__(self, 'evaluate', None)
+
+  def step_optimizer(self) -> optax.GradientTransformation:
+    """The optimiser the step runs: `optimizer`, under the loss scale's
+    wrapper where the task has one."""
+    if self.loss_scale is None:
+      return self.optimizer
+    return loss_scale_lib.wrap(self.optimizer, self.loss_scale)
 
 
 class DataSourceError(exit_codes.ConfigError):
@@ -306,16 +320,17 @@ class _Programs:
 
   def _build(self, steps: int) -> Callable:
     task, has_model_state = self._task, self._task.model_state is not None
+    scaled = task.loss_scale is not None
     if self._placed is None:
       step = step_lib.make_train_step(
-          task.loss_fn, task.optimizer, self._par, rng=self._contract,
+          task.loss_fn, task.step_optimizer(), self._par, rng=self._contract,
           has_model_state=has_model_state, layout=self._batch_layout,
-          steps=steps)
+          steps=steps, loss_scale=scaled)
     else:
       step = step_lib.make_sharded_train_step(
-          task.loss_fn, task.optimizer, self._placed, rng=self._contract,
-          has_model_state=has_model_state, layout=self._batch_layout,
-          steps=steps)
+          task.loss_fn, task.step_optimizer(), self._placed,
+          rng=self._contract, has_model_state=has_model_state,
+          layout=self._batch_layout, steps=steps, loss_scale=scaled)
     if steps == 1:
       step = self._measured = flops_lib.Measured(step)
     stage = 'program' if steps == 1 else f'program_{steps}_steps'
@@ -444,7 +459,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     in_flight_limit = max_steps_in_flight(options.max_steps_in_flight,
                                           topo.platform)
     par = parallelism_lib.from_config(config)
-    state = step_lib.init_state(task.params, task.optimizer,
+    state = step_lib.init_state(task.params, task.step_optimizer(),
                                 options.data.seed, task.model_state)
     placed, where = _shardings(config, state, task.shard_dims,
                                options.elastic)

@@ -10,6 +10,10 @@ from runtime import parallelism
 pytestmark = pytest.mark.devices
 
 
+def _paths(params):
+  return [f'params{path}' for path in integrity.leaf_paths(params)]
+
+
 def _replicated(par):
   params = {'a': np.arange(6, dtype=np.float32).reshape(2, 3),
             'b': {'c': np.ones(4, np.float32)}}
@@ -38,17 +42,17 @@ def test_a_flipped_bit_on_one_device_is_named_with_its_path():
   rows = integrity.checksums_by_device(params, parallelism.PMAP)
   assert [d for d in range(8) if (rows[d] != rows[0]).any()] == [5]
   lines = integrity.outliers({(0, d): list(r) for d, r in enumerate(rows)},
-                             integrity.leaf_paths(params))
+                             _paths(params))
   assert lines == ["rank 0 device 5: first differs at params['b']['c']"]
 
 
 def test_outliers_take_the_majority_as_right():
   rows = {(r, d): [1, 2] for r in range(2) for d in range(4)}
   rows[(1, 3)] = [1, 3]
-  assert integrity.outliers(rows, ["['w']", "['b']"]) == [
+  assert integrity.outliers(rows, ["params['w']", "params['b']"]) == [
       "rank 1 device 3: first differs at params['b']"]
   rows[(1, 3)] = [1, 2]
-  assert integrity.outliers(rows, ["['w']", "['b']"]) == []
+  assert integrity.outliers(rows, ["params['w']", "params['b']"]) == []
 
 
 def _sharded_params(replicas):
@@ -81,12 +85,12 @@ def test_a_sharded_state_is_checked_shard_by_shard_against_the_other_replicas():
   params, shardings = _sharded_params(2)
   rows, positions = integrity.checksums_by_shard(params, shardings)
   assert rows.shape == (8, 2) and positions == [0, 1, 2, 3] * 2
-  kernel = integrity.leaf_paths(params).index("['kernel']")
+  kernel = _paths(params).index("params['kernel']")
   assert (rows[:4] == rows[4:]).all()
   assert len({r[kernel] for r in rows[:4]}) == 4  # Each its own part.
   keys = lambda values: {(0, d): v for d, v in enumerate(values)}
-  paths = integrity.leaf_paths(params)
-  split = [path == "['kernel']" for path in paths]
+  paths = _paths(params)
+  split = [path == "params['kernel']" for path in paths]
   assert integrity.outliers(keys([list(r) for r in rows]), paths,
                             keys(positions), split) == []
   params['kernel'] = _flip(params['kernel'], 6)
@@ -114,10 +118,10 @@ def test_a_leaf_kept_whole_is_checked_on_every_device_of_one_replica():
   rows, positions = integrity.checksums_by_shard(params, shardings)
   assert positions == list(range(8))
   keys = lambda values: {(0, d): v for d, v in enumerate(values)}
-  paths = integrity.leaf_paths(params)
+  paths = _paths(params)
   assert integrity.outliers(keys([list(r) for r in rows]), paths,
                             keys(positions),
-                            [path == "['kernel']" for path in paths]) == [
+                            [path == "params['kernel']" for path in paths]) == [
                                 "rank 0 device 3: first differs at "
                                 "params['bias']"]
 
@@ -127,9 +131,29 @@ def test_four_replicas_name_only_the_odd_one():
   params['kernel'] = _flip(params['kernel'], 5)
   rows, positions = integrity.checksums_by_shard(params, shardings)
   assert positions == [0, 1] * 4
-  paths = integrity.leaf_paths(params)
+  paths = _paths(params)
   assert integrity.outliers(
       {(0, d): list(r) for d, r in enumerate(rows)}, paths,
       {(0, d): p for d, p in enumerate(positions)},
-      [path == "['kernel']" for path in paths]) == [
+      [path == "params['kernel']" for path in paths]) == [
           "rank 0 device 5 (shard 1 of 2): first differs at params['kernel']"]
+
+
+def test_the_model_state_is_checked_with_the_parameters():
+  # BatchNorm's statistics are averaged after every step and must agree on
+  # every device as the parameters do.
+  from runtime import step  # pylint: disable=g-import-not-at-top
+  par = parallelism.PMAP
+  state = step.TrainState(
+      params=_replicated(par),
+      model_state=par.replicate({'batch_stats': {'mean': np.ones(
+          3, np.float32)}}), opt_state=(), rng=None)
+  tree, paths = integrity.checked(state)
+  assert paths == ["model_state['batch_stats']['mean']", "params['a']",
+                   "params['b']['c']"]
+  mean = tree['model_state']['batch_stats']['mean']
+  tree['model_state']['batch_stats']['mean'] = _flip(mean, 4)
+  rows = integrity.checksums_by_device(tree, par)
+  assert integrity.outliers({(0, d): list(r) for d, r in enumerate(rows)},
+                            paths) == [
+      "rank 0 device 4: first differs at model_state['batch_stats']['mean']"]
