@@ -125,6 +125,11 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   config.integrity_every = 100
   # TensorBoard event files in WORKDIR/tensorboard besides metrics.jsonl.
   config.tensorboard = True
+  # Put before the names of the step's own metrics (loss, the loss_fn's) and
+  # the learning rate in metrics.jsonl, TensorBoard and the step lines:
+  # 'train_' writes train_loss, as Flax's examples do. Evaluation's are
+  # eval_* either way; podrun's speed fields keep their names.
+  config.metrics_prefix = ''
   # A profiler trace of steps start_step + 1 .. start_step + num_steps into
   # WORKDIR/tensorboard (0 steps: none).
   config.profile = config_dict.ConfigDict()

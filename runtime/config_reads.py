@@ -23,21 +23,49 @@ from ml_collections import ConfigDict
 
 from runtime.common import exit_codes
 
-# Another trainer's top-level name -> what podrun reads instead.
+# Another trainer's top-level name -> what to do instead in podrun.
 FOREIGN = {
-    'batch_size': 'config.global_batch_size',
-    'train_batch_size': 'config.global_batch_size',
-    'per_device_batch_size': 'config.global_batch_size (the whole step\'s)',
-    'num_epochs': 'config.steps (epochs x examples / global_batch_size)',
-    'num_train_steps': 'config.steps',
-    'max_steps': 'config.steps',
-    'learning_rate': 'config.optimizer.learning_rate, or the optimizer your '
-                     'Task builds',
-    'warmup_epochs': 'a schedule in the optimizer your Task builds '
+    'batch_size': 'set config.global_batch_size',
+    'train_batch_size': 'set config.global_batch_size',
+    'per_device_batch_size': 'set config.global_batch_size (the whole step\'s)',
+    'num_epochs': 'set config.steps (epochs x examples / global_batch_size)',
+    'num_train_steps': 'set config.steps',
+    'max_steps': 'set config.steps',
+    'learning_rate': 'set config.optimizer.learning_rate, or the optimizer '
+                     'your Task builds',
+    'warmup_epochs': 'set a schedule in the optimizer your Task builds '
                      '(Task.schedule logs it)',
-    'warmup_steps': 'a schedule in the optimizer your Task builds '
+    'warmup_steps': 'set a schedule in the optimizer your Task builds '
                     '(Task.schedule logs it)',
+    # The rest of Flax's ImageNet example's configs/default.py.
+    'momentum': 'set config.optimizer.momentum, read where your Task builds '
+                'its optimizer',
+    'half_precision': 'read it in your workload: the model\'s dtype (float16 '
+                      'or bfloat16) and, for float16, '
+                      'Task(loss_scale=runtime.DynamicScale())',
+    'log_every_steps': 'set config.log_every',
+    'steps_per_eval': 'let your eval_fn choose what it scores '
+                      '(runtime.evaluate scores the whole split); '
+                      'config.eval_every says how often',
+    'checkpoint_every_steps': 'set config.checkpoint_every',
+    'cache': 'drop it: podrun reads examples by index (runtime.ArraySource '
+             'holds them in memory); read it in your workload',
+    'shuffle_buffer_size': 'set config.data.shuffle (podrun shuffles the '
+                           'whole data set every epoch)',
 }
+
+# Other trainers' names that decide what a run computes where a workload
+# reads them: a resumed run must agree with its checkpoint on them, as on
+# the trajectory sections (runtime/checkpoints/checkpoint_meta.py).
+FOREIGN_TRAJECTORY = ('batch_size', 'train_batch_size',
+                      'per_device_batch_size', 'num_epochs', 'learning_rate',
+                      'warmup_epochs', 'warmup_steps', 'momentum',
+                      'half_precision', 'weight_decay')
+
+# podrun's defaults of the trajectory sections that only a workload reads:
+# where nothing read one before the run (a workload that reads its own
+# name instead), a change of it changes nothing and blocks no resume.
+WORKLOAD_DEFAULTS = (('optimizer', 'learning_rate'),)
 
 # Attribute access and get: what code reads a field by; to_dict, items and
 # copies go through __getitem__, and read every field alike.
@@ -50,7 +78,8 @@ PODRUN_FIELDS = frozenset((
     'eval_every', 'global_batch_size', 'integrity_every', 'keep_checkpoints',
     'keep_local_checkpoints', 'local_checkpoint_dir', 'local_checkpoint_every',
     'local_checkpoint_every_s', 'local_checkpoint_leftover_hours', 'log_every',
-    'max_steps_in_flight', 'microbatch_size', 'microbatches', 'model',
+    'max_steps_in_flight', 'metrics_prefix', 'microbatch_size',
+    'microbatches', 'model',
     'optimizer', 'parallelism', 'prefetch', 'profile', 'replica', 'restore',
     'restore_may_change', 'retry_exit_codes', 'seed', 'shard_dims',
     'state_layout', 'steps', 'steps_per_dispatch', 'tensorboard', 'topology',
@@ -100,19 +129,51 @@ def unread(config: ConfigDict) -> list[str]:
                 if f not in PODRUN_FIELDS and (id(config), f) not in _reads)
 
 
+def unread_defaults(config: ConfigDict) -> list[str]:
+  """The WORKLOAD_DEFAULTS nothing read since `start`, as 'section.field';
+  [] when not recording."""
+  if _reads is None:
+    return []
+  found = []
+  for section, field in WORKLOAD_DEFAULTS:
+    holder = config._fields.get(section)  # pylint: disable=protected-access
+    if isinstance(holder, ConfigDict) and field in holder and (
+        id(holder), field) not in _reads:
+      found.append(f'{section}.{field}')
+  return found
+
+
+# config.prefetch's default; Flax's examples set 10 for tf.data's host
+# buffer, which podrun would take as batches held on every device.
+_PREFETCH_SAID_ABOVE = 4
+
+
+def _say_prefetch(prefetch) -> None:
+  if isinstance(prefetch, int) and prefetch > _PREFETCH_SAID_ABOVE:
+    logging.warning(
+        'config.prefetch=%d: podrun places that many batches on the devices '
+        'ahead of the step, each in device memory (default 2, enough to keep '
+        'an accelerator busy). Flax\'s examples\' prefetch is tf.data\'s '
+        'host buffer, which podrun has no use for: drop it unless you mean '
+        'device batches.', prefetch)
+
+
 def check(config: ConfigDict) -> None:
-  """Refuses another trainer's names that nothing read; recording goes on.
+  """Refuses another trainer's names that nothing read, and says where one
+  of podrun's own names means something else there (config.prefetch);
+  recording goes on.
 
   Raises:
     UnreadConfigError: naming each such field and podrun's name for it.
   """
+  _say_prefetch(config.get('prefetch'))
   foreign = [f for f in unread(config) if f in FOREIGN]
   if foreign:
     stop()
     raise UnreadConfigError(
         'the config sets ' + '; '.join(
-            f'{f}={config[f]!r}, which podrun does not read: set '
-            f'{FOREIGN[f]}' for f in foreign) +
+            f'{f}={config[f]!r}, which podrun does not read: {FOREIGN[f]}'
+            for f in foreign) +
         '. Nothing in the job read them before step 1. Drop them, or read '
         'them in the workload.')
 

@@ -138,10 +138,12 @@ class LogMetrics(Periodic):
       if not self._described:
         self._described = True
         run.writer.log(run.figures.describe())
-    record = {**run.window.means(), **rates}
+    prefix = run.options.logging.metrics_prefix
+    record = {**{prefix + k: v for k, v in run.window.means().items()},
+              **rates}
     if self.schedule is not None:
       # The rate the last step used: optax counts updates from 0.
-      record['learning_rate'] = float(self.schedule(step - 1))
+      record[prefix + 'learning_rate'] = float(self.schedule(step - 1))
     run.writer.write(step, record)
     speed = record.get('steps_per_sec')
     eta = '' if speed is None else ' eta=' + metrics_lib.format_duration(

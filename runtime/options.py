@@ -49,11 +49,14 @@ class Logging:
     tensorboard: whether TensorBoard events are written too.
     profile_start: the first step a profile covers.
     profile_steps: how many steps it covers (0: no profile).
+    metrics_prefix: put before the names of the step's own metrics and the
+      learning rate where they are written (config.metrics_prefix).
   """
   every: int
   tensorboard: bool
   profile_start: int = 0
   profile_steps: int = 0
+  metrics_prefix: str = ''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +106,8 @@ class TrainOptions:
         logging=Logging(every=config.log_every,
                         tensorboard=bool(config.tensorboard),
                         profile_start=profile.get('start_step', 0) or 0,
-                        profile_steps=profile.get('num_steps', 0) or 0),
+                        profile_steps=profile.get('num_steps', 0) or 0,
+                        metrics_prefix=config.get('metrics_prefix') or ''),
         eval_every=config.eval_every,
         integrity_every=config.integrity_every,
         max_steps_in_flight=config.max_steps_in_flight,

@@ -173,7 +173,7 @@ def final_state(workdir) -> dict:
   root = pathlib.Path(workdir) / 'checkpoints'
   newest = max((p for p in root.iterdir() if p.name.isdigit()),
                key=lambda p: int(p.name))
-  return checkpoint.read_state(str(newest))
+  return checkpoint.read_state(str(newest))._asdict()
 
 
 def assert_trees_close(one, two, rtol: float, atol: float) -> None:

@@ -238,8 +238,8 @@ def test_a_sharded_state_saves_and_loads_split_whole_or_split_otherwise(
                 a.sharding == sharding), (step, replicas, a)
     # And read outside a run, as numpy, whoever wrote it.
     read = checkpoint.read_state(str(tmp_path / str(step)))
-    assert np.array_equal(read['params']['kernel'], host.params['kernel'])
-    assert np.array_equal(read['rng'], host.rng)
+    assert np.array_equal(read.params['kernel'], host.params['kernel'])
+    assert np.array_equal(read.rng, host.rng)
   ckpt.close()
 
 

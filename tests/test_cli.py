@@ -243,3 +243,37 @@ def test_a_workdir_url_is_a_bucket_or_refused_never_a_directory(tmp_path):
     assert result.returncode == 2, result.output  # CONFIG_ERROR.
     assert f'--workdir={workdir}: {says}' in result.stderr, result.stderr
   assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize('spelling, said', [
+    # Flax's examples' configs/default.py: plain values where podrun has
+    # sections; ml_collections' TypeError names neither.
+    ("config.model = 'ResNet50'",
+     "config.model is podrun's section of fields (runtime/config_base.py), "
+     "not a value: Flax's examples set config.model = 'ResNet50': write "
+     "config.model.name = 'ResNet50' and read config.model.name in the "
+     'workload'),
+    ('config.profile = True',
+     "config.profile is podrun's section of fields (runtime/config_base.py), "
+     "not a value: Flax's examples set config.profile = True: set "
+     'config.profile.num_steps'),
+])
+def test_a_plain_value_for_one_of_podrun_s_sections_is_named(
+    tmp_path, spelling, said):
+  config = tmp_path / 'default.py'
+  config.write_text('from configs import linear_regression\n\n'
+                    'def get_config():\n'
+                    '  config = linear_regression.get_config()\n'
+                    f'  {spelling}\n'
+                    '  return config\n')
+  result = helpers.run_launcher([f'--config={config}',
+                                 f'--workdir={tmp_path}'], timeout=60)
+  assert result.returncode == 2
+  assert said in result.stderr, result.stderr
+  # And on the command line.
+  flag = helpers.run_launcher(['--config=configs/linear_regression.py',
+                               '--config.profile=True',
+                               f'--workdir={tmp_path}'], timeout=60)
+  assert flag.returncode == 2
+  assert ("config.profile is podrun's section of fields" in flag.stderr), (
+      flag.stderr)

@@ -6,11 +6,13 @@ import dataclasses
 import logging
 
 from ml_collections import ConfigDict
+import optax
 import pytest
 
 from runtime import config_base
 from configs import linear_regression as linear_regression_config
 from runtime import config_reads
+from runtime.checkpoints import checkpoint_meta
 from runtime import training
 from runtime.workloads import linear_regression
 
@@ -94,3 +96,75 @@ def test_without_the_launcher_nothing_is_recorded(tmp_path):
   config = _flax_config()
   task, _ = linear_regression.make_task(config)
   training.train(config, str(tmp_path), task)  # No start(): no check.
+
+
+def _imagenet_config() -> ConfigDict:
+  # The rest of Flax's ImageNet example's configs/default.py.
+  config = linear_regression_config.get_config()
+  config.steps = 3
+  config.momentum = 0.9
+  config.half_precision = True
+  config.log_every_steps = 100
+  config.steps_per_eval = -1
+  config.cache = False
+  config.shuffle_buffer_size = 16 * 128
+  config.warmup_epochs = 5.0
+  return config
+
+
+def test_flax_s_imagenet_names_are_told_with_podrun_s_spelling(tmp_path):
+  config = _imagenet_config()
+  task, _ = linear_regression.make_task(config)
+  config_reads.start()
+  with pytest.raises(config_reads.UnreadConfigError) as e:
+    training.train(config, str(tmp_path), task)
+  said = str(e.value)
+  for name, podrun in (
+      ('momentum=0.9', 'set config.optimizer.momentum'),
+      ('half_precision=True', "read it in your workload: the model's dtype "
+       '(float16 or bfloat16) and, for float16, '
+       'Task(loss_scale=runtime.DynamicScale())'),
+      ('log_every_steps=100', 'set config.log_every'),
+      ('steps_per_eval=-1', 'let your eval_fn choose what it scores'),
+      ('cache=False', 'drop it: podrun reads examples by index'),
+      ('shuffle_buffer_size=2048', 'set config.data.shuffle'),
+      ('warmup_epochs=5.0', 'set a schedule in the optimizer')):
+    assert f'{name}, which podrun does not read: {podrun}' in said, name
+
+
+def test_flax_s_prefetch_is_told_before_step_1(tmp_path, caplog):
+  config = linear_regression_config.get_config()
+  config.steps, config.prefetch = 2, 10
+  task, _ = linear_regression.make_task(config)
+  with caplog.at_level(logging.WARNING):
+    training.train(config, str(tmp_path), task)
+  assert ("config.prefetch=10: podrun places that many batches on the "
+          'devices ahead of the step') in caplog.text
+
+
+def _flax_run(config, workdir):
+  """A Flax-style workload under the launcher's recording: its optimizer
+  from top-level names, never config.optimizer.learning_rate."""
+  task, _ = linear_regression.make_task(config)  # Before: not recorded.
+  config_reads.start()
+  try:
+    rate = config.learning_rate * config.momentum / config.num_epochs
+    return training.train(config, workdir, dataclasses.replace(
+        task, optimizer=optax.sgd(rate)))
+  finally:
+    config_reads.stop()
+
+
+def test_a_foreign_name_the_workload_reads_joins_the_resume_check(tmp_path):
+  config = _flax_config()
+  del config['batch_size']
+  config.momentum = 0.9
+  _flax_run(config, str(tmp_path))
+  config.steps, config.num_epochs = 6, 20
+  with pytest.raises(checkpoint_meta.CheckpointError,
+                     match=r'config.num_epochs: checkpoint 10, this run 20'):
+    _flax_run(config, str(tmp_path))
+  # And podrun's default that this workload never reads may change.
+  config.num_epochs = 10
+  config.optimizer.learning_rate = 0.5
+  assert _flax_run(config, str(tmp_path)).start_step == 3

@@ -82,7 +82,8 @@ def _train(name: str, workdir, steps: int = 30):
 
 def test_every_example_is_a_file_or_runs_here(project):
   assert {'my_regression', 'my_regression_config', 'my_evaluation',
-          'my_hooks', 'my_dropout', 'my_linen', 'my_loop'} <= set(project)
+          'my_hooks', 'my_dropout', 'my_linen', 'my_loop',
+          'my_imagenet'} <= set(project)
 
 
 def test_the_regression_learns_its_weights(project, tmp_path):
@@ -113,6 +114,17 @@ def test_the_linen_model_trains_with_a_key_per_call(project, tmp_path):
   first = _train('my_linen', tmp_path / 'a', steps=1)
   last = _train('my_linen', tmp_path / 'b', steps=30)
   assert last.final_metrics['loss'] < first.final_metrics['loss']
+
+
+def test_flax_s_imagenet_habits_train_as_the_docs_say(project, tmp_path):
+  # The workload sets config.steps from num_epochs: 3 epochs of 16 steps.
+  result = _train('my_imagenet', tmp_path)
+  assert result.steps == 48
+  rows = [json.loads(l) for l in
+          (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert rows[-1]['cross_entropy'] < rows[0]['cross_entropy']
+  assert {'loss_scale', 'loss_scale_skipped', 'learning_rate'} <= set(rows[0])
+  assert result.model_state['batch_stats']
 
 
 def test_a_loop_of_its_own_learns_the_weights(project, tmp_path):

@@ -282,3 +282,19 @@ def test_a_metric_named_loss_is_refused_unless_it_is_the_loss(tmp_path):
                          dataclasses.replace(task, loss_fn=same))
   assert named.fingerprint == plain.fingerprint
   assert named.final_metrics['loss'] == plain.final_metrics['loss']
+
+
+def test_a_metrics_prefix_names_the_step_s_metrics_as_flax_s_writer(
+    tmp_path):
+  config = linear_regression_config.get_config()
+  config.steps, config.log_every = 4, 2
+  config.metrics_prefix = 'train_'
+  task, _ = linear_regression.make_task(config)
+  task = dataclasses.replace(task, schedule=lambda count: 0.1)
+  training.train(config, str(tmp_path), task)
+  with open(tmp_path / 'metrics.jsonl') as f:
+    rows = [json.loads(line) for line in f]
+  assert [r['step'] for r in rows] == [2, 4]
+  assert {'train_loss', 'train_learning_rate', 'steps_per_sec'} <= set(
+      rows[0])
+  assert 'loss' not in rows[0] and 'learning_rate' not in rows[0]

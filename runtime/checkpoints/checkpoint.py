@@ -313,28 +313,51 @@ def open_for(options: checkpoint_options.Checkpointing) -> Checkpoints:
 
 
 def read_state(step_dir: str) -> Any:
-  """The 'state' item of one checkpoint as nested dicts of numpy arrays,
+  """The 'state' item of one checkpoint as a TrainState of numpy arrays,
   whoever wrote it, on any machine (outside a job too).
 
   Args:
     step_dir: a checkpoint's directory, WORKDIR/checkpoints/STEP.
 
   Returns:
-    {'params': ..., 'model_state': ..., 'opt_state': ..., 'rng': ...}, the
-    TrainState's fields, each leaf a numpy array.
+    runtime.step.TrainState: params, model_state, opt_state (as nested
+    dicts: the optimiser's own types are not saved) and rng, each leaf a
+    numpy array; `._asdict()` for a dict.
 
   Example:
     >>> state = read_state('/tmp/w/checkpoints/300')
-    >>> state['params']['dense']['kernel'].shape
+    >>> state.params['dense']['kernel'].shape
     (784, 128)
   """
+  from runtime import step  # pylint: disable=g-import-not-at-top
   item = epath.Path(step_dir) / 'state'
   reader = ocp.PyTreeCheckpointer()
-  # As numpy: without a target orbax would put a sharded state's arrays
-  # back on the devices that saved them, which this process may lack.
-  as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                          reader.metadata(item).item_metadata.tree)
-  return reader.restore(item, restore_args=as_numpy)
+  # The item has no metadata file of its own (the manager keeps the
+  # step's): orbax would warn on every read of one.
+  quiet = _Without('Metadata file does not exist')
+  absl_logger = stdlib_logging.getLogger('absl')
+  absl_logger.addFilter(quiet)
+  try:
+    # As numpy: without a target orbax would put a sharded state's arrays
+    # back on the devices that saved them, which this process may lack.
+    as_numpy = jax.tree.map(
+        lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+        reader.metadata(item).item_metadata.tree)
+    read = reader.restore(item, restore_args=as_numpy)
+  finally:
+    absl_logger.removeFilter(quiet)
+  return step.TrainState(**read)
+
+
+class _Without(stdlib_logging.Filter):
+  """Drops the log records whose message starts with `start`."""
+
+  def __init__(self, start: str):
+    super().__init__()
+    self._start = start
+
+  def filter(self, record: stdlib_logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(self._start)
 
 
 def refuse_existing(ckpt: Checkpoints) -> None:

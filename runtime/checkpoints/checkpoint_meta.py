@@ -20,6 +20,7 @@ import numpy as np
 
 from runtime.common import exit_codes
 from runtime.common import mappings
+from runtime import config_reads
 
 # The config sections that decide what a run computes. A resumed run must
 # agree with its checkpoint on these (but for config.restore_may_change);
@@ -38,12 +39,17 @@ class CheckpointError(exit_codes.PodrunError):
 def trajectory_config(config: ConfigDict) -> dict[str, Any]:
   """The config fields a checkpoint must agree on, flattened to 'a.b' keys.
 
-  Every field of TRAJECTORY_SECTIONS but those config.restore_may_change
-  names (a field, or a whole section).
+  Every field of TRAJECTORY_SECTIONS, and another trainer's top-level names
+  that decide a run (config_reads.FOREIGN_TRAJECTORY: Flax's num_epochs,
+  learning_rate, momentum, ...), but those config.restore_may_change names
+  (a field, or a whole section) and podrun's defaults that nothing read
+  before the run (config_reads.unread_defaults).
   """
-  allowed = set(config.restore_may_change)
+  allowed = set(config.restore_may_change) | set(
+      config_reads.unread_defaults(config))
   sections = {k: v for k, v in config.to_dict().items()
-              if k in TRAJECTORY_SECTIONS}
+              if k in TRAJECTORY_SECTIONS or
+              k in config_reads.FOREIGN_TRAJECTORY}
   flat = mappings.flatten(sections)
   return {k: v for k, v in flat.items()
           if not any(k == a or k.startswith(a + '.') for a in allowed)}
@@ -113,7 +119,9 @@ def check_restorable(meta: dict[str, Any], trajectory: dict[str, Any],
         f'cannot resume from {path}; it was made by a different run:\n  ' +
         '\n  '.join(problems) + '\nPoint --workdir (or config.checkpoint_dir) '
         'at a new directory to start afresh, or undo the change. The sections '
-        + ', '.join(TRAJECTORY_SECTIONS) + ' decide the trajectory; list a '
+        + ', '.join(TRAJECTORY_SECTIONS) + ' decide the trajectory, and '
+        'another trainer\'s names a workload reads (' +
+        ', '.join(config_reads.FOREIGN_TRAJECTORY[3:6]) + ', ...); list a '
         'field of them in config.restore_may_change to allow a change '
         'anyway. Every other field may change on resume.')
 
