@@ -27,12 +27,15 @@ _listening = []
 _seconds_callbacks: list[Callable[[float], None]] = []
 _cache_hit_callbacks: list[Callable[[], None]] = []
 _compiles = collections.Counter()  # thread id -> compile events seen
+_seconds = collections.Counter()  # thread id -> their seconds
 
 
 def _on_duration(event: str, duration: float, **kwargs) -> None:
   del kwargs
   if event.startswith(COMPILE_EVENT_PREFIX):
     _compiles[threading.get_ident()] += 1
+  if event.startswith(COMPILE_EVENT_PREFIX) or event == CACHE_RETRIEVAL_EVENT:
+    _seconds[threading.get_ident()] += duration
   if event.startswith(COMPILE_EVENT_PREFIX) or event == CACHE_RETRIEVAL_EVENT:
     for callback in list(_seconds_callbacks):
       callback(duration)
@@ -69,3 +72,10 @@ def on_cache_hit(callback: Callable[[], None]) -> None:
 def count_in_this_thread() -> int:
   """How many compile events this thread has seen since `listen`."""
   return _compiles[threading.get_ident()]
+
+
+def seconds_in_this_thread() -> float:
+  """The seconds of this thread's compile (and cache read) events since
+  `listen`: a difference of two readings is what a span compiled."""
+  listen()
+  return _seconds[threading.get_ident()]

@@ -37,6 +37,11 @@ class NonFiniteLossError(exit_codes.PodrunError, FloatingPointError):
   consequence_possible = True
 
 
+# One program copies the whole state on its device (one dispatch, one
+# compilation), rather than one per leaf and shape.
+_copied = jax.jit(lambda tree: jax.tree_util.tree_map(jnp.copy, tree))
+
+
 def check_finite(step: int, metrics: dict[str, float]) -> None:
   """Raises NonFiniteLossError naming `step` when its loss is NaN or inf,
   but for a step the loss scale skipped (runtime/loss_scale.py), which
@@ -149,8 +154,8 @@ class Run:
     if self.placed is not None or not device_has_room(self.state):
       host = self.local_state()
       return lambda: host
-    copies = jax.tree_util.tree_map(
-        lambda x: jnp.copy(x.addressable_data(0)), self.state)
+    copies = _copied(jax.tree_util.tree_map(lambda x: x.addressable_data(0),
+                                            self.state))
     for leaf in jax.tree_util.tree_leaves(copies):
       leaf.copy_to_host_async()
     return lambda: jax.tree_util.tree_map(np.asarray, copies)

@@ -18,6 +18,7 @@ Example (a workload):
 """
 
 import dataclasses
+import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from absl import logging
@@ -476,10 +477,13 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
         options.data.global_batch_size, task.tokens_per_example,
         task.flops_per_example)
   ledger.note(topology=layout_fields(topo, batch_layout))
+  restore_started = time.perf_counter()
   with ledger.timing('checkpoint_restore'):
     ckpt, local = _open_checkpoints(options.checkpointing, options.attempt)
-    start, state, _ = recovery.restore(options.checkpointing, ckpt, local,
-                                       state, len(task.data), placed)
+    start, state, tier = recovery.restore(options.checkpointing, ckpt, local,
+                                          state, len(task.data), placed)
+  _note_restore(ledger, local, tier, state,
+                time.perf_counter() - restore_started)
   if start:
     _say_where_it_resumes(ckpt, start, topo)
   if start >= options.steps:
@@ -537,6 +541,29 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   if programs.memory():
     result.chip['step_memory'] = programs.memory()
   return result
+
+
+def _note_restore(ledger: goodput.Ledger, local, tier: str,
+                  state: step_lib.TrainState, seconds: float) -> None:
+  """Notes what the restore read and in how long, and tells the local
+  tier's cadence what a hard failure costs (runtime/checkpoints/
+  local_cadence.py): this restore's seconds and the job's failures so
+  far."""
+  if tier != 'fresh':
+    size = sum(getattr(x, 'nbytes', 0) for x in jax.tree_util.tree_leaves(
+        state))
+    ledger.note(restore_bytes=int(size), restore_s=seconds)
+    if jax.process_index() == 0:
+      logging.info('restored %.2f GB from the %s tier in %.2f s (%.2f GB/s)',
+                   size / 1e9, tier, seconds, size / 1e9 / max(seconds, 1e-9))
+  if local is None:
+    return
+  failures, run_s = goodput.failure_history(ledger)
+  mtbf = (run_s / failures, f'{failures} hard failure(s) in {run_s:.0f} s '
+          'of this job') if failures else (None, 'default')
+  local.cadence.knows_fault_cost(seconds if tier != 'fresh' else 0.0, *mtbf)
+  local.cadence.on_chosen = lambda chosen: ledger.note(
+      local_interval=chosen.as_dict())
 
 
 def _choose_layout(config: ConfigDict, topo, workdir: str, task: Task,

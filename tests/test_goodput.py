@@ -289,3 +289,24 @@ def test_a_start_cut_short_has_a_ledger_of_start_up_and_its_end():
   assert ledger['notes']['exit_code'] == 137
   assert 'SIGKILL' in ledger['notes']['cause']
   assert not ledger['final']
+
+
+def test_the_failure_history_counts_the_hard_failures_of_earlier_attempts(
+    tmp_path):
+  # Four earlier attempts: a SIGKILL (its obituary wrote 137), one whose
+  # ledger never wrote an end, a Ctrl-C (130: someone's decision) and a
+  # clean end; 100 s each.
+  def write(name, final, exit_code):
+    path = tmp_path / 'goodput' / name / 'rank_0.json'
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({'started': 1000.0, 'updated': 1100.0,
+                                'final': final,
+                                'notes': {'exit_code': exit_code}}))
+  write('a1', True, 137)
+  write('a2', False, None)
+  write('a3', True, 130)
+  write('a4', True, 0)
+  ledger = goodput.Ledger(process_start=2000.0)
+  ledger.path = str(tmp_path / 'goodput' / 'a5' / 'rank_0.json')
+  assert goodput.failure_history(ledger) == (2, 400.0)
+  assert goodput.failure_history(goodput.Ledger()) == (0, 0.0)

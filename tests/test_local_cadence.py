@@ -80,20 +80,44 @@ def test_a_slow_copy_in_steps_warns_once_and_keeps_the_steps(caplog):
   assert 'local_checkpoint_every_s' in warned[0]
 
 
-def test_the_default_copies_every_25_steps_while_copies_are_cheap():
+def test_the_default_copies_at_daly_s_interval():
   cadence = local_cadence.Cadence(every_steps=25, step_s=lambda: 0.1,
                                   budgeted=True)
-  # 5 ms a copy of 25 steps of 0.1 s: 0.2 %.
-  assert _copied(cadence, 100, blocking_s=0.005) == [25, 50, 75, 100]
+  # 5 ms a copy, an hour between failures (the default), no restore yet:
+  # sqrt(2 x 0.005 x 3600) - 0.005 = 6.0 s, 60 steps, at the next multiple
+  # of 25 past them.
+  assert _copied(cadence, 300, blocking_s=0.005) == [25, 100, 175, 250]
+  chosen = cadence.chosen
+  assert round(chosen.seconds, 3) == 5.995 and chosen.mtbf_source == 'default'
+  assert chosen.why.startswith("Daly's interval for a copy blocking 0.005 s")
+  # A job that failed twice in 2 minutes: every 25 steps, the shortest.
+  often = local_cadence.Cadence(every_steps=25, step_s=lambda: 0.1,
+                                budgeted=True)
+  often.knows_fault_cost(3.0, 60.0, '2 hard failure(s) in 120 s of this job')
+  assert _copied(often, 100, blocking_s=0.005) == [25, 50, 75, 100]
 
 
-def test_the_default_spaces_costly_copies_at_multiples_of_25():
-  # 0.92 s a copy, steps of 63 ms (the 136 M LM on a TPU v5e): 2 % needs
-  # 46 s, 731 steps, and the next multiple of 25 is 750 steps on.
+def test_the_interval_keeps_the_budget_and_the_ceiling():
+  # Cheap copies: Daly's interval.
+  assert local_cadence.interval(0.01, 5.0, 3600.0).seconds == pytest.approx(
+      (2 * 0.01 * 3605) ** 0.5 - 0.01)
+  # A long mean between failures: the ceiling bounds what is recomputed.
+  capped = local_cadence.interval(0.1, 5.0, 24 * 3600.0)
+  assert capped.seconds == local_cadence.CEILING_S
+  assert capped.why.startswith('the ceiling of 60 s')
+  # A costly copy: the 2 % budget on the loop wins over both.
+  costly = local_cadence.interval(1.5, 5.0, 3600.0)
+  assert costly.seconds == 75.0 and costly.why.startswith('the 2 % budget')
+
+
+def test_the_default_spaces_costly_copies_within_the_budget():
+  # 0.92 s a copy, steps of 63 ms (the 136 M LM on a TPU v5e): Daly's
+  # interval for an hour is 81 s, the ceiling 60 s (953 steps; 2 % needs
+  # 46 s), and the next multiple of 25 is 1000.
   cadence = local_cadence.Cadence(every_steps=25, step_s=lambda: 0.063,
                                   budgeted=True)
   copied = _copied(cadence, 2000, blocking_s=0.92)
-  assert copied == [25, 775, 1525]
+  assert copied == [25, 1000, 1975]
   blocked, trained = 0.92 * (len(copied) - 1), 0.063 * (copied[-1] - 25)
   assert blocked / trained <= local_cadence.BLOCKING_SHARE
 

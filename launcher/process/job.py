@@ -200,12 +200,15 @@ def _run(config: ConfigDict, workdir: str, options: ProcessFlags,
     # Found while jax.distributed starts, once for every client.
     gcs_auth.start()
   mode, expected = _join(config, record_dir, options, told.supervised)
+  ledger = running.ledger
   coordination.set_default_timeout(options.supervision.barrier_timeout)
   running.supervisor = supervisor_lib.Supervisor(coordination.current(),
                                                  options.supervision)
   running.supervisor.start()
-  actual = topology.current()
-  ledger = running.ledger
+  with ledger.naming('backend_start'):
+    # The first call that needs the devices starts JAX's backend: about 9 s
+    # for a TPU's runtime, in every new process.
+    actual = topology.current()
   if record_dir != workdir:
     with ledger.naming('record_fetch'):
       _mirror_record(workdir, record_dir, actual.process_index,

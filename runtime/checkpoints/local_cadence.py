@@ -1,10 +1,16 @@
 """When the local tier saves: every N steps, or every N seconds of training.
 
-By default (config.local_checkpoint_every unset) a copy comes every
-DEFAULT_EVERY_STEPS steps, or at a later multiple of them: copies are never
-so frequent that the loop's blocking for them exceeds BLOCKING_SHARE (2 %)
-of its time, measured from the last copy's cost. A state that blocks the
-loop 1 s per copy is copied at most every 50 s.
+By default (config.local_checkpoint_every unset) the interval between
+copies is chosen from what a hard failure costs (`interval`): Daly's
+interval, sqrt(2 C (M + R)) - C, for a copy that blocks the loop C seconds,
+a restore of R seconds and a mean time between failures M (the job's own,
+from the ledgers of its earlier attempts, else DEFAULT_MTBF_S), at most
+CEILING_S; but never so short that the loop's blocking exceeds
+BLOCKING_SHARE (2 %) of its time. A copy then comes at the next multiple of
+DEFAULT_EVERY_STEPS steps that far on. C is what the loop waited for the
+copy, less the steps it drained (device work it would have waited for
+anyway) and any compilation (the copy's program, once). Process 0 says
+the interval and why once, and in its ledger (`local_interval`).
 
 config.local_checkpoint_every, set, counts steps as asked (every process
 copies the same steps) and warns once when a copy blocks more than the
@@ -24,8 +30,9 @@ Example:
   ...   cadence.saved(run.step, blocking_s)
 """
 
+import dataclasses
 import math
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from absl import logging
 import numpy as np
@@ -34,8 +41,14 @@ from runtime.common import progress
 from runtime import coordination
 
 BLOCKING_SHARE = 0.02
-# The default cadence's shortest interval, in steps.
+# The default cadence's shortest interval, in steps, and its unit.
 DEFAULT_EVERY_STEPS = 25
+# The mean time between hard failures assumed where the job's history has
+# none: an hour, a large pod's order of magnitude.
+DEFAULT_MTBF_S = 3600.0
+# The longest interval the default cadence leaves between copies: at most
+# this much training is recomputed after a hard failure, whatever M says.
+CEILING_S = 60.0
 # A copy that blocks less is not worth a warning, whatever its share (a
 # small model's steps of a few ms on a laptop).
 _WARN_FROM_S = 0.05
@@ -65,6 +78,65 @@ def steps_between(every_s: float, step_s: Optional[float],
   return max(1, math.ceil(interval_s / max(step_s or interval_s, 1e-9)))
 
 
+@dataclasses.dataclass(frozen=True)
+class Interval:
+  """The default cadence's interval and what chose it.
+
+  Attributes:
+    seconds: the interval chosen.
+    blocking_s: C, what one copy blocks the loop.
+    restore_s: R, what a restore takes.
+    mtbf_s: M, the mean time between failures used.
+    mtbf_source: where M comes from ('default', or 'N failure(s) in S s of
+      this job').
+    daly_s: Daly's interval for C, R and M.
+    budget_s: the shortest interval within BLOCKING_SHARE.
+  """
+  seconds: float
+  blocking_s: float
+  restore_s: float
+  mtbf_s: float
+  mtbf_source: str
+  daly_s: float
+  budget_s: float
+
+  @property
+  def why(self) -> str:
+    if self.seconds == self.budget_s and self.budget_s > min(self.daly_s,
+                                                             CEILING_S):
+      return (f'the {100 * BLOCKING_SHARE:g} % budget on the loop '
+              f'(a copy blocks it {self.blocking_s:.3f} s)')
+    if self.daly_s <= CEILING_S:
+      return (f"Daly's interval for a copy blocking {self.blocking_s:.3f} s, "
+              f'a restore of {self.restore_s:.1f} s and a mean of '
+              f'{self.mtbf_s:.0f} s between failures ({self.mtbf_source})')
+    return (f'the ceiling of {CEILING_S:g} s (Daly\'s interval, '
+            f'{self.daly_s:.0f} s for a mean of {self.mtbf_s:.0f} s between '
+            f'failures, is longer)')
+
+  def as_dict(self) -> dict[str, Any]:
+    return {**dataclasses.asdict(self), 'why': self.why}
+
+
+def interval(blocking_s: float, restore_s: float, mtbf_s: float,
+             mtbf_source: str = 'default') -> Interval:
+  """The seconds between local copies for a copy blocking `blocking_s`, a
+  restore of `restore_s` and a mean time between failures `mtbf_s`.
+
+  Example:
+    >>> interval(0.01, 5.0, 3600.0).seconds      # sqrt(2 x 0.01 x 3605)
+    8.48...
+    >>> interval(1.2, 5.0, 3600.0).seconds       # the budget: 1.2 / 0.02
+    60.0
+  """
+  daly = max(math.sqrt(2 * blocking_s * (mtbf_s + restore_s)) - blocking_s,
+             blocking_s)
+  budget = blocking_s / BLOCKING_SHARE
+  return Interval(seconds=max(budget, min(daly, CEILING_S)),
+                  blocking_s=blocking_s, restore_s=restore_s, mtbf_s=mtbf_s,
+                  mtbf_source=mtbf_source, daly_s=daly, budget_s=budget)
+
+
 def _multiple_from(step: int, every: int) -> int:
   """The first multiple of `every` at or after `step`."""
   return -(-step // every) * every
@@ -89,6 +161,20 @@ class Cadence:
     self.next_step: Optional[int] = None
     self.blocking_s = 0.0
     self._warned = False
+    # What a hard failure costs (`knows_fault_cost`), for the default's
+    # interval; the interval last chosen, on process 0.
+    self.restore_s, self.mtbf_s, self.mtbf_source = 0.0, DEFAULT_MTBF_S, (
+        'default')
+    self.chosen: Optional[Interval] = None
+    self.on_chosen: Optional[Callable[[Interval], None]] = None
+
+  def knows_fault_cost(self, restore_s: float, mtbf_s: Optional[float],
+                       mtbf_source: str) -> None:
+    """The restore's seconds and the job's mean time between failures
+    (None: DEFAULT_MTBF_S), for the default cadence's interval."""
+    self.restore_s = restore_s
+    if mtbf_s is not None:
+      self.mtbf_s, self.mtbf_source = mtbf_s, mtbf_source
 
   @property
   def enabled(self) -> bool:
@@ -135,12 +221,25 @@ class Cadence:
           math.ceil(self.every_steps * step_s), 100 * BLOCKING_SHARE,
           DEFAULT_EVERY_STEPS)
 
+  def _choose(self, chosen: Interval) -> None:
+    """Keeps `chosen`; says it the first time, and when it moves by half."""
+    before, self.chosen = self.chosen, chosen
+    if before is None or not (0.5 * before.seconds < chosen.seconds <
+                              2 * before.seconds):
+      logging.info('local copies about every %.1f s of training: %s',
+                   chosen.seconds, chosen.why)
+    if self.on_chosen is not None:
+      self.on_chosen(chosen)
+
   def _agree(self, step: int) -> int:
     def decide() -> str:
       if self.budgeted:
-        # The next multiple, or later as the share needs; `next_step` is
-        # the multiple this copy was for (a call may have passed it).
-        between = steps_between(0.0, self._step_s(), self.blocking_s)
+        # The interval a fault's cost chooses, at the next multiple of the
+        # unit; `next_step` is the multiple this copy was for (a call may
+        # have passed it).
+        self._choose(interval(self.blocking_s, self.restore_s, self.mtbf_s,
+                              self.mtbf_source))
+        between = steps_between(self.chosen.seconds, self._step_s(), 0.0)
         return str(_multiple_from(
             max(self.next_step + self.every_steps, step + between),
             self.every_steps))

@@ -68,7 +68,8 @@ PROCESS_PARTS = ('startup', 'distributed_init', 'checkpoint_restore',
 JOB_PARTS = ('unrecorded', 'launch_overhead', 'restart_backoff',
              'infrastructure_recovery')
 # The named pieces of 'other', in the order a process meets them.
-OTHER_NAMES = ('record_fetch', 'stall_history', 'compilation_cache',
+OTHER_NAMES = ('backend_start', 'record_fetch', 'stall_history',
+               'compilation_cache',
                'agreement', 'lease', 'workload_import', 'credentials',
                'workload_setup', 'train_setup', 'metrics_writer', 'replicate',
                'eval_check', 'loop_end', 'results', 'summary')
@@ -302,6 +303,39 @@ def steps_done_before(ledger: Ledger) -> int:
       except (OSError, ValueError, KeyError):
         continue
   return furthest
+
+
+# Exit codes of a process that died of a signal no one chose to send: an
+# abort (134), a bus error (135), SIGKILL (137: the OOM killer, a host's
+# end), a segmentation fault (139). Not a Ctrl-C (130) or a SIGTERM (143).
+_HARD_FAILURES = tuple(exit_codes.SIGNAL_BASE + n for n in (6, 7, 9, 11))
+
+
+def failure_history(ledger: Ledger) -> tuple[int, float]:
+  """(hard failures, seconds run) of the job's earlier attempts, from
+  process 0's ledgers: an attempt that ended by a signal (its obituary
+  writes 137 for a SIGKILL, 134 for an abort) or whose ledger holds no end
+  at all (lost with its host) failed hard; the seconds are each attempt's,
+  from its start to its ledger's last write. (0, 0.0) when the ledger
+  writes nowhere."""
+  if ledger.path is None:
+    return 0, 0.0
+  this_attempt = os.path.dirname(ledger.path)
+  failures, seconds = 0, 0.0
+  for attempt in glob.glob(os.path.join(os.path.dirname(this_attempt), '*')):
+    path = layout.rank_file(attempt, 0)
+    if attempt == this_attempt or not os.path.exists(path):
+      continue
+    try:
+      with open(path) as f:
+        found = json.load(f)
+      seconds += max(0.0, found['updated'] - found['started'])
+    except (OSError, ValueError, KeyError, TypeError):
+      continue
+    code = (found.get('notes') or {}).get('exit_code')
+    failures += (not found.get('final') or code is None or
+                 code in _HARD_FAILURES)
+  return failures, seconds
 
 
 class StepClock:

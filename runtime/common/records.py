@@ -206,6 +206,9 @@ class Notes:
       obituary, launcher/process/obituary.py: aborted, killed ...).
     topology: what computed the attempt's steps: num_processes,
       num_devices, microbatches.
+    restore_bytes, restore_s: what the restore read, and in how long.
+    local_interval: how the local tier's default cadence chose its
+      interval (runtime/checkpoints/local_cadence.py `Interval.as_dict`).
   """
   attempt: Optional[str] = None
   process_index: Optional[int] = None
@@ -220,6 +223,9 @@ class Notes:
   exit_code: Optional[int] = None
   cause: Optional[str] = None
   topology: Optional[dict[str, int]] = None
+  restore_bytes: Optional[int] = None
+  restore_s: Optional[float] = None
+  local_interval: Optional[dict[str, Any]] = None
 
   def to_json(self) -> dict[str, Any]:
     return _to_json(self)

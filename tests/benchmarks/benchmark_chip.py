@@ -424,10 +424,20 @@ def main() -> None:
                       default=True)
   parser.add_argument('--hand_first_step', action='store_true')
   parser.add_argument(
-      '--mode', choices=('loop', 'ablate', 'checkpoints'), default='loop',
+      '--mode', choices=('loop', 'ablate', 'checkpoints', 'fault'),
+      default='loop',
       help='loop: every way of running the step; ablate: podrun with one '
       'default changed at a time; checkpoints: the LM with each checkpoint '
-      'setting')
+      'setting; fault: the LM SIGKILLed and restarted (tests/benchmarks/'
+      'fault.py)')
+  parser.add_argument('--kills', type=int, default=3,
+                      help='--mode=fault: rounds of kill and restart')
+  parser.add_argument('--seed', type=int, default=0,
+                      help='--mode=fault: draws the steps killed at')
+  parser.add_argument('--kill_steps', default='200,1000',
+                      help='--mode=fault: LOW,HIGH, the range drawn from')
+  parser.add_argument('--fault_steps', type=int, default=1200,
+                      help='--mode=fault: config.steps of the job killed')
   parser.add_argument('--workload', choices=('lm', 'mnist', 'both'),
                       default='both')
   parser.add_argument('--methods', default=','.join(METHODS),
@@ -457,6 +467,16 @@ def main() -> None:
     if args.out:
       pathlib.Path(args.out).write_text(json.dumps(out, indent=1,
                                                    default=str))
+  if args.mode == 'fault':  # Launcher processes only: this one never
+    from tests.benchmarks import fault  # pylint: disable=g-import-not-at-top
+    low, high = (int(n) for n in args.kill_steps.split(','))
+    with tempfile.TemporaryDirectory(prefix='podrun_fault_') as scratch:
+      result = fault.run(args.shape, scratch, args.kills, args.seed, low,
+                         high, args.fault_steps)
+    write('fault', result)
+    print(fault.describe(result))
+    print(json.dumps(out, indent=1, default=str))
+    return
   with tempfile.TemporaryDirectory(prefix='podrun_chip_') as scratch:
     # Before this process touches the chip: one program at a time holds it.
     first = _first_steps(args.shape, scratch) if args.first_step else None
