@@ -222,3 +222,28 @@ def test_the_broadcast_payload_keeps_every_bit():
   words = recovery.to_words(state)
   assert words.dtype == np.uint32
   _assert_same_bits(recovery.from_words(words, state), state)
+
+
+def test_a_copy_is_read_from_its_mapped_file_with_its_crcs(tmp_path):
+  arrays = {"['params']['w']": np.arange(12, dtype=np.float32).reshape(3, 4),
+            "['rng']": np.array([1, 2], np.uint32),
+            "['flag']": np.array(True),
+            "['fortran']": np.asfortranarray(np.ones((2, 3), np.int16))}
+  path = str(tmp_path / 'state.npz')
+  np.savez(path, **arrays)
+  read = local_checkpoint.read_npz(path)
+  assert set(read) == set(arrays)
+  for name, array in arrays.items():
+    np.testing.assert_array_equal(read[name], array)
+    assert read[name].dtype == array.dtype and not read[name].flags.writeable
+  # A byte flipped inside an array fails its member's CRC.
+  data = bytearray(open(path, 'rb').read())
+  at = data.index(np.arange(12, dtype=np.float32).tobytes()) + 5
+  data[at] ^= 0xFF
+  open(path, 'wb').write(bytes(data))
+  with pytest.raises(local_checkpoint.UNREADABLE, match='bad CRC'):
+    local_checkpoint.read_npz(path)
+  # A compressed .npz is not one of ours.
+  np.savez_compressed(path, **arrays)
+  with pytest.raises(local_checkpoint.UNREADABLE, match='compressed'):
+    local_checkpoint.read_npz(path)

@@ -41,13 +41,19 @@ Example:
   >>> state, meta = local.load(450, like=numpy_state), local.meta(450)
 """
 
+from concurrent import futures
+import io
 import json
+import math
+import mmap
 import os
 import shutil
+import struct
 import tempfile
 import threading
 import uuid
 import zipfile
+import zlib
 from typing import Any, Callable, Optional
 
 from absl import logging
@@ -70,6 +76,9 @@ _JOB_ID_KEY = 'podrun/local_tier_id'
 # What reading a damaged copy raises: a truncated or garbled zip, a file
 # gone, an array missing, a checksum that does not match.
 UNREADABLE = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+# A zip member's local header before its name, and room for an .npy header.
+_ZIP_LOCAL_HEADER = 30
+_NPY_HEADER_MAX = 4096
 
 
 def default_root() -> str:
@@ -139,6 +148,54 @@ def _sweep_leftovers(hours: float, root: str, jid: str,
   for line in local_leftovers.sweep(root, jid, hours * 3600):
     # Every host sweeps its own; the first process says what it found.
     (logging.warning if process_index == 0 else logging.info)('%s', line)
+
+
+def _array_in(buffer: memoryview, name: str) -> np.ndarray:
+  """The .npy file held in `buffer` as a read-only view of it."""
+  header = io.BytesIO(bytes(buffer[:_NPY_HEADER_MAX]))
+  version = np.lib.format.read_magic(header)
+  read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                 else np.lib.format.read_array_header_2_0)
+  shape, fortran, dtype = read_header(header)
+  if dtype.hasobject:
+    raise ValueError(f'{name}: an array of Python objects')
+  count = math.prod(shape)
+  return np.frombuffer(buffer, dtype, count, header.tell()).reshape(
+      shape, order='F' if fortran else 'C')
+
+
+def read_npz(path: str) -> dict[str, np.ndarray]:
+  """The arrays of an uncompressed .npz (np.savez's) as read-only views of
+  the file mapped into memory, each member's CRC checked (on threads: the
+  check releases the GIL): no copy, where np.load copies each array twice
+  through the zip reader (0.83 s against 0.08 s for 400 MB in /dev/shm on
+  2 cores). The map lives as long as any array does.
+
+  Raises:
+    one of UNREADABLE: a file that is no zip, is cut short, compresses a
+      member, or whose member fails its CRC.
+  """
+  with open(path, 'rb') as f:
+    mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+  whole = memoryview(mapped)
+  with zipfile.ZipFile(path) as saved:
+    members = saved.infolist()
+
+  def one(info: zipfile.ZipInfo) -> tuple[str, np.ndarray]:
+    if info.compress_type != zipfile.ZIP_STORED:
+      raise zipfile.BadZipFile(f'{info.filename} is compressed')
+    start = info.header_offset
+    local = whole[start:start + _ZIP_LOCAL_HEADER]
+    if bytes(local[:4]) != b'PK\x03\x04':
+      raise zipfile.BadZipFile(f'{info.filename}: no local header')
+    names, extra = struct.unpack('<HH', local[26:30])
+    begin = start + _ZIP_LOCAL_HEADER + names + extra
+    data = whole[begin:begin + info.file_size]
+    if len(data) != info.file_size or zlib.crc32(data) != info.CRC:
+      raise zipfile.BadZipFile(f'{info.filename}: bad CRC or cut short')
+    return info.filename.removesuffix('.npy'), _array_in(data, info.filename)
+  with futures.ThreadPoolExecutor(min(8, len(members) or 1)) as pool:
+    return dict(pool.map(one, members))
 
 
 def _flat(state: Any) -> dict[str, np.ndarray]:
@@ -295,8 +352,7 @@ class LocalCheckpoints:
       one of UNREADABLE: when the copy is damaged or lacks an array of
         `like`.
     """
-    with np.load(os.path.join(self._held_dir(step), 'state.npz')) as saved:
-      arrays = {k: saved[k] for k in saved.files}
+    arrays = read_npz(os.path.join(self._held_dir(step), 'state.npz'))
     paths, treedef = jax.tree_util.tree_flatten_with_path(like)
     return jax.tree_util.tree_unflatten(
         treedef, [arrays[jax.tree_util.keystr(p)] for p, _ in paths])

@@ -158,13 +158,16 @@ class Ledger:
   def mark(self, name: str) -> None:
     """Notes now, for `name_since`: where a piece begins in one module and
     ends in another (the workload's own set-up, up to runtime.train)."""
-    self._marks[name] = time.perf_counter()
+    self._marks[name] = (time.perf_counter(), self._parts_total())
 
   def name_since(self, mark: str, name: str) -> None:
-    """Names the time since `mark(mark)` as `name`; nothing without it."""
-    started = self._marks.pop(mark, None)
-    if started is not None:
-      self.name_other(name, time.perf_counter() - started)
+    """Names the time since `mark(mark)` as `name`, less what other parts
+    took meanwhile (as `naming`); nothing without the mark."""
+    found = self._marks.pop(mark, None)
+    if found is not None:
+      started, parts_before = found
+      self.name_other(name, time.perf_counter() - started -
+                      (self._parts_total() - parts_before))
 
   def note(self, **values: Any) -> None:
     """Sets fields of `notes` (records.Notes); an unknown name raises."""
@@ -380,7 +383,9 @@ class StepClock:
     if self._high_water is not None:
       self._high_water.write(step)
     if self.ledger.notes.first_step_wall is None:
-      self.ledger.note(first_step_wall=time.time())
+      # Where the time to the first step went: a restart's phases.
+      self.ledger.note(first_step_wall=time.time(),
+                       first_step=self._snapshot(step))
     if step <= self.steps_done_before:
       self.recomputed_steps += 1
       self.ledger.add('recomputed', share)
@@ -389,12 +394,15 @@ class StepClock:
       self.ledger.add('productive', share)
       if self.ledger.notes.first_productive is None:
         # What recovery cost, as of the first step that is new work.
-        now_record = self.ledger.record(final=False)
-        self.ledger.note(first_productive=records.FirstProductive(
-            time.time(), step, now_record['parts'],
-            now_record['other_named']))
+        self.ledger.note(first_productive=self._snapshot(step))
     self.ledger.note(last_step=step)
     self.ledger.flush()
+
+  def _snapshot(self, step: int) -> records.FirstProductive:
+    """The ledger as of `step`, just completed."""
+    now_record = self.ledger.record(final=False)
+    return records.FirstProductive(time.time(), step, now_record['parts'],
+                                   now_record['other_named'])
 
   def close(self) -> None:
     """The loop ended. Its time since the last completed step (a step cut

@@ -143,8 +143,9 @@ _STOPPED_BY = {exit_codes.SIGNAL_BASE + signal.SIGINT: 'SIGINT (Ctrl-C)',
 
 @dataclasses.dataclass(frozen=True)
 class FirstProductive:
-  """The attempt's first step that was new work, and its ledger then:
-  its parts, and what of its 'other' had a name (None in older ledgers)."""
+  """A step of the attempt (its first, or its first that was new work) and
+  its ledger then: its parts, and what of its 'other' had a name (None in
+  older ledgers)."""
   wall: float
   step: int
   parts: dict[str, float]
@@ -196,6 +197,7 @@ class Notes:
     process_index: this process.
     restore_tier, restore_step: where the run resumed from.
     first_step_wall: wall time of the first completed step.
+    first_step: the ledger as of that step (a restart's phases).
     first_productive: the first step that was new work.
     recomputed_steps: steps an earlier attempt had already trained.
     last_step: the last step completed.
@@ -215,6 +217,7 @@ class Notes:
   restore_tier: Optional[str] = None
   restore_step: Optional[int] = None
   first_step_wall: Optional[float] = None
+  first_step: Optional[FirstProductive] = None
   first_productive: Optional[FirstProductive] = None
   recomputed_steps: Optional[int] = None
   last_step: Optional[int] = None
@@ -236,6 +239,8 @@ class Notes:
     notes.fault = _from_json(Fault, (values or {}).get('fault'))
     notes.first_productive = _from_json(
         FirstProductive, (values or {}).get('first_productive'))
+    notes.first_step = _from_json(FirstProductive,
+                                  (values or {}).get('first_step'))
     return notes
 
 

@@ -30,27 +30,39 @@ def init_params(config: ConfigDict) -> dict[str, Any]:
   Shapes: embed (V, d), position (T, d), norm (d,), and under 'layers'
   norm_1, norm_2 (L, d), qkv (L, d, 3d), out (L, d, d), up (L, d, 4d),
   down (L, 4d, d).
+
+  Drawn by one compiled program on the default device and read back: 124 M
+  normals take 3.2 s on a TPU host's CPU with numpy, which a restart paid
+  before its restore replaced them (BUILD_NOTES.md, issue 81).
   """
   m = config.model
   d, layers = m.width, m.layers
-  rng = np.random.default_rng([config.seed, 2])
-
-  def normal(*shape, scale=0.02):
-    return (rng.standard_normal(shape, np.float32) * scale).astype(np.float32)
-
   # GPT-2's: the residual projections scaled down by the depth.
   residual = 0.02 / np.sqrt(2 * layers)
+  normals = {'embed': ((m.vocab_size, d), 0.02),
+             'position': ((m.sequence_length, d), 0.02),
+             'qkv': ((layers, d, 3 * d), 0.02),
+             'out': ((layers, d, d), residual),
+             'up': ((layers, d, 4 * d), 0.02),
+             'down': ((layers, 4 * d, d), residual)}
+
+  @jax.jit
+  def draw(key):
+    keys = jax.random.split(key, len(normals))
+    return {name: scale * jax.random.normal(k, shape, jnp.float32)
+            for k, (name, (shape, scale)) in zip(keys, normals.items())}
+  drawn = jax.device_get(draw(jax.random.key(config.seed)))
   return {
-      'embed': normal(m.vocab_size, d),
-      'position': normal(m.sequence_length, d),
+      'embed': drawn['embed'],
+      'position': drawn['position'],
       'norm': np.ones(d, np.float32),
       'layers': {
           'norm_1': np.ones((layers, d), np.float32),
-          'qkv': normal(layers, d, 3 * d),
-          'out': normal(layers, d, d, scale=residual),
+          'qkv': drawn['qkv'],
+          'out': drawn['out'],
           'norm_2': np.ones((layers, d), np.float32),
-          'up': normal(layers, d, 4 * d),
-          'down': normal(layers, 4 * d, d, scale=residual),
+          'up': drawn['up'],
+          'down': drawn['down'],
       },
   }
 

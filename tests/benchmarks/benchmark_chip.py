@@ -39,6 +39,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -438,6 +439,10 @@ def main() -> None:
                       help='--mode=fault: LOW,HIGH, the range drawn from')
   parser.add_argument('--fault_steps', type=int, default=1200,
                       help='--mode=fault: config.steps of the job killed')
+  parser.add_argument('--clean_steps', type=int, default=300,
+                      help='--mode=fault: then this many steps to the end, '
+                      'with checkpoints at their defaults and with none '
+                      '(0: not)')
   parser.add_argument('--workload', choices=('lm', 'mnist', 'both'),
                       default='both')
   parser.add_argument('--methods', default=','.join(METHODS),
@@ -471,8 +476,16 @@ def main() -> None:
     from tests.benchmarks import fault  # pylint: disable=g-import-not-at-top
     low, high = (int(n) for n in args.kill_steps.split(','))
     with tempfile.TemporaryDirectory(prefix='podrun_fault_') as scratch:
-      result = fault.run(args.shape, scratch, args.kills, args.seed, low,
-                         high, args.fault_steps)
+      try:
+        result = fault.run(args.shape, scratch, args.kills, args.seed, low,
+                           high, args.fault_steps)
+        if args.clean_steps:
+          result['clean'] = fault.clean_runs(args.shape, scratch,
+                                             args.clean_steps)
+      finally:  # The launchers' logs beside --out.
+        if args.out:
+          for log in pathlib.Path(scratch).glob('*.log'):
+            shutil.copy(log, pathlib.Path(args.out).parent / log.name)
     write('fault', result)
     print(fault.describe(result))
     print(json.dumps(out, indent=1, default=str))

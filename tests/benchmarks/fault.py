@@ -81,23 +81,17 @@ def _ledger(workdir: str, attempt: str) -> dict[str, Any]:
     return json.load(f)
 
 
-# What a process spends once it steps, not on its way to the first step.
-_LOOP_PARTS = ('productive', 'recomputed', 'input_wait',
-               'checkpoint_blocking', 'evaluation', 'preemption_save')
-_LOOP_NAMES = ('loop_end', 'results', 'summary')
-
-
 def _phases(ledger: dict[str, Any]) -> dict[str, float]:
-  """The seconds from the process's start to its first step, by part and
-  named piece of 'other'; 'unnamed' is the rest of that span (the first
-  step's own compute included: it is under 0.1 s here)."""
-  span = ledger['notes']['first_step_wall'] - ledger['started']
-  phases = {k: v for k, v in ledger['parts'].items()
-            if v and k != 'other' and k not in _LOOP_PARTS}
-  phases.update({k: v for k, v in ledger['other_named'].items()
-                 if v and k not in _LOOP_NAMES})
-  phases['unnamed'] = span - sum(phases.values())
-  phases['to_first_step'] = span
+  """The seconds from the process's start to its first step (the ledger's
+  `first_step` note), by part and named piece of 'other'; 'unnamed' is
+  the rest of 'other' then."""
+  first = ledger['notes']['first_step']
+  parts = dict(first['parts'])
+  named = dict(first.get('other_named') or {})
+  phases = {k: v for k, v in parts.items() if v and k != 'other'}
+  phases.update({k: v for k, v in named.items() if v})
+  phases['unnamed'] = parts.get('other', 0.0) - sum(named.values())
+  phases['to_first_step'] = first['wall'] - ledger['started']
   return phases
 
 
@@ -141,10 +135,7 @@ def run(shape: str, scratch: str, kills: int = 3, seed: int = 0,
         low: int = 200, high: int = 1000, steps: int = 1200,
         extra: tuple[str, ...] = ()) -> dict[str, Any]:
   """`kills` rounds; each round's figures and the medians."""
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')}
-  env['PYTHONPATH'] = os.pathsep.join(
-      [REPO] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+  env = _env()
   draw = random.Random(seed)
   rounds = []
   for i in range(kills):
@@ -177,3 +168,44 @@ def describe(result: dict[str, Any]) -> str:
                f'{result["median_restart_s"]:.1f} s, recomputed '
                f'{result["median_recomputed_s"]:.1f} s)')
   return '\n'.join(lines)
+
+
+def clean_runs(shape: str, scratch: str, steps: int = 300) -> dict[str, Any]:
+  """The same job run to its end with checkpoints at their defaults and
+  with none, one after the other: each loop's median steps/s over its
+  step lines past the first 50 steps (the local copies' blocking in the
+  defaults' lines), their ratio, and where the defaults' run's 'other'
+  went (its named pieces and what is left unnamed)."""
+  env = _env()
+  out = {}
+  for name, extra in (('defaults', ()),
+                      ('none', ('--config.checkpointing=False',))):
+    workdir = os.path.join(scratch, f'clean_{name}')
+    argv = [sys.executable, '-m', 'launcher',
+            f'--config=configs/decoder.py:{shape}', f'--config.steps={steps}',
+            f'--workdir={workdir}', *extra]
+    with open(os.path.join(scratch, f'clean_{name}.log'), 'wb') as log:
+      started = time.monotonic()
+      subprocess.run(argv, cwd=REPO, env=env, stdout=log,
+                     stderr=subprocess.STDOUT, check=True, timeout=900)
+    with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+      rates = [row['steps_per_sec'] for row in map(json.loads, f)
+               if 'steps_per_sec' in row and 50 < row['step'] < steps]
+    (attempt,) = _high_water(workdir)
+    ledger = _ledger(workdir, attempt)
+    named = ledger['other_named']
+    out[name] = {'wall_s': time.monotonic() - started,
+                 'loop_steps_per_sec': statistics.median(rates),
+                 'parts': ledger['parts'], 'other_named': named,
+                 'unnamed_s': ledger['parts']['other'] - sum(named.values())}
+  out['loop_defaults_vs_none'] = (out['defaults']['loop_steps_per_sec'] /
+                                  out['none']['loop_steps_per_sec'])
+  return out
+
+
+def _env() -> dict:
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')}
+  env['PYTHONPATH'] = os.pathsep.join(
+      [REPO] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+  return env
