@@ -84,9 +84,8 @@ def test_the_default_copies_at_daly_s_interval():
   cadence = local_cadence.Cadence(every_steps=25, step_s=lambda: 0.1,
                                   budgeted=True)
   # 5 ms a copy, an hour between failures (the default), no restore yet:
-  # sqrt(2 x 0.005 x 3600) - 0.005 = 6.0 s, 60 steps, at the next multiple
-  # of 25 past them.
-  assert _copied(cadence, 300, blocking_s=0.005) == [25, 100, 175, 250]
+  # sqrt(2 x 0.005 x 3600) - 0.005 = 6.0 s, 60 steps.
+  assert _copied(cadence, 300, blocking_s=0.005) == [25, 85, 145, 205, 265]
   chosen = cadence.chosen
   assert round(chosen.seconds, 3) == 5.995 and chosen.mtbf_source == 'default'
   assert chosen.why.startswith("Daly's interval for a copy blocking 0.005 s")
@@ -113,11 +112,11 @@ def test_the_interval_keeps_the_budget_and_the_ceiling():
 def test_the_default_spaces_costly_copies_within_the_budget():
   # 0.92 s a copy, steps of 63 ms (the 136 M LM on a TPU v5e): Daly's
   # interval for an hour is 81 s, the ceiling 60 s (953 steps; 2 % needs
-  # 46 s), and the next multiple of 25 is 1000.
+  # 46 s).
   cadence = local_cadence.Cadence(every_steps=25, step_s=lambda: 0.063,
                                   budgeted=True)
   copied = _copied(cadence, 2000, blocking_s=0.92)
-  assert copied == [25, 1000, 1975]
+  assert copied == [25, 978, 1931]
   blocked, trained = 0.92 * (len(copied) - 1), 0.063 * (copied[-1] - 25)
   assert blocked / trained <= local_cadence.BLOCKING_SHARE
 

@@ -6,8 +6,9 @@ interval, sqrt(2 C (M + R)) - C, for a copy that blocks the loop C seconds,
 a restore of R seconds and a mean time between failures M (the job's own,
 from the ledgers of its earlier attempts, else DEFAULT_MTBF_S), at most
 CEILING_S; but never so short that the loop's blocking exceeds
-BLOCKING_SHARE (2 %) of its time. A copy then comes at the next multiple of
-DEFAULT_EVERY_STEPS steps that far on. C is what the loop waited for the
+BLOCKING_SHARE (2 %) of its time, nor under DEFAULT_EVERY_STEPS steps. The
+first copy comes at step DEFAULT_EVERY_STEPS, where C is first measured.
+C is what the loop waited for the
 copy, less the steps it drained (device work it would have waited for
 anyway) and any compilation (the copy's program, once). Process 0 says
 the interval and why once, and in its ledger (`local_interval`).
@@ -234,15 +235,13 @@ class Cadence:
   def _agree(self, step: int) -> int:
     def decide() -> str:
       if self.budgeted:
-        # The interval a fault's cost chooses, at the next multiple of the
-        # unit; `next_step` is the multiple this copy was for (a call may
-        # have passed it).
+        # The interval a fault's cost chooses, and at least the unit after
+        # the step this copy was for (`next_step`: a call may have passed
+        # it). Any step will do: a call copies at its first step past it.
         self._choose(interval(self.blocking_s, self.restore_s, self.mtbf_s,
                               self.mtbf_source))
         between = steps_between(self.chosen.seconds, self._step_s(), 0.0)
-        return str(_multiple_from(
-            max(self.next_step + self.every_steps, step + between),
-            self.every_steps))
+        return str(max(self.next_step + self.every_steps, step + between))
       return str(step + steps_between(self.every_s, self._step_s(),
                                       self.blocking_s))
     if self.client is None:

@@ -140,11 +140,16 @@ def run(shape: str, scratch: str, kills: int = 3, seed: int = 0,
   rounds = []
   for i in range(kills):
     workdir = os.path.join(scratch, f'fault_{i}')
+    # One compilation cache for every round: a restart finds its job's
+    # programs there, and only the first round's first attempt compiles.
     argv = [sys.executable, '-m', 'launcher',
             f'--config=configs/decoder.py:{shape}', f'--config.steps={steps}',
-            f'--workdir={workdir}', *extra]
+            f'--workdir={workdir}',
+            f'--compilation_cache_dir={scratch}/compilation_cache', *extra]
     rounds.append(one_round(argv, env, workdir, draw.randint(low, high),
                             os.path.join(scratch, f'fault_{i}.log')))
+  if not rounds:
+    return {'rounds': [], 'seed': seed}
   return {'rounds': rounds, 'seed': seed,
           'median_lost_s': statistics.median(r['lost_s'] for r in rounds),
           'median_restart_s': statistics.median(r['restart_s']
@@ -164,9 +169,16 @@ def describe(result: dict[str, Any]) -> str:
         f'({r["restore_tier"]}): restart {r["restart_s"]:.1f} s + '
         f'{r["recomputed_steps"]} steps recomputed ({r["recomputed_s"]:.1f} '
         f's) = {r["lost_s"]:.1f} s lost; phases: {phases}')
-  lines.append(f'median lost {result["median_lost_s"]:.1f} s (restart '
-               f'{result["median_restart_s"]:.1f} s, recomputed '
-               f'{result["median_recomputed_s"]:.1f} s)')
+  if result['rounds']:
+    lines.append(f'median lost {result["median_lost_s"]:.1f} s (restart '
+                 f'{result["median_restart_s"]:.1f} s, recomputed '
+                 f'{result["median_recomputed_s"]:.1f} s)')
+  clean = result.get('clean')
+  if clean:
+    lines.append(f'loop with checkpoints at their defaults / without: '
+                 f'{clean["loop_defaults_vs_none"]:.3f}; the run with the defaults '
+                 f'left {clean["defaults"]["unnamed_s"]:.2f} s of other '
+                 'unnamed')
   return '\n'.join(lines)
 
 
@@ -183,7 +195,8 @@ def clean_runs(shape: str, scratch: str, steps: int = 300) -> dict[str, Any]:
     workdir = os.path.join(scratch, f'clean_{name}')
     argv = [sys.executable, '-m', 'launcher',
             f'--config=configs/decoder.py:{shape}', f'--config.steps={steps}',
-            f'--workdir={workdir}', *extra]
+            f'--workdir={workdir}',
+            f'--compilation_cache_dir={scratch}/compilation_cache', *extra]
     with open(os.path.join(scratch, f'clean_{name}.log'), 'wb') as log:
       started = time.monotonic()
       subprocess.run(argv, cwd=REPO, env=env, stdout=log,
