@@ -19,11 +19,13 @@ directory (launcher/common/record_mirror.py), where the picture goes too.
 """
 
 import argparse
+import json
 import os
 import sys
 import tempfile
 
 from launcher.common import goodput_rollup
+from runtime.common import copy_interval
 from runtime.common import goodput
 from launcher.common import record_mirror
 from runtime.common import layout
@@ -109,6 +111,35 @@ def other_said(attempt: dict) -> str:
   return f'other {other:.2f} s: ' + ', '.join(pieces)
 
 
+def interval_advice(workdir: str) -> str:
+  """The local tier's interval this job's own history recommends
+  (runtime/common/copy_interval.py): the last copy's blocking, the mean of
+  its restores, its hard failures over its time; '' before any copy."""
+  record = layout.Record(workdir)
+  blocking, restores = None, []
+  for attempt, ledgers in sorted(record.attempts_with_ledgers().items()):
+    try:
+      with open(ledgers.get(0, next(iter(ledgers.values())))) as f:
+        notes = json.load(f).get('notes') or {}
+    except (OSError, ValueError, StopIteration):
+      continue
+    if (notes.get('local_interval') or {}).get('blocking_s') is not None:
+      blocking = notes['local_interval']['blocking_s']
+    if notes.get('restore_s') is not None:
+      restores.append(notes['restore_s'])
+  if blocking is None:
+    return ''
+  failures, seconds = goodput.failures_in(record.ledgers())
+  mtbf, source = ((seconds / failures,
+                   f'{failures} hard failure(s) in {seconds:.0f} s') if
+                  failures else (copy_interval.DEFAULT_MTBF_S,
+                                 'no hard failure yet: the default'))
+  restore = sum(restores) / len(restores) if restores else 0.0
+  chosen = copy_interval.interval(blocking, restore, mtbf, source)
+  return (f'local copies: every {chosen.seconds:.1f} s of training '
+          f'recommended from this job\'s history, {chosen.why}')
+
+
 def plot(result: dict, out: str) -> None:
   """A stacked bar of seconds per attempt, one colour per category."""
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -171,6 +202,9 @@ def main(argv=None) -> int:
     for process_index, parts in result['ranks'][a['name']].items():
       rows.append((f'a{a["attempt"]} rank {process_index}', parts))
   print(table(rows, 'seconds'))
+  advice = interval_advice(workdir)
+  if advice:
+    print('\n' + advice)
   recoveries = recovery_table(result['attempts'])
   if recoveries:
     print('\ntime to recover (from the fault to the first productive step):')

@@ -31,25 +31,23 @@ Example:
   ...   cadence.saved(run.step, blocking_s)
 """
 
-import dataclasses
 import math
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from absl import logging
 import numpy as np
 
+from runtime.common import copy_interval
 from runtime.common import progress
 from runtime import coordination
 
-BLOCKING_SHARE = 0.02
+BLOCKING_SHARE = copy_interval.BLOCKING_SHARE
 # The default cadence's shortest interval, in steps, and its unit.
 DEFAULT_EVERY_STEPS = 25
-# The mean time between hard failures assumed where the job's history has
-# none: an hour, a large pod's order of magnitude.
-DEFAULT_MTBF_S = 3600.0
-# The longest interval the default cadence leaves between copies: at most
-# this much training is recomputed after a hard failure, whatever M says.
-CEILING_S = 60.0
+DEFAULT_MTBF_S = copy_interval.DEFAULT_MTBF_S
+CEILING_S = copy_interval.CEILING_S
+Interval = copy_interval.Interval
+interval = copy_interval.interval
 # A copy that blocks less is not worth a warning, whatever its share (a
 # small model's steps of a few ms on a laptop).
 _WARN_FROM_S = 0.05
@@ -77,65 +75,6 @@ def steps_between(every_s: float, step_s: Optional[float],
   """
   interval_s = max(every_s, blocking_s / BLOCKING_SHARE)
   return max(1, math.ceil(interval_s / max(step_s or interval_s, 1e-9)))
-
-
-@dataclasses.dataclass(frozen=True)
-class Interval:
-  """The default cadence's interval and what chose it.
-
-  Attributes:
-    seconds: the interval chosen.
-    blocking_s: C, what one copy blocks the loop.
-    restore_s: R, what a restore takes.
-    mtbf_s: M, the mean time between failures used.
-    mtbf_source: where M comes from ('default', or 'N failure(s) in S s of
-      this job').
-    daly_s: Daly's interval for C, R and M.
-    budget_s: the shortest interval within BLOCKING_SHARE.
-  """
-  seconds: float
-  blocking_s: float
-  restore_s: float
-  mtbf_s: float
-  mtbf_source: str
-  daly_s: float
-  budget_s: float
-
-  @property
-  def why(self) -> str:
-    if self.seconds == self.budget_s and self.budget_s > min(self.daly_s,
-                                                             CEILING_S):
-      return (f'the {100 * BLOCKING_SHARE:g} % budget on the loop '
-              f'(a copy blocks it {self.blocking_s:.3f} s)')
-    if self.daly_s <= CEILING_S:
-      return (f"Daly's interval for a copy blocking {self.blocking_s:.3f} s, "
-              f'a restore of {self.restore_s:.1f} s and a mean of '
-              f'{self.mtbf_s:.0f} s between failures ({self.mtbf_source})')
-    return (f'the ceiling of {CEILING_S:g} s (Daly\'s interval, '
-            f'{self.daly_s:.0f} s for a mean of {self.mtbf_s:.0f} s between '
-            f'failures, is longer)')
-
-  def as_dict(self) -> dict[str, Any]:
-    return {**dataclasses.asdict(self), 'why': self.why}
-
-
-def interval(blocking_s: float, restore_s: float, mtbf_s: float,
-             mtbf_source: str = 'default') -> Interval:
-  """The seconds between local copies for a copy blocking `blocking_s`, a
-  restore of `restore_s` and a mean time between failures `mtbf_s`.
-
-  Example:
-    >>> interval(0.01, 5.0, 3600.0).seconds      # sqrt(2 x 0.01 x 3605)
-    8.48...
-    >>> interval(1.2, 5.0, 3600.0).seconds       # the budget: 1.2 / 0.02
-    60.0
-  """
-  daly = max(math.sqrt(2 * blocking_s * (mtbf_s + restore_s)) - blocking_s,
-             blocking_s)
-  budget = blocking_s / BLOCKING_SHARE
-  return Interval(seconds=max(budget, min(daly, CEILING_S)),
-                  blocking_s=blocking_s, restore_s=restore_s, mtbf_s=mtbf_s,
-                  mtbf_source=mtbf_source, daly_s=daly, budget_s=budget)
 
 
 def _multiple_from(step: int, every: int) -> int:

@@ -318,16 +318,23 @@ def failure_history(ledger: Ledger) -> tuple[int, float]:
   """(hard failures, seconds run) of the job's earlier attempts, from
   process 0's ledgers: an attempt that ended by a signal (its obituary
   writes 137 for a SIGKILL, 134 for an abort) or whose ledger holds no end
-  at all (lost with its host) failed hard; the seconds are each attempt's,
+  and no exit code (lost with its host) failed hard; the seconds are each attempt's,
   from its start to its ledger's last write. (0, 0.0) when the ledger
   writes nowhere."""
   if ledger.path is None:
     return 0, 0.0
   this_attempt = os.path.dirname(ledger.path)
+  return failures_in(os.path.dirname(this_attempt),
+                     os.path.basename(this_attempt))
+
+
+def failures_in(ledgers: str, skip: str = '') -> tuple[int, float]:
+  """`failure_history` of the attempts under `ledgers` (WORKDIR/goodput)
+  but `skip`."""
   failures, seconds = 0, 0.0
-  for attempt in glob.glob(os.path.join(os.path.dirname(this_attempt), '*')):
+  for attempt in glob.glob(os.path.join(glob.escape(ledgers), '*')):
     path = layout.rank_file(attempt, 0)
-    if attempt == this_attempt or not os.path.exists(path):
+    if os.path.basename(attempt) == skip or not os.path.exists(path):
       continue
     try:
       with open(path) as f:
@@ -336,8 +343,8 @@ def failure_history(ledger: Ledger) -> tuple[int, float]:
     except (OSError, ValueError, KeyError, TypeError):
       continue
     code = (found.get('notes') or {}).get('exit_code')
-    failures += (not found.get('final') or code is None or
-                 code in _HARD_FAILURES)
+    failures += code in _HARD_FAILURES or (code is None and
+                                           not found.get('final'))
   return failures, seconds
 
 
