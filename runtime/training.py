@@ -562,8 +562,12 @@ def _note_restore(ledger: goodput.Ledger, local, tier: str,
   mtbf = (run_s / failures, f'{failures} hard failure(s) in {run_s:.0f} s '
           'of this job') if failures else (None, 'default')
   local.cadence.knows_fault_cost(seconds if tier != 'fresh' else 0.0, *mtbf)
-  local.cadence.on_chosen = lambda chosen: ledger.note(
-      local_interval=chosen.as_dict())
+
+  def chosen(interval):
+    # Written at once: a hard failure is what the record is read after.
+    ledger.note(local_interval=interval.as_dict())
+    ledger.flush(force=True)
+  local.cadence.on_chosen = chosen
 
 
 def _choose_layout(config: ConfigDict, topo, workdir: str, task: Task,

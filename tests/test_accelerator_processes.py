@@ -139,3 +139,11 @@ def test_the_chip_benchmark_at_its_tiny_shape(tmp_path):
                                                       mnist_steps=30)
   assert figures['platform'] != 'cpu'
   assert figures['lm']['mfu']['hand'] > 0
+
+
+def test_a_sigkill_resumes_from_the_local_copy_on_the_chip(tmp_path):
+  # The fault benchmark's tiny shape on the chip: killed at a step in [60,
+  # 80], started again; the same assertions as on a CPU (every second of
+  # the restart named, the local copy restored).
+  test_benchmark_chip_processes.test_the_fault_benchmark_names_every_second_of_a_restart(
+      tmp_path)

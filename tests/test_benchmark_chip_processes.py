@@ -65,3 +65,35 @@ def test_the_host_batch_benchmark_times_both_ways(tmp_path):
                                             'on_device'}
     assert figures[k]['one_read_vs_stacked'] > 0
     assert figures[k]['on_device_vs_stacked'] > 0
+
+
+def test_the_fault_benchmark_names_every_second_of_a_restart(tmp_path):
+  """About 20 s: the tiny LM SIGKILLed at a step in [60, 80] and started
+  again, then the clean pair. The restart's phases add up to its time to
+  the first step with under 0.5 s unnamed; the restore is the local
+  copy's, and what is recomputed is at most the interval the cadence chose
+  (and said why)."""
+  out = tmp_path / 'fault.json'
+  result = subprocess.run(
+      [sys.executable, 'tests/benchmarks/benchmark_chip.py', '--shape=tiny',
+       '--mode=fault', '--kills=1', '--kill_steps=60,80', '--fault_steps=120',
+       '--clean_steps=80', f'--out={out}'],
+      cwd=helpers.REPO, env=helpers.launcher_env(), capture_output=True,
+      text=True, timeout=400, check=False)
+  assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+  fault = json.loads(out.read_text())['fault']
+  (round_,) = fault['rounds']
+  phases = round_['phases']
+  assert abs(phases['unnamed']) < 0.5, phases
+  assert {'startup', 'backend_start', 'workload_import', 'compile',
+          'checkpoint_restore'} <= set(phases), phases
+  assert round_['restore_tier'] == 'local' and round_['restore_step'] >= 25
+  chosen = round_['local_interval']
+  assert chosen['why'].startswith("Daly's interval") and chosen['seconds'] > 0
+  # Polled every 20 ms: a chip's tiny steps (several a call) run past it.
+  assert 60 <= round_['kill_step'] < 120
+  assert 0 <= round_['recomputed_steps'] < round_['kill_step']
+  clean = fault['clean']
+  assert abs(clean['defaults']['unnamed_s']) < 0.5, clean['defaults']
+  assert clean['loop_defaults_vs_none'] > 0
+  assert 'median lost' in result.stdout
