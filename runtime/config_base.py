@@ -161,9 +161,11 @@ def _add_checkpoints(config: config_dict.ConfigDict) -> None:
   # keeps its own copy of the state, the newest keep_local_checkpoints of
   # them, in local_checkpoint_dir ('': /dev/shm, else the temporary
   # directory). After a hard failure the job resumes from the newest copy
-  # any process holds (runtime/checkpoints/recovery.py). Unset: a copy every
-  # 25 steps, or at a later multiple of 25 where copies would block the loop
-  # over 2 % of its time (runtime/checkpoints/local_cadence.py). Set: a copy
+  # any process holds (runtime/checkpoints/recovery.py). Unset: at the
+  # interval that makes copies and recomputed steps cost least (Daly's, from
+  # what a copy blocks the loop, the restore, and the job's mean time between
+  # failures, an hour by default; at most 60 s, at least 25 steps, never
+  # over 2 % of the loop: runtime/checkpoints/local_cadence.py). Set: a copy
   # every local_checkpoint_every steps as asked (0: never).
   config.local_checkpoint_every = config_dict.placeholder(int)
   # Above 0: a local copy about every this many seconds of training instead,
