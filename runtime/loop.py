@@ -122,6 +122,8 @@ class Run:
     self._in_flight_limit = in_flight_limit
     # Called with the last step of every call whose metrics are in.
     self.on_retired: list[Callable[[int], None]] = []
+    # (the last step's state, its host copy), once read.
+    self._final_host: Optional[tuple[Any, step_lib.TrainState]] = None
 
   @property
   def final(self) -> bool:
@@ -129,8 +131,16 @@ class Run:
     return self.step == self.steps
 
   def numpy_state(self) -> step_lib.TrainState:
-    """The state after step `step` as numpy arrays (waits for it)."""
-    return self.parallelism.to_host(self.state)
+    """The state after step `step` as numpy arrays (waits for it). The last
+    step's is read once: the final save and the run's result share it (the
+    124 M decoder's end spent 3.7 s in `results` on a TPU v5e, reading its
+    1.4 GB again among them)."""
+    if self._final_host is not None and self._final_host[0] is self.state:
+      return self._final_host[1]
+    host = self.parallelism.to_host(self.state)
+    if self.final:
+      self._final_host = (self.state, host)
+    return host
 
   def local_state(self) -> step_lib.TrainState:
     """The state after step `step` as this process's local tier keeps it:
