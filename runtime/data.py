@@ -189,6 +189,10 @@ def read_batch(source, ids: np.ndarray):
   reader = getattr(source, 'read_batch', None)
   if reader is not None:
     return reader(ids)
+  if not len(ids):  # No example, but every leaf's shape (a process that
+    # holds only padding): example 0's, cut to none.
+    return jax.tree_util.tree_map(lambda x: np.asarray(x)[None][:0],
+                                  source[0])
   examples = [source[int(i)] for i in ids]
   return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *examples)
 
@@ -212,13 +216,7 @@ def read_padded(source, ids: np.ndarray, rows: int):
   """
   if len(ids) == rows:
     return read_batch(source, ids)
-  if len(ids):
-    batch = read_batch(source, ids)
-  elif getattr(source, 'read_batch', None) is not None:
-    batch = source.read_batch(ids)  # No example, but every leaf's shape.
-  else:
-    batch = jax.tree_util.tree_map(lambda x: np.asarray(x)[None][:0],
-                                   source[0])
+  batch = read_batch(source, ids)
   return jax.tree_util.tree_map(
       lambda x: np.concatenate([x, np.zeros((rows - len(x),) + x.shape[1:],
                                             x.dtype)]), batch)

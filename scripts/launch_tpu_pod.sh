@@ -49,7 +49,7 @@
 #    never comes up, and --delete_after at the end.
 # 1. Reads each slice (`gcloud ... describe`: its workers, which the joined
 #    job must find as its process count, exit 3 otherwise) and, unless
-#    --skip_preflight, checks it through cloud-tpu-client (READY, HEALTHY,
+#    --skip_preflight, checks it through the Cloud TPU API (READY, HEALTHY,
 #    config.topology.accelerator_type; needs `gcloud auth
 #    application-default login`). --num_slices=N runs one job on slices
 #    NAME-0 ... NAME-(N-1): every worker gets MEGASCALE_* and its process
@@ -99,8 +99,8 @@ case " $* " in
   # a comment.
   *" -h "*|*" --help "*) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; exit 0 ;;
 esac
-# This machine's Python with the project and its pod extra (cloud-tpu-client,
-# for the preflight) installed: scripts/env.sh makes .venv the first time;
+# This machine's Python with the project and its pod extra (google-auth and
+# requests, for the preflight) installed: scripts/env.sh makes .venv the first time;
 # PODRUN_LOCAL_PYTHON names another.
 if [ -n "${PODRUN_LOCAL_PYTHON:-}" ]; then
   py="$PODRUN_LOCAL_PYTHON"

@@ -3,7 +3,7 @@
 # regression, on this machine's accelerators or on 8 emulated CPU devices.
 #   scripts/run.sh
 #   scripts/run.sh --config=configs/mlp.py --local_processes=2
-# The project alone: the test tools (Ray, cloud-tpu-client...) are test.sh's.
+# The project alone: the test tools (Ray, the GCS emulator...) are test.sh's.
 PODRUN_EXTRAS="${PODRUN_EXTRAS-}"
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 args=("$@")

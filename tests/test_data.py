@@ -102,3 +102,18 @@ def test_a_task_refuses_an_iterator_with_the_fix(data, missing):
   assert f'has no {missing}' in said
   assert 'runtime.ArraySource(**arrays)' in said and 'grain' in said
   assert e.value.exit_code == 2
+
+
+def test_a_read_of_no_ids_gives_every_leaf_with_no_row():
+  # A process that holds only padding reads no example, from a source with
+  # data[i] alone (a grain MapDataset) as from one with read_batch.
+  class Indexed:
+    def __len__(self):
+      return 4
+
+    def __getitem__(self, i):
+      return {'x': np.full((2, 3), i, np.float32), 'label': np.int32(i)}
+  none = data.read_batch(Indexed(), np.array([], np.int64))
+  assert none['x'].shape == (0, 2, 3) and none['label'].shape == (0,)
+  padded = data.read_padded(Indexed(), np.array([], np.int64), 3)
+  assert padded['x'].shape == (3, 2, 3) and not padded['x'].any()

@@ -62,21 +62,39 @@ def _lineage(workdir, attempts) -> dict[int, list[int]]:
 
 
 @pytest.fixture(scope='module')
-def straight(tmp_path_factory):
-  """One process x 8 devices, never interrupted."""
-  workdir = tmp_path_factory.mktemp('straight')
-  result = helpers.run_launcher([*PROBE, f'--workdir={workdir}'], timeout=200)
-  assert result.returncode == 0, result.output
-  return workdir
+def straights(tmp_path_factory):
+  """`(data flags) -> workdir`: one process x 8 devices, never interrupted,
+  run once for each data."""
+  made = {}
+
+  def straight(data: tuple[str, ...]):
+    if data not in made:
+      workdir = tmp_path_factory.mktemp('straight')
+      result = helpers.run_launcher([*PROBE, *data, f'--workdir={workdir}'],
+                                    timeout=200)
+      assert result.returncode == 0, result.output
+      made[data] = workdir
+    return made[data]
+  return straight
 
 
+# The probe's arrays as they are, and as a grain MapDataset with a
+# random_map (tests/workloads/probe.py): both exact through a SIGKILL, a
+# shrink and a growth.
+DATA = {'arrays': (), 'grain': ('--config.data.grain=True',)}
+
+
+@pytest.mark.parametrize('data', sorted(DATA))
 def test_a_lost_process_shrinks_the_pod_and_it_grows_back(tmp_path,
-                                                          straight):
+                                                          straights, data):
   """About 25-40 s: three attempts of a 4-process pod, the second on 3, with
   --regrow_after=3 between."""
+  if data == 'grain':
+    pytest.importorskip('grain')
+  straight = straights(DATA[data])
   workdir = tmp_path / 'elastic'
   result = helpers.run_launcher(
-      [*PROBE, f'--workdir={workdir}', '--local_processes=4',
+      [*PROBE, *DATA[data], f'--workdir={workdir}', '--local_processes=4',
        '--local_devices=2', '--min_processes=3', '--regrow_after=3',
        '--max_restarts=0', '--config.fail_rank=3', '--config.fail_step=30',
        '--config.fail_mode=sigkill', '--config.fail_once=True'],

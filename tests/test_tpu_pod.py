@@ -14,8 +14,10 @@ from launcher.common import project
 from launcher.tpu import bundle
 from launcher.tpu import commands
 from launcher.tpu import preflight
+from launcher.tpu import tpu_api
 from runtime.common import accelerators
 from runtime.common import exit_codes
+from tests import fake_tpu_api
 from tests import helpers
 
 pytestmark = pytest.mark.unit
@@ -56,31 +58,6 @@ def test_unknown_accelerator_types_say_what_exists(name, message):
     accelerators.slice_topology(name)
 
 
-class FakeTpuApi:
-  """The part of the TPU API service Client uses: nodes().get().execute().
-
-  Each get() returns the next of `nodes` (the last one repeats).
-  """
-
-  def __init__(self, *responses):
-    self.responses, self.names = list(responses), []
-
-  def projects(self):
-    return self
-
-  def locations(self):
-    return self
-
-  def nodes(self):
-    return self
-
-  def get(self, name):
-    self.names.append(name)
-    response = (self.responses.pop(0) if len(self.responses) > 1 else
-                self.responses[0])
-    return type('Request', (), {'execute': lambda _: dict(response)})()
-
-
 def node(state='READY', health='HEALTHY', accelerator_type='v4-16',
          workers=2):
   return {'state': state, 'health': health,
@@ -89,10 +66,17 @@ def node(state='READY', health='HEALTHY', accelerator_type='v4-16',
                                for i in range(workers)]}
 
 
-def client(*nodes):
-  import cloud_tpu_client  # pylint: disable=g-import-not-at-top
-  return cloud_tpu_client.Client(tpu='my-pod', zone='us-central2-b',
-                                 project='proj', service=FakeTpuApi(*nodes))
+@pytest.fixture
+def api():
+  with fake_tpu_api.FakeTpuApi() as server:
+    yield server
+
+
+def client(api, *answers, sleep=lambda s: None):
+  """The pod my-pod through the fake API, which answers `answers` in turn."""
+  api.queue('proj', 'us-central2-b', 'my-pod', *answers)
+  return tpu_api.Node('my-pod', 'us-central2-b', 'proj', api_root=api.root,
+                      timeout_s=5, sleep=sleep)
 
 
 def run_preflight(c, expected=None, timeout_s=60):
@@ -107,19 +91,19 @@ def run_preflight(c, expected=None, timeout_s=60):
   return info, waits
 
 
-def test_healthy_pod_passes():
-  c = client(node())
+def test_healthy_pod_passes(api):
+  c = client(api, node())
   info, waits = run_preflight(c, expected='v4-16')
   assert waits == []
   assert (info.accelerator_type, info.workers) == ('v4-16', 2)
   assert info.endpoints == ('10.0.0.0:8470', '10.0.0.1:8470')
   assert info.expected.devices_per_host == 4
-  assert c._service.names[0] == (  # pylint: disable=protected-access
-      'projects/proj/locations/us-central2-b/nodes/my-pod')
+  assert api.requests[0] == (
+      '/v2/projects/proj/locations/us-central2-b/nodes/my-pod')
 
 
-def test_unhealthy_then_healthy_waits():
-  c = client(node(state='CREATING', health=None),
+def test_unhealthy_then_healthy_waits(api):
+  c = client(api, node(state='CREATING', health=None),
              node(state='CREATING', health=None),
              node(health='UNHEALTHY_MAINTENANCE'),
              node(health='UNHEALTHY_MAINTENANCE'), node())
@@ -127,15 +111,15 @@ def test_unhealthy_then_healthy_waits():
   assert waits == [10, 10] and info.health == 'HEALTHY'
 
 
-def test_never_healthy_times_out_naming_state_and_health():
+def test_never_healthy_times_out_naming_state_and_health(api):
   with pytest.raises(preflight.PodUnavailableError,
                      match='state=READY health=UNHEALTHY_TENSORFLOW after 30 s'):
-    run_preflight(client(node(health='UNHEALTHY_TENSORFLOW')), timeout_s=30)
+    run_preflight(client(api, node(health='UNHEALTHY_TENSORFLOW')), timeout_s=30)
 
 
 @pytest.mark.parametrize('state', ['PREEMPTED', 'TERMINATED'])
-def test_preempted_pod_fails_at_once_and_is_not_recoverable(state):
-  c = client(node(state=state, health=None))
+def test_preempted_pod_fails_at_once_and_is_not_recoverable(api, state):
+  c = client(api, node(state=state, health=None))
   with pytest.raises(preflight.PodUnavailableError,
                      match=f'my-pod is {state}: it will not come back'):
     run_preflight(c)
@@ -143,29 +127,50 @@ def test_preempted_pod_fails_at_once_and_is_not_recoverable(state):
   assert not ok and f'state={state}' in why
 
 
-def test_ready_pod_is_recoverable():
-  assert preflight.recoverable(client(node()))[0]
+def test_ready_pod_is_recoverable(api):
+  assert preflight.recoverable(client(api, node()))[0]
 
 
-def test_wrong_accelerator_type_names_both_sides():
+def test_the_api_is_tried_again_on_429_and_5xx_and_gives_up_naming_it(api):
+  waits = []
+  c = client(api, 429, 503, node(), sleep=waits.append)
+  assert c.state() == 'READY' and waits == [2.0, 4.0]
+  busy = tpu_api.Node('other', 'us-central2-b', 'proj', api_root=api.root,
+                      timeout_s=5, attempts=3, sleep=lambda s: None)
+  api.queue('proj', 'us-central2-b', 'other', 500)
+  with pytest.raises(tpu_api.TpuApiError,
+                     match=r'no answer after 3 tries; the last: HTTP 500'):
+    busy.state()
+  # A 404 (no such node) is not tried again.
+  missing = tpu_api.Node('gone', 'z', 'proj', api_root=api.root, timeout_s=5)
+  with pytest.raises(tpu_api.TpuApiError, match='HTTP 404'):
+    missing.state()
+
+
+def test_an_out_of_memory_symptom_is_not_recoverable(api):
+  sick = dict(node(), symptoms=[{'symptomType': 'HBM_OUT_OF_MEMORY'}])
+  assert not client(api, sick).recoverable()
+
+
+def test_wrong_accelerator_type_names_both_sides(api):
   with pytest.raises(preflight.PodMismatchError) as e:
-    run_preflight(client(node(accelerator_type='v4-32', workers=4)),
+    run_preflight(client(api, node(accelerator_type='v4-32', workers=4)),
                   expected='v4-16')
   assert ('config.topology.accelerator_type expects v4-16, but TPU my-pod is '
           'v4-32') in str(e.value)
   assert 'Nothing was started' in str(e.value)
 
 
-def test_wrong_worker_count_names_both_sides():
+def test_wrong_worker_count_names_both_sides(api):
   with pytest.raises(preflight.PodMismatchError) as e:
-    run_preflight(client(node(accelerator_type='v4-32', workers=3)))
+    run_preflight(client(api, node(accelerator_type='v4-32', workers=3)))
   assert 'v4-32 has 4 host(s)' in str(e.value)
   assert 'lists 3 worker endpoint(s)' in str(e.value)
 
 
-def test_both_problems_in_one_error():
+def test_both_problems_in_one_error(api):
   with pytest.raises(preflight.PodMismatchError, match='2 problem'):
-    run_preflight(client(node(accelerator_type='v4-32', workers=3)),
+    run_preflight(client(api, node(accelerator_type='v4-32', workers=3)),
                   expected='v5p-8')
 
 
@@ -343,9 +348,8 @@ def test_every_worker_installs_the_drivers_jax():
 
 def test_without_the_pod_extra_the_preflight_says_what_to_install(tmp_path):
   # A stand-in module that fails to import as a missing package does.
-  (tmp_path / 'cloud_tpu_client.py').write_text(
-      "raise ImportError('No module named cloud_tpu_client', "
-      "name='cloud_tpu_client')\n")
+  (tmp_path / 'requests.py').write_text(
+      "raise ImportError('No module named requests', name='requests')\n")
   env = helpers.launcher_env()
   env['PYTHONPATH'] = f'{tmp_path}{os.pathsep}{env["PYTHONPATH"]}'
   result = subprocess.run(

@@ -10,7 +10,7 @@ created and babysits, or an elastic group of them, `elastic`), `queued`
 (noticing a lost slice and bringing it back), `attempt` (one run
 on every worker of every slice: its output and its end), `commands`
 (gcloud and the shell snippets each worker runs), `preflight` (the pod
-through cloud-tpu-client), `bundle` (the code as one tarball), and the
+through the Cloud TPU API's REST endpoint, `tpu_api`), `bundle` (the code as one tarball), and the
 standalone half that runs on each worker under its system Python, `worker`
 with its accelerator check `worker_accelerator`. What each accelerator type
 implies is in runtime/common/accelerators.py. Nothing here imports JAX.

@@ -111,7 +111,7 @@ def print_plan(launch) -> int:
   for node in launch.nodes:
     print(shlex.join(gcloud.describe(node)))
   if not options.skip_preflight:
-    print('# preflight through cloud-tpu-client: READY, HEALTHY, '
+    print('# preflight through the Cloud TPU API: READY, HEALTHY, '
           'config.topology.accelerator_type')
   for node in launch.nodes:
     for command in (

@@ -8,7 +8,7 @@ order:
    through its phases, each with its own timeout (queued.py);
 1. reads each slice with `gcloud ... describe` (its worker endpoints and
    accelerator type: the process count every worker must find) and, unless
-   --skip_preflight, checks it through cloud-tpu-client (preflight.py);
+   --skip_preflight, checks it through the Cloud TPU API (preflight.py, tpu_api.py);
 2. checks each worker's Python before copying anything, and picks one that
    this environment's JAX runs on (3.11+ for JAX 0.10, 3.12+ from 0.11);
 3. copies the project (one tarball named by its SHA-256, bundle.py) to

@@ -1,12 +1,12 @@
-"""Checks a Cloud TPU pod through cloud-tpu-client, before a launch and
+"""Checks a Cloud TPU pod through the Cloud TPU API, before a launch and
 after a failure.
 
 `preflight` waits until the pod is READY and HEALTHY, then checks its
 accelerator type against `config.topology.accelerator_type` (when the config
 sets one) and its worker endpoints against the hosts that type implies;
-`recoverable` says whether a relaunch on it makes sense. cloud-tpu-client is
-imported only here, and only when a client is made: importing it defines an
-absl flag.
+`recoverable` says whether a relaunch on it makes sense. The API is read
+over REST (launcher/tpu/tpu_api.py), with google-auth and requests, which
+the `pod` extra installs.
 
 Example:
   >>> client = make_client('my-pod', 'us-central2-b', None)
@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from launcher.common import flag_values
+from launcher.tpu import tpu_api
 from runtime.common import accelerators
 from runtime.common import exit_codes
 
@@ -51,25 +52,29 @@ class PodInfo:
 
 
 class MissingExtraError(exit_codes.ConfigError):
-  """cloud-tpu-client is not installed: podrun's `pod` extra is missing."""
+  """google-auth or requests is not installed: podrun's `pod` extra is
+  missing."""
 
 
-def make_client(tpu: str, zone: str, project: Optional[str]):
-  """cloud_tpu_client.Client for the pod (imported here: it defines a flag).
+def make_client(tpu: str, zone: str, project: Optional[str]
+                ) -> tpu_api.Node:
+  """The pod as the Cloud TPU API describes it (tpu_api.Node).
 
   Raises:
-    MissingExtraError: without cloud-tpu-client, saying what to install.
+    MissingExtraError: without google-auth or requests, saying what to
+      install.
   """
   try:
-    import cloud_tpu_client  # pylint: disable=g-import-not-at-top
+    import google.auth  # pylint: disable=g-import-not-at-top,unused-import
+    import requests  # pylint: disable=g-import-not-at-top,unused-import
   except ImportError as e:
     raise MissingExtraError(
-        f'the TPU preflight reads the pod through cloud-tpu-client, which '
-        f'this Python ({e.name or "cloud_tpu_client"} missing) does not have: '
-        'it comes with podrun\'s pod extra. Install it with `pip install -e '
-        '".[pod]"` (scripts/launch_tpu_pod.sh does so in .venv), or skip the '
-        'check with --skip_preflight.') from e
-  return cloud_tpu_client.Client(tpu=tpu, zone=zone, project=project)
+        f'the TPU preflight reads the pod through the Cloud TPU API with '
+        f'google-auth and requests, which this Python ({e.name} missing) '
+        'does not have: they come with podrun\'s pod extra. Install it with '
+        '`pip install -e ".[pod]"` (scripts/launch_tpu_pod.sh does so in '
+        '.venv), or skip the check with --skip_preflight.') from e
+  return tpu_api.Node(tpu, zone, project)
 
 
 def wait_until_ready(client, timeout_s: float, interval_s: float = 10,
@@ -107,7 +112,7 @@ def preflight(client, expected_type: Optional[str], timeout_s: float,
   """Checks that the pod is up and is the pod the job expects.
 
   Args:
-    client: a cloud_tpu_client.Client (or one with its methods).
+    client: a tpu_api.Node (or one with its methods).
     expected_type: config.topology.accelerator_type, or None to accept the
       pod's own.
     timeout_s: how long to wait for READY and HEALTHY.
@@ -153,10 +158,6 @@ def preflight(client, expected_type: Optional[str], timeout_s: float,
 
 def recoverable(client) -> tuple[bool, str]:
   """Whether relaunching on this pod can work, and why (its state)."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  if not flags.FLAGS.is_parsed():
-    # Client.recoverable reads its own --runtime_oom_exit flag.
-    flags.FLAGS.mark_as_parsed()
   state = client.state()
   return bool(client.recoverable()), f'state={state} health={client.health()}'
 
@@ -205,7 +206,7 @@ def check(tpu: str, zone: str, project: Optional[str],
 
   Raises:
     PodMismatchError: the pod is not the one the config expects.
-    MissingExtraError: cloud-tpu-client is not installed.
+    MissingExtraError: the pod extra is not installed.
     PodUnavailableError: the pod is not up in time, or cannot be read
       (credentials, network, the API), with what to do about it.
   """

@@ -23,6 +23,7 @@ Example:
 """
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -43,7 +44,7 @@ class Counts(NamedTuple):
 
 def _with_ids(source):
   """The source, each batch with its examples' ids in 'census_id'."""
-  read = source.read_batch
+  read = functools.partial(data_lib.read_batch, source)
 
   class WithIds:
     def __len__(self):

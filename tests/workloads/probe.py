@@ -49,6 +49,7 @@ import numpy as np
 
 from runtime.common import handoff
 from runtime.common import exit_codes
+from runtime import data as data_lib
 from runtime import hooks
 from runtime.checkpoints import local_checkpoint
 from runtime import training
@@ -110,6 +111,8 @@ def train_and_evaluate(config: ConfigDict, workdir):
           f'{os.environ.get(config.echo_env, "<unset>")}', flush=True)
   task, dataset = linear_regression.make_task(config)
   source = task.data
+  if config.data.get('grain'):
+    source = _grain_pipeline(source, config.seed)
   seen = []
 
   once_marker = os.path.join(workdir, f'probe_failed_rank_{config.fail_rank}')
@@ -130,7 +133,7 @@ def train_and_evaluate(config: ConfigDict, workdir):
         open(once_marker, 'w').close()
       _misbehave(config)
     seen.append(np.array(ids))
-    return source.read_batch(ids)
+    return data_lib.read_batch(source, ids)
 
   params = dict(task.params)
   if config.ballast_floats:
@@ -242,6 +245,20 @@ def flip_bit(run, step: int, device: int) -> None:
       jax.tree_util.tree_structure(state.params),
       [flipped] + [x for _, x in path_leaves[1:]])
   run.state = state._replace(params=params)
+
+
+def _grain_pipeline(arrays, seed: int):
+  """grain.MapDataset.source(arrays).map(...).random_map(...): each
+  record's x jittered by its own draw, which grain derives from the seed and
+  the record's index alone."""
+  import grain  # pylint: disable=g-import-not-at-top
+
+  def jitter(example, rng):
+    noise = rng.normal(size=example['x'].shape).astype(np.float32)
+    return {**example, 'x': example['x'] + 1e-3 * noise}
+  return (grain.MapDataset.source(arrays)
+          .map(lambda e: {k: np.asarray(v) for k, v in e.items()})
+          .random_map(jitter, seed=seed))
 
 
 class _Source:

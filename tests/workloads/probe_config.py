@@ -35,6 +35,10 @@ def get_config():
   config.slow_below_processes = 0
   config.slow_below_seconds = 0.0
   config.census = False
+  # The examples as a grain MapDataset over the same arrays, with a
+  # random_map that jitters each record's x by its own draw (a data field:
+  # a resumed run must agree on it).
+  config.data.grain = False
   # A variable each process prints at its start, as `probe: env NAME=VALUE`
   # ('' for none): what reached it.
   config.echo_env = ''
