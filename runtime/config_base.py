@@ -52,6 +52,11 @@ def _add_trajectory(config: config_dict.ConfigDict) -> None:
   # accelerator, where placing each batch is the host's bound; it costs the
   # arrays' size on every device (refused over half a device's memory).
   config.data.on_device = False
+  # Processes that read each batch's records (runtime/readers.py), for a
+  # source whose records take milliseconds of host work each (decoding,
+  # augmenting); the same batches as a read in this process. The source must
+  # pickle. 0: this process reads them.
+  config.data.workers = 0
 
 
 def _add_run_control(config: config_dict.ConfigDict) -> None:

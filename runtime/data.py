@@ -214,9 +214,13 @@ def read_padded(source, ids: np.ndarray, rows: int):
   Returns:
     The batch: each leaf (rows, ...).
   """
-  if len(ids) == rows:
-    return read_batch(source, ids)
-  batch = read_batch(source, ids)
+  return padded(read_batch(source, ids), rows)
+
+
+def padded(batch, rows: int):
+  """`batch` (each leaf (n, ...)) with zero rows after it up to `rows`."""
+  if len(jax.tree_util.tree_leaves(batch)[0]) == rows:
+    return batch
   return jax.tree_util.tree_map(
       lambda x: np.concatenate([x, np.zeros((rows - len(x),) + x.shape[1:],
                                             x.dtype)]), batch)

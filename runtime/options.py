@@ -32,12 +32,15 @@ class Data:
     prefetch: batches loaded ahead of the step.
     on_device: the data set kept on every device, each batch gathered
       there (config.data.on_device).
+    workers: processes that read each batch's records (config.data.workers;
+      0: this process reads them).
   """
   global_batch_size: int
   seed: int
   shuffle: bool
   prefetch: int
   on_device: bool = False
+  workers: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +105,8 @@ class TrainOptions:
         data=Data(global_batch_size=config.global_batch_size,
                   seed=config.seed, shuffle=bool(config.data.shuffle),
                   prefetch=config.prefetch,
-                  on_device=bool(config.data.get('on_device', False))),
+                  on_device=bool(config.data.get('on_device', False)),
+                  workers=int(config.data.get('workers', 0) or 0)),
         logging=Logging(every=config.log_every,
                         tensorboard=bool(config.tensorboard),
                         profile_start=profile.get('start_step', 0) or 0,

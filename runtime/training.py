@@ -18,6 +18,7 @@ Example (a workload):
 """
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -57,6 +58,7 @@ from runtime import parallelism as parallelism_lib
 from runtime.parallelism import microbatches
 from runtime.parallelism import state_layout
 from runtime import randomness
+from runtime import readers as readers_lib
 from runtime.checkpoints import recovery
 from runtime import step as step_lib
 from runtime import structure
@@ -521,14 +523,18 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     with ledger.naming('eval_check'):
       evaluation.check_eval_fn(task.eval_fn, replicated.params,
                                replicated.model_state)
+  readers = (readers_lib.Readers(task.data, options.data.workers)
+             if options.data.workers and not options.data.on_device else None)
   try:
     with dispatch.Dispatches(
-        _loader(options.data, task, topo, par, batch_layout), start,
+        _loader(options.data, task, topo, par, batch_layout, readers), start,
         options.steps, per_dispatch, decide,
         size=options.data.prefetch) as dispatches:
       loop.run_steps(run, programs, dispatches.next,
                      _hooks(options, workdir, task, topo, ckpt, local))
   finally:
+    if readers is not None:
+      readers.close()
     clock.close()
     with ledger.naming('results'):
       writer.close()
@@ -660,10 +666,13 @@ def layout_fields(topo, batch_layout: microbatches.Layout) -> dict[str, int]:
 
 
 def _loader(data: options_lib.Data, task: Task, topo, par,
-            batch_layout: microbatches.Layout) -> Callable[[int, int], Any]:
+            batch_layout: microbatches.Layout,
+            readers: Optional[readers_lib.Readers] = None
+            ) -> Callable[[int, int], Any]:
   """(step, steps) -> this process's part of the batches of the steps after
   `step`, on its devices, for one call (runtime/dispatch.py `stack`): its
-  real examples of each step, then zero rows where the batch layout pads."""
+  real examples of each step, then zero rows where the batch layout pads;
+  read by `readers` where given (config.data.workers)."""
   rows, real = microbatches.process_positions(
       batch_layout, topo.process_index, topo.local_device_count)
   devices = topo.local_device_count
@@ -684,6 +693,9 @@ def _loader(data: options_lib.Data, task: Task, topo, par,
       return gather(ids.reshape(steps, devices, -1).swapaxes(0, 1).reshape(-1))
     return on_device
 
+  read = readers.read if readers is not None else functools.partial(
+      data_lib.read_batch, task.data)
+
   def load(step: int, steps: int):
     ids = ids_of(step, steps)
     if real == rows.stop - rows.start and real % devices == 0:
@@ -691,10 +703,10 @@ def _loader(data: options_lib.Data, task: Task, topo, par,
       # order `stack` would give (device by device, each device's rows step
       # by step), so the host copies the call's batch once, not twice.
       order = ids.reshape(steps, devices, -1).swapaxes(0, 1).reshape(-1)
-      return par.put_batch(data_lib.read_batch(task.data, order))
+      return par.put_batch(read(order))
     return par.put_batch(dispatch.stack(
-        [data_lib.read_padded(task.data, one, rows.stop - rows.start)
-         for one in ids], devices))
+        [data_lib.padded(read(one), rows.stop - rows.start) for one in ids],
+        devices))
   return load
 
 

@@ -97,3 +97,19 @@ def test_the_fault_benchmark_names_every_second_of_a_restart(tmp_path):
   assert abs(clean['defaults']['unnamed_s']) < 0.5, clean['defaults']
   assert clean['loop_defaults_vs_none'] > 0
   assert 'median lost' in result.stdout
+
+
+def test_the_input_benchmark_trains_the_same_with_workers(tmp_path):
+  """About 15 s: heavy records read in the process and by 8 workers; the
+  same parameters both ways (the input wait is the benchmark's figure, not
+  asserted: it depends on the machine)."""
+  out = tmp_path / 'input.json'
+  subprocess.run(
+      [sys.executable, 'tests/benchmarks/benchmark_input.py', '--steps=20',
+       '--workers=8', '--record_ms=2', f'--out={out}'],
+      cwd=helpers.REPO, env=helpers.launcher_env(), capture_output=True,
+      text=True, timeout=300, check=True)
+  figures = json.loads(out.read_text())
+  assert figures['same_parameters'], figures
+  for way in ('in_process', 'with_workers'):
+    assert 0 <= figures[way]['input_wait_fraction'] <= 1

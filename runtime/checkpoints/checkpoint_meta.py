@@ -30,6 +30,11 @@ TRAJECTORY_SECTIONS = ('workload', 'seed', 'global_batch_size', 'model',
                        'optimizer', 'data')
 
 
+# Fields of the trajectory sections that steer how the data reach the
+# devices, not which: a resumed run may change them.
+HOW_NOT_WHAT = ('data.on_device', 'data.workers')
+
+
 class CheckpointError(exit_codes.PodrunError):
   """A checkpoint that cannot be used here, or a directory that cannot hold
   the job's checkpoints."""
@@ -46,7 +51,7 @@ def trajectory_config(config: ConfigDict) -> dict[str, Any]:
   before the run (config_reads.unread_defaults).
   """
   allowed = set(config.restore_may_change) | set(
-      config_reads.unread_defaults(config))
+      config_reads.unread_defaults(config)) | set(HOW_NOT_WHAT)
   sections = {k: v for k, v in config.to_dict().items()
               if k in TRAJECTORY_SECTIONS or
               k in config_reads.FOREIGN_TRAJECTORY}
