@@ -37,11 +37,11 @@ def test_the_benchmark_runs_at_its_tiny_shape(tmp_path):
     measured = figures[workload]
     assert set(measured['steps_per_sec']) == {
         'podrun_pmap', 'podrun_shard_map', 'podrun_pmap_k1', 'hand',
-        'on_device'}
+        'on_device', 'resident_scan'}
     assert all(rate > 0 for rate in measured['steps_per_sec'].values())
     for ratio in ('hand_vs_on_device', 'podrun_pmap_vs_hand',
                   'podrun_shard_map_vs_hand', 'podrun_pmap_k1_vs_hand',
-                  'podrun_pmap_vs_on_device'):
+                  'podrun_pmap_vs_on_device', 'podrun_pmap_vs_resident_scan'):
       assert measured[ratio] > 0
     assert measured['mfu']['hand'] is None  # The CPU's peak is unknown.
   first = figures['first_step']

@@ -17,7 +17,9 @@ order that turns by one every round:
 - podrun_pmap_k1: the same with one step per call;
 - hand: `jax.jit` of the same step with the state donated, each batch cut
   from host memory and `jax.device_put`, no block until the end;
-- on_device: that step on one batch already on the device.
+- on_device: that step on one batch already on the device;
+- resident_scan: 25 of those steps in one `lax.scan` over batches already on
+  the device, the limit of a small step's program.
 
 Each run's speed counts the steps after the first WARM_STEPS (compilation,
 and auto's measurement), to the end of step N; a figure is the median over
@@ -50,7 +52,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 METHODS = ('podrun_pmap', 'podrun_shard_map', 'podrun_pmap_k1', 'hand',
-           'on_device')
+           'on_device', 'resident_scan')
+# Steps of the resident scan's one call.
+RESIDENT_STEPS = 25
 # Steps each way runs before its clock starts: the first compiles, and
 # podrun's auto steps_per_dispatch measures 20 steps before it chooses.
 WARM_STEPS = 40
@@ -108,6 +112,41 @@ def _hand_step(task):
     updates, opt_state = task.optimizer.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), loss
   return step
+
+
+def _resident_scan(task, batches: list, calls: int) -> float:
+  """Steps/s of the limit of a small step's program: RESIDENT_STEPS steps
+  of the hand-written step in one `lax.scan`, over batches already on the
+  device, the state donated; `calls` calls timed after one that compiles."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+
+  def one(state, batch):
+    params, opt_state = state
+    (loss, _), grads = jax.value_and_grad(task.loss_fn, has_aux=True)(
+        params, batch)
+    updates, opt_state = task.optimizer.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), loss
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def call(state, stacked):
+    return jax.lax.scan(one, state, stacked)
+  device = jax.devices()[0]
+  per_call = min(RESIDENT_STEPS, len(batches))
+  stacked = jax.device_put(jax.tree_util.tree_map(
+      lambda *xs: jnp.stack(xs), *batches[:per_call]), device)
+  state = jax.device_put((task.params, task.optimizer.init(task.params)),
+                         device)
+  state, losses = call(state, stacked)
+  jax.block_until_ready(losses)
+  started = time.perf_counter()
+  for _ in range(calls):
+    state, losses = call(state, stacked)
+  jax.block_until_ready((state, losses))
+  rate = calls * per_call / (time.perf_counter() - started)
+  jax.tree_util.tree_map(lambda x: x.delete(), state)
+  return rate
 
 
 def _host_batches(task, batch_size: int, count: int) -> list:
@@ -204,7 +243,10 @@ def _measure(name: str, config, task, rounds: int, scratch: str,
   for r in range(rounds):
     order = methods[r % len(methods):] + methods[:r % len(methods)]
     for method in order:
-      if method in ('hand', 'on_device'):
+      if method == 'resident_scan':
+        rate = _resident_scan(task, batches,
+                              max(1, config.steps // RESIDENT_STEPS))
+      elif method in ('hand', 'on_device'):
         # Placed for this run alone: podrun's runs get the chip's memory.
         state = jax.device_put(
             (task.params, task.optimizer.init(task.params)), device)
@@ -239,7 +281,9 @@ def _measure(name: str, config, task, rounds: int, scratch: str,
                          ('podrun_shard_map', 'hand'),
                          ('podrun_pmap_k1', 'hand'),
                          ('podrun_pmap', 'on_device'),
-                         ('podrun_shard_map', 'on_device'))
+                         ('podrun_shard_map', 'on_device'),
+                         ('podrun_pmap', 'resident_scan'),
+                         ('hand', 'resident_scan'))
             if a in median and b in median}
   return {'steps_per_sec': median, 'rounds': rates, **ratios, 'mfu': mfu,
           'flops_per_step_per_device': per_step}
