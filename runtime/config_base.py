@@ -51,7 +51,9 @@ def _add_trajectory(config: config_dict.ConfigDict) -> None:
   # host. For small data sets whose steps take a few milliseconds on an
   # accelerator, where placing each batch is the host's bound; it costs the
   # arrays' size on every device (refused over half a device's memory).
-  config.data.on_device = False
+  # Unset: on an accelerator, when the data set fits in a quarter of a
+  # device's memory (runtime/device_data.py); on a CPU, never.
+  config.data.on_device = config_dict.placeholder(bool)
   # Processes that read each batch's records (runtime/readers.py), for a
   # source whose records take milliseconds of host work each (decoding,
   # augmenting); the same batches as a read in this process. The source must

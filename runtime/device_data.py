@@ -45,6 +45,32 @@ def check(source: Any) -> None:
 
 # The share of a device's memory the data set may take.
 MOST_SHARE = 0.5
+# The share it takes when config.data.on_device is left to choose: the rest
+# is the state's, the step's and the prefetched batches'.
+AUTO_SHARE = 0.25
+
+
+def choose(source: Any, platform: str, stats: Optional[dict]
+           ) -> tuple[bool, str]:
+  """config.data.on_device left unset (None): whether to keep the data set
+  on the devices, and why, for the run's line. On an accelerator, an
+  in-memory source (a runtime.ArraySource) within AUTO_SHARE of a device's
+  memory goes there: each call then sends only its ids (on a TPU v5e the
+  MNIST MLP ran 3.1x as many examples a second so, BUILD_NOTES.md, issue
+  71). On a CPU the devices are host memory: a gather there is a host copy
+  too, so the batches come from the host."""
+  if platform == 'cpu':
+    return False, 'auto: a CPU\'s devices are host memory'
+  if not isinstance(source, data_lib.ArraySource):
+    return False, f'auto: a {type(source).__name__} is read from the host'
+  size = sum(a.nbytes for a in source.arrays.values())
+  limit = (stats or {}).get('bytes_limit')
+  if not limit or size > AUTO_SHARE * limit:
+    return False, (f'auto: the data set\'s {size / 2**30:.2f} GiB is over '
+                   f'{AUTO_SHARE:.0%} of a device\'s memory' if limit else
+                   'auto: the device does not say its memory')
+  return True, (f'auto: the data set\'s {size / 2**20:.0f} MiB is within '
+                f'{AUTO_SHARE:.0%} of a device\'s memory')
 
 
 def check_fits(size: int, stats: Optional[dict]) -> None:

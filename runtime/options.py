@@ -31,7 +31,8 @@ class Data:
     shuffle: whether each epoch is a new permutation.
     prefetch: batches loaded ahead of the step.
     on_device: the data set kept on every device, each batch gathered
-      there (config.data.on_device).
+      there (config.data.on_device); None: chosen by the run
+      (runtime/device_data.py `choose`).
     workers: processes that read each batch's records (config.data.workers;
       0: this process reads them).
   """
@@ -39,7 +40,7 @@ class Data:
   seed: int
   shuffle: bool
   prefetch: int
-  on_device: bool = False
+  on_device: Optional[bool] = False
   workers: int = 0
 
 
@@ -105,7 +106,8 @@ class TrainOptions:
         data=Data(global_batch_size=config.global_batch_size,
                   seed=config.seed, shuffle=bool(config.data.shuffle),
                   prefetch=config.prefetch,
-                  on_device=bool(config.data.get('on_device', False)),
+                  on_device=(None if config.data.get('on_device', False) is
+                             None else bool(config.data.on_device)),
                   workers=int(config.data.get('workers', 0) or 0)),
         logging=Logging(every=config.log_every,
                         tensorboard=bool(config.tensorboard),

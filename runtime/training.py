@@ -459,6 +459,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   with ledger.naming('train_setup'):
     options = options_lib.TrainOptions.of(config, workdir)
     topo = topology_lib.current()
+    options, data_why = _data_on_device(options, task, topo.platform)
     in_flight_limit = max_steps_in_flight(options.max_steps_in_flight,
                                           topo.platform)
     par = parallelism_lib.from_config(config)
@@ -509,7 +510,8 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   per_call = ('steps_per_dispatch=auto' if per_dispatch is None else
               f'{per_dispatch} step(s) per call')
   where_data = ('the data set on the devices' if options.data.on_device
-                else 'batches from the host')
+                else 'batches from the host') + (f' ({data_why})' if data_why
+                                                 else '')
   writer.log(f'training {options.steps} steps, global batch '
              f'{options.data.global_batch_size} ({batch_layout.describe()}), '
              f'{par}, {per_call}, {in_flight_limit} call(s) in flight, '
@@ -547,6 +549,18 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   if programs.memory():
     result.chip['step_memory'] = programs.memory()
   return result
+
+
+def _data_on_device(options: options_lib.TrainOptions, task: Task,
+                    platform: str) -> tuple[options_lib.TrainOptions, str]:
+  """The options with config.data.on_device decided where the config left
+  it unset (runtime/device_data.py `choose`), and why ('' where set)."""
+  if options.data.on_device is not None:
+    return options, ''
+  chosen, why = device_data.choose(task.data, platform,
+                                   jax.local_devices()[0].memory_stats())
+  return dataclasses.replace(options, data=dataclasses.replace(
+      options.data, on_device=chosen)), why
 
 
 def _note_restore(ledger: goodput.Ledger, local, tier: str,

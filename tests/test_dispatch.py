@@ -256,3 +256,19 @@ def test_data_on_the_devices_must_fit_beside_the_state():
                      match='the data set is 9.00 GiB and a device has 16.00 '
                      'GiB, of which it may take 50%'):
     device_data.check_fits(9 << 30, {'bytes_limit': 16 << 30})
+
+
+def test_left_unset_the_data_goes_to_an_accelerator_when_it_fits():
+  from runtime import data as data_lib  # pylint: disable=g-import-not-at-top
+  from runtime import device_data  # pylint: disable=g-import-not-at-top
+  arrays = data_lib.ArraySource(x=np.zeros((1000, 256), np.float32))  # 1 MB
+  gib = {'bytes_limit': 2**30}
+  assert device_data.choose(arrays, 'tpu', gib) == (
+      True, "auto: the data set's 1 MiB is within 25% of a device's memory")
+  assert device_data.choose(arrays, 'tpu', {'bytes_limit': 2**21})[0] is False
+  assert device_data.choose(arrays, 'cpu', gib) == (
+      False, "auto: a CPU's devices are host memory")
+  assert device_data.choose([1, 2], 'gpu', gib) == (
+      False, 'auto: a list is read from the host')
+  assert device_data.choose(arrays, 'gpu', None)[1] == (
+      'auto: the device does not say its memory')
