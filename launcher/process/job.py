@@ -221,8 +221,15 @@ def _run(config: ConfigDict, workdir: str, options: ProcessFlags,
   # also writes the end this process cannot write itself.
   obituary.start(running.ledger.path, actual.process_index)
   with ledger.naming('compilation_cache'):
-    compilation.use_cache(options.compilation_cache_dir, record_dir,
-                          actual.platform, actual.process_count)
+    cache = compilation.use_cache(options.compilation_cache_dir, record_dir,
+                                  actual.platform, actual.process_count)
+  if cache and actual.process_index == 0:
+    # JAX writes the cache from process 0 alone: a process that cannot read
+    # that directory compiles every program again on every restart.
+    logging.info('the compilation cache is %s%s', cache, (
+        '; every process must read it (a workdir every host shares, or '
+        '--compilation_cache_dir), or the others compile again on every '
+        'restart' if actual.process_count > 1 else ''))
   topology.check(expected, actual)
   if actual.process_index == 0:
     logging.info('topology: %s', actual.describe())
