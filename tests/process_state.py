@@ -60,6 +60,13 @@ KEPT = {
         "JAX's listener is registered once a process and cannot be removed",
     ('runtime.compile_events', '_compiles'):
         'read as a difference within one thread (count_in_this_thread)',
+    ('runtime.compile_events', '_seconds'):
+        'read as a difference within one thread (seconds_in_this_thread)',
+    ('runtime.loop', '_copied'):
+        'a jitted function, the same for every run (its programs cached)',
+    ('runtime.common.record_reader', '_source'):
+        'set only in a data worker process (runtime/readers.py), never in '
+        "the tests' own",
     ('launcher.process.obituary', '_traceback_file'):
         'faulthandler writes there for the life of a rank process; no test '
         'calls obituary.start in its own process',
