@@ -81,7 +81,9 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   # Every cadence in steps must then be a multiple of it. 0 is auto: 1 on
   # a CPU; on an accelerator, after 20 steps one per call, enough for a
   # call of about 40 ms when a step takes under 5 ms, with at most 24 MiB
-  # of batch a call on each host, dividing every cadence.
+  # of batch a call on each host, dividing every cadence; it then looks
+  # again every 10 calls and grows while the host's share of a call is over
+  # 10 % (docs/running.md).
   config.steps_per_dispatch = 0
   # 'pmap', or 'shard_map' (jit + jax.shard_map over a mesh of all devices):
   # the same step, the same pmean (runtime/parallelism/).

@@ -376,17 +376,20 @@ def _step_bytes(task: Task, rows: int) -> int:
 
 def _steps_per_dispatch(options: options_lib.TrainOptions, task: Task,
                         platform: str, rows_per_process: int
-                        ) -> tuple[Optional[int], Callable]:
+                        ) -> tuple[Optional[int], dispatch.Auto]:
   """(k, or None to measure first; what decides k after measuring), for
-  hosts that place `rows_per_process` rows a step.
+  hosts that place `rows_per_process` rows a step (none where the data set
+  is on the devices).
 
   Raises:
     DispatchError: for a k that a cadence is not a multiple of.
   """
   cadences = _cadences(options, task)
-  decide = lambda: dispatch.decide_auto(
-      cadences, platform, local_cadence.recent_step_s,
-      coordination.current(), lambda: _step_bytes(task, rows_per_process))
+  decide = dispatch.Auto(
+      cadences, platform, lambda last: local_cadence.recent_step_s(last),
+      coordination.current(),
+      lambda: 0 if options.data.on_device else _step_bytes(
+          task, rows_per_process))
   k = options.steps_per_dispatch
   if k is not None:
     dispatch.check_cadences(k, cadences)

@@ -39,6 +39,119 @@ def test_choose_keeps_a_calls_batches_under_most_call_bytes():
   assert dispatch.choose(0.0001, {}, step_bytes=64 * mib) == 1
 
 
+def test_grow_takes_k_until_the_hosts_share_of_a_call_is_small():
+  cadences = {'log_every': 1000}
+  # 1.3 ms of host and 20 us of device a step: at 25 a call the host's
+  # share is 0.72; 0.1 wants k = 587, at most 8 x 25.
+  one, at_25 = 1.32e-3, 1.3e-3 / 25 + 20e-6
+  assert dispatch.host_share(25, one, at_25) == pytest.approx((1.3e-3, 20e-6))
+  assert dispatch.grow(25, one, at_25, cadences) == 200
+  at_200 = 1.3e-3 / 200 + 20e-6
+  assert dispatch.grow(200, one, at_200, cadences) == 1000
+  # The cadences' divisors: the next larger that divides them.
+  assert dispatch.grow(25, one, at_25, {'log_every': 100}) == 100
+  # Nothing larger divides them, or no room for a larger call's batches.
+  assert dispatch.grow(100, one, 1.3e-3 / 100 + 20e-6,
+                       {'log_every': 100}) == 100
+  assert dispatch.grow(25, one, at_25, {},
+                       step_bytes=dispatch.MOST_CALL_BYTES // 30) == 30
+  assert dispatch.grow(25, one, at_25, cadences,
+                       step_bytes=dispatch.MOST_CALL_BYTES // 30) == 25
+
+
+def test_grow_keeps_k_where_the_host_is_not_what_a_call_waits_for():
+  cadences = {'log_every': 1000}
+  # The host's share already under HOST_SHARE: 40 us of host, 1 ms device.
+  one = 40e-6 + 1e-3
+  assert dispatch.grow(4, one, 10e-6 + 1e-3, cadences) == 4
+  # A longer call that gained under MIN_GAIN, or was slower.
+  assert dispatch.grow(25, 1e-3, 0.97e-3, cadences) == 25
+  assert dispatch.grow(25, 1e-3, 1.2e-3, cadences) == 25
+  assert dispatch.host_share(25, 1e-3, 1.2e-3) is None
+  # Nothing measured.
+  assert dispatch.grow(25, None, 1e-4, cadences) == 25
+
+
+class _Looks:
+  """An Auto whose decisions are given: first() and then again() in turn."""
+
+  def __init__(self, first, *again):
+    self._first, self._again = first, list(again)
+    self.asked = []
+
+  def first(self):
+    self.asked.append(('first', None, None))
+    return self._first
+
+  def again(self, k, step):
+    self.asked.append(('again', k, step))
+    return self._again.pop(0)
+
+
+def _cut(steps, auto, start=0, k=None):
+  with dispatch.Dispatches(lambda first, n: (first, n), start, steps, k,
+                           auto, size=1) as dispatches:
+    cut, step = [], start
+    while step < steps:
+      n, batch, _ = dispatches.next(step)
+      assert batch == (step, n)
+      cut.append(n)
+      step += n
+  return cut
+
+
+def test_auto_looks_again_at_multiples_of_k_while_k_grows(monkeypatch):
+  monkeypatch.setattr(dispatch, 'REVIEW_CALLS', 2)
+  looks = _Looks(4, 8, 8)
+  cut = _cut(120, looks)
+  # 20 one a call; 4 a call from step 20; looked at 28 (20 + 2 x 4): 8 a
+  # call, first back in line at 32; looked at 48: 8 again, so no more.
+  assert cut == [1] * 20 + [4, 4, 4, 8, 8] + [8] * 9
+  assert sum(cut) == 120
+  assert looks.asked == [('first', None, None), ('again', 4, 28),
+                         ('again', 8, 48)]
+
+
+def test_auto_stops_looking_after_most_reviews_or_a_slow_step(monkeypatch):
+  monkeypatch.setattr(dispatch, 'REVIEW_CALLS', 1)
+  monkeypatch.setattr(dispatch, 'MOST_REVIEWS', 2)
+  looks = _Looks(2, 4, 8, 16)
+  cut = _cut(200, looks)
+  assert [a for a, _, _ in looks.asked] == ['first', 'again', 'again']
+  assert sum(cut) == 200 and set(cut[-5:]) == {8}
+  slow = _Looks(1)
+  assert _cut(50, slow) == [1] * 50 and len(slow.asked) == 1
+  # A fixed k never asks, and a resumed run measures from where it starts.
+  assert _cut(20, _Looks(4), k=4) == [4] * 5
+  resumed = _Looks(5, 5)
+  assert _cut(100, resumed, start=13)[:21] == [1] * 20 + [2]
+
+
+def test_a_k_that_grows_during_the_run_trains_as_one_step_a_call(
+    tmp_path, monkeypatch):
+  """'auto' on an accelerator, with its decisions given: 4 a call after
+  step 20, then 8 from step 28 (calls of 4, 4, 4, 8 and a short one to get
+  back in line), the same updates and losses as one step a call."""
+  config = mlp_config.get_config()
+  config.steps, config.log_every, config.integrity_every = 96, 8, 0
+  config.checkpointing = False
+  task, _ = mlp.make_task(config)
+  config.steps_per_dispatch = 1
+  one = training.train(config, str(tmp_path / 'one'), task)
+  monkeypatch.setattr(dispatch, 'REVIEW_CALLS', 2)
+  looks = _Looks(4, 8, 8)
+  real = training._steps_per_dispatch  # pylint: disable=protected-access
+
+  def measured_first(options, task, platform, rows_per_process):
+    real(options, task, platform, rows_per_process)
+    return None, looks
+  monkeypatch.setattr(training, '_steps_per_dispatch', measured_first)
+  config.steps_per_dispatch = 0
+  grown = training.train(config, str(tmp_path / 'grown'), task)
+  assert [a for a, _, _ in looks.asked] == ['first', 'again', 'again']
+  _assert_trained_alike(one, grown, tmp_path / 'one', tmp_path / 'grown')
+
+
 def test_step_bytes_are_one_hosts_rows_of_a_step():
   task = runtime.Task(params={}, loss_fn=None, optimizer=None,
                       data=runtime.ArraySource(
@@ -196,11 +309,12 @@ def test_auto_is_one_step_per_call_on_a_cpu(tmp_path, monkeypatch):
   assert k is None  # Measured first on an accelerator.
   # Then a fast step, and room for 3 steps' batches a call: of the cadences'
   # divisors (log 20, integrity 100) that leaves 2.
-  monkeypatch.setattr(training.local_cadence, 'recent_step_s', lambda: 1e-4)
+  monkeypatch.setattr(training.local_cadence, 'recent_step_s',
+                      lambda last=None: 1e-4)
   monkeypatch.setattr(dispatch, 'MOST_CALL_BYTES',
                       3 * training._step_bytes(task, 8))  # pylint: disable=protected-access
   assert (config.log_every, config.integrity_every) == (20, 100)
-  assert decide() == 2
+  assert decide.first() == 2
 
 
 def test_a_call_of_several_steps_reports_their_mean_interval(tmp_path):

@@ -54,9 +54,12 @@ _WARN_FROM_S = 0.05
 _NEXT_KEY = 'podrun/local_tier_next/{}'
 
 
-def recent_step_s() -> Optional[float]:
-  """The median of this process's recent step intervals, None before any."""
+def recent_step_s(last: Optional[int] = None) -> Optional[float]:
+  """The median of this process's recent step intervals (the newest `last`
+  of them where given), None before any."""
   seconds = progress.snapshot().step_seconds
+  if last:
+    seconds = seconds[-last:]
   return float(np.median(seconds)) if seconds else None
 
 
