@@ -57,7 +57,9 @@ def _add_trajectory(config: config_dict.ConfigDict) -> None:
   # Processes that read each batch's records (runtime/readers.py), for a
   # source whose records take milliseconds of host work each (decoding,
   # augmenting); the same batches as a read in this process. The source must
-  # pickle. 0: this process reads them.
+  # pickle. 0: this process reads them. -1: auto: the first 3 reads in
+  # this process, timed; where a step's records took 20 ms or more, enough
+  # workers to bring it to 20 ms, within this process's spare cores.
   config.data.workers = 0
 
 

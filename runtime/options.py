@@ -16,6 +16,7 @@ from ml_collections import ConfigDict
 from runtime.checkpoints import options as checkpoint_options
 from runtime.common import handoff
 from runtime import dispatch
+from runtime import readers
 
 # How a run checkpoints, `TrainOptions.checkpointing`'s type.
 Checkpointing = checkpoint_options.Checkpointing
@@ -34,7 +35,7 @@ class Data:
       there (config.data.on_device); None: chosen by the run
       (runtime/device_data.py `choose`).
     workers: processes that read each batch's records (config.data.workers;
-      0: this process reads them).
+      0: this process reads them; -1: auto, runtime/readers.py).
   """
   global_batch_size: int
   seed: int
@@ -108,7 +109,7 @@ class TrainOptions:
                   prefetch=config.prefetch,
                   on_device=(None if config.data.get('on_device', False) is
                              None else bool(config.data.on_device)),
-                  workers=int(config.data.get('workers', 0) or 0)),
+                  workers=readers.parse(config.data.get('workers', 0) or 0)),
         logging=Logging(every=config.log_every,
                         tensorboard=bool(config.tensorboard),
                         profile_start=profile.get('start_step', 0) or 0,

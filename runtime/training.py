@@ -528,8 +528,9 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
     with ledger.naming('eval_check'):
       evaluation.check_eval_fn(task.eval_fn, replicated.params,
                                replicated.model_state)
-  readers = (readers_lib.Readers(task.data, options.data.workers)
-             if options.data.workers and not options.data.on_device else None)
+  readers = (None if options.data.on_device else readers_lib.start(
+      task.data, options.data.workers, rows.stop - rows.start,
+      coordination.current()))
   try:
     with dispatch.Dispatches(
         _loader(options.data, task, topo, par, batch_layout, readers), start,
@@ -684,7 +685,7 @@ def layout_fields(topo, batch_layout: microbatches.Layout) -> dict[str, int]:
 
 def _loader(data: options_lib.Data, task: Task, topo, par,
             batch_layout: microbatches.Layout,
-            readers: Optional[readers_lib.Readers] = None
+            readers: Optional[Any] = None
             ) -> Callable[[int, int], Any]:
   """(step, steps) -> this process's part of the batches of the steps after
   `step`, on its devices, for one call (runtime/dispatch.py `stack`): its

@@ -1,5 +1,6 @@
 """Heavy records: the input wait read in the process against worker processes
-(config.data.workers), side by side in one run.
+(config.data.workers), and against auto's choice (-1), side by side in one
+run.
 
   python tests/benchmarks/benchmark_input.py [--record_ms=5] [--workers=16]
       [--steps=60] [--batch=64] [--step_ms=40] [--out=input.json]
@@ -10,11 +11,13 @@ the model is the linear regression of configs/linear_regression.py on 8
 emulated CPU devices, each step paced to --step_ms (a hook that waits, as
 the host waits for an accelerator's step). Prints each way's input wait
 fraction (the median of its step lines after the first, whose window holds
-the workers' start) and whether both ways trained the same parameters.
+the workers' start), auto's line saying what it chose, and whether every
+way trained the same parameters.
 """
 
 import argparse
 import json
+import logging
 import os
 import pathlib
 import statistics
@@ -58,8 +61,21 @@ class _Pace:
     pass
 
 
+class _Said(logging.Handler):
+  """Keeps the log lines that name config.data.workers."""
+
+  def __init__(self):
+    super().__init__()
+    self.lines = []
+
+  def emit(self, record):
+    if 'config.data.workers' in record.getMessage():
+      self.lines.append(record.getMessage())
+
+
 def _run(workers: int, args, scratch: str) -> dict:
   import dataclasses  # pylint: disable=g-import-not-at-top
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   from configs import linear_regression as config_lib  # pylint: disable=g-import-not-at-top
   from runtime import training  # pylint: disable=g-import-not-at-top
   from runtime.workloads import linear_regression  # pylint: disable=g-import-not-at-top
@@ -73,15 +89,21 @@ def _run(workers: int, args, scratch: str) -> dict:
       task, data=SlowRecords(task.data.arrays, args.record_ms / 1000),
       hooks=(_Pace(args.step_ms / 1000),))
   workdir = os.path.join(scratch, f'workers_{workers}')
+  said = _Said()
+  absl_logging.set_verbosity(absl_logging.INFO)
+  absl_logging.get_absl_logger().addHandler(said)
   started = time.perf_counter()
-  result = training.train(config, workdir, task)
+  try:
+    result = training.train(config, workdir, task)
+  finally:
+    absl_logging.get_absl_logger().removeHandler(said)
   seconds = time.perf_counter() - started
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]
   waits = [r['input_wait_fraction'] for r in rows[1:]
            if 'input_wait_fraction' in r]
   return {'seconds': seconds, 'input_wait_fraction': statistics.median(waits),
-          'fingerprint': result.fingerprint['sha256']}
+          'fingerprint': result.fingerprint['sha256'], 'said': said.lines}
 
 
 def main() -> None:
@@ -95,16 +117,19 @@ def main() -> None:
   args = parser.parse_args()
   with tempfile.TemporaryDirectory(prefix='podrun_input_') as scratch:
     out = {'in_process': _run(0, args, scratch),
-           'with_workers': _run(args.workers, args, scratch)}
+           'with_workers': _run(args.workers, args, scratch),
+           'auto': _run(-1, args, scratch)}
   out.update(record_ms=args.record_ms, workers=args.workers,
              batch=args.batch, steps=args.steps,
-             same_parameters=(out['in_process']['fingerprint'] ==
-                              out['with_workers']['fingerprint']))
+             same_parameters=len({out[way]['fingerprint'] for way in
+                                  ('in_process', 'with_workers', 'auto')}
+                                 ) == 1)
   print(f'records of {args.record_ms:g} ms, batch {args.batch}: input wait '
         f'{out["in_process"]["input_wait_fraction"]:.3f} read in the process,'
         f' {out["with_workers"]["input_wait_fraction"]:.3f} with '
-        f'{args.workers} '
-        f'workers; the same parameters: {out["same_parameters"]}')
+        f'{args.workers} workers, {out["auto"]["input_wait_fraction"]:.3f} '
+        f'auto ({"; ".join(out["auto"]["said"]) or "it said nothing"}); '
+        f'the same parameters: {out["same_parameters"]}')
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(out, indent=1))
 
