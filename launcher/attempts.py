@@ -1,6 +1,6 @@
-"""One start of a whole job, and how it ended: what `restart.run` drives
-and what the elastic policy (launcher/elastic.py) reads, apart from both so
-that each can name them.
+"""One start of a whole job, and how it ended: what the job agent
+(launcher/agent.py) drives and what the elastic policy (launcher/elastic.py)
+reads, apart from both so that each can name them.
 
 Example:
   >>> end = AttemptEnd(137, progressed=True, lost=(3,))

@@ -14,7 +14,6 @@ import importlib.util
 import os
 import re
 import sys
-import time
 import uuid
 from typing import NoReturn, Optional
 
@@ -26,6 +25,7 @@ from ml_collections import config_flags
 from launcher.local import elastic
 from launcher.local import monitor
 from launcher.local import pod as local_pod
+from launcher import agent
 from launcher import elastic as policy
 from launcher import restart
 from launcher import restart_flags
@@ -358,19 +358,19 @@ def _pod_spec(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
       restarts=restarts)
 
 
-def _make_pod(spec: local_pod.PodSpec, job_id=None, attempt: int = 1,
+def _make_pod(spec: local_pod.PodSpec, job_id: str,
+              start: Optional[agent.Start] = None,
               capacity: Optional[elastic.Capacity] = None) -> local_pod.Gang:
-  """One attempt's local pod (`capacity`: how many of its processes an
-  elastic pod has now)."""
-  if capacity is not None and attempt > 1:
-    capacity.ready(time.monotonic())
+  """One attempt's local pod, as the agent `start`s it (None: the first's
+  plan, for --dry_run); `capacity`: how many of its processes an elastic
+  pod has now."""
   try:
     return local_pod.Gang(
         spec,
         num_processes=(capacity.running() if capacity
                        else _LOCAL_PROCESSES.value),
-        job_id=job_id, attempt=attempt,
-        grow_due=capacity.grow_due if capacity else lambda now: False)
+        job_id=job_id, attempt=start.number if start else 1,
+        should_grow=start.should_grow if start else lambda now: False)
   except ValueError as e:
     _fail(str(e))
 
@@ -462,26 +462,30 @@ def _run_local_pod(config: ConfigDict, workdir: str) -> int:
     # Before the pod: a copy set aside takes its directory with it.
     mirror = None if _DRY_RUN.value else _launcher_mirror(workdir, job_id)
     spec = _pod_spec(config, workdir, authority, capacity)
-    pod = _make_pod(spec, job_id=job_id, capacity=capacity)
     if _DRY_RUN.value:
-      return pod.print_plan()
-    code = restart.run(
-        lambda attempt: pod if attempt == 1 else _make_pod(
-            spec, job_id=pod.job_id, attempt=attempt, capacity=capacity),
-        spec.restarts, logs_dir=pod.logs_dir,
+      return _make_pod(spec, job_id=job_id, capacity=capacity).print_plan()
+
+    def finish(code: int) -> None:
+      # The pod's launcher mirrors a bucket's record itself (its copy is
+      # where the ranks write): the goodput is rolled up in that copy, then
+      # uploaded.
+      authority.close()
+      launcher_record.finish(
+          layout.Record(workdir if mirror is None else mirror.local_dir),
+          layout.Record(workdir).attempts(), None, restart.console_say,
+          shown=workdir)
+      if mirror is not None:
+        mirror.finish()
+    return agent.run(agent.Job(
+        start=lambda start: _make_pod(spec, job_id=job_id, start=start,
+                                      capacity=capacity),
+        restarts=spec.restarts, logs_dir=layout.Record.of(workdir).logs(),
+        capacity=capacity,
         resize=(policy.Policy(capacity, restart.console_say).after
-                if capacity else None))
+                if capacity else None),
+        finish=finish))
   finally:
     authority.close()
-  # The pod's launcher mirrors a bucket's record itself (its copy is where
-  # the ranks write): the goodput is rolled up in that copy, then uploaded.
-  launcher_record.finish(
-      layout.Record(workdir if mirror is None else mirror.local_dir),
-      layout.Record(workdir).attempts(), None, restart.console_say,
-      shown=workdir)
-  if mirror is not None:
-    mirror.finish()
-  return code
 
 
 def _run_process(config: ConfigDict, workdir: str) -> int:

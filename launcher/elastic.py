@@ -4,8 +4,8 @@ A local pod (--min_processes, launcher/local/elastic.py), a TPU launch
 (--min_slices, launcher/tpu/elastic.py) and a Ray job (--min_processes,
 launcher/ray/elastic.py) each lose units of their own kind (a process, a
 slice, a node). Each says what it has as a `Capacity`; `Policy.after`
-decides, the same way for all three, after every attempt, and restart.run
-reads the `Resize` that results.
+decides, the same way for all three, after every attempt, and the job
+agent (launcher/agent.py) reads the `Resize` that results.
 
 Example:
   >>> policy = Policy(capacity, say=print)   # 4 processes, at least 3
@@ -68,10 +68,11 @@ class Ready:
 class Capacity(Protocol):
   """What an elastic job can run on now, and what may come back.
 
-  Every launcher drives it the same way: `Policy.after` calls `lose`,
-  `take_back` and `waiting` after an attempt; the running attempt asks
-  `grow_due` while it runs; and every attempt after the first starts with
-  `ready`. `now` is time.monotonic().
+  The job agent drives it the same way for every launcher: `Policy.after`
+  calls `lose`, `take_back` and `waiting` after an attempt; the agent asks
+  `grow_due` while an attempt runs (the attempt asks the agent); and it
+  calls `ready` before every attempt after the first. `now` is
+  time.monotonic().
 
   Attributes:
     minimum: the fewest units the job runs on.
@@ -116,7 +117,7 @@ class Capacity(Protocol):
 
 @dataclasses.dataclass
 class Policy:
-  """restart.run's `resize` for every elastic launcher: after an attempt,
+  """The job agent's `resize` for every elastic launcher: after an attempt,
   GROW when it was stopped for units back, SHRINK onto the units left
   after a loss when they are at least `capacity.minimum`, else WAIT for
   enough to be back; None where the usual restart rules decide.

@@ -280,3 +280,44 @@ def test_layout_means_one_thing_where_the_record_layout_is_imported():
   caught = ast.parse('from runtime.common import layout\n'
                      'def f(layout): return layout.Record\n')
   assert _binds_the_record_layout_twice(caught) == [2]
+
+
+def _job_life_calls(tree: ast.Module) -> list[str]:
+  """What in `tree` runs a job's life: a call of `ready(now)` or
+  `grow_due(now)` on anything (a capacity's elastic cycle), or of
+  `Attempt.run()` inside a loop (a restart loop)."""
+  found = []
+  for node in ast.walk(tree):
+    if not (isinstance(node, ast.Call) and
+            isinstance(node.func, ast.Attribute)):
+      continue
+    if node.func.attr in ('ready', 'grow_due') and len(node.args) == 1:
+      found.append(f'{node.func.attr}() at line {node.lineno}')
+  for loop in ast.walk(tree):
+    if not isinstance(loop, ast.While):
+      continue
+    for node in ast.walk(loop):
+      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr == 'run' and not node.args and
+          isinstance(node.func.value, ast.Name) and
+          node.func.value.id in ('attempt', 'one', 'pod', 'gang')):
+        found.append(f'an attempt run in a loop at line {node.lineno}')
+  return found
+
+
+def test_only_the_job_agent_runs_a_jobs_life():
+  """The restart loop and the elastic cycle (a capacity's `ready` and
+  `grow_due`) are the agent's alone (launcher/agent.py); a launcher
+  supplies its attempts and its capacity."""
+  outside = {}
+  for name, tree in project_modules().items():
+    if name == 'launcher.agent' or not name.startswith('launcher'):
+      continue
+    calls = _job_life_calls(tree)
+    if calls:
+      outside[name] = calls
+  assert not outside, outside
+  calls = _job_life_calls(project_modules()['launcher.agent'])
+  assert any(c.startswith('ready()') for c in calls), calls
+  assert any(c.startswith('grow_due()') for c in calls), calls
+  assert any(c.startswith('an attempt run') for c in calls), calls

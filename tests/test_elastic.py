@@ -9,6 +9,7 @@ import pathlib
 from ml_collections import ConfigDict
 import pytest
 
+from launcher import agent
 from launcher import attempts
 from launcher import elastic as policy
 from launcher import restart
@@ -19,6 +20,13 @@ from runtime.parallelism import microbatches
 from runtime.common import records
 
 pytestmark = pytest.mark.unit
+
+
+def _run(start, restarts, logs_dir, **fields):
+  """The job agent over attempts that `start(number)` makes."""
+  return agent.run(agent.Job(start=lambda begun: start(begun.number),
+                             restarts=restarts, logs_dir=str(logs_dir),
+                             **fields))
 
 
 class _Units:
@@ -150,7 +158,7 @@ def test_shrinks_and_growths_use_no_restart(tmp_path, capsys):
   pods = iter([_Pod(137, 137), _Pod(75, regrew=True, processes=3),
                _Pod(0)])
   said = []
-  code = restart.run(
+  code = _run(
       lambda attempt: next(pods), restart.RestartPolicy(0, 0, ()),
       logs_dir=str(tmp_path), say=said.append,
       resize=policy.Policy(capacity, said.append).after)
@@ -179,7 +187,7 @@ def test_a_loss_at_the_same_step_each_time_ends_after_the_bound(
     return _Pod(137, 137, furthest_step=39)
 
   said = []
-  code = restart.run(
+  code = _run(
       start, restart.RestartPolicy(max_restarts, 0, ()),
       logs_dir=str(tmp_path), say=said.append,
       resize=policy.Policy(capacity, said.append).after)
@@ -199,7 +207,7 @@ def test_losses_that_each_train_new_steps_shrink_freely(tmp_path):
   pods = iter([_Pod(137, 137, furthest_step=10),
                _Pod(137, 137, processes=3, furthest_step=12),
                _Pod(0, processes=2, furthest_step=20)])
-  code = restart.run(
+  code = _run(
       lambda attempt: next(pods), restart.RestartPolicy(0, 0, ()),
       logs_dir=str(tmp_path), say=lambda line: None,
       resize=policy.Policy(capacity, lambda line: None).after)
@@ -214,7 +222,7 @@ def test_a_growth_uses_no_restart_even_without_a_new_step(tmp_path):
   pods = iter([_Pod(137, 137, furthest_step=10),
                _Pod(75, regrew=True, processes=3, furthest_step=8),
                _Pod(0, furthest_step=30)])
-  code = restart.run(
+  code = _run(
       lambda attempt: next(pods), restart.RestartPolicy(0, 0, ()),
       logs_dir=str(tmp_path), say=lambda line: None,
       resize=policy.Policy(capacity, lambda line: None).after)
@@ -223,7 +231,7 @@ def test_a_growth_uses_no_restart_even_without_a_new_step(tmp_path):
 
 def test_a_loss_before_any_step_follows_the_usual_rules(tmp_path):
   capacity = elastic.Capacity(full=4, minimum=3, regrow_after_s=10)
-  code = restart.run(
+  code = _run(
       lambda attempt: _Pod(137, 137, progressed=False),
       restart.RestartPolicy(0, 0, ()), logs_dir=str(tmp_path),
       say=lambda line: None,

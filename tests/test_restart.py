@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from launcher import agent
 from launcher import attempts
 from launcher import restart
 from launcher.ray import __main__ as ray_main
@@ -15,6 +16,13 @@ from runtime.common import exit_codes
 from tests import helpers
 
 pytestmark = pytest.mark.unit
+
+
+def _run(start, restarts, logs_dir, **fields):
+  """The job agent over attempts that `start(number)` makes."""
+  return agent.run(agent.Job(start=lambda begun: start(begun.number),
+                             restarts=restarts, logs_dir=str(logs_dir),
+                             **fields))
 
 
 def test_preemption_is_always_retryable_and_user_errors_never():
@@ -69,9 +77,9 @@ class _FakePod:
 
 def test_run_counts_preemptions_and_failures_apart(tmp_path, capsys):
   codes = iter([exit_codes.PREEMPTED, 137, exit_codes.PREEMPTED, 0])
-  code = restart.run(lambda attempt: _FakePod(next(codes)),
-                     restart.RestartPolicy(5, 0, (137,)),
-                     logs_dir=str(tmp_path))
+  code = _run(lambda attempt: _FakePod(next(codes)),
+              restart.RestartPolicy(5, 0, (137,)),
+              logs_dir=str(tmp_path))
   assert code == 0
   assert ('after 3 restart(s): 2 preemption(s), 1 retryable failure(s)'
           in capsys.readouterr().err)
@@ -79,9 +87,9 @@ def test_run_counts_preemptions_and_failures_apart(tmp_path, capsys):
 
 
 def test_run_stops_when_restarts_are_used_up(tmp_path, capsys):
-  code = restart.run(lambda attempt: _FakePod(exit_codes.PREEMPTED),
-                     restart.RestartPolicy(2, 0, ()),
-                     logs_dir=str(tmp_path))
+  code = _run(lambda attempt: _FakePod(exit_codes.PREEMPTED),
+              restart.RestartPolicy(2, 0, ()),
+              logs_dir=str(tmp_path))
   assert code == exit_codes.PREEMPTED
   err = capsys.readouterr().err
   assert 'not restarting: --max_restarts=2 used up' in err
@@ -95,14 +103,14 @@ def test_a_signalled_launcher_is_not_restarted(tmp_path):
     pods.append(attempt)
     return _FakePod(exit_codes.PREEMPTED, signalled=True)
 
-  assert restart.run(start, restart.RestartPolicy(3, 0, ()),
-                     logs_dir=str(tmp_path)) == exit_codes.PREEMPTED
+  assert _run(start, restart.RestartPolicy(3, 0, ()),
+              logs_dir=str(tmp_path)) == exit_codes.PREEMPTED
   assert pods == [1]
 
 
 def test_only_failures_without_progress_back_off(tmp_path, monkeypatch):
   waits = []
-  monkeypatch.setattr(restart, '_sleep_unless_signalled',
+  monkeypatch.setattr(agent, '_sleep_unless_signalled',
                       lambda s: waits.append(s) or None)  # No signal.
   progressed = iter([True, False, False, True, False])
 
@@ -110,8 +118,8 @@ def test_only_failures_without_progress_back_off(tmp_path, monkeypatch):
     return _FakePod(137 if attempt < 6 else 0,
                     progressed=next(progressed, True))
 
-  assert restart.run(start, restart.RestartPolicy(5, 1.0, (137,)),
-                     logs_dir=str(tmp_path)) == 0
+  assert _run(start, restart.RestartPolicy(5, 1.0, (137,)),
+              logs_dir=str(tmp_path)) == 0
   # Trained then failed: at once; then 1 s, 2 s while failing without a
   # step; at once after an attempt that trained, and 1 s after one more
   # that did not.
@@ -137,8 +145,8 @@ def test_a_signal_during_the_back_off_ends_the_run_with_128_plus_n(
                        daemon=True).start()
     return _FakePod(137)
   began = time.monotonic()
-  code = restart.run(start, restart.RestartPolicy(3, 30, (137,)),
-                     logs_dir=str(tmp_path), on_signal=told.append)
+  code = _run(start, restart.RestartPolicy(3, 30, (137,)),
+              logs_dir=str(tmp_path), on_signal=told.append)
   assert code == 128 + signal.SIGTERM and told == [signal.SIGTERM]
   assert started == [1]  # Not restarted.
   assert time.monotonic() - began < 25  # Generous: the back-off was 30 s.
@@ -146,8 +154,8 @@ def test_a_signal_during_the_back_off_ends_the_run_with_128_plus_n(
 
 
 def test_a_signal_the_caller_already_got_is_not_slept_through(tmp_path):
-  code = restart.run(lambda attempt: _FakePod(137),
-                     restart.RestartPolicy(3, 30, (137,)),
-                     logs_dir=str(tmp_path),
-                     pending_signal=lambda: signal.SIGINT)
+  code = _run(lambda attempt: _FakePod(137),
+              restart.RestartPolicy(3, 30, (137,)),
+              logs_dir=str(tmp_path),
+              pending_signal=lambda: signal.SIGINT)
   assert code == 128 + signal.SIGINT

@@ -68,7 +68,7 @@ class Monitor:
     changed: set whenever a rank exits or a signal comes.
     timeouts: see Timeouts.
     forward: sends a signal to every running rank.
-    grow_due: monotonic time -> whether lost processes are back, so that
+    should_grow: monotonic time -> whether lost processes are back, so that
       the gang should save at a step boundary and end to grow (an elastic
       pod, launcher/local/elastic.py); `regrowing` then says so.
   """
@@ -78,8 +78,8 @@ class Monitor:
                signals: list[int], changed: threading.Event,
                timeouts: Timeouts,
                forward: Callable[[int], None],
-               grow_due: Callable[[float], bool] = lambda now: False):
-    self._grow_due = grow_due
+               should_grow: Callable[[float], bool] = lambda now: False):
+    self._should_grow = should_grow
     self.regrowing = False
     self._members = members
     self._progress = progress
@@ -131,7 +131,7 @@ class Monitor:
       # Only once this attempt trains: a notice during start-up saves
       # nothing new.
       if (self._progress.last_advance is not None and
-          self._grow_due(now)):
+          self._should_grow(now)):
         self.regrowing = True
         return End(GangState.DRAINING)
       stall = self._stall_message(now - started)

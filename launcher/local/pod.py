@@ -127,13 +127,13 @@ class Gang:
     num_processes: this attempt's processes (an elastic pod's change).
     job_id: the job's id, the same on every attempt (None: a new one).
     attempt: this attempt's number, from 1.
-    grow_due: given time.monotonic(), whether lost processes are back,
+    should_grow: given time.monotonic(), whether lost processes are back,
       so that the attempt stops at a step boundary to grow.
   """
 
   def __init__(self, spec: PodSpec, num_processes: int,
                job_id: Optional[str] = None, attempt: int = 1,
-               grow_due: Callable[[float], bool] = lambda now: False):
+               should_grow: Callable[[float], bool] = lambda now: False):
     if num_processes < 1:
       raise ValueError(f'--local_processes={num_processes}; it must be at '
                        'least 1')
@@ -152,7 +152,7 @@ class Gang:
     # A uuid's first 12 hex digits keep the ledgers' folders short.
     self.attempt_name = records.attempt_name(self.job_id[:12], attempt)
     # Whether to stop at a step boundary to grow (elastic.py), given now.
-    self._grow_due = grow_due
+    self._should_grow = should_grow
     elastic_processes = spec.elastic_processes
     self._members = members_lib.plan(
         num_processes, spec.local_devices, spec.workdir, self.logs_dir,
@@ -192,7 +192,7 @@ class Gang:
             self._members, progress_reader, self._signals, self._changed,
             self.spec.timeouts,
             lambda s: members_lib.forward(self._members, s),
-            self._grow_due)
+            self._should_grow)
         end = monitor.watch(started)
         progressed = progress_reader.last_advance is not None
         furthest = self._furthest_step() if progressed else None

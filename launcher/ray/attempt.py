@@ -1,4 +1,4 @@
-"""One attempt of the job on a Ray cluster, as restart.run drives it: a
+"""One attempt of the job on a Ray cluster, as the job agent drives it: a
 placement group and actors of its own, the processes started, their output
 relayed until all have ended, everything of it removed.
 
@@ -13,8 +13,8 @@ import signal
 import time
 from typing import Optional
 
+from launcher import agent
 from launcher import attempts
-from launcher import restart
 from launcher import signals
 from launcher.ray import elastic
 from launcher.ray import options as options_lib
@@ -43,21 +43,22 @@ class Attempt:
 
   Args:
     options: podrun-ray's flags.
-    number: 1, 2, ... within the job.
+    start: its number within the job, and the agent's `should_grow`.
     job_id: the same for every attempt of the job.
     logs: the rank logs and job.json (output.Logs).
     capacity: how many processes it runs, and the fewest the job may
       (elastic.Capacity).
   """
 
-  def __init__(self, options: options_lib.RayFlags, number: int,
+  def __init__(self, options: options_lib.RayFlags, start: agent.Start,
                job_id: str, logs: output.Logs, capacity: elastic.Capacity):
     self.options = options
-    self.number = number
+    self.number = start.number
+    self._should_grow = start.should_grow
     self.job_id = job_id
     self.logs = logs
     self.capacity = capacity
-    self.attempt_name = records.attempt_name(job_id, number)
+    self.attempt_name = records.attempt_name(job_id, start.number)
     self.num_processes = capacity.current
     self._regrew = False  # Stopped at a step boundary to grow.
     self._fault: Optional[records.Fault] = None
@@ -185,7 +186,7 @@ class Attempt:
     free outside the group (elastic.Capacity.grow_due), once an
     attempt; None otherwise."""
     capacity = self.capacity
-    if self._regrew or not capacity.grow_due(now):
+    if self._regrew or not self._should_grow(now):
       return None
     self._regrew = True
     return (f'{capacity.spare} node(s) with a bundle free outside the job: '

@@ -1,5 +1,5 @@
 """The job on a Ray cluster, one process per node: attempts until one ends
-for good, as every launcher restarts (launcher/restart.py).
+for good, under the job agent, as every launcher (launcher/agent.py).
 
 Each process is the per-process path every deployment runs (a cluster's
 process, launcher/process/job.py): supervision, the agreement, checkpoints,
@@ -19,11 +19,10 @@ Example:
 """
 
 import dataclasses
-import time
 import uuid
 
+from launcher import agent
 from launcher import elastic as policy
-from launcher import restart
 from launcher.common import launcher_record
 from launcher.common import project as project_lib
 from launcher.common import record_mirror
@@ -73,21 +72,18 @@ def run(options: options_lib.RayFlags) -> int:
   capacity = elastic.Capacity(options.num_processes,
                               options.min_processes or options.num_processes)
 
-  def start(number: int) -> attempt_lib.Attempt:
-    if number > 1:
-      capacity.ready(time.monotonic())
-    return attempt_lib.Attempt(options, number, job_id, logs, capacity)
-  try:
-    code = restart.run(
-        start,
-        options.restarts, logs_dir=logs.record.logs(),
-        say=output.say,
-        resize=(policy.Policy(capacity, output.say).after
-                if capacity.elastic else None))
-  finally:
+  def finish(code: int) -> None:
     logs.close()
     ray.shutdown()
-  _report_goodput(logs, job_id, code)
+    _report_goodput(logs, job_id, code)
+  code = agent.run(agent.Job(
+      start=lambda start: attempt_lib.Attempt(options, start, job_id, logs,
+                                              capacity),
+      restarts=options.restarts, logs_dir=logs.record.logs(),
+      capacity=capacity,
+      resize=(policy.Policy(capacity, output.say).after
+              if capacity.elastic else None),
+      say=output.say, finish=finish))
   output.say(f'exit code {code}{exit_codes.signal_suffix(code)}')
   return code
 

@@ -15,8 +15,8 @@ import threading
 import time
 from typing import Optional, Protocol
 
+from launcher import agent
 from launcher import attempts
-from launcher import elastic as policy
 from launcher import signals
 from launcher.tpu import babysit
 from launcher.tpu import commands
@@ -90,10 +90,11 @@ class Attempt:
   lost under it, or 128 + N when this driver got signal N.
   """
 
-  def __init__(self, launch: Context, number: int):
+  def __init__(self, launch: Context, start: agent.Start):
     self.launch = launch
-    self.number = number
-    self.attempt_name = commands.attempt_id(launch.job_id, number)
+    self.number = start.number
+    self._start = start
+    self.attempt_name = commands.attempt_id(launch.job_id, start.number)
     # What bringing the slices back took before this attempt, if it had to.
     self.infrastructure: Optional[records.Recreate] = None
     self.slice_lost: Optional[str] = None
@@ -101,15 +102,14 @@ class Attempt:
     # Stopped at a step boundary for slices back (elastic.py).
     self.regrew = False
     self._processes = 0
-    self._lines = worker_lines.WorkerLines(launch, number, self._stop)
+    self._lines = worker_lines.WorkerLines(launch, start.number, self._stop)
     self._stopper: Optional[threading.Thread] = None
     self._lock = threading.Lock()
     self._signals: list[int] = []
 
   def run(self) -> attempts.AttemptEnd:
     launch = self.launch
-    ready = (launch.slices.ready(time.monotonic()) if self.number > 1
-             else policy.Ready(True))
+    ready = self._start.ready
     self.infrastructure = ready.infrastructure
     if not ready:
       if launch.signals:
@@ -172,7 +172,7 @@ class Attempt:
     """Slices back (an elastic launch): every process saves the step they
     agree on, as on a preemption, and the attempt ends to grow."""
     if (self.regrew or self._stopper is not None or
-        not self.launch.slices.grow_due(time.monotonic())):
+        not self._start.should_grow(time.monotonic())):
       return
     self.regrew = True
     self._stop('slice(s) back and set up: saving at a step boundary to grow')

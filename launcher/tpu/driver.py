@@ -20,9 +20,9 @@ order:
    each reaches WORKER_LOG once, and stops a job whose launching side has
    gone;
 5. stops every worker on the first failure, Ctrl-C or SIGTERM (attempt.py),
-   and restarts after a preemption with the local pod's restart policy
-   (launcher/restart.py), recreating a slice it created that was lost
-   (babysit.py);
+   and restarts after a preemption under the job agent
+   (launcher/agent.py, the local pod's restart policy), recreating a slice
+   it created that was lost (babysit.py);
 6. deletes the queued resource it created on a signal, when it never came
    up, and with --delete_after at the end.
 
@@ -37,7 +37,7 @@ import signal
 import sys
 from typing import Sequence
 
-from launcher import restart
+from launcher import agent
 from launcher import signals
 from launcher.common import launcher_record
 from launcher.common import project as project_lib
@@ -59,12 +59,13 @@ def _run(launch: launch_lib.Launch) -> int:
   launch.slices.wait_up()
   launch.prepare()
   launch.stop_if_interrupted()
-  return restart.run(lambda number: attempt_lib.Attempt(launch, number),
-                     launch.options.restarts, logs_dir=launch.log_dir,
-                     say=launch.say,
-                     on_signal=lambda signum: launch.on_signal(signum, None),
-                     pending_signal=lambda: (launch.signals or [None])[0],
-                     resize=slices_lib.resize(launch, launch.slices))
+  return agent.run(agent.Job(
+      start=lambda start: attempt_lib.Attempt(launch, start),
+      restarts=launch.options.restarts, logs_dir=launch.log_dir,
+      capacity=launch.slices, resize=slices_lib.resize(launch, launch.slices),
+      say=launch.say,
+      on_signal=lambda signum: launch.on_signal(signum, None),
+      pending_signal=lambda: (launch.signals or [None])[0]))
 
 
 def _clean_up(launch: launch_lib.Launch, code: int) -> None:

@@ -184,7 +184,7 @@ class Babysat(_EverySlice):
 
 
 def resize(launch: babysit.Owner, slices: Slices):
-  """restart.run's `resize` for `slices`: the one elastic policy over
+  """The job agent's `resize` for `slices`: the one elastic policy over
   elastic slices, else None (the usual restart rules)."""
   if not isinstance(slices, elastic.SliceGroup):
     return None
