@@ -3,7 +3,8 @@
 A workload is a function `(config, workdir)` that builds a `Task` and calls
 `train`. Everything it needs is here:
 
-  Task, train, TrainResult   the loop (runtime/training.py)
+  Task, TrainResult          what a workload gives and gets (runtime/task.py)
+  train                      the loop (runtime/training.py)
   ArraySource                random access to arrays (runtime/data.py)
   evaluate                   exact evaluation over every device
                              (runtime/evaluation.py)
@@ -65,8 +66,8 @@ _EXPORTS = {
     'DynamicScale': ('runtime.loss_scale', 'DynamicScale'),
     'PodrunError': ('runtime.common.exit_codes', 'PodrunError'),
     'Preempted': ('runtime.preemption', 'Preempted'),
-    'Task': ('runtime.training', 'Task'),
-    'TrainResult': ('runtime.training', 'TrainResult'),
+    'Task': ('runtime.task', 'Task'),
+    'TrainResult': ('runtime.task', 'TrainResult'),
     'dropout': ('runtime.randomness', 'dropout'),
     'evaluate': ('runtime.evaluation', 'evaluate'),
     'fingerprint': ('runtime.fingerprint', None),

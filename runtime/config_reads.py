@@ -22,6 +22,7 @@ from absl import logging
 from ml_collections import ConfigDict
 
 from runtime.common import exit_codes
+from runtime import config_base
 
 # Another trainer's top-level name -> what to do instead in podrun.
 FOREIGN = {
@@ -70,20 +71,9 @@ WORKLOAD_DEFAULTS = (('optimizer', 'learning_rate'),)
 # Attribute access and get: what code reads a field by; to_dict, items and
 # copies go through __getitem__, and read every field alike.
 # runtime/config_base.py's top-level fields, which podrun itself reads (some
-# only in the supervising launcher); tests/test_config_reads.py holds them
-# equal.
-PODRUN_FIELDS = frozenset((
-    'async_checkpointing', 'axis_name', 'checkpoint_dir', 'checkpoint_every',
-    'checkpointing', 'data', 'device_batch_limit', 'eval_batch_size',
-    'eval_every', 'global_batch_size', 'integrity_every', 'keep_checkpoints',
-    'keep_local_checkpoints', 'local_checkpoint_dir', 'local_checkpoint_every',
-    'local_checkpoint_every_s', 'local_checkpoint_leftover_hours', 'log_every',
-    'max_steps_in_flight', 'metrics_prefix', 'microbatch_size',
-    'microbatches', 'model',
-    'optimizer', 'parallelism', 'prefetch', 'profile', 'replica', 'restore',
-    'restore_may_change', 'retry_exit_codes', 'seed', 'shard_dims',
-    'state_layout', 'steps', 'steps_per_dispatch', 'tensorboard', 'topology',
-    'workload'))
+# only in the supervising launcher): taken from the base config, so the
+# names are declared once.
+PODRUN_FIELDS = frozenset(config_base.get_config())
 
 _METHODS = ('__getattr__', 'get')
 # (id of a ConfigDict, field) read since `start`; None when not recording.

@@ -9,7 +9,6 @@ from ml_collections import ConfigDict
 import optax
 import pytest
 
-from runtime import config_base
 from configs import linear_regression as linear_regression_config
 from runtime import config_reads
 from runtime.checkpoints import checkpoint_meta
@@ -17,10 +16,6 @@ from runtime import training
 from runtime.workloads import linear_regression
 
 pytestmark = pytest.mark.devices
-
-
-def test_podrun_s_own_fields_are_the_base_config_s():
-  assert config_reads.PODRUN_FIELDS == set(config_base.get_config().keys())
 
 
 def _flax_config() -> ConfigDict:

@@ -9,6 +9,7 @@ import runtime
 from runtime import data
 from runtime import dispatch
 from runtime.parallelism import microbatches
+from runtime import loader
 from runtime import training
 
 pytestmark = pytest.mark.unit
@@ -72,7 +73,7 @@ def test_a_calls_batch_is_read_at_once_as_stacked_step_by_step(
   for p in range(processes):
     topo = types.SimpleNamespace(process_index=p, local_device_count=devices)
     put = types.SimpleNamespace(put_batch=lambda tree: tree)
-    load = training._loader(options, task, topo, put, layout)
+    load = loader.make(options, task, topo, put, layout)
     rows, real = microbatches.process_positions(layout, p, devices)
     for first, steps in ((0, 1), (3, 4), (5, 3)):
       stacked = dispatch.stack(

@@ -11,7 +11,9 @@ from configs import linear_regression as linear_regression_config
 from configs import mlp as mlp_config
 import runtime
 from runtime import dispatch
+from runtime.common import exit_codes
 from runtime import hooks
+from runtime import plan
 from runtime import training
 from runtime.workloads import linear_regression
 from runtime.workloads import mlp
@@ -140,12 +142,12 @@ def test_a_k_that_grows_during_the_run_trains_as_one_step_a_call(
   one = training.train(config, str(tmp_path / 'one'), task)
   monkeypatch.setattr(dispatch, 'REVIEW_CALLS', 2)
   looks = _Looks(4, 8, 8)
-  real = training._steps_per_dispatch  # pylint: disable=protected-access
+  real = plan.steps_per_dispatch
 
   def measured_first(options, task, platform, rows_per_process):
     real(options, task, platform, rows_per_process)
     return None, looks
-  monkeypatch.setattr(training, '_steps_per_dispatch', measured_first)
+  monkeypatch.setattr(plan, 'steps_per_dispatch', measured_first)
   config.steps_per_dispatch = 0
   grown = training.train(config, str(tmp_path / 'grown'), task)
   assert [a for a, _, _ in looks.asked] == ['first', 'again', 'again']
@@ -157,7 +159,7 @@ def test_step_bytes_are_one_hosts_rows_of_a_step():
                       data=runtime.ArraySource(
                           image=np.zeros((10, 784), np.float32),
                           label=np.zeros(10, np.int32)))
-  assert training._step_bytes(task, 256) == 256 * (784 * 4 + 4)
+  assert plan.step_bytes(task, 256) == 256 * (784 * 4 + 4)
 
 
 def test_a_dispatch_runs_up_to_the_next_multiple_of_k():
@@ -301,18 +303,18 @@ def test_auto_is_one_step_per_call_on_a_cpu(tmp_path, monkeypatch):
   assert config.steps_per_dispatch == 0  # Auto.
   task, _ = linear_regression.make_task(config)
   options = training.options_lib.TrainOptions.of(config, str(tmp_path))
-  k, _ = training._steps_per_dispatch(  # pylint: disable=protected-access
+  k, _ = plan.steps_per_dispatch(
       options, task, 'cpu', rows_per_process=8)
   assert k == 1
-  k, decide = training._steps_per_dispatch(  # pylint: disable=protected-access
+  k, decide = plan.steps_per_dispatch(
       options, task, 'tpu', rows_per_process=8)
   assert k is None  # Measured first on an accelerator.
   # Then a fast step, and room for 3 steps' batches a call: of the cadences'
   # divisors (log 20, integrity 100) that leaves 2.
-  monkeypatch.setattr(training.local_cadence, 'recent_step_s',
+  monkeypatch.setattr(plan.local_cadence, 'recent_step_s',
                       lambda last=None: 1e-4)
   monkeypatch.setattr(dispatch, 'MOST_CALL_BYTES',
-                      3 * training._step_bytes(task, 8))  # pylint: disable=protected-access
+                      3 * plan.step_bytes(task, 8))
   assert (config.log_every, config.integrity_every) == (20, 100)
   assert decide.first() == 2
 
@@ -356,7 +358,7 @@ def test_data_on_the_devices_needs_arrays_in_memory(tmp_path):
                                                    dataset['label'])]
   import dataclasses  # pylint: disable=g-import-not-at-top
   task = dataclasses.replace(task, data=examples)
-  with pytest.raises(training.exit_codes.ConfigError,
+  with pytest.raises(exit_codes.ConfigError,
                      match='needs its arrays in memory as a '
                      'runtime.ArraySource; this task.s data is a list'):
     training.train(config, str(tmp_path), task)

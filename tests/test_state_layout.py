@@ -171,10 +171,10 @@ def test_config_shard_dims_parse_to_overrides_or_are_refused():
 def test_config_shard_dims_win_over_the_task_s():
   """train's choice: config.shard_dims first, then Task.shard_dims, then
   the rule; the console's line counts what stays whole."""
-  from runtime import training  # pylint: disable=g-import-not-at-top
+  from runtime import plan  # pylint: disable=g-import-not-at-top
   config = _config(state_layout='sharded', parallelism='shard_map',
                    shard_dims='dense/kernel=whole')
-  placed, line = training._shardings(  # pylint: disable=protected-access
+  placed, line = plan._shardings(  # pylint: disable=protected-access
       config, _adam_state(), {'dense/kernel': 1, 'out/kernel': None}, None)
   params = jax.tree_util.tree_map(lambda s: s.spec, placed['params'])
   assert params['dense']['kernel'] == PartitionSpec()

@@ -11,7 +11,7 @@ the devices (`block_until_ready`):
 
 - stacked: each step's ids, each step's read (a fancy index per array),
   then `dispatch.stack` of the steps: two host copies of the call's batch;
-- one_read: the loader of runtime/training.py: the call's ids at once, put
+- one_read: the loader of runtime/loader.py: the call's ids at once, put
   in the order `stack` gives, and one read: one copy;
 - on_device: that loader with config.data.on_device: the ids placed, and
   the batch gathered from the data set on the devices (placed once,
@@ -78,7 +78,7 @@ def main() -> None:
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update('jax_num_cpu_devices', args.devices)
   from runtime import parallelism  # pylint: disable=g-import-not-at-top
-  from runtime import training  # pylint: disable=g-import-not-at-top
+  from runtime import loader  # pylint: disable=g-import-not-at-top
   from runtime.parallelism import microbatches  # pylint: disable=g-import-not-at-top
   from tests.benchmarks import benchmark_chip  # pylint: disable=g-import-not-at-top
   config = benchmark_chip._mnist_config(1)  # pylint: disable=protected-access
@@ -91,8 +91,8 @@ def main() -> None:
   layout = microbatches.plan(config.global_batch_size, jax.device_count())
   kept = types.SimpleNamespace(**{**vars(options), 'on_device': True})
   ways = {'stacked': _stacked(task, options, topo, par, layout),
-          'one_read': training._loader(options, task, topo, par, layout),  # pylint: disable=protected-access
-          'on_device': training._loader(kept, task, topo, par, layout)}  # pylint: disable=protected-access
+          'one_read': loader.make(options, task, topo, par, layout),
+          'on_device': loader.make(kept, task, topo, par, layout)}
   out = {'device_kind': jax.devices()[0].device_kind,
          'devices': jax.device_count(), 'parallelism': args.parallelism,
          'jax': jax.__version__, 'date': time.strftime('%Y-%m-%d')}

@@ -1,0 +1,271 @@
+"""What `train` decides before step 1: the plan of a run.
+
+From the config, the task and the devices: where the data set lives, the
+parallelism, where the state lives (replicated, or sharded with its
+shardings), the batch layout, the steps per call (or what decides them),
+the compiled programs and the figures the step lines give. `make` reads
+the config once, through `TrainOptions.of`, and every decision after it
+reads the plan.
+
+Example:
+  >>> plan = make(config, workdir, task)
+  >>> plan.batch_layout.describe(), plan.per_dispatch
+  ('1 pass of 8 a device', None)
+"""
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+from absl import logging
+import jax
+from ml_collections import ConfigDict
+import numpy as np
+
+from runtime import batch_layout as batch_layout_lib
+from runtime import coordination
+from runtime import data as data_lib
+from runtime import device_data
+from runtime import dispatch
+from runtime import flops as flops_lib
+from runtime import hooks as hooks_lib
+from runtime.checkpoints import local_cadence
+from runtime import options as options_lib
+from runtime import parallelism as parallelism_lib
+from runtime.parallelism import microbatches
+from runtime.parallelism import state_layout
+from runtime import programs as programs_lib
+from runtime import randomness
+from runtime import step as step_lib
+from runtime import task as task_lib
+from runtime import topology as topology_lib
+
+
+@dataclasses.dataclass
+class Plan:
+  """A run's decisions before step 1.
+
+  Attributes:
+    options: the config's typed view, with config.data.on_device decided.
+    topology: this process's view of the job's devices.
+    parallelism: pmap or jit(shard_map) (runtime/parallelism).
+    state: the initial state on the host (restored over, where a copy is).
+    placed: the state's shardings where it is sharded; None: replicated.
+    batch_layout: how a global batch is cut over processes, devices and
+      passes.
+    rows_per_process: the rows this process places a step.
+    per_dispatch: steps per call, or None for 'auto' (then `auto` decides).
+    auto: 'auto''s decisions (runtime/dispatch.py).
+    in_flight: calls that may be unfinished at once.
+    programs: the compiled step for each steps per call.
+    figures: the step lines' FLOPs, MFU and tokens.
+    notes: what the console says of the choices: where the data set lives
+      and why, where the state lives.
+  """
+  options: options_lib.TrainOptions
+  topology: topology_lib.Topology
+  parallelism: Any
+  state: step_lib.TrainState
+  placed: Optional[step_lib.TrainState]
+  batch_layout: microbatches.Layout
+  rows_per_process: int
+  per_dispatch: Optional[int]
+  auto: dispatch.Auto
+  in_flight: int
+  programs: programs_lib.Programs
+  figures: flops_lib.Figures
+  data_why: str = ''
+  state_where: str = ''
+
+  def fields(self) -> dict[str, int]:
+    """What every metrics row says of the topology that computed it."""
+    return layout_fields(self.topology, self.batch_layout)
+
+  def describe(self, start: int) -> str:
+    """The run's first line: what it trains, on what, from where."""
+    options, topo = self.options, self.topology
+    resumed = f', resuming at step {start}' if start else ''
+    per_call = ('steps_per_dispatch=auto' if self.per_dispatch is None else
+                f'{self.per_dispatch} step(s) per call')
+    where_data = ('the data set on the devices' if options.data.on_device
+                  else 'batches from the host') + (
+                      f' ({self.data_why})' if self.data_why else '')
+    return (f'training {options.steps} steps, global batch '
+            f'{options.data.global_batch_size} '
+            f'({self.batch_layout.describe()}), {self.parallelism}, '
+            f'{per_call}, {self.in_flight} call(s) in flight, {where_data}, '
+            f'on {topo.describe()}{resumed}')
+
+
+def make(config: ConfigDict, workdir: str, task: task_lib.Task) -> Plan:
+  """The plan of a run of `task` under `config` on this job's devices.
+
+  Raises:
+    BatchSizeError, PaddingError: for a global batch no layout takes.
+    DispatchError: for a steps per call a cadence is not a multiple of.
+  """
+  options = options_lib.TrainOptions.of(config, workdir)
+  topo = topology_lib.current()
+  options, data_why = _data_on_device(options, task, topo.platform)
+  par = parallelism_lib.from_config(config)
+  state = step_lib.init_state(task.params, task.step_optimizer(),
+                              options.data.seed, task.model_state)
+  placed, where = _shardings(config, state, task.shard_dims, options.elastic)
+  batch_layout = _choose_layout(config, topo, workdir, task, state, options,
+                                par.axis if placed is None else
+                                parallelism_lib.DATA_AXIS)
+  rows, _ = microbatches.process_positions(
+      batch_layout, topo.process_index, topo.local_device_count)
+  per_dispatch, auto = steps_per_dispatch(options, task, topo.platform,
+                                           rows.stop - rows.start)
+  programs = programs_lib.Programs(task, par, batch_layout, placed)
+  figures = flops_lib.Figures(
+      topo.device_kind, batch_layout.num_devices, programs.flops_per_device,
+      options.data.global_batch_size, task.tokens_per_example,
+      task.flops_per_example)
+  return Plan(options, topo, par, state, placed, batch_layout,
+              rows.stop - rows.start, per_dispatch, auto,
+              max_steps_in_flight(options.max_steps_in_flight, topo.platform),
+              programs, figures, data_why, where)
+
+
+def layout_fields(topo, batch_layout: microbatches.Layout) -> dict[str, int]:
+  """What every metrics row says of the topology that computed it."""
+  return {'num_processes': topo.process_count,
+          'num_devices': batch_layout.num_devices,
+          'microbatches': batch_layout.microbatches}
+
+
+def max_steps_in_flight(configured: Optional[int], platform: str) -> int:
+  """How many dispatched steps may be unfinished at once: `configured`
+  (config.max_steps_in_flight) when set, else by platform.
+
+  One on CPU: emulated CPU devices that queue several collective steps can
+  deadlock in the all-reduce rendezvous when there are fewer cores than
+  devices (BUILD_NOTES.md). Two elsewhere, enough to keep an accelerator busy
+  while the host prepares the next batch.
+  """
+  if configured is not None:
+    if configured < 1:
+      raise ValueError(f'config.max_steps_in_flight={configured}; it must be '
+                       'at least 1')
+    return configured
+  return 1 if platform == 'cpu' else 2
+
+
+def cadences(options: options_lib.TrainOptions,
+             task: task_lib.Task) -> dict[str, int]:
+  """Every cadence in steps the loop keeps, by its config name (0: none):
+  what steps_per_dispatch must divide."""
+  checkpointing = options.checkpointing
+  local = checkpointing.local
+  every = {
+      'log_every': options.logging.every,
+      'eval_every': options.eval_every if task.eval_fn is not None else 0,
+      'integrity_every': options.integrity_every,
+      'checkpoint_every': checkpointing.every if checkpointing.enabled else 0,
+      # The default cadence copies at the first dispatch at or after its
+      # step: any k fits it.
+      'local_checkpoint_every': (
+          local.every_steps if checkpointing.enabled and not local.every_s
+          and not local.budgeted else 0),
+  }
+  if options.logging.profile_steps:
+    every['profile.start_step'] = options.logging.profile_start
+    every['profile.num_steps'] = options.logging.profile_steps
+  for hook in task.hooks:
+    if isinstance(hook, hooks_lib.Periodic):
+      every[f'Task.hooks {type(hook).__name__}(every)'] = hook.every
+  return every
+
+
+def step_bytes(task: task_lib.Task, rows: int) -> int:
+  """The bytes of `rows` examples: one step's batch on one host."""
+  example = data_lib.first_example(task.data)
+  return rows * sum(np.asarray(x).nbytes
+                    for x in jax.tree_util.tree_leaves(example))
+
+
+def steps_per_dispatch(options: options_lib.TrainOptions,
+                       task: task_lib.Task, platform: str,
+                       rows_per_process: int
+                       ) -> tuple[Optional[int], dispatch.Auto]:
+  """(k, or None to measure first; what decides k after measuring), for
+  hosts that place `rows_per_process` rows a step (none where the data set
+  is on the devices).
+
+  Raises:
+    DispatchError: for a k that a cadence is not a multiple of.
+  """
+  every = cadences(options, task)
+  decide = dispatch.Auto(
+      every, platform, lambda last: local_cadence.recent_step_s(last),
+      coordination.current(),
+      lambda: 0 if options.data.on_device else step_bytes(
+          task, rows_per_process))
+  k = options.steps_per_dispatch
+  if k is not None:
+    dispatch.check_cadences(k, every)
+    return k, decide
+  others = [type(h).__name__ for h in task.hooks
+            if not isinstance(h, hooks_lib.Periodic)]
+  if platform == 'cpu' or others:
+    if others and jax.process_index() == 0:
+      logging.info('steps_per_dispatch=auto: one step per call, since the '
+                   'task\'s hooks %s are called after every step', others)
+    return 1, decide
+  return None, decide
+
+
+_REPLICA_WORDS = {'process': 'one per process', 'slice': 'one per slice',
+                  'all': 'every device'}
+
+
+def _shardings(config: ConfigDict, state: step_lib.TrainState,
+               task_dims: Optional[Mapping[str, Optional[int]]],
+               elastic: Optional[tuple[int, int]]
+               ) -> tuple[Optional[step_lib.TrainState], str]:
+  """(the state's shardings, or None to replicate it; the console's line
+  on where the state lives), in a job of a fixed size or of `elastic`'s
+  (fewest, most) processes."""
+  replica = state_layout.replica_of(config, elastic)
+  if replica is None:
+    return None, ''
+  grid = state_layout.mesh(replica)
+  shards = grid.shape[state_layout.SHARD_AXIS]
+  # The config's patterns first: the first that names a leaf wins.
+  from_config = state_layout.parse_dims(config.get('shard_dims', ''))
+  overrides = {**from_config, **{k: v for k, v in (task_dims or {}).items()
+                                 if k not in from_config}}
+  specs = state_layout.specs(state, shards, overrides)
+  used = state_layout.footprint(state, specs, shards)
+  return step_lib.state_shardings(grid, specs), (
+      f'state sharded: {grid.shape[state_layout.REPLICA_AXIS]} replica(s) '
+      f'({_REPLICA_WORDS[replica]}) of {shards} device(s); '
+      f'{used.describe()}')
+
+
+def _data_on_device(options: options_lib.TrainOptions, task: task_lib.Task,
+                    platform: str) -> tuple[options_lib.TrainOptions, str]:
+  """The options with config.data.on_device decided where the config left
+  it unset (runtime/device_data.py `choose`), and why ('' where set)."""
+  if options.data.on_device is not None:
+    return options, ''
+  chosen, why = device_data.choose(task.data, platform,
+                                   jax.local_devices()[0].memory_stats())
+  return dataclasses.replace(options, data=dataclasses.replace(
+      options.data, on_device=chosen)), why
+
+
+def _choose_layout(config: ConfigDict, topo, workdir: str, task: task_lib.Task,
+                   state: step_lib.TrainState,
+                   options: options_lib.TrainOptions,
+                   axis: Any) -> microbatches.Layout:
+  """runtime/batch_layout.py's choice for this job, with the task's loss
+  read for collectives over `axis` where a layout would pad."""
+  mixing = batch_layout_lib.loss_mixing(
+      task.loss_fn, randomness.contract(task.rng, task.loss_uses_rng),
+      task.model_state is not None, state, task.data, axis,
+      topo.process_count * topo.local_device_count)
+  return batch_layout_lib.choose(config, topo, workdir,
+                                 task.model_state is not None,
+                                 options.elastic, mixing, axis)
