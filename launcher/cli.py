@@ -9,10 +9,8 @@ JAX detects. With --local_processes=N the launcher starts and supervises a
 pod of N such processes on this machine.
 """
 
-import ast
 import importlib.util
 import os
-import re
 import sys
 import uuid
 from typing import NoReturn, Optional
@@ -26,6 +24,7 @@ from launcher.local import elastic
 from launcher.local import monitor
 from launcher.local import pod as local_pod
 from launcher import agent
+from launcher import config_errors
 from launcher import elastic as policy
 from launcher import restart
 from launcher import restart_flags
@@ -186,10 +185,11 @@ def parse_flags(argv: list[str]) -> list[str]:
   try:
     rest = flags.FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except
-    clash = _section_clash(str(e))
+    clash = config_errors.section_clash(str(e))
     if clash:
       _fail(f'bad flags or config: {clash}')
-    _fail(f'bad flags or config: {type(e).__name__}: {_error_detail(e)}')
+    _fail(f'bad flags or config: {type(e).__name__}: '
+          f'{config_errors.error_detail(e)}')
   if _CONFIG.value is None:
     _fail('--config is required, for example '
           '--config=configs/linear_regression.py')
@@ -208,61 +208,6 @@ def parse_flags(argv: list[str]) -> list[str]:
   except Exception as e:  # pylint: disable=broad-except
     _fail(f'cannot load --config={filename}: {type(e).__name__}: {e}')
   return rest
-
-
-# podrun's sections (runtime/config_base.py) that other trainers use as
-# plain fields, and how to say the same in podrun.
-_SECTIONS = {
-    'model': "Flax's examples set config.model = 'ResNet50': write "
-             "config.model.name = 'ResNet50' and read config.model.name in "
-             'the workload',
-    'profile': "Flax's examples set config.profile = True: set "
-               'config.profile.num_steps (steps traced; 0: none) and '
-               'config.profile.start_step',
-    'optimizer': "write config.optimizer.name = ... and read it where the "
-                 'workload builds its optimizer',
-    'data': 'write config.data.name = ... and read it in the workload',
-    'topology': 'set config.topology.accelerator_type, num_processes or '
-                'local_devices',
-}
-_CLASH = re.compile(r"Could not override field '(\w+)'.*cannot be casted to "
-                    r"type .*ConfigDict|--config\.(\w+)=.*as a ConfigDict",
-                    re.S)
-
-
-def _section_clash(text: str) -> str:
-  """The error for a config that sets one of podrun's sections to a plain
-  value (ml_collections names neither the section nor the fix), or ''."""
-  found = _CLASH.search(text)
-  name = found and (found.group(1) or found.group(2))
-  if name not in _SECTIONS:
-    return ''
-  return (f'config.{name} is podrun\'s section of fields (runtime/'
-          f'config_base.py), not a value: {_SECTIONS[name]}')
-
-
-def _error_detail(error: Exception) -> str:
-  """The useful line(s) of a flag or config error, without Python escapes.
-
-  absl reports unknown flags; ml_collections raises KeyError or
-  AttributeError for an unknown config key (its message a repr of
-  "'key'\\nDid you mean ...") and ValueError for a bad value.
-  """
-  text = str(error).strip()
-  if len(text) > 1 and text[0] == text[-1] and text[0] in '\'"':
-    try:
-      text = str(ast.literal_eval(text))
-    except (ValueError, SyntaxError):
-      pass
-  lines = [l.strip() for l in text.splitlines() if l.strip()]
-  if not lines:
-    return ''
-  detail = lines[0]
-  if detail.endswith(':') and len(lines) > 1:
-    detail += ' ' + lines[-1]  # The config file's own error comes last.
-  elif len(lines) > 1 and lines[1].startswith('Did you mean'):
-    detail = f'no config field {detail}. {lines[1]}'
-  return detail
 
 
 def config_name() -> str:

@@ -51,6 +51,24 @@ class Hook:
   def end(self, run, error: Optional[BaseException]) -> None:
     pass
 
+  def cadences(self) -> dict[str, int]:
+    """The steps this hook must see, as {the name a user sets them by:
+    every so many steps} (0: none): a call of several steps
+    (config.steps_per_dispatch) must end on each. {} for a hook that is
+    called after every call and keeps no cadence."""
+    return {}
+
+
+def cadences(hooks: Sequence[Hook]) -> dict[str, int]:
+  """Every hook's cadences together: what steps per call must divide. A
+  hook of the task's own that is no `Hook` (its three methods alone) keeps
+  none."""
+  out: dict[str, int] = {}
+  for hook in hooks:
+    if callable(getattr(hook, 'cadences', None)):
+      out.update(hook.cadences())
+  return out
+
 
 class Periodic(Hook):
   """A hook whose `work(run)` is due every `every` steps (0: never), and after
@@ -67,6 +85,14 @@ class Periodic(Hook):
                        'never')
     self.every, self.at_end, self._callback = every, at_end, callback
     self._done_at: Optional[int] = None
+
+  # What a user sets `every` by, in a cadence's refusal; None: the hook's
+  # class, as one of Task.hooks.
+  every_name: Optional[str] = None
+
+  def cadences(self) -> dict[str, int]:
+    name = self.every_name or f'Task.hooks {type(self).__name__}(every)'
+    return {name: self.every}
 
   def due(self, run) -> bool:
     return bool((self.every and run.step % self.every == 0) or
@@ -105,6 +131,7 @@ class LogMetrics(Periodic):
   (tflops_per_device, mfu, tokens_per_sec: runtime/flops.py), to the log,
   metrics.jsonl and TensorBoard; the learning rate too when the task gives
   its schedule."""
+  every_name = 'log_every'
 
   def __init__(self, every: int, schedule: Optional[Callable] = None):
     super().__init__(every, at_end=True)
@@ -158,6 +185,7 @@ class PeriodicEvaluation(Periodic):
   """Every `every` steps and at the end: `eval_fn(params, model_state)` on
   every process; its results go to metrics.jsonl as eval_* and to
   `run.eval_metrics`."""
+  every_name = 'eval_every'
 
   def __init__(self, every: int, eval_fn: Callable):
     super().__init__(every, at_end=True)
@@ -193,6 +221,10 @@ class Profile(Hook):
   def __init__(self, logdir: str, start: int, num_steps: int):
     self.logdir, self.start, self.stop = logdir, start, start + num_steps
     self.active = False
+
+  def cadences(self) -> dict[str, int]:
+    return {'profile.start_step': self.start,
+            'profile.num_steps': self.stop - self.start}
 
   def begin(self, run) -> None:
     if run.start_step == self.start and self.stop > self.start:
@@ -234,6 +266,9 @@ class SaveCheckpoints(Hook):
                checks: Sequence[Periodic] = ()):
     self.checkpoints, self.describe = checkpoints, describe
     self.checks = tuple(checks)
+
+  def cadences(self) -> dict[str, int]:
+    return {'checkpoint_every': self.checkpoints.every}
 
   def after_step(self, run) -> None:
     if run.final:
@@ -297,6 +332,13 @@ class SaveLocalCheckpoints(Hook):
                checks: Sequence[Periodic] = ()):
     self.local, self.persistent, self.describe = local, persistent, describe
     self.checks = tuple(checks)
+
+  def cadences(self) -> dict[str, int]:
+    # A cadence in seconds, or the default's budget, copies at the first
+    # call that ends at or after its step: any steps per call fit it.
+    cadence = self.local.cadence
+    fixed = not cadence.in_seconds and not cadence.budgeted
+    return {'local_checkpoint_every': cadence.every_steps if fixed else 0}
 
   def after_step(self, run) -> None:
     cadence = self.local.cadence

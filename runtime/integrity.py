@@ -194,6 +194,7 @@ class CheckReplicas(hooks_lib.Periodic):
     every: config.integrity_every (0: never).
     saved_steps: the steps of the checkpoints on disk, for the message.
   """
+  every_name = 'integrity_every'
 
   def __init__(self, every: int, saved_steps: Callable[[], list[int]]):
     super().__init__(every)
@@ -201,13 +202,12 @@ class CheckReplicas(hooks_lib.Periodic):
     self._last_good: Optional[int] = None
 
   def work(self, run) -> None:
-    placed = run.placed
     tree, paths = checked(run.state)
-    if placed is None:
+    if not run.state_layout.sharded:
       rows = checksums_by_device(tree, run.parallelism)
       positions, split = None, ()
     else:
-      shardings, _ = checked(placed)
+      shardings, _ = checked(run.state_layout.shardings)
       rows, positions = checksums_by_shard(tree, shardings)
       split = [state_layout.SHARD_AXIS in tuple(s.spec)
                for s in jax.tree_util.tree_leaves(shardings)]

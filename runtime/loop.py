@@ -26,6 +26,7 @@ from runtime import flops as flops_lib
 from runtime import metrics as metrics_lib
 from runtime import options as options_lib
 from runtime import parallelism as parallelism_lib
+from runtime.parallelism import state_layout as state_layout_lib
 from runtime import step as step_lib
 
 
@@ -81,9 +82,9 @@ class Run:
     parallelism: how the state is placed (runtime/parallelism.py).
     process_index: this process.
     state: the `TrainState` after step `step`, replicated, or split as
-      `placed` says.
-    placed: a TrainState of NamedShardings when the state is sharded
-      (runtime/parallelism/state_layout.py), else None.
+      `state_layout` says.
+    state_layout: where the state lives, replicated or sharded
+      (runtime/parallelism/state_layout.py `StateLayout`).
     start_step: the step this run started from (restored or 0).
     step: steps done, counting those of earlier runs.
     steps: the step the run ends at (options.steps).
@@ -104,12 +105,14 @@ class Run:
                parallelism: parallelism_lib.Parallelism, process_index: int,
                writer: metrics_lib.MetricsWriter, clock: goodput.StepClock,
                in_flight_limit: int, config: Optional[ConfigDict] = None,
-               placed: Optional[step_lib.TrainState] = None,
+               state_layout: Optional[state_layout_lib.StateLayout] = None,
                figures: Optional[flops_lib.Figures] = None):
     self.options, self.workdir, self.task = options, workdir, task
-    self.placed, self.figures = placed, figures
-    self._copy = (None if placed is None else
-                  jax.jit(lambda state: state, out_shardings=placed))
+    self.state_layout = state_layout or state_layout_lib.REPLICATED
+    self.figures = figures
+    shardings = self.state_layout.shardings
+    self._copy = (jax.jit(lambda state: state, out_shardings=shardings)
+                  if self.state_layout.sharded else None)
     self._config = config  # Only for `config`, which goes.
     self.parallelism, self.process_index = parallelism, process_index
     self.state, self.start_step, self.step = state, start_step, start_step
@@ -147,7 +150,7 @@ class Run:
     numpy arrays, whole when replicated; for a sharded state only the
     blocks this process's devices hold (runtime/checkpoints/shard_parts.py),
     so no host holds the whole state."""
-    if self.placed is None:
+    if not self.state_layout.sharded:
       return self.numpy_state()
     return shard_parts.own(self.state)
 
@@ -161,7 +164,7 @@ class Run:
     the copy's dispatch. Otherwise (a sharded state, or a device short of
     memory) the state is read now and the callable returns it.
     """
-    if self.placed is not None or not device_has_room(self.state):
+    if self.state_layout.sharded or not device_has_room(self.state):
       host = self.local_state()
       return lambda: host
     copies = _copied(jax.tree_util.tree_map(lambda x: x.addressable_data(0),
@@ -175,9 +178,9 @@ class Run:
     """Where this process's part of a sharded state sits and how it is
     split (what its local copies record: `shard_parts.record`); None when
     replicated."""
-    if self.placed is None:
+    if not self.state_layout.sharded:
       return None
-    return shard_parts.record(self.placed, self.process_index)
+    return shard_parts.record(self.state_layout.shardings, self.process_index)
 
   def saved_state(self) -> step_lib.TrainState:
     """The state after step `step` as the persistent tier saves it.

@@ -9,12 +9,12 @@ reads the plan.
 
 Example:
   >>> plan = make(config, workdir, task)
-  >>> plan.batch_layout.describe(), plan.per_dispatch
+  >>> plan.batch_layout.describe(), calls(plan, task, hooks).per_dispatch
   ('1 pass of 8 a device', None)
 """
 
 import dataclasses
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from absl import logging
 import jax
@@ -49,43 +49,37 @@ class Plan:
     topology: this process's view of the job's devices.
     parallelism: pmap or jit(shard_map) (runtime/parallelism).
     state: the initial state on the host (restored over, where a copy is).
-    placed: the state's shardings where it is sharded; None: replicated.
+    state_layout: where the state lives, replicated or sharded.
     batch_layout: how a global batch is cut over processes, devices and
       passes.
     rows_per_process: the rows this process places a step.
-    per_dispatch: steps per call, or None for 'auto' (then `auto` decides).
-    auto: 'auto''s decisions (runtime/dispatch.py).
     in_flight: calls that may be unfinished at once.
     programs: the compiled step for each steps per call.
     figures: the step lines' FLOPs, MFU and tokens.
-    notes: what the console says of the choices: where the data set lives
-      and why, where the state lives.
+    data_why: why the data set lives where it does, where the run chose.
   """
   options: options_lib.TrainOptions
   topology: topology_lib.Topology
   parallelism: Any
   state: step_lib.TrainState
-  placed: Optional[step_lib.TrainState]
+  state_layout: state_layout.StateLayout
   batch_layout: microbatches.Layout
   rows_per_process: int
-  per_dispatch: Optional[int]
-  auto: dispatch.Auto
   in_flight: int
   programs: programs_lib.Programs
   figures: flops_lib.Figures
   data_why: str = ''
-  state_where: str = ''
 
   def fields(self) -> dict[str, int]:
     """What every metrics row says of the topology that computed it."""
     return layout_fields(self.topology, self.batch_layout)
 
-  def describe(self, start: int) -> str:
+  def describe(self, start: int, calls: 'Calls') -> str:
     """The run's first line: what it trains, on what, from where."""
     options, topo = self.options, self.topology
     resumed = f', resuming at step {start}' if start else ''
-    per_call = ('steps_per_dispatch=auto' if self.per_dispatch is None else
-                f'{self.per_dispatch} step(s) per call')
+    per_call = ('steps_per_dispatch=auto' if calls.per_dispatch is None else
+                f'{calls.per_dispatch} step(s) per call')
     where_data = ('the data set on the devices' if options.data.on_device
                   else 'batches from the host') + (
                       f' ({self.data_why})' if self.data_why else '')
@@ -101,7 +95,6 @@ def make(config: ConfigDict, workdir: str, task: task_lib.Task) -> Plan:
 
   Raises:
     BatchSizeError, PaddingError: for a global batch no layout takes.
-    DispatchError: for a steps per call a cadence is not a multiple of.
   """
   options = options_lib.TrainOptions.of(config, workdir)
   topo = topology_lib.current()
@@ -109,23 +102,20 @@ def make(config: ConfigDict, workdir: str, task: task_lib.Task) -> Plan:
   par = parallelism_lib.from_config(config)
   state = step_lib.init_state(task.params, task.step_optimizer(),
                               options.data.seed, task.model_state)
-  placed, where = _shardings(config, state, task.shard_dims, options.elastic)
+  where = _state_layout(config, state, task.shard_dims, options.elastic)
   batch_layout = _choose_layout(config, topo, workdir, task, state, options,
-                                par.axis if placed is None else
-                                parallelism_lib.DATA_AXIS)
+                                where.batch_axis(par))
   rows, _ = microbatches.process_positions(
       batch_layout, topo.process_index, topo.local_device_count)
-  per_dispatch, auto = steps_per_dispatch(options, task, topo.platform,
-                                           rows.stop - rows.start)
-  programs = programs_lib.Programs(task, par, batch_layout, placed)
+  programs = programs_lib.Programs(task, par, batch_layout, where)
   figures = flops_lib.Figures(
       topo.device_kind, batch_layout.num_devices, programs.flops_per_device,
       options.data.global_batch_size, task.tokens_per_example,
       task.flops_per_example)
-  return Plan(options, topo, par, state, placed, batch_layout,
-              rows.stop - rows.start, per_dispatch, auto,
+  return Plan(options, topo, par, state, where, batch_layout,
+              rows.stop - rows.start,
               max_steps_in_flight(options.max_steps_in_flight, topo.platform),
-              programs, figures, data_why, where)
+              programs, figures, data_why)
 
 
 def layout_fields(topo, batch_layout: microbatches.Layout) -> dict[str, int]:
@@ -152,32 +142,6 @@ def max_steps_in_flight(configured: Optional[int], platform: str) -> int:
   return 1 if platform == 'cpu' else 2
 
 
-def cadences(options: options_lib.TrainOptions,
-             task: task_lib.Task) -> dict[str, int]:
-  """Every cadence in steps the loop keeps, by its config name (0: none):
-  what steps_per_dispatch must divide."""
-  checkpointing = options.checkpointing
-  local = checkpointing.local
-  every = {
-      'log_every': options.logging.every,
-      'eval_every': options.eval_every if task.eval_fn is not None else 0,
-      'integrity_every': options.integrity_every,
-      'checkpoint_every': checkpointing.every if checkpointing.enabled else 0,
-      # The default cadence copies at the first dispatch at or after its
-      # step: any k fits it.
-      'local_checkpoint_every': (
-          local.every_steps if checkpointing.enabled and not local.every_s
-          and not local.budgeted else 0),
-  }
-  if options.logging.profile_steps:
-    every['profile.start_step'] = options.logging.profile_start
-    every['profile.num_steps'] = options.logging.profile_steps
-  for hook in task.hooks:
-    if isinstance(hook, hooks_lib.Periodic):
-      every[f'Task.hooks {type(hook).__name__}(every)'] = hook.every
-  return every
-
-
 def step_bytes(task: task_lib.Task, rows: int) -> int:
   """The bytes of `rows` examples: one step's batch on one host."""
   example = data_lib.first_example(task.data)
@@ -185,51 +149,58 @@ def step_bytes(task: task_lib.Task, rows: int) -> int:
                     for x in jax.tree_util.tree_leaves(example))
 
 
-def steps_per_dispatch(options: options_lib.TrainOptions,
-                       task: task_lib.Task, platform: str,
-                       rows_per_process: int
-                       ) -> tuple[Optional[int], dispatch.Auto]:
-  """(k, or None to measure first; what decides k after measuring), for
-  hosts that place `rows_per_process` rows a step (none where the data set
-  is on the devices).
+@dataclasses.dataclass(frozen=True)
+class Calls:
+  """Steps per call: k, or None for 'auto', and what decides 'auto'
+  (runtime/dispatch.py)."""
+  per_dispatch: Optional[int]
+  auto: dispatch.Auto
+
+
+def calls(plan: Plan, task: task_lib.Task,
+          hooks: Sequence[hooks_lib.Hook]) -> Calls:
+  """The run's steps per call, given the hooks whose cadences a call must
+  end on (`Hook.cadences`): config.steps_per_dispatch, checked against
+  them; or 'auto', measured first on an accelerator, one step a call on a
+  CPU or where a task's hook is called after every call.
 
   Raises:
     DispatchError: for a k that a cadence is not a multiple of.
   """
-  every = cadences(options, task)
-  decide = dispatch.Auto(
+  options, platform = plan.options, plan.topology.platform
+  every = hooks_lib.cadences(hooks)
+  auto = dispatch.Auto(
       every, platform, lambda last: local_cadence.recent_step_s(last),
       coordination.current(),
       lambda: 0 if options.data.on_device else step_bytes(
-          task, rows_per_process))
+          task, plan.rows_per_process))
   k = options.steps_per_dispatch
   if k is not None:
     dispatch.check_cadences(k, every)
-    return k, decide
+    return Calls(k, auto)
   others = [type(h).__name__ for h in task.hooks
             if not isinstance(h, hooks_lib.Periodic)]
   if platform == 'cpu' or others:
     if others and jax.process_index() == 0:
       logging.info('steps_per_dispatch=auto: one step per call, since the '
                    'task\'s hooks %s are called after every step', others)
-    return 1, decide
-  return None, decide
+    return Calls(1, auto)
+  return Calls(None, auto)
 
 
 _REPLICA_WORDS = {'process': 'one per process', 'slice': 'one per slice',
                   'all': 'every device'}
 
 
-def _shardings(config: ConfigDict, state: step_lib.TrainState,
-               task_dims: Optional[Mapping[str, Optional[int]]],
-               elastic: Optional[tuple[int, int]]
-               ) -> tuple[Optional[step_lib.TrainState], str]:
-  """(the state's shardings, or None to replicate it; the console's line
-  on where the state lives), in a job of a fixed size or of `elastic`'s
-  (fewest, most) processes."""
+def _state_layout(config: ConfigDict, state: step_lib.TrainState,
+                  task_dims: Optional[Mapping[str, Optional[int]]],
+                  elastic: Optional[tuple[int, int]]
+                  ) -> state_layout.StateLayout:
+  """Where the state lives, with the console's line on it, in a job of a
+  fixed size or of `elastic`'s (fewest, most) processes."""
   replica = state_layout.replica_of(config, elastic)
   if replica is None:
-    return None, ''
+    return state_layout.REPLICATED
   grid = state_layout.mesh(replica)
   shards = grid.shape[state_layout.SHARD_AXIS]
   # The config's patterns first: the first that names a leaf wins.
@@ -238,10 +209,10 @@ def _shardings(config: ConfigDict, state: step_lib.TrainState,
                                  if k not in from_config}}
   specs = state_layout.specs(state, shards, overrides)
   used = state_layout.footprint(state, specs, shards)
-  return step_lib.state_shardings(grid, specs), (
+  return state_layout.StateLayout(step_lib.state_shardings(grid, specs), (
       f'state sharded: {grid.shape[state_layout.REPLICA_AXIS]} replica(s) '
       f'({_REPLICA_WORDS[replica]}) of {shards} device(s); '
-      f'{used.describe()}')
+      f'{used.describe()}'))
 
 
 def _data_on_device(options: options_lib.TrainOptions, task: task_lib.Task,

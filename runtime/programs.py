@@ -15,6 +15,7 @@ from runtime import agreement
 from runtime import coordination
 from runtime import flops as flops_lib
 from runtime.parallelism import microbatches
+from runtime.parallelism import state_layout
 from runtime import randomness
 from runtime import step as step_lib
 from runtime import structure
@@ -27,10 +28,11 @@ class Programs:
   late recompilations. Only the one-step program's FLOPs are measured (XLA's
   cost analysis counts a scan's body once)."""
 
-  def __init__(self, task: task_lib.Task, par, batch_layout: microbatches.Layout,
-               placed: Optional[step_lib.TrainState] = None):
+  def __init__(self, task: task_lib.Task, par,
+               batch_layout: microbatches.Layout,
+               where: state_layout.StateLayout = state_layout.REPLICATED):
     self._task, self._par, self._batch_layout = task, par, batch_layout
-    self._placed = placed
+    self._where = where
     self._built: dict[int, Callable] = {}
     self._measured: Optional[flops_lib.Measured] = None
     contract = randomness.contract(task.rng, task.loss_uses_rng)
@@ -62,14 +64,14 @@ class Programs:
   def _build(self, steps: int) -> Callable:
     task, has_model_state = self._task, self._task.model_state is not None
     scaled = task.loss_scale is not None
-    if self._placed is None:
+    if not self._where.sharded:
       step = step_lib.make_train_step(
           task.loss_fn, task.step_optimizer(), self._par, rng=self._contract,
           has_model_state=has_model_state, layout=self._batch_layout,
           steps=steps, loss_scale=scaled)
     else:
       step = step_lib.make_sharded_train_step(
-          task.loss_fn, task.step_optimizer(), self._placed,
+          task.loss_fn, task.step_optimizer(), self._where.shardings,
           rng=self._contract, has_model_state=has_model_state,
           layout=self._batch_layout, steps=steps, loss_scale=scaled)
     if steps == 1:

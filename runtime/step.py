@@ -8,9 +8,7 @@ function either way. `make_sharded_train_step` runs it with the state split
 over each replica's devices instead (runtime/parallelism/state_layout.py).
 """
 
-import inspect
-import re
-from typing import Any, Callable, Mapping, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 from jax import lax
@@ -19,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 import optax
 
-from runtime.common import exit_codes
+from runtime import loss_contract
 from runtime import loss_scale as loss_scale_lib
 from runtime import parallelism as parallelism_lib
 from runtime.parallelism import collectives
@@ -30,16 +28,7 @@ from runtime import structure
 
 # The mesh / pmap axis that spans every device of every process.
 _AXIS = parallelism_lib.DATA_AXIS
-_MODEL_STATE_HINT = (
-    'loss_fn must return the new model state with the structure of the one '
-    'it was given: with Flax linen, `updates["batch_stats"]` rather than the '
-    'whole `updates` dict of `apply(..., mutable=["batch_stats"])`.')
-
-# Without model state: loss_fn(params, batch[, rng]) -> (loss, metrics).
-# With it: loss_fn(params, model_state, batch[, rng])
-#   -> (loss, (metrics, new_model_state)).
-# Both on one device's share of the batch; loss and metrics are scalars.
-LossFn = Callable[..., tuple[jax.Array, Any]]
+LossFn = loss_contract.LossFn
 
 
 class TrainState(NamedTuple):
@@ -59,140 +48,13 @@ class TrainState(NamedTuple):
   rng: Any
 
 
-def loss_fn_signatures() -> str:
-  """The four shapes a loss_fn may take, for error messages."""
-  return ('loss_fn(params, batch) -> (loss, metrics); with Task.rng (or '
-          'loss_uses_rng), loss_fn(params, batch, rng); with model state, '
-          'loss_fn(params, '
-          'model_state, batch) -> (loss, (metrics, new_model_state)); with '
-          'both, loss_fn(params, model_state, batch, rng)')
-
-
-def check_loss_fn(loss_fn: LossFn, uses_rng: bool,
-                  has_model_state: bool) -> None:
-  """Raises ConfigError when loss_fn cannot take the arguments it will get.
-
-  Functions whose signature Python cannot read, or that take *args, pass.
-  """
-  try:
-    parameters = inspect.signature(loss_fn).parameters.values()
-  except (TypeError, ValueError):
-    return
-  kinds = [p.kind for p in parameters]
-  if inspect.Parameter.VAR_POSITIONAL in kinds:
-    return
-  positional = [p for p in parameters if p.kind in (
-      p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-  required = [p for p in positional if p.default is p.empty]
-  given = 2 + int(uses_rng) + int(has_model_state)
-  if not len(required) <= given <= len(positional):
-    names = ', '.join(p.name for p in positional)
-    raise exit_codes.ConfigError(
-        f'loss_fn({names}) takes {len(positional)} positional argument(s), '
-        f'but the step calls it with {given} (model state: '
-        f'{"yes" if has_model_state else "no"}, rng: '
-        f'{"yes" if uses_rng else "no"}; Task.model_state and Task.rng '
-        f'(or Task.loss_uses_rng) decide). The signatures: '
-        f'{loss_fn_signatures()}.')
-
-
-def _describe_output(value: Any) -> str:
-  if isinstance(value, tuple):
-    return f'a tuple of {len(value)}'
-  shape = getattr(value, 'shape', None)
-  if shape is not None:
-    return f'an array of shape {tuple(shape)}'
-  return f'a {type(value).__name__}'
-
-
-def _checked_output(loss_fn: LossFn, has_model_state: bool,
-                    axis: Any = _AXIS) -> LossFn:
-  """loss_fn, refusing at trace time an output of another form than
-  (loss, metrics), or (loss, (metrics, new_model_state)), with a scalar loss.
-
-  Without this a bare loss fails deep inside JAX's value_and_grad.
-  """
-  want = ('(loss, (metrics, new_model_state))' if has_model_state else
-          '(loss, metrics)')
-
-  def refuse(got: str):
-    raise exit_codes.ConfigError(
-        f'loss_fn returned {got}; it must return {want} with a scalar loss '
-        'and a dict of scalar metrics ({} for none). The signatures: '
-        f'{loss_fn_signatures()}.')
-
-  def checked(*args):
-    try:
-      out = loss_fn(*args)
-    except NameError as e:
-      unbound = re.search(r'unbound axis name: (\w+)', str(e))
-      if unbound is None:
-        raise
-      fix = (f'set config.axis_name={unbound[1]!r} to map the step over '
-             'that name' if isinstance(axis, str) else
-             f'name that axis in the model: lax.pmean(x, {axis!r})')
-      raise exit_codes.ConfigError(
-          f'loss_fn uses the axis name {unbound[1]!r} (a collective such as '
-          f'lax.pmean(x, {unbound[1]!r}), or Flax\'s nn.BatchNorm(axis_name='
-          f'{unbound[1]!r})), which the step does not bind: podrun maps the '
-          f'step over the devices on the axis {axis!r}. Either {fix}, or '
-          f'use {axis!r} in the model.') from None
-    if not isinstance(out, tuple) or len(out) != 2:
-      refuse(_describe_output(out))
-    if tuple(getattr(out[0], 'shape', ())) != ():
-      refuse(f'a loss of shape {tuple(out[0].shape)}')
-    aux = out[1]
-    if has_model_state and (not isinstance(aux, tuple) or len(aux) != 2):
-      refuse(f'(loss, {_describe_output(aux)})')
-    metrics = aux[0] if has_model_state else aux
-    _check_metrics(metrics, want)
-    _check_loss_metric(metrics, out[0])
-    return out
-  return checked
-
-
-def _check_metrics(metrics: Any, want: str) -> None:
-  """Refuses metrics that are not a mapping of scalars, with the fix."""
-  if not isinstance(metrics, Mapping):
-    got = _describe_output(metrics)
-    hint = (' Flax\'s examples return (loss, logits): compute the metrics '
-            'from the logits inside loss_fn and return (loss, {\'accuracy\': '
-            '...}).' if getattr(metrics, 'ndim', 0) >= 1 else '')
-    raise exit_codes.ConfigError(
-        f'loss_fn returned (loss, {got}) where {want} needs a dict of '
-        f'scalar metrics ({{}} for none).{hint}')
-  for name, value in metrics.items():
-    shape = tuple(getattr(value, 'shape', ()))
-    if shape != ():
-      raise exit_codes.ConfigError(
-          f'loss_fn\'s metric {name!r} has shape {shape}; metrics must be '
-          'scalars, each a mean over the device\'s examples (podrun '
-          'averages them over the devices). Return its mean, or score '
-          'per-example values in evaluation: runtime.evaluate\'s metric_fn '
-          'returns them per example.')
-
-
-def _check_loss_metric(metrics: Mapping, loss: Any) -> None:
-  """Refuses a metric named 'loss' that is not loss_fn's loss itself: the
-  step logs the loss it differentiates under that name, and would replace
-  the metric without a word."""
-  if 'loss' in metrics and metrics['loss'] is not loss:
-    raise exit_codes.ConfigError(
-        "loss_fn's metrics hold 'loss', a value other than the loss it "
-        "returns; podrun logs the returned loss (the one it differentiates, "
-        "weight decay and all) as 'loss', so the metric would be replaced. "
-        "Rename the metric (Flax's examples: metrics['loss'] is the "
-        "cross-entropy; call it 'cross_entropy'), or return the loss itself "
-        "under that name.")
-
-
 def _loss_and_grads(loss_fn: LossFn, state: TrainState, batch: Any,
                     extra: tuple, has_model_state: bool, axis: Any = _AXIS,
                     scale: Any = None):
   """(loss, metrics, new model_state, grads) of one device's batch; with a
   loss `scale` (runtime/loss_scale.py), the gradients of the scaled loss,
   unscaled in float32, as Flax's DynamicScale takes them."""
-  loss_fn = _checked_output(loss_fn, has_model_state, axis)
+  loss_fn = loss_contract.checked_output(loss_fn, has_model_state, axis)
   if scale is not None:
     loss_fn = loss_scale_lib.scaled(loss_fn, scale)
   args = ((state.params, state.model_state, batch, *extra) if has_model_state
@@ -213,7 +75,7 @@ def _group_values(loss_fn: LossFn, state: TrainState, group: Any,
   loss, metrics, model_state, grads = _loss_and_grads(
       loss_fn, state, group, extra, has_model_state, axis, scale)
   structure.check_same('model_state', state.model_state, model_state,
-                       _MODEL_STATE_HINT)
+                       loss_contract.MODEL_STATE_HINT)
   return {**metrics, 'loss': loss}, model_state, grads
 
 
@@ -341,7 +203,7 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     >>> step = make_train_step(loss_fn, optax.sgd(0.1), parallelism.PMAP)
     >>> state, metrics = step(state, parallelism.PMAP.put_batch(batch))
   """
-  check_loss_fn(loss_fn, rng is not None, has_model_state)
+  loss_contract.check_loss_fn(loss_fn, rng is not None, has_model_state)
   values = _device_values(randomness.explained(loss_fn, rng), rng, layout,
                           has_model_state, axis=parallelism.axis)
 
@@ -461,7 +323,7 @@ def make_sharded_train_step(loss_fn: LossFn,
     `parallelism.SHARD_MAP.put_batch`; returns the new state, placed the
     same, and the replicated metrics. The input state is donated.
   """
-  check_loss_fn(loss_fn, rng is not None, has_model_state)
+  loss_contract.check_loss_fn(loss_fn, rng is not None, has_model_state)
   placements = jax.tree_util.tree_leaves(placed.params)
   grid = placements[0].mesh
   every = (state_layout.REPLICA_AXIS, state_layout.SHARD_AXIS)
@@ -510,7 +372,7 @@ def _global_loss(loss_fn: LossFn, contract: Optional[str],
   The same values as `_device_values` averages, as one function of the
   parameters, so that its gradient is taken through the map over devices.
   """
-  checked = _checked_output(loss_fn, has_model_state, _AXIS)
+  checked = loss_contract.checked_output(loss_fn, has_model_state, _AXIS)
   k = 1 if layout is None else layout.microbatches
   one_pass = layout is None or (k == 1 and not layout.padded_groups)
   groups = devices if one_pass else layout.real_groups
@@ -519,7 +381,7 @@ def _global_loss(loss_fn: LossFn, contract: Optional[str],
     if has_model_state:
       loss, (metrics, new_state) = checked(params, model_state, group, *extra)
       structure.check_same('model_state', model_state, new_state,
-                           _MODEL_STATE_HINT)
+                           loss_contract.MODEL_STATE_HINT)
     else:
       (loss, metrics), new_state = checked(params, group, *extra), model_state
     return loss, (metrics, new_state)

@@ -45,7 +45,6 @@ from runtime import metrics as metrics_lib
 from runtime import options as options_lib
 from runtime import plan as plan_lib
 from runtime.parallelism import microbatches
-from runtime.parallelism import state_layout
 from runtime import readers as readers_lib
 from runtime.checkpoints import recovery
 from runtime import step as step_lib
@@ -122,12 +121,13 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   restored = _restore(plan, task, ledger)
   if restored.step >= plan.options.steps:
     return _nothing_to_train(plan, workdir, restored)
-  run = _start_run(plan, config, workdir, task, restored, ledger)
+  run, hooks, calls = _start_run(plan, config, workdir, task, restored,
+                                 ledger)
   readers = (None if plan.options.data.on_device else readers_lib.start(
       task.data, plan.options.data.workers, plan.rows_per_process,
       coordination.current()))
   try:
-    _run_steps(plan, run, workdir, task, restored, readers)
+    _run_steps(plan, calls, run, task, restored.step, readers, hooks)
   finally:
     if readers is not None:
       readers.close()
@@ -161,7 +161,7 @@ def _restore(plan: plan_lib.Plan, task: Task,
     ckpt, local = _open_checkpoints(options.checkpointing, options.attempt)
     start, state, tier = recovery.restore(options.checkpointing, ckpt, local,
                                           plan.state, len(task.data),
-                                          plan.placed)
+                                          plan.state_layout.shardings)
   _note_restore(ledger, local, tier, state, time.perf_counter() - started)
   if start:
     _say_where_it_resumes(ckpt, start, plan.topology)
@@ -169,10 +169,14 @@ def _restore(plan: plan_lib.Plan, task: Task,
 
 
 def _start_run(plan: plan_lib.Plan, config: ConfigDict, workdir: str,
-               task: Task, restored: _Restored,
-               ledger: goodput.Ledger) -> loop.Run:
-  """The loop's state placed on the devices, its metrics writer open, the
-  run's first lines said, and the end of set-up's checks passed."""
+               task: Task, restored: _Restored, ledger: goodput.Ledger
+               ) -> tuple[loop.Run, list[hooks_lib.Hook], plan_lib.Calls]:
+  """(the loop's state placed on the devices with its metrics writer open,
+  its hooks, the steps per call their cadences allow), the run's first
+  lines said, and the end of set-up's checks passed."""
+  hooks = _hooks(plan.options, workdir, task, plan.topology, restored.ckpt,
+                 restored.local)
+  calls = plan_lib.calls(plan, task, hooks)
   with ledger.naming('metrics_writer'):
     writer = metrics_lib.MetricsWriter(
         workdir, plan.topology.process_index == 0,
@@ -180,19 +184,17 @@ def _start_run(plan: plan_lib.Plan, config: ConfigDict, workdir: str,
         tensorboard_events=plan.options.logging.tensorboard,
         fields=plan.fields())
   with ledger.naming('replicate'):
-    replicated = (plan.parallelism.replicate(restored.state)
-                  if plan.placed is None else
-                  state_layout.place(restored.state, plan.placed))
+    replicated = plan.state_layout.place(restored.state, plan.parallelism)
   clock = goodput.StepClock(ledger, goodput.steps_done_before(ledger))
   run = loop.Run(plan.options, workdir, task, replicated, restored.step,
                  plan.parallelism, plan.topology.process_index, writer, clock,
-                 plan.in_flight, config=config, placed=plan.placed,
-                 figures=plan.figures)
+                 plan.in_flight, config=config,
+                 state_layout=plan.state_layout, figures=plan.figures)
   if plan.topology.process_index == 0:
     _remember_layout_once(run, config, workdir, plan.batch_layout)
-  writer.log(plan.describe(restored.step))
-  if plan.state_where:
-    writer.log(plan.state_where)
+  writer.log(plan.describe(restored.step, calls))
+  if plan.state_layout.where:
+    writer.log(plan.state_layout.where)
   # The end of set-up: another trainer's names that nothing read are refused,
   # and the evaluation's contract is checked by tracing it.
   config_reads.check(config)
@@ -200,21 +202,20 @@ def _start_run(plan: plan_lib.Plan, config: ConfigDict, workdir: str,
     with ledger.naming('eval_check'):
       evaluation.check_eval_fn(task.eval_fn, replicated.params,
                                replicated.model_state)
-  return run
+  return run, hooks, calls
 
 
-def _run_steps(plan: plan_lib.Plan, run: loop.Run, workdir: str, task: Task,
-               restored: _Restored, readers: Optional[Any]) -> None:
-  """The steps after the restored one, to the last, with the hooks."""
+def _run_steps(plan: plan_lib.Plan, calls: plan_lib.Calls, run: loop.Run,
+               task: Task, start: int, readers: Optional[Any],
+               hooks: list[hooks_lib.Hook]) -> None:
+  """The steps after `start`, to the last, with the hooks."""
   options = plan.options
   load = loader.make(options.data, task, plan.topology, plan.parallelism,
                      plan.batch_layout, readers)
-  with dispatch.Dispatches(load, restored.step, options.steps,
-                           plan.per_dispatch, plan.auto,
+  with dispatch.Dispatches(load, start, options.steps, calls.per_dispatch,
+                           calls.auto,
                            size=options.data.prefetch) as dispatches:
-    loop.run_steps(run, plan.programs, dispatches.next,
-                   _hooks(options, workdir, task, plan.topology,
-                          restored.ckpt, restored.local))
+    loop.run_steps(run, plan.programs, dispatches.next, hooks)
 
 
 def _note_restore(ledger: goodput.Ledger, local, tier: str,

@@ -1,6 +1,7 @@
 """Several steps per call (config.steps_per_dispatch) on 8 devices: the same
 updates, data order, keys and metrics as one step per call."""
 
+import dataclasses
 import json
 
 import jax
@@ -142,12 +143,12 @@ def test_a_k_that_grows_during_the_run_trains_as_one_step_a_call(
   one = training.train(config, str(tmp_path / 'one'), task)
   monkeypatch.setattr(dispatch, 'REVIEW_CALLS', 2)
   looks = _Looks(4, 8, 8)
-  real = plan.steps_per_dispatch
+  real = plan.calls
 
-  def measured_first(options, task, platform, rows_per_process):
-    real(options, task, platform, rows_per_process)
-    return None, looks
-  monkeypatch.setattr(plan, 'steps_per_dispatch', measured_first)
+  def measured_first(made, task, hooks):
+    real(made, task, hooks)  # Its checks of the cadences.
+    return plan.Calls(None, looks)
+  monkeypatch.setattr(plan, 'calls', measured_first)
   config.steps_per_dispatch = 0
   grown = training.train(config, str(tmp_path / 'grown'), task)
   assert [a for a, _, _ in looks.asked] == ['first', 'again', 'again']
@@ -302,21 +303,24 @@ def test_auto_is_one_step_per_call_on_a_cpu(tmp_path, monkeypatch):
   config.steps = 4
   assert config.steps_per_dispatch == 0  # Auto.
   task, _ = linear_regression.make_task(config)
-  options = training.options_lib.TrainOptions.of(config, str(tmp_path))
-  k, _ = plan.steps_per_dispatch(
-      options, task, 'cpu', rows_per_process=8)
-  assert k == 1
-  k, decide = plan.steps_per_dispatch(
-      options, task, 'tpu', rows_per_process=8)
-  assert k is None  # Measured first on an accelerator.
+  made = plan.make(config, str(tmp_path), task)
+  # The hooks whose cadences a call must end on: log 20, integrity 100.
+  kept = [hooks.LogMetrics(config.log_every),
+          training.integrity.CheckReplicas(config.integrity_every, list)]
+  assert made.topology.platform == 'cpu'
+  assert plan.calls(made, task, kept).per_dispatch == 1
+  on_tpu = dataclasses.replace(made, topology=dataclasses.replace(
+      made.topology, platform='tpu'))
+  calls = plan.calls(on_tpu, task, kept)
+  assert calls.per_dispatch is None  # Measured first on an accelerator.
   # Then a fast step, and room for 3 steps' batches a call: of the cadences'
   # divisors (log 20, integrity 100) that leaves 2.
   monkeypatch.setattr(plan.local_cadence, 'recent_step_s',
                       lambda last=None: 1e-4)
   monkeypatch.setattr(dispatch, 'MOST_CALL_BYTES',
-                      3 * plan.step_bytes(task, 8))
+                      3 * plan.step_bytes(task, made.rows_per_process))
   assert (config.log_every, config.integrity_every) == (20, 100)
-  assert decide.first() == 2
+  assert calls.auto.first() == 2
 
 
 def test_a_call_of_several_steps_reports_their_mean_interval(tmp_path):

@@ -174,9 +174,11 @@ def test_config_shard_dims_win_over_the_task_s():
   from runtime import plan  # pylint: disable=g-import-not-at-top
   config = _config(state_layout='sharded', parallelism='shard_map',
                    shard_dims='dense/kernel=whole')
-  placed, line = plan._shardings(  # pylint: disable=protected-access
+  where = plan._state_layout(  # pylint: disable=protected-access
       config, _adam_state(), {'dense/kernel': 1, 'out/kernel': None}, None)
-  params = jax.tree_util.tree_map(lambda s: s.spec, placed['params'])
+  line = where.where
+  params = jax.tree_util.tree_map(lambda s: s.spec,
+                                  where.shardings['params'])
   assert params['dense']['kernel'] == PartitionSpec()
   assert params['out']['kernel'] == PartitionSpec()
   assert params['dense']['bias'] == PartitionSpec(SHARDS)

@@ -39,6 +39,7 @@ from jax.sharding import Mesh, PartitionSpec
 import numpy as np
 
 from runtime.common import exit_codes
+from runtime.parallelism import mapping
 
 REPLICA_AXIS = 'replicas'
 SHARD_AXIS = 'shards'
@@ -84,6 +85,42 @@ def replica_of(config: Any, elastic: Optional[tuple[int, int]] = None
         f'config.replica={replica!r}; choose one of '
         f'{", ".join(repr(r) for r in REPLICAS)}')
   return replica
+
+
+@dataclasses.dataclass(frozen=True)
+class StateLayout:
+  """Where a run's train state lives: replicated on every device (the
+  default), or sharded over each replica's devices by `shardings` (a
+  NamedSharding per leaf). The one place that tells the two kinds apart
+  for the loop and its set-up.
+
+  Attributes:
+    shardings: the state's shardings; None: replicated.
+    where: the console's line on where it lives ('' when replicated).
+  """
+  shardings: Optional[Any] = None
+  where: str = ''
+
+  @property
+  def sharded(self) -> bool:
+    return self.shardings is not None
+
+  def place(self, state: Any, parallelism: Any) -> Any:
+    """The host `state` on the devices: replicated by `parallelism`, or
+    each process's parts of it placed by the shardings."""
+    if self.shardings is None:
+      return parallelism.replicate(state)
+    return place(state, self.shardings)
+
+  def batch_axis(self, parallelism: Any) -> Any:
+    """The mesh axis a batch is split over: the parallelism's own when
+    replicated; the replicas' and shards' together when sharded."""
+    if self.shardings is None:
+      return parallelism.axis
+    return mapping.DATA_AXIS
+
+
+REPLICATED = StateLayout()
 
 
 def place(tree: Any, shardings: Any) -> Any:
