@@ -88,8 +88,10 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   # 10 % (docs/running.md).
   config.steps_per_dispatch = 0
   # 'pmap', or 'shard_map' (jit + jax.shard_map over a mesh of all devices):
-  # the same step, the same pmean (runtime/parallelism/).
-  config.parallelism = 'pmap'
+  # the same step, the same pmean (runtime/parallelism/). '' (the default):
+  # pmap, or shard_map where config.state_layout is 'sharded', which pmap
+  # cannot hold.
+  config.parallelism = ''
   # The name of the axis the step maps over every device, which the model's
   # own collectives use: lax.pmean(x, NAME), Flax's nn.BatchNorm(
   # axis_name=NAME). Flax's examples call it 'batch'. A sharded state's step
@@ -100,8 +102,8 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   # replica (runtime/parallelism/state_layout.py): replica 'process' (one
   # per process), 'slice' (one per TPU slice) or 'all' (every device). The
   # batch is split over every device either way, so a step computes the same
-  # to float rounding. 'sharded' needs parallelism='shard_map' and a job of
-  # a fixed size.
+  # to float rounding. 'sharded' runs under shard_map (chosen where
+  # parallelism is left '', refused under 'pmap') in a job of a fixed size.
   config.state_layout = 'replicated'
   # With 'sharded', the devices that hold one whole copy of the state:
   # 'process', 'slice' or 'all'.

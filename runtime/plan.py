@@ -209,9 +209,12 @@ def _state_layout(config: ConfigDict, state: step_lib.TrainState,
                                  if k not in from_config}}
   specs = state_layout.specs(state, shards, overrides)
   used = state_layout.footprint(state, specs, shards)
+  chosen = ('' if config.get('parallelism') else
+            '; parallelism shard_map, chosen for it (pmap holds every '
+            'argument whole)')
   return state_layout.StateLayout(step_lib.state_shardings(grid, specs), (
       f'state sharded: {grid.shape[state_layout.REPLICA_AXIS]} replica(s) '
-      f'({_REPLICA_WORDS[replica]}) of {shards} device(s); '
+      f'({_REPLICA_WORDS[replica]}) of {shards} device(s){chosen}; '
       f'{used.describe()}'))
 
 

@@ -64,14 +64,23 @@ def test_the_sharded_state_trains_as_the_replicated_one(tmp_path):
     assert np.array_equal(got['rng'], want['rng'])
 
 
-@pytest.mark.timeout(60)
-def test_sharded_state_under_pmap_is_refused_naming_shard_map(tmp_path):
-  result = helpers.run_launcher(
+@pytest.mark.timeout(120)
+def test_sharded_state_chooses_shard_map_and_refuses_pmap_named(tmp_path):
+  chosen = helpers.run_launcher(
       ['--config=configs/linear_regression.py', '--config.steps=2',
        '--config.state_layout=sharded', '--local_processes=1',
-       '--local_devices=2', f'--workdir={tmp_path}'], timeout=50)
-  assert result.returncode != 0
-  assert "set config.parallelism='shard_map'" in result.output, result.output
+       '--local_devices=2', f'--workdir={tmp_path}/chosen'], timeout=100)
+  assert chosen.returncode == 0, chosen.output
+  assert ('parallelism shard_map, chosen for it (pmap holds every argument '
+          'whole)') in chosen.output, chosen.output
+  refused = helpers.run_launcher(
+      ['--config=configs/linear_regression.py', '--config.steps=2',
+       '--config.state_layout=sharded', '--config.parallelism=pmap',
+       '--local_processes=1', '--local_devices=2',
+       f'--workdir={tmp_path}/refused'], timeout=100)
+  assert refused.returncode != 0
+  assert "set config.parallelism='shard_map'" in refused.output, (
+      refused.output)
 
 
 # The probe regression with 4096 floats of ballast, which 4 and 2 devices

@@ -11,6 +11,7 @@ import pytest
 
 from runtime.common import exit_codes
 from runtime.parallelism import mapping
+from runtime import parallelism
 from runtime.parallelism import state_layout
 
 pytestmark = pytest.mark.unit
@@ -133,9 +134,17 @@ def test_the_layout_is_chosen_by_the_config_and_refused_where_it_cannot_run():
   assert state_layout.replica_of(_config()) is None
   assert state_layout.replica_of(_config(
       state_layout='sharded', parallelism='shard_map', replica='all')) == 'all'
+  # Left '' (the default), the parallelism is chosen for the layout;
+  # pmap named is refused.
+  assert state_layout.replica_of(_config(state_layout='sharded')) == 'process'
+  assert parallelism.from_config(_config(state_layout='sharded')).name == (
+      'shard_map')
+  assert parallelism.from_config(_config()).name == 'pmap'
   for fields, words in (
       ({'state_layout': 'split'}, "choose one of 'replicated', 'sharded'"),
-      ({'state_layout': 'sharded'}, "set config.parallelism='shard_map'"),
+      ({'state_layout': 'sharded', 'parallelism': 'pmap'},
+       "set config.parallelism='shard_map', or leave it '' to have it "
+       'chosen'),
       ({'state_layout': 'sharded', 'parallelism': 'shard_map',
         'replica': 'host'}, "config.replica='host'")):
     with pytest.raises(exit_codes.ConfigError, match=words):

@@ -228,8 +228,20 @@ def named(name: str) -> Parallelism:
                    f'{", ".join(repr(c.name) for c in CHOICES)}')
 
 
+def name_of(config: ConfigDict) -> str:
+  """config.parallelism, or where it is left '' (the default): 'shard_map'
+  for a sharded state (pmap holds every argument whole on every device),
+  else 'pmap'."""
+  name = config.get('parallelism') or ''
+  if name:
+    return name
+  sharded = config.get('state_layout', 'replicated') == 'sharded'
+  return SHARD_MAP.name if sharded else PMAP.name
+
+
 def from_config(config: ConfigDict) -> Parallelism:
-  """The Parallelism that config.parallelism names ('pmap' or 'shard_map').
+  """The Parallelism that config.parallelism names ('pmap' or 'shard_map';
+  '' chooses: `name_of`).
 
   Example:
     >>> par = parallelism.from_config(config)
@@ -238,7 +250,7 @@ def from_config(config: ConfigDict) -> Parallelism:
   if not isinstance(axis, str) or not axis.isidentifier():
     raise ValueError(f'config.axis_name={axis!r}; give a name such as '
                      f'\'batch\' (Flax\'s examples) or {DATA_AXIS!r}')
-  return named(config.parallelism).with_axis(axis)
+  return named(name_of(config)).with_axis(axis)
 
 
 def of(config: ConfigDict) -> Parallelism:

@@ -69,11 +69,12 @@ def replica_of(config: Any, elastic: Optional[tuple[int, int]] = None
         f'{", ".join(repr(l) for l in LAYOUTS)}')
   if chosen == 'replicated':
     return None
-  if config.parallelism != 'shard_map':
+  if mapping.name_of(config) != 'shard_map':
     raise exit_codes.ConfigError(
         f"config.state_layout='sharded' with config.parallelism="
         f"{config.parallelism!r}: pmap holds every argument whole on every "
-        "device; set config.parallelism='shard_map'")
+        "device; set config.parallelism='shard_map', or leave it '' to "
+        'have it chosen')
   if elastic:
     raise exit_codes.ConfigError(
         f"config.state_layout='sharded' in an elastic job (processes "
