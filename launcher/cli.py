@@ -42,56 +42,82 @@ from runtime.common import layout
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file, PATH[:ARG]; --config.KEY=VALUE overrides.',
     lock_config=True)
+usage.declare(_CONFIG, usage.WHAT,
+              "the job's config file; --config.FIELD=VALUE overrides")
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Where the job writes; default workdirs/<config name>.')
+usage.declare(_WORKDIR, usage.WHAT,
+              'where the job writes (default workdirs/<config>)')
 _LOCAL_DEVICES = flags.DEFINE_integer(
     'local_devices', None,
     'Run on this many emulated CPU devices per process, whatever the machine '
     'has. Default: the machine\'s devices (8 emulated ones for a single '
     'process without an accelerator); in a local pod, 8 // N each.')
+usage.declare(_LOCAL_DEVICES, usage.WHAT, 'emulated CPU devices per process')
 _LOCAL_PROCESSES = flags.DEFINE_integer(
     'local_processes', None,
     'Start a pod of N processes on this machine, joined by a coordinator on '
     '127.0.0.1, and supervise them.')
+usage.declare(_LOCAL_PROCESSES, usage.LOCAL_POD,
+              'start and supervise N processes on 127.0.0.1')
 _COORDINATOR_ADDRESS = flags.DEFINE_string(
     'coordinator_address', None,
     'HOST:PORT of process 0\'s coordinator. With --local_processes: the '
     'loopback port to use instead of a free one.')
+usage.declare(_COORDINATOR_ADDRESS, usage.LOCAL_POD,
+              'HOST:PORT of process 0 (a local pod: the port)')
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None,
                                       'Processes in the job.')
+usage.declare(_NUM_PROCESSES, usage.CLUSTER,
+              'processes in the job (else detected)')
 _PROCESS_ID = flags.DEFINE_integer('process_id', None,
                                    'This process, in [0, num_processes).')
+usage.declare(_PROCESS_ID, usage.CLUSTER, 'this process, in [0, num_processes)')
 _CLUSTER = flags.DEFINE_enum(
     'cluster', 'auto', cluster.CHOICES,
     'auto: join the cluster the environment names (SLURM, Open MPI, '
     'Kubernetes, a TPU slice whose metadata server names several workers), '
     'else run one process on all of this host\'s devices; none: run one '
     'process alone, whatever the environment says.')
+usage.declare(_CLUSTER, usage.CLUSTER,
+              'auto: join the cluster found, else run alone; none: alone')
 _COORDINATOR_BIND_ADDRESS = flags.DEFINE_string(
     'coordinator_bind_address', None,
     'HOST:PORT the coordinator listens on; default every interface.')
+usage.declare(_COORDINATOR_BIND_ADDRESS, usage.CLUSTER,
+              'HOST:PORT process 0 listens on')
 _TLS = flags.DEFINE_enum(
     'tls', tls.AUTO, tls.MODES,
     'Mutual TLS on the coordinator (JAX 0.12 and newer): auto uses it where '
     'JAX has it (a local pod makes its own authority; a cluster\'s job needs '
     '--tls_dir) and says so where not; require refuses to start without it; '
     'off joins without it (docs/trust.md).')
+usage.declare(_TLS, usage.TRUST,
+              'auto, require or off: mutual TLS on the coordinator')
 _TLS_DIR = flags.DEFINE_string(
     'tls_dir', None,
     'The job\'s certificate authority (`podrun-tls DIR` makes one), on a '
     f'path every host reads; default ${handoff.variable("tls_dir")}.')
+usage.declare(_TLS_DIR, usage.TRUST,
+              "the job's certificate authority (podrun-tls DIR)")
 _INITIALIZATION_TIMEOUT = flags.DEFINE_integer(
     'initialization_timeout', 300,
     'Seconds to wait for every process to join the job.')
+usage.declare(_INITIALIZATION_TIMEOUT, usage.CLUSTER,
+              'seconds for every process to join')
 _HEARTBEAT_TIMEOUT = flags.DEFINE_float(
     'heartbeat_timeout', 15,
     'Seconds without a heartbeat after which a process of the job is taken '
     'for lost: every other process names it and exits 10.')
+usage.declare(_HEARTBEAT_TIMEOUT, usage.SUPERVISION,
+              'seconds of silence before a process is lost')
 _STALL_TIMEOUT = flags.DEFINE_float(
     'stall_timeout', 600,
     'Every rank: end the job (stacks dumped, exit 124) when no step completes '
     'for this many seconds after the first step; 0 disables. The ceiling of '
     'the learned deadline (--learned_stall_deadline).')
+usage.declare(_STALL_TIMEOUT, usage.SUPERVISION,
+              'ceiling, in seconds, between two steps')
 _LEARNED_STALL_DEADLINE = flags.DEFINE_bool(
     'learned_stall_deadline', True,
     'Every rank: end the job as stalled sooner than --stall_timeout when no '
@@ -102,44 +128,68 @@ _LEARNED_STALL_DEADLINE = flags.DEFINE_bool(
     'seen), allowing 3 x the longest save or evaluation seen while one runs '
     '(launcher/process/stall.py). Kept in WORKDIR/stall for the next attempt. '
     'False: --stall_timeout is the deadline.')
+usage.declare(_LEARNED_STALL_DEADLINE, usage.SUPERVISION,
+              "a deadline learned from the run's pace")
 _STALL_FLOOR = flags.DEFINE_float(
     'stall_floor', 10,
     'Every rank: the shortest deadline --learned_stall_deadline may learn, '
     'in seconds; with several processes at least --heartbeat_timeout + 2.')
+usage.declare(_STALL_FLOOR, usage.SUPERVISION,
+              'the shortest deadline it may learn, in seconds')
 _FIRST_STEP_TIMEOUT = flags.DEFINE_float(
     'first_step_timeout', 1800,
     'Every rank: end the job (stacks dumped, exit 124) when the first step '
     '(start-up and compilation) does not complete within this many seconds; '
     '0 disables.')
+usage.declare(_FIRST_STEP_TIMEOUT, usage.SUPERVISION,
+              'seconds for start-up and the first step')
 _BARRIER_TIMEOUT = flags.DEFINE_float(
     'barrier_timeout', 300,
     'Seconds any cross-process wait (checkpoint directory check, preemption '
     'save, end of run, shutdown) may take before it names the missing '
     'ranks and exits 124.')
+usage.declare(_BARRIER_TIMEOUT, usage.SUPERVISION,
+              'seconds any cross-process wait may take')
 _SUPERVISION = flags.DEFINE_bool(
     'supervision', True,
     'Every rank watches the job through the coordination service: failure '
     'broadcast, lost processes, the hang watchdog, stragglers, the workdir '
     'lease. --nosupervision turns it off (for measuring its cost).')
+usage.declare(_SUPERVISION, usage.SUPERVISION,
+              'failure broadcast, watchdog, stragglers, lease')
 _COMPILATION_CACHE_DIR = flags.DEFINE_string(
     'compilation_cache_dir', None,
     'JAX\'s persistent compilation cache, which every attempt of the job '
     'must reach; default WORKDIR/compilation_cache, \'\' turns it off.')
+usage.declare(_COMPILATION_CACHE_DIR, usage.SUPERVISION,
+              "JAX's persistent compilation cache")
 _LEASE_TIMEOUT = flags.DEFINE_float(
     'lease_timeout', 60,
     'Seconds after which another job\'s lease on the workdir, not renewed '
     'since, is taken for the lease of a dead job and taken over.')
+usage.declare(_LEASE_TIMEOUT, usage.SUPERVISION,
+              "seconds before a silent job's workdir lease lapses")
 _KILL_GRACE = flags.DEFINE_float(
     'kill_grace', 5,
     'Local pod: seconds between the SIGINT that stops the other ranks after '
     'a failure (or the signal forwarded from a Ctrl-C) and SIGKILL.')
+usage.declare(_KILL_GRACE, usage.LOCAL_POD,
+              'seconds from the SIGINT that stops the ranks to SIGKILL')
 _PREEMPTION_GRACE = flags.DEFINE_float(
     'preemption_grace', 120,
     'Local pod: seconds the ranks get, after a preemption notice, to save a '
     'checkpoint and exit before they are killed.')
+usage.declare(_PREEMPTION_GRACE, usage.LOCAL_POD,
+              'seconds to save after a preemption notice')
 # --max_restarts, --restart_backoff, --retry_exit_codes: as every launcher
 # declares them (the codes added to config.retry_exit_codes).
 _RESTART = restart_flags.define_absl(flags, __name__, 'Local pod: ')
+usage.declare(_RESTART['max_restarts'], usage.RESTARTS,
+              'restart the job up to N times, resuming')
+usage.declare(_RESTART['restart_backoff'], usage.RESTARTS,
+              'seconds before a restart after no progress')
+usage.declare(_RESTART['retry_exit_codes'], usage.RESTARTS,
+              'exit codes to retry besides 75 (preempted)')
 _MIN_PROCESSES = flags.DEFINE_integer(
     'min_processes', None,
     'Local pod, elastic: a process lost (SIGKILL, or a --retry_exit_codes '
@@ -147,16 +197,24 @@ _MIN_PROCESSES = flags.DEFINE_integer(
     'the others, the same global batch on fewer devices, while at least '
     'this many are left; it grows back after --regrow_after seconds. '
     'Shrinks and growths do not use --max_restarts.')
+usage.declare(_MIN_PROCESSES, usage.RESTARTS,
+              'elastic: go on with K or more after a lost one')
 _REGROW_AFTER = flags.DEFINE_float(
     'regrow_after', 60,
     'Local pod, elastic: seconds after a process is lost until it is back '
     '(the stand-in for a replacement host); the running attempt then '
     'saves at a step boundary, as on a preemption, and the job starts '
     'again on every process.')
+usage.declare(_REGROW_AFTER, usage.RESTARTS,
+              'elastic: seconds until a lost process is back')
 _DRY_RUN = flags.DEFINE_bool(
     'dry_run', False, 'Print what each process would run, and start nothing.')
+usage.declare(_DRY_RUN, usage.WHAT,
+              'print what each process would run; start nothing')
 _LOG_ALL_RANKS = flags.DEFINE_bool(
     'log_all_ranks', False, 'Show INFO logs of every rank, not only rank 0.')
+usage.declare(_LOG_ALL_RANKS, usage.WHAT,
+              "show every rank's INFO lines, not only rank 0's")
 
 # Flags that a local pod sets for its ranks itself.
 POD_FLAGS = ('local_processes', 'coordinator_address', 'num_processes',

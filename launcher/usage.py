@@ -10,56 +10,42 @@ Example:
 
 from absl import flags
 
-# Every flag of launcher/cli.py, in exactly one group (tests/test_cli.py),
-# with one line of its own; the flag's help has the rest.
-GROUPS = (
-    ('What runs, and where it writes', (
-        ('config', 'the job\'s config file; --config.FIELD=VALUE overrides'),
-        ('workdir', 'where the job writes (default workdirs/<config>)'),
-        ('local_devices', 'emulated CPU devices per process'),
-        ('dry_run', 'print what each process would run; start nothing'),
-        ('log_all_ranks', 'show every rank\'s INFO lines, not only rank 0\'s'),
-    )),
-    ('A local pod of processes on this machine', (
-        ('local_processes', 'start and supervise N processes on 127.0.0.1'),
-        ('coordinator_address', 'HOST:PORT of process 0 (a local pod: the '
-         'port)'),
-        ('kill_grace', 'seconds from the SIGINT that stops the ranks to '
-         'SIGKILL'),
-        ('preemption_grace', 'seconds to save after a preemption notice'),
-    )),
-    ('A process of a cluster (SLURM, mpirun, Kubernetes, or by hand)', (
-        ('cluster', 'auto: join the cluster found, else run alone; none: '
-         'alone'),
-        ('num_processes', 'processes in the job (else detected)'),
-        ('process_id', 'this process, in [0, num_processes)'),
-        ('coordinator_bind_address', 'HOST:PORT process 0 listens on'),
-        ('initialization_timeout', 'seconds for every process to join'),
-    )),
-    ('Who may join (docs/trust.md)', (
-        ('tls', 'auto, require or off: mutual TLS on the coordinator'),
-        ('tls_dir', 'the job\'s certificate authority (podrun-tls DIR)'),
-    )),
-    ('Supervision in every process', (
-        ('supervision', 'failure broadcast, watchdog, stragglers, lease'),
-        ('heartbeat_timeout', 'seconds of silence before a process is lost'),
-        ('first_step_timeout', 'seconds for start-up and the first step'),
-        ('stall_timeout', 'ceiling, in seconds, between two steps'),
-        ('learned_stall_deadline', 'a deadline learned from the run\'s pace'),
-        ('stall_floor', 'the shortest deadline it may learn, in seconds'),
-        ('barrier_timeout', 'seconds any cross-process wait may take'),
-        ('lease_timeout', 'seconds before a silent job\'s workdir lease '
-         'lapses'),
-        ('compilation_cache_dir', 'JAX\'s persistent compilation cache'),
-    )),
-    ('Restarts (a local pod)', (
-        ('max_restarts', 'restart the job up to N times, resuming'),
-        ('restart_backoff', 'seconds before a restart after no progress'),
-        ('retry_exit_codes', 'exit codes to retry besides 75 (preempted)'),
-        ('min_processes', 'elastic: go on with K or more after a lost one'),
-        ('regrow_after', 'elastic: seconds until a lost process is back'),
-    )),
-)
+# --help's groups, in its order. Each flag of launcher/cli.py joins one
+# where it is defined (`declare`), with one line of its own; the flag's
+# help has the rest.
+WHAT = 'What runs, and where it writes'
+LOCAL_POD = 'A local pod of processes on this machine'
+CLUSTER = 'A process of a cluster (SLURM, mpirun, Kubernetes, or by hand)'
+TRUST = 'Who may join (docs/trust.md)'
+SUPERVISION = 'Supervision in every process'
+RESTARTS = 'Restarts (a local pod)'
+TITLES = (WHAT, LOCAL_POD, CLUSTER, TRUST, SUPERVISION, RESTARTS)
+
+# {flag name: (group, one line)}, in the order the flags are declared.
+_DECLARED: dict[str, tuple[str, str]] = {}
+
+
+def declare(holder: flags.FlagHolder, group: str, summary: str) -> None:
+  """Puts the flag `holder` defines in --help's `group` with the one-line
+  `summary`, once.
+
+  Raises:
+    ValueError: for a group not in TITLES, or a flag declared twice.
+  """
+  if group not in TITLES:
+    raise ValueError(f'--help group {group!r}; one of {TITLES}')
+  if holder.name in _DECLARED:
+    raise ValueError(f'--{holder.name} is already in --help\'s group '
+                     f'{_DECLARED[holder.name][0]!r}')
+  _DECLARED[holder.name] = (group, summary)
+
+
+def groups() -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+  """((group, ((flag name, one line), ...)), ...) in --help's order."""
+  return tuple((title, tuple((name, summary) for name, (group, summary)
+                             in _DECLARED.items() if group == title))
+               for title in TITLES)
+
 
 HELP_ARGS = ('--help', '-help', '-h', '-?', '--helpshort', '-helpshort')
 
@@ -90,7 +76,7 @@ def _line(flag: flags.Flag, summary: str) -> str:
 def text(flag_values: flags.FlagValues) -> str:
   """The help: a few examples, then each group's flags, one line each."""
   out = [_HEAD]
-  for title, entries in GROUPS:
+  for title, entries in groups():
     out.append(f'{title}:')
     out.extend(_line(flag_values[name], summary) for name, summary in entries)
     out.append('')

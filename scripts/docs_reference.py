@@ -1,7 +1,8 @@
 """Writes the docs' reference pages from the code, or checks them.
 
 - docs/reference/flags.md: `podrun`'s flags (launcher/usage.py's groups,
-  each flag's default and absl help), `podrun-tpu launch`'s
+  declared beside each flag in launcher/cli.py, each flag's default and
+  absl help), `podrun-tpu launch`'s
   (launcher/tpu/flags.py) and `podrun-ray`'s (launcher/ray/__main__.py),
   by their argparse groups;
 - docs/reference/config.md: every field of runtime/config_base.py, by section,
@@ -57,7 +58,7 @@ def _podrun() -> list[str]:
          '`podrun --config=FILE [flags]`, the same as `python -m launcher`. '
          '`--config.FIELD=VALUE` overrides any field of the config '
          '([Config fields](config.md)).', '']
-  for title, entries in usage.GROUPS:
+  for title, entries in usage.groups():
     out += [f'### {title}', '', '| flag | default | what |',
             '| --- | --- | --- |']
     for name, _ in entries:

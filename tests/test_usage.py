@@ -11,8 +11,10 @@ pytestmark = pytest.mark.unit
 
 def test_every_launcher_flag_is_in_exactly_one_group():
   defined = {f.name for f in flags.FLAGS.get_flags_for_module(cli.__name__)}
-  grouped = [name for _, entries in usage.GROUPS for name, _ in entries]
+  grouped = [name for _, entries in usage.groups() for name, _ in entries]
   assert sorted(grouped) == sorted(defined)
+  with pytest.raises(ValueError, match='already in'):
+    usage.declare(flags.FLAGS['workdir'], usage.WHAT, 'twice')
 
 
 def test_help_lists_each_flag_on_one_line_and_exits_0(capsys):
@@ -20,7 +22,7 @@ def test_help_lists_each_flag_on_one_line_and_exits_0(capsys):
     cli.parse_flags(['podrun', '--help'])
   assert exited.value.code == 0
   shown = capsys.readouterr().out
-  for _, entries in usage.GROUPS:
+  for _, entries in usage.groups():
     for name, summary in entries:
       line = [l for l in shown.splitlines() if f'--{name} ' in l or
               f'--[no]{name} ' in l]

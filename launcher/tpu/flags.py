@@ -12,7 +12,7 @@ Example:
 import argparse
 import dataclasses
 import re
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from launcher import restart
 from launcher import restart_flags
@@ -21,68 +21,162 @@ from launcher.common import project as project_lib
 from runtime.common import layout
 
 
+_POD = 'The pod'
+_TRAVELS = 'What travels to every worker'
+_JOB = 'The job'
+_RESTARTS = 'Restarts'
+_FLEET = 'The fleet (--create: queued resources, babysitting, elastic slices)'
+_CONTROL = 'Control (no job is started)'
+
+
+def _flag(group: str, add: Optional[Callable] = None, **argparse_kwargs):
+  """A PodFlags field that is a flag of its name: its `--help` group and
+  argparse's keywords (its default and help among them), declared once
+  beside the field; `add(group)` adds flags of its own (the restart
+  flags, read together as one field)."""
+  return dataclasses.field(metadata={'group': group, 'add': add,
+                                     'argparse': argparse_kwargs})
+
+
 @dataclasses.dataclass(frozen=True)
 class PodFlags:
-  """The script's flags, read once and checked (`parse`); each is the flag
-  of its name (`--help`, which holds the defaults), but for those read
-  together.
+  """The script's flags, read once and checked (`parse`): each field is the
+  flag of its name, declared here once with its group, default and help
+  (`_parser` builds the command line from the fields), but for those read
+  together (`restarts`) and the derived (`tier`).
 
   Attributes:
-    restarts: --max_restarts, --restart_backoff and --retry_exit_codes,
-      as every launcher restarts a job.
     tier: 'spot', 'reserved' or 'on-demand' (--spot, --reserved).
-    queued_resource: the queued resource's name (--queued_resource, else
-      --tpu).
   """
-  # The pod.
-  tpu: str
-  zone: str
-  project: str
-  num_slices: int
-  megascale_port: int
-  skip_preflight: bool
-  wait_healthy: float
-  # What travels to every worker.
-  project_dir: str
-  project_max_mb: float
-  worker_python: str
-  provision_python: bool
-  # The job.
-  workdir: str
-  env: tuple[str, ...]
-  job_id: str
-  log_dir: str
-  log_all_workers: bool
-  stop_grace: float
-  orphan_timeout: float
-  accelerator_devices: str
-  kill_accelerator_holders: bool
-  replace: bool
-  # Restarts.
-  restarts: restart.RestartPolicy
-  # The fleet.
-  create: bool
-  queued_resource: str
-  accelerator_type: str
-  runtime_version: str
-  spot: bool
-  reserved: bool
-  valid_until: str
-  delete_after: bool
-  capacity_timeout: float
-  provisioning_timeout: float
-  poll_interval: float
-  lost_slice_wait: float
-  relaunch_grace: float
-  min_slices: int
-  slice_back_backoff: float
-  slice_back_timeout: float
-  # Control.
-  dry_run: bool
-  status: bool
-  stop: Optional[str]
+  tpu: str = _flag(
+      _POD, required=True, help='the TPU VM (with --num_slices=N: the '
+      'slices are NAME-0 ... NAME-(N-1))')
+  zone: str = _flag(
+      _POD, required=True, help='its zone, e.g. us-central2-b')
+  project: str = _flag(
+      _POD, default='', help="the Google Cloud project (default: "
+      "gcloud's)")
+  num_slices: int = _flag(
+      _POD, type=int, default=1, help='slices the one job runs on '
+      '(multislice; default 1)')
+  megascale_port: int = _flag(
+      _POD, type=int, default=8080,
+      help='the port the slices meet on (default 8080)')
+  skip_preflight: bool = _flag(
+      _POD, action='store_true', help='skip the Cloud TPU '
+      'API check of READY, HEALTHY and the config\'s accelerator type')
+  wait_healthy: float = _flag(
+      _POD, type=float, default=600, help='seconds to wait for '
+      'the slices to be READY and HEALTHY (default 600)')
+  project_dir: str = _flag(
+      _TRAVELS, default='', help='the project the job runs from on '
+      'every worker: its files that git does not ignore (every file outside '
+      'git) travel beside podrun\'s code (default: the current directory)')
+  project_max_mb: float = _flag(
+      _TRAVELS, type=float, default=project_lib.DEFAULT_MAX_MB,
+      help='refuse a project over this many MiB before anything is copied '
+      f'(default {project_lib.DEFAULT_MAX_MB:g})')
+  worker_python: str = _flag(
+      _TRAVELS, default='', help='the workers\' interpreter, used '
+      'as it is: nothing is installed (default: python3.13 ... python3, '
+      'with podrun installed into ~/podrun/venv)')
+  provision_python: bool = _flag(
+      _TRAVELS, action='store_true', help='install the Python '
+      'this JAX needs (deadsnakes PPA, sudo apt-get) on workers that lack it')
+  workdir: str = _flag(
+      _JOB, default='', help='the launcher\'s --workdir; with '
+      '--create, a gs:// bucket keeps the record past the slice')
+  env: tuple[str, ...] = _flag(
+      _JOB, action='append', default=[], metavar='KEY=VALUE',
+      help='a variable for the job on every worker (repeatable)')
+  job_id: str = _flag(
+      _JOB, default='', help='the job\'s name on the workers (default '
+      'podrun-DATE-TIME-PID)')
+  log_dir: str = _flag(
+      _JOB, default='', help='where each worker\'s log goes (default '
+      'tpu_logs/JOB_ID)')
+  log_all_workers: bool = _flag(
+      _JOB, action='store_true', help='show every worker\'s '
+      'lines on the console, not only worker 0\'s and the others\' errors')
+  stop_grace: float = _flag(
+      _JOB, type=float, default=60, help='seconds from SIGTERM '
+      '(the job saves) to SIGKILL when a job is stopped (default 60)')
+  orphan_timeout: float = _flag(
+      _JOB, type=float, default=30, help='seconds a job runs '
+      'on after its launching side is gone (default 30)')
+  accelerator_devices: str = _flag(
+      _JOB, default='/dev/accel*,/dev/vfio/*',
+      help='the device files whose holders are named before a job starts '
+      '(default /dev/accel*,/dev/vfio/*)')
+  kill_accelerator_holders: bool = _flag(
+      _JOB, action='store_true', help='stop a '
+      'foreign process holding the accelerator rather than stopping there')
+  replace: bool = _flag(
+      _JOB, action='store_true', help='stop an earlier podrun job '
+      'on the workers, and remove a stale libtpu lock, rather than stopping '
+      'there')
+  # --max_restarts, --restart_backoff and --retry_exit_codes, as every
+  # launcher restarts a job (launcher/restart_flags.py).
+  restarts: restart.RestartPolicy = _flag(_RESTARTS, restart_flags.add_to)
+  create: bool = _flag(
+      _FLEET, action='store_true', help='create the slices through a '
+      'queued resource, wait for them, recreate one that is lost')
+  queued_resource: str = _flag(
+      _FLEET, default='', help='the queued resource\'s name '
+      '(default: --tpu)')
+  accelerator_type: str = _flag(
+      _FLEET, default='', help='with --create: e.g. v4-32')
+  runtime_version: str = _flag(
+      _FLEET, default='', help='with --create: the VM image, '
+      'e.g. tpu-ubuntu2204-base (whose Python 3.10 needs --provision_python)')
+  spot: bool = _flag(
+      _FLEET, action='store_true', help='with --create: Spot VMs')
+  reserved: bool = _flag(
+      _FLEET, action='store_true', help='with --create: a reservation')
+  valid_until: str = _flag(
+      _FLEET, default='', help='with --create: give up waiting for '
+      'capacity after this long, e.g. 6h')
+  delete_after: bool = _flag(
+      _FLEET, action='store_true', help='with --create: delete '
+      'the slices when the job ends')
+  capacity_timeout: float = _flag(
+      _FLEET, type=float, default=24 * 3600, help='seconds '
+      'to wait for capacity (default 86400)')
+  provisioning_timeout: float = _flag(
+      _FLEET, type=float, default=1800, help='seconds to '
+      'wait for provisioning (default 1800)')
+  poll_interval: float = _flag(
+      _FLEET, type=float, default=10, help='seconds between two '
+      'reads of the slices\' states (default 10)')
+  # A Spot VM gets 30 s from the soft to the hard power-off: the job on a
+  # lost slice may save in that time, and the delete would end it at once.
+  lost_slice_wait: float = _flag(
+      _FLEET, type=float, default=30, help='seconds a lost '
+      'slice\'s job has to save before the slice is deleted (default 30)')
+  # After a 75/143 from a spot slice whose node does not show it lost yet.
+  relaunch_grace: float = _flag(
+      _FLEET, type=float, default=15, help='seconds to watch a '
+      'spot slice that still looks up after a shutdown exit before '
+      'relaunching there (default 15)')
+  min_slices: int = _flag(
+      _FLEET, type=int, default=0, help='elastic: go on with this '
+      'many slices or more while lost ones are recreated, then grow back')
+  slice_back_backoff: float = _flag(
+      _FLEET, type=float, default=60, help='seconds before '
+      'a failed recreate is tried again, doubling to 10 min (default 60)')
+  slice_back_timeout: float = _flag(
+      _FLEET, type=float, default=24 * 3600, help='seconds '
+      'to keep trying to recreate a lost slice (default 86400)')
+  dry_run: bool = _flag(
+      _CONTROL, action='store_true', help='print every command in '
+      'order; run none')
+  status: bool = _flag(
+      _CONTROL, action='store_true', help='show the jobs on the workers')
+  stop: Optional[str] = _flag(
+      _CONTROL, nargs='?', const='all', default=None, metavar='JOB_ID',
+      help='stop a job on the workers (every podrun job without JOB_ID)')
   # Derived.
-  tier: str
+  tier: str = dataclasses.field(default='on-demand')
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -92,104 +186,18 @@ def _parser() -> argparse.ArgumentParser:
       description='Runs a job on every worker of a Cloud TPU pod slice (or '
       'of several), from this machine; with --create, makes the slices '
       'first. The launcher\'s own flags (podrun --help) follow `--`.')
-  group = parser.add_argument_group('The pod')
-  add = group.add_argument
-  add('--tpu', required=True, help='the TPU VM (with --num_slices=N: the '
-      'slices are NAME-0 ... NAME-(N-1))')
-  add('--zone', required=True, help='its zone, e.g. us-central2-b')
-  add('--project', default='', help="the Google Cloud project (default: "
-      "gcloud's)")
-  add('--num_slices', type=int, default=1, help='slices the one job runs on '
-      '(multislice; default 1)')
-  add('--megascale_port', type=int, default=8080,
-      help='the port the slices meet on (default 8080)')
-  add('--skip_preflight', action='store_true', help='skip the Cloud TPU '
-      'API check of READY, HEALTHY and the config\'s accelerator type')
-  add('--wait_healthy', type=float, default=600, help='seconds to wait for '
-      'the slices to be READY and HEALTHY (default 600)')
-  group = parser.add_argument_group('What travels to every worker')
-  add = group.add_argument
-  add('--project_dir', default='', help='the project the job runs from on '
-      'every worker: its files that git does not ignore (every file outside '
-      'git) travel beside podrun\'s code (default: the current directory)')
-  add('--project_max_mb', type=float, default=project_lib.DEFAULT_MAX_MB,
-      help='refuse a project over this many MiB before anything is copied '
-      f'(default {project_lib.DEFAULT_MAX_MB:g})')
-  add('--worker_python', default='', help='the workers\' interpreter, used '
-      'as it is: nothing is installed (default: python3.13 ... python3, '
-      'with podrun installed into ~/podrun/venv)')
-  add('--provision_python', action='store_true', help='install the Python '
-      'this JAX needs (deadsnakes PPA, sudo apt-get) on workers that lack it')
-  group = parser.add_argument_group('The job')
-  add = group.add_argument
-  add('--workdir', default='', help='the launcher\'s --workdir; with '
-      '--create, a gs:// bucket keeps the record past the slice')
-  add('--env', action='append', default=[], metavar='KEY=VALUE',
-      help='a variable for the job on every worker (repeatable)')
-  add('--job_id', default='', help='the job\'s name on the workers (default '
-      'podrun-DATE-TIME-PID)')
-  add('--log_dir', default='', help='where each worker\'s log goes (default '
-      'tpu_logs/JOB_ID)')
-  add('--log_all_workers', action='store_true', help='show every worker\'s '
-      'lines on the console, not only worker 0\'s and the others\' errors')
-  add('--stop_grace', type=float, default=60, help='seconds from SIGTERM '
-      '(the job saves) to SIGKILL when a job is stopped (default 60)')
-  add('--orphan_timeout', type=float, default=30, help='seconds a job runs '
-      'on after its launching side is gone (default 30)')
-  add('--accelerator_devices', default='/dev/accel*,/dev/vfio/*',
-      help='the device files whose holders are named before a job starts '
-      '(default /dev/accel*,/dev/vfio/*)')
-  add('--kill_accelerator_holders', action='store_true', help='stop a '
-      'foreign process holding the accelerator rather than stopping there')
-  add('--replace', action='store_true', help='stop an earlier podrun job '
-      'on the workers, and remove a stale libtpu lock, rather than stopping '
-      'there')
-  group = parser.add_argument_group('Restarts')
-  add = group.add_argument
-  restart_flags.add_to(group)
-  group = parser.add_argument_group(
-      'The fleet (--create: queued resources, babysitting, elastic slices)')
-  add = group.add_argument
-  add('--create', action='store_true', help='create the slices through a '
-      'queued resource, wait for them, recreate one that is lost')
-  add('--queued_resource', default='', help='the queued resource\'s name '
-      '(default: --tpu)')
-  add('--accelerator_type', default='', help='with --create: e.g. v4-32')
-  add('--runtime_version', default='', help='with --create: the VM image, '
-      'e.g. tpu-ubuntu2204-base (whose Python 3.10 needs --provision_python)')
-  add('--spot', action='store_true', help='with --create: Spot VMs')
-  add('--reserved', action='store_true', help='with --create: a reservation')
-  add('--valid_until', default='', help='with --create: give up waiting for '
-      'capacity after this long, e.g. 6h')
-  add('--delete_after', action='store_true', help='with --create: delete '
-      'the slices when the job ends')
-  add('--capacity_timeout', type=float, default=24 * 3600, help='seconds '
-      'to wait for capacity (default 86400)')
-  add('--provisioning_timeout', type=float, default=1800, help='seconds to '
-      'wait for provisioning (default 1800)')
-  add('--poll_interval', type=float, default=10, help='seconds between two '
-      'reads of the slices\' states (default 10)')
-  # A Spot VM gets 30 s from the soft to the hard power-off: the job on a
-  # lost slice may save in that time, and the delete would end it at once.
-  add('--lost_slice_wait', type=float, default=30, help='seconds a lost '
-      'slice\'s job has to save before the slice is deleted (default 30)')
-  # After a 75/143 from a spot slice whose node does not show it lost yet.
-  add('--relaunch_grace', type=float, default=15, help='seconds to watch a '
-      'spot slice that still looks up after a shutdown exit before '
-      'relaunching there (default 15)')
-  add('--min_slices', type=int, default=0, help='elastic: go on with this '
-      'many slices or more while lost ones are recreated, then grow back')
-  add('--slice_back_backoff', type=float, default=60, help='seconds before '
-      'a failed recreate is tried again, doubling to 10 min (default 60)')
-  add('--slice_back_timeout', type=float, default=24 * 3600, help='seconds '
-      'to keep trying to recreate a lost slice (default 86400)')
-  group = parser.add_argument_group('Control (no job is started)')
-  add = group.add_argument
-  add('--dry_run', action='store_true', help='print every command in '
-      'order; run none')
-  add('--status', action='store_true', help='show the jobs on the workers')
-  add('--stop', nargs='?', const='all', default=None, metavar='JOB_ID',
-      help='stop a job on the workers (every podrun job without JOB_ID)')
+  groups = {}
+  for field in dataclasses.fields(PodFlags):
+    if 'group' not in field.metadata:
+      continue  # Derived.
+    title = field.metadata['group']
+    if title not in groups:
+      groups[title] = parser.add_argument_group(title)
+    if field.metadata['add'] is not None:
+      field.metadata['add'](groups[title])
+    else:
+      groups[title].add_argument(f'--{field.name}',
+                                 **field.metadata['argparse'])
   return parser
 
 
