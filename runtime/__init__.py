@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 # Python hides a DeprecationWarning raised outside __main__, so a workload's
-# author would never see that a name of ours goes in the next release:
+# author would never see that a name of ours goes in 0.3.0:
 # show ours, once per place that uses an old name.
 warnings.filterwarnings('default', category=DeprecationWarning,
                         message=r'(?s).*' + deprecations.ENDING)

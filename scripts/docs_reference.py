@@ -6,9 +6,10 @@
   (launcher/tpu/flags.py) and `podrun-ray`'s (launcher/ray/__main__.py),
   by their argparse groups;
 - docs/reference/config.md: every field of runtime/config_base.py, by section,
-  with its default and the comment above it.
+  with its default and the comment above it;
+- docs/changelog.md: CHANGELOG.md, for the site.
 
-  python scripts/docs_reference.py           # writes both pages
+  python scripts/docs_reference.py           # writes the pages
   python scripts/docs_reference.py --check   # exit 1, naming the stale ones
 
 tests/test_docs.py runs --check, so a flag or a field changed without its
@@ -33,7 +34,8 @@ from launcher.ray import __main__ as ray_main  # pylint: disable=g-import-not-at
 from launcher.tpu import flags as tpu_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 PAGES = {'flags': REPO / 'docs' / 'reference' / 'flags.md',
-         'config': REPO / 'docs' / 'reference' / 'config.md'}
+         'config': REPO / 'docs' / 'reference' / 'config.md',
+         'changelog': REPO / 'docs' / 'changelog.md'}
 _GENERATED = ('<!-- Written by scripts/docs_reference.py from the code: edit '
               'the code, then run it. -->')
 
@@ -159,13 +161,20 @@ def config_page() -> str:
   return '\n'.join(out).rstrip() + '\n'
 
 
+def changelog_page() -> str:
+  """CHANGELOG.md as the site's page, its links made the site's."""
+  text = (REPO / 'CHANGELOG.md').read_text()
+  return f'{_GENERATED}\n\n' + text.replace('](docs/', '](')
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--check', action='store_true',
                       help='change nothing; exit 1 naming a stale page')
   args = parser.parse_args(argv)
   stale = []
-  for name, text in (('flags', flags_page()), ('config', config_page())):
+  for name, text in (('flags', flags_page()), ('config', config_page()),
+                     ('changelog', changelog_page())):
     page = PAGES[name]
     if page.exists() and page.read_text() == text:
       continue

@@ -83,3 +83,12 @@ def test_every_link_of_the_readme_reaches_a_page_and_heading():
       assert anchor in _anchors(page), (
           f'README links to {link}: {path} has no heading {anchor!r}; '
           f'it has {sorted(_anchors(page))}')
+
+
+def test_the_newest_changelog_heading_is_pyprojects_version_and_a_date():
+  import tomllib  # pylint: disable=g-import-not-at-top
+  version = tomllib.loads((helpers.REPO / 'pyproject.toml').read_text())[
+      'project']['version']
+  headings = re.findall(r'^## (\S+) \((\d{4}-\d{2}-\d{2})\)$',
+                        (helpers.REPO / 'CHANGELOG.md').read_text(), re.M)
+  assert headings and headings[0][0] == version, (headings[:1], version)

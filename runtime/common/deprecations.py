@@ -1,22 +1,23 @@
-"""Every old spelling that still works for one release, in one table.
+"""Every old spelling that still works through 0.2.x, in one table.
 
 A shim (a renamed function that calls the new one, a keyword kept, a module
 left behind) calls `warn(KEY, ...)` with its key in `RENAMED`; nothing else
 in the project raises a DeprecationWarning (tests/test_front_door.py checks
-both ways), so this table is the list of what goes in the next release.
+both ways), so this table is the list of what goes in 0.3.0.
 runtime/__init__.py shows these warnings, which Python hides by default
 outside __main__.
 
 Example:
   >>> deprecations.warn('parallelism.of')
   DeprecationWarning: parallelism.of(config) is now
-  parallelism.from_config(config); the old name goes in the next release
+  parallelism.from_config(config); the old name goes in 0.3.0
 """
 
 import warnings
 
 # The words every message ends with; runtime/__init__.py's filter shows them.
-ENDING = 'the old name goes in the next release'
+# 0.2.0 is the first release: these spellings work through 0.2.x.
+ENDING = 'the old name goes in 0.3.0'
 
 # key -> what to write instead; {fields} are the caller's.
 RENAMED = {
