@@ -103,7 +103,8 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   # per process), 'slice' (one per TPU slice) or 'all' (every device). The
   # batch is split over every device either way, so a step computes the same
   # to float rounding. 'sharded' runs under shard_map (chosen where
-  # parallelism is left '', refused under 'pmap') in a job of a fixed size.
+  # parallelism is left '', refused under 'pmap'); an elastic job needs
+  # replica 'process', so that a lost process takes its replica whole.
   config.state_layout = 'replicated'
   # With 'sharded', the devices that hold one whole copy of the state:
   # 'process', 'slice' or 'all'.

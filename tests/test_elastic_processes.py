@@ -81,7 +81,9 @@ def straights(tmp_path_factory):
 # The probe's arrays as they are, and as a grain MapDataset with a
 # random_map (tests/workloads/probe.py): both exact through a SIGKILL, a
 # shrink and a growth.
-DATA = {'arrays': (), 'grain': ('--config.data.grain=True',)}
+DATA = {'arrays': (), 'grain': ('--config.data.grain=True',),
+        'sharded': ('--config.state_layout=sharded',
+                    '--config.ballast_floats=4096')}
 
 
 @pytest.mark.parametrize('data', sorted(DATA))

@@ -112,3 +112,15 @@ def test_a_sharded_plan_needs_every_position(local_steps, positions,
                                              expected):
   assert recovery.plan(local_steps, 20 if expected.step == 20 else None,
                        positions) == expected
+
+
+def test_a_part_fits_another_count_of_replicas_but_no_other_position():
+  """A local copy's part is offered where this process would hold the same
+  blocks: a replica lost or back changes the replicas, nothing else."""
+  mine = {'position': 0, 'processes_per_replica': 1, 'replicas': 3,
+          'split': 'abc'}
+  assert shard_parts.fits({**mine, 'replicas': 4}, mine)
+  assert not shard_parts.fits({**mine, 'position': 1}, mine)
+  assert not shard_parts.fits({**mine, 'processes_per_replica': 2}, mine)
+  assert not shard_parts.fits({**mine, 'split': 'abd'}, mine)
+  assert not shard_parts.fits(None, mine)

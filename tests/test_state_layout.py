@@ -149,9 +149,14 @@ def test_the_layout_is_chosen_by_the_config_and_refused_where_it_cannot_run():
         'replica': 'host'}, "config.replica='host'")):
     with pytest.raises(exit_codes.ConfigError, match=words):
       state_layout.replica_of(_config(**fields))
-  with pytest.raises(exit_codes.ConfigError, match='elastic job .processes 3-4'):
-    state_layout.replica_of(_config(state_layout='sharded',
-                                    parallelism='shard_map'), elastic=(3, 4))
+  # Elastic: each process a replica goes on without a lost one; a replica
+  # of several processes would lose shards with any of them.
+  assert state_layout.replica_of(_config(state_layout='sharded'),
+                                 elastic=(3, 4)) == 'process'
+  with pytest.raises(exit_codes.ConfigError,
+                     match="replica='all' in an elastic job .processes 3-4"):
+    state_layout.replica_of(_config(state_layout='sharded', replica='all'),
+                            elastic=(3, 4))
 
 
 def test_an_override_by_the_path_s_end_names_the_moments_too():

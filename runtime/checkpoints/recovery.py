@@ -206,7 +206,7 @@ def check_local(local: local_checkpoint.LocalCheckpoints,
   held = local.held()
   if parts is not None:
     held = {step: where for step, where in held.items()
-            if local.meta(step).get('part') == parts.record}
+            if shard_parts.fits(local.meta(step).get('part'), parts.record)}
   else:  # A sharded state's part restores no replicated run.
     held = {step: where for step, where in held.items()
             if 'part' not in local.meta(step)}

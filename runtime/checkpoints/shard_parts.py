@@ -82,6 +82,18 @@ def record(shardings: Any, process_index: int) -> dict[str, Any]:
           'split': split.hexdigest()[:16]}
 
 
+def fits(recorded: Optional[dict[str, Any]], mine: dict[str, Any]) -> bool:
+  """Whether a local copy that recorded `recorded` (its `record`) holds the
+  blocks this process would hold (`mine`): the same position in a replica
+  of as many processes, the leaves split alike. The number of replicas is
+  left out: a replica lost or back leaves every other replica's blocks
+  where they were."""
+  if not recorded:
+    return False
+  keys = set(recorded) | set(mine)
+  return all(recorded.get(k) == mine.get(k) for k in keys - {'replicas'})
+
+
 def _box(sharding, shape: tuple[int, ...]) -> tuple[slice, ...]:
   """The block of a leaf of `shape` that this process's devices hold."""
   starts, stops = [None] * len(shape), [None] * len(shape)

@@ -75,16 +75,21 @@ def replica_of(config: Any, elastic: Optional[tuple[int, int]] = None
         f"{config.parallelism!r}: pmap holds every argument whole on every "
         "device; set config.parallelism='shard_map', or leave it '' to "
         'have it chosen')
-  if elastic:
-    raise exit_codes.ConfigError(
-        f"config.state_layout='sharded' in an elastic job (processes "
-        f'{elastic[0]}-{elastic[1]}): a lost process would take shards no other replica is '
-        "known to hold yet; run it at a fixed size, or keep 'replicated'")
   replica = config.get('replica', 'process')
   if replica not in REPLICAS:
     raise exit_codes.ConfigError(
         f'config.replica={replica!r}; choose one of '
         f'{", ".join(repr(r) for r in REPLICAS)}')
+  if elastic and replica != 'process':
+    # A process lost takes its replica's shards with it; with a replica a
+    # process, every other process still holds the whole state.
+    raise exit_codes.ConfigError(
+        f"config.state_layout='sharded' with config.replica={replica!r} in "
+        f'an elastic job (processes {elastic[0]}-{elastic[1]}): a lost '
+        'process would take shards its replica\'s other processes cannot '
+        "replace; set config.replica='process' (each process a replica, "
+        'lost and back whole), run at a fixed size, or keep '
+        "'replicated'")
   return replica
 
 
