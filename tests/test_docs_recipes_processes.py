@@ -261,6 +261,31 @@ def test_the_tpu_spot_recipe_creates_trains_on_mnist_and_deletes(tmp_path,
   assert (summary['process_count'], summary['device_count']) == (4, 16)
 
 
+def test_the_ray_one_node_try_out_runs_as_pasted(tmp_path):
+  """About 20 s: docs/deployments/ray.md's first recipe, its podrun-ray
+  line as written (the address and the workdir aside) on one node."""
+  pytest.importorskip('ray')
+  words = recipe('podrun-ray --address=auto --num_processes=1')
+  assert words.index('--') < words.index('--local_devices=4'), words
+  with ray_cluster.RayCluster(nodes=1) as cluster:
+    emulated = _emulated(words, {
+        '--address=auto': f'--address={cluster.address}',
+        '/tmp/podrun-ray-try': str(tmp_path / 'try')})
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, '-m', 'launcher.ray', *emulated[1:], *SHORT],
+        cwd=helpers.REPO, env=helpers.launcher_env(**ray_cluster.ENV),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+      result = helpers.finish(proc, 200, started)
+    finally:
+      helpers.kill_group(proc)
+  assert result.returncode == 0, result.output
+  summary = helpers.read_json(tmp_path / 'try' / 'summary.json')
+  assert (summary['process_count'], summary['device_count']) == (1, 4)
+
+
 def test_the_ray_recipe_on_a_local_cluster(tmp_path):
   """About 25 s: a 4-node Ray cluster of its own, then MNIST from /shared."""
   pytest.importorskip('ray')

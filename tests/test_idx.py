@@ -1,6 +1,7 @@
 """IDX files: round trips, and errors that name the file and the fault."""
 
 import gzip
+import sys
 
 import numpy as np
 import pytest
@@ -101,3 +102,21 @@ def test_mnist_names_images_and_labels_that_disagree(tmp_path):
   with pytest.raises(idx.IdxError, match='holds 8 images but .* holds 7 '
                                          'labels'):
     mnist.load(str(tmp_path))
+
+
+def test_a_fetch_into_a_bucket_without_gcsfs_is_one_line(monkeypatch,
+                                                          capsys):
+  """podrun-fetch-mnist --data_dir=gs://...: the extra to install, before
+  any download, and exit 2, not a traceback."""
+  from runtime.workloads import fetch_mnist  # pylint: disable=g-import-not-at-top
+  monkeypatch.setitem(sys.modules, 'gcsfs', None)  # As if not installed.
+  monkeypatch.setattr(sys, 'argv', ['podrun-fetch-mnist',
+                                    '--data_dir=gs://bucket/mnist-data'])
+  monkeypatch.setattr(fetch_mnist, 'fetch', lambda *a: pytest.fail('fetched'))
+  with pytest.raises(SystemExit) as ended:
+    fetch_mnist.run()
+  assert ended.value.code == 2
+  said = capsys.readouterr().err
+  assert said.startswith('podrun-fetch-mnist: error: gs://bucket/mnist-data: '
+                         "a bucket needs gcsfs, which is not installed: pip "
+                         "install -e '.[gcs]'"), said

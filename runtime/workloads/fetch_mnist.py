@@ -19,6 +19,7 @@ import sys
 import tempfile
 import urllib.request
 
+import runtime
 from runtime.workloads import idx
 from runtime.workloads import mnist
 
@@ -33,6 +34,7 @@ def main():
   parser.add_argument('--mirror', default=MIRROR)
   args = parser.parse_args()
   if args.data_dir.startswith('gs://'):
+    idx.check_bucket_access(args.data_dir)  # Before the download.
     with tempfile.TemporaryDirectory(prefix='mnist_') as local:
       fetch(local, args.mirror)
       upload(local, args.data_dir)
@@ -68,8 +70,13 @@ def upload(local: str, url: str) -> None:
 
 
 def run() -> None:
-  """The console script `podrun-fetch-mnist`."""
-  main()
+  """The console script `podrun-fetch-mnist`: a mistake is one line and
+  its exit code, never a traceback."""
+  try:
+    main()
+  except runtime.PodrunError as e:
+    print(f'podrun-fetch-mnist: error: {e}', file=sys.stderr)
+    sys.exit(e.exit_code)
 
 
 if __name__ == '__main__':

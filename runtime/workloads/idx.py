@@ -32,9 +32,18 @@ def _bucket_path(path: str):
     from etils import epath  # pylint: disable=g-import-not-at-top
     import gcsfs  # pylint: disable=g-import-not-at-top,unused-import
   except ImportError as e:
-    raise IdxError(f'{path}: reading a bucket needs gcsfs, which is not '
-                   'installed: pip install "podrun[gcs]"') from e
+    raise IdxError(f'{path}: a bucket needs gcsfs, which is not installed: '
+                   "pip install -e '.[gcs]' (or \"podrun[gcs]\")") from e
   return epath.Path(path)
+
+
+def check_bucket_access(path: str) -> None:
+  """Refuses a gs:// path before any work where gcsfs is missing.
+
+  Raises:
+    IdxError: naming the extra to install.
+  """
+  _bucket_path(path)
 
 
 def exists(path: str) -> bool:
