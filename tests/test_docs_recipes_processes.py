@@ -261,28 +261,36 @@ def test_the_tpu_spot_recipe_creates_trains_on_mnist_and_deletes(tmp_path,
   assert (summary['process_count'], summary['device_count']) == (4, 16)
 
 
+def _podrun_ray(nodes: int, words: list[str], replace: dict[str, str],
+                *more: str) -> helpers.Result:
+  """A docs' podrun-ray command on a Ray cluster of `nodes` nodes of its
+  own on this machine, `replace`d words swapped (the cluster's address
+  for 'auto' among them) and `more` flags added, to its end."""
+  with ray_cluster.RayCluster(nodes=nodes) as cluster:
+    emulated = _emulated(words, {
+        '--address=auto': f'--address={cluster.address}', **replace})
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, '-m', 'launcher.ray', *emulated[1:], *more],
+        cwd=helpers.REPO, env=helpers.launcher_env(**ray_cluster.ENV),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+      return helpers.finish(proc, 200, started)
+    finally:
+      helpers.kill_group(proc)
+
+
 def test_the_ray_one_node_try_out_runs_as_pasted(tmp_path):
   """About 20 s: docs/deployments/ray.md's first recipe, its podrun-ray
   line as written (the address and the workdir aside) on one node."""
   pytest.importorskip('ray')
   words = recipe('podrun-ray --address=auto --num_processes=1')
   assert words.index('--') < words.index('--local_devices=4'), words
-  with ray_cluster.RayCluster(nodes=1) as cluster:
-    emulated = _emulated(words, {
-        '--address=auto': f'--address={cluster.address}',
-        '/tmp/podrun-ray-try': str(tmp_path / 'try')})
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, '-m', 'launcher.ray', *emulated[1:], *SHORT],
-        cwd=helpers.REPO, env=helpers.launcher_env(**ray_cluster.ENV),
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-      result = helpers.finish(proc, 200, started)
-    finally:
-      helpers.kill_group(proc)
+  result = _podrun_ray(1, words, {'/tmp/podrun-ray-try': str(tmp_path)},
+                       *SHORT)
   assert result.returncode == 0, result.output
-  summary = helpers.read_json(tmp_path / 'try' / 'summary.json')
+  summary = helpers.read_json(tmp_path / 'summary.json')
   assert (summary['process_count'], summary['device_count']) == (1, 4)
 
 
@@ -294,21 +302,9 @@ def test_the_ray_recipe_on_a_local_cluster(tmp_path):
                         num_test=64)
   words = recipe('podrun-ray --address=auto --num_processes=4 '
                  '--resources_per_process={"GPU": 8} --')
-  with ray_cluster.RayCluster(nodes=4) as cluster:
-    emulated = _emulated(words, {
-        '--address=auto': f'--address={cluster.address}',
-        '{"GPU": 8}': '{"host": 1}', '/shared': str(shared)})
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, '-m', 'launcher.ray', *emulated[1:],
-         '--local_devices=2', *SHORT], cwd=helpers.REPO,
-        env=helpers.launcher_env(**ray_cluster.ENV),
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-      result = helpers.finish(proc, 200, started)
-    finally:
-      helpers.kill_group(proc)
+  result = _podrun_ray(4, words, {'{"GPU": 8}': '{"host": 1}',
+                                  '/shared': str(shared)},
+                       '--local_devices=2', *SHORT)
   assert result.returncode == 0, result.output
   summary = helpers.read_json(shared / 'mnist' / 'summary.json')
   assert (summary['process_count'], summary['device_count']) == (4, 8)
