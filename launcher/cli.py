@@ -199,6 +199,15 @@ _MIN_PROCESSES = flags.DEFINE_integer(
     'Shrinks and growths do not use --max_restarts.')
 usage.declare(_MIN_PROCESSES, usage.RESTARTS,
               'elastic: go on with K or more after a lost one')
+_MIN_REPLICAS = flags.DEFINE_integer(
+    'min_replicas', None,
+    'Local pod, elastic: --min_processes counted in replicas. Each process '
+    'is a replica: with replicated state, and with config.state_layout='
+    '\'sharded\' under config.replica=\'process\', where a lost process '
+    'takes its replica whole and the others go on with every shard. Give '
+    'one of the two.')
+usage.declare(_MIN_REPLICAS, usage.RESTARTS,
+              'elastic: go on with K replicas or more (a process each)')
 _REGROW_AFTER = flags.DEFINE_float(
     'regrow_after', 60,
     'Local pod, elastic: seconds after a process is lost until it is back '
@@ -221,7 +230,7 @@ POD_FLAGS = ('local_processes', 'coordinator_address', 'num_processes',
              'process_id', 'coordinator_bind_address', 'workdir',
              'local_devices', 'dry_run', 'max_restarts', 'restart_backoff',
              'retry_exit_codes', 'preemption_grace', 'min_processes',
-             'regrow_after', 'tls', 'tls_dir', 'cluster')
+             'min_replicas', 'regrow_after', 'tls', 'tls_dir', 'cluster')
 
 
 def _fail(message: str) -> NoReturn:
@@ -379,18 +388,30 @@ def _make_pod(spec: local_pod.PodSpec, job_id: str,
 
 
 def _capacity(config: ConfigDict) -> Optional[elastic.Capacity]:
-  """The processes of an elastic local pod (--min_processes), or None."""
-  if _MIN_PROCESSES.value is None:
+  """The processes of an elastic local pod (--min_processes, or
+  --min_replicas, which counts the same processes), or None."""
+  given = [(f'--{holder.name}', holder.value)
+           for holder in (_MIN_PROCESSES, _MIN_REPLICAS)
+           if holder.value is not None]
+  if not given:
     return None
+  if len(given) > 1:
+    _fail('--min_processes and --min_replicas count the same processes '
+          'here: give one of them')
+  flag, minimum = given[0]
   fixed = (config.get('topology') or {}).get('num_processes')
   if fixed is not None:
     _fail(f'config.topology.num_processes={fixed} fixes the process count, '
-          f'and --min_processes={_MIN_PROCESSES.value} lets it change: '
-          'unset one of them')
+          f'and {flag}={minimum} lets it change: unset one of them')
+  replica = config.get('replica') or 'process'
+  if config.get('state_layout') == 'sharded' and replica != 'process':
+    _fail(f"{flag}={minimum} with config.state_layout='sharded' and "
+          f'config.replica={replica!r}: a replica of several processes is '
+          "lost with any of them; set config.replica='process' (each "
+          'process a replica)')
   try:
-    return elastic.Capacity(full=_LOCAL_PROCESSES.value,
-                            minimum=_MIN_PROCESSES.value,
-                            regrow_after_s=_REGROW_AFTER.value)
+    return elastic.Capacity(full=_LOCAL_PROCESSES.value, minimum=minimum,
+                            regrow_after_s=_REGROW_AFTER.value, flag=flag)
   except ValueError as e:
     _fail(str(e))
 
@@ -493,9 +514,10 @@ def _run_local_pod(config: ConfigDict, workdir: str) -> int:
 
 def _run_process(config: ConfigDict, workdir: str) -> int:
   """Without --local_processes: this process is one of the job's."""
-  if _MIN_PROCESSES.value is not None:
-    _fail('--min_processes needs --local_processes; a cluster\'s job '
-          'started on fewer processes resumes by itself (docs/elastic.md)')
+  for holder in (_MIN_PROCESSES, _MIN_REPLICAS):
+    if holder.value is not None:
+      _fail(f'--{holder.name} needs --local_processes; a cluster\'s job '
+            'started on fewer processes resumes by itself (docs/elastic.md)')
   if _RESTART['max_restarts'].value:
     _fail('--max_restarts needs --local_processes: on a cluster every host '
           'must restart together, which is the scheduler\'s job (for example '

@@ -277,3 +277,32 @@ def test_a_plain_value_for_one_of_podrun_s_sections_is_named(
   assert flag.returncode == 2
   assert ("config.profile is podrun's section of fields" in flag.stderr), (
       flag.stderr)
+
+
+def test_min_replicas_counts_processes_and_refuses_what_cannot_go_on(
+    tmp_path):
+  """--min_replicas is --min_processes in replicas: one of the two, a pod
+  of processes, and a replica that a lost process takes whole."""
+  base = [f'--config={LINEAR}', f'--workdir={tmp_path}', '--dry_run']
+  both = helpers.run_launcher([*base, '--local_processes=4',
+                               '--min_processes=3', '--min_replicas=3'])
+  assert both.returncode == 2
+  assert ('--min_processes and --min_replicas count the same processes '
+          'here: give one of them') in both.stderr, both.stderr
+  spanning = helpers.run_launcher(
+      [*base, '--local_processes=4', '--min_replicas=2',
+       '--config.state_layout=sharded', '--config.replica=all'])
+  assert spanning.returncode == 2
+  assert ("--min_replicas=2 with config.state_layout='sharded' and "
+          "config.replica='all': a replica of several processes is lost "
+          'with any of them') in spanning.stderr, spanning.stderr
+  too_many = helpers.run_launcher([*base, '--local_processes=4',
+                                   '--min_replicas=5'])
+  assert too_many.returncode == 2
+  assert '--min_replicas=5 with --local_processes=4' in too_many.stderr
+  alone = helpers.run_launcher([*base, '--min_replicas=2'])
+  assert alone.returncode == 2
+  assert '--min_replicas needs --local_processes' in alone.stderr
+  planned = helpers.run_launcher([*base, '--local_processes=4',
+                                  '--min_replicas=3'])
+  assert planned.returncode == 0, planned.output

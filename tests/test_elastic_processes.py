@@ -78,9 +78,10 @@ def straights(tmp_path_factory):
   return straight
 
 
-# The probe's arrays as they are, and as a grain MapDataset with a
-# random_map (tests/workloads/probe.py): both exact through a SIGKILL, a
-# shrink and a growth.
+# The probe's arrays as they are, as a grain MapDataset with a random_map
+# (tests/workloads/probe.py), and with sharded state, each process a
+# replica (its minimum said as --min_replicas): each exact through a
+# SIGKILL, a shrink and a growth.
 DATA = {'arrays': (), 'grain': ('--config.data.grain=True',),
         'sharded': ('--config.state_layout=sharded',
                     '--config.ballast_floats=4096')}
@@ -95,9 +96,10 @@ def test_a_lost_process_shrinks_the_pod_and_it_grows_back(tmp_path,
     pytest.importorskip('grain')
   straight = straights(DATA[data])
   workdir = tmp_path / 'elastic'
+  minimum = '--min_replicas=3' if data == 'sharded' else '--min_processes=3'
   result = helpers.run_launcher(
       [*PROBE, *DATA[data], f'--workdir={workdir}', '--local_processes=4',
-       '--local_devices=2', '--min_processes=3', '--regrow_after=3',
+       '--local_devices=2', minimum, '--regrow_after=3',
        '--max_restarts=0', '--config.fail_rank=3', '--config.fail_step=30',
        '--config.fail_mode=sigkill', '--config.fail_once=True'],
       timeout=360)

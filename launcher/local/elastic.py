@@ -66,6 +66,7 @@ class Capacity:
     current: the processes of the next attempt.
     returns: monotonic times at which lost processes come back.
     clock: now, as time.monotonic() tells it.
+    flag: the flag that set `minimum`, as the user wrote it.
   """
   full: int
   minimum: int
@@ -73,12 +74,13 @@ class Capacity:
   current: int = 0
   returns: list[float] = dataclasses.field(default_factory=list)
   clock: Callable[[], float] = time.monotonic
-  flag = '--min_processes'
+  # The flag that set `minimum`: --min_replicas counts the same processes.
+  flag: str = '--min_processes'
 
   def __post_init__(self):
     if not 1 <= self.minimum <= self.full:
       raise ValueError(
-          f'--min_processes={self.minimum} with --local_processes='
+          f'{self.flag}={self.minimum} with --local_processes='
           f'{self.full}: it must be from 1 to {self.full}')
     if self.regrow_after_s < 0:
       raise ValueError(f'--regrow_after={self.regrow_after_s:g}: it must be '
