@@ -58,6 +58,10 @@ def test_flags_and_the_launchers_after_the_separator():
       '--workdir=/w'], 'cannot be retried'),
     (['--num_processes=2', '--min_processes=3', '--', '--config=c',
       '--workdir=/w'], '--min_processes=3 with --num_processes=2: it must'),
+    (['--num_processes=2', '--min_replicas=3', '--', '--config=c',
+      '--workdir=/w'], '--min_replicas=3 with --num_processes=2: it must'),
+    (['--num_processes=4', '--min_processes=3', '--min_replicas=3', '--',
+      '--config=c', '--workdir=/w'], 'count the same processes'),
     (['--num_processes=2', '--', '--config=c', '--workdir=runs/a'],
      "--workdir=runs/a: a relative path would land in each node's own copy"),
     (['--num_processes=2', '--project_max_mb=0', '--', '--config=c',
@@ -139,6 +143,9 @@ def test_min_processes_makes_the_job_elastic():
   options = ray_main.parse(['--num_processes=4', '--min_processes=3', '--',
                             '--config=c', '--workdir=/w'])
   assert options.min_processes == 3
+  said_in_replicas = ray_main.parse(['--num_processes=4', '--min_replicas=3',
+                                     '--', '--config=c', '--workdir=/w'])
+  assert said_in_replicas.min_processes == 3
   assert elastic.Capacity(4, 3).elastic
   assert not elastic.Capacity(4, 4).elastic
 

@@ -62,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
                       help='an elastic job: go on at once without a node that '
                       'dies, on at least this many processes, and grow back '
                       'when Ray has a node for a bundle again')
+  parser.add_argument('--min_replicas', type=int, default=None,
+                      help='--min_processes counted in replicas, a process '
+                      "each (replicated state, or config.replica='process' "
+                      'with sharded state); give one of the two')
   parser.add_argument('--resources_per_process', type=_resources,
                       default={'CPU': 1.0},
                       help='one process\'s bundle, as JSON: {"GPU": 8}, '
@@ -95,9 +99,14 @@ def parse(argv: list[str]) -> options_lib.RayFlags:
   args = parser.parse_args(own)
   if args.num_processes < 1:
     parser.error(f'--num_processes={args.num_processes}: at least 1')
-  if args.min_processes is not None and not (
-      1 <= args.min_processes <= args.num_processes):
-    parser.error(f'--min_processes={args.min_processes} with --num_processes='
+  if args.min_processes is not None and args.min_replicas is not None:
+    parser.error('--min_processes and --min_replicas count the same '
+                 'processes: give one of them')
+  minimum, flag = ((args.min_replicas, '--min_replicas')
+                   if args.min_replicas is not None else
+                   (args.min_processes, '--min_processes'))
+  if minimum is not None and not 1 <= minimum <= args.num_processes:
+    parser.error(f'{flag}={minimum} with --num_processes='
                  f'{args.num_processes}: it must be from 1 to '
                  f'{args.num_processes}')
   if not launcher_args:
@@ -128,7 +137,7 @@ def parse(argv: list[str]) -> options_lib.RayFlags:
                              start_timeout_s=args.start_timeout,
                              stop_grace_s=args.stop_grace,
                              restarts=restarts,
-                             min_processes=args.min_processes,
+                             min_processes=minimum,
                              project_dir=args.project_dir,
                              project_max_mb=args.project_max_mb, env=env)
 
