@@ -171,6 +171,35 @@ def test_a_lost_process_shrinks_the_pod_and_it_grows_back(tmp_path,
     assert roll['capacity_goodput'] < roll['goodput']
 
 
+def test_a_sharded_job_goes_on_without_process_0(tmp_path, straights):
+  """About 40 s: the sharded case with process 0, the coordinator's host,
+  SIGKILLed at step 30: the job shrinks to 3 replicas (renumbered 0-2),
+  grows back to 4, and trains what the undisturbed run trains."""
+  straight = straights(DATA['sharded'])
+  workdir = tmp_path / 'elastic'
+  result = helpers.run_launcher(
+      [*PROBE, *DATA['sharded'], f'--workdir={workdir}',
+       '--local_processes=4', '--local_devices=2', '--min_replicas=3',
+       '--regrow_after=3', '--max_restarts=0', '--config.fail_rank=0',
+       '--config.fail_step=30', '--config.fail_mode=sigkill',
+       '--config.fail_once=True'], timeout=360)
+  assert result.returncode == 0, result.output
+  helpers.assert_no_survivors(workdir)
+  assert 'rank 0 lost (exit code 137): starting again at once on 3 of 4' in (
+      result.stderr), result.stderr
+  attempts = [a.to_json() for a in goodput.records.read_attempts(
+      workdir / 'logs' / 'attempts.jsonl')]
+  assert [(a['processes'], a['exit_code'], a.get('resize'))
+          for a in attempts] == [(4, 137, 'shrink'), (3, 75, 'grow'),
+                                 (4, 0, None)]
+  census.assert_exactly_once(helpers.final_state(workdir)['params'],
+                             helpers.final_state(straight)['params'],
+                             BATCH, EXAMPLES, STEPS)
+  helpers.assert_trees_close(helpers.final_state(workdir)['params'],
+                             helpers.final_state(straight)['params'],
+                             rtol=1e-5, atol=1e-6)
+
+
 def test_a_failure_at_the_same_step_each_time_ends_after_max_restarts(
     tmp_path):
   # Process 0 is SIGKILLed right after step 12 in every attempt, however
