@@ -52,7 +52,7 @@ import os
 import struct
 import threading
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, ContextManager, Iterator, Optional
 
 from runtime.common import exit_codes
 from runtime.common import files
@@ -127,30 +127,26 @@ class Ledger:
       self.parts[category] += max(0.0, seconds)
 
   @contextlib.contextmanager
-  def timing(self, category: str) -> Iterator[None]:
-    """A context manager that adds its duration to `category`, less what
-    other parts took meanwhile (a compilation the restore triggered), so
-    that a second is counted once."""
+  def _own_seconds(self, record: Callable[[float], None]) -> Iterator[None]:
+    """Hands `record` the block's seconds less what other parts took
+    meanwhile (a compilation it triggered), so that a second counts once."""
     parts_before = self._parts_total()
     started = time.perf_counter()
     try:
       yield
     finally:
       meanwhile = self._parts_total() - parts_before
-      self.add(category, max(0.0, time.perf_counter() - started - meanwhile))
+      record(max(0.0, time.perf_counter() - started - meanwhile))
 
-  @contextlib.contextmanager
-  def naming(self, name: str) -> Iterator[None]:
+  def timing(self, category: str) -> ContextManager[None]:
+    """A context manager that adds its duration to `category`, less what
+    other parts took meanwhile (a compilation the restore triggered)."""
+    return self._own_seconds(lambda seconds: self.add(category, seconds))
+
+  def naming(self, name: str) -> ContextManager[None]:
     """A context manager whose duration stays in 'other', named `name`
-    there (one of OTHER_NAMES): less what other parts took meanwhile (a
-    compilation it triggered), so that a second is named once."""
-    parts_before = self._parts_total()
-    started = time.perf_counter()
-    try:
-      yield
-    finally:
-      meanwhile = self._parts_total() - parts_before
-      self.name_other(name, time.perf_counter() - started - meanwhile)
+    there (one of OTHER_NAMES), less what other parts took meanwhile."""
+    return self._own_seconds(lambda seconds: self.name_other(name, seconds))
 
   def _parts_total(self) -> float:
     with self._lock:
