@@ -3,6 +3,7 @@
 process's check of its coordinator (launcher/process/credentials.py), against
 a TLS server of the test's own."""
 
+import itertools
 import os
 import re
 import socket
@@ -131,12 +132,15 @@ def test_a_process_joins_without_tls_only_when_told(tmp_path, monkeypatch):
 
 
 class _Server:
-  """One TLS (or plain, with `plain=True`) server on 127.0.0.1 that
-  presents `issued`'s certificate and answers one handshake."""
+  """A TLS server on 127.0.0.1 that presents `issued`'s certificate, or a
+  plain one (`plain=True`); with `plain_first=n`, plain for the first n
+  connections, as another program holding the port before the coordinator
+  takes it."""
 
-  def __init__(self, issued=None, plain=False):
+  def __init__(self, issued=None, plain=False, plain_first=0):
     self.socket = socket.create_server(('127.0.0.1', 0))
     self.port = self.socket.getsockname()[1]
+    self.plain_first = float('inf') if plain else plain_first
     self.context = None
     if not plain:
       self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -148,17 +152,22 @@ class _Server:
     self.thread.start()
 
   def _serve(self):
-    connection, _ = self.socket.accept()
-    with connection:
+    for served in itertools.count():
       try:
-        if self.context is None:
-          connection.recv(1024)
-          connection.sendall(b'HTTP/1.1 400 Bad Request\r\n\r\n')
-        else:
-          with self.context.wrap_socket(connection, server_side=True) as t:
-            t.recv(1)
-      except (OSError, ssl.SSLError):
-        pass
+        connection, _ = self.socket.accept()
+      except OSError:
+        return  # Closed.
+      with connection:
+        try:
+          if served < self.plain_first:
+            connection.recv(1024)
+            connection.sendall(b'HTTP/1.1 400 Bad Request\r\n\r\n')
+          else:
+            with self.context.wrap_socket(connection,
+                                          server_side=True) as t:
+              t.recv(1)
+        except (OSError, ssl.SSLError):
+          pass
 
   def __enter__(self):
     return self
@@ -195,6 +204,22 @@ def test_a_coordinator_of_another_attempt_or_job_or_without_tls_is_named(
   with _Server(theirs, plain=plain) as server:
     with pytest.raises(credentials.TlsError, match=error):
       credentials.check_coordinator('127.0.0.1', server.port, mine, 5)
+
+
+def test_a_program_holding_the_port_until_the_coordinator_takes_it(
+    tmp_path):
+  # Process 0 waits for its port while another program holds it: the
+  # others ask again instead of blaming the coordinator's TLS.
+  mine = _issued(tmp_path, 'ca', 'j-a2', 1)
+  with _Server(_issued(tmp_path, 'ca', 'j-a2', 0), plain_first=2) as server:
+    credentials.check_coordinator('127.0.0.1', server.port, mine, 5,
+                                  wait_s=10)
+  with _Server(plain=True) as server:
+    with pytest.raises(credentials.TlsError,
+                       match='or another program holds that port.*'
+                       'answered so for 1 s'):
+      credentials.check_coordinator('127.0.0.1', server.port, mine, 5,
+                                    wait_s=1)
 
 
 def test_nothing_listening_is_left_to_jax(tmp_path):

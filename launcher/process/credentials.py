@@ -12,6 +12,7 @@ import os
 import socket
 import ssl
 import tempfile
+import time
 from typing import Mapping, Optional
 
 from absl import logging
@@ -87,6 +88,12 @@ def _issued_dir(tls_dir: str, attempt: str, index: int) -> str:
   return tempfile.mkdtemp(prefix='podrun-credentials-')
 
 
+class _Foreign(TlsError):
+  """What answered at the coordinator's address is not a coordinator of this
+  job: it may be another program holding the port while process 0 waits for
+  it, so the handshake is tried again before this is raised."""
+
+
 def _peer_certificate(host: str, port: int, found: job_tls.Credentials,
                       timeout_s: float) -> Optional[bytes]:
   """The coordinator's certificate (DER) from a handshake that presents
@@ -101,30 +108,52 @@ def _peer_certificate(host: str, port: int, found: job_tls.Credentials,
       with context.wrap_socket(raw) as tls:
         return tls.getpeercert(binary_form=True)
   except ssl.SSLCertVerificationError as e:
-    raise TlsError(
+    raise _Foreign(
         f'the coordinator at {host}:{port} is not this job\'s: its '
         f'certificate is not signed by this job\'s authority ({e.reason}). '
         'Every process of a job needs the same --tls_dir; check that '
         '--coordinator_address names this job\'s process 0') from e
   except ssl.SSLError as e:
-    raise TlsError(
+    raise _Foreign(
         f'the coordinator at {host}:{port} does not speak TLS ({e.reason}): '
-        'its process runs with --tls=off or on a JAX older than 0.12. Every '
-        'process of a job needs the same --tls and --tls_dir') from e
+        'its process runs with --tls=off or on a JAX older than 0.12, or '
+        'another program holds that port. Every process of a job needs the '
+        'same --tls and --tls_dir') from e
   except OSError:
     return None
 
 
+def _answer(host: str, port: int, found: job_tls.Credentials,
+            timeout_s: float, wait_s: float) -> Optional[bytes]:
+  """`_peer_certificate`, tried again for up to `wait_s` seconds while what
+  answers is foreign: process 0 waits that long for its port to be let go
+  (`distributed.PORT_WAIT_S`), and until then another program answers."""
+  deadline = time.monotonic() + wait_s
+  warned = False
+  while True:
+    try:
+      return _peer_certificate(host, port, found, timeout_s)
+    except _Foreign as e:
+      if time.monotonic() >= deadline:
+        raise TlsError(f'{e}; it answered so for {wait_s:g} s') from e
+      if not warned:
+        logging.warning('%s; asking again for up to %g s, in case process 0 '
+                        'is still waiting for its port', e, wait_s)
+        warned = True
+    time.sleep(0.5)
+
+
 def check_coordinator(host: str, port: int, found: job_tls.Credentials,
-                      timeout_s: float) -> None:
+                      timeout_s: float, wait_s: float = 0.0) -> None:
   """Checks that the coordinator at HOST:PORT is this job's and this
   attempt's, before JAX's client, which aborts the process on a refused
-  handshake without saying why.
+  handshake without saying why. A listener that is no coordinator of this
+  job is asked again for `wait_s` seconds.
 
   Raises:
     TlsError: naming the coordinator's attempt and this process's.
   """
-  certificate = _peer_certificate(host, port, found, timeout_s)
+  certificate = _answer(host, port, found, timeout_s, wait_s)
   if certificate is None:
     return
   names = job_tls.uris(certificate)

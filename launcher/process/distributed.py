@@ -318,7 +318,11 @@ def _before_joining(options: CoordinatorFlags,
   if options.process_id != 0:
     _wait_for_coordinator(host, port, options.initialization_timeout)
     if found is not None:
-      credentials.check_coordinator(host, port, found, timeout_s=10)
+      # Process 0 waits this long for its port; a program holding it
+      # answers meanwhile.
+      port_wait = min(PORT_WAIT_S, options.initialization_timeout / 2)
+      credentials.check_coordinator(host, port, found, timeout_s=10,
+                                    wait_s=port_wait + 5)
     return options
   bind = options.coordinator_bind_address
   if not bind:
