@@ -43,17 +43,27 @@ class NonFiniteLossError(exit_codes.PodrunError, FloatingPointError):
 _copied = jax.jit(lambda tree: jax.tree_util.tree_map(jnp.copy, tree))
 
 
-def check_finite(step: int, metrics: dict[str, float]) -> None:
-  """Raises NonFiniteLossError naming `step` when its loss is NaN or inf,
+def first_non_finite(stacked: dict[str, np.ndarray]) -> Optional[int]:
+  """The index of the first of a call's steps whose loss is NaN or inf,
   but for a step the loss scale skipped (runtime/loss_scale.py), which
-  changed nothing."""
-  loss = metrics['loss']
-  if not np.isfinite(loss) and not metrics.get('loss_scale_skipped'):
-    raise NonFiniteLossError(
-        f'the loss is {loss} at step {step}; stopping (exit 1). Lower the '
-        'learning rate or check the data of that step; in float16, '
-        'Task(loss_scale=runtime.DynamicScale()) skips a step whose '
-        'gradients are not finite instead.')
+  changed nothing; None where every loss is finite.
+
+  Args:
+    stacked: {metric: (steps,) float64}, one call's.
+  """
+  bad = ~np.isfinite(stacked['loss'])
+  skipped = stacked.get('loss_scale_skipped')
+  if skipped is not None:
+    bad &= skipped == 0
+  return int(np.argmax(bad)) if bad.any() else None
+
+
+def non_finite_error(step: int, loss: float) -> NonFiniteLossError:
+  return NonFiniteLossError(
+      f'the loss is {loss} at step {step}; stopping (exit 1). Lower the '
+      'learning rate or check the data of that step; in float16, '
+      'Task(loss_scale=runtime.DynamicScale()) skips a step whose '
+      'gradients are not finite instead.')
 
 
 # The share of a device's memory a copy of the state may take it up to.
@@ -227,23 +237,34 @@ class Run:
       self._retire()
 
   def _retire(self) -> None:
+    """Takes in the oldest call's metrics. Its steps are handled as arrays,
+    not one by one: at hundreds of steps a call, a step's own Python on the
+    host would cost more than the device's step (issue 82)."""
     last_step, steps, pending = self._in_flight.popleft()
-    stacked = {k: np.reshape(v, (steps,))
+    stacked = {k: np.reshape(np.asarray(v, np.float64), (steps,))
                for k, v in self.parallelism.to_host(pending).items()}
-    now = time.perf_counter()
-    for i in range(steps):
-      done_step = last_step - steps + 1 + i
-      metrics = {k: float(v[i]) for k, v in stacked.items()}
-      check_finite(done_step, metrics)
-      self.last_metrics = metrics
-      self.clock.step_done(done_step)
-      self.window.add(metrics, now)
+    bad = first_non_finite(stacked) if 'loss' in stacked else None
+    if bad is not None:
+      # The steps before it are done and counted; it stops the run.
+      self._steps_done({k: v[:bad] for k, v in stacked.items()},
+                       last_step - steps + bad, bad)
+      raise non_finite_error(last_step - steps + 1 + bad,
+                             float(stacked['loss'][bad]))
+    self._steps_done(stacked, last_step, steps)
     # Once a call: its steps' mean interval is what the supervisor and the
     # cadences learn (one report a step would give all but one step 0 s).
     progress.report(last_step, self.process_index,
                     force=last_step == self.steps)
     for callback in self.on_retired:
       callback(last_step)
+
+  def _steps_done(self, stacked: dict[str, np.ndarray], last_step: int,
+                  steps: int) -> None:
+    if not steps:
+      return
+    self.last_metrics = {k: float(v[-1]) for k, v in stacked.items()}
+    self.clock.step_done(last_step, steps)
+    self.window.add(stacked, steps, time.perf_counter())
 
 
 def run_steps(run: Run, step_fn: Callable[[int], Callable],

@@ -13,6 +13,7 @@ import time
 from typing import Any, Optional
 
 from absl import logging
+import numpy as np
 
 from runtime.common import files
 from runtime.common import layout
@@ -135,15 +136,21 @@ class Window:
     if self.timing:
       self.input_wait_s += seconds
 
-  def add(self, metrics: dict[str, float], now: float) -> None:
-    self.steps += 1
-    for k, v in metrics.items():
-      self.sums[k] += v
+  def add(self, stacked: dict[str, np.ndarray], steps: int,
+          now: float) -> None:
+    """`steps` steps retired at `now`, with their metrics stacked
+    ({name: (steps,)})."""
+    self.steps += steps
+    for k, v in stacked.items():
+      total = self.sums[k]
+      for x in v.tolist():  # In step order, as the log's means always were.
+        total += x
+      self.sums[k] = total
     if self.timing:
       # Steps retired with the first (one call of several steps) are not
       # timed: their time is the first step's.
-      self.timed_steps += now > self.start
-    else:  # The run's first step: time from its end.
+      self.timed_steps += steps if now > self.start else 0
+    else:  # The run's first call: time from its end.
       self.timing, self.start = True, now
 
   def means(self) -> dict[str, float]:

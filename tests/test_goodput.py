@@ -251,6 +251,23 @@ def test_a_step_cut_short_is_named_when_the_clock_closes():
   assert ledger.clock is None
 
 
+def test_a_call_across_the_high_water_splits_its_time_by_steps():
+  # Steps 3-6 in one call, 1-4 trained before: two recomputed, two new.
+  ledger = goodput.Ledger()
+  clock = goodput.StepClock(ledger, steps_done_before=4)
+  clock.step_done(2)
+  time.sleep(0.08)
+  clock.step_done(6, steps=4)
+  assert clock.recomputed_steps == 3
+  # The call's 0.08 s in halves (step 2's share, before it, is ~0).
+  assert 0.035 < ledger.parts['productive'] < 1.0
+  assert ledger.parts['recomputed'] == pytest.approx(
+      ledger.parts['productive'], abs=0.01)
+  assert ledger.notes.first_productive.step == 5
+  assert ledger.notes.first_step.step == 2
+  assert ledger.notes.last_step == 6
+
+
 def test_a_final_record_inside_the_loop_names_the_step_under_way():
   """A process that ends from another thread (a peer's failure) writes its
   last ledger with the loop still running."""

@@ -97,6 +97,24 @@ def test_non_finite_loss_names_the_step(tmp_path):
     training.train(config, str(tmp_path), bad)
 
 
+def test_a_non_finite_loss_inside_a_call_names_its_step(tmp_path):
+  # Four steps a call: the call of steps 5-8 holds it; steps 1-6 count.
+  config = linear_regression_config.get_config()
+  config.steps, config.steps_per_dispatch, config.log_every = 12, 4, 4
+  task, _ = linear_regression.make_task(config)
+  # One example of step 7 (a call reads its four steps at once).
+  poisoned = data.steps_batch_ids(6, 1, config.global_batch_size,
+                                  len(task.data), config.seed,
+                                  config.data.shuffle)[0, 0]
+  arrays = {k: np.array(v) for k, v in task.data.arrays.items()}
+  arrays['y'][poisoned] = np.nan
+  bad = dataclasses.replace(task, data=data.ArraySource(**arrays))
+  with pytest.raises(training.NonFiniteLossError, match='nan at step 7;'):
+    training.train(config, str(tmp_path), bad)
+  with open(tmp_path / 'metrics.jsonl') as f:
+    assert [json.loads(line)['step'] for line in f] == [4]
+
+
 def test_a_batch_that_does_not_divide_equals_one_device(tmp_path):
   # 100 examples over 8 devices: 5 groups of 20 and 3 of padding, whose
   # zero rows would make the loss NaN if they reached it.

@@ -387,26 +387,31 @@ class StepClock:
     """A context manager that takes its duration out as `category`."""
     return _timed(lambda seconds: self.take(category, seconds))
 
-  def step_done(self, step: int) -> None:
+  def step_done(self, step: int, steps: int = 1) -> None:
+    """Steps `step - steps + 1` .. `step` completed (one call's): the loop's
+    time since the last call splits between 'recomputed' and 'productive'
+    by how many of them an earlier attempt had trained."""
     now = time.perf_counter()
     with self._lock:
       share = now - self._mark - self._taken
       self._mark, self._taken = now, 0.0
+    first = step - steps + 1
     if self._high_water is not None:
       self._high_water.write(step)
     if self.ledger.notes.first_step_wall is None:
       # Where the time to the first step went: a restart's phases.
       self.ledger.note(first_step_wall=time.time(),
-                       first_step=self._snapshot(step))
-    if step <= self.steps_done_before:
-      self.recomputed_steps += 1
-      self.ledger.add('recomputed', share)
+                       first_step=self._snapshot(first))
+    recomputed = max(0, min(step, self.steps_done_before) - first + 1)
+    if recomputed:
+      self.recomputed_steps += recomputed
+      self.ledger.add('recomputed', share * recomputed / steps)
       self.ledger.note(recomputed_steps=self.recomputed_steps)
-    else:
-      self.ledger.add('productive', share)
+    if recomputed < steps:
+      self.ledger.add('productive', share * (steps - recomputed) / steps)
       if self.ledger.notes.first_productive is None:
         # What recovery cost, as of the first step that is new work.
-        self.ledger.note(first_productive=self._snapshot(step))
+        self.ledger.note(first_productive=self._snapshot(first + recomputed))
     self.ledger.note(last_step=step)
     self.ledger.flush()
 
