@@ -157,3 +157,27 @@ def test_the_model_state_is_checked_with_the_parameters():
   assert integrity.outliers({(0, d): list(r) for d, r in enumerate(rows)},
                             paths) == [
       "rank 0 device 4: first differs at model_state['batch_stats']['mean']"]
+
+
+def test_a_check_between_saves_is_read_at_the_next_call(tmp_path):
+  """The sums of step 30 are compared once step 31's call is out (no save
+  at 30 to wait for them): the run stops there, naming step 30."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from configs import linear_regression as linear_regression_config  # pylint: disable=g-import-not-at-top
+  from runtime import hooks, training  # pylint: disable=g-import-not-at-top
+  from runtime.workloads import linear_regression  # pylint: disable=g-import-not-at-top
+  from tests.workloads import probe  # pylint: disable=g-import-not-at-top
+  config = linear_regression_config.get_config()
+  config.steps, config.integrity_every, config.checkpointing = 60, 10, False
+  task, _ = linear_regression.make_task(config)
+  seen = []
+  flip = hooks.Periodic(25, lambda run: probe.flip_bit(run, 25, 2))
+  count = hooks.Periodic(1, lambda run: seen.append(run.step))
+  with pytest.raises(integrity.DivergedError,
+                     match=r'diverged by step 30 \(they agreed at step 20\); '
+                     r'rank 0 device 2: first differs at'):
+    training.train(config, str(tmp_path),
+                   dataclasses.replace(task, hooks=(flip, count)))
+  # The task's hooks run after the check's: they saw step 30 (a check read
+  # at once would have stopped before), and not 31, whose hooks it stopped.
+  assert seen[-1] == 30
