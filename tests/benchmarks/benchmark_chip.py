@@ -179,8 +179,11 @@ def _clock(warm: int = WARM_STEPS, stop: int = 0):
   `warm` steps to the end of the last (`rate`), and to the end of the first
   call that reaches step `stop` (`last_rate`: the task's hooks run after
   the built-in ones, so the final step's includes the final save's wait).
-  Periodic with no period: it asks for no step of its own, so auto
-  steps_per_dispatch may choose any."""
+  `steady_rate` counts from the end of the first call of the run's last
+  size of call (auto's k, once it stops growing): without the compilations
+  of the sizes before, which a run pays once (and the compilation cache
+  saves the next). Periodic with no period: it asks for no step of its
+  own, so auto steps_per_dispatch may choose any."""
   from runtime import hooks  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
 
@@ -189,8 +192,15 @@ def _clock(warm: int = WARM_STEPS, stop: int = 0):
     def __init__(self):
       super().__init__(every=0)
       self.started = None
+      self.steady_started, self._seen, self._size = None, 0, 0
 
     def after_step(self, run):
+      size, self._seen = run.count - self._seen, run.count
+      if size != self._size and run.step < run.steps:
+        jax.block_until_ready(run.state)  # Rare: when the size changes.
+        self._size = size
+        self.steady_started, self.steady_count = (time.perf_counter(),
+                                                  run.count)
       if self.started is None and run.count >= min(warm, run.steps - 1):
         jax.block_until_ready(run.state)
         self.started, self.count = time.perf_counter(), run.count
@@ -204,8 +214,10 @@ def _clock(warm: int = WARM_STEPS, stop: int = 0):
       if error is not None:
         return
       jax.block_until_ready(run.state)
-      self.rate = ((run.count - self.count) /
-                   (time.perf_counter() - self.started))
+      now = time.perf_counter()
+      self.rate = (run.count - self.count) / (now - self.started)
+      self.steady_rate = ((run.count - self.steady_count) /
+                          (now - self.steady_started))
   return Clock()
 
 
@@ -224,7 +236,7 @@ def _podrun(config, task, parallelism: str, workdir: str,
   # a TPU reserves a loaded program's memory (three of the LM's do not fit).
   jax.clear_caches()
   gc.collect()
-  return clock.rate
+  return clock.rate, clock.steady_rate
 
 
 def _measure(name: str, config, task, rounds: int, scratch: str,
@@ -240,6 +252,8 @@ def _measure(name: str, config, task, rounds: int, scratch: str,
   device = jax.devices()[0]
   on_device = jax.device_put(batches[0], device)
   rates = {m: [] for m in methods}
+  # podrun's runs counted from their last size of call on (`_clock`).
+  steady, steady_rounds = {}, {}
   for r in range(rounds):
     order = methods[r % len(methods):] + methods[:r % len(methods)]
     for method in order:
@@ -265,12 +279,14 @@ def _measure(name: str, config, task, rounds: int, scratch: str,
         overrides = {'steps_per_dispatch': int(k)} if k else {}
         if data_on_device:
           overrides['data.on_device'] = True
-        rate = _podrun(config, task, parallelism,
-                       os.path.join(scratch, f'{name}_{method}_{r}'),
-                       **overrides)
+        rate, steady[method] = _podrun(
+            config, task, parallelism,
+            os.path.join(scratch, f'{name}_{method}_{r}'), **overrides)
+        steady_rounds.setdefault(method, []).append(steady[method])
       rates[method].append(rate)
-      partial({'rounds': rates})
+      partial({'rounds': rates, 'steady_rounds': steady_rounds})
   median = {m: statistics.median(v) for m, v in rates.items()}
+  steady = {m: statistics.median(v) for m, v in steady_rounds.items()}
   figures = flops.Figures(device.device_kind, jax.device_count(),
                           lambda: None, batch_size,
                           workload_flops_per_example=task.flops_per_example)
@@ -285,7 +301,10 @@ def _measure(name: str, config, task, rounds: int, scratch: str,
                          ('podrun_pmap', 'resident_scan'),
                          ('hand', 'resident_scan'))
             if a in median and b in median}
+  ratios.update({f'{m}_steady_vs_resident_scan': v / median['resident_scan']
+                 for m, v in steady.items() if 'resident_scan' in median})
   return {'steps_per_sec': median, 'rounds': rates, **ratios, 'mfu': mfu,
+          'steady_steps_per_sec': steady, 'steady_rounds': steady_rounds,
           'flops_per_step_per_device': per_step}
 
 
@@ -344,9 +363,9 @@ def _ablation(config, task, rounds: int, scratch: str) -> dict:
                                   lambda b: jax.device_put(b, device))
         jax.tree_util.tree_map(lambda x: x.delete(), state)
       else:
-        rate = _podrun(config, task, 'pmap',
-                       os.path.join(scratch, f'ablate_{name}_{r}'),
-                       **ABLATIONS[name])
+        rate, _ = _podrun(config, task, 'pmap',
+                          os.path.join(scratch, f'ablate_{name}_{r}'),
+                          **ABLATIONS[name])
       rates[name].append(rate)
   median = {n: statistics.median(v) for n, v in rates.items()}
   spent = _host_parts()
