@@ -12,4 +12,6 @@ from runtime.config_base import get_config  # pylint: disable=unused-import
 warnings.warn(
     '`from configs import base` is deprecated: write `from runtime import '
     'config_base` and `config_base.get_config()`; podrun\'s `configs` name '
-    'may be the project\'s own', FutureWarning, stacklevel=2)
+    'may be the project\'s own',
+    FutureWarning,
+    stacklevel=2)

@@ -137,8 +137,8 @@ class Agent:
     capacity = self.job.capacity
     ready = (capacity.ready(time.monotonic())
              if capacity is not None and number > 1 else elastic.Ready(True))
-    return self.job.start(Start(
-        number, ready, self.grow_due if capacity is not None else _never))
+    return self.job.start(
+        Start(number, ready, self.grow_due if capacity is not None else _never))
 
   def run(self) -> int:
     """Runs attempts until one ends for good; returns its exit code, after
@@ -172,8 +172,9 @@ class Agent:
       kind = restart.kind_of(code, job.restarts.retryable)
       newly_productive = self._high_water.advanced_by(end)
       resized, bounded = self._resize_after(end, kind, newly_productive)
-      records.append_attempt(job.logs_dir, _record(
-          number, end, kind, launcher_started, started, resized))
+      records.append_attempt(
+          job.logs_dir,
+          _record(number, end, kind, launcher_started, started, resized))
       if bounded:
         break
       if resized:
@@ -194,9 +195,9 @@ class Agent:
       job.say(f'job ended with exit code {code} after {tally.describe()}')
     return code
 
-  def _resize_after(self, end: attempts.AttemptEnd, kind: str,
-                    newly_productive: bool
-                    ) -> tuple[Optional[elastic.Resize], bool]:
+  def _resize_after(
+      self, end: attempts.AttemptEnd, kind: str,
+      newly_productive: bool) -> tuple[Optional[elastic.Resize], bool]:
     """(the resize the next attempt starts with, or None for the usual
     rules; whether the job ends here, a resize having no restart left)."""
     resize = self.job.resize
@@ -205,8 +206,8 @@ class Agent:
     resized = resize(end)
     # A stop to grow is the launcher's own doing; a loss after an attempt
     # that trained nothing new may be the same failure again.
-    if (resized and resized.kind != elastic.GROW and not newly_productive
-        and not self._resize_counted(resized.kind, end.code)):
+    if (resized and resized.kind != elastic.GROW and not newly_productive and
+        not self._resize_counted(resized.kind, end.code)):
       return None, True
     return resized, False
 
@@ -217,8 +218,8 @@ class Agent:
     left."""
     tally, most = self.tally, self.job.restarts.max_restarts
     step = self._high_water.step
-    reached = ('no step' if step is None else
-               f'no step past {step}, reached before')
+    reached = ('no step'
+               if step is None else f'no step past {step}, reached before')
     if tally.restarts >= most:
       self.job.say(f'not starting again ({what}) after exit code {code}: the '
                    f'attempt trained {reached}, and --max_restarts={most} is '
@@ -268,13 +269,18 @@ def _record(number: int, end: attempts.AttemptEnd, kind: str,
             launcher_started: float, started: float,
             resized: Optional[elastic.Resize]) -> records.LauncherAttempt:
   """attempts.jsonl's line for an attempt that just ended."""
-  return records.LauncherAttempt(
-      attempt=number, exit_code=end.code, kind=kind, name=end.name,
-      launcher_started=launcher_started, started=started, ended=time.time(),
-      launcher_signalled=end.launcher_signalled,
-      fault=end.fault, infrastructure=end.infrastructure,
-      resize=resized.kind.value if resized else None,
-      processes=end.processes)
+  return records.LauncherAttempt(attempt=number,
+                                 exit_code=end.code,
+                                 kind=kind,
+                                 name=end.name,
+                                 launcher_started=launcher_started,
+                                 started=started,
+                                 ended=time.time(),
+                                 launcher_signalled=end.launcher_signalled,
+                                 fault=end.fault,
+                                 infrastructure=end.infrastructure,
+                                 resize=resized.kind.value if resized else None,
+                                 processes=end.processes)
 
 
 def _sleep_unless_signalled(seconds: float) -> Optional[int]:

@@ -24,9 +24,9 @@ _SECTIONS = {
     'topology': 'set config.topology.accelerator_type, num_processes or '
                 'local_devices',
 }
-_CLASH = re.compile(r"Could not override field '(\w+)'.*cannot be casted to "
-                    r"type .*ConfigDict|--config\.(\w+)=.*as a ConfigDict",
-                    re.S)
+_CLASH = re.compile(
+    r"Could not override field '(\w+)'.*cannot be casted to "
+    r"type .*ConfigDict|--config\.(\w+)=.*as a ConfigDict", re.S)
 
 
 def section_clash(text: str) -> str:

@@ -25,9 +25,9 @@ from runtime.common import records
 
 class Kind(enum.StrEnum):
   """How the next attempt differs, as attempts.jsonl records it."""
-  SHRINK = 'shrink'   # on the units left, at once
-  GROW = 'grow'       # lost units are back
-  WAIT = 'wait'       # too few left: wait until enough are back
+  SHRINK = 'shrink'  # on the units left, at once
+  GROW = 'grow'  # lost units are back
+  WAIT = 'wait'  # too few left: wait until enough are back
 
 
 SHRINK, GROW, WAIT = Kind.SHRINK, Kind.GROW, Kind.WAIT

@@ -32,25 +32,32 @@ from runtime.common import layout
 from launcher.common import time_to_recover
 
 PARTS = goodput.PROCESS_PARTS + goodput.JOB_PARTS
-_SHORT = {'distributed_init': 'dist_init', 'checkpoint_restore': 'restore',
-          'checkpoint_blocking': 'ckpt_block', 'preemption_save': 'preempt',
-          'launch_overhead': 'launch', 'restart_backoff': 'backoff',
-          'input_wait': 'input', 'evaluation': 'eval',
-          'recomputed': 'recomputed', 'unrecorded': 'unrecorded',
-          'infrastructure_recovery': 'infra'}
+_SHORT = {
+    'distributed_init': 'dist_init',
+    'checkpoint_restore': 'restore',
+    'checkpoint_blocking': 'ckpt_block',
+    'preemption_save': 'preempt',
+    'launch_overhead': 'launch',
+    'restart_backoff': 'backoff',
+    'input_wait': 'input',
+    'evaluation': 'eval',
+    'recomputed': 'recomputed',
+    'unrecorded': 'unrecorded',
+    'infrastructure_recovery': 'infra'
+}
 
 
 def table(rows: list[tuple[str, dict[str, float]]], first: str) -> str:
   """Fixed-width text: one row per (label, parts), a column per category."""
   names = [_SHORT.get(p, p) for p in PARTS]
   widths = [max(len(n), 8) for n in names]
-  head = f'{first:<14}' + ''.join(f'{n:>{w + 1}}' for n, w in zip(names,
-                                                                   widths))
+  head = f'{first:<14}' + ''.join(
+      f'{n:>{w + 1}}' for n, w in zip(names, widths))
   lines = [head + f'{"total":>9}']
   for label, parts in rows:
     values = [parts.get(p, 0.0) for p in PARTS]
-    lines.append(f'{label:<14}' + ''.join(
-        f'{v:>{w + 1}.2f}' for v, w in zip(values, widths)) +
+    lines.append(f'{label:<14}' +
+                 ''.join(f'{v:>{w + 1}.2f}' for v, w in zip(values, widths)) +
                  f'{sum(values):>9.2f}')
   return '\n'.join(lines)
 
@@ -59,11 +66,13 @@ def capacity_line(result: dict) -> str:
   """The job at reduced size: how long, and the goodput by device-seconds."""
   if result.get('capacity_goodput') is None:
     return 'capacity-weighted goodput: no attempt noted its devices'
+
   def devices(attempt: dict):
     notes = attempt['notes'] or {}
     return (notes.get('topology') or {}).get('num_devices', '?')
-  sizes = ', '.join(f'a{a["attempt"]}: {devices(a)}'
-                    for a in result['attempts'])
+
+  sizes = ', '.join(
+      f'a{a["attempt"]}: {devices(a)}' for a in result['attempts'])
   return (f'capacity-weighted goodput {result["capacity_goodput"]:.3f} '
           f'(productive device-seconds / {result["full_devices"]} devices x '
           f'the wall time); {result["reduced_size_s"]:.2f} s at reduced size; '
@@ -78,22 +87,23 @@ def recovery_table(attempts: list[dict]) -> str:
     return ''
   phases = time_to_recover.PHASES
   names = [_SHORT.get(p, p) for p in phases]
-  lines = [f'{"attempt":<10}' + ''.join(f'{n:>11}' for n in names) +
-           f'{"total":>9}  restored from']
+  lines = [
+      f'{"attempt":<10}' + ''.join(f'{n:>11}' for n in names) +
+      f'{"total":>9}  restored from'
+  ]
   for a in rows:
     r = a['recovery']
-    lines.append(
-        f'{a["attempt"]:<10}' +
-        ''.join(f'{r["phases"][p]:>11.2f}' for p in phases) +
-        f'{r["total_s"]:>9.2f}  {r["restore_tier"]} step '
-        f'{r["restore_step"]}, {r["recomputed_steps"]} step(s) again')
+    lines.append(f'{a["attempt"]:<10}' +
+                 ''.join(f'{r["phases"][p]:>11.2f}' for p in phases) +
+                 f'{r["total_s"]:>9.2f}  {r["restore_tier"]} step '
+                 f'{r["restore_step"]}, {r["recomputed_steps"]} step(s) again')
   for a in rows:
     named = a['recovery'].get('other_named') or {}
     if named:
       lines.append(f'{a["attempt"]:<10}of other, named by its first new '
                    'step: ' + ', '.join(
-                       f'{k} {v:.2f}' for k, v in sorted(
-                           named.items(), key=lambda kv: -kv[1])
+                       f'{k} {v:.2f}'
+                       for k, v in sorted(named.items(), key=lambda kv: -kv[1])
                        if v >= 0.005))
   return '\n'.join(lines)
 
@@ -104,9 +114,10 @@ def other_said(attempt: dict) -> str:
   unnamed 0.39'."""
   other = attempt['parts'].get('other', 0.0)
   named = attempt.get('other_named') or {}
-  pieces = [f'{k} {v:.2f}' for k, v in sorted(named.items(),
-                                                key=lambda kv: -kv[1])
-            if v >= 0.005]
+  pieces = [
+      f'{k} {v:.2f}' for k, v in sorted(named.items(), key=lambda kv: -kv[1])
+      if v >= 0.005
+  ]
   pieces.append(f'unnamed {max(0.0, other - sum(named.values())):.2f}')
   return f'other {other:.2f} s: ' + ', '.join(pieces)
 
@@ -131,9 +142,9 @@ def interval_advice(workdir: str) -> str:
     return ''
   failures, seconds = goodput.failures_in(record.ledgers())
   mtbf, source = ((seconds / failures,
-                   f'{failures} hard failure(s) in {seconds:.0f} s') if
-                  failures else (copy_interval.DEFAULT_MTBF_S,
-                                 'no hard failure yet: the default'))
+                   f'{failures} hard failure(s) in {seconds:.0f} s')
+                  if failures else (copy_interval.DEFAULT_MTBF_S,
+                                    'no hard failure yet: the default'))
   restore = sum(restores) / len(restores) if restores else 0.0
   chosen = copy_interval.interval(blocking, restore, mtbf, source)
   return (f'local copies: every {chosen.seconds:.1f} s of training '
@@ -146,9 +157,10 @@ def plot(result: dict, out: str) -> None:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   attempts = result['attempts']
-  labels = [f'{a["attempt"]}\n(exit {a["exit_code"]})'
-            if a['exit_code'] is not None else str(a['attempt'])
-            for a in attempts]
+  labels = [
+      f'{a["attempt"]}\n(exit {a["exit_code"]})'
+      if a['exit_code'] is not None else str(a['attempt']) for a in attempts
+  ]
   fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(attempts) + 3), 5))
   bottom = [0.0] * len(attempts)
   colours = plt.get_cmap('tab20').colors
@@ -172,9 +184,13 @@ def plot(result: dict, out: str) -> None:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser()
   parser.add_argument('workdir')
-  parser.add_argument('--out', default='', help='PNG; default '
+  parser.add_argument('--out',
+                      default='',
+                      help='PNG; default '
                       'WORKDIR/goodput.png')
-  parser.add_argument('--attempts', default='', help="the launcher's "
+  parser.add_argument('--attempts',
+                      default='',
+                      help="the launcher's "
                       'attempts.jsonl; default WORKDIR/logs/attempts.jsonl')
   args = parser.parse_args(argv)
   workdir = args.workdir
@@ -191,9 +207,9 @@ def main(argv=None) -> int:
         f'{result["between_commands_s"]:.2f} s between commands, outside '
         'the wall time')
   print(capacity_line(result) + '\n')
-  print(table([(f'attempt {a["attempt"]}', a['parts'])
-               for a in result['attempts']] + [('job', result['parts'])],
-              'seconds'))
+  print(
+      table([(f'attempt {a["attempt"]}', a['parts']) for a in result['attempts']
+            ] + [('job', result['parts'])], 'seconds'))
   for a in result['attempts']:
     print(f'attempt {a["attempt"]}: {other_said(a)}')
   print('\nper process (each process\'s own ledger):')

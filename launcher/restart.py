@@ -34,8 +34,8 @@ def check_retryable(codes: Iterable[int]) -> tuple[int, ...]:
   codes = tuple(sorted(set(int(c) for c in codes)))
   refused = [c for c in codes if c in exit_codes.NEVER_RETRIED]
   if refused:
-    never = '; '.join(f'{int(c)}: {c.meaning}'
-                      for c in exit_codes.NEVER_RETRIED)
+    never = '; '.join(
+        f'{int(c)}: {c.meaning}' for c in exit_codes.NEVER_RETRIED)
     raise ValueError(
         f'exit code(s) {refused} cannot be retried, since a run that ended '
         f'so would end the same way again ({never})')
@@ -66,9 +66,8 @@ class RestartPolicy:
 
   def __post_init__(self):
     if self.max_restarts < 0 or self.first_backoff_s < 0:
-      raise ValueError(
-          f'--max_restarts={self.max_restarts}, --restart_backoff='
-          f'{self.first_backoff_s:g}: neither may be negative')
+      raise ValueError(f'--max_restarts={self.max_restarts}, --restart_backoff='
+                       f'{self.first_backoff_s:g}: neither may be negative')
     object.__setattr__(self, 'retryable', check_retryable(self.retryable))
 
 
@@ -119,15 +118,17 @@ def backoff_s(first: float, restart_number: int) -> float:
   """
   if restart_number <= 1:
     return 0.0
-  return min(first * 2 ** (restart_number - 2), MAX_BACKOFF_S)
+  return min(first * 2**(restart_number - 2), MAX_BACKOFF_S)
 
 
 def console_say(message: str) -> None:
   print(f'[launcher] {message}', file=sys.stderr, flush=True)
 
 
-def wait_before_restart(end: attempts.AttemptEnd, kind: str,
-                        restarts: RestartPolicy, tally: Tally,
+def wait_before_restart(end: attempts.AttemptEnd,
+                        kind: str,
+                        restarts: RestartPolicy,
+                        tally: Tally,
                         say: Callable[[str], None],
                         newly_productive: bool = True) -> Optional[float]:
   """The back-off before the next attempt, counted in `tally`; None when
@@ -151,8 +152,8 @@ def wait_before_restart(end: attempts.AttemptEnd, kind: str,
   progressed = end.progressed and newly_productive
   tally.unproductive = 0 if progressed else tally.unproductive + 1
   wait = backoff_s(restarts.first_backoff_s, tally.unproductive + 1)
-  what = ('a preemption' if kind == 'preempted'
-          else f'retryable exit code {end.code}')
+  what = ('a preemption'
+          if kind == 'preempted' else f'retryable exit code {end.code}')
   say(f'restart {tally.restarts}/{max_restarts} after {what} in {wait:g} '
       f's; so far {tally.preemptions} preemption(s) and {tally.failures} '
       'retryable failure(s)')

@@ -33,21 +33,30 @@ _NAMES = ', '.join(f'--{name}' for name, *_ in FLAGS)
 def add_to(parser: Any) -> None:
   """Adds the flags to an argparse parser or argument group."""
   for name, kind, default, text in FLAGS:
-    parser.add_argument(f'--{name}', type=kind, default=default, help=text,
-                        **({'metavar': 'C,...'} if kind is str else {}))
+    parser.add_argument(f'--{name}',
+                        type=kind,
+                        default=default,
+                        help=text,
+                        **({
+                            'metavar': 'C,...'
+                        } if kind is str else {}))
 
 
-def define_absl(flags_module: Any, module_name: str, scope: str = ''
-                ) -> dict[str, Any]:
+def define_absl(flags_module: Any,
+                module_name: str,
+                scope: str = '') -> dict[str, Any]:
   """Defines the flags with absl (`flags_module` is absl.flags) as
   `module_name`'s, their help prefixed by `scope`; returns
   {name: FlagHolder}."""
-  define = {int: flags_module.DEFINE_integer,
-            float: flags_module.DEFINE_float,
-            str: flags_module.DEFINE_string}
-  return {name: define[kind](name, default, scope + text,
-                             module_name=module_name)
-          for name, kind, default, text in FLAGS}
+  define = {
+      int: flags_module.DEFINE_integer,
+      float: flags_module.DEFINE_float,
+      str: flags_module.DEFINE_string
+  }
+  return {
+      name: define[kind](name, default, scope + text, module_name=module_name)
+      for name, kind, default, text in FLAGS
+  }
 
 
 def parse_codes(text: str) -> tuple[int, ...]:
@@ -67,9 +76,12 @@ def parse_codes(text: str) -> tuple[int, ...]:
   return tuple(codes)
 
 
-def policy_of(max_restarts: int, restart_backoff: float,
-                   retry_exit_codes: str, more_codes: Iterable[int] = (),
-                   ) -> restart.RestartPolicy:
+def policy_of(
+    max_restarts: int,
+    restart_backoff: float,
+    retry_exit_codes: str,
+    more_codes: Iterable[int] = (),
+) -> restart.RestartPolicy:
   """The flags' `RestartPolicy`, with `more_codes` retried too (a config's
   own).
 

@@ -19,4 +19,3 @@ def handled(signums: Iterable[int], handler: Callable) -> Iterator[None]:
   finally:
     for signum, old in previous.items():
       signal.signal(signum, old)
-

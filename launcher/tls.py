@@ -66,7 +66,10 @@ class PodAuthority:
       without TLS (then `process_args` says so to every process).
   """
 
-  def __init__(self, mode: str, job: str, say=None,
+  def __init__(self,
+               mode: str,
+               job: str,
+               say=None,
                version: Optional[str] = None):
     version = jax_version() if version is None else version
     check_required(mode, version)
@@ -109,9 +112,11 @@ def _parser() -> argparse.ArgumentParser:
       'certificate at its start. Put DIR where only the job\'s user reads, '
       'on a path every host of the job sees.')
   parser.add_argument('directory', metavar='DIR')
-  parser.add_argument('--job', default='',
+  parser.add_argument('--job',
+                      default='',
                       help='a name for the authority (default: a random id)')
-  parser.add_argument('--force', action='store_true',
+  parser.add_argument('--force',
+                      action='store_true',
                       help='replace an authority already in DIR')
   return parser
 
@@ -119,9 +124,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   if job_tls.has_authority(args.directory) and not args.force:
-    print(f'podrun-tls: {args.directory} already holds an authority; '
-          '--force replaces it (running jobs that use it then fail to '
-          'restart)', file=sys.stderr)
+    print(
+        f'podrun-tls: {args.directory} already holds an authority; '
+        '--force replaces it (running jobs that use it then fail to '
+        'restart)',
+        file=sys.stderr)
     return exit_codes.CONFIG_ERROR
   job_tls.make_authority(args.directory, args.job or uuid.uuid4().hex[:12])
   print(f'podrun-tls: made an authority in {args.directory}; pass '

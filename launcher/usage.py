@@ -42,8 +42,10 @@ def declare(holder: flags.FlagHolder, group: str, summary: str) -> None:
 
 def groups() -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
   """((group, ((flag name, one line), ...)), ...) in --help's order."""
-  return tuple((title, tuple((name, summary) for name, (group, summary)
-                             in _DECLARED.items() if group == title))
+  return tuple((title,
+                tuple((name, summary)
+                      for name, (group, summary) in _DECLARED.items()
+                      if group == title))
                for title in TITLES)
 
 

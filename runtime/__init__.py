@@ -45,23 +45,36 @@ import warnings
 from runtime.common import deprecations
 
 __all__ = [
-    'ArraySource', 'CheckpointError', 'ConfigError', 'DynamicScale',
+    'ArraySource',
+    'CheckpointError',
+    'ConfigError',
+    'DynamicScale',
     'PodrunError',
-    'Preempted', 'Task', 'TrainResult',
-    'dropout', 'evaluate', 'fingerprint', 'hooks', 'parallelism',
-    'per_example', 'progress', 'train',
+    'Preempted',
+    'Task',
+    'TrainResult',
+    'dropout',
+    'evaluate',
+    'fingerprint',
+    'hooks',
+    'parallelism',
+    'per_example',
+    'progress',
+    'train',
 ]
 
 # Python hides a DeprecationWarning raised outside __main__, so a workload's
 # author would never see that a name of ours goes in 0.3.0:
 # show ours, once per place that uses an old name.
-warnings.filterwarnings('default', category=DeprecationWarning,
+warnings.filterwarnings('default',
+                        category=DeprecationWarning,
                         message=r'(?s).*' + deprecations.ENDING)
 
 # name -> (module, attribute); attribute None: the module itself.
 _EXPORTS = {
     'ArraySource': ('runtime.data', 'ArraySource'),
-    'CheckpointError': ('runtime.checkpoints.checkpoint_meta', 'CheckpointError'),
+    'CheckpointError':
+        ('runtime.checkpoints.checkpoint_meta', 'CheckpointError'),
     'ConfigError': ('runtime.common.exit_codes', 'ConfigError'),
     'DynamicScale': ('runtime.loss_scale', 'DynamicScale'),
     'PodrunError': ('runtime.common.exit_codes', 'PodrunError'),
@@ -77,7 +90,6 @@ _EXPORTS = {
     'progress': ('runtime.progress', None),
     'train': ('runtime.training', 'train'),
 }
-
 
 # `runtime.train` and `runtime.evaluate` were modules until the functions took
 # their names; `train.Task` and `evaluate.evaluate` keep working one release.
@@ -102,8 +114,10 @@ class _FunctionThatWasAModule:
     if attribute.startswith('__'):
       raise AttributeError(attribute)
     value = getattr(importlib.import_module(self._module_name), attribute)
-    deprecations.warn('runtime.MODULE.NAME', old=self._old,
-                      attribute=attribute, module=self._module_name)
+    deprecations.warn('runtime.MODULE.NAME',
+                      old=self._old,
+                      attribute=attribute,
+                      module=self._module_name)
     return value
 
 

@@ -63,10 +63,13 @@ class DisagreementError(exit_codes.PodrunError):
 
 def config_fields(config: ConfigDict) -> dict[str, str]:
   """{'config.a.b': value as JSON} for every field, less PER_PROCESS_CONFIG."""
-  values = {k: v for k, v in config.to_dict().items()
-            if k not in PER_PROCESS_CONFIG}
-  return {field: json.dumps(value, sort_keys=True, default=repr)
-          for field, value in mappings.flatten(values, 'config').items()}
+  values = {
+      k: v for k, v in config.to_dict().items() if k not in PER_PROCESS_CONFIG
+  }
+  return {
+      field: json.dumps(value, sort_keys=True, default=repr)
+      for field, value in mappings.flatten(values, 'config').items()
+  }
 
 
 def code_hash(root: str = _REPO, packages=CODE_PACKAGES) -> str:
@@ -151,14 +154,16 @@ def differences(digests: Mapping[int, Mapping[str, str]]) -> list[str]:
       by_value.setdefault(value, []).append(process_index)
     if len(by_value) > 1:
       sides = sorted(by_value.items(), key=lambda item: item[1][0])
-      lines.append(f'{field}: ' + ', '.join(
-          f'{_ranks(indices)} {value or "(unset)"}'
-          for value, indices in sides))
+      lines.append(f'{field}: ' +
+                   ', '.join(f'{_ranks(indices)} {value or "(unset)"}'
+                             for value, indices in sides))
   return lines
 
 
-def agree(client: Optional[coordination.Client], fields: Mapping[str, str],
-          stage: str, timeout_s: Optional[float] = None) -> None:
+def agree(client: Optional[coordination.Client],
+          fields: Mapping[str, str],
+          stage: str,
+          timeout_s: Optional[float] = None) -> None:
   """Publishes this process's fields; process 0 compares every process's.
 
   Args:
@@ -174,9 +179,9 @@ def agree(client: Optional[coordination.Client], fields: Mapping[str, str],
   if client is None or client.process_count == 1:
     return
   key = f'{_KEY}/{stage}'
-  verdict = client.decide_on_0(
-      key, json.dumps(dict(fields)),
-      lambda published: _verdict(stage, published), timeout_s)
+  verdict = client.decide_on_0(key, json.dumps(dict(fields)),
+                               lambda published: _verdict(stage, published),
+                               timeout_s)
   if verdict != 'ok':
     raise DisagreementError(verdict)
 
@@ -186,8 +191,9 @@ def _verdict(stage: str, published: Mapping[int, str]) -> str:
   digests = {i: json.loads(text) for i, text in published.items()}
   lines = differences(digests)
   if not lines:
-    logging.info('agreement (%s): the %d processes run the same thing (%d '
-                 'field(s) compared)', stage, len(digests), len(digests[0]))
+    logging.info(
+        'agreement (%s): the %d processes run the same thing (%d '
+        'field(s) compared)', stage, len(digests), len(digests[0]))
     return 'ok'
   return (f'processes differ: the {len(digests)} processes of this job do '
           f'not run the same thing ({len(lines)} difference(s)); nothing was '
@@ -213,10 +219,12 @@ def check_program_on_first_call(step_fn: Callable,
     if not agreed:
       started = time.perf_counter()
       text = step_fn.lower(*args).as_text(debug_info=False)
-      agree(client, {'program.train_step': hashlib.sha256(
-          text.encode()).hexdigest()[:16]}, stage)
+      agree(client, {
+          'program.train_step': hashlib.sha256(text.encode()).hexdigest()[:16]
+      }, stage)
       agreed.append(time.perf_counter() - started)
       logging.info('the step program, lowered and compared in %.2f s',
                    agreed[0])
     return step_fn(*args)
+
   return call

@@ -55,8 +55,10 @@ def loss_mixing(loss_fn: step_lib.LossFn, rng: Optional[str],
                 axis: Any, num_devices: int) -> Mixing:
   """The `Mixing` of a task's loss: its jaxpr on a group of `rows` examples
   shaped as `data`'s, traced once per group size and only when asked."""
+
   def struct(x):
     return jax.ShapeDtypeStruct(np.shape(x), np.result_type(x))
+
   state = jax.tree_util.tree_map(struct, state)
   found: dict[int, tuple[str, ...]] = {}
 
@@ -64,11 +66,13 @@ def loss_mixing(loss_fn: step_lib.LossFn, rng: Optional[str],
     if rows not in found:
       example = data_lib.first_example(data)
       group = jax.tree_util.tree_map(
-          lambda x: jax.ShapeDtypeStruct((rows,) + np.shape(x)[1:],
-                                         np.result_type(x)), example)
-      found[rows] = step_lib.loss_collectives(
-          loss_fn, state, group, rng, has_model_state, axis, num_devices)
+          lambda x: jax.ShapeDtypeStruct(
+              (rows,) + np.shape(x)[1:], np.result_type(x)), example)
+      found[rows] = step_lib.loss_collectives(loss_fn, state, group, rng,
+                                              has_model_state, axis,
+                                              num_devices)
     return found[rows]
+
   return mixing
 
 
@@ -89,8 +93,8 @@ def _refusal(padded: microbatches.Layout, names: tuple[str, ...], axis: Any,
                  f'groups fill the {d} devices')
   batches = microbatches.batches_without_padding(g, d)
   if batches != (g,):
-    fixes.append('set config.global_batch_size to ' + ' or '.join(
-        map(str, batches)) + f' (multiples of {d})')
+    fixes.append('set config.global_batch_size to ' +
+                 ' or '.join(map(str, batches)) + f' (multiples of {d})')
     counts = _near_divisors(g, d)
     if counts:
       fixes.append('run on ' + ' or '.join(map(str, counts)) +
@@ -103,8 +107,8 @@ def _refusal(padded: microbatches.Layout, names: tuple[str, ...], axis: Any,
           f'{padded.describe()}, but loss_fn takes a collective over the '
           f'axis {axis!r} ({", ".join(names)}: a cross-device BatchNorm, or '
           'a lax.pmean in the model), which every padding row would enter, '
-          'changing the loss and the model state. To train without padding, '
-          + '; or '.join(fixes) + '.')
+          'changing the loss and the model state. To train without padding, ' +
+          '; or '.join(fixes) + '.')
 
 
 def _layout_for(global_batch_size: int, num_devices: int, limits: Limits,
@@ -128,18 +132,22 @@ def _layout_for(global_batch_size: int, num_devices: int, limits: Limits,
       limits.microbatches)
   if fixed is None:
     raise PaddingError(_refusal(chosen, names, axis, limits, user_size))
-  return dataclasses.replace(fixed, note=(
-      f'unpadded, since loss_fn takes a collective over {axis!r} '
-      f'({", ".join(names)}); groups of {chosen.microbatch_size} would pad '
-      f'{chosen.padded_groups} of '
-      f'{chosen.num_devices * chosen.microbatches}'))
+  return dataclasses.replace(
+      fixed,
+      note=(
+          f'unpadded, since loss_fn takes a collective over {axis!r} '
+          f'({", ".join(names)}); groups of {chosen.microbatch_size} would pad '
+          f'{chosen.padded_groups} of '
+          f'{chosen.num_devices * chosen.microbatches}'))
 
 
-def choose(config: ConfigDict, topo, workdir: Optional[str] = None,
+def choose(config: ConfigDict,
+           topo,
+           workdir: Optional[str] = None,
            has_model_state: bool = False,
            elastic: Optional[tuple[int, int]] = None,
-           mixing: Optional[Mixing] = None, axis: Any = 'devices'
-           ) -> microbatches.Layout:
+           mixing: Optional[Mixing] = None,
+           axis: Any = 'devices') -> microbatches.Layout:
   """How each step's global batch sits on this job's devices.
 
   Args:
@@ -162,8 +170,9 @@ def choose(config: ConfigDict, topo, workdir: Optional[str] = None,
   size, note = user_size, ''
   if workdir is not None and size is None:
     size, note = batch_limit.first_group_size(config, workdir)
-  limits = Limits(config.get('device_batch_limit') or None,
-                  config.get('microbatches') or None, size)
+  limits = Limits(
+      config.get('device_batch_limit') or None,
+      config.get('microbatches') or None, size)
   sizes = check_elastic_layouts(config.global_batch_size,
                                 topo.local_device_count, limits, elastic,
                                 mixing, axis, user_size)
@@ -173,14 +182,15 @@ def choose(config: ConfigDict, topo, workdir: Optional[str] = None,
         'of %s examples depending on how many processes this elastic job '
         'runs on: set config.microbatch_size to one of them to keep the '
         'groups, and the step, the same', sorted(sizes))
-  chosen = _layout_for(config.global_batch_size, num_devices, limits,
-                       user_size, mixing, axis)
+  chosen = _layout_for(config.global_batch_size, num_devices, limits, user_size,
+                       mixing, axis)
   if note and not chosen.note:
     chosen = dataclasses.replace(chosen, note=note)
   return chosen
 
 
-def check_elastic_layouts(global_batch_size: int, local_device_count: int,
+def check_elastic_layouts(global_batch_size: int,
+                          local_device_count: int,
                           limits: tuple,
                           elastic: Optional[tuple[int, int]],
                           mixing: Optional[Mixing] = None,
@@ -210,9 +220,9 @@ def check_elastic_layouts(global_batch_size: int, local_device_count: int,
   sizes = set()
   for processes in range(fewest, most + 1):
     try:
-      sizes.add(_layout_for(global_batch_size, processes * local_device_count,
-                            Limits(*limits), user_size, mixing,
-                            axis).microbatch_size)
+      sizes.add(
+          _layout_for(global_batch_size, processes * local_device_count,
+                      Limits(*limits), user_size, mixing, axis).microbatch_size)
     except microbatches.LayoutError as e:
       raise type(e)(
           f'this elastic job may run on {fewest} to {most} processes, and '

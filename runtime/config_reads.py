@@ -58,10 +58,10 @@ FOREIGN = {
 # Other trainers' names that decide what a run computes where a workload
 # reads them: a resumed run must agree with its checkpoint on them, as on
 # the trajectory sections (runtime/checkpoints/checkpoint_meta.py).
-FOREIGN_TRAJECTORY = ('batch_size', 'train_batch_size',
-                      'per_device_batch_size', 'num_epochs', 'learning_rate',
-                      'warmup_epochs', 'warmup_steps', 'momentum',
-                      'half_precision', 'weight_decay')
+FOREIGN_TRAJECTORY = ('batch_size', 'train_batch_size', 'per_device_batch_size',
+                      'num_epochs', 'learning_rate', 'warmup_epochs',
+                      'warmup_steps', 'momentum', 'half_precision',
+                      'weight_decay')
 
 # podrun's defaults of the trajectory sections that only a workload reads:
 # where nothing read one before the run (a workload that reads its own
@@ -98,6 +98,7 @@ def start() -> None:
       if _reads is not None:
         _reads.add((id(self), key))
       return _original(self, key, *args, **kwargs)
+
     setattr(ConfigDict, name, read)
 
 
@@ -127,8 +128,9 @@ def unread_defaults(config: ConfigDict) -> list[str]:
   found = []
   for section, field in WORKLOAD_DEFAULTS:
     holder = config._fields.get(section)  # pylint: disable=protected-access
-    if isinstance(holder, ConfigDict) and field in holder and (
-        id(holder), field) not in _reads:
+    if isinstance(
+        holder,
+        ConfigDict) and field in holder and (id(holder), field) not in _reads:
       found.append(f'{section}.{field}')
   return found
 
@@ -161,9 +163,9 @@ def check(config: ConfigDict) -> None:
   if foreign:
     stop()
     raise UnreadConfigError(
-        'the config sets ' + '; '.join(
-            f'{f}={config[f]!r}, which podrun does not read: {FOREIGN[f]}'
-            for f in foreign) +
+        'the config sets ' +
+        '; '.join(f'{f}={config[f]!r}, which podrun does not read: {FOREIGN[f]}'
+                  for f in foreign) +
         '. Nothing in the job read them before step 1. Drop them, or read '
         'them in the workload.')
 
@@ -176,7 +178,7 @@ def finish(config: ConfigDict) -> None:
   finally:
     stop()
   if found:
-    logging.warning('the config sets %s, which nothing in the job read: '
-                    'a name podrun does not know, or one this run had no '
-                    'use for',
-                    ', '.join(f'{f}={config[f]!r}' for f in found))
+    logging.warning(
+        'the config sets %s, which nothing in the job read: '
+        'a name podrun does not know, or one this run had no '
+        'use for', ', '.join(f'{f}={config[f]!r}' for f in found))

@@ -113,10 +113,15 @@ class Rounds:
     Only `prefix/<index>` itself counts, not the keys below it.
     """
     start = len(prefix.rstrip('/')) + 1
-    return {int(k[start:]): v for k, v in self.directory(prefix).items()
-            if k[start:].isdigit()}
+    return {
+        int(k[start:]): v
+        for k, v in self.directory(prefix).items()
+        if k[start:].isdigit()
+    }
 
-  def wait_for(self, key: str, from_processes: Sequence[int],
+  def wait_for(self,
+               key: str,
+               from_processes: Sequence[int],
                timeout_s: Optional[float] = None) -> str:
     """The value under `key` once set, at most timeout_s.
 
@@ -129,8 +134,9 @@ class Rounds:
       raise BarrierTimeout(key, from_processes, timeout_s, self.process_count)
     return value
 
-  def gather(self, prefix: str, timeout_s: Optional[float] = None
-             ) -> dict[int, str]:
+  def gather(self,
+             prefix: str,
+             timeout_s: Optional[float] = None) -> dict[int, str]:
     """Waits for every process's value under `prefix`.
 
     Returns:
@@ -155,7 +161,9 @@ class Rounds:
                            self.process_count)
     return values
 
-  def from_0(self, key: str, make: Callable[[], str],
+  def from_0(self,
+             key: str,
+             make: Callable[[], str],
              timeout_s: Optional[float] = None) -> str:
     """Process 0 calls `make` and stores its value under `key`; every process
     returns that value.
@@ -170,7 +178,9 @@ class Rounds:
       return value
     return self.wait_for(key, [0], timeout_s)
 
-  def decide_on_0(self, prefix: str, value: str,
+  def decide_on_0(self,
+                  prefix: str,
+                  value: str,
                   decide: Callable[[Mapping[int, str]], str],
                   timeout_s: Optional[float] = None) -> str:
     """Publishes `value`; process 0 decides on everyone's; returns the verdict.
@@ -192,7 +202,9 @@ class Rounds:
                        lambda: decide(self.gather(prefix, timeout_s)),
                        timeout_s)
 
-  def exchange(self, prefix: str, value: str,
+  def exchange(self,
+               prefix: str,
+               value: str,
                timeout_s: Optional[float] = None) -> dict[int, str]:
     """Publishes `value` and returns every process's: {process index: value}.
 

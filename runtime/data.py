@@ -35,8 +35,11 @@ def _permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4)
-def epoch_order(seed: int, epoch: int, num_examples: int,
-                global_batch_size: int, shuffle: bool = True) -> np.ndarray:
+def epoch_order(seed: int,
+                epoch: int,
+                num_examples: int,
+                global_batch_size: int,
+                shuffle: bool = True) -> np.ndarray:
   """The order of example ids in one epoch: (num_examples,) int64.
 
   A shuffled epoch is a permutation drawn from (seed, epoch), adjusted so that
@@ -70,8 +73,11 @@ def epoch_order(seed: int, epoch: int, num_examples: int,
   return order
 
 
-def steps_batch_ids(first_step: int, steps: int, global_batch_size: int,
-                    num_examples: int, seed: int,
+def steps_batch_ids(first_step: int,
+                    steps: int,
+                    global_batch_size: int,
+                    num_examples: int,
+                    seed: int,
                     shuffle: bool = True) -> np.ndarray:
   """Example ids of the global batches of `steps` consecutive steps, read
   from the stream at once (one call a dispatch, not one a step).
@@ -110,8 +116,11 @@ def steps_batch_ids(first_step: int, steps: int, global_batch_size: int,
   return ids.reshape(steps, global_batch_size)
 
 
-def global_batch_ids(step: int, global_batch_size: int, num_examples: int,
-                     seed: int, shuffle: bool = True) -> np.ndarray:
+def global_batch_ids(step: int,
+                     global_batch_size: int,
+                     num_examples: int,
+                     seed: int,
+                     shuffle: bool = True) -> np.ndarray:
   """Example ids of one step's global batch, all distinct.
 
   Args:
@@ -132,8 +141,12 @@ def global_batch_ids(step: int, global_batch_size: int, num_examples: int,
                          shuffle)[0]
 
 
-def process_batch_ids(step: int, global_batch_size: int, num_examples: int,
-                      seed: int, process_index: int, process_count: int,
+def process_batch_ids(step: int,
+                      global_batch_size: int,
+                      num_examples: int,
+                      seed: int,
+                      process_index: int,
+                      process_count: int,
                       shuffle: bool = True) -> np.ndarray:
   """The ids of one step's global batch that this process loads.
 
@@ -191,8 +204,7 @@ def read_batch(source, ids: np.ndarray):
     return reader(ids)
   if not len(ids):  # No example, but every leaf's shape (a process that
     # holds only padding): example 0's, cut to none.
-    return jax.tree_util.tree_map(lambda x: np.asarray(x)[None][:0],
-                                  source[0])
+    return jax.tree_util.tree_map(lambda x: np.asarray(x)[None][:0], source[0])
   examples = [source[int(i)] for i in ids]
   return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *examples)
 
@@ -222,5 +234,5 @@ def padded(batch, rows: int):
   if len(jax.tree_util.tree_leaves(batch)[0]) == rows:
     return batch
   return jax.tree_util.tree_map(
-      lambda x: np.concatenate([x, np.zeros((rows - len(x),) + x.shape[1:],
-                                            x.dtype)]), batch)
+      lambda x: np.concatenate(
+          [x, np.zeros((rows - len(x),) + x.shape[1:], x.dtype)]), batch)

@@ -50,8 +50,8 @@ MOST_SHARE = 0.5
 AUTO_SHARE = 0.25
 
 
-def choose(source: Any, platform: str, stats: Optional[dict]
-           ) -> tuple[bool, str]:
+def choose(source: Any, platform: str,
+           stats: Optional[dict]) -> tuple[bool, str]:
   """config.data.on_device left unset (None): whether to keep the data set
   on the devices, and why, for the run's line. On an accelerator, an
   in-memory source (a runtime.ArraySource) within AUTO_SHARE of a device's
@@ -67,8 +67,8 @@ def choose(source: Any, platform: str, stats: Optional[dict]
   limit = (stats or {}).get('bytes_limit')
   if not limit or size > AUTO_SHARE * limit:
     return False, (f'auto: the data set\'s {size / 2**30:.2f} GiB is over '
-                   f'{AUTO_SHARE:.0%} of a device\'s memory' if limit else
-                   'auto: the device does not say its memory')
+                   f'{AUTO_SHARE:.0%} of a device\'s memory'
+                   if limit else 'auto: the device does not say its memory')
   return True, (f'auto: the data set\'s {size / 2**20:.0f} MiB is within '
                 f'{AUTO_SHARE:.0%} of a device\'s memory')
 
@@ -92,8 +92,10 @@ def check_fits(size: int, stats: Optional[dict]) -> None:
 
 def _take(arrays: dict[str, jax.Array], ids: jax.Array) -> dict[str, jax.Array]:
   # An id past the end (a padding row) reads zeros.
-  return {name: jnp.take(a, ids, axis=0, mode='fill', fill_value=0)
-          for name, a in arrays.items()}
+  return {
+      name: jnp.take(a, ids, axis=0, mode='fill', fill_value=0)
+      for name, a in arrays.items()
+  }
 
 
 class Gather:

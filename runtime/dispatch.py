@@ -100,8 +100,9 @@ def check_cadences(k: int, cadences: Mapping[str, int]) -> None:
   Raises:
     DispatchError: naming every cadence that is not a multiple of k.
   """
-  wrong = {name: every for name, every in cadences.items()
-           if every and every % k}
+  wrong = {
+      name: every for name, every in cadences.items() if every and every % k
+  }
   if not wrong:
     return
   named = ', '.join(f'{name}={every}' for name, every in sorted(wrong.items()))
@@ -117,7 +118,8 @@ def fitting(cadences: Mapping[str, int]) -> int:
   return math.gcd(*(every for every in cadences.values() if every))
 
 
-def choose(step_s: Optional[float], cadences: Mapping[str, int],
+def choose(step_s: Optional[float],
+           cadences: Mapping[str, int],
            step_bytes: int = 0) -> int:
   """'auto's k from the measured step time: 1 for a step of FAST_STEP_S or
   more; else the largest k up to TARGET_CALL_S / step_s, MOST_STEPS and
@@ -144,8 +146,8 @@ def _fitting_at_most(wanted: int, cadences: Mapping[str, int]) -> int:
   return max(k for k in range(1, wanted + 1) if not common or common % k == 0)
 
 
-def host_share(k: int, one_step_s: float, k_step_s: float
-               ) -> Optional[tuple[float, float]]:
+def host_share(k: int, one_step_s: float,
+               k_step_s: float) -> Optional[tuple[float, float]]:
   """(the host's seconds a call, the device's a step) from a step's time at
   one step a call and at k a call, or None where k is 1 or the longer call
   was no faster.
@@ -163,8 +165,11 @@ def host_share(k: int, one_step_s: float, k_step_s: float
   return host_s, max(one_step_s - host_s, 0.0)
 
 
-def grow(k: int, one_step_s: Optional[float], k_step_s: Optional[float],
-         cadences: Mapping[str, int], step_bytes: int = 0) -> int:
+def grow(k: int,
+         one_step_s: Optional[float],
+         k_step_s: Optional[float],
+         cadences: Mapping[str, int],
+         step_bytes: int = 0) -> int:
   """k for the next calls, from a step's time at one a call and at k: the
   smallest k whose host share is at most HOST_SHARE, up to MOST_GROWTH x k,
   MOST_GROWN_STEPS and MOST_CALL_BYTES, dividing every cadence; k itself
@@ -202,7 +207,8 @@ def size_at(step: int, k: int, steps: int) -> int:
   return min(k - step % k, steps - step)
 
 
-def cut(start: int, stop: int, k: int, known: set[int]) -> list[tuple[int, int]]:
+def cut(start: int, stop: int, k: int,
+        known: set[int]) -> list[tuple[int, int]]:
   """The calls that run steps start + 1 .. stop at k a call, each
   `(first step, steps)`: up to each multiple of k. A shorter call (getting
   in line, or the run's tail) of a size not run before is made of the sizes
@@ -260,6 +266,7 @@ def stack(batches: Sequence[Any], local_devices: int) -> Any:
     x = np.stack(leaves)  # (steps, n, ...)
     x = x.reshape((steps, local_devices, -1) + x.shape[2:]).swapaxes(0, 1)
     return x.reshape((-1,) + x.shape[3:])
+
   return jax.tree_util.tree_map(one, *batches)
 
 
@@ -286,21 +293,27 @@ class Dispatches:
     ...   steps, batch, waited_s = dispatches.next(0)
   """
 
-  def __init__(self, load: Callable[[int, int], Any], start: int, steps: int,
-               k: Optional[int], auto: Optional['Auto'], size: int = 2):
+  def __init__(self,
+               load: Callable[[int, int], Any],
+               start: int,
+               steps: int,
+               k: Optional[int],
+               auto: Optional['Auto'],
+               size: int = 2):
     self._load, self._steps, self._size = load, steps, size
     self._auto = auto if k is None else None
     self.k = k or 1
     self._looks = 0
-    self._switch = (steps if self._auto is None else
-                    min(steps, start + AUTO_MEASURED_STEPS))
+    self._switch = (steps if self._auto is None else min(
+        steps, start + AUTO_MEASURED_STEPS))
     self._known: set[int] = set()  # The sizes of call cut so far.
     self._prefetcher = self._open(start, self._switch, self.k)
 
   def _open(self, start: int, stop: int, k: int) -> prefetch.Prefetcher:
     self._planned = collections.deque(cut(start, stop, k, self._known))
     return prefetch.Prefetcher(lambda first: self._load(*first),
-                               list(self._planned), size=self._size)
+                               list(self._planned),
+                               size=self._size)
 
   def _next_switch(self, step: int, looking: bool) -> int:
     """Where 'auto' looks again: a multiple of k, REVIEW_CALLS calls on;
@@ -312,8 +325,8 @@ class Dispatches:
     """(steps, batch, seconds waited) of the dispatch after `step`."""
     if step == self._switch and self._switch < self._steps:
       self._prefetcher.close()
-      k = (self._auto.first() if not self._looks else
-           self._auto.again(self.k, step))
+      k = (self._auto.first() if not self._looks else self._auto.again(
+          self.k, step))
       # It looks again while k grows (a k of 1 was a slow step).
       looking = k > 1 and k != self.k and self._looks < MOST_REVIEWS
       self.k, self._looks = k, self._looks + 1
@@ -347,7 +360,9 @@ class Auto:
       host).
   """
 
-  def __init__(self, cadences: Mapping[str, int], platform: str,
+  def __init__(self,
+               cadences: Mapping[str, int],
+               platform: str,
                step_s: Callable[[int], Optional[float]],
                client: Optional[coordination.Client],
                step_bytes: Callable[[], int] = lambda: 0):
@@ -366,11 +381,13 @@ class Auto:
     if self._platform == 'cpu':
       return 1
     self.one_step_s = self._step_s(AUTO_MEASURED_STEPS - 1)
-    k = self._agreed(_DECISION_KEY, lambda: choose(
-        self.one_step_s, self._cadences, self._step_bytes()))
+    k = self._agreed(
+        _DECISION_KEY,
+        lambda: choose(self.one_step_s, self._cadences, self._step_bytes()))
     if jax.process_index() == 0:
-      logging.info('steps_per_dispatch=auto: %d step(s) per call from here '
-                   '(a step took %s)', k, _ms(self.one_step_s))
+      logging.info(
+          'steps_per_dispatch=auto: %d step(s) per call from here '
+          '(a step took %s)', k, _ms(self.one_step_s))
     return k
 
   def again(self, k: int, step: int) -> int:
@@ -382,14 +399,15 @@ class Auto:
     def decide() -> int:
       return grow(k, self.one_step_s, k_step_s, self._cadences,
                   self._step_bytes())
+
     grown = self._agreed(f'{_DECISION_KEY}/{step}', decide)
     if grown != k and jax.process_index() == 0:
       host_s, _ = host_share(k, self.one_step_s, k_step_s)
-      logging.info('steps_per_dispatch=auto: %d step(s) per call from step '
-                   '%d, where %d took %s a step against %s at one a call: '
-                   'the host\'s share of a call was %.2f', grown, step, k,
-                   _ms(k_step_s), _ms(self.one_step_s),
-                   host_s / k / k_step_s)
+      logging.info(
+          'steps_per_dispatch=auto: %d step(s) per call from step '
+          '%d, where %d took %s a step against %s at one a call: '
+          'the host\'s share of a call was %.2f', grown, step, k, _ms(k_step_s),
+          _ms(self.one_step_s), host_s / k / k_step_s)
     return grown
 
 

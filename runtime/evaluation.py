@@ -49,7 +49,8 @@ class EvalLayout:
   rows: int
 
 
-def plan(global_batch_size: int, num_devices: int,
+def plan(global_batch_size: int,
+         num_devices: int,
          device_batch_limit: Optional[int] = None) -> EvalLayout:
   """The eval step's layout on `num_devices` devices.
 
@@ -76,9 +77,8 @@ def plan(global_batch_size: int, num_devices: int,
   return EvalLayout(examples, num_devices * math.ceil(examples / num_devices))
 
 
-def eval_batches(num_examples: int, layout: EvalLayout,
-                 process_index: int, process_count: int
-                 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def eval_batches(num_examples: int, layout: EvalLayout, process_index: int,
+                 process_count: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """Yields this process's (ids, mask) for each eval step.
 
   Args:
@@ -94,8 +94,7 @@ def eval_batches(num_examples: int, layout: EvalLayout,
     >>> [m.sum() for _, m in eval_batches(10, plan(4, 3), 0, 1)]
     [4.0, 4.0, 2.0]
   """
-  part = parallelism_lib.process_rows(layout.rows, process_index,
-                                      process_count)
+  part = parallelism_lib.process_rows(layout.rows, process_index, process_count)
   for start in range(0, num_examples, layout.examples):
     ids = np.arange(start, start + layout.rows, dtype=np.int64)
     real = min(start + layout.examples, num_examples)
@@ -118,6 +117,7 @@ def make_eval_step(metric_fn: MetricFn,
   {'num_examples': count}, psummed over every device and so the same
   everywhere.
   """
+
   def step(params, batch, mask):
     values = metric_fn(params, batch)
     _check_per_example(values, mask.shape[0])
@@ -179,31 +179,36 @@ def check_eval_fn(eval_fn: Callable[[Any, Any], Any], params: Any,
   except Exception as e:  # pylint: disable=broad-except
     if _CHECKING.error is not None:
       raise _CHECKING.error from None
-    logging.debug('eval_fn, called with traced evaluations only, raised '
-                  '%r; the evaluations will say more', e)
+    logging.debug(
+        'eval_fn, called with traced evaluations only, raised '
+        '%r; the evaluations will say more', e)
   finally:
     _CHECKING.active, _CHECKING.error = False, None
 
 
-def _traced_only(step: Callable, params: Any, source: Any,
-                 layout: 'EvalLayout', parallelism: parallelism_lib.Parallelism
-                 ) -> dict[str, float]:
+def _traced_only(step: Callable, params: Any, source: Any, layout: 'EvalLayout',
+                 parallelism: parallelism_lib.Parallelism) -> dict[str, float]:
   """`step`'s trace on the first eval batch (metric_fn's contract checked),
   with nan for each metric it names."""
-  ids, mask = next(eval_batches(len(source), layout, jax.process_index(),
-                                jax.process_count()))
+  ids, mask = next(
+      eval_batches(len(source), layout, jax.process_index(),
+                   jax.process_count()))
   batch = data_lib.read_batch(source, ids)
   try:
-    shapes = jax.eval_shape(step, params,
-                            *parallelism.put_batch((batch, mask)))
+    shapes = jax.eval_shape(step, params, *parallelism.put_batch((batch, mask)))
   except Exception as e:
     _CHECKING.error = e
     raise
-  return {**{k: float('nan') for k in shapes if k != 'num_examples'},
-          'num_examples': len(source)}
+  return {
+      **{
+          k: float('nan') for k in shapes if k != 'num_examples'
+      }, 'num_examples': len(source)
+  }
 
 
-def evaluate(params: Any, metric_fn: MetricFn, source: Any,
+def evaluate(params: Any,
+             metric_fn: MetricFn,
+             source: Any,
              global_batch_size: int,
              parallelism: parallelism_lib.Parallelism,
              device_batch_limit: Optional[int] = None) -> dict[str, float]:
@@ -239,8 +244,7 @@ def evaluate(params: Any, metric_fn: MetricFn, source: Any,
     sums = step(params, *parallelism.put_batch((batch, mask)))
     # float64 on host: float32 would lose counts beyond 2**24 examples.
     sums = {k: np.float64(v) for k, v in parallelism.to_host(sums).items()}
-    totals = sums if totals is None else {k: totals[k] + sums[k]
-                                          for k in totals}
+    totals = sums if totals is None else {k: totals[k] + sums[k] for k in totals}
   count = int(round(totals.pop('num_examples')))
   if count != num_examples:
     raise AssertionError(f'evaluated {count} examples, expected '

@@ -14,9 +14,9 @@ import numpy as np
 
 class Fingerprint(TypedDict):
   """What `fingerprint` returns."""
-  sha256: str       # of every leaf's path, dtype, shape and bytes
-  abs_sum: float    # float64 sum of |x| over every element
-  num_params: int   # total element count
+  sha256: str  # of every leaf's path, dtype, shape and bytes
+  abs_sum: float  # float64 sum of |x| over every element
+  num_params: int  # total element count
 
 
 def fingerprint(tree: Any) -> Fingerprint:
@@ -41,5 +41,6 @@ def fingerprint(tree: Any) -> Fingerprint:
     digest.update(x.tobytes())
     abs_sum += float(np.abs(x.astype(np.float64)).sum())
     count += x.size
-  return Fingerprint(sha256=digest.hexdigest(), abs_sum=abs_sum,
+  return Fingerprint(sha256=digest.hexdigest(),
+                     abs_sum=abs_sum,
                      num_params=count)

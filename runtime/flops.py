@@ -79,8 +79,7 @@ def _flops_of(compiled: Any) -> Optional[float]:
   try:
     cost = compiled.cost_analysis()
   except Exception as e:  # pylint: disable=broad-except
-    logging.info('no FLOPs from the compiled step: %s: %s',
-                 type(e).__name__, e)
+    logging.info('no FLOPs from the compiled step: %s: %s', type(e).__name__, e)
     return None
   if isinstance(cost, (list, tuple)):  # Older JAX: one dict per program.
     cost = cost[0] if cost else {}
@@ -116,8 +115,7 @@ class Measured:
       self.memory = memory_lib.of_compiled(compiled)
       del compiled
       if self.memory is not None and jax.process_index() == 0:
-        fits, line = memory_lib.verdict(self.memory,
-                                        memory_lib.device_limit())
+        fits, line = memory_lib.verdict(self.memory, memory_lib.device_limit())
         (logging.info if fits else logging.warning)('%s', line)
     return self._fn(*args)
 
@@ -202,10 +200,12 @@ class Figures:
   def summary(self, steps_per_sec: Optional[float]) -> dict[str, Any]:
     """For summary.json: the kind, the peak, FLOPs per step and the run's
     rates."""
-    out = {'device_kind': self.device_kind,
-           'peak_tflops_per_device': self.peak / 1e12 if self.peak else None,
-           'flops_per_step_per_device': self.step_flops(),
-           'flops_source': self.source}
+    out = {
+        'device_kind': self.device_kind,
+        'peak_tflops_per_device': self.peak / 1e12 if self.peak else None,
+        'flops_per_step_per_device': self.step_flops(),
+        'flops_source': self.source
+    }
     if steps_per_sec:
       out.update(self.rates(steps_per_sec))
     return out

@@ -78,7 +78,9 @@ class Periodic(Hook):
     >>> hooks.Periodic(every=500, callback=lambda run: save_samples(run))
   """
 
-  def __init__(self, every: int, callback: Optional[Callable] = None,
+  def __init__(self,
+               every: int,
+               callback: Optional[Callable] = None,
                at_end: bool = False):
     if every < 0:
       raise ValueError(f'every={every}; use a positive step count, or 0 for '
@@ -167,8 +169,7 @@ class LogMetrics(Periodic):
         self._described = True
         run.writer.log(run.figures.describe())
     prefix = run.options.logging.metrics_prefix
-    record = {**{prefix + k: v for k, v in run.window.means().items()},
-              **rates}
+    record = {**{prefix + k: v for k, v in run.window.means().items()}, **rates}
     if self.schedule is not None:
       # The rate the last step used: optax counts updates from 0.
       record[prefix + 'learning_rate'] = float(self.schedule(step - 1))
@@ -200,8 +201,8 @@ class PeriodicEvaluation(Periodic):
     run.eval_metrics = {f'eval_{k}': v for k, v in values.items()}
     record = {**run.eval_metrics, 'eval_seconds': time.perf_counter() - started}
     run.writer.write(run.step, record)
-    run.writer.log(f'eval at step {run.step}: ' + ' '.join(
-        f'{k}={v:.6g}' for k, v in record.items()))
+    run.writer.log(f'eval at step {run.step}: ' +
+                   ' '.join(f'{k}={v:.6g}' for k, v in record.items()))
     self.last_step = run.step
 
   def end(self, run, error) -> None:
@@ -223,8 +224,10 @@ class Profile(Hook):
     self.active = False
 
   def cadences(self) -> dict[str, int]:
-    return {'profile.start_step': self.start,
-            'profile.num_steps': self.stop - self.start}
+    return {
+        'profile.start_step': self.start,
+        'profile.num_steps': self.stop - self.start
+    }
 
   def begin(self, run) -> None:
     if run.start_step == self.start and self.stop > self.start:
@@ -261,7 +264,8 @@ class SaveCheckpoints(Hook):
   whatever the order of the hooks: no checkpoint of diverged replicas.
   """
 
-  def __init__(self, checkpoints: checkpoint.Checkpoints,
+  def __init__(self,
+               checkpoints: checkpoint.Checkpoints,
                describe: Callable[..., dict],
                checks: Sequence[Periodic] = ()):
     self.checkpoints, self.describe = checkpoints, describe
@@ -290,8 +294,7 @@ class SaveCheckpoints(Hook):
       run.drain()
       run.writer.flush()
       saved = run.saved_state()
-      self.checkpoints.save(run.step, saved,
-                            self.describe(run, saved, reason))
+      self.checkpoints.save(run.step, saved, self.describe(run, saved, reason))
 
   def save_and_wait(self, run, reason: str) -> None:
     """Saves the state after step `run.step` and returns once it is
@@ -313,9 +316,10 @@ class SaveCheckpoints(Hook):
       # With several processes another may be gone, and a save that needs
       # all of them would hang: it gets a bounded wait. (This process's own
       # error comes first; the others learn of it only after this.)
-      logging.error('the checkpoint being written did not complete within '
-                    '%g s of this error; the job resumes from the one before',
-                    _FINISH_ON_ERROR_S)
+      logging.error(
+          'the checkpoint being written did not complete within '
+          '%g s of this error; the job resumes from the one before',
+          _FINISH_ON_ERROR_S)
 
 
 class SaveLocalCheckpoints(Hook):
@@ -327,7 +331,9 @@ class SaveLocalCheckpoints(Hook):
   SaveCheckpoints.
   """
 
-  def __init__(self, local, persistent: Optional[checkpoint.Checkpoints],
+  def __init__(self,
+               local,
+               persistent: Optional[checkpoint.Checkpoints],
                describe: Callable[..., dict],
                checks: Sequence[Periodic] = ()):
     self.local, self.persistent, self.describe = local, persistent, describe
@@ -401,8 +407,9 @@ class PreemptionAgreement(Hook):
     # agreement is a collective of its own.
     if not self.notice.reached(run.dispatches) or run.final:
       return
-    logging.warning('preemption notice: every process saves step %d and '
-                    'stops', run.step)
+    logging.warning(
+        'preemption notice: every process saves step %d and '
+        'stops', run.step)
     self.log.work(run)
     with (run.clock.timing('preemption_save'),
           progress.working('preemption_save')):

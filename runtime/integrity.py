@@ -63,8 +63,8 @@ def _leaf_checksum(x: jax.Array) -> jax.Array:
 def _checksums(tree: Any, device_row: jax.Array) -> jax.Array:
   """(1, leaves): one device's checksums of its own copy of `tree`."""
   del device_row  # Only there to map over: pmap needs a mapped argument.
-  return jnp.stack([_leaf_checksum(x)
-                    for x in jax.tree_util.tree_leaves(tree)])[None]
+  return jnp.stack([_leaf_checksum(x) for x in jax.tree_util.tree_leaves(tree)
+                   ])[None]
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,8 +86,8 @@ def checksums_by_device(tree: Any,
   return _sums_by_device(tree, par)()
 
 
-def _sums_by_device(tree: Any, par: parallelism_lib.Parallelism
-                    ) -> Callable[[], np.ndarray]:
+def _sums_by_device(
+    tree: Any, par: parallelism_lib.Parallelism) -> Callable[[], np.ndarray]:
   """Starts `checksums_by_device` on the devices; returns what reads it."""
   checksums, rows = _mapped(par)
   out = checksums(tree, rows)
@@ -97,13 +97,14 @@ def _sums_by_device(tree: Any, par: parallelism_lib.Parallelism
   def read() -> np.ndarray:
     shards = sorted(out.addressable_shards,
                     key=lambda s: (s.device.process_index, s.device.id))
-    return np.concatenate([np.asarray(s.data).reshape(-1, leaves)
-                           for s in shards])
+    return np.concatenate(
+        [np.asarray(s.data).reshape(-1, leaves) for s in shards])
+
   return read
 
 
-def checksums_by_shard(tree: Any, shardings: Any
-                       ) -> tuple[np.ndarray, list[int]]:
+def checksums_by_shard(tree: Any,
+                       shardings: Any) -> tuple[np.ndarray, list[int]]:
   """(local devices, leaves) uint32 checksums of the part of each leaf
   that each device holds, and each local device's shard position.
 
@@ -121,8 +122,8 @@ def checksums_by_shard(tree: Any, shardings: Any
   return _sums_by_shard(tree, shardings)()
 
 
-def _sums_by_shard(tree: Any, shardings: Any
-                   ) -> Callable[[], tuple[np.ndarray, list[int]]]:
+def _sums_by_shard(
+    tree: Any, shardings: Any) -> Callable[[], tuple[np.ndarray, list[int]]]:
   """Starts `checksums_by_shard` on the devices; returns what reads it."""
   placements, treedef = jax.tree_util.tree_flatten(shardings)
   grid = placements[0].mesh
@@ -133,9 +134,10 @@ def _sums_by_shard(tree: Any, shardings: Any
 
   def read() -> tuple[np.ndarray, list[int]]:
     parts = sorted(rows.addressable_shards, key=lambda s: s.index[0].start)
-    return (np.concatenate([np.asarray(s.data).reshape(-1, leaves)
-                            for s in parts]),
-            [s.index[0].start % shards for s in parts])
+    return (np.concatenate([
+        np.asarray(s.data).reshape(-1, leaves) for s in parts
+    ]), [s.index[0].start % shards for s in parts])
+
   return read
 
 
@@ -145,14 +147,19 @@ def _shard_sums(grid, treedef, spec_leaves: tuple) -> Callable:
   specs = jax.tree_util.tree_unflatten(treedef, spec_leaves)
   flat = PartitionSpec((state_layout.REPLICA_AXIS, state_layout.SHARD_AXIS))
   # Each device's own block of each leaf, as it holds it: no gather.
-  return jax.jit(jax.shard_map(
-      lambda tree: _checksums(tree, None), mesh=grid, in_specs=(specs,),
-      out_specs=flat, check_vma=False))
+  return jax.jit(
+      jax.shard_map(lambda tree: _checksums(tree, None),
+                    mesh=grid,
+                    in_specs=(specs,),
+                    out_specs=flat,
+                    check_vma=False))
 
 
 def leaf_paths(tree: Any) -> list[str]:
-  return [jax.tree_util.keystr(p)
-          for p, _ in jax.tree_util.tree_leaves_with_path(tree)]
+  return [
+      jax.tree_util.keystr(p)
+      for p, _ in jax.tree_util.tree_leaves_with_path(tree)
+  ]
 
 
 def checked(state: Any) -> tuple[dict[str, Any], list[str]]:
@@ -160,14 +167,19 @@ def checked(state: Any) -> tuple[dict[str, Any], list[str]]:
   alike, the parameters and the model state, and each leaf's path
   ('params[...]', 'model_state[...]')."""
   tree = {'params': state.params, 'model_state': state.model_state}
-  paths = [f'{path[0].key}{jax.tree_util.keystr(path[1:])}'
-           for path, _ in jax.tree_util.tree_leaves_with_path(tree)]
+  paths = [
+      f'{path[0].key}{jax.tree_util.keystr(path[1:])}'
+      for path, _ in jax.tree_util.tree_leaves_with_path(tree)
+  ]
   return tree, paths
 
 
-def outliers(rows: dict[tuple[int, int], list[int]], paths: list[str],
-             positions: Optional[dict[tuple[int, int], int]] = None,
-             split: Sequence[bool] = ()) -> list[str]:
+def outliers(
+    rows: dict[tuple[int, int], list[int]],
+    paths: list[str],
+    positions: Optional[dict[tuple[int, int], int]] = None,
+    split: Sequence[bool] = ()
+) -> list[str]:
   """'rank R device D: first differs at PATH' for each device off the
   majority of the devices that hold the same part of a leaf.
 
@@ -255,8 +267,10 @@ class CheckReplicas(hooks_lib.Periodic):
                        _sums_by_device(tree, run.parallelism))
       return
     shardings, _ = checked(run.state_layout.shardings)
-    split = [state_layout.SHARD_AXIS in tuple(s.spec)
-             for s in jax.tree_util.tree_leaves(shardings)]
+    split = [
+        state_layout.SHARD_AXIS in tuple(s.spec)
+        for s in jax.tree_util.tree_leaves(shardings)
+    ]
     self._pending = (run.step, paths, split, _sums_by_shard(tree, shardings))
 
   def _finish(self) -> None:
@@ -271,9 +285,11 @@ class CheckReplicas(hooks_lib.Periodic):
       rows, positions = read()
     client = coordination.current()
     if client is None or client.process_count == 1:
-      lines = outliers({(0, d): list(r) for d, r in enumerate(rows)}, paths,
-                       None if positions is None else
-                       {(0, d): p for d, p in enumerate(positions)}, split)
+      lines = outliers({
+          (0, d): list(r) for d, r in enumerate(rows)
+      }, paths, None if positions is None else {
+          (0, d): p for d, p in enumerate(positions)
+      }, split)
     else:
       lines = _gather(client, step, rows, positions, paths, split,
                       self._last_good)
@@ -282,8 +298,10 @@ class CheckReplicas(hooks_lib.Periodic):
     self._last_good = step
 
   def _message(self, step: int, lines: list[str]) -> str:
-    before = [s for s in self._saved_steps()
-              if self._last_good is not None and s <= self._last_good]
+    before = [
+        s for s in self._saved_steps()
+        if self._last_good is not None and s <= self._last_good
+    ]
     since = (f'they agreed at step {self._last_good}' if self._last_good
              is not None else 'this is the run\'s first check')
     restore = (f'the newest checkpoint saved before is step {max(before)}'
@@ -302,6 +320,7 @@ def _gather(client: coordination.Client, step: int, rows: np.ndarray,
   Process 0 also removes the keys of the previous check, which every
   process has read by the time it publishes this one's rows.
   """
+
   def decide(published):
     gathered, where = {}, {}
     for process_index, text in published.items():
@@ -313,7 +332,11 @@ def _gather(client: coordination.Client, step: int, rows: np.ndarray,
     if previous is not None:
       client.delete(f'{_KEY}/{previous}')
     return json.dumps(outliers(gathered, paths, where or None, split))
+
   verdict = client.decide_on_0(
-      f'{_KEY}/{step}', json.dumps({'rows': rows.tolist(),
-                                    'positions': positions}), decide)
+      f'{_KEY}/{step}',
+      json.dumps({
+          'rows': rows.tolist(),
+          'positions': positions
+      }), decide)
   return json.loads(verdict)

@@ -20,22 +20,26 @@ from runtime.parallelism import microbatches
 from runtime import task as task_lib
 
 
-def make(data: options_lib.Data, task: task_lib.Task, topo, par,
+def make(data: options_lib.Data,
+         task: task_lib.Task,
+         topo,
+         par,
          batch_layout: microbatches.Layout,
          readers: Optional[Any] = None) -> Callable[[int, int], Any]:
   """(step, steps) -> this process's part of the batches of the steps after
   `step`, on its devices, for one call (runtime/dispatch.py `stack`): its
   real examples of each step, then zero rows where the batch layout pads;
   read by `readers` where given (config.data.workers)."""
-  rows, real = microbatches.process_positions(
-      batch_layout, topo.process_index, topo.local_device_count)
+  rows, real = microbatches.process_positions(batch_layout, topo.process_index,
+                                              topo.local_device_count)
   devices = topo.local_device_count
 
   def ids_of(step: int, steps: int) -> np.ndarray:
     """(steps, real) ids: this process's real examples of each step."""
-    return data_lib.steps_batch_ids(
-        step, steps, data.global_batch_size, len(task.data), data.seed,
-        data.shuffle)[:, rows.start:rows.start + real]
+    return data_lib.steps_batch_ids(step, steps, data.global_batch_size,
+                                    len(task.data), data.seed,
+                                    data.shuffle)[:,
+                                                  rows.start:rows.start + real]
 
   if data.on_device:
     gather = device_data.Gather(par, task.data)
@@ -45,6 +49,7 @@ def make(data: options_lib.Data, task: task_lib.Task, topo, par,
       ids = np.full((steps, rows.stop - rows.start), gather.padding_id)
       ids[:, :real] = ids_of(step, steps)
       return gather(ids.reshape(steps, devices, -1).swapaxes(0, 1).reshape(-1))
+
     return on_device
 
   read = readers.read if readers is not None else functools.partial(
@@ -58,7 +63,9 @@ def make(data: options_lib.Data, task: task_lib.Task, topo, par,
       # by step), so the host copies the call's batch once, not twice.
       order = ids.reshape(steps, devices, -1).swapaxes(0, 1).reshape(-1)
       return par.put_batch(read(order))
-    return par.put_batch(dispatch.stack(
-        [data_lib.padded(read(one), rows.stop - rows.start) for one in ids],
-        devices))
+    return par.put_batch(
+        dispatch.stack(
+            [data_lib.padded(read(one), rows.stop - rows.start) for one in ids],
+            devices))
+
   return load

@@ -79,8 +79,8 @@ def device_has_room(state: Any) -> bool:
     return True
   size = sum(leaf.size * leaf.dtype.itemsize
              for leaf in jax.tree_util.tree_leaves(state))
-  return (stats.get('bytes_in_use', 0) + size <=
-          _ROOM_SHARE * stats['bytes_limit'])
+  return (stats.get('bytes_in_use', 0) + size
+          <= _ROOM_SHARE * stats['bytes_limit'])
 
 
 class Run:
@@ -110,11 +110,18 @@ class Run:
       (runtime/flops.py); None: the step lines give no TFLOP/s.
   """
 
-  def __init__(self, options: options_lib.TrainOptions, workdir: str, task,
-               state: step_lib.TrainState, start_step: int,
-               parallelism: parallelism_lib.Parallelism, process_index: int,
-               writer: metrics_lib.MetricsWriter, clock: goodput.StepClock,
-               in_flight_limit: int, config: Optional[ConfigDict] = None,
+  def __init__(self,
+               options: options_lib.TrainOptions,
+               workdir: str,
+               task,
+               state: step_lib.TrainState,
+               start_step: int,
+               parallelism: parallelism_lib.Parallelism,
+               process_index: int,
+               writer: metrics_lib.MetricsWriter,
+               clock: goodput.StepClock,
+               in_flight_limit: int,
+               config: Optional[ConfigDict] = None,
                state_layout: Optional[state_layout_lib.StateLayout] = None,
                figures: Optional[flops_lib.Figures] = None):
     self.options, self.workdir, self.task = options, workdir, task
@@ -177,8 +184,8 @@ class Run:
     if self.state_layout.sharded or not device_has_room(self.state):
       host = self.local_state()
       return lambda: host
-    copies = _copied(jax.tree_util.tree_map(lambda x: x.addressable_data(0),
-                                            self.state))
+    copies = _copied(
+        jax.tree_util.tree_map(lambda x: x.addressable_data(0), self.state))
     for leaf in jax.tree_util.tree_leaves(copies):
       leaf.copy_to_host_async()
     return lambda: jax.tree_util.tree_map(np.asarray, copies)
@@ -241,19 +248,23 @@ class Run:
     not one by one: at hundreds of steps a call, a step's own Python on the
     host would cost more than the device's step (issue 82)."""
     last_step, steps, pending = self._in_flight.popleft()
-    stacked = {k: np.reshape(np.asarray(v, np.float64), (steps,))
-               for k, v in self.parallelism.to_host(pending).items()}
+    stacked = {
+        k: np.reshape(np.asarray(v, np.float64), (steps,))
+        for k, v in self.parallelism.to_host(pending).items()
+    }
     bad = first_non_finite(stacked) if 'loss' in stacked else None
     if bad is not None:
       # The steps before it are done and counted; it stops the run.
-      self._steps_done({k: v[:bad] for k, v in stacked.items()},
-                       last_step - steps + bad, bad)
+      self._steps_done({
+          k: v[:bad] for k, v in stacked.items()
+      }, last_step - steps + bad, bad)
       raise non_finite_error(last_step - steps + 1 + bad,
                              float(stacked['loss'][bad]))
     self._steps_done(stacked, last_step, steps)
     # Once a call: its steps' mean interval is what the supervisor and the
     # cadences learn (one report a step would give all but one step 0 s).
-    progress.report(last_step, self.process_index,
+    progress.report(last_step,
+                    self.process_index,
                     force=last_step == self.steps)
     for callback in self.on_retired:
       callback(last_step)
@@ -302,8 +313,8 @@ def run_steps(run: Run, step_fn: Callable[[int], Callable],
       dispatch_started = time.perf_counter()
       run.state, metrics = step_fn(steps)(run.state, batch)
       if not first:
-        progress.begin(step + steps, waited_s + time.perf_counter() -
-                       dispatch_started)
+        progress.begin(step + steps,
+                       waited_s + time.perf_counter() - dispatch_started)
       step += steps
       run.dispatched(step, metrics, steps)
       for hook in hooks:
@@ -325,5 +336,6 @@ def _end(hook, run: Run, error: Optional[BaseException]) -> None:
     hook.end(run, error)
   except Exception as e:  # pylint: disable=broad-except
     # The error that stopped the loop is the one to report.
-    logging.error('%s.end after %s: %s', type(hook).__name__,
+    logging.error('%s.end after %s: %s',
+                  type(hook).__name__,
                   type(error).__name__, e)

@@ -49,8 +49,10 @@ def check_loss_fn(loss_fn: LossFn, uses_rng: bool,
   kinds = [p.kind for p in parameters]
   if inspect.Parameter.VAR_POSITIONAL in kinds:
     return
-  positional = [p for p in parameters if p.kind in (
-      p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  positional = [
+      p for p in parameters
+      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+  ]
   required = [p for p in positional if p.default is p.empty]
   given = 2 + int(uses_rng) + int(has_model_state)
   if not len(required) <= given <= len(positional):
@@ -73,15 +75,14 @@ def _describe_output(value: Any) -> str:
   return f'a {type(value).__name__}'
 
 
-def checked_output(loss_fn: LossFn, has_model_state: bool,
-                   axis: Any) -> LossFn:
+def checked_output(loss_fn: LossFn, has_model_state: bool, axis: Any) -> LossFn:
   """loss_fn, refusing at trace time an output of another form than
   (loss, metrics), or (loss, (metrics, new_model_state)), with a scalar loss.
 
   Without this a bare loss fails deep inside JAX's value_and_grad.
   """
-  want = ('(loss, (metrics, new_model_state))' if has_model_state else
-          '(loss, metrics)')
+  want = ('(loss, (metrics, new_model_state))'
+          if has_model_state else '(loss, metrics)')
 
   def refuse(got: str):
     raise exit_codes.ConfigError(
@@ -116,6 +117,7 @@ def checked_output(loss_fn: LossFn, has_model_state: bool,
     _check_metrics(metrics, want)
     _check_loss_metric(metrics, out[0])
     return out
+
   return checked
 
 

@@ -69,9 +69,11 @@ class ScaleState(NamedTuple):
 
 def scaled(loss_fn, scale):
   """loss_fn with its loss (the first output) multiplied by `scale`."""
+
   def call(*args):
     loss, aux = loss_fn(*args)
     return scale * loss, aux
+
   return call
 
 
@@ -104,18 +106,19 @@ def wrap(optimizer: optax.GradientTransformation,
     updates, inner = optimizer.update(grads, state.inner, params)
     updates = jax.tree_util.tree_map(
         lambda u: jnp.where(finite, u, jnp.zeros_like(u)), updates)
-    inner = jax.tree_util.tree_map(
-        lambda new, old: jnp.where(finite, new, old), inner, state.inner)
+    inner = jax.tree_util.tree_map(lambda new, old: jnp.where(finite, new, old),
+                                   inner, state.inner)
     grow = state.fin_steps == settings.growth_interval
-    grown = jnp.where(grow & finite, jnp.minimum(
-        state.scale * settings.growth_factor, jnp.finfo(jnp.float32).max),
-                      state.scale)
+    grown = jnp.where(
+        grow & finite,
+        jnp.minimum(state.scale * settings.growth_factor,
+                    jnp.finfo(jnp.float32).max), state.scale)
     backed_off = state.scale * settings.backoff_factor
     if settings.minimum_scale is not None:
       backed_off = jnp.maximum(backed_off, settings.minimum_scale)
     scale = jnp.where(finite, grown, backed_off).astype(jnp.float32)
-    fin_steps = jnp.where(grow | ~finite, 0, state.fin_steps + 1).astype(
-        jnp.int32)
+    fin_steps = jnp.where(grow | ~finite, 0,
+                          state.fin_steps + 1).astype(jnp.int32)
     return updates, ScaleState(scale, fin_steps, finite, inner)
 
   return optax.GradientTransformation(init, update)
@@ -130,5 +133,7 @@ def kept_where_skipped(state: ScaleState, new_params, params):
 
 def metrics(state: ScaleState) -> dict[str, jax.Array]:
   """The step's loss-scale metrics, from the state after it."""
-  return {'loss_scale': state.scale,
-          'loss_scale_skipped': 1.0 - state.finite.astype(jnp.float32)}
+  return {
+      'loss_scale': state.scale,
+      'loss_scale_skipped': 1.0 - state.finite.astype(jnp.float32)
+  }

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import jax
 
-_GIB = 1024 ** 3
+_GIB = 1024**3
 
 
 def _size(n: float) -> str:
@@ -70,12 +70,12 @@ def of_compiled(compiled: Any) -> Optional[StepMemory]:
     stats = stats[0] if stats else None
     if stats is None:
       return None
-  return StepMemory(
-      arguments=int(stats.argument_size_in_bytes),
-      outputs=int(stats.output_size_in_bytes),
-      aliased=int(stats.alias_size_in_bytes),
-      temporaries=int(stats.temp_size_in_bytes),
-      code=int(getattr(stats, 'generated_code_size_in_bytes', 0) or 0))
+  return StepMemory(arguments=int(stats.argument_size_in_bytes),
+                    outputs=int(stats.output_size_in_bytes),
+                    aliased=int(stats.alias_size_in_bytes),
+                    temporaries=int(stats.temp_size_in_bytes),
+                    code=int(
+                        getattr(stats, 'generated_code_size_in_bytes', 0) or 0))
 
 
 def device_limit() -> Optional[int]:

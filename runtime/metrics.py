@@ -66,8 +66,11 @@ class MetricsWriter:
     >>> writer.write(100, {'loss': 0.1, 'steps_per_sec': 50.0})
   """
 
-  def __init__(self, workdir: str, is_process_0: bool,
-               resume_step: Optional[int] = None, tensorboard_events=True,
+  def __init__(self,
+               workdir: str,
+               is_process_0: bool,
+               resume_step: Optional[int] = None,
+               tensorboard_events=True,
                fields: Optional[dict[str, Any]] = None):
     self.is_process_0 = is_process_0
     # On every row, in TensorBoard too: a resume on another topology shows.
@@ -84,9 +87,9 @@ class MetricsWriter:
       else:
         dropped = keep_records_up_to(path, resume_step)
         if dropped:
-          logging.info('dropped %d records after step %d from %s; they are '
-                       'logged again from the checkpoint', dropped,
-                       resume_step, path)
+          logging.info(
+              'dropped %d records after step %d from %s; they are '
+              'logged again from the checkpoint', dropped, resume_step, path)
         self._file = open(path, 'a')
 
   def write(self, step: int, metrics: dict[str, Any]) -> None:
@@ -136,8 +139,7 @@ class Window:
     if self.timing:
       self.input_wait_s += seconds
 
-  def add(self, stacked: dict[str, np.ndarray], steps: int,
-          now: float) -> None:
+  def add(self, stacked: dict[str, np.ndarray], steps: int, now: float) -> None:
     """`steps` steps retired at `now`, with their metrics stacked
     ({name: (steps,)})."""
     self.steps += steps
@@ -162,6 +164,8 @@ class Window:
     if not self.timed_steps:
       return {}
     elapsed = max(now - self.start, 1e-9)
-    return {'steps_per_sec': self.timed_steps / elapsed,
-            'examples_per_sec': self.timed_steps / elapsed * global_batch_size,
-            'input_wait_fraction': self.input_wait_s / elapsed}
+    return {
+        'steps_per_sec': self.timed_steps / elapsed,
+        'examples_per_sec': self.timed_steps / elapsed * global_batch_size,
+        'input_wait_fraction': self.input_wait_s / elapsed
+    }

@@ -96,29 +96,34 @@ class TrainOptions:
   attempt: str = ''
 
   @classmethod
-  def of(cls, config: ConfigDict, workdir: str,
+  def of(cls,
+         config: ConfigDict,
+         workdir: str,
          told: Optional[handoff.Handoff] = None) -> 'TrainOptions':
     """Reads a config made from runtime/config_base.py, and what the
     launcher told this process (default: handoff.current())."""
     profile = config.get('profile') or {}
     told = told or handoff.current()
-    return cls(
-        steps=config.steps,
-        data=Data(global_batch_size=config.global_batch_size,
-                  seed=config.seed, shuffle=bool(config.data.shuffle),
-                  prefetch=config.prefetch,
-                  on_device=(None if config.data.get('on_device', False) is
-                             None else bool(config.data.on_device)),
-                  workers=readers.parse(config.data.get('workers', 0) or 0)),
-        logging=Logging(every=config.log_every,
-                        tensorboard=bool(config.tensorboard),
-                        profile_start=profile.get('start_step', 0) or 0,
-                        profile_steps=profile.get('num_steps', 0) or 0,
-                        metrics_prefix=config.get('metrics_prefix') or ''),
-        eval_every=config.eval_every,
-        integrity_every=config.integrity_every,
-        max_steps_in_flight=config.max_steps_in_flight,
-        checkpointing=Checkpointing.of(config, workdir),
-        steps_per_dispatch=dispatch.parse(
-            config.get('steps_per_dispatch', dispatch.AUTO)),
-        elastic=told.elastic, attempt=told.attempt or '')
+    return cls(steps=config.steps,
+               data=Data(global_batch_size=config.global_batch_size,
+                         seed=config.seed,
+                         shuffle=bool(config.data.shuffle),
+                         prefetch=config.prefetch,
+                         on_device=(None if config.data.get('on_device', False)
+                                    is None else bool(config.data.on_device)),
+                         workers=readers.parse(
+                             config.data.get('workers', 0) or 0)),
+               logging=Logging(every=config.log_every,
+                               tensorboard=bool(config.tensorboard),
+                               profile_start=profile.get('start_step', 0) or 0,
+                               profile_steps=profile.get('num_steps', 0) or 0,
+                               metrics_prefix=config.get('metrics_prefix') or
+                               ''),
+               eval_every=config.eval_every,
+               integrity_every=config.integrity_every,
+               max_steps_in_flight=config.max_steps_in_flight,
+               checkpointing=Checkpointing.of(config, workdir),
+               steps_per_dispatch=dispatch.parse(
+                   config.get('steps_per_dispatch', dispatch.AUTO)),
+               elastic=told.elastic,
+               attempt=told.attempt or '')

@@ -80,9 +80,9 @@ class Plan:
     resumed = f', resuming at step {start}' if start else ''
     per_call = ('steps_per_dispatch=auto' if calls.per_dispatch is None else
                 f'{calls.per_dispatch} step(s) per call')
-    where_data = ('the data set on the devices' if options.data.on_device
-                  else 'batches from the host') + (
-                      f' ({self.data_why})' if self.data_why else '')
+    where_data = ('the data set on the devices' if options.data.on_device else
+                  'batches from the host') + (f' ({self.data_why})'
+                                              if self.data_why else '')
     return (f'training {options.steps} steps, global batch '
             f'{options.data.global_batch_size} '
             f'({self.batch_layout.describe()}), {self.parallelism}, '
@@ -105,24 +105,26 @@ def make(config: ConfigDict, workdir: str, task: task_lib.Task) -> Plan:
   where = _state_layout(config, state, task.shard_dims, options.elastic)
   batch_layout = _choose_layout(config, topo, workdir, task, state, options,
                                 where.batch_axis(par))
-  rows, _ = microbatches.process_positions(
-      batch_layout, topo.process_index, topo.local_device_count)
+  rows, _ = microbatches.process_positions(batch_layout, topo.process_index,
+                                           topo.local_device_count)
   programs = programs_lib.Programs(task, par, batch_layout, where)
-  figures = flops_lib.Figures(
-      topo.device_kind, batch_layout.num_devices, programs.flops_per_device,
-      options.data.global_batch_size, task.tokens_per_example,
-      task.flops_per_example)
+  figures = flops_lib.Figures(topo.device_kind, batch_layout.num_devices,
+                              programs.flops_per_device,
+                              options.data.global_batch_size,
+                              task.tokens_per_example, task.flops_per_example)
   return Plan(options, topo, par, state, where, batch_layout,
               rows.stop - rows.start,
-              max_steps_in_flight(options.max_steps_in_flight, topo.platform),
-              programs, figures, data_why)
+              max_steps_in_flight(options.max_steps_in_flight,
+                                  topo.platform), programs, figures, data_why)
 
 
 def layout_fields(topo, batch_layout: microbatches.Layout) -> dict[str, int]:
   """What every metrics row says of the topology that computed it."""
-  return {'num_processes': topo.process_count,
-          'num_devices': batch_layout.num_devices,
-          'microbatches': batch_layout.microbatches}
+  return {
+      'num_processes': topo.process_count,
+      'num_devices': batch_layout.num_devices,
+      'microbatches': batch_layout.microbatches
+  }
 
 
 def max_steps_in_flight(configured: Optional[int], platform: str) -> int:
@@ -145,8 +147,8 @@ def max_steps_in_flight(configured: Optional[int], platform: str) -> int:
 def step_bytes(task: task_lib.Task, rows: int) -> int:
   """The bytes of `rows` examples: one step's batch on one host."""
   example = data_lib.first_example(task.data)
-  return rows * sum(np.asarray(x).nbytes
-                    for x in jax.tree_util.tree_leaves(example))
+  return rows * sum(
+      np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(example))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,31 +173,37 @@ def calls(plan: Plan, task: task_lib.Task,
   every = hooks_lib.cadences(hooks)
   auto = dispatch.Auto(
       every, platform, lambda last: local_cadence.recent_step_s(last),
-      coordination.current(),
-      lambda: 0 if options.data.on_device else step_bytes(
-          task, plan.rows_per_process))
+      coordination.current(), lambda: 0
+      if options.data.on_device else step_bytes(task, plan.rows_per_process))
   k = options.steps_per_dispatch
   if k is not None:
     dispatch.check_cadences(k, every)
     return Calls(k, auto)
-  others = [type(h).__name__ for h in task.hooks
-            if not isinstance(h, hooks_lib.Periodic)]
+  others = [
+      type(h).__name__
+      for h in task.hooks
+      if not isinstance(h, hooks_lib.Periodic)
+  ]
   if platform == 'cpu' or others:
     if others and jax.process_index() == 0:
-      logging.info('steps_per_dispatch=auto: one step per call, since the '
-                   'task\'s hooks %s are called after every step', others)
+      logging.info(
+          'steps_per_dispatch=auto: one step per call, since the '
+          'task\'s hooks %s are called after every step', others)
     return Calls(1, auto)
   return Calls(None, auto)
 
 
-_REPLICA_WORDS = {'process': 'one per process', 'slice': 'one per slice',
-                  'all': 'every device'}
+_REPLICA_WORDS = {
+    'process': 'one per process',
+    'slice': 'one per slice',
+    'all': 'every device'
+}
 
 
-def _state_layout(config: ConfigDict, state: step_lib.TrainState,
-                  task_dims: Optional[Mapping[str, Optional[int]]],
-                  elastic: Optional[tuple[int, int]]
-                  ) -> state_layout.StateLayout:
+def _state_layout(
+    config: ConfigDict, state: step_lib.TrainState,
+    task_dims: Optional[Mapping[str, Optional[int]]],
+    elastic: Optional[tuple[int, int]]) -> state_layout.StateLayout:
   """Where the state lives, with the console's line on it, in a job of a
   fixed size or of `elastic`'s (fewest, most) processes."""
   replica = state_layout.replica_of(config, elastic)
@@ -205,17 +213,22 @@ def _state_layout(config: ConfigDict, state: step_lib.TrainState,
   shards = grid.shape[state_layout.SHARD_AXIS]
   # The config's patterns first: the first that names a leaf wins.
   from_config = state_layout.parse_dims(config.get('shard_dims', ''))
-  overrides = {**from_config, **{k: v for k, v in (task_dims or {}).items()
-                                 if k not in from_config}}
+  overrides = {
+      **from_config,
+      **{
+          k: v for k, v in (task_dims or {}).items() if k not in from_config
+      }
+  }
   specs = state_layout.specs(state, shards, overrides)
   used = state_layout.footprint(state, specs, shards)
   chosen = ('' if config.get('parallelism') else
             '; parallelism shard_map, chosen for it (pmap holds every '
             'argument whole)')
-  return state_layout.StateLayout(step_lib.state_shardings(grid, specs), (
-      f'state sharded: {grid.shape[state_layout.REPLICA_AXIS]} replica(s) '
-      f'({_REPLICA_WORDS[replica]}) of {shards} device(s){chosen}; '
-      f'{used.describe()}'))
+  return state_layout.StateLayout(
+      step_lib.state_shardings(grid, specs),
+      (f'state sharded: {grid.shape[state_layout.REPLICA_AXIS]} replica(s) '
+       f'({_REPLICA_WORDS[replica]}) of {shards} device(s){chosen}; '
+       f'{used.describe()}'))
 
 
 def _data_on_device(options: options_lib.TrainOptions, task: task_lib.Task,
@@ -226,8 +239,9 @@ def _data_on_device(options: options_lib.TrainOptions, task: task_lib.Task,
     return options, ''
   chosen, why = device_data.choose(task.data, platform,
                                    jax.local_devices()[0].memory_stats())
-  return dataclasses.replace(options, data=dataclasses.replace(
-      options.data, on_device=chosen)), why
+  return dataclasses.replace(options,
+                             data=dataclasses.replace(options.data,
+                                                      on_device=chosen)), why
 
 
 def _choose_layout(config: ConfigDict, topo, workdir: str, task: task_lib.Task,
@@ -240,6 +254,5 @@ def _choose_layout(config: ConfigDict, topo, workdir: str, task: task_lib.Task,
       task.loss_fn, randomness.contract(task.rng, task.loss_uses_rng),
       task.model_state is not None, state, task.data, axis,
       topo.process_count * topo.local_device_count)
-  return batch_layout_lib.choose(config, topo, workdir,
-                                 task.model_state is not None,
-                                 options.elastic, mixing, axis)
+  return batch_layout_lib.choose(config, topo, workdir, task.model_state
+                                 is not None, options.elastic, mixing, axis)

@@ -63,7 +63,8 @@ class Notice:
 
   def __enter__(self) -> 'Notice':
     self._uses_jax = _jax_sync_available()
-    if not self._uses_jax and threading.current_thread() is threading.main_thread():
+    if not self._uses_jax and threading.current_thread(
+    ) is threading.main_thread():
       self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
     return self
 

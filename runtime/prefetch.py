@@ -26,15 +26,19 @@ class Prefetcher:
     ...     batch, waited_s = batches.next(step)
   """
 
-  def __init__(self, make_batch: Callable[[int], Any], steps: Iterable[int],
+  def __init__(self,
+               make_batch: Callable[[int], Any],
+               steps: Iterable[int],
                size: int = 2):
     if size < 1:
       raise ValueError(f'prefetch size {size}; it must be at least 1')
     self._make_batch = make_batch
     self._ready = queue.Queue(maxsize=size)
     self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._fill, args=(iter(steps),),
-                                    name='podrun-prefetch', daemon=True)
+    self._thread = threading.Thread(target=self._fill,
+                                    args=(iter(steps),),
+                                    name='podrun-prefetch',
+                                    daemon=True)
     self._thread.start()
 
   def _fill(self, steps) -> None:

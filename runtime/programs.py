@@ -28,7 +28,9 @@ class Programs:
   late recompilations. Only the one-step program's FLOPs are measured (XLA's
   cost analysis counts a scan's body once)."""
 
-  def __init__(self, task: task_lib.Task, par,
+  def __init__(self,
+               task: task_lib.Task,
+               par,
                batch_layout: microbatches.Layout,
                where: state_layout.StateLayout = state_layout.REPLICATED):
     self._task, self._par, self._batch_layout = task, par, batch_layout
@@ -65,18 +67,27 @@ class Programs:
     task, has_model_state = self._task, self._task.model_state is not None
     scaled = task.loss_scale is not None
     if not self._where.sharded:
-      step = step_lib.make_train_step(
-          task.loss_fn, task.step_optimizer(), self._par, rng=self._contract,
-          has_model_state=has_model_state, layout=self._batch_layout,
-          steps=steps, loss_scale=scaled)
+      step = step_lib.make_train_step(task.loss_fn,
+                                      task.step_optimizer(),
+                                      self._par,
+                                      rng=self._contract,
+                                      has_model_state=has_model_state,
+                                      layout=self._batch_layout,
+                                      steps=steps,
+                                      loss_scale=scaled)
     else:
-      step = step_lib.make_sharded_train_step(
-          task.loss_fn, task.step_optimizer(), self._where.shardings,
-          rng=self._contract, has_model_state=has_model_state,
-          layout=self._batch_layout, steps=steps, loss_scale=scaled)
+      step = step_lib.make_sharded_train_step(task.loss_fn,
+                                              task.step_optimizer(),
+                                              self._where.shardings,
+                                              rng=self._contract,
+                                              has_model_state=has_model_state,
+                                              layout=self._batch_layout,
+                                              steps=steps,
+                                              loss_scale=scaled)
     if steps == 1:
       step = self._measured = flops_lib.Measured(step)
     stage = 'program' if steps == 1 else f'program_{steps}_steps'
     name = 'the train step' if steps == 1 else f'the {steps}-step call'
-    return structure.RecompileWatch(agreement.check_program_on_first_call(
-        step, coordination.current(), stage), name)
+    return structure.RecompileWatch(
+        agreement.check_program_on_first_call(step, coordination.current(),
+                                              stage), name)

@@ -31,9 +31,9 @@ from runtime.common import exit_codes
 DEVICE, EXAMPLE = 'device', 'example'
 CONTRACTS = (DEVICE, EXAMPLE)
 # What jax.random, runtime.dropout and Flax say of a key of the wrong shape.
-_KEY_ERROR = re.compile(r'accepts a single key|key array of shape|keys? for '
-                        r'\d+ examples|PRNG key|key_data|random key',
-                        re.IGNORECASE)
+_KEY_ERROR = re.compile(
+    r'accepts a single key|key array of shape|keys? for '
+    r'\d+ examples|PRNG key|key_data|random key', re.IGNORECASE)
 
 
 def contract(rng: Optional[str], loss_uses_rng: bool) -> Optional[str]:
@@ -92,6 +92,7 @@ def explained(loss_fn: Callable, chosen: Optional[str]) -> Callable:
         raise
       shape = tuple(getattr(args[-1], 'shape', ()))
       raise exit_codes.ConfigError(_mismatch(chosen, shape, e)) from e
+
   return call
 
 
@@ -133,12 +134,14 @@ def per_example(forward: Callable[..., Any]) -> Callable[..., Any]:
     ...       lambda key, x: model(x, rngs=nnx.Rngs(dropout=key)))(
     ...           rng, batch['tokens'])
   """
+
   def one(key, *inputs):
     outputs = forward(key, *jax.tree_util.tree_map(lambda x: x[None], inputs))
     return jax.tree_util.tree_map(lambda y: y[0], outputs)
 
   def run(keys, *inputs):
     return jax.vmap(one)(keys, *inputs)
+
   return run
 
 
@@ -181,6 +184,6 @@ def dropout(keys: jax.Array, rate: float, x: jax.Array) -> jax.Array:
                      'dropout takes one key per example (the rows of x)')
   if rate == 0.0:
     return x
-  keep = jax.vmap(lambda k, row: jax.random.bernoulli(
-      k, 1.0 - rate, row.shape))(keys, x)
+  keep = jax.vmap(
+      lambda k, row: jax.random.bernoulli(k, 1.0 - rate, row.shape))(keys, x)
   return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))

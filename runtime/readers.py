@@ -84,8 +84,10 @@ class Readers:
     self.workers = workers
     self._source = source
     self._pool = futures.ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context('spawn'),
-        initializer=record_reader.start, initargs=(source,))
+        workers,
+        mp_context=multiprocessing.get_context('spawn'),
+        initializer=record_reader.start,
+        initargs=(source,))
 
   def read(self, ids: np.ndarray) -> Any:
     """The records `ids` in order, read by the workers; each leaf
@@ -136,8 +138,8 @@ def parse(value: Any) -> int:
     return AUTO
   if isinstance(value, str) and value.isdigit():
     value = int(value)
-  if (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-      and value >= AUTO):
+  if (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and
+      value >= AUTO):
     return int(value)
   raise exit_codes.ConfigError(
       f'config.data.workers={value!r}; it must be a number of worker '
@@ -164,7 +166,9 @@ def unpicklable(source: Any) -> str:
   return ''
 
 
-def workers_for(record_s: float, rows: int, spare_cores: int,
+def workers_for(record_s: float,
+                rows: int,
+                spare_cores: int,
                 cpu_share: float = 1.0) -> int:
   """Auto's workers: none where a step's `rows` records take under
   AUTO_STEP_READ_S at `record_s` each; else as many as bring that to
@@ -197,8 +201,7 @@ def spare_cores(client: Optional[coordination.Client]) -> int:
   if client is not None and client.process_count > 1:
     host = socket.gethostname()
     client.publish(_HOST_KEY, host)
-    here = sum(1 for name in client.gather(_HOST_KEY).values()
-               if name == host)
+    here = sum(1 for name in client.gather(_HOST_KEY).values() if name == host)
   return max(0, cores // here - 1)
 
 

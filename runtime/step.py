@@ -48,8 +48,12 @@ class TrainState(NamedTuple):
   rng: Any
 
 
-def _loss_and_grads(loss_fn: LossFn, state: TrainState, batch: Any,
-                    extra: tuple, has_model_state: bool, axis: Any = _AXIS,
+def _loss_and_grads(loss_fn: LossFn,
+                    state: TrainState,
+                    batch: Any,
+                    extra: tuple,
+                    has_model_state: bool,
+                    axis: Any = _AXIS,
                     scale: Any = None):
   """(loss, metrics, new model_state, grads) of one device's batch; with a
   loss `scale` (runtime/loss_scale.py), the gradients of the scaled loss,
@@ -57,8 +61,8 @@ def _loss_and_grads(loss_fn: LossFn, state: TrainState, batch: Any,
   loss_fn = loss_contract.checked_output(loss_fn, has_model_state, axis)
   if scale is not None:
     loss_fn = loss_scale_lib.scaled(loss_fn, scale)
-  args = ((state.params, state.model_state, batch, *extra) if has_model_state
-          else (state.params, batch, *extra))
+  args = ((state.params, state.model_state, batch,
+           *extra) if has_model_state else (state.params, batch, *extra))
   (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(*args)
   if scale is not None:
     loss, grads = loss_scale_lib.unscaled(loss, grads, scale)
@@ -68,20 +72,31 @@ def _loss_and_grads(loss_fn: LossFn, state: TrainState, batch: Any,
   return loss, metrics, model_state, grads
 
 
-def _group_values(loss_fn: LossFn, state: TrainState, group: Any,
-                  extra: tuple, has_model_state: bool, axis: Any = _AXIS,
+def _group_values(loss_fn: LossFn,
+                  state: TrainState,
+                  group: Any,
+                  extra: tuple,
+                  has_model_state: bool,
+                  axis: Any = _AXIS,
                   scale: Any = None):
   """({**metrics, 'loss'}, new model_state, grads) of one group."""
-  loss, metrics, model_state, grads = _loss_and_grads(
-      loss_fn, state, group, extra, has_model_state, axis, scale)
+  loss, metrics, model_state, grads = _loss_and_grads(loss_fn, state, group,
+                                                      extra, has_model_state,
+                                                      axis, scale)
   structure.check_same('model_state', state.model_state, model_state,
                        loss_contract.MODEL_STATE_HINT)
   return {**metrics, 'loss': loss}, model_state, grads
 
 
-def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
-                 layout: microbatches_lib.Layout, rng: Optional[str],
-                 has_model_state: bool, axis: Any = _AXIS, scale: Any = None):
+def _accumulated(loss_fn: LossFn,
+                 state: TrainState,
+                 batch: Any,
+                 step_rng,
+                 layout: microbatches_lib.Layout,
+                 rng: Optional[str],
+                 has_model_state: bool,
+                 axis: Any = _AXIS,
+                 scale: Any = None):
   """Metrics, model state and grads averaged over the step's real groups.
 
   One device's batch, (k x m, ...) per leaf, runs as k groups of m, one
@@ -95,8 +110,8 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
   of configs/mnist_cnn.py 9x slower on XLA:CPU; BUILD_NOTES.md.)
   """
   k, m = layout.microbatches, layout.microbatch_size
-  groups = jax.tree_util.tree_map(
-      lambda x: x.reshape((k, m) + x.shape[1:]), batch)
+  groups = jax.tree_util.tree_map(lambda x: x.reshape((k, m) + x.shape[1:]),
+                                  batch)
   first = lax.axis_index(axis) * k
 
   def counted(group, j):
@@ -111,8 +126,10 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
   if k == 1:
     sums = counted(jax.tree_util.tree_map(lambda x: x[0], groups), 0)
   else:
+
     def one(sums, xs):
       return jax.tree_util.tree_map(jnp.add, sums, counted(xs[1], xs[0])), None
+
     zeros = jax.tree_util.tree_map(
         lambda s: jnp.zeros(s.shape, s.dtype),
         jax.eval_shape(counted, jax.tree_util.tree_map(lambda x: x[0], groups),
@@ -123,8 +140,8 @@ def _accumulated(loss_fn: LossFn, state: TrainState, batch: Any, step_rng,
 
 
 def loss_collectives(loss_fn: LossFn, state: TrainState, group: Any,
-                      rng: Optional[str], has_model_state: bool,
-                      axis: Any, num_devices: int) -> tuple[str, ...]:
+                     rng: Optional[str], has_model_state: bool, axis: Any,
+                     num_devices: int) -> tuple[str, ...]:
   """The collectives over `axis` that loss_fn takes on one group, read from
   the jaxpr of the step's forward and backward pass (nothing runs).
 
@@ -146,18 +163,21 @@ def loss_collectives(loss_fn: LossFn, state: TrainState, group: Any,
     extra = randomness.keys_for(rng, step_rng, 0, 0, rows)
     return _loss_and_grads(explained, state, group, extra, has_model_state,
                            axis)
+
   key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-  jaxpr = jax.make_jaxpr(values, axis_env=[(axis, num_devices)])(
-      state, group, key)
+  jaxpr = jax.make_jaxpr(values, axis_env=[(axis, num_devices)])(state, group,
+                                                                 key)
   return collectives.over_axis(jaxpr, axis)
 
 
-def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
+def make_train_step(loss_fn: LossFn,
+                    optimizer: optax.GradientTransformation,
                     parallelism: parallelism_lib.Parallelism,
                     rng: Optional[str] = None,
                     has_model_state: bool = False,
                     layout: Optional[microbatches_lib.Layout] = None,
-                    steps: int = 1, loss_scale: bool = False) -> Callable:
+                    steps: int = 1,
+                    loss_scale: bool = False) -> Callable:
   """Builds the data-parallel step `(state, batch) -> (state, metrics)`.
 
   Each device computes the loss and gradients of its share of the batch; the
@@ -204,8 +224,11 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     >>> state, metrics = step(state, parallelism.PMAP.put_batch(batch))
   """
   loss_contract.check_loss_fn(loss_fn, rng is not None, has_model_state)
-  values = _device_values(randomness.explained(loss_fn, rng), rng, layout,
-                          has_model_state, axis=parallelism.axis)
+  values = _device_values(randomness.explained(loss_fn, rng),
+                          rng,
+                          layout,
+                          has_model_state,
+                          axis=parallelism.axis)
 
   def step(state: TrainState, batch: Any):
     next_rng, step_rng = jax.random.split(state.rng)
@@ -215,15 +238,16 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     return new, _with_scale_metrics(metrics, new)
 
   return parallelism.map(_scanned(step, steps, _device_steps),
-                         in_axes=(None, 0), out_axes=(None, None),
+                         in_axes=(None, 0),
+                         out_axes=(None, None),
                          donate_argnums=(0,))
 
 
 def _device_steps(batch: Any, steps: int) -> Any:
   """One device's rows of `steps` steps, (steps x n, ...) per leaf, in step
   order, as (steps, n, ...)."""
-  return jax.tree_util.tree_map(
-      lambda x: x.reshape((steps, -1) + x.shape[1:]), batch)
+  return jax.tree_util.tree_map(lambda x: x.reshape((steps, -1) + x.shape[1:]),
+                                batch)
 
 
 def _scanned(step: Callable, steps: int, split: Callable) -> Callable:
@@ -235,12 +259,15 @@ def _scanned(step: Callable, steps: int, split: Callable) -> Callable:
 
   def run(state, batch):
     return lax.scan(step, state, split(batch, steps))
+
   return run
 
 
-def _device_values(loss_fn: LossFn, contract: Optional[str],
+def _device_values(loss_fn: LossFn,
+                   contract: Optional[str],
                    layout: Optional[microbatches_lib.Layout],
-                   has_model_state: bool, axis: Any = _AXIS) -> Callable:
+                   has_model_state: bool,
+                   axis: Any = _AXIS) -> Callable:
   """One device's part of a step: `(state, batch, step_rng) -> (metrics,
   model_state, grads)`, each averaged over every device.
 
@@ -255,10 +282,12 @@ def _device_values(loss_fn: LossFn, contract: Optional[str],
       device = lax.axis_index(axis)
       extra = randomness.keys_for(contract, step_rng, device, device * rows,
                                   rows)
-      return lax.pmean(_group_values(loss_fn, state, batch, extra,
-                                     has_model_state, axis, scale), axis)
+      return lax.pmean(
+          _group_values(loss_fn, state, batch, extra, has_model_state, axis,
+                        scale), axis)
     return _accumulated(loss_fn, state, batch, step_rng, layout, contract,
                         has_model_state, axis, scale)
+
   return values
 
 
@@ -266,7 +295,9 @@ def _applied(optimizer: optax.GradientTransformation, state: TrainState,
              grads: Any, model_state: Any, next_rng) -> TrainState:
   """The state after the optimiser's update with `grads`."""
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  structure.check_same('the optimiser\'s updates', state.params, updates,
+  structure.check_same('the optimiser\'s updates',
+                       state.params,
+                       updates,
                        dtypes=False)
   structure.check_same('the optimiser state', state.opt_state, opt_state)
   params = optax.apply_updates(state.params, updates)
@@ -355,11 +386,13 @@ def make_sharded_train_step(loss_fn: LossFn,
       rows = rows.reshape((steps, -1) + x.shape[1:])
       return lax.with_sharding_constraint(
           rows, NamedSharding(grid, PartitionSpec(None, every)))
+
     return jax.tree_util.tree_map(one, batch)
 
   whole = NamedSharding(parallelism_lib.global_mesh(), PartitionSpec())
   return jax.jit(_scanned(step, steps, global_steps),
-                 out_shardings=(placed, whole), donate_argnums=(0,))
+                 out_shardings=(placed, whole),
+                 donate_argnums=(0,))
 
 
 def _global_loss(loss_fn: LossFn, contract: Optional[str],
@@ -394,8 +427,8 @@ def _global_loss(loss_fn: LossFn, contract: Optional[str],
                                   rows)
       return group_values(params, model_state, batch, extra)
     m = layout.microbatch_size
-    split = jax.tree_util.tree_map(
-        lambda x: x.reshape((k, m) + x.shape[1:]), batch)
+    split = jax.tree_util.tree_map(lambda x: x.reshape((k, m) + x.shape[1:]),
+                                   batch)
 
     def one(sums, xs):
       j, group = xs
@@ -404,42 +437,49 @@ def _global_loss(loss_fn: LossFn, contract: Optional[str],
       out = group_values(params, model_state, group, extra)
       # A padding group counts nothing (`where` also drops a NaN it gave).
       out = jax.tree_util.tree_map(
-          lambda x: jnp.where(index < layout.real_groups, x,
-                              jnp.zeros_like(x)), out)
+          lambda x: jnp.where(index < layout.real_groups, x, jnp.zeros_like(x)),
+          out)
       return jax.tree_util.tree_map(jnp.add, sums, out), None
+
     first = jax.tree_util.tree_map(lambda x: x[0], split)
     zeros = jax.tree_util.tree_map(
         lambda s: jnp.zeros(s.shape, s.dtype),
-        jax.eval_shape(lambda g: group_values(
-            params, model_state, g,
-            randomness.keys_for(contract, step_rng, 0, 0, m)), first))
+        jax.eval_shape(
+            lambda g: group_values(
+                params, model_state, g,
+                randomness.keys_for(contract, step_rng, 0, 0, m)), first))
     sums, _ = lax.scan(one, zeros, (jnp.arange(k), split))
     return sums
 
-  mapped = jax.vmap(device_sums, in_axes=(None, None, 0, None),
-                    axis_name=_AXIS, spmd_axis_name=every)
+  mapped = jax.vmap(device_sums,
+                    in_axes=(None, None, 0, None),
+                    axis_name=_AXIS,
+                    spmd_axis_name=every)
 
   def total(params, model_state, rows, step_rng):
     sums = mapped(params, model_state, rows, step_rng)
     return jax.tree_util.tree_map(lambda x: x.sum(0) / groups, sums)
+
   return total
 
 
 def state_shardings(grid: Mesh, state_specs: Any) -> Any:
   """`state_specs`'s PartitionSpecs as NamedShardings on `grid`, for
   jax.device_put of a host state."""
-  return jax.tree_util.tree_map(
-      lambda spec: NamedSharding(grid, spec), state_specs,
-      is_leaf=lambda x: isinstance(x, PartitionSpec))
+  return jax.tree_util.tree_map(lambda spec: NamedSharding(grid, spec),
+                                state_specs,
+                                is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
-def init_state(params: Any, optimizer: optax.GradientTransformation,
-               seed: int = 0, model_state: Any = None) -> TrainState:
+def init_state(params: Any,
+               optimizer: optax.GradientTransformation,
+               seed: int = 0,
+               model_state: Any = None) -> TrainState:
   """Fresh optimiser state and RNG key for `params`, on host (numpy).
 
   Pass the result to `parallelism.replicate` to train with it.
   """
   rng = np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32)
-  return jax.device_get(TrainState(
-      params, {} if model_state is None else model_state,
-      optimizer.init(params), rng))
+  return jax.device_get(
+      TrainState(params, {} if model_state is None else model_state,
+                 optimizer.init(params), rng))

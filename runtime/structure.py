@@ -24,7 +24,6 @@ from runtime.common import exit_codes
 from runtime.common import mappings
 from runtime import compile_events
 
-
 # A leaf the new tree lacks.
 _MISSING = '(missing)'
 
@@ -37,30 +36,37 @@ class StructureError(exit_codes.PodrunError, TypeError):
 def _describe(leaf: Any, dtypes: bool) -> str:
   dtype = getattr(leaf, 'dtype', None)
   shape = getattr(leaf, 'shape', np.shape(leaf))
-  name = (np.dtype(dtype).name if dtype is not None else
-          getattr(leaf, 'type_name', type(leaf).__name__))
+  name = (np.dtype(dtype).name if dtype is not None else getattr(
+      leaf, 'type_name',
+      type(leaf).__name__))
   return f'{name if dtypes else ""}[{",".join(map(str, shape))}]'
 
 
 def _leaves(tree: Any, dtypes: bool) -> dict[str, str]:
-  return {jax.tree_util.keystr(path): _describe(leaf, dtypes)
-          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+  return {
+      jax.tree_util.keystr(path): _describe(leaf, dtypes)
+      for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+  }
 
 
 def differences(old: Any, new: Any, dtypes: bool = True) -> list[str]:
   """'path: old -> new' for each leaf added, removed, reshaped or (with
   `dtypes`) of another dtype."""
-  lines = [f'{path or "(the root)"}: {was} -> {now}' for path, was, now
-           in mappings.changes(_leaves(old, dtypes), _leaves(new, dtypes),
-                                _MISSING)]
-  if not lines and (jax.tree_util.tree_structure(old) !=
-                    jax.tree_util.tree_structure(new)):
+  lines = [
+      f'{path or "(the root)"}: {was} -> {now}' for path, was, now in
+      mappings.changes(_leaves(old, dtypes), _leaves(new, dtypes), _MISSING)
+  ]
+  if not lines and (jax.tree_util.tree_structure(old)
+                    != jax.tree_util.tree_structure(new)):
     lines.append(f'the container types: {jax.tree_util.tree_structure(old)} '
                  f'-> {jax.tree_util.tree_structure(new)}')
   return lines
 
 
-def check_same(what: str, old: Any, new: Any, hint: str = '',
+def check_same(what: str,
+               old: Any,
+               new: Any,
+               hint: str = '',
                dtypes: bool = True) -> None:
   """Raises StructureError naming every path of `new` that differs from `old`.
 
@@ -89,8 +95,10 @@ def _describe_argument(leaf: Any) -> str:
 
 
 def _arguments(args: Any) -> dict[str, str]:
-  return {jax.tree_util.keystr(path): _describe_argument(leaf)
-          for path, leaf in jax.tree_util.tree_leaves_with_path(args)}
+  return {
+      jax.tree_util.keystr(path): _describe_argument(leaf)
+      for path, leaf in jax.tree_util.tree_leaves_with_path(args)
+  }
 
 
 class _Leaf:
@@ -108,16 +116,16 @@ def _signature(args: tuple) -> tuple[Any, list[tuple]]:
   sharding): holds no array alive (one batch more on the accelerator
   otherwise). Plain tuples: this runs on every step."""
   leaves, treedef = jax.tree_util.tree_flatten(args)
-  return treedef, [
-      (l.shape if hasattr(l, 'shape') else np.shape(l),
-       getattr(l, 'dtype', None), getattr(l, 'weak_type', False),
-       getattr(l, 'sharding', None), type(l).__name__) for l in leaves]
+  return treedef, [(l.shape if hasattr(l, 'shape') else np.shape(l),
+                    getattr(l, 'dtype', None), getattr(l, 'weak_type', False),
+                    getattr(l, 'sharding', None), type(l).__name__)
+                   for l in leaves]
 
 
 def _described(signature: tuple[Any, list[tuple]]) -> dict[str, str]:
   treedef, leaves = signature
-  return _arguments(jax.tree_util.tree_unflatten(
-      treedef, [_Leaf(*leaf) for leaf in leaves]))
+  return _arguments(
+      jax.tree_util.tree_unflatten(treedef, [_Leaf(*leaf) for leaf in leaves]))
 
 
 class RecompileWatch:
@@ -154,11 +162,12 @@ class RecompileWatch:
     return out
 
   def _message(self, args: tuple) -> str:
-    changed = [f'{path}: {was} -> {now}' for path, was, now in
-               mappings.changes(_described(self._previous),
-                                _arguments(args), _MISSING)]
-    what = ('; '.join(changed[:5]) + (f'; and {len(changed) - 5} more'
-                                      if len(changed) > 5 else '')
+    changed = [
+        f'{path}: {was} -> {now}' for path, was, now in mappings.changes(
+            _described(self._previous), _arguments(args), _MISSING)
+    ]
+    what = ('; '.join(changed[:5]) +
+            (f'; and {len(changed) - 5} more' if len(changed) > 5 else '')
             if changed else 'no argument changed its shape, dtype or '
             'placement (a new trace, or an evicted cache entry)')
     return (f'{self._name} compiled again at call {self._calls}, after the '

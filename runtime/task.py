@@ -123,8 +123,8 @@ def _check_data(data: Any) -> None:
               callable(getattr(data, 'read_batch', None)))
   if has_len and readable:
     return
-  missing = ' and '.join(n for n, ok in (('len(data)', has_len),
-                                         ('data[i]', readable)) if not ok)
+  missing = ' and '.join(
+      n for n, ok in (('len(data)', has_len), ('data[i]', readable)) if not ok)
   raise DataSourceError(
       f'Task.data is {type(data).__module__}.{type(data).__name__}, which '
       f'has no {missing}. podrun reads examples by index, every one once '
@@ -172,9 +172,13 @@ class TrainResult:
 
   def summary(self) -> dict[str, Any]:
     """The JSON-able part, for summary.json: no parameters."""
-    out = {'fingerprint': self.fingerprint, 'start_step': self.start_step,
-           'eval': self.eval_metrics, 'topology': self.topology,
-           'chip': self.chip}
+    out = {
+        'fingerprint': self.fingerprint,
+        'start_step': self.start_step,
+        'eval': self.eval_metrics,
+        'topology': self.topology,
+        'chip': self.chip
+    }
     if jax.tree_util.tree_leaves(self.model_state):
       out['model_state_fingerprint'] = fingerprint_lib.fingerprint(
           self.model_state)

@@ -48,24 +48,31 @@ class EventWriter:
     if resume_step is not None:
       # TensorBoard drops the steps from here on that earlier files logged.
       purge = resume_step + 1
-      self._writer.write_event(event_pb2.Event(
-          step=purge, wall_time=time.time(), file_version='brain.Event:2'))
-      self._writer.write_event(event_pb2.Event(
-          step=purge, wall_time=time.time(), session_log=event_pb2.SessionLog(
-              status=event_pb2.SessionLog.START)))
+      self._writer.write_event(
+          event_pb2.Event(step=purge,
+                          wall_time=time.time(),
+                          file_version='brain.Event:2'))
+      self._writer.write_event(
+          event_pb2.Event(step=purge,
+                          wall_time=time.time(),
+                          session_log=event_pb2.SessionLog(
+                              status=event_pb2.SessionLog.START)))
     self.flush()
 
   def scalars(self, step: int, record: dict[str, Any]) -> None:
     """Writes every finite number of `record` as a scalar at `step`."""
-    values = [self._summary_pb2.Summary.Value(tag=name,
-                                              simple_value=float(value))
-              for name, value in record.items()
-              if not isinstance(value, bool) and
-              isinstance(value, numbers.Real) and math.isfinite(value)]
+    values = [
+        self._summary_pb2.Summary.Value(tag=name, simple_value=float(value))
+        for name, value in record.items()
+        if not isinstance(value, bool) and isinstance(value, numbers.Real) and
+        math.isfinite(value)
+    ]
     if values:
-      self._writer.write_event(self._event_pb2.Event(
-          step=step, wall_time=time.time(),
-          summary=self._summary_pb2.Summary(value=values)))
+      self._writer.write_event(
+          self._event_pb2.Event(
+              step=step,
+              wall_time=time.time(),
+              summary=self._summary_pb2.Summary(value=values)))
 
   def flush(self) -> None:
     self._writer.flush()

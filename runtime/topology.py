@@ -36,8 +36,8 @@ class Topology:
   num_slices: int = 1
 
   def describe(self) -> str:
-    slices = (f', across {self.num_slices} slices' if self.num_slices > 1
-              else '')
+    slices = (f', across {self.num_slices} slices'
+              if self.num_slices > 1 else '')
     return (f'process {self.process_index} of {self.process_count}, '
             f'{self.local_device_count} local x {self.process_count} processes'
             f' = {self.global_device_count} {self.platform} devices '
@@ -90,8 +90,8 @@ def current() -> Topology:
   local = jax.local_devices()
   # A TPU device names its slice; elsewhere (CPU emulation) the driver's
   # MEGASCALE_NUM_SLICES is all there is to read.
-  slices = ({getattr(d, 'slice_index', None) for d in jax.devices()} - {None}
-            if local[0].platform == 'tpu' else set())
+  slices = ({getattr(d, 'slice_index', None) for d in jax.devices()} -
+            {None} if local[0].platform == 'tpu' else set())
   return Topology(
       process_index=jax.process_index(),
       process_count=jax.process_count(),
@@ -109,7 +109,8 @@ def num_slices_from_env() -> int:
   return int(value) if value.isdigit() and int(value) > 0 else 1
 
 
-def expectations(config_topology: Any, implied: Sequence[Expectation] = (),
+def expectations(config_topology: Any,
+                 implied: Sequence[Expectation] = (),
                  **flag_values: Any) -> list[Expectation]:
   """Collects what the config and the launcher's flags expect of the pod.
 
@@ -143,7 +144,8 @@ def expectations(config_topology: Any, implied: Sequence[Expectation] = (),
       found.append(Expectation(factor, value, flag))
   conflicts = [
       f'{a.source}={a.value} but {b.source}={b.value}'
-      for i, a in enumerate(found) for b in found[i + 1:]
+      for i, a in enumerate(found)
+      for b in found[i + 1:]
       if a.factor == b.factor and a.value != b.value
   ]
   if conflicts:
@@ -216,11 +218,11 @@ def implied_by_accelerator(config: Any) -> list[Expectation]:
     slices = num_slices_from_env()
     if slices > 1:
       source += f' x MEGASCALE_NUM_SLICES={slices}'
-  return [Expectation('platform', 'tpu', source),
-          Expectation('num_processes', slice_.hosts * slices,
-                               source),
-          Expectation('local_devices', slice_.devices_per_host,
-                               source)]
+  return [
+      Expectation('platform', 'tpu', source),
+      Expectation('num_processes', slice_.hosts * slices, source),
+      Expectation('local_devices', slice_.devices_per_host, source)
+  ]
 
 
 def implied_by_pod_launch() -> list[Expectation]:
@@ -233,14 +235,15 @@ def implied_by_pod_launch() -> list[Expectation]:
   if not count:
     return []
   slices = num_slices_from_env()
-  what = (f'{slices} slices x {int(count) // slices} workers' if slices > 1
-          else f'{count} workers')
+  what = (f'{slices} slices x {int(count) // slices} workers'
+          if slices > 1 else f'{count} workers')
   variable = handoff.variable('expected_processes')
   source = (f'the TPU pod\'s {what} ({variable}, from '
             'scripts/launch_tpu_pod.sh)')
   expected = [Expectation('num_processes', int(count), source)]
   if slices > 1:
-    expected.append(Expectation(
-        'num_slices', slices, 'MEGASCALE_NUM_SLICES, from '
-        'scripts/launch_tpu_pod.sh --num_slices'))
+    expected.append(
+        Expectation(
+            'num_slices', slices, 'MEGASCALE_NUM_SLICES, from '
+            'scripts/launch_tpu_pod.sh --num_slices'))
   return expected

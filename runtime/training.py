@@ -72,8 +72,8 @@ def _hooks(options: options_lib.TrainOptions, workdir: str, task: Task, topo,
   """The built-in hooks, in the order they run, then the task's."""
   log = hooks_lib.LogMetrics(options.logging.every, task.schedule)
   describe = lambda run, numpy_state, reason: checkpoint_meta.describe_run(
-      options.checkpointing, topo, len(task.data), run.step, numpy_state,
-      reason)
+      options.checkpointing, topo, len(task.data), run.step, numpy_state, reason
+  )
   replicas = integrity.CheckReplicas(options.integrity_every,
                                      ckpt.all_steps if ckpt else lambda: [])
   # The saves run the replica check of their step first, and the local
@@ -83,17 +83,19 @@ def _hooks(options: options_lib.TrainOptions, workdir: str, task: Task, topo,
     save = hooks_lib.SaveCheckpoints(ckpt, describe, checks=[replicas])
   built_in = [log, hooks_lib.PreemptionAgreement(log, save), replicas]
   if local is not None:
-    built_in.append(hooks_lib.SaveLocalCheckpoints(local, ckpt, describe,
-                                                   checks=[replicas]))
+    built_in.append(
+        hooks_lib.SaveLocalCheckpoints(local, ckpt, describe,
+                                       checks=[replicas]))
   if save is not None:
     built_in.append(save)
   if task.eval_fn is not None:
-    built_in.append(hooks_lib.PeriodicEvaluation(options.eval_every,
-                                                 task.eval_fn))
+    built_in.append(
+        hooks_lib.PeriodicEvaluation(options.eval_every, task.eval_fn))
   if options.logging.profile_steps:
-    built_in.append(hooks_lib.Profile(
-        layout.Record(workdir).tensorboard(), options.logging.profile_start,
-        options.logging.profile_steps))
+    built_in.append(
+        hooks_lib.Profile(
+            layout.Record(workdir).tensorboard(), options.logging.profile_start,
+            options.logging.profile_steps))
   return built_in + list(task.hooks)
 
 
@@ -121,8 +123,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   restored = _restore(plan, task, ledger)
   if restored.step >= plan.options.steps:
     return _nothing_to_train(plan, workdir, restored)
-  run, hooks, calls = _start_run(plan, config, workdir, task, restored,
-                                 ledger)
+  run, hooks, calls = _start_run(plan, config, workdir, task, restored, ledger)
   readers = (None if plan.options.data.on_device else readers_lib.start(
       task.data, plan.options.data.workers, plan.rows_per_process,
       coordination.current()))
@@ -168,9 +169,10 @@ def _restore(plan: plan_lib.Plan, task: Task,
   return _Restored(start, state, ckpt, local, tier)
 
 
-def _start_run(plan: plan_lib.Plan, config: ConfigDict, workdir: str,
-               task: Task, restored: _Restored, ledger: goodput.Ledger
-               ) -> tuple[loop.Run, list[hooks_lib.Hook], plan_lib.Calls]:
+def _start_run(
+    plan: plan_lib.Plan, config: ConfigDict, workdir: str, task: Task,
+    restored: _Restored, ledger: goodput.Ledger
+) -> tuple[loop.Run, list[hooks_lib.Hook], plan_lib.Calls]:
   """(the loop's state placed on the devices with its metrics writer open,
   its hooks, the steps per call their cadences allow), the run's first
   lines said, and the end of set-up's checks passed."""
@@ -179,17 +181,27 @@ def _start_run(plan: plan_lib.Plan, config: ConfigDict, workdir: str,
   calls = plan_lib.calls(plan, task, hooks)
   with ledger.naming('metrics_writer'):
     writer = metrics_lib.MetricsWriter(
-        workdir, plan.topology.process_index == 0,
+        workdir,
+        plan.topology.process_index == 0,
         resume_step=restored.step or None,
         tensorboard_events=plan.options.logging.tensorboard,
         fields=plan.fields())
   with ledger.naming('replicate'):
     replicated = plan.state_layout.place(restored.state, plan.parallelism)
   clock = goodput.StepClock(ledger, goodput.steps_done_before(ledger))
-  run = loop.Run(plan.options, workdir, task, replicated, restored.step,
-                 plan.parallelism, plan.topology.process_index, writer, clock,
-                 plan.in_flight, config=config,
-                 state_layout=plan.state_layout, figures=plan.figures)
+  run = loop.Run(plan.options,
+                 workdir,
+                 task,
+                 replicated,
+                 restored.step,
+                 plan.parallelism,
+                 plan.topology.process_index,
+                 writer,
+                 clock,
+                 plan.in_flight,
+                 config=config,
+                 state_layout=plan.state_layout,
+                 figures=plan.figures)
   if plan.topology.process_index == 0:
     _remember_layout_once(run, config, workdir, plan.batch_layout)
   writer.log(plan.describe(restored.step, calls))
@@ -212,7 +224,10 @@ def _run_steps(plan: plan_lib.Plan, calls: plan_lib.Calls, run: loop.Run,
   options = plan.options
   load = loader.make(options.data, task, plan.topology, plan.parallelism,
                      plan.batch_layout, readers)
-  with dispatch.Dispatches(load, start, options.steps, calls.per_dispatch,
+  with dispatch.Dispatches(load,
+                           start,
+                           options.steps,
+                           calls.per_dispatch,
                            calls.auto,
                            size=options.data.prefetch) as dispatches:
     loop.run_steps(run, plan.programs, dispatches.next, hooks)
@@ -225,8 +240,8 @@ def _note_restore(ledger: goodput.Ledger, local, tier: str,
   local_cadence.py): this restore's seconds and the job's failures so
   far."""
   if tier != 'fresh':
-    size = sum(getattr(x, 'nbytes', 0) for x in jax.tree_util.tree_leaves(
-        state))
+    size = sum(
+        getattr(x, 'nbytes', 0) for x in jax.tree_util.tree_leaves(state))
     ledger.note(restore_bytes=int(size), restore_s=seconds)
     if jax.process_index() == 0:
       logging.info('restored %.2f GB from the %s tier in %.2f s (%.2f GB/s)',
@@ -242,6 +257,7 @@ def _note_restore(ledger: goodput.Ledger, local, tier: str,
     # Written at once: a hard failure is what the record is read after.
     ledger.note(local_interval=interval.as_dict())
     ledger.flush(force=True)
+
   local.cadence.on_chosen = chosen
 
 
@@ -256,6 +272,7 @@ def _remember_layout_once(run: loop.Run, config: ConfigDict, workdir: str,
     if not done:
       done.append(True)
       batch_limit.remember(config, workdir, chosen)
+
   run.on_retired.append(first)
 
 
@@ -271,9 +288,10 @@ def _say_where_it_resumes(ckpt, start: int, topo) -> None:
   then = (saved.get('process_count'), saved.get('device_count'))
   now = (topo.process_count, topo.global_device_count)
   if then != now and None not in then and topo.process_index == 0:
-    logging.info('the checkpoint of step %d was saved by %d process(es) on %d '
-                 'device(s); this run resumes it on %d process(es), %d '
-                 'device(s), with the same global batch', start, *then, *now)
+    logging.info(
+        'the checkpoint of step %d was saved by %d process(es) on %d '
+        'device(s); this run resumes it on %d process(es), %d '
+        'device(s), with the same global batch', start, *then, *now)
 
 
 def _nothing_to_train(plan: plan_lib.Plan, workdir: str,
@@ -289,21 +307,26 @@ def _nothing_to_train(plan: plan_lib.Plan, workdir: str,
         'the run that trained wrote it. To train again from step 0, give '
         'another --workdir; to train further, raise --config.steps.',
         options.checkpointing.directory or workdir, start, options.steps)
-  if any(isinstance(leaf, jax.Array) and not leaf.is_fully_addressable
-         for leaf in jax.tree_util.tree_leaves(state)):
+  if any(
+      isinstance(leaf, jax.Array) and not leaf.is_fully_addressable
+      for leaf in jax.tree_util.tree_leaves(state)):
     # A sharded state restored across processes: every process runs this.
     host = multihost_utils.process_allgather(state, tiled=True)
   else:
     host = jax.device_get(state)
-  return TrainResult(final_metrics={}, eval_metrics={},
+  return TrainResult(final_metrics={},
+                     eval_metrics={},
                      fingerprint=fingerprint_lib.fingerprint(host.params),
-                     params=host.params, model_state=host.model_state,
-                     start_step=start, steps=options.steps,
-                     topology=plan.fields(), trained=False)
+                     params=host.params,
+                     model_state=host.model_state,
+                     start_step=start,
+                     steps=options.steps,
+                     topology=plan.fields(),
+                     trained=False)
 
 
-def _log_final_metrics(run: loop.Run, writer: metrics_lib.MetricsWriter
-                       ) -> None:
+def _log_final_metrics(run: loop.Run,
+                       writer: metrics_lib.MetricsWriter) -> None:
   """Says what final_metrics are, since they differ from the last line."""
   if run.last_metrics:
     values = ' '.join(f'{k}={v:g}' for k, v in sorted(run.last_metrics.items()))
@@ -333,7 +356,11 @@ def _result(plan: plan_lib.Plan, run: loop.Run, workdir: str) -> TrainResult:
   if memory:
     chip['step_memory'] = memory
   return TrainResult(final_metrics=run.last_metrics,
-                     eval_metrics=run.eval_metrics, fingerprint=fingerprint,
-                     params=host.params, model_state=host.model_state,
-                     start_step=run.start_step, steps=run.steps,
-                     topology=plan.fields(), chip=chip)
+                     eval_metrics=run.eval_metrics,
+                     fingerprint=fingerprint,
+                     params=host.params,
+                     model_state=host.model_state,
+                     start_step=run.start_step,
+                     steps=run.steps,
+                     topology=plan.fields(),
+                     chip=chip)

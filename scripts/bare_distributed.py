@@ -30,11 +30,13 @@ def main():
   jax.config.update('jax_num_cpu_devices', args.local_devices)
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   address = f'127.0.0.1:{args.port}'
-  jax.distributed.initialize(address, args.num_processes, args.process_id,
+  jax.distributed.initialize(address,
+                             args.num_processes,
+                             args.process_id,
                              coordinator_bind_address=address)
 
   def update(params, x, y):
-    grads = jax.grad(lambda p: jnp.mean((x @ p['w'] + p['b'] - y) ** 2))(params)
+    grads = jax.grad(lambda p: jnp.mean((x @ p['w'] + p['b'] - y)**2))(params)
     grads = lax.pmean(grads, 'devices')
     return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
 
@@ -42,7 +44,8 @@ def main():
   rng = np.random.default_rng(args.process_id)
   n = jax.local_device_count()
   params = {'w': np.zeros(3, np.float32), 'b': np.float32(0)}
-  params = step(params, rng.normal(size=(n, 16, 3)).astype(np.float32),
+  params = step(params,
+                rng.normal(size=(n, 16, 3)).astype(np.float32),
                 rng.normal(size=(n, 16)).astype(np.float32))
   jax.block_until_ready(params)
   print(f'first step done {time.time() - STARTED:.3f} s after start',

@@ -43,6 +43,7 @@ from runtime.workloads import mlp  # pylint: disable=g-import-not-at-top
 def _measure(task, step_fn, state, batches, async_save, directory,
              baseline_steps):
   """Returns (blocking_s, slowdown_s, steps_during_save, step_s, state)."""
+
   def run_step(state, i):
     state, metrics = step_fn(state, batches[i % len(batches)])
     jax.block_until_ready(metrics)
@@ -55,7 +56,9 @@ def _measure(task, step_fn, state, batches, async_save, directory,
     times.append(time.perf_counter() - t)
   step_s = statistics.median(times)
 
-  ckpt = checkpoint.Checkpoints(directory, every=0, keep=1,
+  ckpt = checkpoint.Checkpoints(directory,
+                                every=0,
+                                keep=1,
                                 async_save=async_save)
   t = time.perf_counter()
   host_state = jax.device_get(state)
@@ -93,18 +96,22 @@ def main():
   state = parallelism.PMAP.replicate(
       step_lib.init_state(task.params, task.optimizer, config.seed))
   count = jax.local_device_count()
-  batches = [parallelism.split_for_devices(task.data.read_batch(
-      data.process_batch_ids(s, config.global_batch_size,
-                             config.data.num_examples, config.seed, 0, 1,
-                             True)), count)
-             for s in range(4)]
+  batches = [
+      parallelism.split_for_devices(
+          task.data.read_batch(
+              data.process_batch_ids(s, config.global_batch_size,
+                                     config.data.num_examples, config.seed, 0,
+                                     1, True)), count) for s in range(4)
+  ]
   state, _ = step_fn(state, batches[0])  # Compile.
 
-  results = {'jax_version': jax.__version__,
-             'device_kind': jax.devices()[0].device_kind,
-             'device_count': jax.device_count(),
-             'num_params': num_params,
-             'saved_floats': 3 * num_params}
+  results = {
+      'jax_version': jax.__version__,
+      'device_kind': jax.devices()[0].device_kind,
+      'device_count': jax.device_count(),
+      'num_params': num_params,
+      'saved_floats': 3 * num_params
+  }
   for mode, async_save in (('async', True), ('sync', False)):
     rounds = []
     for _ in range(args.rounds):
@@ -112,16 +119,21 @@ def main():
         blocking, slowdown, steps, step_s, state = _measure(
             task, step_fn, state, batches, async_save, directory,
             args.baseline_steps)
-      rounds.append({'blocking_s': blocking, 'slowdown_s': slowdown,
-                     'steps_during_save': steps, 'step_s': step_s,
-                     'stall_fraction_of_step': (blocking + slowdown) / step_s,
-                     'blocking_fraction_of_step': blocking / step_s})
+      rounds.append({
+          'blocking_s': blocking,
+          'slowdown_s': slowdown,
+          'steps_during_save': steps,
+          'step_s': step_s,
+          'stall_fraction_of_step': (blocking + slowdown) / step_s,
+          'blocking_fraction_of_step': blocking / step_s
+      })
     results[mode] = {
-        'rounds': rounds,
-        'median_stall_fraction_of_step': statistics.median(
-            r['stall_fraction_of_step'] for r in rounds),
-        'median_blocking_fraction_of_step': statistics.median(
-            r['blocking_fraction_of_step'] for r in rounds),
+        'rounds':
+            rounds,
+        'median_stall_fraction_of_step':
+            statistics.median(r['stall_fraction_of_step'] for r in rounds),
+        'median_blocking_fraction_of_step':
+            statistics.median(r['blocking_fraction_of_step'] for r in rounds),
     }
   text = json.dumps(results, indent=2)
   print(text)

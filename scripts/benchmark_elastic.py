@@ -51,28 +51,42 @@ def run_once(mode: str, args, workdir: str) -> dict:
       f'--min_processes={MODES[mode]}', f'--regrow_after={args.away}',
       f'--config.steps={args.steps}', '--config.global_batch_size=40',
       f'--config.device_example_seconds={args.device_example_seconds}',
-      '--config.log_every=50',
-      '--config.local_checkpoint_every=25', '--config.checkpoint_every=1000',
-      '--config.fail_rank=3', f'--config.fail_step={args.kill_at}',
-      '--config.fail_mode=sigkill', '--config.fail_once=True']
+      '--config.log_every=50', '--config.local_checkpoint_every=25',
+      '--config.checkpoint_every=1000', '--config.fail_rank=3',
+      f'--config.fail_step={args.kill_at}', '--config.fail_mode=sigkill',
+      '--config.fail_once=True'
+  ]
   started = time.time()
   # A step on 3 of 4 processes: at most 10 examples a device.
   timeout = args.steps * args.device_example_seconds * 10 * 4 + 600
-  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+  result = subprocess.run(command,
+                          cwd=REPO,
+                          capture_output=True,
+                          text=True,
+                          timeout=timeout,
+                          check=False)
   if result.returncode:
-    raise SystemExit(f'{mode}: exit {result.returncode}\n{result.stderr[-3000:]}')
+    raise SystemExit(
+        f'{mode}: exit {result.returncode}\n{result.stderr[-3000:]}')
   roll = goodput_rollup.rollup(workdir)
-  launches = records.read_attempts(os.path.join(workdir, 'logs',
-                                                layout.ATTEMPTS))
-  return {'mode': mode, 'wall_s': time.time() - started,
-          'goodput': roll['goodput'],
-          'capacity_goodput': roll['capacity_goodput'],
-          'reduced_size_s': roll['reduced_size_s'],
-          'recomputed_steps': sum(
-              (a['notes'].get('recomputed_steps') or 0)
+  launches = records.read_attempts(
+      os.path.join(workdir, 'logs', layout.ATTEMPTS))
+  return {
+      'mode':
+          mode,
+      'wall_s':
+          time.time() - started,
+      'goodput':
+          roll['goodput'],
+      'capacity_goodput':
+          roll['capacity_goodput'],
+      'reduced_size_s':
+          roll['reduced_size_s'],
+      'recomputed_steps':
+          sum((a['notes'].get('recomputed_steps') or 0)
               for a in roll['attempts']),
-          **costs(roll['attempts'], launches, args.away)}
+      **costs(roll['attempts'], launches, args.away)
+  }
 
 
 def _first_productive(attempt: dict) -> float:
@@ -89,8 +103,7 @@ def costs(attempts: list[dict], launches, away_s: float) -> dict:
       out['grow_s'] = (_first_productive(after) - before['ended'] +
                        before['parts'].get('preemption_save', 0.0))
     elif launch.resize == 'wait':
-      out['restart_s'] = (_first_productive(after) - launch.fault.at -
-                          away_s)
+      out['restart_s'] = (_first_productive(after) - launch.fault.at - away_s)
   return out
 
 
@@ -113,8 +126,10 @@ def main(argv=None) -> int:
       print(json.dumps(runs[-1]), flush=True)
   for mode in MODES:
     mine = [r for r in runs if r['mode'] == mode]
-    mean = {k: sum(r.get(k, 0.0) for r in mine) / len(mine)
-            for k in ('wall_s', 'goodput', 'capacity_goodput')}
+    mean = {
+        k: sum(r.get(k, 0.0) for r in mine) / len(mine)
+        for k in ('wall_s', 'goodput', 'capacity_goodput')
+    }
     print(f'{mode}: wall {mean["wall_s"]:.1f} s, goodput '
           f'{mean["goodput"]:.3f}, capacity-weighted '
           f'{mean["capacity_goodput"]:.3f} (mean of {len(mine)})')

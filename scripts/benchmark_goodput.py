@@ -35,8 +35,11 @@ from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top,wrong
 
 
 def _env():
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')}
+  env = {
+      k: v
+      for k, v in os.environ.items()
+      if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')
+  }
   env['PYTHONPATH'] = REPO
   return env
 
@@ -66,38 +69,58 @@ def run_job(workdir: str, data_dir: str, steps: int, every: int,
             cache: bool) -> dict:
   stop = threading.Event()
   watcher = threading.Thread(target=_preempt_every,
-                             args=(workdir, every, stop), daemon=True)
+                             args=(workdir, every, stop),
+                             daemon=True)
   watcher.start()
-  args = [sys.executable, '-m', 'launcher', '--config=configs/mnist.py',
-          f'--config.data_dir={data_dir}', f'--config.steps={steps}',
-          '--config.log_every=10', '--config.eval_every=0',
-          '--config.checkpoint_every=50', f'--workdir={workdir}',
-          '--local_processes=2', '--local_devices=4', '--max_restarts=20',
-          '--restart_backoff=1']
+  args = [
+      sys.executable, '-m', 'launcher', '--config=configs/mnist.py',
+      f'--config.data_dir={data_dir}', f'--config.steps={steps}',
+      '--config.log_every=10', '--config.eval_every=0',
+      '--config.checkpoint_every=50', f'--workdir={workdir}',
+      '--local_processes=2', '--local_devices=4', '--max_restarts=20',
+      '--restart_backoff=1'
+  ]
   if not cache:
     args.append('--compilation_cache_dir=')
   try:
-    subprocess.run(args, cwd=REPO, env=_env(), check=True, timeout=1800,
+    subprocess.run(args,
+                   cwd=REPO,
+                   env=_env(),
+                   check=True,
+                   timeout=1800,
                    capture_output=True)
   finally:
     stop.set()
     watcher.join()
   result = goodput_rollup.rollup(workdir)
-  launched = {a.name: a for a in records.read_attempts(
-      os.path.join(workdir, 'logs', layout.ATTEMPTS))}
-  first_steps = {a['name']: records.Notes.from_json(a['notes']).first_step_wall
-                 for a in result['attempts'][1:]}
-  restarts = [wall - launched[name].started
-              for name, wall in first_steps.items()
-              if wall is not None and name in launched]
-  return {'goodput': result['goodput'], 'wall_s': result['wall_s'],
-          'attempts': len(result['attempts']), 'parts': result['parts'],
-          'restart_to_first_step_s': restarts}
+  launched = {
+      a.name: a for a in records.read_attempts(
+          os.path.join(workdir, 'logs', layout.ATTEMPTS))
+  }
+  first_steps = {
+      a['name']: records.Notes.from_json(a['notes']).first_step_wall
+      for a in result['attempts'][1:]
+  }
+  restarts = [
+      wall - launched[name].started
+      for name, wall in first_steps.items()
+      if wall is not None and name in launched
+  ]
+  return {
+      'goodput': result['goodput'],
+      'wall_s': result['wall_s'],
+      'attempts': len(result['attempts']),
+      'parts': result['parts'],
+      'restart_to_first_step_s': restarts
+  }
 
 
 def _spread(values):
-  return {'median': statistics.median(values), 'min': min(values),
-          'max': max(values)}
+  return {
+      'median': statistics.median(values),
+      'min': min(values),
+      'max': max(values)
+  }
 
 
 def main():
@@ -113,20 +136,28 @@ def main():
     mnist.write_synthetic(data_dir, num_train=20000, num_test=1000)
     for i in range(args.rounds):
       for cache in ((True, False) if i % 2 == 0 else (False, True)):
-        runs[cache].append(run_job(os.path.join(tmp, f'{cache}_{i}'),
-                                   data_dir, args.steps, args.every, cache))
-  report = {'rounds': args.rounds, 'steps': args.steps,
-            'preempt_every': args.every}
+        runs[cache].append(
+            run_job(os.path.join(tmp, f'{cache}_{i}'), data_dir, args.steps,
+                    args.every, cache))
+  report = {
+      'rounds': args.rounds,
+      'steps': args.steps,
+      'preempt_every': args.every
+  }
   for cache, name in ((True, 'with_cache'), (False, 'without_cache')):
     rows = runs[cache]
     report[name] = {
-        'goodput': _spread([r['goodput'] for r in rows]),
-        'wall_s': _spread([r['wall_s'] for r in rows]),
+        'goodput':
+            _spread([r['goodput'] for r in rows]),
+        'wall_s':
+            _spread([r['wall_s'] for r in rows]),
         'attempts': [r['attempts'] for r in rows],
-        'restart_to_first_step_s': _spread(
-            [t for r in rows for t in r['restart_to_first_step_s']]),
-        'parts_median_s': {p: statistics.median(r['parts'][p] for r in rows)
-                           for p in rows[0]['parts']},
+        'restart_to_first_step_s':
+            _spread([t for r in rows for t in r['restart_to_first_step_s']]),
+        'parts_median_s': {
+            p: statistics.median(r['parts'][p] for r in rows)
+            for p in rows[0]['parts']
+        },
     }
   print(json.dumps(report, indent=2))
   if args.out:

@@ -37,8 +37,9 @@ def in_process(args) -> dict:
   config.data_dir, config.steps = args.data_dir, args.steps
   config.log_every, config.eval_every = args.steps, 0
   config.checkpointing = False
-  task = dataclasses.replace(mnist.make_task(config, mnist.load(
-      config.data_dir)), eval_fn=None)
+  task = dataclasses.replace(mnist.make_task(config,
+                                             mnist.load(config.data_dir)),
+                             eval_fn=None)
   cadences = (0, mnist_config.get_config().integrity_every, 10)
   rounds = []
   with tempfile.TemporaryDirectory() as tmp:
@@ -54,9 +55,14 @@ def in_process(args) -> dict:
           figures[every] = [json.loads(l) for l in f][-1]['examples_per_sec']
       rounds.append(figures)
       print(f'round {r + 1}/{args.rounds}: {json.dumps(figures)}',
-            file=sys.stderr, flush=True)
-  return {'rounds': rounds, 'jax_version': jax.__version__,
-          'device_count': jax.device_count(), 'cadences': cadences}
+            file=sys.stderr,
+            flush=True)
+  return {
+      'rounds': rounds,
+      'jax_version': jax.__version__,
+      'device_count': jax.device_count(),
+      'cadences': cadences
+  }
 
 
 def main() -> int:
@@ -65,7 +71,8 @@ def main() -> int:
   parser.add_argument('--steps', type=int, default=400)
   parser.add_argument('--out', default='')
   parser.add_argument('--data_dir', default='')
-  parser.add_argument('--_in_process', action='store_true',
+  parser.add_argument('--_in_process',
+                      action='store_true',
                       help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args._in_process:  # pylint: disable=protected-access
@@ -74,15 +81,22 @@ def main() -> int:
   with tempfile.TemporaryDirectory() as data_dir:
     from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top
     mnist.write_synthetic(data_dir)
-    child = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), '--_in_process',
-         f'--rounds={args.rounds}', f'--steps={args.steps}',
-         f'--data_dir={data_dir}'], cwd=REPO, stdout=subprocess.PIPE,
-        text=True, check=True)
+    child = subprocess.run([
+        sys.executable,
+        os.path.abspath(__file__), '--_in_process', f'--rounds={args.rounds}',
+        f'--steps={args.steps}', f'--data_dir={data_dir}'
+    ],
+                           cwd=REPO,
+                           stdout=subprocess.PIPE,
+                           text=True,
+                           check=True)
   measured = json.loads(child.stdout)
   off = 0
-  result = {'jax_version': measured['jax_version'],
-            'steps_per_run': args.steps, 'rounds': measured['rounds']}
+  result = {
+      'jax_version': measured['jax_version'],
+      'steps_per_run': args.steps,
+      'rounds': measured['rounds']
+  }
   for every in measured['cadences'][1:]:
     ratios = [r[str(every)] / r[str(off)] for r in measured['rounds']]
     result[f'integrity_every_{every}_vs_off'] = statistics.median(ratios)

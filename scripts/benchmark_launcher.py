@@ -41,8 +41,11 @@ FAULTS = {
 
 
 def _env():
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')}
+  env = {
+      k: v
+      for k, v in os.environ.items()
+      if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')
+  }
   env['PYTHONPATH'] = REPO
   return env
 
@@ -56,11 +59,17 @@ def _free_port():
 def time_bare(processes=2):
   port = _free_port()
   start = time.perf_counter()
-  procs = [subprocess.Popen(
-      [sys.executable, os.path.join(REPO, 'scripts', 'bare_distributed.py'),
-       f'--process_id={i}', f'--num_processes={processes}', f'--port={port}'],
-      env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-      start_new_session=True) for i in range(processes)]
+  procs = [
+      subprocess.Popen([
+          sys.executable,
+          os.path.join(REPO, 'scripts', 'bare_distributed.py'),
+          f'--process_id={i}', f'--num_processes={processes}', f'--port={port}'
+      ],
+                       env=_env(),
+                       stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL,
+                       start_new_session=True) for i in range(processes)
+  ]
   codes = [p.wait(timeout=300) for p in procs]
   assert codes == [0] * processes, codes
   return time.perf_counter() - start
@@ -68,11 +77,16 @@ def time_bare(processes=2):
 
 def time_launcher(workdir, processes=2):
   start = time.perf_counter()
-  subprocess.run(
-      [sys.executable, '-m', 'launcher', '--config=configs/linear_regression.py',
-       f'--workdir={workdir}', f'--local_processes={processes}',
-       '--local_devices=4', '--config.steps=1'],
-      cwd=REPO, env=_env(), check=True, timeout=300, capture_output=True)
+  subprocess.run([
+      sys.executable, '-m', 'launcher', '--config=configs/linear_regression.py',
+      f'--workdir={workdir}', f'--local_processes={processes}',
+      '--local_devices=4', '--config.steps=1'
+  ],
+                 cwd=REPO,
+                 env=_env(),
+                 check=True,
+                 timeout=300,
+                 capture_output=True)
   return time.perf_counter() - start
 
 
@@ -80,18 +94,24 @@ def _start(args, workdir, log_name):
   log = open(os.path.join(workdir, log_name), 'w+')
   proc = subprocess.Popen(
       [sys.executable, '-u', '-m', 'launcher', *args, f'--workdir={workdir}'],
-      cwd=REPO, env=_env(), stdin=subprocess.DEVNULL, stdout=log,
-      stderr=subprocess.STDOUT, start_new_session=True)
+      cwd=REPO,
+      env=_env(),
+      stdin=subprocess.DEVNULL,
+      stdout=log,
+      stderr=subprocess.STDOUT,
+      start_new_session=True)
   return proc, log
 
 
 def _cluster(args, workdir, processes=2):
   address = f'127.0.0.1:{_free_port()}'
-  return [_start([*args, '--local_devices=1',
-                  f'--coordinator_address={address}',
-                  f'--coordinator_bind_address={address}',
-                  f'--num_processes={processes}', f'--process_id={i}'],
-                 workdir, f'rank_{i}.out') for i in range(processes)]
+  return [
+      _start([
+          *args, '--local_devices=1', f'--coordinator_address={address}',
+          f'--coordinator_bind_address={address}',
+          f'--num_processes={processes}', f'--process_id={i}'
+      ], workdir, f'rank_{i}.out') for i in range(processes)
+  ]
 
 
 def _wait_all(procs, timeout=120):
@@ -122,8 +142,10 @@ def _wait_for_step(path, step=10, timeout=90):
 def detection_latency(fault, mode, workdir):
   """Seconds from `fault` on rank 1 to the exit of the job's last process."""
   os.makedirs(workdir)
-  args = [PROBE, '--config.steps=1000000', '--config.checkpointing=False',
-          f'--heartbeat_timeout={HEARTBEAT_S}', f'--stall_timeout={STALL_S}']
+  args = [
+      PROBE, '--config.steps=1000000', '--config.checkpointing=False',
+      f'--heartbeat_timeout={HEARTBEAT_S}', f'--stall_timeout={STALL_S}'
+  ]
   if FAULTS[fault] is not None:
     args += ['--config.fail_rank=1', '--config.fail_step=30', *FAULTS[fault]]
   if mode == 'cluster':
@@ -131,8 +153,10 @@ def detection_latency(fault, mode, workdir):
     rank_1_output = os.path.join(workdir, 'rank_1.out')
     rank_0_output = os.path.join(workdir, 'rank_0.out')
   else:
-    procs = [_start([*args, '--local_processes=2', '--local_devices=1'],
-                    workdir, 'launcher.out')]
+    procs = [
+        _start([*args, '--local_processes=2', '--local_devices=1'], workdir,
+               'launcher.out')
+    ]
     rank_1_output = os.path.join(workdir, 'logs', 'rank_1.log')
     rank_0_output = os.path.join(workdir, 'logs', 'rank_0.log')
   if FAULTS[fault] is None:
@@ -156,9 +180,11 @@ def steps_per_sec(supervision, workdir):
   """(steps/s, supervisor CPU s per wall s) of an MLP run in cluster mode,
   2 processes: the steps after the first over their wall time."""
   os.makedirs(workdir)
-  args = ['--config=configs/mlp.py', '--config.steps=2000',
-          '--config.log_every=100', '--config.checkpointing=False',
-          '--supervision' if supervision else '--nosupervision']
+  args = [
+      '--config=configs/mlp.py', '--config.steps=2000',
+      '--config.log_every=100', '--config.checkpointing=False',
+      '--supervision' if supervision else '--nosupervision'
+  ]
   _wait_all(_cluster(args, workdir), timeout=600)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     records = [json.loads(l) for l in f]
@@ -172,8 +198,12 @@ def steps_per_sec(supervision, workdir):
 
 
 def _spread(values):
-  return {'median': statistics.median(values), 'max': max(values),
-          'min': min(values), 'all': values}
+  return {
+      'median': statistics.median(values),
+      'max': max(values),
+      'min': min(values),
+      'all': values
+  }
 
 
 def main():
@@ -190,29 +220,45 @@ def main():
       launched.append(time_launcher(os.path.join(tmp, f'run{i}')))
       for key in latency:
         mode, fault = key.split('/')
-        latency[key].append(detection_latency(
-            fault, mode, os.path.join(tmp, f'{mode}_{fault}_{i}')))
+        latency[key].append(
+            detection_latency(fault, mode,
+                              os.path.join(tmp, f'{mode}_{fault}_{i}')))
       # Alternate the order so that neither side always runs first.
       for supervision in ((True, False) if i % 2 == 0 else (False, True)):
-        rate, cpu = steps_per_sec(supervision, os.path.join(
-            tmp, f'rate_{supervision}_{i}'))
+        rate, cpu = steps_per_sec(supervision,
+                                  os.path.join(tmp, f'rate_{supervision}_{i}'))
         (with_sup if supervision else without_sup).append(rate)
         if supervision:
           watcher_cpu.append(cpu)
   ratios = [a / b for a, b in zip(with_sup, without_sup)]
   report = {
-      'rounds': args.rounds,
-      'heartbeat_timeout_s': HEARTBEAT_S,
-      'stall_timeout_s': STALL_S,
-      'bare_2x4_one_step_s': statistics.median(bare),
-      'launcher_2x4_one_step_s': statistics.median(launched),
-      'launcher_overhead_s': statistics.median(launched) - statistics.median(
-          bare),
-      'detection_latency_s': {k: _spread(v) for k, v in latency.items()},
-      'supervised_vs_unsupervised_steps_per_sec': _spread(ratios),
-      'supervisor_cpu_per_wall_s': _spread(watcher_cpu),
-      'steps_per_sec': {'supervised': with_sup, 'unsupervised': without_sup},
-      'all': {'bare': bare, 'launcher': launched},
+      'rounds':
+          args.rounds,
+      'heartbeat_timeout_s':
+          HEARTBEAT_S,
+      'stall_timeout_s':
+          STALL_S,
+      'bare_2x4_one_step_s':
+          statistics.median(bare),
+      'launcher_2x4_one_step_s':
+          statistics.median(launched),
+      'launcher_overhead_s':
+          statistics.median(launched) - statistics.median(bare),
+      'detection_latency_s': {
+          k: _spread(v) for k, v in latency.items()
+      },
+      'supervised_vs_unsupervised_steps_per_sec':
+          _spread(ratios),
+      'supervisor_cpu_per_wall_s':
+          _spread(watcher_cpu),
+      'steps_per_sec': {
+          'supervised': with_sup,
+          'unsupervised': without_sup
+      },
+      'all': {
+          'bare': bare,
+          'launcher': launched
+      },
   }
   print(json.dumps(report, indent=2))
   if args.out:

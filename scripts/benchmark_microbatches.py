@@ -27,22 +27,33 @@ sys.path.insert(0, str(REPO))
 
 from scripts import side_by_side  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-MLP = ['--config=configs/mlp.py', '--config.steps=1500',
-       '--config.log_every=100']
-CNN = ['--config=configs/mnist_cnn.py', '--config.steps=120',
-       '--config.log_every=10', '--config.eval_every=0',
-       '--config.checkpoint_every=0']
+MLP = [
+    '--config=configs/mlp.py', '--config.steps=1500', '--config.log_every=100'
+]
+CNN = [
+    '--config=configs/mnist_cnn.py', '--config.steps=120',
+    '--config.log_every=10', '--config.eval_every=0',
+    '--config.checkpoint_every=0'
+]
 
 
 def _steps_per_sec(args: list[str], workdir: str) -> float:
-  subprocess.run(
-      [sys.executable, '-m', 'launcher', *args, '--config.global_batch_size=256',
-       '--config.checkpointing=False', f'--workdir={workdir}'],
-      cwd=REPO, capture_output=True, text=True, check=True, timeout=1800,
-      env={k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'})
+  subprocess.run([
+      sys.executable, '-m', 'launcher', *args, '--config.global_batch_size=256',
+      '--config.checkpointing=False', f'--workdir={workdir}'
+  ],
+                 cwd=REPO,
+                 capture_output=True,
+                 text=True,
+                 check=True,
+                 timeout=1800,
+                 env={
+                     k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'
+                 })
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    rates = [r['steps_per_sec'] for r in map(json.loads, f)
-             if 'steps_per_sec' in r]
+    rates = [
+        r['steps_per_sec'] for r in map(json.loads, f) if 'steps_per_sec' in r
+    ]
   return statistics.median(rates[1:])
 
 
@@ -67,7 +78,8 @@ def main():
   args = parser.parse_args()
   from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as tmp:
-    mnist.write_synthetic(os.path.join(tmp, 'digits'), num_train=4096,
+    mnist.write_synthetic(os.path.join(tmp, 'digits'),
+                          num_train=4096,
                           num_test=256)
     cases = _cases(os.path.join(tmp, 'digits'))
     rounds = {name: [] for name in cases}
@@ -78,20 +90,29 @@ def main():
   results = {'rounds': args.rounds}
   side_by_side.report(results, rounds, '', baseline=None)
   ratios = {
-      'mlp_k2_over_k1': results['mlp_k2']['steps_per_sec'] /
-                        results['mlp_k1']['steps_per_sec'],
-      'mlp_k4_over_k1': results['mlp_k4']['steps_per_sec'] /
-                        results['mlp_k1']['steps_per_sec'],
-      'cnn_k2_over_k1': results['cnn_k2']['steps_per_sec'] /
-                        results['cnn_k1']['steps_per_sec'],
-      'cnn_k4_over_k1': results['cnn_k4']['steps_per_sec'] /
-                        results['cnn_k1']['steps_per_sec'],
-      '24_over_32_devices': results['mlp_24_devices']['steps_per_sec'] /
-                            results['mlp_32_devices']['steps_per_sec']}
+      'mlp_k2_over_k1':
+          results['mlp_k2']['steps_per_sec'] /
+          results['mlp_k1']['steps_per_sec'],
+      'mlp_k4_over_k1':
+          results['mlp_k4']['steps_per_sec'] /
+          results['mlp_k1']['steps_per_sec'],
+      'cnn_k2_over_k1':
+          results['cnn_k2']['steps_per_sec'] /
+          results['cnn_k1']['steps_per_sec'],
+      'cnn_k4_over_k1':
+          results['cnn_k4']['steps_per_sec'] /
+          results['cnn_k1']['steps_per_sec'],
+      '24_over_32_devices':
+          results['mlp_24_devices']['steps_per_sec'] /
+          results['mlp_32_devices']['steps_per_sec']
+  }
   print(json.dumps(ratios, indent=2))
   if args.out:
-    pathlib.Path(args.out).write_text(json.dumps({**results, **ratios},
-                                                 indent=2) + '\n')
+    pathlib.Path(args.out).write_text(
+        json.dumps({
+            **results,
+            **ratios
+        }, indent=2) + '\n')
 
 
 if __name__ == '__main__':

@@ -59,18 +59,23 @@ SECTIONS = ('sigkill', 'cluster', 'repeated', 'cost', 'wedged')
 
 
 def _env(**extra: str) -> dict:
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')}
+  env = {
+      k: v
+      for k, v in os.environ.items()
+      if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')
+  }
   env['PYTHONPATH'] = REPO
   env.update(extra)
   return env
 
 
 def _mnist(data_dir: str, workdir: str, steps: int, *extra: str) -> list[str]:
-  return [sys.executable, '-m', 'launcher', '--config=configs/mnist.py',
-          f'--config.data_dir={data_dir}', f'--config.steps={steps}',
-          '--config.log_every=10', '--config.eval_every=0',
-          '--config.checkpoint_every=1000', f'--workdir={workdir}', *extra]
+  return [
+      sys.executable, '-m', 'launcher', '--config=configs/mnist.py',
+      f'--config.data_dir={data_dir}', f'--config.steps={steps}',
+      '--config.log_every=10', '--config.eval_every=0',
+      '--config.checkpoint_every=1000', f'--workdir={workdir}', *extra
+  ]
 
 
 def _logged_step(path: str) -> int:
@@ -100,9 +105,11 @@ def _kill_at_steps(log: str, pid_of, targets: list[int], kills: list,
 
 
 def _rank_pid(workdir: str, rank: int):
+
   def pid():
     with open(os.path.join(workdir, 'logs', 'job.json')) as f:
       return json.load(f)['ranks'][rank]['pid']
+
   return pid
 
 
@@ -118,34 +125,43 @@ def _outcome(workdir: str, kills: list) -> dict:
   for attempt, kill in zip(result['attempts'][1:], kills):
     recovery = attempt.get('recovery') or {}
     notes = records.Notes.from_json(attempt['notes'])
-    first_wall = (notes.first_productive.wall if notes.first_productive
-                  else float('nan'))
+    first_wall = (notes.first_productive.wall
+                  if notes.first_productive else float('nan'))
     restarts.append({
         'kill_to_first_productive_s': first_wall - kill['at'],
         'recomputed_steps': notes.recomputed_steps or 0,
         'restore_tier': notes.restore_tier,
         'restore_step': notes.restore_step,
         'phases_s': recovery.get('phases'),
-        'total_from_fault_s': recovery.get('total_s')})
-  return {'goodput': result['goodput'], 'wall_s': result['wall_s'],
-          'attempts': len(result['attempts']), 'restarts': restarts,
-          'fingerprint': _fingerprint(workdir)}
+        'total_from_fault_s': recovery.get('total_s')
+    })
+  return {
+      'goodput': result['goodput'],
+      'wall_s': result['wall_s'],
+      'attempts': len(result['attempts']),
+      'restarts': restarts,
+      'fingerprint': _fingerprint(workdir)
+  }
 
 
-def run_pod(workdir: str, data_dir: str, steps: int, targets: list[int],
-            *extra: str) -> dict:
+def run_pod(workdir: str, data_dir: str, steps: int, targets: list[int], *extra:
+            str) -> dict:
   """A local-pod job; rank 1 SIGKILLed as rank 0 logs each target step."""
   kills, stop = [], threading.Event()
-  killer = threading.Thread(target=_kill_at_steps, args=(
-      os.path.join(workdir, 'logs', 'rank_0.log'), _rank_pid(workdir, 1),
-      targets, kills, stop), daemon=True)
+  killer = threading.Thread(target=_kill_at_steps,
+                            args=(os.path.join(workdir, 'logs', 'rank_0.log'),
+                                  _rank_pid(workdir, 1), targets, kills, stop),
+                            daemon=True)
   os.makedirs(workdir, exist_ok=True)
   killer.start()
   try:
     subprocess.run(_mnist(data_dir, workdir, steps, *POD,
                           f'--max_restarts={len(targets)}',
                           '--retry_exit_codes=137', *extra),
-                   cwd=REPO, env=_env(), check=True, timeout=1800,
+                   cwd=REPO,
+                   env=_env(),
+                   check=True,
+                   timeout=1800,
                    capture_output=True)
   finally:
     stop.set()
@@ -159,28 +175,35 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _start_by_hand(workdir: str, data_dir: str, steps: int, attempt: int
-                   ) -> list[subprocess.Popen]:
+def _start_by_hand(workdir: str, data_dir: str, steps: int,
+                   attempt: int) -> list[subprocess.Popen]:
   address = f'127.0.0.1:{_free_port()}'
   procs = []
   for rank in range(2):
     log = open(os.path.join(workdir, f'rank_{rank}.log'), 'a')
     log.write(f'===== attempt {attempt} =====\n')
     log.flush()
-    procs.append(subprocess.Popen(
-        _mnist(data_dir, workdir, steps, '--local_devices=4',
-               f'--coordinator_address={address}',
-               f'--coordinator_bind_address={address}',
-               '--num_processes=2', f'--process_id={rank}'),
-        # One job id across restarts, as SLURM_JOB_ID is across requeues:
-        # the restarted job takes over its own lease on the workdir.
-        cwd=REPO, env=_env(PODRUN_JOB_ID=os.path.basename(workdir)),
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-        start_new_session=True))
+    procs.append(
+        subprocess.Popen(
+            _mnist(data_dir, workdir, steps, '--local_devices=4',
+                   f'--coordinator_address={address}',
+                   f'--coordinator_bind_address={address}', '--num_processes=2',
+                   f'--process_id={rank}'),
+            # One job id across restarts, as SLURM_JOB_ID is across requeues:
+            # the restarted job takes over its own lease on the workdir.
+            cwd=REPO,
+            env=_env(PODRUN_JOB_ID=os.path.basename(workdir)),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True))
   return procs
 
 
-def run_cluster(workdir: str, data_dir: str, steps: int, kill_at: int,
+def run_cluster(workdir: str,
+                data_dir: str,
+                steps: int,
+                kill_at: int,
                 max_attempts: int = 4) -> dict:
   """Processes started by hand; this loop restarts them until they finish."""
   os.makedirs(workdir, exist_ok=True)
@@ -188,9 +211,11 @@ def run_cluster(workdir: str, data_dir: str, steps: int, kill_at: int,
   for attempt in range(1, max_attempts + 1):
     procs = _start_by_hand(workdir, data_dir, steps, attempt)
     stop = threading.Event()
-    killer = threading.Thread(target=_kill_at_steps, args=(
-        os.path.join(workdir, 'rank_0.log'), lambda: procs[1].pid,
-        [kill_at] if attempt == 1 else [], kills, stop), daemon=True)
+    killer = threading.Thread(
+        target=_kill_at_steps,
+        args=(os.path.join(workdir, 'rank_0.log'), lambda: procs[1].pid,
+              [kill_at] if attempt == 1 else [], kills, stop),
+        daemon=True)
     killer.start()
     try:
       codes.append([p.wait(timeout=1800) for p in procs])
@@ -206,8 +231,11 @@ def run_cluster(workdir: str, data_dir: str, steps: int, kill_at: int,
 
 
 def _spread(values: list[float]) -> dict:
-  return {'median': statistics.median(values), 'min': min(values),
-          'max': max(values)}
+  return {
+      'median': statistics.median(values),
+      'min': min(values),
+      'max': max(values)
+  }
 
 
 def bench_sigkill(tmp: str, data_dir: str, args) -> dict:
@@ -215,11 +243,11 @@ def bench_sigkill(tmp: str, data_dir: str, args) -> dict:
   out = {}
   out['undisturbed'] = run_pod(os.path.join(tmp, 'undisturbed'), data_dir,
                                args.steps, [])
-  out['local_tier'] = run_pod(os.path.join(tmp, 'local'), data_dir,
-                              args.steps, [args.kill_at])
-  out['no_local_tier'] = run_pod(
-      os.path.join(tmp, 'no_local'), data_dir, args.steps, [args.kill_at],
-      '--config.local_checkpoint_every=0')
+  out['local_tier'] = run_pod(os.path.join(tmp, 'local'), data_dir, args.steps,
+                              [args.kill_at])
+  out['no_local_tier'] = run_pod(os.path.join(tmp, 'no_local'), data_dir,
+                                 args.steps, [args.kill_at],
+                                 '--config.local_checkpoint_every=0')
   for name in ('local_tier', 'no_local_tier'):
     out[name]['same_parameters_as_undisturbed'] = (
         out[name]['fingerprint'] == out['undisturbed']['fingerprint'])
@@ -231,8 +259,8 @@ def bench_cluster(tmp: str, data_dir: str, args) -> dict:
                     args.kill_at)
   straight = run_pod(os.path.join(tmp, 'cluster_undisturbed'), data_dir,
                      args.steps, [])
-  out['same_parameters_as_undisturbed'] = (out['fingerprint'] ==
-                                           straight['fingerprint'])
+  out['same_parameters_as_undisturbed'] = (
+      out['fingerprint'] == straight['fingerprint'])
   out['heartbeat_timeout_s'] = 15
   return out
 
@@ -240,16 +268,18 @@ def bench_cluster(tmp: str, data_dir: str, args) -> dict:
 def bench_repeated(tmp: str, data_dir: str, args) -> dict:
   """A SIGKILL every args.every steps against an undisturbed run."""
   targets = list(range(args.every, args.steps, args.every))
-  straight = run_pod(os.path.join(tmp, 'rep_undisturbed'), data_dir,
-                     args.steps, [])
-  killed = run_pod(os.path.join(tmp, 'repeated'), data_dir, args.steps,
-                   targets)
-  return {'kills': len(targets), 'undisturbed_goodput': straight['goodput'],
-          'goodput': killed['goodput'],
-          'goodput_ratio': killed['goodput'] / straight['goodput'],
-          'same_parameters_as_undisturbed': (killed['fingerprint'] ==
-                                             straight['fingerprint']),
-          'restarts': killed['restarts']}
+  straight = run_pod(os.path.join(tmp, 'rep_undisturbed'), data_dir, args.steps,
+                     [])
+  killed = run_pod(os.path.join(tmp, 'repeated'), data_dir, args.steps, targets)
+  return {
+      'kills': len(targets),
+      'undisturbed_goodput': straight['goodput'],
+      'goodput': killed['goodput'],
+      'goodput_ratio': killed['goodput'] / straight['goodput'],
+      'same_parameters_as_undisturbed':
+          (killed['fingerprint'] == straight['fingerprint']),
+      'restarts': killed['restarts']
+  }
 
 
 def _loop_speed(workdir: str, steps: int, saves: int) -> dict:
@@ -260,26 +290,36 @@ def _loop_speed(workdir: str, steps: int, saves: int) -> dict:
   step_s = parts['productive'] / steps
   loop_s = (parts['productive'] + parts['input_wait'] +
             parts['checkpoint_blocking'])
-  return {'loop_steps_per_s': steps / loop_s,
-          'blocking_per_save_steps': (parts['checkpoint_blocking'] /
-                                      saves / step_s) if saves else 0.0}
+  return {
+      'loop_steps_per_s':
+          steps / loop_s,
+      'blocking_per_save_steps':
+          (parts['checkpoint_blocking'] / saves / step_s) if saves else 0.0
+  }
 
 
 def _cost_run(workdir: str, data_dir: str, config: str, steps: int,
               local_every: Optional[int]) -> dict:
   """One run; local_every None: no checkpointing at all."""
-  args = [f'--config.local_checkpoint_every={local_every}'
-          if local_every is not None else '--config.checkpointing=False']
-  subprocess.run(
-      [sys.executable, '-m', 'launcher', f'--config={config}',
-       f'--config.data_dir={data_dir}', f'--config.steps={steps}',
-       '--config.eval_every=0', *args, f'--workdir={workdir}', *POD],
-      cwd=REPO, env=_env(), check=True, timeout=1800, capture_output=True)
+  args = [
+      f'--config.local_checkpoint_every={local_every}'
+      if local_every is not None else '--config.checkpointing=False'
+  ]
+  subprocess.run([
+      sys.executable, '-m', 'launcher', f'--config={config}',
+      f'--config.data_dir={data_dir}', f'--config.steps={steps}',
+      '--config.eval_every=0', *args, f'--workdir={workdir}', *POD
+  ],
+                 cwd=REPO,
+                 env=_env(),
+                 check=True,
+                 timeout=1800,
+                 capture_output=True)
   every = _config_every(config)
-  saves = 0 if local_every is None else len(
-      {s for s in range(1, steps + 1)
-       if (local_every and s % local_every == 0) or s % every == 0 or
-       s == steps})
+  saves = 0 if local_every is None else len({
+      s for s in range(1, steps + 1)
+      if (local_every and s % local_every == 0) or s % every == 0 or s == steps
+  })
   return _loop_speed(workdir, steps, saves)
 
 
@@ -294,55 +334,69 @@ def bench_cost(tmp: str, data_dir: str, args) -> dict:
   out = {}
   cadences = [int(c) for c in args.cadences.split(',')]
   mlp_steps, cnn_steps = (int(n) for n in args.cost_steps.split(','))
-  for name, config, steps, tried in (
-      ('mlp', 'configs/mnist.py', mlp_steps, cadences),
-      ('cnn', 'configs/mnist_cnn.py', cnn_steps, [25])):
+  for name, config, steps, tried in (('mlp', 'configs/mnist.py', mlp_steps,
+                                      cadences), ('cnn', 'configs/mnist_cnn.py',
+                                                  cnn_steps, [25])):
     rows = {c: [] for c in [None] + tried}
     for i in range(args.rounds):
       order = list(rows) if i % 2 == 0 else list(reversed(rows))
       for cadence in order:
-        rows[cadence].append(_cost_run(
-            os.path.join(tmp, f'cost_{name}_{cadence}_{i}'), data_dir,
-            config, steps, cadence))
+        rows[cadence].append(
+            _cost_run(os.path.join(tmp, f'cost_{name}_{cadence}_{i}'), data_dir,
+                      config, steps, cadence))
     out[name] = {'steps': steps, 'persistent_every': _config_every(config)}
     for cadence in tried:
-      ratios = [a['loop_steps_per_s'] / b['loop_steps_per_s']
-                for a, b in zip(rows[cadence], rows[None])]
+      ratios = [
+          a['loop_steps_per_s'] / b['loop_steps_per_s']
+          for a, b in zip(rows[cadence], rows[None])
+      ]
       out[name][f'local_every_{cadence}'] = {
-          'with_over_without': _spread(ratios),
-          'blocking_per_save_steps': _spread(
-              [r['blocking_per_save_steps'] for r in rows[cadence]])}
+          'with_over_without':
+              _spread(ratios),
+          'blocking_per_save_steps':
+              _spread([r['blocking_per_save_steps'] for r in rows[cadence]])
+      }
   return out
 
 
 def _hang_to_exit(tmp: str) -> dict:
   """Rank 1's input sleeps from step 300 on; default flags."""
   workdir = os.path.join(tmp, 'wedged')
-  result = subprocess.run(
-      [sys.executable, '-m', 'launcher',
-       '--config=tests/workloads/probe_config.py', '--config.steps=100000',
-       '--config.log_every=100', '--config.fail_rank=1',
-       '--config.fail_step=300', '--config.fail_mode=hang',
-       f'--workdir={workdir}', *POD], cwd=REPO, env=_env(),
-      capture_output=True, text=True, timeout=1800, check=False)
+  result = subprocess.run([
+      sys.executable, '-m', 'launcher',
+      '--config=tests/workloads/probe_config.py', '--config.steps=100000',
+      '--config.log_every=100', '--config.fail_rank=1',
+      '--config.fail_step=300', '--config.fail_mode=hang',
+      f'--workdir={workdir}', *POD
+  ],
+                          cwd=REPO,
+                          env=_env(),
+                          capture_output=True,
+                          text=True,
+                          timeout=1800,
+                          check=False)
   ended = time.time()
-  with open(os.path.join(workdir, 'logs', 'rank_1.log'),
-            errors='replace') as f:
+  with open(os.path.join(workdir, 'logs', 'rank_1.log'), errors='replace') as f:
     hung = float(re.search(r'probe: hang at ([\d.]+)', f.read()).group(1))
-  stalled = [l for l in result.stderr.splitlines()
-             if 'the job stalled' in l]
-  return {'exit_code': result.returncode, 'hang_to_launcher_exit_s':
-          ended - hung, 'message': stalled[0][-400:] if stalled else ''}
+  stalled = [l for l in result.stderr.splitlines() if 'the job stalled' in l]
+  return {
+      'exit_code': result.returncode,
+      'hang_to_launcher_exit_s': ended - hung,
+      'message': stalled[0][-400:] if stalled else ''
+  }
 
 
 def _quiet_run(tmp: str, data_dir: str, i: int) -> dict:
   """Saves, evaluations (a compilation of their own mid-run): no stall."""
   workdir = os.path.join(tmp, f'quiet_{i}')
-  code = subprocess.run(
-      _mnist(data_dir, workdir, 400, '--config.eval_every=100',
-             '--config.checkpoint_every=150', *POD),
-      cwd=REPO, env=_env(), capture_output=True, timeout=1800,
-      check=False).returncode
+  code = subprocess.run(_mnist(data_dir, workdir, 400,
+                               '--config.eval_every=100',
+                               '--config.checkpoint_every=150', *POD),
+                        cwd=REPO,
+                        env=_env(),
+                        capture_output=True,
+                        timeout=1800,
+                        check=False).returncode
   worst = {}
   for path in glob.glob(os.path.join(workdir, 'stall', 'rank_*.json')):
     with open(path) as f:
@@ -352,8 +406,11 @@ def _quiet_run(tmp: str, data_dir: str, i: int) -> dict:
     longest = max(learned['work_seconds'].get('step', 0.0),
                   learned['work_seconds'].get('compile', 0.0))
     worst[os.path.basename(path)] = {
-        'p99_s': p99, 'longest_interval_s': max(steps),
-        'longest_seen_s': longest, 'work_s': learned['work_seconds']}
+        'p99_s': p99,
+        'longest_interval_s': max(steps),
+        'longest_seen_s': longest,
+        'work_s': learned['work_seconds']
+    }
   return {'exit_code': code, 'ranks': worst}
 
 
@@ -364,20 +421,32 @@ def bench_wedged(tmp: str, data_dir: str, args) -> dict:
   for i in range(args.quiet_runs):
     quiet.append(_quiet_run(tmp, data_dir, i))
     print(json.dumps({'quiet_run': i, **quiet[-1]}), flush=True)
-  ratios = [r['longest_interval_s'] / r['p99_s']
-            for q in quiet for r in q['ranks'].values()]
-  return {'hang': hang,
-          'quiet_runs': len(quiet),
-          'quiet_exit_codes': [q['exit_code'] for q in quiet],
-          'longest_interval_over_p99': _spread(ratios),
-          'longest_interval_s': max(r['longest_interval_s'] for q in quiet
-                                    for r in q['ranks'].values()),
-          'longest_evaluation_s': max(r['work_s'].get('evaluation', 0.0)
-                                      for q in quiet
-                                      for r in q['ranks'].values()),
-          'longest_compile_s': max(r['work_s'].get('compile', 0.0)
-                                   for q in quiet
-                                   for r in q['ranks'].values())}
+  ratios = [
+      r['longest_interval_s'] / r['p99_s']
+      for q in quiet
+      for r in q['ranks'].values()
+  ]
+  return {
+      'hang':
+          hang,
+      'quiet_runs':
+          len(quiet),
+      'quiet_exit_codes': [q['exit_code'] for q in quiet],
+      'longest_interval_over_p99':
+          _spread(ratios),
+      'longest_interval_s':
+          max(r['longest_interval_s']
+              for q in quiet
+              for r in q['ranks'].values()),
+      'longest_evaluation_s':
+          max(r['work_s'].get('evaluation', 0.0)
+              for q in quiet
+              for r in q['ranks'].values()),
+      'longest_compile_s':
+          max(r['work_s'].get('compile', 0.0)
+              for q in quiet
+              for r in q['ranks'].values())
+  }
 
 
 def main():
@@ -392,9 +461,13 @@ def main():
   parser.add_argument('--cost_steps', default='1000,300')
   parser.add_argument('--out', default='')
   args = parser.parse_args()
-  benches = {'sigkill': bench_sigkill, 'cluster': bench_cluster,
-             'repeated': bench_repeated, 'cost': bench_cost,
-             'wedged': bench_wedged}
+  benches = {
+      'sigkill': bench_sigkill,
+      'cluster': bench_cluster,
+      'repeated': bench_repeated,
+      'cost': bench_cost,
+      'wedged': bench_wedged
+  }
   report = {'args': vars(args)}
   with tempfile.TemporaryDirectory() as tmp:
     data_dir = os.path.join(tmp, 'mnist')

@@ -29,8 +29,8 @@ WORKDIR_NAMES = ('summary.json', 'goodput.jsonl', 'metrics.jsonl',
                  'compilation_cache', '.podrun', '.podrun_lease.json', 'join')
 _PATH_CALLS = ('path.join', 'open', 'glob', 'Path', 'makedirs', 'exists')
 _FILE_IN_TEXT = re.compile(
-    r'rank_|/(?:%s)(?:$|[/"\'\s])' % '|'.join(
-        re.escape(n) for n in WORKDIR_NAMES if '.' in n))
+    r'rank_|/(?:%s)(?:$|[/"\'\s])' %
+    '|'.join(re.escape(n) for n in WORKDIR_NAMES if '.' in n))
 # The restart loop and the elastic policies, where an attempt's end is read.
 _POLICIES = ('launcher.restart', 'launcher.resize', 'launcher.elastic',
              'launcher.local.elastic', 'launcher.tpu.elastic',
@@ -79,8 +79,8 @@ def measure(root: str) -> tuple[list, list, list, dict[str, set[str]]]:
         class_sizes.append((span, f'{name}.{node.name}'))
       elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         function_sizes.append((span, f'{name}.{node.name}'))
-      graph[name].update(m for m in _imported(node, known)
-                         if m in known and m != name)
+      graph[name].update(
+          m for m in _imported(node, known) if m in known and m != name)
   return module_sizes, class_sizes, function_sizes, graph
 
 
@@ -155,8 +155,8 @@ def spells_a_workdir_path(tree: ast.Module) -> bool:
               'rank_' in leaf.value):
             return True
     if isinstance(node, ast.JoinedStr):
-      text = ''.join(v.value for v in node.values
-                     if isinstance(v, ast.Constant))
+      text = ''.join(
+          v.value for v in node.values if isinstance(v, ast.Constant))
       if _FILE_IN_TEXT.search(text):
         return True
   return False
@@ -173,8 +173,12 @@ def _identifier(node: ast.AST):
 def house(root: str) -> dict:
   """The house's figures: {name: count}, and the modules that spell a
   workdir path themselves (`path_spellers`, the layout itself left out)."""
-  out = dict(globals=0, config_functions=0, config_modules=set(),
-             attempt_getattrs=0, path_spellers=[], runtime_root=0,
+  out = dict(globals=0,
+             config_functions=0,
+             config_modules=set(),
+             attempt_getattrs=0,
+             path_spellers=[],
+             runtime_root=0,
              **{name: 0 for name in PROCESS_INDEX_NAMES})
   for name, path in sorted(modules(root).items()):
     with open(path) as f:
@@ -188,8 +192,7 @@ def house(root: str) -> dict:
       out['globals'] += isinstance(node, ast.Global)
       if (name.startswith('runtime') and
           isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and
-          'config' in [a.arg for a in node.args.args +
-                       node.args.kwonlyargs]):
+          'config' in [a.arg for a in node.args.args + node.args.kwonlyargs]):
         out['config_functions'] += 1
         out['config_modules'].add(name)
       if (name in _POLICIES and isinstance(node, ast.Call) and
@@ -204,8 +207,9 @@ def house(root: str) -> dict:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--root', default=os.path.dirname(
-      os.path.dirname(os.path.abspath(__file__))))
+  parser.add_argument('--root',
+                      default=os.path.dirname(
+                          os.path.dirname(os.path.abspath(__file__))))
   parser.add_argument('--top', type=int, default=3)
   args = parser.parse_args()
   module_sizes, class_sizes, function_sizes, graph = measure(args.root)

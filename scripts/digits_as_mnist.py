@@ -45,8 +45,12 @@ def main():
   images = as_mnist(digits.images[order])
   labels = digits.target[order].astype(np.uint8)
   os.makedirs(args.data_dir, exist_ok=True)
-  arrays = {'train_images': images[NUM_TEST:], 'train_labels': labels[NUM_TEST:],
-            'test_images': images[:NUM_TEST], 'test_labels': labels[:NUM_TEST]}
+  arrays = {
+      'train_images': images[NUM_TEST:],
+      'train_labels': labels[NUM_TEST:],
+      'test_images': images[:NUM_TEST],
+      'test_labels': labels[:NUM_TEST]
+  }
   for key, array in arrays.items():
     idx.write(os.path.join(args.data_dir, mnist.FILES[key] + '.gz'), array)
   print(f'wrote {len(labels) - NUM_TEST} training and {NUM_TEST} test digits '

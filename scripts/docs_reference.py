@@ -33,9 +33,11 @@ from launcher import usage  # pylint: disable=g-import-not-at-top,wrong-import-p
 from launcher.ray import __main__ as ray_main  # pylint: disable=g-import-not-at-top,wrong-import-position
 from launcher.tpu import flags as tpu_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-PAGES = {'flags': REPO / 'docs' / 'reference' / 'flags.md',
-         'config': REPO / 'docs' / 'reference' / 'config.md',
-         'changelog': REPO / 'docs' / 'changelog.md'}
+PAGES = {
+    'flags': REPO / 'docs' / 'reference' / 'flags.md',
+    'config': REPO / 'docs' / 'reference' / 'config.md',
+    'changelog': REPO / 'docs' / 'changelog.md'
+}
 _GENERATED = ('<!-- Written by scripts/docs_reference.py from the code: edit '
               'the code, then run it. -->')
 
@@ -56,13 +58,16 @@ def _default(value) -> str:
 
 
 def _podrun() -> list[str]:
-  out = ['## podrun', '',
-         '`podrun --config=FILE [flags]`, the same as `python -m launcher`. '
-         '`--config.FIELD=VALUE` overrides any field of the config '
-         '([Config fields](config.md)).', '']
+  out = [
+      '## podrun', '',
+      '`podrun --config=FILE [flags]`, the same as `python -m launcher`. '
+      '`--config.FIELD=VALUE` overrides any field of the config '
+      '([Config fields](config.md)).', ''
+  ]
   for title, entries in usage.groups():
-    out += [f'### {title}', '', '| flag | default | what |',
-            '| --- | --- | --- |']
+    out += [
+        f'### {title}', '', '| flag | default | what |', '| --- | --- | --- |'
+    ]
     for name, _ in entries:
       flag = flags.FLAGS[name]
       out.append(f'| `--{name}` | {_default(flag.default)} | '
@@ -71,43 +76,53 @@ def _podrun() -> list[str]:
   return out
 
 
-def _argparse(title: str, intro: str, parser: argparse.ArgumentParser
-              ) -> list[str]:
+def _argparse(title: str, intro: str,
+              parser: argparse.ArgumentParser) -> list[str]:
   out = [f'## {title}', '', intro, '']
   for group in parser._action_groups:  # pylint: disable=protected-access
-    actions = [a for a in group._group_actions  # pylint: disable=protected-access
-               if a.option_strings and a.dest != 'help']
+    actions = [
+        a for a in group._group_actions  # pylint: disable=protected-access
+        if a.option_strings and a.dest != 'help'
+    ]
     if not actions:
       continue
     heading = 'Flags' if group.title in ('options', 'optional arguments') \
         else group.title
-    out += [f'### {heading}', '', '| flag | default | what |',
-            '| --- | --- | --- |']
+    out += [
+        f'### {heading}', '', '| flag | default | what |', '| --- | --- | --- |'
+    ]
     for action in actions:
       name = max(action.option_strings, key=len)
-      default = ('(required)' if action.required else
-                 '' if action.default is argparse.SUPPRESS or
-                 isinstance(action, argparse._StoreTrueAction)  # pylint: disable=protected-access
-                 else _default(action.default))
+      default = (
+          '(required)' if action.required else '' if action.default
+          is argparse.SUPPRESS or isinstance(action, argparse._StoreTrueAction)  # pylint: disable=protected-access
+          else _default(action.default))
       out.append(f'| `{name}` | {default} | {_cell(action.help or "")} |')
     out.append('')
   return out
 
 
 def flags_page() -> str:
-  lines = ['# Flags', '', _GENERATED, '',
-           'Every flag of the three commands, by what it is for. '
-           '`podrun --help`, `podrun-tpu launch --help` and '
-           '`podrun-ray --help` list the same flags, each with a shorter '
-           'text.', '',
-           *_podrun(),
-           *_argparse('podrun-tpu launch',
-                      '`scripts/launch_tpu_pod.sh --tpu=NAME --zone=ZONE '
-                      '[flags] -- <podrun flags>`, the same as '
-                      '`podrun-tpu launch ...`.', tpu_flags._parser()),  # pylint: disable=protected-access
-           *_argparse('podrun-ray',
-                      '`podrun-ray --num_processes=N [flags] -- <podrun '
-                      'flags>`.', ray_main._parser())]  # pylint: disable=protected-access
+  lines = [
+      '# Flags',
+      '',
+      _GENERATED,
+      '',
+      'Every flag of the three commands, by what it is for. '
+      '`podrun --help`, `podrun-tpu launch --help` and '
+      '`podrun-ray --help` list the same flags, each with a shorter '
+      'text.',
+      '',
+      *_podrun(),
+      *_argparse(
+          'podrun-tpu launch',
+          '`scripts/launch_tpu_pod.sh --tpu=NAME --zone=ZONE '
+          '[flags] -- <podrun flags>`, the same as '
+          '`podrun-tpu launch ...`.', tpu_flags._parser()),  # pylint: disable=protected-access
+      *_argparse('podrun-ray',
+                 '`podrun-ray --num_processes=N [flags] -- <podrun '
+                 'flags>`.', ray_main._parser())
+  ]  # pylint: disable=protected-access
   return '\n'.join(lines).rstrip() + '\n'
 
 
@@ -134,17 +149,21 @@ def config_page() -> str:
   source = path.read_text()
   lines = source.splitlines()
   values = config_base.get_config()
-  out = ['# Config fields', '', _GENERATED, '',
-         'Every field of `runtime/config_base.py`, which every config starts from; '
-         '`--config.FIELD=VALUE` sets one on the command line. The fields of '
-         '`model`, `optimizer` and `data`, with `workload`, `seed` and '
-         '`global_batch_size`, decide what a run computes: a resumed run '
-         'must agree with its checkpoint on them.', '']
+  out = [
+      '# Config fields', '', _GENERATED, '',
+      'Every field of `runtime/config_base.py`, which every config starts from; '
+      '`--config.FIELD=VALUE` sets one on the command line. The fields of '
+      '`model`, `optimizer` and `data`, with `workload`, `seed` and '
+      '`global_batch_size`, decide what a run computes: a resumed run '
+      'must agree with its checkpoint on them.', ''
+  ]
   for node in ast.parse(source).body:
     if not (isinstance(node, ast.FunctionDef) and node.name.startswith('_add')):
       continue
-    out += [f'## {ast.get_docstring(node).rstrip(".")}', '',
-            '| field | default | what |', '| --- | --- | --- |']
+    out += [
+        f'## {ast.get_docstring(node).rstrip(".")}', '',
+        '| field | default | what |', '| --- | --- | --- |'
+    ]
     for statement in node.body:
       if not (isinstance(statement, ast.Assign) and
               isinstance(statement.targets[0], ast.Attribute)):
@@ -169,7 +188,8 @@ def changelog_page() -> str:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--check', action='store_true',
+  parser.add_argument('--check',
+                      action='store_true',
                       help='change nothing; exit 1 naming a stale page')
   args = parser.parse_args(argv)
   stale = []

@@ -22,34 +22,44 @@ CONFIGS = {'mlp': 'configs/mnist.py', 'cnn': 'configs/mnist_cnn.py'}
 
 
 def run(config: str, data_dir: str, workdir: str, extra: list[str]) -> dict:
-  command = [sys.executable, '-m', 'launcher', f'--config={config}',
-             f'--config.data_dir={os.path.abspath(data_dir)}',
-             f'--workdir={workdir}', *extra]
+  command = [
+      sys.executable, '-m', 'launcher', f'--config={config}',
+      f'--config.data_dir={os.path.abspath(data_dir)}', f'--workdir={workdir}',
+      *extra
+  ]
   started = time.perf_counter()
-  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+  result = subprocess.run(command,
+                          cwd=REPO,
+                          capture_output=True,
+                          text=True,
                           check=False)
   if result.returncode:
     sys.exit(f'{" ".join(command)} exited {result.returncode}:\n'
              f'{result.stderr[-3000:]}')
   with open(os.path.join(workdir, 'summary.json')) as f:
     summary = json.load(f)
-  return {**summary['results']['eval'], 'steps': summary['steps'],
-          'wall_s': round(time.perf_counter() - started, 1)}
+  return {
+      **summary['results']['eval'], 'steps': summary['steps'],
+      'wall_s': round(time.perf_counter() - started, 1)
+  }
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--data_dir', default='data/mnist')
-  parser.add_argument('--workdir', default='',
+  parser.add_argument('--workdir',
+                      default='',
                       help='keeps the runs in WORKDIR/{mlp,cnn}; default: a '
-                           'temporary directory')
+                      'temporary directory')
   parser.add_argument('launcher_flags', nargs='*')
   args = parser.parse_args()
   with tempfile.TemporaryDirectory() as tmp:
     root = args.workdir or tmp
-    results = {name: run(config, args.data_dir, os.path.join(root, name),
-                         args.launcher_flags)
-               for name, config in CONFIGS.items()}
+    results = {
+        name:
+            run(config, args.data_dir, os.path.join(root, name),
+                args.launcher_flags) for name, config in CONFIGS.items()
+    }
   print(json.dumps(results, indent=2))
 
 

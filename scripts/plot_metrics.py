@@ -51,8 +51,11 @@ def plot(records: list[dict], out: str, title: str) -> list[str]:
   panels = [('loss', ['loss', 'eval_loss'])]
   if any('accuracy' in r or 'eval_accuracy' in r for r in records):
     panels.append(('accuracy', ['accuracy', 'eval_accuracy']))
-  fig, axes = plt.subplots(len(panels), 1, figsize=(7, 3.2 * len(panels)),
-                           sharex=True, squeeze=False)
+  fig, axes = plt.subplots(len(panels),
+                           1,
+                           figsize=(7, 3.2 * len(panels)),
+                           sharex=True,
+                           squeeze=False)
   drawn = []
   for ax, (label, keys) in zip(axes[:, 0], panels):
     for key in keys:
@@ -60,13 +63,15 @@ def plot(records: list[dict], out: str, title: str) -> list[str]:
       if not steps:
         continue
       is_eval = key.startswith('eval_')
-      ax.plot(steps, values, marker='o' if is_eval else None,
+      ax.plot(steps,
+              values,
+              marker='o' if is_eval else None,
               linestyle='--' if is_eval else '-',
               label='eval' if is_eval else 'train')
       drawn.append(key)
     ax.set_ylabel(label)
-    if label == 'loss' and all(v > 0 for k in keys
-                               for v in series(records, k)[1]):
+    if label == 'loss' and all(
+        v > 0 for k in keys for v in series(records, k)[1]):
       ax.set_yscale('log')
     ax.grid(True, alpha=0.3)
     ax.legend()
@@ -85,9 +90,8 @@ def main(argv=None) -> int:
   parser.add_argument('workdir')
   parser.add_argument('--out', help='default: WORKDIR/metrics.png')
   args = parser.parse_args(argv)
-  out = args.out or (
-      'metrics.png' if layout.in_bucket(args.workdir)
-      else os.path.join(args.workdir, 'metrics.png'))
+  out = args.out or ('metrics.png' if layout.in_bucket(args.workdir) else
+                     os.path.join(args.workdir, 'metrics.png'))
   try:
     drawn = plot(read_records(args.workdir), out,
                  os.path.basename(os.path.abspath(args.workdir)))

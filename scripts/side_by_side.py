@@ -13,19 +13,22 @@ import statistics
 from typing import Optional
 
 
-def report(results: dict, rounds: dict[str, list[dict]], out: str,
+def report(results: dict,
+           rounds: dict[str, list[dict]],
+           out: str,
            baseline: Optional[str] = 'local') -> dict:
   """Adds each place's medians and each other place's ratios to
   `baseline` (None: no ratios) to `results`, prints them as JSON and
   writes them to `out` (unless '')."""
   for where, found in rounds.items():
-    results[where] = {k: statistics.median(r[k] for r in found)
-                      for k in found[0]}
+    results[where] = {
+        k: statistics.median(r[k] for r in found) for k in found[0]
+    }
   for where in rounds if baseline else ():
     if where != baseline:
       results[f'{where}_over_{baseline}'] = {
-          k: results[where][k] / results[baseline][k]
-          for k in results[baseline]}
+          k: results[where][k] / results[baseline][k] for k in results[baseline]
+      }
   text = json.dumps(results, indent=2)
   print(text)
   if out:

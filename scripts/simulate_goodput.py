@@ -47,7 +47,7 @@ class Costs:
   shrink_s: float
   grow_s: float
   recreate_s: float
-  lost_work_s: float   # Training lost by a hard loss.
+  lost_work_s: float  # Training lost by a hard loss.
   hard_fraction: float
 
 
@@ -58,9 +58,9 @@ class Job:
   minimum: int
   up: int
   running: bool = True
-  busy_until: float = 0.0   # Down (restarting, shrinking, growing) until.
+  busy_until: float = 0.0  # Down (restarting, shrinking, growing) until.
   trained_s: float = 0.0
-  work_s: float = 0.0       # Full-speed seconds of training.
+  work_s: float = 0.0  # Full-speed seconds of training.
 
   def advance(self, start: float, end: float) -> None:
     """Accounts for [start, end) at the current size."""
@@ -111,8 +111,8 @@ def simulate(n: int, minimum: int, rate_per_s: float, wait_mean_s: float,
       heapq.heappush(events, (back, 'return', slice_))
     else:
       _on_return(job, now, costs)
-      heapq.heappush(events, (now + rng.exponential(1 / rate_per_s), 'loss',
-                              slice_))
+      heapq.heappush(events,
+                     (now + rng.exponential(1 / rate_per_s), 'loss', slice_))
   job.advance(now, horizon_s)
   return job.trained_s / horizon_s, job.work_s / horizon_s
 
@@ -120,17 +120,21 @@ def simulate(n: int, minimum: int, rate_per_s: float, wait_mean_s: float,
 def table(args, costs: Costs) -> list[str]:
   """One row per (slices, preemption rate): both policies' means."""
   rng = np.random.default_rng(args.seed)
-  lines = ['| slices | preemptions / slice / day | wait: goodput | wait: '
-           'capacity-weighted | elastic (K): goodput | elastic: '
-           'capacity-weighted |', '| --- | --- | --- | --- | --- | --- |']
+  lines = [
+      '| slices | preemptions / slice / day | wait: goodput | wait: '
+      'capacity-weighted | elastic (K): goodput | elastic: '
+      'capacity-weighted |', '| --- | --- | --- | --- | --- | --- |'
+  ]
   horizon = args.days * 86400
   for n in args.slices:
     k = max(1, math.ceil(n * args.min_fraction))
     for rate in args.preemptions_per_day:
       results = {}
       for name, minimum in (('wait', n), ('elastic', k)):
-        runs = [simulate(n, minimum, rate / 86400, args.capacity_wait_s,
-                         horizon, costs, rng) for _ in range(args.trials)]
+        runs = [
+            simulate(n, minimum, rate / 86400, args.capacity_wait_s, horizon,
+                     costs, rng) for _ in range(args.trials)
+        ]
         results[name] = np.mean(runs, axis=0)
       lines.append(
           f'| {n} | {rate:g} | {results["wait"][0]:.3f} | '
@@ -196,8 +200,8 @@ def describe_inputs(args) -> list[str]:
   lines = []
   for name, why in {**_MEASURED, **_ASSUMED}.items():
     value = getattr(args, name)
-    shown = (','.join(f'{v:g}' for v in value) if isinstance(value, list)
-             else f'{value:g}')
+    shown = (','.join(
+        f'{v:g}' for v in value) if isinstance(value, list) else f'{value:g}')
     lines.append(f'--{name}={shown}: {why}')
   return lines
 

@@ -25,11 +25,15 @@ def _docstrings(path: pathlib.Path) -> dict[str, str]:
     tree = ast.parse(path.read_text())
   except (OSError, SyntaxError):
     return {}
-  return {node.name: ast.get_docstring(node) or ''
-          for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+  return {
+      node.name: ast.get_docstring(node) or ''
+      for node in ast.walk(tree)
+      if isinstance(node, ast.FunctionDef)
+  }
 
 
-def unexplained(durations: dict[str, float], root: pathlib.Path,
+def unexplained(durations: dict[str, float],
+                root: pathlib.Path,
                 slow_s: float = SLOW_S) -> list[str]:
   """The tests over `slow_s` whose function has no docstring.
 

@@ -40,8 +40,11 @@ class Cluster:
     ...   exits = job.wait(timeout=60)
   """
 
-  def __init__(self, workdir: pathlib.Path, num_processes: int,
-               args: list[str], start: Optional[list[int]] = None,
+  def __init__(self,
+               workdir: pathlib.Path,
+               num_processes: int,
+               args: list[str],
+               start: Optional[list[int]] = None,
                port: Optional[int] = None,
                rank_args: Optional[dict[int, list[str]]] = None,
                rank_env: Optional[dict[int, dict[str, str]]] = None,
@@ -57,8 +60,8 @@ class Cluster:
       rank_args, rank_env, rank_cwd: per rank, extra flags, extra
         variables, another directory to run from (a different checkout).
     """
-    rank_args, rank_env, rank_cwd = (rank_args or {}), (rank_env or {}), (
-        rank_cwd or {})
+    rank_args, rank_env, rank_cwd = (rank_args or {}), (rank_env or
+                                                        {}), (rank_cwd or {})
     self.workdir = workdir
     self.num_processes = num_processes
     address = f'127.0.0.1:{port or free_port()}'
@@ -69,16 +72,19 @@ class Cluster:
       log = open(workdir / f'cluster_rank_{rank}.log', 'w+')
       self.logs[rank] = log
       self.procs[rank] = subprocess.Popen(
-          [sys.executable, '-u', '-m', 'launcher', *args,
-           *rank_args.get(rank, []),
-           f'--workdir={workdir}', '--local_devices=1',
-           f'--coordinator_address={address}',
-           f'--coordinator_bind_address={address}',
-           f'--num_processes={num_processes}', f'--process_id={rank}'],
+          [
+              sys.executable, '-u', '-m', 'launcher', *args,
+              *rank_args.get(rank, []), f'--workdir={workdir}',
+              '--local_devices=1', f'--coordinator_address={address}',
+              f'--coordinator_bind_address={address}',
+              f'--num_processes={num_processes}', f'--process_id={rank}'
+          ],
           cwd=rank_cwd.get(rank, helpers.REPO),
           env=helpers.launcher_env(**rank_env.get(rank, {})),
           stdin=subprocess.DEVNULL,
-          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+          stdout=log,
+          stderr=subprocess.STDOUT,
+          start_new_session=True)
     self.exits: dict[int, Exit] = {}
 
   def output(self, rank: int) -> str:
@@ -96,24 +102,28 @@ class Cluster:
       self.poll()
       if time.monotonic() > deadline:
         self.kill()
-        raise AssertionError(
-            f'processes still running after {timeout} s: '
-            f'{sorted(set(self.procs) - set(self.exits))}\n' +
-            '\n'.join(f'--- rank {r}:\n{self.output(r)[-3000:]}'
-                      for r in self.procs))
+        raise AssertionError(f'processes still running after {timeout} s: '
+                             f'{sorted(set(self.procs) - set(self.exits))}\n' +
+                             '\n'.join(
+                                 f'--- rank {r}:\n{self.output(r)[-3000:]}'
+                                 for r in self.procs))
       time.sleep(0.02)
     for rank, exit_ in self.exits.items():
       exit_.output = self.output(rank)
     return self.exits
 
-  def wait_until_stepping(self, rank: int = 0, step: int = 5,
+  def wait_until_stepping(self,
+                          rank: int = 0,
+                          step: int = 5,
                           timeout: float = 90) -> None:
     needle = f'step {step}/'
-    assert helpers.wait_for(lambda: needle in self.output(rank) or any(
-        p.poll() is not None for p in self.procs.values()), timeout), (
-            self.output(rank))
+    assert helpers.wait_for(
+        lambda: needle in self.output(rank) or any(
+            p.poll() is not None for p in self.procs.values()),
+        timeout), (self.output(rank))
     assert all(p.poll() is None for p in self.procs.values()), {
-        r: self.output(r)[-2000:] for r in self.procs}
+        r: self.output(r)[-2000:] for r in self.procs
+    }
 
   def signal(self, rank: int, signum: int) -> float:
     os.kill(self.procs[rank].pid, signum)

@@ -2,10 +2,10 @@
 
 import os
 
-os.environ['XLA_FLAGS'] = ' '.join(
-    [f for f in os.environ.get('XLA_FLAGS', '').split()
-     if not f.startswith('--xla_force_host_platform_device_count')] +
-    ['--xla_force_host_platform_device_count=8'])
+os.environ['XLA_FLAGS'] = ' '.join([
+    f for f in os.environ.get('XLA_FLAGS', '').split()
+    if not f.startswith('--xla_force_host_platform_device_count')
+] + ['--xla_force_host_platform_device_count=8'])
 os.environ['JAX_PLATFORMS'] = 'cpu'
 
 import shutil  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -24,7 +24,6 @@ _CACHE_DIR = []
 # timeouts. Python's own handler, as under a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
   signal.signal(signal.SIGINT, signal.default_int_handler)
-
 
 # Test tiers (pytest -m): `unit` needs neither devices nor processes,
 # `devices` runs in this process on its 8 emulated devices, `processes`
@@ -65,8 +64,8 @@ def pytest_collection_modifyitems(config, items):
   del config
   problems = tier_problems(items)
   if problems:
-    raise pytest.UsageError(
-        f'the test tiers ({", ".join(TIERS)}): ' + '; '.join(problems))
+    raise pytest.UsageError(f'the test tiers ({", ".join(TIERS)}): ' +
+                            '; '.join(problems))
   from tests import pairs  # pylint: disable=g-import-not-at-top
   for item in items:
     if pairs.is_version_dependent(item.path.name, item.originalname):
@@ -128,6 +127,7 @@ def _launchers_only_in_the_processes_tier(request, monkeypatch):
         f'{request.node.nodeid} starts launcher processes in a '
         f'{"/".join(tiers)}-tier module: move it to a processes-tier module '
         '(tests/test_*_processes.py)')
+
   monkeypatch.setattr(helpers, 'start_launcher', refuse)
   monkeypatch.setattr(cluster.Cluster, '__init__', refuse)
   monkeypatch.setattr(tpu_emulation.FakePod, 'start', refuse)
@@ -178,7 +178,9 @@ def probe_2x4_straight(tmp_path_factory):
       f'--config={helpers.PROBE_CONFIG}', '--config.log_every=1',
       '--config.checkpoint_every=10',
       f'--config.steps={helpers.STRAIGHT_STEPS}', '--local_processes=2',
-      '--local_devices=4', f'--workdir={workdir}'], timeout=200)
+      '--local_devices=4', f'--workdir={workdir}'
+  ],
+                                timeout=200)
   assert result.returncode == 0, result.output
   return workdir
 

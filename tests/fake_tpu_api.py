@@ -26,6 +26,7 @@ class FakeTpuApi:
     api = self
 
     class Handler(http.server.BaseHTTPRequestHandler):
+
       def do_GET(self):  # pylint: disable=invalid-name
         api.requests.append(self.path)
         answers = api._answers.get(self.path)
@@ -54,8 +55,8 @@ class FakeTpuApi:
     self._thread = threading.Thread(target=self._server.serve_forever,
                                     daemon=True)
 
-  def queue(self, project: str, zone: str, tpu: str,
-            *answers: Union[int, dict[str, Any]]) -> None:
+  def queue(self, project: str, zone: str, tpu: str, *answers:
+            Union[int, dict[str, Any]]) -> None:
     """The answers to the next GETs of that node, in order."""
     path = f'/v2/projects/{project}/locations/{zone}/nodes/{tpu}'
     self._answers.setdefault(path, []).extend(answers)

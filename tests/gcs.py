@@ -61,14 +61,16 @@ class FakeGcs:
   def start(self, timeout_s: float = 30) -> 'FakeGcs':
     self.root.mkdir(parents=True, exist_ok=True)
     log = open(self.root.parent / 'gcs.log', 'ab')
-    self._server = subprocess.Popen(
-        [str(binary()), '-scheme', 'http', '-host', '127.0.0.1',
-         '-port', str(self.port), '-backend', 'filesystem',
-         '-filesystem-root', str(self.root), '-log-level', 'warn',
-         '-public-host', f'127.0.0.1:{self.port}',
-         '-external-url', self.url],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True)
+    self._server = subprocess.Popen([
+        str(binary()), '-scheme', 'http', '-host', '127.0.0.1', '-port',
+        str(self.port), '-backend', 'filesystem', '-filesystem-root',
+        str(self.root), '-log-level', 'warn', '-public-host',
+        f'127.0.0.1:{self.port}', '-external-url', self.url
+    ],
+                                    stdin=subprocess.DEVNULL,
+                                    stdout=log,
+                                    stderr=subprocess.STDOUT,
+                                    start_new_session=True)
     if not helpers.wait_for(self._answers, timeout_s):
       self.stop()
       raise AssertionError(f'fake-gcs-server did not answer on {self.url} '
@@ -86,8 +88,11 @@ class FakeGcs:
     """Makes bucket `name`; returns 'gs://name'."""
     request = urllib.request.Request(
         f'{self.url}/storage/v1/b?project=podrun-test',
-        data=json.dumps({'name': name}).encode(),
-        headers={'Content-Type': 'application/json'}, method='POST')
+        data=json.dumps({
+            'name': name
+        }).encode(),
+        headers={'Content-Type': 'application/json'},
+        method='POST')
     with urllib.request.urlopen(request, timeout=10):
       pass
     return f'gs://{name}'
@@ -97,8 +102,8 @@ class FakeGcs:
     names, token = [], ''
     while True:
       query = f'prefix={prefix}' + (f'&pageToken={token}' if token else '')
-      with urllib.request.urlopen(
-          f'{self.url}/storage/v1/b/{bucket}/o?{query}', timeout=10) as r:
+      with urllib.request.urlopen(f'{self.url}/storage/v1/b/{bucket}/o?{query}',
+                                  timeout=10) as r:
         page = json.load(r)
       names += [item['name'] for item in page.get('items', [])]
       token = page.get('nextPageToken', '')
@@ -118,8 +123,10 @@ class FakeGcs:
     quoted = urllib.parse.quote(name, safe='')
     request = urllib.request.Request(
         f'{self.url}/upload/storage/v1/b/{bucket}/o?uploadType=media&'
-        f'name={quoted}', data=data,
-        headers={'Content-Type': 'application/octet-stream'}, method='POST')
+        f'name={quoted}',
+        data=data,
+        headers={'Content-Type': 'application/octet-stream'},
+        method='POST')
     with urllib.request.urlopen(request, timeout=30):
       pass
 
@@ -137,22 +144,31 @@ class FakeGcs:
   def fetch_record(self, url: str, into: pathlib.Path) -> pathlib.Path:
     """A bucket's workdir copied to `into` by the mirror readers use
     (in a child, whose gcsfs sees this server)."""
-    subprocess.run(
-        [sys.executable, '-c', 'import sys; from launcher.common import '
-         'record_mirror; record_mirror.fetch_record(sys.argv[1], sys.argv[2])',
-         url, str(into)], cwd=helpers.REPO,
-        env=helpers.launcher_env(**self.env()), check=True, timeout=120)
+    subprocess.run([
+        sys.executable, '-c', 'import sys; from launcher.common import '
+        'record_mirror; record_mirror.fetch_record(sys.argv[1], sys.argv[2])',
+        url,
+        str(into)
+    ],
+                   cwd=helpers.REPO,
+                   env=helpers.launcher_env(**self.env()),
+                   check=True,
+                   timeout=120)
     return into
 
   def env(self) -> dict[str, str]:
     """What points gcsfs, etils and tensorstore at this server, and keeps
     the auth libraries from looking for a metadata server."""
     nowhere = '127.0.0.1:9'  # Refused at once on loopback.
-    return {'STORAGE_EMULATOR_HOST': self.url,
-            'TENSORSTORE_GCS_HTTP_URL': self.url,
-            'NO_GCE_CHECK': 'True', 'GCE_METADATA_HOST': nowhere,
-            'GCE_METADATA_IP': nowhere, 'GCE_METADATA_ROOT': nowhere,
-            'GOOGLE_CLOUD_PROJECT': 'podrun-test'}
+    return {
+        'STORAGE_EMULATOR_HOST': self.url,
+        'TENSORSTORE_GCS_HTTP_URL': self.url,
+        'NO_GCE_CHECK': 'True',
+        'GCE_METADATA_HOST': nowhere,
+        'GCE_METADATA_IP': nowhere,
+        'GCE_METADATA_ROOT': nowhere,
+        'GOOGLE_CLOUD_PROJECT': 'podrun-test'
+    }
 
   def stop(self) -> None:
     """Ends the server by its process group (its objects stay on disk)."""
@@ -205,8 +221,7 @@ class SilentMetadata:
       self._held.append(connection)
 
   def env(self) -> dict[str, str]:
-    return {'GCE_METADATA_HOST': self.address,
-            'GCE_METADATA_IP': self.address}
+    return {'GCE_METADATA_HOST': self.address, 'GCE_METADATA_IP': self.address}
 
   def __enter__(self) -> 'SilentMetadata':
     self._thread.start()
@@ -232,7 +247,9 @@ class SlowProxy:
     ...   env = {**gcs.env(), **slow.env()}
   """
 
-  def __init__(self, target_url: str, delay_s: float = 0.0,
+  def __init__(self,
+               target_url: str,
+               delay_s: float = 0.0,
                enforce_preconditions: bool = False):
     import http.server  # pylint: disable=g-import-not-at-top
     import threading  # pylint: disable=g-import-not-at-top
@@ -262,21 +279,27 @@ class SlowProxy:
         time.sleep(delay_s)
         length = int(self.headers.get('Content-Length') or 0)
         body = self.rfile.read(length) if length else None
-        headers = {k: v for k, v in self.headers.items()
-                   if k.lower() not in ('host', 'connection')}
+        headers = {
+            k: v
+            for k, v in self.headers.items()
+            if k.lower() not in ('host', 'connection')
+        }
         if lock is None:
-          self._send(*_request(target, self.command, self.path, body,
-                               headers))
+          self._send(*_request(target, self.command, self.path, body, headers))
           return
         with lock:
           if _precondition_fails(target, self.command, self.path, body):
             proxy.refused += 1
-            self._send(412, [('Content-Type', 'application/json')], json.dumps(
-                {'error': {'code': 412, 'message': 'conditionNotMet'}}
-            ).encode())
+            self._send(
+                412, [('Content-Type', 'application/json')],
+                json.dumps({
+                    'error': {
+                        'code': 412,
+                        'message': 'conditionNotMet'
+                    }
+                }).encode())
             return
-          self._send(*_request(target, self.command, self.path, body,
-                               headers))
+          self._send(*_request(target, self.command, self.path, body, headers))
 
       do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _forward
 
@@ -287,8 +310,10 @@ class SlowProxy:
                                     daemon=True)
 
   def env(self) -> dict[str, str]:
-    return {'STORAGE_EMULATOR_HOST': self.url,
-            'TENSORSTORE_GCS_HTTP_URL': self.url}
+    return {
+        'STORAGE_EMULATOR_HOST': self.url,
+        'TENSORSTORE_GCS_HTTP_URL': self.url
+    }
 
   def __enter__(self) -> 'SlowProxy':
     self._thread.start()
@@ -302,7 +327,8 @@ class SlowProxy:
 def _request(target, method: str, path: str, body, headers):
   """(status, headers, body) of one request to the emulator."""
   import http.client  # pylint: disable=g-import-not-at-top
-  connection = http.client.HTTPConnection(target.hostname, target.port,
+  connection = http.client.HTTPConnection(target.hostname,
+                                          target.port,
                                           timeout=60)
   try:
     connection.request(method, path, body=body, headers=headers or {})
@@ -324,8 +350,8 @@ def _precondition_fails(target, method: str, path: str,
     bucket = parts.path.split('/b/', 1)[1].split('/', 1)[0]
     # A media upload names the object in the query, a multipart one in
     # its metadata part.
-    name = (query['name'][0] if 'name' in query else json.loads(re.search(
-        rb'\{[^{}]*"name"[^{}]*\}', body or b'').group(0))['name'])
+    name = (query['name'][0] if 'name' in query else json.loads(
+        re.search(rb'\{[^{}]*"name"[^{}]*\}', body or b'').group(0))['name'])
   else:
     bucket, _, name = parts.path.split('/b/', 1)[1].partition('/o/')
     name = urllib.parse.unquote(name)

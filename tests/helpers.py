@@ -19,27 +19,33 @@ PROBE_CONFIG = 'tests/workloads/probe_config.py'
 # The steps of the uninterrupted probe run (conftest's probe_2x4_straight).
 STRAIGHT_STEPS = 60
 
-
 # Where the Cloud Storage and metadata clients of a process a test starts
 # go unless the test's emulator says otherwise: a loopback port that
 # refuses at once, so that nothing a test starts reaches Google.
 NOWHERE = 'http://127.0.0.1:9'
-NO_CLOUD = {'STORAGE_EMULATOR_HOST': NOWHERE,
-            'TENSORSTORE_GCS_HTTP_URL': NOWHERE, 'NO_GCE_CHECK': 'True',
-            'GCE_METADATA_HOST': '127.0.0.1:9', 'GCE_METADATA_IP': '127.0.0.1:9',
-            'GCE_METADATA_ROOT': '127.0.0.1:9'}
+NO_CLOUD = {
+    'STORAGE_EMULATOR_HOST': NOWHERE,
+    'TENSORSTORE_GCS_HTTP_URL': NOWHERE,
+    'NO_GCE_CHECK': 'True',
+    'GCE_METADATA_HOST': '127.0.0.1:9',
+    'GCE_METADATA_IP': '127.0.0.1:9',
+    'GCE_METADATA_ROOT': '127.0.0.1:9'
+}
 
 
 def launcher_env(**extra: str) -> dict[str, str]:
   """The environment a user's shell would give the launcher: no test
   XLA_FLAGS, and no way to Google's servers (NO_CLOUD)."""
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')}
+  env = {
+      k: v
+      for k, v in os.environ.items()
+      if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')
+  }
   for name, value in NO_CLOUD.items():
     env.setdefault(name, value)
   env['PYTHONPATH'] = os.pathsep.join(
-      [str(REPO)] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep)
-                     if p])
+      [str(REPO)] +
+      [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
   env.update(extra)
   return env
 
@@ -57,11 +63,14 @@ class Result:
 
 
 def start_launcher(args: list[str], cwd=REPO, env=None) -> subprocess.Popen:
-  return subprocess.Popen(
-      [sys.executable, '-m', 'launcher', *args], cwd=cwd,
-      env=env or launcher_env(), stdin=subprocess.DEVNULL,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      start_new_session=True)
+  return subprocess.Popen([sys.executable, '-m', 'launcher', *args],
+                          cwd=cwd,
+                          env=env or launcher_env(),
+                          stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE,
+                          text=True,
+                          start_new_session=True)
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -83,7 +92,9 @@ def finish(proc: subprocess.Popen, timeout: float, started: float) -> Result:
   return Result(proc.returncode, out, err, time.monotonic() - started)
 
 
-def run_launcher(args: list[str], timeout: float = 120, cwd=REPO,
+def run_launcher(args: list[str],
+                 timeout: float = 120,
+                 cwd=REPO,
                  env=None) -> Result:
   """Runs `python -m launcher ARGS` to the end (or the timeout)."""
   started = time.monotonic()
@@ -148,22 +159,26 @@ def run_then_sigkill(code: str) -> None:
   killer would, and checks that it died so."""
   child = subprocess.run(
       [sys.executable, '-c', code + '\nos.kill(os.getpid(), 9)\n'],
-      cwd=REPO, env=launcher_env(), timeout=60, check=False)
+      cwd=REPO,
+      env=launcher_env(),
+      timeout=60,
+      check=False)
   assert child.returncode == -signal.SIGKILL, child.returncode
 
 
 def assert_no_survivors(workdir) -> None:
   """Every process of the job in `workdir` has gone (the kernel gets a
   moment to reap the group after the launcher exits)."""
-  assert wait_for(lambda: not job_processes(workdir), 10), (
-      job_processes(workdir))
+  assert wait_for(lambda: not job_processes(workdir),
+                  10), (job_processes(workdir))
 
 
 def fingerprints(workdir, ranks: int = 2) -> list[str]:
   """The sha256 of each rank's final parameters, from ranks/rank_<i>.json."""
-  return [read_json(pathlib.Path(workdir) / 'ranks' /
-                    f'rank_{i}.json')['fingerprint']['sha256']
-          for i in range(ranks)]
+  return [
+      read_json(pathlib.Path(workdir) / 'ranks' /
+                f'rank_{i}.json')['fingerprint']['sha256'] for i in range(ranks)
+  ]
 
 
 def final_state(workdir) -> dict:
@@ -181,12 +196,14 @@ def assert_trees_close(one, two, rtol: float, atol: float) -> None:
   sign, order and place, not only a sum."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  assert (jax.tree_util.tree_structure(one) ==
-          jax.tree_util.tree_structure(two)), (one, two)
+  assert (jax.tree_util.tree_structure(one) == jax.tree_util.tree_structure(two)
+         ), (one, two)
   for path, a in jax.tree_util.tree_flatten_with_path(one)[0]:
     b = two
     for key in path:
       b = b[key.key]
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol,
-                               atol=atol, err_msg=jax.tree_util.keystr(path))
-
+    np.testing.assert_allclose(np.asarray(a),
+                               np.asarray(b),
+                               rtol=rtol,
+                               atol=atol,
+                               err_msg=jax.tree_util.keystr(path))

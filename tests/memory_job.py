@@ -26,7 +26,9 @@ class MemoryStore:
 class MemoryJob(coordination.Rounds):
   """One process's handle on a `MemoryStore`."""
 
-  def __init__(self, process_index: int = 0, process_count: int = 2,
+  def __init__(self,
+               process_index: int = 0,
+               process_count: int = 2,
                store: Optional[MemoryStore] = None):
     self.process_index, self.process_count = process_index, process_count
     self._shared = store or MemoryStore()
@@ -51,8 +53,7 @@ class MemoryJob(coordination.Rounds):
 
   def delete(self, key):
     with self.changed:
-      for k in [k for k in self.store if k == key or
-                k.startswith(key + '/')]:
+      for k in [k for k in self.store if k == key or k.startswith(key + '/')]:
         del self.store[k]
 
   def directory(self, prefix):

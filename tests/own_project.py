@@ -99,8 +99,10 @@ def write(root) -> pathlib.Path:
   rng = np.random.default_rng(7)
   x = rng.normal(size=(512, 3)).astype(np.float32)
   y = x @ np.array([1.0, -2.0, 3.0], np.float32) + 0.5
-  np.savetxt(root / 'data' / 'points.csv', np.column_stack([x, y]),
-             delimiter=',', fmt='%.6f')
+  np.savetxt(root / 'data' / 'points.csv',
+             np.column_stack([x, y]),
+             delimiter=',',
+             fmt='%.6f')
   return root
 
 
@@ -115,16 +117,28 @@ def wheel_venv(tmp_path) -> pathlib.Path:
     shutil.copy2(helpers.REPO / name, target)
   wheels = tmp_path / 'wheels'
   pip = [sys.executable, '-m', 'pip', '--disable-pip-version-check', '-q']
-  subprocess.run([*pip, 'wheel', '--no-deps', '--no-build-isolation',
-                  '-w', str(wheels), str(source)], check=True, timeout=180,
+  subprocess.run([
+      *pip, 'wheel', '--no-deps', '--no-build-isolation', '-w',
+      str(wheels),
+      str(source)
+  ],
+                 check=True,
+                 timeout=180,
                  cwd=tmp_path)
   wheel, = wheels.glob('podrun-*.whl')
   venv = tmp_path / 'venv'
-  subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)],
-                 check=True, timeout=60)
+  subprocess.run([sys.executable, '-m', 'venv', '--without-pip',
+                  str(venv)],
+                 check=True,
+                 timeout=60)
   python = venv / 'bin' / 'python'
-  subprocess.run([*pip, '--python', str(python), 'install', '--no-deps',
-                  '--no-index', str(wheel)], check=True, timeout=120)
+  subprocess.run([
+      *pip, '--python',
+      str(python), 'install', '--no-deps', '--no-index',
+      str(wheel)
+  ],
+                 check=True,
+                 timeout=120)
   site, = venv.glob('lib/python*/site-packages')
   # A path line of a .pth file is appended after site-packages, and that
   # directory's own .pth files (the checkout's editable install) are not

@@ -78,5 +78,5 @@ VERSION_DEPENDENT = {
 def is_version_dependent(module: str, test: str) -> bool:
   """Whether the test `test` (a function name, parametrisation dropped) of
   the module file `module` (a base name) is named in VERSION_DEPENDENT."""
-  return module in VERSION_DEPENDENT or (
-      f'{module}::{test}' in VERSION_DEPENDENT)
+  return module in VERSION_DEPENDENT or (f'{module}::{test}'
+                                         in VERSION_DEPENDENT)

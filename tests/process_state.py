@@ -27,35 +27,47 @@ from typing import Any, Callable
 FRESH: dict[tuple[str, str], Callable[[Any], Any]] = {
     # What launcher.process installed as the launcher's word (first: the
     # progress state below reads it).
-    ('runtime.common.handoff', '_installed'): lambda m: None,
+    ('runtime.common.handoff', '_installed'):
+        lambda m: None,
     # The step reports the stall watchdog and the heartbeat read.
-    ('runtime.common.progress', '_progress'): lambda m: m._Progress(),
+    ('runtime.common.progress', '_progress'):
+        lambda m: m._Progress(),
     # The goodput ledger of "this process" (with its running step clock).
-    ('runtime.common.goodput', '_this'): lambda m: m._ThisProcess(),
+    ('runtime.common.goodput', '_this'):
+        lambda m: m._ThisProcess(),
     # The bucket mirror that every way out finishes.
-    ('launcher.common.record_mirror', '_current'): lambda m: None,
+    ('launcher.common.record_mirror', '_current'):
+        lambda m: None,
     # --barrier_timeout, as the last rank set-up in this process set it.
-    ('runtime.coordination', '_default_timeout_s'): lambda m: m.DEFAULT_TIMEOUT_S,
+    ('runtime.coordination', '_default_timeout_s'):
+        lambda m: m.DEFAULT_TIMEOUT_S,
     # Who hears of each compilation: a ledger a finished test counted into
     # would go on counting every later test's compilations.
-    ('runtime.compile_events', '_seconds_callbacks'): lambda m: [],
-    ('runtime.compile_events', '_cache_hit_callbacks'): lambda m: [],
+    ('runtime.compile_events', '_seconds_callbacks'):
+        lambda m: [],
+    ('runtime.compile_events', '_cache_hit_callbacks'):
+        lambda m: [],
     # The one search for Google credentials of "this process", and what it
     # found: a test under another STORAGE_EMULATOR_HOST searches anew.
-    ('runtime.common.gcs_auth', '_search'): lambda m: None,
-    ('runtime.common.gcs_auth', '_found'): lambda m: {},
+    ('runtime.common.gcs_auth', '_search'):
+        lambda m: None,
+    ('runtime.common.gcs_auth', '_found'):
+        lambda m: {},
     # The config fields read since the launcher handed the config on.
-    ('runtime.config_reads', '_reads'): lambda m: m.stop(),
+    ('runtime.config_reads', '_reads'):
+        lambda m: m.stop(),
 }
 
 # Module-level state kept across tests on purpose, with the reason.
 KEPT = {
     ('runtime.checkpoints.checkpoint', '_check_count'):
         'only makes check names unique; going back to 0 could reuse one',
-    ('runtime.compile_events', '_lock'): 'a lock',
+    ('runtime.compile_events', '_lock'):
+        'a lock',
     ('runtime.config_reads', '_originals'):
         "ConfigDict's own methods, the same for the life of the process",
-    ('runtime.common.gcs_auth', '_lock'): 'a lock',
+    ('runtime.common.gcs_auth', '_lock'):
+        'a lock',
     ('runtime.compile_events', '_listening'):
         "JAX's listener is registered once a process and cannot be removed",
     ('runtime.compile_events', '_compiles'):
@@ -75,8 +87,8 @@ KEPT = {
 # The environment the project and its tests read: cluster detection
 # (SLURM_, OMPI_, TPU_, MEGASCALE_), the storage emulator and the auth
 # libraries, JAX's and XLA's settings, the fakes' switches, podrun's own.
-ENV_PREFIXES = ('PODRUN_', 'JAX_', 'XLA_', 'FAKE_', 'SLURM_', 'OMPI_',
-                'PMI_', 'PMIX_', 'TPU_', 'MEGASCALE_', 'CLOUDSDK_',
+ENV_PREFIXES = ('PODRUN_', 'JAX_', 'XLA_', 'FAKE_', 'SLURM_', 'OMPI_', 'PMI_',
+                'PMIX_', 'TPU_', 'MEGASCALE_', 'CLOUDSDK_',
                 'STORAGE_EMULATOR_HOST', 'TENSORSTORE_', 'GCE_', 'GOOGLE_',
                 'NO_GCE_CHECK', 'CLOUD_TPU_')
 

@@ -23,9 +23,8 @@ def single_device_descent(config, task):
     return optax.apply_updates(params, updates), opt_state
 
   for step in range(config.steps):
-    ids = data.global_batch_ids(step, config.global_batch_size,
-                                len(task.data), config.seed,
-                                config.data.shuffle)
+    ids = data.global_batch_ids(step, config.global_batch_size, len(task.data),
+                                config.seed, config.data.shuffle)
     batch = jax.device_put(data.read_batch(task.data, ids), device)
     params, opt_state = update(params, opt_state, batch)
   return jax.device_get(params)

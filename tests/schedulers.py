@@ -24,8 +24,8 @@ from typing import Optional
 from tests import helpers
 
 # What the scheduler tests need on PATH, and the Debian packages with them.
-SLURM_BINARIES = ('munged', 'slurmctld', 'slurmd', 'srun', 'sbatch',
-                  'scontrol', 'scancel', 'squeue', 'sinfo')
+SLURM_BINARIES = ('munged', 'slurmctld', 'slurmd', 'srun', 'sbatch', 'scontrol',
+                  'scancel', 'squeue', 'sinfo')
 MPI_BINARIES = ('mpirun',)
 PACKAGES = 'slurm-wlm munge openmpi-bin'
 
@@ -113,15 +113,18 @@ class Slurm:
     os.chmod(key, 0o600)
     port = _free_port_pair()
     with open(self.conf, 'w') as f:
-      f.write(_CONF.format(host=self.host, ctld_port=port, d_port=port + 1,
-                           dir=self.dir, cpus=os.cpu_count() or 2,
-                           kill_wait=self.kill_wait_s))
-    self._spawn('munged', ['munged', '-F', '-f',
-                           f'--socket={self.dir}/munge.sock',
-                           f'--key-file={key}',
-                           f'--pid-file={self.dir}/munged.pid',
-                           f'--seed-file={self.dir}/munged.seed',
-                           '--origin=127.0.0.1'])
+      f.write(
+          _CONF.format(host=self.host,
+                       ctld_port=port,
+                       d_port=port + 1,
+                       dir=self.dir,
+                       cpus=os.cpu_count() or 2,
+                       kill_wait=self.kill_wait_s))
+    self._spawn('munged', [
+        'munged', '-F', '-f', f'--socket={self.dir}/munge.sock',
+        f'--key-file={key}', f'--pid-file={self.dir}/munged.pid',
+        f'--seed-file={self.dir}/munged.seed', '--origin=127.0.0.1'
+    ])
     helpers.wait_for(lambda: os.path.exists(f'{self.dir}/munge.sock'), 10)
     self._spawn('slurmctld', ['slurmctld', '-D', '-c'])
     self._spawn('slurmd', ['slurmd', '-D', '-N', self.host])
@@ -134,20 +137,35 @@ class Slurm:
 
   def _spawn(self, name: str, command: list[str]) -> None:
     log = open(os.path.join(self.dir, f'{name}.out'), 'wb')
-    self._daemons.append(subprocess.Popen(
-        command, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-        stderr=subprocess.STDOUT, start_new_session=True))
+    self._daemons.append(
+        subprocess.Popen(command,
+                         env=self.env,
+                         stdin=subprocess.DEVNULL,
+                         stdout=log,
+                         stderr=subprocess.STDOUT,
+                         start_new_session=True))
 
   def _node_idle(self) -> bool:
     result = self.run(['sinfo', '-h', '-o', '%T'], timeout=10, check=False)
     return result.stdout.strip() == 'idle'
 
-  def run(self, command: list[str], timeout: float = 60, check: bool = True,
+  def run(self,
+          command: list[str],
+          timeout: float = 60,
+          check: bool = True,
           **kwargs) -> subprocess.CompletedProcess:
     """Runs a SLURM client command against this cluster."""
-    result = subprocess.run(command, env={**self.env, **kwargs.pop('env', {})},
-                            capture_output=True, text=True, timeout=timeout,
-                            check=False, stdin=subprocess.DEVNULL, **kwargs)
+    result = subprocess.run(command,
+                            env={
+                                **self.env,
+                                **kwargs.pop('env', {})
+                            },
+                            capture_output=True,
+                            text=True,
+                            timeout=timeout,
+                            check=False,
+                            stdin=subprocess.DEVNULL,
+                            **kwargs)
     if check and result.returncode:
       raise AssertionError(f'{command} exited {result.returncode}:\n'
                            f'{result.stdout}{result.stderr}')
@@ -158,13 +176,15 @@ class Slurm:
     with open(self.conf) as f:
       text = f.read()
     with open(self.conf, 'w') as f:
-      f.write(text.replace(f'KillWait={self.kill_wait_s}\n',
-                           f'KillWait={seconds}\n'))
+      f.write(
+          text.replace(f'KillWait={self.kill_wait_s}\n',
+                       f'KillWait={seconds}\n'))
     self.kill_wait_s = seconds
     self.run(['scontrol', 'reconfigure'])
-    if not helpers.wait_for(lambda: f'= {seconds} sec' in next(
-        (l for l in self.run(['scontrol', 'show', 'config']).stdout
-         .splitlines() if l.startswith('KillWait')), ''), 30):
+    if not helpers.wait_for(
+        lambda: f'= {seconds} sec' in next(
+            (l for l in self.run(['scontrol', 'show', 'config']).stdout.
+             splitlines() if l.startswith('KillWait')), ''), 30):
       raise AssertionError(f'slurmctld did not take KillWait={seconds}')
 
   def job_state(self, job_id: str) -> Optional[str]:
@@ -174,8 +194,8 @@ class Slurm:
 
   def logs(self) -> str:
     out = []
-    for name in ('slurmctld.log', 'slurmd.log', 'munged.out',
-                 'slurmctld.out', 'slurmd.out'):
+    for name in ('slurmctld.log', 'slurmd.log', 'munged.out', 'slurmctld.out',
+                 'slurmd.out'):
       path = os.path.join(self.dir, name)
       if os.path.exists(path):
         with open(path, errors='replace') as f:

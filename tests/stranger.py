@@ -20,12 +20,17 @@ def main(argv: list[str]) -> int:
   kwargs = {}
   if len(argv) > 2:
     cert, key, ca, prefix = argv[2:6]
-    kwargs = dict(mtls_cert_file=cert, mtls_key_file=key, mtls_ca_file=ca,
+    kwargs = dict(mtls_cert_file=cert,
+                  mtls_key_file=key,
+                  mtls_ca_file=ca,
                   mtls_peer_uri_prefix=prefix)
   print('stranger: connecting', flush=True)
-  jax.distributed.initialize(argv[1], num_processes=2, process_id=1,
+  jax.distributed.initialize(argv[1],
+                             num_processes=2,
+                             process_id=1,
                              initialization_timeout=5,
-                             heartbeat_timeout_seconds=5, **kwargs)
+                             heartbeat_timeout_seconds=5,
+                             **kwargs)
   print('stranger: joined', flush=True)
   return 0
 

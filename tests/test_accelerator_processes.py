@@ -19,8 +19,10 @@ from runtime.common import exit_codes
 from tests import helpers
 from tests import test_benchmark_chip_processes
 
-pytestmark = [pytest.mark.processes, pytest.mark.accelerator,
-              pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.processes, pytest.mark.accelerator,
+    pytest.mark.timeout(600)
+]
 
 
 @pytest.fixture(scope='module', autouse=True)
@@ -28,7 +30,10 @@ def platform() -> str:
   """The platform JAX picks in a process started as the launcher is."""
   result = subprocess.run(
       [sys.executable, '-c', 'import jax; print(jax.default_backend())'],
-      env=helpers.launcher_env(), capture_output=True, text=True, timeout=120,
+      env=helpers.launcher_env(),
+      capture_output=True,
+      text=True,
+      timeout=120,
       check=False)
   found = result.stdout.strip().splitlines()[-1:] or ['?']
   if result.returncode != 0 or found[0] == 'cpu':
@@ -50,8 +55,8 @@ def test_the_default_job_runs_on_the_chip_as_it_comes(tmp_path, platform):
   summary = helpers.read_json(tmp_path / 'summary.json')
   assert summary['process_count'] == 1
   assert summary['device_kind'] != 'cpu'
-  assert f'{platform} devices' in helpers.first_line_with(result.stderr,
-                                                          'topology:')
+  assert f'{platform} devices' in helpers.first_line_with(
+      result.stderr, 'topology:')
 
 
 def _mnist_data(tmp_path) -> str:
@@ -62,16 +67,19 @@ def _mnist_data(tmp_path) -> str:
 
 
 @pytest.mark.parametrize('config', [
-    'linear_regression', 'mlp', 'dot_product', 'mnist', 'mnist_cnn',
-    'decoder'])
+    'linear_regression', 'mlp', 'dot_product', 'mnist', 'mnist_cnn', 'decoder'
+])
 def test_each_built_in_workload_runs_a_short_job(tmp_path, config):
   """18-50 s on a TPU v5e: the TPU runtime's start-up, a compilation (the
   decoder's at GPT-2 small's shape), 30 steps."""
-  args = [f'--config=configs/{config}.py', '--config.steps=30',
-          '--config.log_every=10']
+  args = [
+      f'--config=configs/{config}.py', '--config.steps=30',
+      '--config.log_every=10'
+  ]
   if config.startswith('mnist'):
-    args += [f'--config.data_dir={_mnist_data(tmp_path)}',
-             '--config.eval_every=0']
+    args += [
+        f'--config.data_dir={_mnist_data(tmp_path)}', '--config.eval_every=0'
+    ]
   result = _job(tmp_path / 'job', *args)
   if config == 'dot_product':  # It checks pmap(vmap(dot)); it trains nothing.
     assert helpers.read_json(tmp_path / 'job' / 'summary.json')['results']
@@ -88,24 +96,30 @@ def test_each_built_in_workload_runs_a_short_job(tmp_path, config):
 
 def test_a_checkpoint_is_saved_and_restored_on_the_chip(tmp_path):
   """About 66 s on a TPU v5e: three jobs, each starting the TPU runtime."""
-  mlp = ['--config=configs/mlp.py', '--config.checkpoint_every=10',
-         '--config.log_every=5']
+  mlp = [
+      '--config=configs/mlp.py', '--config.checkpoint_every=10',
+      '--config.log_every=5'
+  ]
   _job(tmp_path / 'straight', *mlp, '--config.steps=30')
   _job(tmp_path / 'resumed', *mlp, '--config.steps=20')
   again = _job(tmp_path / 'resumed', *mlp, '--config.steps=30')
   assert 'resuming at step 20' in again.stderr
-  assert (helpers.fingerprints(tmp_path / 'resumed', 1) ==
-          helpers.fingerprints(tmp_path / 'straight', 1))
+  assert (helpers.fingerprints(tmp_path / 'resumed', 1) == helpers.fingerprints(
+      tmp_path / 'straight', 1))
 
 
 def test_a_preemption_notice_saves_and_the_job_resumes(tmp_path):
   """About 30 s on a TPU v5e: the job, its notice, and the job again."""
-  probe = [f'--config={helpers.PROBE_CONFIG}', '--config.log_every=1',
-           '--config.checkpoint_every=10', '--config.steps=40',
-           f'--workdir={tmp_path}']
+  probe = [
+      f'--config={helpers.PROBE_CONFIG}', '--config.log_every=1',
+      '--config.checkpoint_every=10', '--config.steps=40',
+      f'--workdir={tmp_path}'
+  ]
   # Process 0 pauses in the batch of step 20: the notice lands mid-run.
-  pause = ['--config.fail_rank=0', '--config.fail_step=20',
-           '--config.fail_mode=sleep', '--config.fail_seconds=6']
+  pause = [
+      '--config.fail_rank=0', '--config.fail_step=20',
+      '--config.fail_mode=sleep', '--config.fail_seconds=6'
+  ]
   proc = helpers.start_launcher([*probe, *pause])
   started = time.monotonic()
   try:
@@ -135,7 +149,8 @@ def _reached(workdir, step: int) -> bool:
 def test_the_chip_benchmark_at_its_tiny_shape(tmp_path):
   """About 72 s on a TPU v5e: two one-step jobs in fresh processes, then
   two workloads four ways each."""
-  _, figures = test_benchmark_chip_processes.run_tiny(tmp_path, steps=10,
+  _, figures = test_benchmark_chip_processes.run_tiny(tmp_path,
+                                                      steps=10,
                                                       mnist_steps=30)
   assert figures['platform'] != 'cpu'
   assert figures['lm']['mfu']['hand'] > 0

@@ -11,16 +11,18 @@ from tests import helpers
 
 pytestmark = pytest.mark.processes
 
-
-PROBE = [f'--config={helpers.PROBE_CONFIG}', '--config.steps=1000000',
-         '--config.checkpointing=False']
+PROBE = [
+    f'--config={helpers.PROBE_CONFIG}', '--config.steps=1000000',
+    '--config.checkpointing=False'
+]
 
 
 def _copy_of_the_repository(tmp_path):
   """Another checkout whose runtime/step.py differs by a comment."""
   copy = tmp_path / 'other_checkout'
   for package in ('launcher', 'runtime', 'configs', 'tests'):
-    shutil.copytree(helpers.REPO / package, copy / package,
+    shutil.copytree(helpers.REPO / package,
+                    copy / package,
                     ignore=shutil.ignore_patterns('__pycache__'))
   with open(copy / 'runtime' / 'step.py', 'a') as f:
     f.write('# a stale checkout\n')
@@ -32,17 +34,19 @@ def _fake_version(tmp_path, package='optax', version='9.9.9'):
   site = tmp_path / 'fake_site'
   info = site / f'{package}-{version}.dist-info'
   info.mkdir(parents=True)
-  (info / 'METADATA').write_text(
-      f'Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n')
+  (info / 'METADATA'
+  ).write_text(f'Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n')
   return f'{site}:{helpers.REPO}'
+
 
 _INJECTIONS = {
     'config': (dict(rank_args={1: ['--config.optimizer.learning_rate=0.5']}),
                'config.optimizer.learning_rate: rank 0 0.1, rank 1 0.5'),
-    'xla_flag': (dict(rank_env={1: {
-        'XLA_FLAGS': '--xla_backend_optimization_level=2'}}),
-                 'env.XLA_FLAGS: rank 0 (unset), rank 1 '
-                 '--xla_backend_optimization_level=2'),
+    'xla_flag':
+        (dict(rank_env={1: {
+            'XLA_FLAGS': '--xla_backend_optimization_level=2'
+        }}), 'env.XLA_FLAGS: rank 0 (unset), rank 1 '
+         '--xla_backend_optimization_level=2'),
     'version': (None, 'version.optax: rank 0 '),
     'code': (None, 'code.podrun: rank 0 '),
 }
@@ -72,11 +76,11 @@ def test_processes_started_by_hand_that_differ_stop_before_step_1(
 
 
 @pytest.mark.timeout(180)
-def test_a_local_pod_whose_config_differs_by_rank_stops_before_step_1(
-    tmp_path):
+def test_a_local_pod_whose_config_differs_by_rank_stops_before_step_1(tmp_path):
   result = helpers.run_launcher([
       '--config=tests/workloads/rank_dependent_config.py',
-      f'--workdir={tmp_path}', '--local_processes=2'])
+      f'--workdir={tmp_path}', '--local_processes=2'
+  ])
   assert result.returncode == exit_codes.TOPOLOGY_MISMATCH, result.output
   assert 'config.optimizer.learning_rate: rank 0 0.1, rank 1 0.5' in (
       result.stderr)
@@ -91,12 +95,15 @@ def _rank_1_differs(tmp_path, what: str) -> str:
   site = tmp_path / 'rank_1_site'
   site.mkdir()
   change = {
-      'xla_flag': "os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')"
-                  " + ' --xla_backend_optimization_level=2')",
-      'version': f"sys.path.insert(0, {_fake_version(tmp_path).split(':')[0]!r})",
+      'xla_flag':
+          "os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')"
+          " + ' --xla_backend_optimization_level=2')",
+      'version':
+          f"sys.path.insert(0, {_fake_version(tmp_path).split(':')[0]!r})",
       # Site runs before `-m` puts the working directory first on sys.path:
       # rank 1 then imports another checkout.
-      'code': f'os.chdir({str(_copy_of_the_repository(tmp_path))!r})',
+      'code':
+          f'os.chdir({str(_copy_of_the_repository(tmp_path))!r})',
   }[what]
   (site / 'sitecustomize.py').write_text(
       'import os, sys\n'
@@ -113,14 +120,18 @@ def _rank_1_differs(tmp_path, what: str) -> str:
 def test_a_local_pod_whose_rank_differs_stops_before_step_1(
     tmp_path, what, expected):
   result = helpers.run_launcher(
-      [f'--config={helpers.PROBE_CONFIG}', f'--workdir={tmp_path / "work"}',
-       '--local_processes=2', '--config.steps=1000000'],
+      [
+          f'--config={helpers.PROBE_CONFIG}', f'--workdir={tmp_path / "work"}',
+          '--local_processes=2', '--config.steps=1000000'
+      ],
       env=helpers.launcher_env(PYTHONPATH=_rank_1_differs(tmp_path, what)))
   assert result.returncode == exit_codes.TOPOLOGY_MISMATCH, result.output
   line = helpers.first_line_with(result.stderr, expected)
-  assert line and {'xla_flag': 'xla_backend_optimization_level=2',
-                   'version': 'rank 1 9.9.9',
-                   'code': ', rank 1 '}[what] in line, result.stderr
+  assert line and {
+      'xla_flag': 'xla_backend_optimization_level=2',
+      'version': 'rank 1 9.9.9',
+      'code': ', rank 1 '
+  }[what] in line, result.stderr
   assert not (tmp_path / 'work' / 'metrics.jsonl').exists()
-  assert helpers.wait_for(
-      lambda: not helpers.job_processes(tmp_path / 'work'), 10)
+  assert helpers.wait_for(lambda: not helpers.job_processes(tmp_path / 'work'),
+                          10)

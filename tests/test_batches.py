@@ -21,8 +21,8 @@ def test_indivisible_global_batch_names_every_number():
 
 
 def test_process_slices_partition_the_global_batch():
-  covered = np.concatenate([
-      np.arange(96)[parallelism.process_rows(96, p, 4)] for p in range(4)])
+  covered = np.concatenate(
+      [np.arange(96)[parallelism.process_rows(96, p, 4)] for p in range(4)])
   np.testing.assert_array_equal(covered, np.arange(96))
 
 

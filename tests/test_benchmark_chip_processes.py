@@ -15,16 +15,21 @@ from tests import helpers
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 
-def run_tiny(tmp_path, steps: int, mnist_steps: int
-             ) -> tuple[subprocess.CompletedProcess, dict]:
+def run_tiny(tmp_path, steps: int,
+             mnist_steps: int) -> tuple[subprocess.CompletedProcess, dict]:
   """The benchmark at its tiny shape, one round: (the process, its JSON)."""
   out = tmp_path / 'chip.json'
-  result = subprocess.run(
-      [sys.executable, 'tests/benchmarks/benchmark_chip.py', '--shape=tiny',
-       '--rounds=1', f'--steps={steps}', f'--mnist_steps={mnist_steps}',
-       f'--out={out}'],
-      cwd=helpers.REPO, env=helpers.launcher_env(), capture_output=True,
-      text=True, timeout=500, check=False)
+  result = subprocess.run([
+      sys.executable, 'tests/benchmarks/benchmark_chip.py', '--shape=tiny',
+      '--rounds=1', f'--steps={steps}', f'--mnist_steps={mnist_steps}',
+      f'--out={out}'
+  ],
+                          cwd=helpers.REPO,
+                          env=helpers.launcher_env(),
+                          capture_output=True,
+                          text=True,
+                          timeout=500,
+                          check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   return result, json.loads(out.read_text())
 
@@ -38,7 +43,8 @@ def test_the_benchmark_runs_at_its_tiny_shape(tmp_path):
     measured = figures[workload]
     assert set(measured['steps_per_sec']) == {
         'podrun_pmap', 'podrun_shard_map', 'podrun_pmap_k1', 'hand',
-        'on_device', 'resident_scan'}
+        'on_device', 'resident_scan'
+    }
     assert all(rate > 0 for rate in measured['steps_per_sec'].values())
     for ratio in ('hand_vs_on_device', 'podrun_pmap_vs_hand',
                   'podrun_shard_map_vs_hand', 'podrun_pmap_k1_vs_hand',
@@ -53,17 +59,20 @@ def test_the_benchmark_runs_at_its_tiny_shape(tmp_path):
 def test_the_host_batch_benchmark_times_both_ways(tmp_path):
   """About 10 s: the three ways of a call's batch, on 2 devices."""
   out = tmp_path / 'host_batch.json'
-  subprocess.run(
-      [sys.executable, 'tests/benchmarks/benchmark_host_batch.py',
-       '--devices=2', '--calls=8', '--rounds=1', '--steps_per_call=1,4',
-       f'--out={out}'],
-      cwd=helpers.REPO, env=helpers.launcher_env(), capture_output=True,
-      text=True, timeout=200, check=True)
+  subprocess.run([
+      sys.executable, 'tests/benchmarks/benchmark_host_batch.py', '--devices=2',
+      '--calls=8', '--rounds=1', '--steps_per_call=1,4', f'--out={out}'
+  ],
+                 cwd=helpers.REPO,
+                 env=helpers.launcher_env(),
+                 capture_output=True,
+                 text=True,
+                 timeout=200,
+                 check=True)
   figures = json.loads(out.read_text())
   assert figures['devices'] == 2
   for k in ('k1', 'k4'):
-    assert set(figures[k]['ms_a_call']) == {'stacked', 'one_read',
-                                            'on_device'}
+    assert set(figures[k]['ms_a_call']) == {'stacked', 'one_read', 'on_device'}
     assert figures[k]['one_read_vs_stacked'] > 0
     assert figures[k]['on_device_vs_stacked'] > 0
 
@@ -75,19 +84,26 @@ def test_the_fault_benchmark_names_every_second_of_a_restart(tmp_path):
   copy's, and what is recomputed is at most the interval the cadence chose
   (and said why)."""
   out = tmp_path / 'fault.json'
-  result = subprocess.run(
-      [sys.executable, 'tests/benchmarks/benchmark_chip.py', '--shape=tiny',
-       '--mode=fault', '--kills=1', '--kill_steps=60,80', '--fault_steps=120',
-       '--clean_steps=80', f'--out={out}'],
-      cwd=helpers.REPO, env=helpers.launcher_env(), capture_output=True,
-      text=True, timeout=400, check=False)
+  result = subprocess.run([
+      sys.executable, 'tests/benchmarks/benchmark_chip.py', '--shape=tiny',
+      '--mode=fault', '--kills=1', '--kill_steps=60,80', '--fault_steps=120',
+      '--clean_steps=80', f'--out={out}'
+  ],
+                          cwd=helpers.REPO,
+                          env=helpers.launcher_env(),
+                          capture_output=True,
+                          text=True,
+                          timeout=400,
+                          check=False)
   assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
   fault = json.loads(out.read_text())['fault']
   (round_,) = fault['rounds']
   phases = round_['phases']
   assert abs(phases['unnamed']) < 0.5, phases
-  assert {'startup', 'backend_start', 'workload_import', 'compile',
-          'checkpoint_restore'} <= set(phases), phases
+  assert {
+      'startup', 'backend_start', 'workload_import', 'compile',
+      'checkpoint_restore'
+  } <= set(phases), phases
   assert round_['restore_tier'] == 'local' and round_['restore_step'] >= 25
   chosen = round_['local_interval']
   assert chosen['why'].startswith("Daly's interval") and chosen['seconds'] > 0
@@ -105,11 +121,16 @@ def test_the_input_benchmark_trains_the_same_with_workers(tmp_path):
   auto's; the same parameters every way (the input wait is the benchmark's
   figure, not asserted: it depends on the machine)."""
   out = tmp_path / 'input.json'
-  subprocess.run(
-      [sys.executable, 'tests/benchmarks/benchmark_input.py', '--steps=20',
-       '--workers=8', '--record_ms=2', f'--out={out}'],
-      cwd=helpers.REPO, env=helpers.launcher_env(), capture_output=True,
-      text=True, timeout=300, check=True)
+  subprocess.run([
+      sys.executable, 'tests/benchmarks/benchmark_input.py', '--steps=20',
+      '--workers=8', '--record_ms=2', f'--out={out}'
+  ],
+                 cwd=helpers.REPO,
+                 env=helpers.launcher_env(),
+                 capture_output=True,
+                 text=True,
+                 timeout=300,
+                 check=True)
   figures = json.loads(out.read_text())
   assert figures['same_parameters'], figures
   for way in ('in_process', 'with_workers', 'auto'):

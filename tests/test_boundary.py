@@ -65,8 +65,9 @@ def _packages(modules) -> set[str]:
   return {n for n in modules if any(m.startswith(n + '.') for m in modules)}
 
 
-def imports(name: str, tree: ast.Module, package: bool = False
-            ) -> Iterator[tuple[str, bool]]:
+def imports(name: str,
+            tree: ast.Module,
+            package: bool = False) -> Iterator[tuple[str, bool]]:
   """(imported module, whether inside a function) for each import in tree.
 
   `from a.b import c` yields a.b.c; `_owner` then finds the module. A
@@ -75,6 +76,7 @@ def imports(name: str, tree: ast.Module, package: bool = False
   `import a.b` when its argument is a literal.
   """
   here = name.split('.') if package else name.split('.')[:-1]
+
   def visit(node, in_function):
     for child in ast.iter_child_nodes(node):
       inside = in_function or isinstance(
@@ -90,11 +92,12 @@ def imports(name: str, tree: ast.Module, package: bool = False
         for alias in child.names:
           yield f'{base}.{alias.name}', inside
       elif (isinstance(child, ast.Call) and
-            ast.unparse(child.func).endswith('import_module') and
-            child.args and isinstance(child.args[0], ast.Constant) and
+            ast.unparse(child.func).endswith('import_module') and child.args and
+            isinstance(child.args[0], ast.Constant) and
             isinstance(child.args[0].value, str)):
         yield child.args[0].value, inside
       yield from visit(child, inside)
+
   yield from visit(tree, False)
 
 
@@ -106,8 +109,10 @@ def _owner(imported: str, modules) -> str:
 
 
 def _allowed(importer: str, imported: str) -> bool:
+
   def under(module, package):
     return module == package or module.startswith(package + '.')
+
   if importer in _STANDALONE:
     return imported in _STANDALONE
   if under(importer, 'configs'):
@@ -134,8 +139,8 @@ def violations(modules: dict[str, ast.Module]) -> list[str]:
   for name, tree in modules.items():
     for imported, in_function in imports(name, tree, name in packages):
       top = imported.split('.')[0]
-      if (top in _JAX and not in_function and
-          name.startswith(('runtime.common', 'launcher.common'))):
+      if (top in _JAX and not in_function and name.startswith(
+          ('runtime.common', 'launcher.common'))):
         found.append(f'{name} imports {imported}: {name.rsplit(".", 1)[0]} '
                      'is JAX-free')
         continue
@@ -176,8 +181,9 @@ def test_the_check_finds_an_import_against_the_rule():
     assert violations({**modules, importer: tree}), (importer, line)
   # The door is open only inside a function.
   at_top = ast.parse('from launcher.process import job')
-  assert violations({**modules, 'launcher.cli': at_top}) == [
-      'launcher.cli imports launcher.process.job']
+  assert violations({
+      **modules, 'launcher.cli': at_top
+  }) == ['launcher.cli imports launcher.process.job']
 
 
 def script_imports_of_tests(scripts: dict[str, ast.Module]) -> list[str]:
@@ -192,8 +198,10 @@ def script_imports_of_tests(scripts: dict[str, ast.Module]) -> list[str]:
 
 def script_sources() -> dict[str, ast.Module]:
   """{dotted name: parsed source} of every Python file in scripts/."""
-  return {_module_name(path): ast.parse(path.read_text(), str(path))
-          for path in sorted((helpers.REPO / 'scripts').rglob('*.py'))}
+  return {
+      _module_name(path): ast.parse(path.read_text(), str(path))
+      for path in sorted((helpers.REPO / 'scripts').rglob('*.py'))
+  }
 
 
 def test_scripts_import_nothing_of_tests():
@@ -216,17 +224,19 @@ def test_the_check_finds_a_script_importing_tests():
 def supervisor_modules() -> list[str]:
   """Every module of launcher/ outside launcher/process/, and
   runtime/common/."""
-  return sorted(n for n in project_modules()
-                if (n.startswith('launcher') and
-                    not n.startswith('launcher.process')) or
-                n.startswith('runtime.common'))
+  return sorted(
+      n for n in project_modules()
+      if (n.startswith('launcher') and not n.startswith('launcher.process')) or
+      n.startswith('runtime.common'))
 
 
 def test_the_list_covers_the_supervisor_side():
   names = supervisor_modules()
-  assert {'launcher.cli', 'launcher.local.pod', 'launcher.local.monitor',
-          'launcher.restart', 'launcher.tpu.driver', 'launcher.tpu.worker',
-          'launcher.tpu.__main__', 'runtime.common.goodput'} <= set(names)
+  assert {
+      'launcher.cli', 'launcher.local.pod', 'launcher.local.monitor',
+      'launcher.restart', 'launcher.tpu.driver', 'launcher.tpu.worker',
+      'launcher.tpu.__main__', 'runtime.common.goodput'
+  } <= set(names)
   assert not [n for n in names if n.startswith('launcher.process.')]
 
 
@@ -237,8 +247,11 @@ def test_no_supervisor_module_loads_jax():
           '  importlib.import_module(name)\n'
           'print(sorted(m for m in sys.modules\n'
           '             if m == "jax" or m.startswith(("jax.", "jaxlib"))))\n')
-  result = subprocess.run([sys.executable, '-c', code], cwd=helpers.REPO,
-                          capture_output=True, text=True, timeout=120,
+  result = subprocess.run([sys.executable, '-c', code],
+                          cwd=helpers.REPO,
+                          capture_output=True,
+                          text=True,
+                          timeout=120,
                           check=False)
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip() == '[]', result.stdout
@@ -248,13 +261,15 @@ def test_only_the_ray_driver_imports_ray():
   """Ray is an extra: nothing every deployment runs imports it."""
   modules = project_modules()
   packages = _packages(modules)
-  found = sorted({name for name, tree in modules.items()
-                  for imported, _ in imports(name, tree, name in packages)
-                  if imported.split('.')[0] == 'ray' and
-                  not name.startswith('launcher.ray')})
+  found = sorted({
+      name for name, tree in modules.items()
+      for imported, _ in imports(name, tree, name in packages)
+      if imported.split('.')[0] == 'ray' and not name.startswith('launcher.ray')
+  })
   assert found == []
-  assert any(imported.split('.')[0] == 'ray' for imported, _ in imports(
-      'launcher.ray.group', modules['launcher.ray.group']))
+  assert any(
+      imported.split('.')[0] == 'ray' for imported, _ in imports(
+          'launcher.ray.group', modules['launcher.ray.group']))
 
 
 def _binds_the_record_layout_twice(tree: ast.Module) -> list[int]:
@@ -262,20 +277,27 @@ def _binds_the_record_layout_twice(tree: ast.Module) -> list[int]:
   the record's files are) binds `layout` to something else (a batch's
   microbatches.Layout: call it batch_layout)."""
   imports = any(
-      isinstance(node, ast.ImportFrom) and node.module == 'runtime.common'
-      and any(a.name == 'layout' and a.asname is None for a in node.names)
+      isinstance(node, ast.ImportFrom) and node.module == 'runtime.common' and
+      any(a.name == 'layout' and a.asname is None
+          for a in node.names)
       for node in ast.walk(tree))
   if not imports:
     return []
-  return [node.lineno for node in ast.walk(tree)
-          if (isinstance(node, ast.arg) and node.arg == 'layout') or
-          (isinstance(node, ast.Name) and node.id == 'layout' and
-           isinstance(node.ctx, ast.Store))]
+  return [
+      node.lineno
+      for node in ast.walk(tree)
+      if (isinstance(node, ast.arg) and node.arg == 'layout') or
+      (isinstance(node, ast.Name) and node.id == 'layout' and
+       isinstance(node.ctx, ast.Store))
+  ]
 
 
 def test_layout_means_one_thing_where_the_record_layout_is_imported():
-  twice = {name: lines for name, tree in project_modules().items()
-           if (lines := _binds_the_record_layout_twice(tree))}
+  twice = {
+      name: lines
+      for name, tree in project_modules().items()
+      if (lines := _binds_the_record_layout_twice(tree))
+  }
   assert not twice, twice
   caught = ast.parse('from runtime.common import layout\n'
                      'def f(layout): return layout.Record\n')
@@ -297,9 +319,9 @@ def _job_life_calls(tree: ast.Module) -> list[str]:
     if not isinstance(loop, ast.While):
       continue
     for node in ast.walk(loop):
-      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-          and node.func.attr == 'run' and not node.args and
-          isinstance(node.func.value, ast.Name) and
+      if (isinstance(node, ast.Call) and
+          isinstance(node.func, ast.Attribute) and node.func.attr == 'run' and
+          not node.args and isinstance(node.func.value, ast.Name) and
           node.func.value.id in ('attempt', 'one', 'pod', 'gang')):
         found.append(f'an attempt run in a loop at line {node.lineno}')
   return found

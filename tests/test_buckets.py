@@ -29,11 +29,15 @@ from tests import helpers
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 STEPS = helpers.STRAIGHT_STEPS
-PROBE = [f'--config={helpers.PROBE_CONFIG}', '--config.log_every=1',
-         '--config.checkpoint_every=10', f'--config.steps={STEPS}',
-         '--local_processes=2', '--local_devices=4']
-PAUSE = ['--config.fail_rank=0', '--config.fail_step=20',
-         '--config.fail_mode=sleep', '--config.fail_seconds=4']
+PROBE = [
+    f'--config={helpers.PROBE_CONFIG}', '--config.log_every=1',
+    '--config.checkpoint_every=10', f'--config.steps={STEPS}',
+    '--local_processes=2', '--local_devices=4'
+]
+PAUSE = [
+    '--config.fail_rank=0', '--config.fail_step=20', '--config.fail_mode=sleep',
+    '--config.fail_seconds=4'
+]
 
 
 @pytest.fixture
@@ -72,8 +76,8 @@ def _steps_in(gcs, prefix) -> list[int]:
   steps = []
   for name in gcs.objects('runs', prefix + '/'):
     parts = name[len(prefix) + 1:].split('/')
-    if len(parts) == 2 and parts[0].isdigit() and (
-        parts[1] == 'commit_success.txt'):
+    if len(parts) == 2 and parts[0].isdigit() and (parts[1]
+                                                   == 'commit_success.txt'):
       steps.append(int(parts[0]))
   return sorted(steps)
 
@@ -88,8 +92,11 @@ def _bucket_json(gcs, name: str):
 
 
 def _bucket_steps(gcs, name: str) -> list[int]:
-  return [json.loads(line)['step'] for line in
-          gcs.read('runs', name).decode().splitlines() if '"step"' in line]
+  return [
+      json.loads(line)['step']
+      for line in gcs.read('runs', name).decode().splitlines()
+      if '"step"' in line
+  ]
 
 
 def test_a_preempted_job_on_a_bucket_workdir_resumes_with_one_record(
@@ -104,9 +111,10 @@ def test_a_preempted_job_on_a_bucket_workdir_resumes_with_one_record(
   proc = _start(gcs, url, *PAUSE, record_cache=tmp_path / 'machine_a')
   started = time.monotonic()
   try:
-    assert helpers.wait_for(lambda: (first_copy / 'metrics.jsonl').exists() and
-                            '"step": 20' in (first_copy / 'metrics.jsonl')
-                            .read_text() or proc.poll() is not None, 120)
+    assert helpers.wait_for(
+        lambda: (first_copy / 'metrics.jsonl').exists() and '"step": 20' in
+        (first_copy / 'metrics.jsonl').read_text() or proc.poll() is not None,
+        120)
     os.kill(helpers.rank_pids(first_copy)[1], signal.SIGTERM)
     first = helpers.finish(proc, 180, started)
   finally:
@@ -120,31 +128,44 @@ def test_a_preempted_job_on_a_bucket_workdir_resumes_with_one_record(
   # The record, read from the bucket alone: the fingerprints of the
   # finished job, and one loss curve and one goodput ledger over both
   # attempts.
-  assert [_bucket_json(gcs, f'probe/ranks/rank_{i}.json')['fingerprint'][
-      'sha256'] for i in range(2)] == [straight] * 2
+  assert [
+      _bucket_json(gcs, f'probe/ranks/rank_{i}.json')['fingerprint']['sha256']
+      for i in range(2)
+  ] == [straight] * 2
   steps = _bucket_steps(gcs, 'probe/metrics.jsonl')
   assert steps[0] == 1 and steps[-1] == STEPS, steps
   assert set(range(1, STEPS + 1)) <= set(steps), steps  # Nothing missing.
-  ledgers = [n for n in gcs.objects('runs', 'probe/goodput/')
-             if n.endswith('.json')]
+  ledgers = [
+      n for n in gcs.objects('runs', 'probe/goodput/') if n.endswith('.json')
+  ]
   assert len(ledgers) == 4, ledgers  # 2 attempts x 2 processes.
   assert _bucket_json(gcs, 'probe/summary.json')['goodput']['attempts'] == 2
-  table = subprocess.run(
-      [sys.executable, str(helpers.REPO / 'scripts' / 'goodput.py'), url,
-       f'--out={tmp_path / "goodput.png"}'],
-      env=helpers.launcher_env(**gcs.env()), capture_output=True, text=True,
-      timeout=120)
+  table = subprocess.run([
+      sys.executable,
+      str(helpers.REPO / 'scripts' / 'goodput.py'), url,
+      f'--out={tmp_path / "goodput.png"}'
+  ],
+                         env=helpers.launcher_env(**gcs.env()),
+                         capture_output=True,
+                         text=True,
+                         timeout=120)
   assert table.returncode == 0, table.stderr
   assert '2 attempt(s)' in table.stdout, table.stdout
-  plot = subprocess.run(
-      [sys.executable, str(helpers.REPO / 'scripts' / 'plot_metrics.py'), url,
-       f'--out={tmp_path / "metrics.png"}'],
-      env=helpers.launcher_env(**gcs.env()), capture_output=True, text=True,
-      timeout=120)
+  plot = subprocess.run([
+      sys.executable,
+      str(helpers.REPO / 'scripts' / 'plot_metrics.py'), url,
+      f'--out={tmp_path / "metrics.png"}'
+  ],
+                        env=helpers.launcher_env(**gcs.env()),
+                        capture_output=True,
+                        text=True,
+                        timeout=120)
   assert plot.returncode == 0 and (tmp_path / 'metrics.png').exists(), (
       plot.stderr)
-  assert [n for n in gcs.objects('runs', 'probe/tensorboard/')
-          if '/events.out.tfevents.' in n]
+  assert [
+      n for n in gcs.objects('runs', 'probe/tensorboard/')
+      if '/events.out.tfevents.' in n
+  ]
   assert _steps_in(gcs, 'probe/checkpoints')[-1] == STEPS
   assert not (helpers.REPO / 'gs:').exists()
 
@@ -154,8 +175,12 @@ def test_two_jobs_on_one_bucket_workdir_at_once_one_runs(gcs, tmp_path):
   # object is created with ifGenerationMatch=0, so exactly one job takes
   # it and the other stops with 11 before it trains.
   url = 'gs://runs/shared'
-  procs = [_start(gcs, url, '--config.steps=30',
-                  record_cache=tmp_path / f'machine_{i}') for i in range(2)]
+  procs = [
+      _start(gcs,
+             url,
+             '--config.steps=30',
+             record_cache=tmp_path / f'machine_{i}') for i in range(2)
+  ]
   started = time.monotonic()
   try:
     results = [helpers.finish(p, 180, started) for p in procs]
@@ -163,8 +188,8 @@ def test_two_jobs_on_one_bucket_workdir_at_once_one_runs(gcs, tmp_path):
     for p in procs:
       helpers.kill_group(p)
   codes = sorted(r.returncode for r in results)
-  assert codes == [0, exit_codes.WORKDIR_BUSY], [r.output[-3000:]
-                                                 for r in results]
+  assert codes == [0, exit_codes.WORKDIR_BUSY
+                  ], [r.output[-3000:] for r in results]
   refused = next(r for r in results if r.returncode)
   assert f'{url} is in use by job' in refused.output or (
       f'{url} was taken by' in refused.output), refused.output
@@ -187,8 +212,8 @@ def test_a_sigkill_restores_locally_with_the_persistent_tier_in_the_bucket(
   assert [a['exit_code'] for a in attempts] == [137, 0]
   ledgers = {}
   for path in tmp_path.glob('goodput/*/rank_*.json'):
-    ledgers.setdefault(path.parent.name, {})[path.stem] = helpers.read_json(
-        path)
+    ledgers.setdefault(path.parent.name,
+                       {})[path.stem] = helpers.read_json(path)
   last = max(ledgers.values(), key=lambda a: a['rank_0']['started'])
   assert [(last[r]['notes']['restore_tier'], last[r]['notes']['restore_step'])
           for r in ('rank_0', 'rank_1')] == [('local', 20)] * 2
@@ -212,10 +237,10 @@ def test_the_bucket_gone_mid_run_names_it_and_the_next_run_resumes(
   started = time.monotonic()
   try:
     assert helpers.wait_for(
-        lambda: _steps_in(gcs, 'unreachable/ckpt') == [10, 20] or
-        proc.poll() is not None, 120)
-    assert helpers.wait_for(lambda: '"step": 25' in (
-        tmp_path / 'metrics.jsonl').read_text(), 60)
+        lambda: _steps_in(gcs, 'unreachable/ckpt') == [10, 20] or proc.poll() is
+        not None, 120)
+    assert helpers.wait_for(
+        lambda: '"step": 25' in (tmp_path / 'metrics.jsonl').read_text(), 60)
     gcs.stop()
     failed = helpers.finish(proc, 240, started)
   finally:
@@ -267,8 +292,10 @@ def test_a_silent_metadata_server_costs_a_bucket_job_nothing(gcs, tmp_path):
   emulator takes none, so no process asks it at all."""
   url = 'gs://runs/silent'
   with gcs_lib.SilentMetadata() as silent:
-    env = {**gcs.env(), **silent.env(),
-           handoff.RECORD_CACHE: str(tmp_path / 'cache')}
+    env = {
+        **gcs.env(),
+        **silent.env(), handoff.RECORD_CACHE: str(tmp_path / 'cache')
+    }
     for steps in (10, 20):
       proc = helpers.start_launcher(
           [*PROBE, f'--workdir={url}', f'--config.steps={steps}'],

@@ -16,15 +16,18 @@ def test_a_slow_test_without_a_docstring_is_named_and_others_not(tmp_path):
       'class TestGroup:\n'
       '  def test_in_class(self):\n'
       '    pass\n')
-  durations = {'test_m.py::test_explained': 45.0,
-               'test_m.py::test_silent[1-True]': 31.0,
-               'test_m.py::test_silent[0-False]': 12.0,
-               'test_m.py::TestGroup::test_in_class': 60.0}
+  durations = {
+      'test_m.py::test_explained': 45.0,
+      'test_m.py::test_silent[1-True]': 31.0,
+      'test_m.py::test_silent[0-False]': 12.0,
+      'test_m.py::TestGroup::test_in_class': 60.0
+  }
   assert budget.unexplained(durations, tmp_path) == [
       'test_m.py::TestGroup::test_in_class (60 s)',
-      'test_m.py::test_silent[1-True] (31 s)']
+      'test_m.py::test_silent[1-True] (31 s)'
+  ]
 
 
 def test_a_missing_module_counts_as_unexplained(tmp_path):
-  assert budget.unexplained({'gone.py::test_x': 40.0}, tmp_path) == [
-      'gone.py::test_x (40 s)']
+  assert budget.unexplained({'gone.py::test_x': 40.0},
+                            tmp_path) == ['gone.py::test_x (40 s)']

@@ -22,16 +22,26 @@ def _train(tmp_path, **fields):
   return config, census.counts(result.params)
 
 
-@pytest.mark.parametrize('fields', [
-    {},                                       # 256 on 8 devices: one pass.
-    {'microbatches': 4},                      # 4 groups of 8 a device.
-    {'global_batch_size': 100},               # groups of 20, 3 padding.
-    {'global_batch_size': 100, 'device_batch_limit': 4}])
+@pytest.mark.parametrize(
+    'fields',
+    [
+        {},  # 256 on 8 devices: one pass.
+        {
+            'microbatches': 4
+        },  # 4 groups of 8 a device.
+        {
+            'global_batch_size': 100
+        },  # groups of 20, 3 padding.
+        {
+            'global_batch_size': 100,
+            'device_batch_limit': 4
+        }
+    ])
 def test_every_example_and_step_trained_is_counted_once(tmp_path, fields):
   config, counts = _train(tmp_path, **fields)
   assert counts.steps == 12
-  want = census.expected(config.global_batch_size,
-                         config.data.num_examples, config.seed, 12)
+  want = census.expected(config.global_batch_size, config.data.num_examples,
+                         config.seed, 12)
   assert want.sum() == 12 * config.global_batch_size
   np.testing.assert_array_equal(counts.examples, want)
 
@@ -48,7 +58,11 @@ def test_the_census_tells_a_repeated_or_skipped_step():
 
 
 def test_a_fraction_in_the_census_is_refused():
-  params = {census.KEY: {'examples': np.array([1.0, 0.5], np.float32),
-                         'steps': np.float32(2.0)}}
+  params = {
+      census.KEY: {
+          'examples': np.array([1.0, 0.5], np.float32),
+          'steps': np.float32(2.0)
+      }
+  }
   with pytest.raises(AssertionError, match='holds a fraction'):
     census.counts(params)

@@ -56,10 +56,11 @@ def test_resume_is_exact_on_8_devices(tmp_path):
   straight_records = _records(tmp_path / 'straight')
   resumed_records = _records(tmp_path / 'resumed')
   assert [r['step'] for r in resumed_records] == list(range(1, 15))
-  assert ([r['loss'] for r in resumed_records] ==
-          [r['loss'] for r in straight_records])
+  assert ([r['loss'] for r in resumed_records
+          ] == [r['loss'] for r in straight_records])
   assert checkpoint.Checkpoints(str(tmp_path / 'resumed' / 'checkpoints'),
-                                every=4, keep=2).all_steps() == [12, 14]
+                                every=4,
+                                keep=2).all_steps() == [12, 14]
 
 
 def test_the_rng_key_is_saved_and_restored(tmp_path):
@@ -77,13 +78,18 @@ def test_the_rng_key_is_saved_and_restored(tmp_path):
   for _ in range(6):
     key, _ = jax.random.split(key)
   np.testing.assert_array_equal(state.rng, jax.random.key_data(key))
-  assert meta['data'] == {'examples_consumed': 6 * config.global_batch_size,
-                          'epoch': 6 * config.global_batch_size //
-                                   config.data.num_examples,
-                          'examples_into_epoch': 6 * config.global_batch_size
-                                                 % config.data.num_examples,
-                          'num_examples': config.data.num_examples,
-                          'seed': config.seed}
+  assert meta['data'] == {
+      'examples_consumed':
+          6 * config.global_batch_size,
+      'epoch':
+          6 * config.global_batch_size // config.data.num_examples,
+      'examples_into_epoch':
+          6 * config.global_batch_size % config.data.num_examples,
+      'num_examples':
+          config.data.num_examples,
+      'seed':
+          config.seed
+  }
   assert result.start_step == 0
 
 
@@ -101,10 +107,11 @@ def test_a_finished_run_is_not_trained_again(tmp_path, caplog):
   assert again.fingerprint == done.fingerprint
   assert again.final_metrics == {} and again.steps == 5
   said = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
-  assert any(m.startswith('nothing to train: the checkpoint in ') and
-             'is already at step 5 of config.steps=5' in m and
-             'another --workdir' in m and 'raise --config.steps' in m
-             for m in said), said
+  assert any(
+      m.startswith('nothing to train: the checkpoint in ') and
+      'is already at step 5 of config.steps=5' in m and
+      'another --workdir' in m and 'raise --config.steps' in m
+      for m in said), said
   # Nothing trained, nothing logged: the record is the trained run's.
   assert (tmp_path / 'metrics.jsonl').read_text() == records
 
@@ -112,8 +119,9 @@ def test_a_finished_run_is_not_trained_again(tmp_path, caplog):
 def test_restore_refuses_a_different_config_and_names_both_values(tmp_path):
   _train(_config(4), tmp_path)
   with pytest.raises(checkpoint.CheckpointError) as e:
-    _train(_config(8, **{'optimizer.learning_rate': 0.5},
-                   global_batch_size=128), tmp_path)
+    _train(
+        _config(8, **{'optimizer.learning_rate': 0.5}, global_batch_size=128),
+        tmp_path)
   message = str(e.value)
   assert ('config.optimizer.learning_rate: checkpoint 0.01, this run 0.5'
           in message), message
@@ -124,8 +132,7 @@ def test_restore_refuses_a_different_config_and_names_both_values(tmp_path):
 def test_restore_refuses_other_shapes_and_names_the_arrays(tmp_path):
   config = linear_regression_config.get_config()
   config.steps = 3
-  training.train(config, str(tmp_path),
-                 linear_regression.make_task(config)[0])
+  training.train(config, str(tmp_path), linear_regression.make_task(config)[0])
   config.data.features = 5
   config.steps = 6
   config.restore_may_change = ('data.features',)
@@ -138,9 +145,12 @@ def test_restore_refuses_other_shapes_and_names_the_arrays(tmp_path):
 
 def test_changing_run_control_fields_is_allowed(tmp_path):
   _train(_config(4), tmp_path)
-  resumed = _train(_config(6, log_every=3, checkpoint_every=5,
-                            keep_checkpoints=1, max_steps_in_flight=2),
-                   tmp_path)
+  resumed = _train(
+      _config(6,
+              log_every=3,
+              checkpoint_every=5,
+              keep_checkpoints=1,
+              max_steps_in_flight=2), tmp_path)
   assert resumed.start_step == 4
 
 
@@ -148,7 +158,7 @@ def test_restore_false_refuses_a_directory_with_checkpoints(tmp_path):
   _train(_config(4), tmp_path)
   with pytest.raises(checkpoint.CheckpointError,
                      match=r'config.restore=False, but .* holds the '
-                           r'checkpoints of steps \[4\]'):
+                     r'checkpoints of steps \[4\]'):
     _train(_config(4, restore=False), tmp_path)
 
 
@@ -198,7 +208,7 @@ def test_restore_refuses_a_data_set_of_another_size(tmp_path):
   smaller = dataclasses.replace(task, data=data.ArraySource(**arrays))
   with pytest.raises(checkpoint.CheckpointError,
                      match=r'made on 8192 training examples; this run has '
-                           '8191'):
+                     '8191'):
     training.train(_config(8), str(tmp_path), smaller)
 
 
@@ -210,17 +220,22 @@ def test_a_sharded_state_saves_and_loads_split_whole_or_split_otherwise(
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
   from runtime import step as step_lib  # pylint: disable=g-import-not-at-top
   devices = np.array(jax.devices())
-  host = step_lib.TrainState(
-      params={'kernel': np.arange(128, dtype=np.float32).reshape(16, 8) / 7,
-              'bias': np.arange(3, dtype=np.float32)},
-      model_state={}, opt_state={'count': np.array(5, np.int32)},
-      rng=np.array([1, 2], np.uint32))
-  specs = step_lib.TrainState({'kernel': P(None, 'shards'), 'bias': P()},
-                              {}, {'count': P()}, P())
+  host = step_lib.TrainState(params={
+      'kernel': np.arange(128, dtype=np.float32).reshape(16, 8) / 7,
+      'bias': np.arange(3, dtype=np.float32)
+  },
+                             model_state={},
+                             opt_state={'count': np.array(5, np.int32)},
+                             rng=np.array([1, 2], np.uint32))
+  specs = step_lib.TrainState({
+      'kernel': P(None, 'shards'),
+      'bias': P()
+  }, {}, {'count': P()}, P())
 
   def shardings(replicas):
     grid = Mesh(devices.reshape(replicas, -1), ('replicas', 'shards'))
     return step_lib.state_shardings(grid, specs)
+
   ckpt = checkpoint.Checkpoints(str(tmp_path), every=1, keep=3)
   ckpt.save(1, jax.device_put(host, shardings(2)), {'step': 1})
   ckpt.save(2, host, {'step': 2})
@@ -232,10 +247,11 @@ def test_a_sharded_state_saves_and_loads_split_whole_or_split_otherwise(
       got = ckpt.load(step, host, placed)
       for a, b in zip(leaves(got), leaves(host), strict=True):
         assert np.array_equal(np.asarray(a), b), (step, replicas)
-      for a, sharding in zip(leaves(got), leaves(placed) if placed else
-                             [None] * 4, strict=True):
-        assert (isinstance(a, np.ndarray) if sharding is None else
-                a.sharding == sharding), (step, replicas, a)
+      for a, sharding in zip(leaves(got),
+                             leaves(placed) if placed else [None] * 4,
+                             strict=True):
+        assert (isinstance(a, np.ndarray) if sharding is None else a.sharding
+                == sharding), (step, replicas, a)
     # And read outside a run, as numpy, whoever wrote it.
     read = checkpoint.read_state(str(tmp_path / str(step)))
     assert np.array_equal(read.params['kernel'], host.params['kernel'])
@@ -243,8 +259,8 @@ def test_a_sharded_state_saves_and_loads_split_whole_or_split_otherwise(
   ckpt.close()
 
 
-def test_a_save_that_queues_behind_the_last_is_said_once(tmp_path, caplog,
-                                                         monkeypatch):
+def test_a_save_that_queues_behind_the_last_is_said_once(
+    tmp_path, caplog, monkeypatch):
   ckpt = checkpoint.Checkpoints(str(tmp_path / 'ckpt'), every=10, keep=3)
   state = {'w': np.zeros(4, np.float32)}
   slow = [True]
@@ -254,6 +270,7 @@ def test_a_save_that_queues_behind_the_last_is_said_once(tmp_path, caplog,
     real_save(step, state, meta)
     if slow[0]:
       time.sleep(0.8)
+
   monkeypatch.setattr(ckpt, '_save', slow_save)
   monkeypatch.setattr(checkpoint.local_cadence, 'recent_step_s', lambda: 0.1)
   with caplog.at_level('WARNING'):
@@ -262,8 +279,9 @@ def test_a_save_that_queues_behind_the_last_is_said_once(tmp_path, caplog,
     ckpt.save(30, state, {})
     slow[0] = False
     ckpt.wait()
-  said = [r.getMessage() for r in caplog.records
-          if 'saves queue' in r.getMessage()]
+  said = [
+      r.getMessage() for r in caplog.records if 'saves queue' in r.getMessage()
+  ]
   assert len(said) == 1, said
   assert 'step 20 waited' in said[0] and 'save of step 10' in said[0]
   assert 'checkpoint_every=10' in said[0]

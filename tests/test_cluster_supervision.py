@@ -33,10 +33,10 @@ def _fault_time(output: str, mode: str) -> float:
 
 
 def test_an_exception_on_rank_1_is_named_on_every_rank(tmp_path):
-  with cluster.Cluster(tmp_path, 3, [PROBE, LONG, NO_CKPT, BATCH,
-                                     '--config.fail_rank=1',
-                                     '--config.fail_step=30',
-                                     '--config.fail_mode=raise']) as job:
+  with cluster.Cluster(tmp_path, 3, [
+      PROBE, LONG, NO_CKPT, BATCH, '--config.fail_rank=1',
+      '--config.fail_step=30', '--config.fail_mode=raise'
+  ]) as job:
     exits = job.wait(timeout=120)
   assert exits[1].code == exit_codes.FAILED, exits[1].output
   fault = _fault_time(exits[1].output, 'raise')
@@ -47,17 +47,18 @@ def test_an_exception_on_rank_1_is_named_on_every_rank(tmp_path):
     assert exits[rank].at - fault < 10, (rank, exits[rank].at - fault)
     line = helpers.first_line_with(exits[rank].output, 'failed first')
     assert line is not None, exits[rank].output
-    assert re.search(r'rank 1 on \S+ failed first: exit 1 \(RuntimeError: '
-                     r'probe: rank 1 raises on purpose\)', line), line
+    assert re.search(
+        r'rank 1 on \S+ failed first: exit 1 \(RuntimeError: '
+        r'probe: rank 1 raises on purpose\)', line), line
   # The failing rank's own traceback is in its own log.
   assert 'RuntimeError: probe: rank 1 raises on purpose' in exits[1].output
 
 
 def test_a_rank_that_exits_7_keeps_its_code_and_rank_0_names_it(tmp_path):
-  with cluster.Cluster(tmp_path, 2, [PROBE, LONG, NO_CKPT,
-                                     '--config.fail_rank=1',
-                                     '--config.fail_step=30',
-                                     '--config.fail_code=7']) as job:
+  with cluster.Cluster(tmp_path, 2, [
+      PROBE, LONG, NO_CKPT, '--config.fail_rank=1', '--config.fail_step=30',
+      '--config.fail_code=7'
+  ]) as job:
     exits = job.wait(timeout=120)
   assert exits[1].code == 7, exits[1].output
   assert exits[0].code == exit_codes.PEER_FAILED, exits[0].output
@@ -71,8 +72,9 @@ NO_STALL = '--stall_timeout=0'
 
 
 def test_a_sigkilled_rank_is_named_as_lost(tmp_path):
-  with cluster.Cluster(tmp_path, 2, [PROBE, LONG, NO_CKPT, NO_STALL,
-                                     '--heartbeat_timeout=5']) as job:
+  with cluster.Cluster(
+      tmp_path, 2,
+      [PROBE, LONG, NO_CKPT, NO_STALL, '--heartbeat_timeout=5']) as job:
     job.wait_until_stepping()
     killed = job.signal(1, signal.SIGKILL)
     exits = job.wait(timeout=60)
@@ -80,17 +82,16 @@ def test_a_sigkilled_rank_is_named_as_lost(tmp_path):
   assert exits[0].code == exit_codes.PEER_FAILED, exits[0].output
   # --heartbeat_timeout, not JAX's own 30 s later (bounded generously).
   assert exits[0].at - killed < 5 + 25, exits[0].at - killed
-  assert re.search(r'rank 1 on \S+ was lost: no heartbeat for \d+ s '
-                   r'\(--heartbeat_timeout=5\)', exits[0].output), (
-                       exits[0].output)
+  assert re.search(
+      r'rank 1 on \S+ was lost: no heartbeat for \d+ s '
+      r'\(--heartbeat_timeout=5\)', exits[0].output), (exits[0].output)
 
 
 def test_a_hung_input_stops_every_rank_with_stacks_and_names_it(tmp_path):
-  with cluster.Cluster(tmp_path, 2, [PROBE, LONG, NO_CKPT,
-                                     '--config.fail_rank=1',
-                                     '--config.fail_step=30',
-                                     '--config.fail_mode=hang',
-                                     '--stall_timeout=5']) as job:
+  with cluster.Cluster(tmp_path, 2, [
+      PROBE, LONG, NO_CKPT, '--config.fail_rank=1', '--config.fail_step=30',
+      '--config.fail_mode=hang', '--stall_timeout=5'
+  ]) as job:
     exits = job.wait(timeout=90)
   fault = _fault_time(exits[1].output, 'hang')
   for rank in (0, 1):
@@ -110,10 +111,10 @@ def test_a_hang_in_the_first_steps_is_named_with_default_flags(tmp_path, step):
   # Before 20 steps there is no learned pace yet; the warm-up's deadline,
   # bounded by the first step and the compilation seen, names the hang
   # long before the 600 s of --stall_timeout (this test's wait is 120 s).
-  with cluster.Cluster(tmp_path, 2, [PROBE, LONG, NO_CKPT,
-                                     '--config.fail_rank=1',
-                                     f'--config.fail_step={step}',
-                                     '--config.fail_mode=hang']) as job:
+  with cluster.Cluster(tmp_path, 2, [
+      PROBE, LONG, NO_CKPT, '--config.fail_rank=1',
+      f'--config.fail_step={step}', '--config.fail_mode=hang'
+  ]) as job:
     exits = job.wait(timeout=120)
   for rank in (0, 1):
     assert exits[rank].code == exit_codes.STALLED, exits[rank].output
@@ -124,11 +125,10 @@ def test_a_hang_in_the_first_steps_is_named_with_default_flags(tmp_path, step):
 
 
 def test_a_hang_before_the_first_step(tmp_path):
-  with cluster.Cluster(tmp_path, 2, [PROBE, LONG, NO_CKPT,
-                                     '--config.fail_rank=1',
-                                     '--config.fail_step=0',
-                                     '--config.fail_mode=hang',
-                                     '--first_step_timeout=8']) as job:
+  with cluster.Cluster(tmp_path, 2, [
+      PROBE, LONG, NO_CKPT, '--config.fail_rank=1', '--config.fail_step=0',
+      '--config.fail_mode=hang', '--first_step_timeout=8'
+  ]) as job:
     exits = job.wait(timeout=90)
   for rank in (0, 1):
     assert exits[rank].code == exit_codes.STALLED, exits[rank].output
@@ -139,9 +139,11 @@ def test_a_hang_before_the_first_step(tmp_path):
 
 
 def test_a_rank_that_never_joins_is_named(tmp_path):
-  with cluster.Cluster(tmp_path, 3, ['--config=configs/linear_regression.py',
-                                     '--initialization_timeout=5'],
-                       start=[0, 1]) as job:
+  with cluster.Cluster(
+      tmp_path,
+      3,
+      ['--config=configs/linear_regression.py', '--initialization_timeout=5'],
+      start=[0, 1]) as job:
     exits = job.wait(timeout=60)
   for rank in (0, 1):
     assert exits[rank].code == exit_codes.DISTRIBUTED_INIT_FAILED, (
@@ -151,9 +153,10 @@ def test_a_rank_that_never_joins_is_named(tmp_path):
 
 
 def test_a_preemption_with_a_dead_rank_ends_in_a_bounded_wait(tmp_path):
-  with cluster.Cluster(tmp_path, 3, [PROBE, LONG, BATCH, NO_STALL,
-                                     '--heartbeat_timeout=5',
-                                     '--config.checkpoint_every=0']) as job:
+  with cluster.Cluster(tmp_path, 3, [
+      PROBE, LONG, BATCH, NO_STALL, '--heartbeat_timeout=5',
+      '--config.checkpoint_every=0'
+  ]) as job:
     job.wait_until_stepping()
     killed = job.signal(2, signal.SIGKILL)
     job.signal(0, signal.SIGTERM)  # A preemption notice, rank 2 gone.
@@ -161,25 +164,25 @@ def test_a_preemption_with_a_dead_rank_ends_in_a_bounded_wait(tmp_path):
   for rank in (0, 1):
     assert exits[rank].code == exit_codes.PEER_FAILED, exits[rank].output
     assert exits[rank].at - killed < 5 + 25
-    assert re.search(r'rank 2 on \S+ was lost', exits[rank].output), (
-        exits[rank].output)
+    assert re.search(r'rank 2 on \S+ was lost',
+                     exits[rank].output), (exits[rank].output)
 
 
 def test_stragglers_are_warned_about_and_step_times_summarised(tmp_path):
   # No straggler is judged from the first 20 steps (the warm-up): 70 steps
   # leave 5 s of 0.1 s steps after it for process 0 to see rank 1's.
-  with cluster.Cluster(tmp_path, 2, [PROBE, '--config.steps=70',
-                                     '--config.log_every=10', NO_CKPT,
-                                     '--config.fail_rank=1',
-                                     '--config.fail_step=5',
-                                     '--config.fail_mode=slow',
-                                     '--config.fail_seconds=0.1']) as job:
+  with cluster.Cluster(tmp_path, 2, [
+      PROBE, '--config.steps=70', '--config.log_every=10', NO_CKPT,
+      '--config.fail_rank=1', '--config.fail_step=5', '--config.fail_mode=slow',
+      '--config.fail_seconds=0.1'
+  ]) as job:
     exits = job.wait(timeout=120)
   assert [e.code for e in exits.values()] == [0, 0], exits[0].output
   warning = helpers.first_line_with(exits[0].output, 'straggler:')
   assert warning is not None, exits[0].output
-  assert re.search(r'straggler: rank 1 on \S+ spends 0\.\d+ s of its own '
-                   r'per step', warning), warning
+  assert re.search(
+      r'straggler: rank 1 on \S+ spends 0\.\d+ s of its own '
+      r'per step', warning), warning
   ranks = helpers.read_json(tmp_path / 'summary.json')['ranks']
   assert [r['rank'] for r in ranks] == [0, 1]
   for r in ranks:
@@ -201,11 +204,11 @@ def test_a_second_job_on_a_busy_workdir_is_refused(tmp_path):
   busy = tmp_path / 'busy'
   # The first job pauses 12 s at step 20, holding its lease, while the
   # second starts.
-  with cluster.Cluster(busy, 2, [PROBE, '--config.steps=40',
-                                 '--config.fail_rank=0',
-                                 '--config.fail_step=20',
-                                 '--config.fail_mode=sleep',
-                                 '--config.fail_seconds=12']) as first:
+  with cluster.Cluster(busy, 2, [
+      PROBE, '--config.steps=40', '--config.fail_rank=0',
+      '--config.fail_step=20', '--config.fail_mode=sleep',
+      '--config.fail_seconds=12'
+  ]) as first:
     first.wait_until_stepping(step=20)
     second = _run_probe(busy, '--config.steps=40', timeout=60)
     exits = first.wait(timeout=120)
@@ -221,9 +224,14 @@ def test_a_second_job_on_a_busy_workdir_is_refused(tmp_path):
 
 def test_a_stale_lease_is_taken_over(tmp_path):
   tmp_path.mkdir(exist_ok=True)
-  stale = {'job_id': 'gone', 'host': 'elsewhere', 'pid': 1,
-           'since': time.time() - 600, 'renewed': time.time() - 120,
-           'token': 'x'}
+  stale = {
+      'job_id': 'gone',
+      'host': 'elsewhere',
+      'pid': 1,
+      'since': time.time() - 600,
+      'renewed': time.time() - 120,
+      'token': 'x'
+  }
   (tmp_path / '.podrun_lease.json').write_text(json.dumps(stale))
   result = _run_probe(tmp_path, '--config.steps=10', '--lease_timeout=60')
   assert result.returncode == 0, result.output
@@ -239,26 +247,27 @@ def test_a_loop_of_its_own_started_by_hand(tmp_path):
   # needs.
   with cluster.Cluster(tmp_path / 'reports', 2, [
       own_loop, '--config.step_seconds=0.6', '--first_step_timeout=60',
-      '--stall_timeout=4']) as job:
+      '--stall_timeout=4'
+  ]) as job:
     exits = job.wait(timeout=90)
   for rank in (0, 1):
     assert exits[rank].code == 0, exits[rank].output
   with cluster.Cluster(tmp_path / 'silent', 2, [
       own_loop, '--config.report=False', '--config.steps=100',
-      '--first_step_timeout=3']) as job:
+      '--first_step_timeout=3'
+  ]) as job:
     exits = job.wait(timeout=90)
   for rank in (0, 1):
     assert exits[rank].code == exit_codes.STALLED, exits[rank].output
-  assert 'runtime.progress.report(step)' in (exits[0].output +
-                                             exits[1].output)
+  assert 'runtime.progress.report(step)' in (exits[0].output + exits[1].output)
 
 
 def _restore_notes(workdir) -> list[tuple]:
   """(restore_tier, restore_step) per rank of the attempt that started last."""
   attempts = {}
   for path in workdir.glob('goodput/*/rank_*.json'):
-    attempts.setdefault(path.parent.name, {})[
-        int(path.stem[len('rank_'):])] = helpers.read_json(path)
+    attempts.setdefault(path.parent.name, {})[int(
+        path.stem[len('rank_'):])] = helpers.read_json(path)
   last = max(attempts.values(), key=lambda a: a[0]['started'])
   return [(last[r]['notes'].get('restore_tier'),
            last[r]['notes'].get('restore_step')) for r in sorted(last)]
@@ -268,35 +277,38 @@ def test_a_sigkill_and_a_restart_loop_resume_from_the_local_tier(tmp_path):
   # A scheduler's loop, played by the test: start both processes, and once
   # they have ended start them again, until both exit 0. Rank 1 is
   # SIGKILLed while loading step 26; a copy every 10 steps.
-  args = [PROBE, '--config.steps=60', '--config.checkpoint_every=1000',
-          '--config.local_checkpoint_every=10', '--heartbeat_timeout=3',
-          NO_STALL]
+  args = [
+      PROBE, '--config.steps=60', '--config.checkpoint_every=1000',
+      '--config.local_checkpoint_every=10', '--heartbeat_timeout=3', NO_STALL
+  ]
   same_job = {r: {'PODRUN_JOB_ID': 'loop'} for r in (0, 1)}
   with cluster.Cluster(tmp_path / 'straight', 2, args) as job:
     assert [e.code for e in job.wait(timeout=120).values()] == [0, 0]
   codes = []
   for attempt in range(1, 4):
-    kill = (['--config.fail_rank=1', '--config.fail_step=25',
-             '--config.fail_mode=sigkill'] if attempt == 1 else [])
-    with cluster.Cluster(tmp_path / 'loop', 2, [*args, *kill],
+    kill = ([
+        '--config.fail_rank=1', '--config.fail_step=25',
+        '--config.fail_mode=sigkill'
+    ] if attempt == 1 else [])
+    with cluster.Cluster(tmp_path / 'loop',
+                         2, [*args, *kill],
                          rank_env=same_job) as job:
       exits = job.wait(timeout=120)
     codes.append([exits[r].code for r in (0, 1)])
     if attempt == 1:
-      assert re.search(r'rank 1 on \S+ was lost: no heartbeat', exits[0].output
-                       ), exits[0].output
+      assert re.search(r'rank 1 on \S+ was lost: no heartbeat',
+                       exits[0].output), exits[0].output
     if codes[-1] == [0, 0]:
       break
   assert codes == [[exit_codes.PEER_FAILED, -signal.SIGKILL], [0, 0]], codes
   assert _restore_notes(tmp_path / 'loop') == [('local', 20)] * 2
-  assert (helpers.fingerprints(tmp_path / 'loop') ==
-          helpers.fingerprints(tmp_path / 'straight'))
+  assert (helpers.fingerprints(tmp_path / 'loop') == helpers.fingerprints(
+      tmp_path / 'straight'))
   rollup = goodput_rollup.rollup(str(tmp_path / 'loop'))
   recovery = rollup['attempts'][1]['recovery']
   # From the local tier; 'peer' when the kill landed between the two
   # processes' local copies of one step (the newer copy then crosses over).
-  assert recovery is not None and recovery['restore_tier'] in ('local',
-                                                               'peer')
+  assert recovery is not None and recovery['restore_tier'] in ('local', 'peer')
   assert recovery['total_s'] == pytest.approx(sum(recovery['phases'].values()))
 
 
@@ -304,8 +316,8 @@ def _ledgers(workdir) -> dict[str, dict[int, dict]]:
   """{attempt: {rank: goodput ledger}}."""
   out = {}
   for path in workdir.glob('goodput/*/rank_*.json'):
-    out.setdefault(path.parent.name, {})[int(path.stem[len('rank_'):])] = (
-        helpers.read_json(path))
+    out.setdefault(path.parent.name, {})[int(
+        path.stem[len('rank_'):])] = (helpers.read_json(path))
   return out
 
 
@@ -314,8 +326,10 @@ def test_every_end_reaches_its_ledger_when_process_0_is_killed(tmp_path):
   # service with it, and the service's client aborts the survivor (SIGABRT)
   # before any supervisor of ours can act. Each obituary writes its
   # process's end; a restart then has a complete time to recover.
-  args = [PROBE, '--config.steps=60', '--config.checkpoint_every=1000',
-          '--config.local_checkpoint_every=10', '--heartbeat_timeout=5']
+  args = [
+      PROBE, '--config.steps=60', '--config.checkpoint_every=1000',
+      '--config.local_checkpoint_every=10', '--heartbeat_timeout=5'
+  ]
   same_job = {r: {'PODRUN_JOB_ID': 'abort'} for r in (0, 1)}
   with cluster.Cluster(tmp_path, 2, args, rank_env=same_job) as job:
     job.wait_until_stepping(step=25)
@@ -341,7 +355,6 @@ def test_every_end_reaches_its_ledger_when_process_0_is_killed(tmp_path):
   recovery = rollup['attempts'][1]['recovery']
   # From the local tier; 'peer' when the kill landed between the two
   # processes' local copies of one step (the newer copy then crosses over).
-  assert recovery is not None and recovery['restore_tier'] in ('local',
-                                                               'peer')
+  assert recovery is not None and recovery['restore_tier'] in ('local', 'peer')
   assert recovery['total_s'] == pytest.approx(sum(recovery['phases'].values()))
   assert all(v >= 0 for v in recovery['phases'].values()), recovery

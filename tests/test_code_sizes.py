@@ -19,8 +19,12 @@ def _code_sizes():
 
 def test_circles_finds_each_cycle_once():
   circles = _code_sizes().circles
-  assert circles({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}) == [
-      ['a', 'b', 'c']]
+  assert circles({
+      'a': {'b'},
+      'b': {'c'},
+      'c': {'a'},
+      'd': {'a'}
+  }) == [['a', 'b', 'c']]
   assert circles({'a': {'b'}, 'b': set()}) == []
 
 
@@ -34,14 +38,17 @@ def test_the_project_has_no_import_circle():
 
 def test_house_counts_what_it_names(tmp_path):
   sources = {
-      'runtime/__init__.py': '',
+      'runtime/__init__.py':
+          '',
       'runtime/loop.py': ('_n = 0\ndef bump(config, rank):\n'
                           '  global _n\n  _n += rank\n'),
-      'runtime/common/__init__.py': '',
-      'runtime/common/stall.py': (
-          'import os\ndef path(workdir, i):\n'
-          '  return os.path.join(workdir, "stall", f"rank_{i}.json")\n'),
-      'launcher/__init__.py': '',
+      'runtime/common/__init__.py':
+          '',
+      'runtime/common/stall.py':
+          ('import os\ndef path(workdir, i):\n'
+           '  return os.path.join(workdir, "stall", f"rank_{i}.json")\n'),
+      'launcher/__init__.py':
+          '',
       'launcher/restart.py': ('def code(attempt, process_index):\n'
                               '  return getattr(attempt, "code", None)\n'),
       'launcher/cli.py': ('def path(workdir):\n'
@@ -51,10 +58,15 @@ def test_house_counts_what_it_names(tmp_path):
     (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / name).write_text(text)
   figures = _code_sizes().house(str(tmp_path))
-  assert figures == dict(
-      globals=1, config_functions=1, config_modules=1, attempt_getattrs=1,
-      path_spellers=['launcher.cli', 'runtime.common.stall'], runtime_root=2,
-      process_index=1, rank=2, process_id=0)
+  assert figures == dict(globals=1,
+                         config_functions=1,
+                         config_modules=1,
+                         attempt_getattrs=1,
+                         path_spellers=['launcher.cli', 'runtime.common.stall'],
+                         runtime_root=2,
+                         process_index=1,
+                         rank=2,
+                         process_id=0)
 
 
 def test_the_project_asks_its_layout_for_every_workdir_path():

@@ -45,15 +45,19 @@ def canonical():
 def test_two_copies_lower_the_same_program(tmp_path, canonical):
   first, second = str(tmp_path / 'worker_0'), str(tmp_path / 'worker_1/code')
   # One call site for both: the caller's line is in the locations too.
-  apart = [_lowered_text(root, name)
-           for root, name in ((first, 'copy_a'), (second, 'copy_b'))]
+  apart = [
+      _lowered_text(root, name)
+      for root, name in ((first, 'copy_a'), (second, 'copy_b'))
+  ]
   assert apart[0] != apart[1]  # The locations alone differ.
   assert first in apart[0]
 
   # tmp_path holds both roots: the longest root is taken off first.
   compilation.same_source_paths(['', str(tmp_path), first, second, '/'])
-  together = [_lowered_text(root, name)
-              for root, name in ((first, 'copy_c'), (second, 'copy_d'))]
+  together = [
+      _lowered_text(root, name)
+      for root, name in ((first, 'copy_c'), (second, 'copy_d'))
+  ]
   assert together[0] == together[1]
   assert 'workload/model.py' in together[0]
   assert str(tmp_path) not in together[0]
@@ -86,5 +90,5 @@ def test_the_cache_is_the_workdirs_unless_cpu_processes_are_several(
   path = compilation.use_cache(None, str(tmp_path), 'tpu', 4)
   assert path == str(tmp_path / 'compilation_cache')
   assert jax.config.jax_compilation_cache_dir == path
-  assert compilation.use_cache(str(tmp_path / 'c'), 'x', 'cpu', 1) == str(
-      tmp_path / 'c')
+  assert compilation.use_cache(str(tmp_path / 'c'), 'x', 'cpu',
+                               1) == str(tmp_path / 'c')

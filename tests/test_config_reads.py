@@ -55,11 +55,15 @@ def test_a_name_the_workload_reads_is_not_refused(tmp_path, caplog):
   task, _ = linear_regression.make_task(config)
   with caplog.at_level(logging.WARNING):
     training.train(config, str(tmp_path), task)
-  said = [r.getMessage() for r in caplog.records
-          if 'which nothing in the job read' in r.getMessage()]
+  said = [
+      r.getMessage()
+      for r in caplog.records
+      if 'which nothing in the job read' in r.getMessage()
+  ]
   assert said == [
       "the config sets my_own_field='kept', which nothing in the job read: a "
-      'name podrun does not know, or one this run had no use for']
+      'name podrun does not know, or one this run had no use for'
+  ]
   assert ConfigDict.__getattr__ is config_reads._originals['__getattr__']
 
 
@@ -71,6 +75,7 @@ def test_a_field_read_late_is_not_named(tmp_path, caplog):
   task, _ = linear_regression.make_task(config)
 
   class ReadsLate:
+
     def begin(self, run):
       pass
 
@@ -80,6 +85,7 @@ def test_a_field_read_late_is_not_named(tmp_path, caplog):
 
     def end(self, run, error):
       pass
+
   config_reads.start()
   with caplog.at_level(logging.WARNING):
     training.train(config, str(tmp_path),
@@ -114,16 +120,19 @@ def test_flax_s_imagenet_names_are_told_with_podrun_s_spelling(tmp_path):
   with pytest.raises(config_reads.UnreadConfigError) as e:
     training.train(config, str(tmp_path), task)
   said = str(e.value)
-  for name, podrun in (
-      ('momentum=0.9', 'set config.optimizer.momentum'),
-      ('half_precision=True', "read it in your workload: the model's dtype "
-       '(float16 or bfloat16) and, for float16, '
-       'Task(loss_scale=runtime.DynamicScale())'),
-      ('log_every_steps=100', 'set config.log_every'),
-      ('steps_per_eval=-1', 'let your eval_fn choose what it scores'),
-      ('cache=False', 'drop it: podrun reads examples by index'),
-      ('shuffle_buffer_size=2048', 'set config.data.shuffle'),
-      ('warmup_epochs=5.0', 'set a schedule in the optimizer')):
+  for name, podrun in (('momentum=0.9', 'set config.optimizer.momentum'),
+                       ('half_precision=True',
+                        "read it in your workload: the model's dtype "
+                        '(float16 or bfloat16) and, for float16, '
+                        'Task(loss_scale=runtime.DynamicScale())'),
+                       ('log_every_steps=100', 'set config.log_every'),
+                       ('steps_per_eval=-1',
+                        'let your eval_fn choose what it scores'),
+                       ('cache=False',
+                        'drop it: podrun reads examples by index'),
+                       ('shuffle_buffer_size=2048', 'set config.data.shuffle'),
+                       ('warmup_epochs=5.0',
+                        'set a schedule in the optimizer')):
     assert f'{name}, which podrun does not read: {podrun}' in said, name
 
 
@@ -144,8 +153,8 @@ def _flax_run(config, workdir):
   config_reads.start()
   try:
     rate = config.learning_rate * config.momentum / config.num_epochs
-    return training.train(config, workdir, dataclasses.replace(
-        task, optimizer=optax.sgd(rate)))
+    return training.train(config, workdir,
+                          dataclasses.replace(task, optimizer=optax.sgd(rate)))
   finally:
     config_reads.stop()
 

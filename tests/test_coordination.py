@@ -32,15 +32,19 @@ def test_decide_on_0_gives_everyone_the_verdict_on_all_values():
   def decide(published):
     decided_on.append(dict(published))
     return json.dumps(sorted(published.values()))
-  out, _ = _run(3, lambda client: client.decide_on_0(
-      'podrun/t', f'v{client.process_index}', decide, timeout_s=5))
+
+  out, _ = _run(
+      3, lambda client: client.decide_on_0(
+          'podrun/t', f'v{client.process_index}', decide, timeout_s=5))
   assert decided_on == [{0: 'v0', 1: 'v1', 2: 'v2'}]  # Once, on process 0.
   assert out == {r: '["v0", "v1", "v2"]' for r in range(3)}
 
 
 def test_a_process_that_never_publishes_is_named():
-  out, _ = _run(3, lambda client: client.decide_on_0(
-      'podrun/t', 'x', lambda published: 'ok', timeout_s=0.5), absent=(2,))
+  out, _ = _run(3,
+                lambda client: client.decide_on_0(
+                    'podrun/t', 'x', lambda published: 'ok', timeout_s=0.5),
+                absent=(2,))
   assert isinstance(out[0], coordination.BarrierTimeout)
   assert out[0].missing == [2]
   # The others wait for a verdict that never comes, and name process 0.
@@ -50,22 +54,26 @@ def test_a_process_that_never_publishes_is_named():
 
 def test_from_0_is_made_once_and_read_everywhere():
   made = []
-  out, _ = _run(4, lambda client: client.from_0(
-      'podrun/id', lambda: made.append(1) or 'job-7', timeout_s=5))
+  out, _ = _run(
+      4, lambda client: client.from_0(
+          'podrun/id', lambda: made.append(1) or 'job-7', timeout_s=5))
   assert made == [1]
   assert out == {r: 'job-7' for r in range(4)}
 
 
 def test_from_0_names_process_0_when_it_is_missing():
-  out, _ = _run(2, lambda client: client.from_0('podrun/id', lambda: 'x',
-                                          timeout_s=0.3), absent=(0,))
+  out, _ = _run(
+      2,
+      lambda client: client.from_0('podrun/id', lambda: 'x', timeout_s=0.3),
+      absent=(0,))
   assert isinstance(out[1], coordination.BarrierTimeout)
   assert out[1].missing == [0]
 
 
 def test_exchange_returns_every_process_value():
-  out, _ = _run(3, lambda client: client.exchange('podrun/steps',
-                                            str(10 * client.process_index), 5))
+  out, _ = _run(
+      3, lambda client: client.exchange('podrun/steps',
+                                        str(10 * client.process_index), 5))
   assert out == {r: {0: '0', 1: '10', 2: '20'} for r in range(3)}
 
 

@@ -56,8 +56,7 @@ def test_the_ids_of_several_steps_are_each_steps_ids_across_epochs():
         [data.global_batch_ids(first + i, 48, 97, seed=2) for i in range(5)])
 
 
-@pytest.mark.parametrize('devices, processes', [(1, 1), (4, 1), (2, 2),
-                                                (2, 3)])
+@pytest.mark.parametrize('devices, processes', [(1, 1), (4, 1), (2, 2), (2, 3)])
 def test_a_calls_batch_is_read_at_once_as_stacked_step_by_step(
     devices, processes):
   """The loader's one read of a call's examples gives what stacking each
@@ -67,7 +66,9 @@ def test_a_calls_batch_is_read_at_once_as_stacked_step_by_step(
   source = runtime.ArraySource(x=rng.random((1000, 3), np.float32),
                                y=np.arange(1000))
   layout = microbatches.plan(256, devices * processes)
-  options = types.SimpleNamespace(global_batch_size=256, seed=4, shuffle=True,
+  options = types.SimpleNamespace(global_batch_size=256,
+                                  seed=4,
+                                  shuffle=True,
                                   on_device=False)
   task = types.SimpleNamespace(data=source)
   for p in range(processes):
@@ -76,13 +77,15 @@ def test_a_calls_batch_is_read_at_once_as_stacked_step_by_step(
     load = loader.make(options, task, topo, put, layout)
     rows, real = microbatches.process_positions(layout, p, devices)
     for first, steps in ((0, 1), (3, 4), (5, 3)):
-      stacked = dispatch.stack(
-          [data.read_padded(source, data.global_batch_ids(
-              s, 256, 1000, 4)[rows.start:rows.start + real],
-                            rows.stop - rows.start)
-           for s in range(first, first + steps)], devices)
-      jax.tree_util.tree_map(np.testing.assert_array_equal,
-                             load(first, steps), stacked)
+      stacked = dispatch.stack([
+          data.read_padded(
+              source,
+              data.global_batch_ids(s, 256, 1000,
+                                    4)[rows.start:rows.start + real],
+              rows.stop - rows.start) for s in range(first, first + steps)
+      ], devices)
+      jax.tree_util.tree_map(np.testing.assert_array_equal, load(first, steps),
+                             stacked)
 
 
 def test_unshuffled_reads_in_order():
@@ -97,8 +100,10 @@ def test_unshuffled_reads_in_order():
 ])
 def test_a_task_refuses_an_iterator_with_the_fix(data, missing):
   with pytest.raises(training.DataSourceError) as e:
-    runtime.Task(params={}, loss_fn=lambda p, b: (0.0, {}),
-                 optimizer=optax.sgd(0.1), data=data)
+    runtime.Task(params={},
+                 loss_fn=lambda p, b: (0.0, {}),
+                 optimizer=optax.sgd(0.1),
+                 data=data)
   said = str(e.value)
   assert f'has no {missing}' in said
   assert 'runtime.ArraySource(**arrays)' in said and 'grain' in said
@@ -109,11 +114,13 @@ def test_a_read_of_no_ids_gives_every_leaf_with_no_row():
   # A process that holds only padding reads no example, from a source with
   # data[i] alone (a grain MapDataset) as from one with read_batch.
   class Indexed:
+
     def __len__(self):
       return 4
 
     def __getitem__(self, i):
       return {'x': np.full((2, 3), i, np.float32), 'label': np.int32(i)}
+
   none = data.read_batch(Indexed(), np.array([], np.int64))
   assert none['x'].shape == (0, 2, 3) and none['label'].shape == (0,)
   padded = data.read_padded(Indexed(), np.array([], np.int64), 3)

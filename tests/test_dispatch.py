@@ -56,9 +56,14 @@ def test_grow_takes_k_until_the_hosts_share_of_a_call_is_small():
   # Nothing larger divides them, or no room for a larger call's batches.
   assert dispatch.grow(100, one, 1.3e-3 / 100 + 20e-6,
                        {'log_every': 100}) == 100
-  assert dispatch.grow(25, one, at_25, {},
+  assert dispatch.grow(25,
+                       one,
+                       at_25, {},
                        step_bytes=dispatch.MOST_CALL_BYTES // 30) == 30
-  assert dispatch.grow(25, one, at_25, cadences,
+  assert dispatch.grow(25,
+                       one,
+                       at_25,
+                       cadences,
                        step_bytes=dispatch.MOST_CALL_BYTES // 30) == 25
 
 
@@ -92,8 +97,12 @@ class _Looks:
 
 
 def _cut(steps, auto, start=0, k=None):
-  with dispatch.Dispatches(lambda first, n: (first, n), start, steps, k,
-                           auto, size=1) as dispatches:
+  with dispatch.Dispatches(lambda first, n: (first, n),
+                           start,
+                           steps,
+                           k,
+                           auto,
+                           size=1) as dispatches:
     cut, step = [], start
     while step < steps:
       n, batch, _ = dispatches.next(step)
@@ -135,8 +144,8 @@ def test_a_short_call_is_made_of_the_sizes_already_run():
   # MNIST's 2,344 steps at auto's 1, 25 and then 100 a call: the tail of
   # 44 runs as 25 and 19 ones, not as a new program of 44.
   known = {1, 25}
-  assert [n for _, n in dispatch.cut(2200, 2344, 100, known)] == (
-      [100, 25] + [1] * 19)
+  assert [n for _, n in dispatch.cut(2200, 2344, 100, known)
+         ] == ([100, 25] + [1] * 19)
   assert known == {1, 25, 100}
   # Where the known sizes do not add up, or take too many calls: the new
   # size, once, and from then on it is known.
@@ -166,6 +175,7 @@ def test_a_k_that_grows_during_the_run_trains_as_one_step_a_call(
   def measured_first(made, task, hooks):
     real(made, task, hooks)  # Its checks of the cadences.
     return plan.Calls(None, looks)
+
   monkeypatch.setattr(plan, 'calls', measured_first)
   config.steps_per_dispatch = 0
   grown = training.train(config, str(tmp_path / 'grown'), task)
@@ -174,10 +184,12 @@ def test_a_k_that_grows_during_the_run_trains_as_one_step_a_call(
 
 
 def test_step_bytes_are_one_hosts_rows_of_a_step():
-  task = runtime.Task(params={}, loss_fn=None, optimizer=None,
-                      data=runtime.ArraySource(
-                          image=np.zeros((10, 784), np.float32),
-                          label=np.zeros(10, np.int32)))
+  task = runtime.Task(params={},
+                      loss_fn=None,
+                      optimizer=None,
+                      data=runtime.ArraySource(image=np.zeros((10, 784),
+                                                              np.float32),
+                                               label=np.zeros(10, np.int32)))
   assert plan.step_bytes(task, 256) == 256 * (784 * 4 + 4)
 
 
@@ -191,8 +203,8 @@ def test_stack_puts_each_devices_rows_of_every_step_together():
   step = lambda s: {'x': np.arange(4) + 10 * s}  # 2 devices of 2 rows.
   stacked = dispatch.stack([step(0), step(1), step(2)], local_devices=2)
   # Device 0: its rows of steps 0, 1, 2; then device 1's.
-  np.testing.assert_array_equal(
-      stacked['x'], [0, 1, 10, 11, 20, 21, 2, 3, 12, 13, 22, 23])
+  np.testing.assert_array_equal(stacked['x'],
+                                [0, 1, 10, 11, 20, 21, 2, 3, 12, 13, 22, 23])
 
 
 @pytest.mark.parametrize('value', [-1, 2.5, 'fast', True])
@@ -217,17 +229,15 @@ def _assert_trained_alike(one, other, one_workdir, other_workdir) -> None:
   jax.tree_util.tree_map(
       lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
       one.params, other.params)
-  for a, b in zip(_records(one_workdir), _records(other_workdir),
-                  strict=True):
+  for a, b in zip(_records(one_workdir), _records(other_workdir), strict=True):
     assert a['step'] == b['step']
     assert a['loss'] == pytest.approx(b['loss'], rel=1e-6)
 
 
-@pytest.mark.parametrize('parallelism,state_layout', [
-    ('pmap', 'replicated'), ('shard_map', 'replicated'),
-    ('shard_map', 'sharded')])
-def test_four_steps_per_call_train_as_one(tmp_path, parallelism,
-                                          state_layout):
+@pytest.mark.parametrize('parallelism,state_layout',
+                         [('pmap', 'replicated'), ('shard_map', 'replicated'),
+                          ('shard_map', 'sharded')])
+def test_four_steps_per_call_train_as_one(tmp_path, parallelism, state_layout):
   config = mlp_config.get_config()
   config.steps, config.log_every, config.integrity_every = 24, 4, 8
   config.parallelism, config.state_layout = parallelism, state_layout
@@ -238,8 +248,8 @@ def test_four_steps_per_call_train_as_one(tmp_path, parallelism,
   config.steps_per_dispatch = 4
   four = training.train(config, str(tmp_path / 'four'), task)
   _assert_trained_alike(one, four, tmp_path / 'one', tmp_path / 'four')
-  assert one.final_metrics['loss'] == pytest.approx(
-      four.final_metrics['loss'], rel=1e-6)
+  assert one.final_metrics['loss'] == pytest.approx(four.final_metrics['loss'],
+                                                    rel=1e-6)
 
 
 def test_dropout_draws_the_same_keys_in_a_call_of_several_steps(tmp_path):
@@ -252,6 +262,7 @@ def test_dropout_draws_the_same_keys_in_a_call_of_several_steps(tmp_path):
     keep = jax.random.bernoulli(rng[0], 0.5, (1,))  # Each example's key.
     loss, metrics = base(params, batch)
     return loss * (1.0 + keep[0]), metrics
+
   import dataclasses  # pylint: disable=g-import-not-at-top
   task = dataclasses.replace(task, loss_fn=loss_fn, rng='example')
   config.steps_per_dispatch = 1
@@ -260,8 +271,8 @@ def test_dropout_draws_the_same_keys_in_a_call_of_several_steps(tmp_path):
   four = training.train(config, str(tmp_path / 'four'), task)
   assert one.fingerprint == four.fingerprint or jax.tree_util.tree_all(
       jax.tree_util.tree_map(
-          lambda a, b: np.allclose(a, b, rtol=1e-6, atol=1e-7),
-          one.params, four.params))
+          lambda a, b: np.allclose(a, b, rtol=1e-6, atol=1e-7), one.params,
+          four.params))
 
 
 def test_a_resume_between_multiples_gets_back_in_line(tmp_path):
@@ -285,8 +296,7 @@ def test_a_resume_between_multiples_gets_back_in_line(tmp_path):
   assert steps == [2, 4, 6, 8, 12, 16, 20, 22]
 
 
-def test_a_cadence_that_is_not_a_multiple_is_refused_before_step_1(
-    tmp_path):
+def test_a_cadence_that_is_not_a_multiple_is_refused_before_step_1(tmp_path):
   config = linear_regression_config.get_config()
   config.steps, config.steps_per_dispatch = 8, 4
   config.log_every, config.integrity_every = 10, 6
@@ -323,17 +333,21 @@ def test_auto_is_one_step_per_call_on_a_cpu(tmp_path, monkeypatch):
   task, _ = linear_regression.make_task(config)
   made = plan.make(config, str(tmp_path), task)
   # The hooks whose cadences a call must end on: log 20, integrity 100.
-  kept = [hooks.LogMetrics(config.log_every),
-          training.integrity.CheckReplicas(config.integrity_every, list)]
+  kept = [
+      hooks.LogMetrics(config.log_every),
+      training.integrity.CheckReplicas(config.integrity_every, list)
+  ]
   assert made.topology.platform == 'cpu'
   assert plan.calls(made, task, kept).per_dispatch == 1
-  on_tpu = dataclasses.replace(made, topology=dataclasses.replace(
-      made.topology, platform='tpu'))
+  on_tpu = dataclasses.replace(made,
+                               topology=dataclasses.replace(made.topology,
+                                                            platform='tpu'))
   calls = plan.calls(on_tpu, task, kept)
   assert calls.per_dispatch is None  # Measured first on an accelerator.
   # Then a fast step, and room for 3 steps' batches a call: of the cadences'
   # divisors (log 20, integrity 100) that leaves 2.
-  monkeypatch.setattr(plan.local_cadence, 'recent_step_s',
+  monkeypatch.setattr(plan.local_cadence,
+                      'recent_step_s',
                       lambda last=None: 1e-4)
   monkeypatch.setattr(dispatch, 'MOST_CALL_BYTES',
                       3 * plan.step_bytes(task, made.rows_per_process))
@@ -353,9 +367,9 @@ def test_a_call_of_several_steps_reports_their_mean_interval(tmp_path):
   assert seconds and min(seconds) > 0, seconds
 
 
-@pytest.mark.parametrize('parallelism,k,global_batch_size', [
-    ('pmap', 1, 512), ('pmap', 4, 500), ('shard_map', 4, 512),
-    ('shard_map', 1, 500)])
+@pytest.mark.parametrize('parallelism,k,global_batch_size',
+                         [('pmap', 1, 512), ('pmap', 4, 500),
+                          ('shard_map', 4, 512), ('shard_map', 1, 500)])
 def test_data_kept_on_the_devices_trains_as_data_from_the_host(
     tmp_path, parallelism, k, global_batch_size):
   """config.data.on_device: the same batches, so the same losses and
@@ -376,8 +390,10 @@ def test_data_on_the_devices_needs_arrays_in_memory(tmp_path):
   config = mlp_config.get_config()
   config.steps, config.checkpointing, config.data.on_device = 4, False, True
   task, dataset = mlp.make_task(config)
-  examples = [{'x': x, 'label': y} for x, y in zip(dataset['x'],
-                                                   dataset['label'])]
+  examples = [{
+      'x': x,
+      'label': y
+  } for x, y in zip(dataset['x'], dataset['label'])]
   import dataclasses  # pylint: disable=g-import-not-at-top
   task = dataclasses.replace(task, data=examples)
   with pytest.raises(exit_codes.ConfigError,
@@ -401,12 +417,16 @@ def test_left_unset_the_data_goes_to_an_accelerator_when_it_fits():
   from runtime import device_data  # pylint: disable=g-import-not-at-top
   arrays = data_lib.ArraySource(x=np.zeros((1000, 256), np.float32))  # 1 MB
   gib = {'bytes_limit': 2**30}
-  assert device_data.choose(arrays, 'tpu', gib) == (
-      True, "auto: the data set's 1 MiB is within 25% of a device's memory")
+  assert device_data.choose(
+      arrays, 'tpu',
+      gib) == (True,
+               "auto: the data set's 1 MiB is within 25% of a device's memory")
   assert device_data.choose(arrays, 'tpu', {'bytes_limit': 2**21})[0] is False
-  assert device_data.choose(arrays, 'cpu', gib) == (
-      False, "auto: a CPU's devices are host memory")
-  assert device_data.choose([1, 2], 'gpu', gib) == (
-      False, 'auto: a list is read from the host')
-  assert device_data.choose(arrays, 'gpu', None)[1] == (
-      'auto: the device does not say its memory')
+  assert device_data.choose(arrays, 'cpu',
+                            gib) == (False,
+                                     "auto: a CPU's devices are host memory")
+  assert device_data.choose([1, 2], 'gpu',
+                            gib) == (False,
+                                     'auto: a list is read from the host')
+  assert device_data.choose(
+      arrays, 'gpu', None)[1] == ('auto: the device does not say its memory')

@@ -15,11 +15,12 @@ FOUR_PER_CALL = ('--config.steps_per_dispatch=4', '--config.log_every=4',
 
 
 @pytest.mark.parametrize('trial', [
-    soak.Trial(0, 'sigkill_step', 'fixed', target=1, at_step=22,
-               config=FOUR_PER_CALL),
-    soak.Trial(1, 'preempt_one', 'fixed', target=0, at_step=30,
-               config=FOUR_PER_CALL),
-], ids=lambda t: t.fault)
+    soak.Trial(
+        0, 'sigkill_step', 'fixed', target=1, at_step=22, config=FOUR_PER_CALL),
+    soak.Trial(
+        1, 'preempt_one', 'fixed', target=0, at_step=30, config=FOUR_PER_CALL),
+],
+                         ids=lambda t: t.fault)
 def test_four_steps_per_call_recover_exactly(trial, tmp_path):
   """About 20 s each: the job, its fault, the attempt that resumes, then
   the census and what was left."""
@@ -27,9 +28,10 @@ def test_four_steps_per_call_recover_exactly(trial, tmp_path):
   assert row['success'], {k: v for k, v in row.items()}
   assert row['census_exact'] and not row['left_behind']
   assert row['attempts'] >= 2, row
-  logs = ''.join(p.read_text(errors='replace') for p in
-                 (tmp_path / f'trial-{trial.index:03d}' / 'logs').rglob('*')
-                 if p.is_file())
+  logs = ''.join(
+      p.read_text(errors='replace')
+      for p in (tmp_path / f'trial-{trial.index:03d}' / 'logs').rglob('*')
+      if p.is_file())
   assert logs.count('4 step(s) per call') >= row['attempts'], logs[-3000:]
 
 
@@ -42,19 +44,20 @@ def test_data_on_the_devices_of_two_processes_trains_as_from_the_hosts(
   prints = {}
   for on_device in (False, True):
     workdir = tmp_path / str(on_device)
-    result = helpers.run_launcher(
-        ['--config=configs/mlp.py', '--local_processes=2',
-         '--local_devices=4', '--config.steps=16',
-         '--config.steps_per_dispatch=4', '--config.log_every=4',
-         f'--config.parallelism={parallelism}',
-         f'--config.data.on_device={on_device}', f'--workdir={workdir}'],
-        timeout=240)
+    result = helpers.run_launcher([
+        '--config=configs/mlp.py', '--local_processes=2', '--local_devices=4',
+        '--config.steps=16', '--config.steps_per_dispatch=4',
+        '--config.log_every=4', f'--config.parallelism={parallelism}',
+        f'--config.data.on_device={on_device}', f'--workdir={workdir}'
+    ],
+                                  timeout=240)
     assert result.returncode == 0, result.output[-3000:]
-    said = ('the data set on the devices' if on_device else
-            'batches from the host')
+    said = ('the data set on the devices'
+            if on_device else 'batches from the host')
     assert said in result.output, result.output[-3000:]
     prints[on_device] = [
         helpers.read_json(workdir / 'ranks' / f'rank_{i}.json')['fingerprint']
-        for i in range(2)]
+        for i in range(2)
+    ]
   assert prints[False][0] == prints[False][1], prints
   assert prints[True] == prints[False], prints

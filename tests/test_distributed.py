@@ -21,11 +21,17 @@ def _options(**kwargs):
 
 def test_plan():
   assert distributed.plan(_options(), env={}).mode == distributed.SINGLE
-  slurm = {'SLURM_JOB_ID': '1', 'SLURM_STEP_NODELIST': 'n[1-2]',
-           'SLURM_NTASKS': '2', 'SLURM_PROCID': '0', 'SLURM_LOCALID': '0'}
+  slurm = {
+      'SLURM_JOB_ID': '1',
+      'SLURM_STEP_NODELIST': 'n[1-2]',
+      'SLURM_NTASKS': '2',
+      'SLURM_PROCID': '0',
+      'SLURM_LOCALID': '0'
+  }
   assert distributed.plan(_options(), env=slurm) == distributed.Plan(
       distributed.DETECT, "SLURM's variables (inside srun)")
-  explicit = _options(coordinator_address='10.0.0.1:1234', num_processes=2,
+  explicit = _options(coordinator_address='10.0.0.1:1234',
+                      num_processes=2,
                       process_id=1)
   assert distributed.plan(explicit, env=slurm).mode == distributed.EXPLICIT
 
@@ -33,10 +39,10 @@ def test_plan():
 @pytest.mark.parametrize('kwargs, message', [
     (dict(num_processes=2), '--num_processes=2 given without '
      '--coordinator_address and --process_id'),
-    (dict(coordinator_address='h:1', num_processes=2, process_id=2),
-     '--process_id=2 is outside [0, 2)'),
-    (dict(coordinator_address='nohostport', num_processes=2, process_id=0),
-     "'nohostport' is not HOST:PORT"),
+    (dict(coordinator_address='h:1', num_processes=2,
+          process_id=2), '--process_id=2 is outside [0, 2)'),
+    (dict(coordinator_address='nohostport', num_processes=2,
+          process_id=0), "'nohostport' is not HOST:PORT"),
 ])
 def test_plan_refuses_inconsistent_flags(kwargs, message):
   with pytest.raises(distributed.DistributedInitError) as e:
@@ -60,17 +66,34 @@ def test_proxy_warning_and_exemption():
   assert cluster.proxy_warnings('10.0.0.2', {}) == []
 
 
-@pytest.mark.parametrize('env, name', [
-    ({}, None),
-    ({'SLURM_JOB_ID': '1', 'SLURM_STEP_NODELIST': 'n1', 'SLURM_NTASKS': '1',
-      'SLURM_PROCID': '0', 'SLURM_LOCALID': '0'}, 'slurm'),
-    ({'SLURM_JOB_ID': '1'}, None),  # An allocation, but not inside srun.
-    ({'OMPI_MCA_orte_hnp_uri': '1.0;tcp://10.0.0.1:1'}, 'open_mpi'),
-    ({'TPU_WORKER_HOSTNAMES': 'a,b'}, 'gke_tpu'),
-    ({'KUBERNETES_SERVICE_HOST': '10.0.0.1', 'JOB_COMPLETION_INDEX': '3'},
-     'kubernetes'),
-    ({'KUBERNETES_SERVICE_HOST': '10.0.0.1'}, None),
-])
+@pytest.mark.parametrize(
+    'env, name',
+    [
+        ({}, None),
+        ({
+            'SLURM_JOB_ID': '1',
+            'SLURM_STEP_NODELIST': 'n1',
+            'SLURM_NTASKS': '1',
+            'SLURM_PROCID': '0',
+            'SLURM_LOCALID': '0'
+        }, 'slurm'),
+        ({
+            'SLURM_JOB_ID': '1'
+        }, None),  # An allocation, but not inside srun.
+        ({
+            'OMPI_MCA_orte_hnp_uri': '1.0;tcp://10.0.0.1:1'
+        }, 'open_mpi'),
+        ({
+            'TPU_WORKER_HOSTNAMES': 'a,b'
+        }, 'gke_tpu'),
+        ({
+            'KUBERNETES_SERVICE_HOST': '10.0.0.1',
+            'JOB_COMPLETION_INDEX': '3'
+        }, 'kubernetes'),
+        ({
+            'KUBERNETES_SERVICE_HOST': '10.0.0.1'
+        }, None),
+    ])
 def test_cluster_detection_reads_the_environment(env, name):
   assert cluster.detect(env) == name
 
@@ -179,6 +202,7 @@ def test_a_silent_metadata_server_is_waited_for_a_bounded_time(libtpu):
 
 
 def test_a_name_that_never_resolves_is_bounded_too(libtpu):
+
   def slow_lookup(*args, **kwargs):
     time.sleep(30)
     raise socket.gaierror('never reached')
@@ -193,6 +217,7 @@ def test_a_name_that_never_resolves_is_bounded_too(libtpu):
 
 
 def test_what_decides_without_asking(libtpu):
+
   def never(env):
     raise AssertionError('the metadata server was asked')
 
@@ -205,12 +230,16 @@ def test_what_decides_without_asking(libtpu):
   assert plan({'TPU_WORKER_HOSTNAMES': 'localhost'}) == distributed.Plan(
       distributed.SINGLE, 'TPU_WORKER_HOSTNAMES names one worker (localhost)')
   assert plan({'TPU_WORKER_HOSTNAMES': 'a,b'}).mode == distributed.DETECT
-  assert plan({'MEGASCALE_COORDINATOR_ADDRESS': 'a:1'}).mode == (
-      distributed.DETECT)
+  assert plan({
+      'MEGASCALE_COORDINATOR_ADDRESS': 'a:1'
+  }).mode == (distributed.DETECT)
 
 
 def test_cluster_none_with_the_coordinator_flags_is_refused():
   with pytest.raises(distributed.DistributedInitError,
                      match='--cluster=none runs one process alone'):
-    distributed.plan(_options(coordinator_address='h:1', num_processes=2,
-                              process_id=0, cluster='none'), env={})
+    distributed.plan(_options(coordinator_address='h:1',
+                              num_processes=2,
+                              process_id=0,
+                              cluster='none'),
+                     env={})

@@ -22,11 +22,18 @@ DOCS = helpers.REPO / 'docs'
 def test_the_site_builds_strictly(tmp_path):
   """About 3 s: MkDocs builds every page; a broken link, a missing anchor
   or a page left out of the navigation fails it (mkdocs.yml)."""
-  result = subprocess.run(
-      [sys.executable, '-m', 'mkdocs', 'build', '--strict', '--quiet',
-       '--site-dir', str(tmp_path / 'site')], cwd=helpers.REPO,
-      capture_output=True, text=True, timeout=120,
-      env={**os.environ, 'NO_MKDOCS_2_WARNING': '1'})
+  result = subprocess.run([
+      sys.executable, '-m', 'mkdocs', 'build', '--strict', '--quiet',
+      '--site-dir',
+      str(tmp_path / 'site')
+  ],
+                          cwd=helpers.REPO,
+                          capture_output=True,
+                          text=True,
+                          timeout=120,
+                          env={
+                              **os.environ, 'NO_MKDOCS_2_WARNING': '1'
+                          })
   assert result.returncode == 0, result.stdout + result.stderr
   assert (tmp_path / 'site' / 'deployments' / 'cloud-tpu' /
           'index.html').exists()
@@ -37,7 +44,10 @@ def test_the_reference_pages_are_what_the_code_says():
   flags and runtime/config_base.py as they are now."""
   result = subprocess.run(
       [sys.executable, 'scripts/docs_reference.py', '--check'],
-      cwd=helpers.REPO, capture_output=True, text=True, timeout=120,
+      cwd=helpers.REPO,
+      capture_output=True,
+      text=True,
+      timeout=120,
       env=helpers.launcher_env())
   assert result.returncode == 0, result.stderr
 
@@ -45,9 +55,11 @@ def test_the_reference_pages_are_what_the_code_says():
 def test_every_config_field_is_described_at_its_definition():
   # The config page's rows come from the comment right above each field in
   # runtime/config_base.py (the test above keeps the page current).
-  rows = [line.split('|') for line in
-          (DOCS / 'reference' / 'config.md').read_text().splitlines()
-          if line.startswith('| `')]
+  rows = [
+      line.split('|')
+      for line in (DOCS / 'reference' / 'config.md').read_text().splitlines()
+      if line.startswith('| `')
+  ]
   assert len(rows) >= 40
   undescribed = [r[1].strip() for r in rows if not r[3].strip()]
   assert not undescribed, f'no comment above: {undescribed}'
@@ -67,8 +79,10 @@ def test_the_readme_is_one_screen_of_why_and_limits():
 def _anchors(page: pathlib.Path) -> set[str]:
   """The ids MkDocs gives the page's headings (outside code blocks)."""
   text = re.sub(r'```.*?```', '', page.read_text(), flags=re.S)
-  return {toc.slugify(re.sub(r'[`*]', '', h), '-')
-          for h in re.findall(r'^#+ (.+)$', text, re.M)}
+  return {
+      toc.slugify(re.sub(r'[`*]', '', h), '-')
+      for h in re.findall(r'^#+ (.+)$', text, re.M)
+  }
 
 
 def test_every_link_of_the_readme_reaches_a_page_and_heading():
@@ -87,8 +101,8 @@ def test_every_link_of_the_readme_reaches_a_page_and_heading():
 
 def test_the_newest_changelog_heading_is_pyprojects_version_and_a_date():
   import tomllib  # pylint: disable=g-import-not-at-top
-  version = tomllib.loads((helpers.REPO / 'pyproject.toml').read_text())[
-      'project']['version']
+  version = tomllib.loads(
+      (helpers.REPO / 'pyproject.toml').read_text())['project']['version']
   headings = re.findall(r'^## (\S+) \((\d{4}-\d{2}-\d{2})\)$',
                         (helpers.REPO / 'CHANGELOG.md').read_text(), re.M)
   assert headings and headings[0][0] == version, (headings[:1], version)

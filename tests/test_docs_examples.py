@@ -22,17 +22,19 @@ from tests import helpers
 
 pytestmark = pytest.mark.devices
 
-PAGES = [helpers.REPO / 'README.md',
-         *sorted((helpers.REPO / 'docs').rglob('*.md'))]
+PAGES = [
+    helpers.REPO / 'README.md', *sorted((helpers.REPO / 'docs').rglob('*.md'))
+]
 _FILE = re.compile(r'# my_project/(\w+)\.py')
 # Blocks that are not files, and what runs them here.
 _RAISES = "raise runtime.PodrunError('the input bucket is unreachable', exit_code=42)"
 
 
 def _python_blocks() -> list[tuple[pathlib.Path, str]]:
-  return [(page, body) for page in PAGES
-          for body in re.findall(r'```python\n(.*?)```', page.read_text(),
-                                 re.S)]
+  return [(page, body)
+          for page in PAGES
+          for body in re.findall(r'```python\n(.*?)```', page.read_text(), re.S)
+         ]
 
 
 def project_files() -> dict[str, str]:
@@ -45,12 +47,14 @@ def project_files() -> dict[str, str]:
         others.append(f'{page.relative_to(helpers.REPO)}: {body[:60]!r}')
       continue
     name = found.group(1)
-    assert files.setdefault(name, body) == body, (
-        f'{name}.py differs between the pages that show it; '
-        f'{page.relative_to(helpers.REPO)} has another')
+    assert files.setdefault(
+        name,
+        body) == body, (f'{name}.py differs between the pages that show it; '
+                        f'{page.relative_to(helpers.REPO)} has another')
     files[name] = body
   assert not others, ('Python blocks that are neither a file of '
-                      '`# my_project/NAME.py` nor run here: ' + '; '.join(others))
+                      '`# my_project/NAME.py` nor run here: ' +
+                      '; '.join(others))
   return files
 
 
@@ -81,9 +85,10 @@ def _train(name: str, workdir, steps: int = 30):
 
 
 def test_every_example_is_a_file_or_runs_here(project):
-  assert {'my_regression', 'my_regression_config', 'my_evaluation',
-          'my_hooks', 'my_dropout', 'my_linen', 'my_loop',
-          'my_imagenet'} <= set(project)
+  assert {
+      'my_regression', 'my_regression_config', 'my_evaluation', 'my_hooks',
+      'my_dropout', 'my_linen', 'my_loop', 'my_imagenet'
+  } <= set(project)
 
 
 def test_the_regression_learns_its_weights(project, tmp_path):
@@ -99,8 +104,10 @@ def test_the_evaluation_scores_the_test_set(project, tmp_path):
 
 def test_the_hook_writes_its_metric_every_10_steps(project, tmp_path):
   _train('my_hooks', tmp_path)
-  lines = [json.loads(l) for l in
-           (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  lines = [
+      json.loads(l)
+      for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()
+  ]
   assert [l['step'] for l in lines if 'weight_norm' in l] == [10, 20, 30]
 
 
@@ -120,8 +127,10 @@ def test_flax_s_imagenet_habits_train_as_the_docs_say(project, tmp_path):
   # The workload sets config.steps from num_epochs: 3 epochs of 16 steps.
   result = _train('my_imagenet', tmp_path)
   assert result.steps == 48
-  rows = [json.loads(l) for l in
-          (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  rows = [
+      json.loads(l)
+      for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()
+  ]
   assert rows[-1]['cross_entropy'] < rows[0]['cross_entropy']
   assert {'loss_scale', 'loss_scale_skipped', 'learning_rate'} <= set(rows[0])
   assert result.model_state['batch_stats']

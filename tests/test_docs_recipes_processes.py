@@ -36,10 +36,12 @@ from tests import tpu_emulation
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 # Where the recipes are: the README and every page of the docs.
-PAGES = [helpers.REPO / 'README.md',
-         *sorted((helpers.REPO / 'docs').rglob('*.md'))]
-SHORT = ['--config.steps=3', '--config.global_batch_size=64',
-         '--config.eval_every=0']
+PAGES = [
+    helpers.REPO / 'README.md', *sorted((helpers.REPO / 'docs').rglob('*.md'))
+]
+SHORT = [
+    '--config.steps=3', '--config.global_batch_size=64', '--config.eval_every=0'
+]
 
 
 def recipe(first_words: str, holding: str = '') -> list[str]:
@@ -89,11 +91,13 @@ def shell_blocks() -> list[tuple[str, str, list[str]]]:
   for page in PAGES:
     text = page.read_text()
     for found in re.finditer(r'```sh\n(.*?)```', text, re.S):
-      commands = [c for c in found.group(1).replace('\\\n', ' ').splitlines()
-                  if c.strip() and not c.lstrip().startswith('#')]
-      out.append((str(page.relative_to(helpers.REPO)),
-                  text[:found.start()].rstrip().rsplit('\n', 1)[-1].strip(),
-                  commands))
+      commands = [
+          c for c in found.group(1).replace('\\\n', ' ').splitlines()
+          if c.strip() and not c.lstrip().startswith('#')
+      ]
+      out.append(
+          (str(page.relative_to(helpers.REPO)),
+           text[:found.start()].rstrip().rsplit('\n', 1)[-1].strip(), commands))
   return out
 
 
@@ -144,7 +148,8 @@ def test_every_local_recipe_runs(tmp_path):
   (tmp_path / 'configs').symlink_to(helpers.REPO / 'configs')
   for name, body in test_docs_examples.project_files().items():
     (tmp_path / f'{name}.py').write_text(body)  # The docs' my_project.
-  mnist.write_synthetic(str(tmp_path / 'data' / 'mnist'), num_train=512,
+  mnist.write_synthetic(str(tmp_path / 'data' / 'mnist'),
+                        num_train=512,
                         num_test=64)
   seen = []
   for page, _, commands in shell_blocks():
@@ -164,10 +169,16 @@ def test_every_local_recipe_runs(tmp_path):
       default = ([] if words[0] == 'podrun' or any(
           w.startswith('--config=') for w in words) else
                  ['--config=configs/linear_regression.py'])
-      argv = [sys.executable, '-m', 'launcher', *default, *words[1:],
-              '--config.steps=2']
-    result = subprocess.run(argv, cwd=tmp_path, env=helpers.launcher_env(),
-                            capture_output=True, text=True, timeout=240)
+      argv = [
+          sys.executable, '-m', 'launcher', *default, *words[1:],
+          '--config.steps=2'
+      ]
+    result = subprocess.run(argv,
+                            cwd=tmp_path,
+                            env=helpers.launcher_env(),
+                            capture_output=True,
+                            text=True,
+                            timeout=240)
     assert result.returncode == 0, (
         f'{page}: {command}\n{result.stdout[-2000:]}{result.stderr[-3000:]}')
   assert len(seen) >= 10, seen
@@ -187,9 +198,11 @@ def _tpu_args(words: list[str], logs) -> list[str]:
   """A launch_tpu_pod.sh recipe's words, with the emulation's own flags
   before `--` and CPU devices after it."""
   at = words.index('--')
-  return [*words[1:at], '--skip_preflight',
-          f'--worker_python={tpu_emulation.WORKER_PYTHON}',
-          f'--log_dir={logs}', *words[at:], '--local_devices=4']
+  return [
+      *words[1:at], '--skip_preflight',
+      f'--worker_python={tpu_emulation.WORKER_PYTHON}', f'--log_dir={logs}',
+      *words[at:], '--local_devices=4'
+  ]
 
 
 @pytest.fixture
@@ -207,17 +220,24 @@ def _pod(tmp_path, gcs, **env) -> tpu_emulation.FakePod:
   """Four workers (a v4-32) on the Ubuntu 22.04 image, reaching the bucket."""
   ubuntu = tpu_emulation.ubuntu_2204_path(tmp_path)
   paths = {f'FAKE_TPU_WORKER_PATH_{w}': ubuntu for w in range(4)}
-  return tpu_emulation.FakePod(
-      tmp_path, workers=4, FAKE_TPU_WORKER_ENV=json.dumps(gcs.env()),
-      **paths, **gcs.env(), **env)
+  return tpu_emulation.FakePod(tmp_path,
+                               workers=4,
+                               FAKE_TPU_WORKER_ENV=json.dumps(gcs.env()),
+                               **paths,
+                               **gcs.env(),
+                               **env)
 
 
 def _run(pod, args, timeout=240) -> helpers.Result:
   started = time.monotonic()
-  proc = subprocess.Popen(
-      [tpu_emulation.SCRIPT, *args], cwd=helpers.REPO, env=pod.env,
-      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True, start_new_session=True)
+  proc = subprocess.Popen([tpu_emulation.SCRIPT, *args],
+                          cwd=helpers.REPO,
+                          env=pod.env,
+                          stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE,
+                          text=True,
+                          start_new_session=True)
   try:
     return helpers.finish(proc, timeout, started)
   finally:
@@ -231,27 +251,33 @@ def test_the_tpu_quick_recipe_on_an_existing_slice(tmp_path, gcs):
   # own pod, of that name and type.
   create = recipe('gcloud compute tpus tpu-vm create my-pod')
   assert '--accelerator-type=v4-32' in create
-  pod = _pod(tmp_path, gcs, FAKE_TPU_NAME='my-pod',
+  pod = _pod(tmp_path,
+             gcs,
+             FAKE_TPU_NAME='my-pod',
              FAKE_TPU_ACCELERATOR_TYPE='v4-32')
   words = recipe('scripts/launch_tpu_pod.sh --tpu=my-pod', 'linear_regression')
-  result = _run(pod, _tpu_args(
-      _emulated(words, {'gs://BUCKET': 'gs://bucket'}), pod.logs))
+  result = _run(
+      pod, _tpu_args(_emulated(words, {'gs://BUCKET': 'gs://bucket'}),
+                     pod.logs))
   assert result.returncode == 0, result.output
   assert 'installing Python' in result.stderr  # --provision_python did.
   summary = json.loads(gcs.read('bucket', 'lr/summary.json'))
   assert (summary['process_count'], summary['device_count']) == (4, 16)
 
 
-def test_the_tpu_spot_recipe_creates_trains_on_mnist_and_deletes(tmp_path,
-                                                                gcs):
+def test_the_tpu_spot_recipe_creates_trains_on_mnist_and_deletes(tmp_path, gcs):
   """About 30 s: a queued resource created, four workers provisioned, MNIST
   from the bucket, the slice deleted after."""
   words = recipe('scripts/launch_tpu_pod.sh --tpu=my-v4-32', '--create')
-  pod = _pod(tmp_path, gcs, FAKE_QR_WAIT_S='0.5', FAKE_QR_PROVISION_S='0.5',
+  pod = _pod(tmp_path,
+             gcs,
+             FAKE_QR_WAIT_S='0.5',
+             FAKE_QR_PROVISION_S='0.5',
              FAKE_TPU_NAME='unused')
-  result = _run(pod, [*_tpu_args(
-      _emulated(words, {'gs://BUCKET': 'gs://bucket'}), pod.logs),
-                      *SHORT])
+  result = _run(pod, [
+      *_tpu_args(_emulated(words, {'gs://BUCKET': 'gs://bucket'}), pod.logs),
+      *SHORT
+  ])
   assert result.returncode == 0, result.output
   assert 'installing Python' in result.stderr
   assert ('the job ended (--delete_after): deleting queued resource '
@@ -261,20 +287,26 @@ def test_the_tpu_spot_recipe_creates_trains_on_mnist_and_deletes(tmp_path,
   assert (summary['process_count'], summary['device_count']) == (4, 16)
 
 
-def _podrun_ray(nodes: int, words: list[str], replace: dict[str, str],
-                *more: str) -> helpers.Result:
+def _podrun_ray(nodes: int, words: list[str], replace: dict[str, str], *more:
+                str) -> helpers.Result:
   """A docs' podrun-ray command on a Ray cluster of `nodes` nodes of its
   own on this machine, `replace`d words swapped (the cluster's address
   for 'auto' among them) and `more` flags added, to its end."""
   with ray_cluster.RayCluster(nodes=nodes) as cluster:
     emulated = _emulated(words, {
-        '--address=auto': f'--address={cluster.address}', **replace})
+        '--address=auto': f'--address={cluster.address}',
+        **replace
+    })
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, '-m', 'launcher.ray', *emulated[1:], *more],
-        cwd=helpers.REPO, env=helpers.launcher_env(**ray_cluster.ENV),
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
+        cwd=helpers.REPO,
+        env=helpers.launcher_env(**ray_cluster.ENV),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True)
     try:
       return helpers.finish(proc, 200, started)
     finally:
@@ -287,8 +319,7 @@ def test_the_ray_one_node_try_out_runs_as_pasted(tmp_path):
   pytest.importorskip('ray')
   words = recipe('podrun-ray --address=auto --num_processes=1')
   assert words.index('--') < words.index('--local_devices=4'), words
-  result = _podrun_ray(1, words, {'/tmp/podrun-ray-try': str(tmp_path)},
-                       *SHORT)
+  result = _podrun_ray(1, words, {'/tmp/podrun-ray-try': str(tmp_path)}, *SHORT)
   assert result.returncode == 0, result.output
   summary = helpers.read_json(tmp_path / 'summary.json')
   assert (summary['process_count'], summary['device_count']) == (1, 4)
@@ -298,13 +329,13 @@ def test_the_ray_recipe_on_a_local_cluster(tmp_path):
   """About 25 s: a 4-node Ray cluster of its own, then MNIST from /shared."""
   pytest.importorskip('ray')
   shared = tmp_path / 'shared'
-  mnist.write_synthetic(str(shared / 'mnist-data'), num_train=512,
-                        num_test=64)
+  mnist.write_synthetic(str(shared / 'mnist-data'), num_train=512, num_test=64)
   words = recipe('podrun-ray --address=auto --num_processes=4 '
                  '--resources_per_process={"GPU": 8} --')
-  result = _podrun_ray(4, words, {'{"GPU": 8}': '{"host": 1}',
-                                  '/shared': str(shared)},
-                       '--local_devices=2', *SHORT)
+  result = _podrun_ray(4, words, {
+      '{"GPU": 8}': '{"host": 1}',
+      '/shared': str(shared)
+  }, '--local_devices=2', *SHORT)
   assert result.returncode == 0, result.output
   summary = helpers.read_json(shared / 'mnist' / 'summary.json')
   assert (summary['process_count'], summary['device_count']) == (4, 8)

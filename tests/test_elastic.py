@@ -24,9 +24,11 @@ pytestmark = pytest.mark.unit
 
 def _run(start, restarts, logs_dir, **fields):
   """The job agent over attempts that `start(number)` makes."""
-  return agent.run(agent.Job(start=lambda begun: start(begun.number),
-                             restarts=restarts, logs_dir=str(logs_dir),
-                             **fields))
+  return agent.run(
+      agent.Job(start=lambda begun: start(begun.number),
+                restarts=restarts,
+                logs_dir=str(logs_dir),
+                **fields))
 
 
 class _Units:
@@ -54,32 +56,38 @@ class _Units:
     return 'back'
 
 
-@pytest.mark.parametrize('exit_code,regrew,lost,left,decided', [
-    (75, True, 0, 4, policy.GROW),      # stopped so that the job grows
-    (137, True, 1, 3, policy.SHRINK),   # a loss during a stop to grow
-    (137, False, 1, 3, policy.SHRINK),
-    (137, False, 2, 2, policy.SHRINK),  # exactly --min left
-    (137, False, 2, 1, policy.WAIT),
-    (75, False, 0, 4, None),            # a preemption: the restart rules
-    (1, False, 0, 4, None),             # a failure: the restart rules
-])
+@pytest.mark.parametrize(
+    'exit_code,regrew,lost,left,decided',
+    [
+        (75, True, 0, 4, policy.GROW),  # stopped so that the job grows
+        (137, True, 1, 3, policy.SHRINK),  # a loss during a stop to grow
+        (137, False, 1, 3, policy.SHRINK),
+        (137, False, 2, 2, policy.SHRINK),  # exactly --min left
+        (137, False, 2, 1, policy.WAIT),
+        (75, False, 0, 4, None),  # a preemption: the restart rules
+        (1, False, 0, 4, None),  # a failure: the restart rules
+    ])
 def test_one_policy_decides_after_every_attempt(exit_code, regrew, lost, left,
                                                 decided):
   units = _Units(running=left + lost, minimum=2)
   said = []
-  resized = policy.Policy(units, said.append).after(attempts.AttemptEnd(
-      exit_code, progressed=True, regrew=regrew, lost=tuple(range(lost))))
+  resized = policy.Policy(units, said.append).after(
+      attempts.AttemptEnd(exit_code,
+                          progressed=True,
+                          regrew=regrew,
+                          lost=tuple(range(lost))))
   assert (resized and resized.kind) == decided
   assert units.running() == left and units.back == (decided == policy.GROW)
   if decided == policy.WAIT:
     assert resized.wait_s == 3 and said == [
-        f'{lost} lost: {left} left, fewer than --min_units=2; waiting 3 s']
+        f'{lost} lost: {left} left, fewer than --min_units=2; waiting 3 s'
+    ]
 
 
 def test_a_loss_before_any_step_is_no_lost_host():
   units = _Units(running=4, minimum=2)
-  assert policy.Policy(units, print).after(attempts.AttemptEnd(
-      137, progressed=False, lost=(1,))) is None
+  assert policy.Policy(units, print).after(
+      attempts.AttemptEnd(137, progressed=False, lost=(1,))) is None
   assert units.running() == 4
 
 
@@ -91,15 +99,20 @@ def test_a_resize_kind_is_one_of_three_and_recorded_as_its_word():
 
 
 def _lost(*indices) -> attempts.AttemptEnd:
-  return attempts.AttemptEnd(137, progressed=True, lost=indices,
-                            fault=records.Fault(at=0, detected=0,
-                                                process_index=indices[0],
-                                                exit_code=137))
+  return attempts.AttemptEnd(137,
+                             progressed=True,
+                             lost=indices,
+                             fault=records.Fault(at=0,
+                                                 detected=0,
+                                                 process_index=indices[0],
+                                                 exit_code=137))
 
 
 def test_a_loss_shrinks_while_enough_are_left_then_waits():
   clock = [100.0]
-  capacity = elastic.Capacity(full=4, minimum=3, regrow_after_s=30,
+  capacity = elastic.Capacity(full=4,
+                              minimum=3,
+                              regrow_after_s=30,
                               clock=lambda: clock[0])
   resize = policy.Policy(capacity, print).after
   assert resize(_lost(3)) == policy.Resize(policy.SHRINK)
@@ -116,10 +129,12 @@ def test_a_loss_shrinks_while_enough_are_left_then_waits():
 
 def test_min_processes_equal_to_the_pod_waits_for_every_host():
   clock = [0.0]
-  capacity = elastic.Capacity(full=2, minimum=2, regrow_after_s=5,
+  capacity = elastic.Capacity(full=2,
+                              minimum=2,
+                              regrow_after_s=5,
                               clock=lambda: clock[0])
-  assert policy.Policy(capacity, print).after(_lost(0)) == policy.Resize(
-      policy.WAIT, 5)
+  assert policy.Policy(capacity,
+                       print).after(_lost(0)) == policy.Resize(policy.WAIT, 5)
 
 
 @pytest.mark.parametrize('minimum,regrow', [(0, 1), (5, 1), (2, -1)])
@@ -138,13 +153,23 @@ def test_which_exits_are_lost_hosts():
 class _Pod:
   """An attempts.Attempt that ends as it is told."""
 
-  def __init__(self, code, fault_code=None, progressed=True, regrew=False,
-               processes=4, furthest_step=None):
+  def __init__(self,
+               code,
+               fault_code=None,
+               progressed=True,
+               regrew=False,
+               processes=4,
+               furthest_step=None):
     self.end = attempts.AttemptEnd(
-        code, progressed=progressed, regrew=regrew, processes=processes,
-        counts_steps=furthest_step is not None, furthest_step=furthest_step,
-        fault=(records.Fault(at=0, detected=0, process_index=3,
-                             exit_code=fault_code) if fault_code else None),
+        code,
+        progressed=progressed,
+        regrew=regrew,
+        processes=processes,
+        counts_steps=furthest_step is not None,
+        furthest_step=furthest_step,
+        fault=(records.Fault(
+            at=0, detected=0, process_index=3, exit_code=fault_code)
+               if fault_code else None),
         lost=(3,) if fault_code else ())
 
   def run(self) -> attempts.AttemptEnd:
@@ -153,24 +178,27 @@ class _Pod:
 
 def test_shrinks_and_growths_use_no_restart(tmp_path, capsys):
   clock = [0.0]
-  capacity = elastic.Capacity(full=4, minimum=3, regrow_after_s=10,
+  capacity = elastic.Capacity(full=4,
+                              minimum=3,
+                              regrow_after_s=10,
                               clock=lambda: clock[0])
-  pods = iter([_Pod(137, 137), _Pod(75, regrew=True, processes=3),
-               _Pod(0)])
+  pods = iter([_Pod(137, 137), _Pod(75, regrew=True, processes=3), _Pod(0)])
   said = []
-  code = _run(
-      lambda attempt: next(pods), restart.RestartPolicy(0, 0, ()),
-      logs_dir=str(tmp_path), say=said.append,
-      resize=policy.Policy(capacity, said.append).after)
+  code = _run(lambda attempt: next(pods),
+              restart.RestartPolicy(0, 0, ()),
+              logs_dir=str(tmp_path),
+              say=said.append,
+              resize=policy.Policy(capacity, said.append).after)
   assert code == 0
-  assert any('rank 3 lost (exit code 137): starting again at once on 3 of 4'
-             in line for line in said), said
+  assert any(
+      'rank 3 lost (exit code 137): starting again at once on 3 of 4' in line
+      for line in said), said
   assert said[-1] == ('job ended with exit code 0 after 0 restart(s): 0 '
                       'preemption(s), 0 retryable failure(s); 1 shrink(s), '
                       '1 growth(s) and 0 wait(s) for capacity')
   kept = records.read_attempts(str(tmp_path / 'attempts.jsonl'))
-  assert [(a.resize, a.processes) for a in kept] == [
-      ('shrink', 4), ('grow', 3), (None, 4)]
+  assert [(a.resize, a.processes) for a in kept] == [('shrink', 4), ('grow', 3),
+                                                     (None, 4)]
 
 
 @pytest.mark.parametrize('max_restarts', [0, 2])
@@ -187,66 +215,79 @@ def test_a_loss_at_the_same_step_each_time_ends_after_the_bound(
     return _Pod(137, 137, furthest_step=39)
 
   said = []
-  code = _run(
-      start, restart.RestartPolicy(max_restarts, 0, ()),
-      logs_dir=str(tmp_path), say=said.append,
-      resize=policy.Policy(capacity, said.append).after)
+  code = _run(start,
+              restart.RestartPolicy(max_restarts, 0, ()),
+              logs_dir=str(tmp_path),
+              say=said.append,
+              resize=policy.Policy(capacity, said.append).after)
   assert code == 137
   assert attempts == list(range(1, max_restarts + 3))
   assert any(f'--max_restarts={max_restarts} is used up' in line
              for line in said), said
   assert ('shrink after exit code 137 counted as restart 1/2: the attempt '
-          'trained no step past 39, reached before' in said) == (
-              max_restarts == 2)
+          'trained no step past 39, reached before'
+          in said) == (max_restarts == 2)
   kept = records.read_attempts(str(tmp_path / 'attempts.jsonl'))
   assert [a.resize for a in kept] == ['shrink'] * (max_restarts + 1) + [None]
 
 
 def test_losses_that_each_train_new_steps_shrink_freely(tmp_path):
   capacity = elastic.Capacity(full=4, minimum=2, regrow_after_s=1e9)
-  pods = iter([_Pod(137, 137, furthest_step=10),
-               _Pod(137, 137, processes=3, furthest_step=12),
-               _Pod(0, processes=2, furthest_step=20)])
-  code = _run(
-      lambda attempt: next(pods), restart.RestartPolicy(0, 0, ()),
-      logs_dir=str(tmp_path), say=lambda line: None,
-      resize=policy.Policy(capacity, lambda line: None).after)
+  pods = iter([
+      _Pod(137, 137, furthest_step=10),
+      _Pod(137, 137, processes=3, furthest_step=12),
+      _Pod(0, processes=2, furthest_step=20)
+  ])
+  code = _run(lambda attempt: next(pods),
+              restart.RestartPolicy(0, 0, ()),
+              logs_dir=str(tmp_path),
+              say=lambda line: None,
+              resize=policy.Policy(capacity, lambda line: None).after)
   assert code == 0 and capacity.current == 2
 
 
 def test_a_growth_uses_no_restart_even_without_a_new_step(tmp_path):
   # The shrunk attempt is stopped to grow before it passes step 10 again.
   clock = [0.0]
-  capacity = elastic.Capacity(full=4, minimum=3, regrow_after_s=10,
+  capacity = elastic.Capacity(full=4,
+                              minimum=3,
+                              regrow_after_s=10,
                               clock=lambda: clock[0])
-  pods = iter([_Pod(137, 137, furthest_step=10),
-               _Pod(75, regrew=True, processes=3, furthest_step=8),
-               _Pod(0, furthest_step=30)])
-  code = _run(
-      lambda attempt: next(pods), restart.RestartPolicy(0, 0, ()),
-      logs_dir=str(tmp_path), say=lambda line: None,
-      resize=policy.Policy(capacity, lambda line: None).after)
+  pods = iter([
+      _Pod(137, 137, furthest_step=10),
+      _Pod(75, regrew=True, processes=3, furthest_step=8),
+      _Pod(0, furthest_step=30)
+  ])
+  code = _run(lambda attempt: next(pods),
+              restart.RestartPolicy(0, 0, ()),
+              logs_dir=str(tmp_path),
+              say=lambda line: None,
+              resize=policy.Policy(capacity, lambda line: None).after)
   assert code == 0
 
 
 def test_a_loss_before_any_step_follows_the_usual_rules(tmp_path):
   capacity = elastic.Capacity(full=4, minimum=3, regrow_after_s=10)
-  code = _run(
-      lambda attempt: _Pod(137, 137, progressed=False),
-      restart.RestartPolicy(0, 0, ()), logs_dir=str(tmp_path),
-      say=lambda line: None,
-      resize=policy.Policy(capacity, lambda line: None).after)
+  code = _run(lambda attempt: _Pod(137, 137, progressed=False),
+              restart.RestartPolicy(0, 0, ()),
+              logs_dir=str(tmp_path),
+              say=lambda line: None,
+              resize=policy.Policy(capacity, lambda line: None).after)
   assert code == 137 and capacity.current == 4
 
 
 def _config(**fields) -> ConfigDict:
-  return ConfigDict({'global_batch_size': 256, 'device_batch_limit': 0,
-                     'microbatches': 0, **fields})
+  return ConfigDict({
+      'global_batch_size': 256,
+      'device_batch_limit': 0,
+      'microbatches': 0,
+      **fields
+  })
 
 
 def _remember(config, workdir, devices):
-  batch_limit.remember(config, workdir, microbatches.plan(
-      config.global_batch_size, devices))
+  batch_limit.remember(config, workdir,
+                       microbatches.plan(config.global_batch_size, devices))
 
 
 def test_the_first_attempts_group_size_is_kept_by_later_ones(tmp_path):
@@ -261,10 +302,15 @@ def test_the_first_attempts_group_size_is_kept_by_later_ones(tmp_path):
   # A later attempt does not overwrite the first's.
   _remember(_config(), str(tmp_path), 4)
   assert batch_limit.first_group_size(_config(), str(tmp_path))[0] == 32
-  for fixed in ({'device_batch_limit': 16}, {'microbatches': 2},
-                {'microbatch_size': 8}):
-    assert batch_limit.first_group_size(
-        _config(**fixed), str(tmp_path)) == (None, ''), fixed
+  for fixed in ({
+      'device_batch_limit': 16
+  }, {
+      'microbatches': 2
+  }, {
+      'microbatch_size': 8
+  }):
+    assert batch_limit.first_group_size(_config(**fixed),
+                                        str(tmp_path)) == (None, ''), fixed
 
 
 def test_a_kept_group_size_of_another_global_batch_is_ignored(tmp_path):
@@ -289,8 +335,8 @@ def test_an_elastic_job_keeps_its_groups_on_any_number_of_devices(tmp_path):
                                       str(tmp_path))[0] == 5
   assert microbatches.plan(40, 6, device_batch_limit=5).microbatch_size == 4
   kept = microbatches.plan(40, 6, microbatch_size=5)
-  assert (kept.microbatch_size, kept.microbatches, kept.padded_groups) == (
-      5, 2, 4)
+  assert (kept.microbatch_size, kept.microbatches, kept.padded_groups) == (5, 2,
+                                                                           4)
 
 
 def test_a_config_one_elastic_topology_cannot_lay_out_is_refused_first():
@@ -304,12 +350,15 @@ def test_a_config_one_elastic_topology_cannot_lay_out_is_refused_first():
     batch_layout.check_elastic_layouts(256, 2, (40, 1, None), elastic=(2, 4))
   # Left to choose, the groups change with the count (BatchNorm would);
   # a fixed group size keeps them.
-  assert batch_layout.check_elastic_layouts(
-      40, 2, (5, None, None), elastic=(3, 4)) == {4, 5}
-  assert batch_layout.check_elastic_layouts(
-      40, 2, (None, None, 5), elastic=(3, 4)) == {5}
-  assert batch_layout.check_elastic_layouts(256, 2, (None, None, None),
-                                        elastic=None) == set()
+  assert batch_layout.check_elastic_layouts(40,
+                                            2, (5, None, None),
+                                            elastic=(3, 4)) == {4, 5}
+  assert batch_layout.check_elastic_layouts(40,
+                                            2, (None, None, 5),
+                                            elastic=(3, 4)) == {5}
+  assert batch_layout.check_elastic_layouts(256,
+                                            2, (None, None, None),
+                                            elastic=None) == set()
 
 
 def test_one_class_decides_a_resize():
@@ -339,14 +388,18 @@ def test_the_three_capacities_are_driven_through_one_protocol():
   import inspect  # pylint: disable=g-import-not-at-top
   from launcher.ray import elastic as ray_elastic  # pylint: disable=g-import-not-at-top
   from launcher.tpu import elastic as tpu_elastic  # pylint: disable=g-import-not-at-top
-  methods = [name for name, member in vars(policy.Capacity).items()
-             if callable(member) and not name.startswith('_')]
-  assert set(methods) == {'running', 'describe', 'lose', 'grow_due',
-                          'take_back', 'waiting', 'ready'}
+  methods = [
+      name for name, member in vars(policy.Capacity).items()
+      if callable(member) and not name.startswith('_')
+  ]
+  assert set(methods) == {
+      'running', 'describe', 'lose', 'grow_due', 'take_back', 'waiting', 'ready'
+  }
   for capacity in (elastic.Capacity, ray_elastic.Capacity,
                    tpu_elastic.SliceGroup):
     for name in methods:
-      wanted = list(inspect.signature(getattr(policy.Capacity, name)).parameters)
+      wanted = list(
+          inspect.signature(getattr(policy.Capacity, name)).parameters)
       got = list(inspect.signature(getattr(capacity, name)).parameters)
       assert got == wanted, (capacity.__qualname__, name, got, wanted)
     for old in ('wait', 'regrow_due', 'processes_back', 'ready_for_attempt'):

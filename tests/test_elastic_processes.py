@@ -23,13 +23,14 @@ from tests.workloads import census
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(400)]
 
 STEPS, BATCH, EXAMPLES, EVERY = 100, 40, 400, 5
-PROBE = [f'--config={helpers.PROBE_CONFIG}', f'--config.steps={STEPS}',
-         f'--config.global_batch_size={BATCH}',
-         f'--config.data.num_examples={EXAMPLES}', '--config.log_ids=True',
-         '--config.nan_on_padding=True', '--config.log_every=5',
-         f'--config.local_checkpoint_every={EVERY}',
-         '--config.checkpoint_every=50', '--config.step_seconds=0.03',
-         '--config.census=True']
+PROBE = [
+    f'--config={helpers.PROBE_CONFIG}', f'--config.steps={STEPS}',
+    f'--config.global_batch_size={BATCH}',
+    f'--config.data.num_examples={EXAMPLES}', '--config.log_ids=True',
+    '--config.nan_on_padding=True', '--config.log_every=5',
+    f'--config.local_checkpoint_every={EVERY}', '--config.checkpoint_every=50',
+    '--config.step_seconds=0.03', '--config.census=True'
+]
 
 
 def _read_ids(path) -> list[list[int]]:
@@ -52,8 +53,10 @@ def _lineage(workdir, attempts) -> dict[int, list[int]]:
   steps = {}
   for i, attempt in enumerate(attempts):
     end = restored[i + 1] if i + 1 < len(attempts) else STEPS
-    logs = [_read_ids(workdir / 'ids' / attempt['name'] / f'rank_{p}.jsonl')
-            for p in range(attempt['processes'])]
+    logs = [
+        _read_ids(workdir / 'ids' / attempt['name'] / f'rank_{p}.jsonl')
+        for p in range(attempt['processes'])
+    ]
     for step in range(restored[i], end):
       k = step - restored[i]
       assert all(k < len(log) for log in logs), (attempt, step)
@@ -75,6 +78,7 @@ def straights(tmp_path_factory):
       assert result.returncode == 0, result.output
       made[data] = workdir
     return made[data]
+
   return straight
 
 
@@ -82,14 +86,16 @@ def straights(tmp_path_factory):
 # (tests/workloads/probe.py), and with sharded state, each process a
 # replica (its minimum said as --min_replicas): each exact through a
 # SIGKILL, a shrink and a growth.
-DATA = {'arrays': (), 'grain': ('--config.data.grain=True',),
-        'sharded': ('--config.state_layout=sharded',
-                    '--config.ballast_floats=4096')}
+DATA = {
+    'arrays': (),
+    'grain': ('--config.data.grain=True',),
+    'sharded': ('--config.state_layout=sharded', '--config.ballast_floats=4096')
+}
 
 
 @pytest.mark.parametrize('data', sorted(DATA))
-def test_a_lost_process_shrinks_the_pod_and_it_grows_back(tmp_path,
-                                                          straights, data):
+def test_a_lost_process_shrinks_the_pod_and_it_grows_back(
+    tmp_path, straights, data):
   """About 25-40 s: three attempts of a 4-process pod, the second on 3, with
   --regrow_after=3 between."""
   if data == 'grain':
@@ -97,12 +103,13 @@ def test_a_lost_process_shrinks_the_pod_and_it_grows_back(tmp_path,
   straight = straights(DATA[data])
   workdir = tmp_path / 'elastic'
   minimum = '--min_replicas=3' if data == 'sharded' else '--min_processes=3'
-  result = helpers.run_launcher(
-      [*PROBE, *DATA[data], f'--workdir={workdir}', '--local_processes=4',
-       '--local_devices=2', minimum, '--regrow_after=3',
-       '--max_restarts=0', '--config.fail_rank=3', '--config.fail_step=30',
-       '--config.fail_mode=sigkill', '--config.fail_once=True'],
-      timeout=360)
+  result = helpers.run_launcher([
+      *PROBE, *DATA[data], f'--workdir={workdir}', '--local_processes=4',
+      '--local_devices=2', minimum, '--regrow_after=3', '--max_restarts=0',
+      '--config.fail_rank=3', '--config.fail_step=30',
+      '--config.fail_mode=sigkill', '--config.fail_once=True'
+  ],
+                                timeout=360)
   assert result.returncode == 0, result.output
   helpers.assert_no_survivors(workdir)
   assert 'rank 3 lost (exit code 137): starting again at once on 3 of 4' in (
@@ -114,14 +121,16 @@ def test_a_lost_process_shrinks_the_pod_and_it_grows_back(tmp_path,
   assert 'lost process(es) back: starting again at once on 4 of 4' in (
       result.stderr)
   assert '1 shrink(s), 1 growth(s) and 0 wait(s) for capacity' in result.stderr
-  attempts = [a.to_json() for a in goodput.records.read_attempts(
-      workdir / 'logs' / 'attempts.jsonl')]
-  assert [(a['processes'], a['exit_code'], a.get('resize'))
-          for a in attempts] == [(4, 137, 'shrink'), (3, 75, 'grow'),
-                                 (4, 0, None)]
+  attempts = [
+      a.to_json() for a in goodput.records.read_attempts(workdir / 'logs' /
+                                                         'attempts.jsonl')
+  ]
+  assert [(a['processes'], a['exit_code'], a.get('resize')) for a in attempts
+         ] == [(4, 137, 'shrink'), (3, 75, 'grow'), (4, 0, None)]
   rows = helpers.read_jsonl(workdir / 'metrics.jsonl')
-  assert {(r['num_processes'], r['num_devices'], r['microbatches'])
-          for r in rows} == {(4, 8, 1), (3, 6, 2)}
+  assert {
+      (r['num_processes'], r['num_devices'], r['microbatches']) for r in rows
+  } == {(4, 8, 1), (3, 6, 2)}
   assert rows[-1]['step'] == STEPS
 
   # Exactly once: each step by one attempt's processes, the same examples
@@ -140,17 +149,19 @@ def test_a_lost_process_shrinks_the_pod_and_it_grows_back(tmp_path,
 
   # The preemption-style stop to grow saves its step: only the SIGKILL
   # recomputes, at most two local copies' worth (the kill may tear one).
-  recomputed = [helpers.read_json(workdir / 'goodput' / a['name'] /
-                                  'rank_0.json')['notes'].get(
-                                      'recomputed_steps') or 0
-                for a in attempts]
+  recomputed = [
+      helpers.read_json(workdir / 'goodput' / a['name'] /
+                        'rank_0.json')['notes'].get('recomputed_steps') or 0
+      for a in attempts
+  ]
   assert recomputed[2] == 0 and sum(recomputed) <= 2 * EVERY, recomputed
   helpers.assert_trees_close(helpers.final_state(workdir)['params'],
                              helpers.final_state(straight)['params'],
-                             rtol=1e-5, atol=1e-6)
-  census.assert_exactly_once(helpers.final_state(workdir)['params'],
-                             helpers.final_state(straight)['params'],
-                             BATCH, EXAMPLES, STEPS)
+                             rtol=1e-5,
+                             atol=1e-6)
+  census.assert_exactly_once(
+      helpers.final_state(workdir)['params'],
+      helpers.final_state(straight)['params'], BATCH, EXAMPLES, STEPS)
   # The capacity-weighted goodput is the attempts' productive seconds, each
   # weighed by its devices. Whether the attempt on 6 devices trains a new
   # step before its 3 s are up depends on the machine (a slow start-up can
@@ -163,8 +174,8 @@ def test_a_lost_process_shrinks_the_pod_and_it_grows_back(tmp_path,
   assert roll['full_devices'] == 8
   assert roll['reduced_size_s'] == pytest.approx(roll['attempts'][1]['wall_s'])
   assert roll['reduced_size_s'] > 0
-  used = sum(a['parts']['productive'] * d
-             for a, d in zip(roll['attempts'], devices))
+  used = sum(
+      a['parts']['productive'] * d for a, d in zip(roll['attempts'], devices))
   assert roll['capacity_goodput'] == pytest.approx(used / (8 * roll['wall_s']))
   assert 0 < roll['capacity_goodput'] <= roll['goodput']
   if roll['attempts'][1]['parts']['productive'] > 0:
@@ -177,43 +188,46 @@ def test_a_sharded_job_goes_on_without_process_0(tmp_path, straights):
   grows back to 4, and trains what the undisturbed run trains."""
   straight = straights(DATA['sharded'])
   workdir = tmp_path / 'elastic'
-  result = helpers.run_launcher(
-      [*PROBE, *DATA['sharded'], f'--workdir={workdir}',
-       '--local_processes=4', '--local_devices=2', '--min_replicas=3',
-       '--regrow_after=3', '--max_restarts=0', '--config.fail_rank=0',
-       '--config.fail_step=30', '--config.fail_mode=sigkill',
-       '--config.fail_once=True'], timeout=360)
+  result = helpers.run_launcher([
+      *PROBE, *DATA['sharded'], f'--workdir={workdir}', '--local_processes=4',
+      '--local_devices=2', '--min_replicas=3', '--regrow_after=3',
+      '--max_restarts=0', '--config.fail_rank=0', '--config.fail_step=30',
+      '--config.fail_mode=sigkill', '--config.fail_once=True'
+  ],
+                                timeout=360)
   assert result.returncode == 0, result.output
   helpers.assert_no_survivors(workdir)
   assert 'rank 0 lost (exit code 137): starting again at once on 3 of 4' in (
       result.stderr), result.stderr
-  attempts = [a.to_json() for a in goodput.records.read_attempts(
-      workdir / 'logs' / 'attempts.jsonl')]
-  assert [(a['processes'], a['exit_code'], a.get('resize'))
-          for a in attempts] == [(4, 137, 'shrink'), (3, 75, 'grow'),
-                                 (4, 0, None)]
-  census.assert_exactly_once(helpers.final_state(workdir)['params'],
-                             helpers.final_state(straight)['params'],
-                             BATCH, EXAMPLES, STEPS)
+  attempts = [
+      a.to_json() for a in goodput.records.read_attempts(workdir / 'logs' /
+                                                         'attempts.jsonl')
+  ]
+  assert [(a['processes'], a['exit_code'], a.get('resize')) for a in attempts
+         ] == [(4, 137, 'shrink'), (3, 75, 'grow'), (4, 0, None)]
+  census.assert_exactly_once(
+      helpers.final_state(workdir)['params'],
+      helpers.final_state(straight)['params'], BATCH, EXAMPLES, STEPS)
   helpers.assert_trees_close(helpers.final_state(workdir)['params'],
                              helpers.final_state(straight)['params'],
-                             rtol=1e-5, atol=1e-6)
+                             rtol=1e-5,
+                             atol=1e-6)
 
 
-def test_a_failure_at_the_same_step_each_time_ends_after_max_restarts(
-    tmp_path):
+def test_a_failure_at_the_same_step_each_time_ends_after_max_restarts(tmp_path):
   # Process 0 is SIGKILLed right after step 12 in every attempt, however
   # many processes it has: the first loss shrinks 3 -> 2 (steps 1-12 were
   # new), the second, which trained nothing past 12, uses the one restart
   # (2 -> 1), the third ends the job with 137.
   workdir = tmp_path / 'doomed'
-  result = helpers.run_launcher(
-      [*PROBE, f'--workdir={workdir}', '--local_processes=3',
-       '--local_devices=2', '--min_processes=1', '--regrow_after=600',
-       '--max_restarts=1', '--config.fail_rank=0', '--config.fail_step=-1',
-       '--config.fail_at_step=12', '--config.fail_mode=sigkill',
-       '--config.step_seconds=0'],
-      timeout=300)
+  result = helpers.run_launcher([
+      *PROBE, f'--workdir={workdir}', '--local_processes=3',
+      '--local_devices=2', '--min_processes=1', '--regrow_after=600',
+      '--max_restarts=1', '--config.fail_rank=0', '--config.fail_step=-1',
+      '--config.fail_at_step=12', '--config.fail_mode=sigkill',
+      '--config.step_seconds=0'
+  ],
+                                timeout=300)
   assert result.returncode == 137, result.output
   helpers.assert_no_survivors(workdir)
   assert ('shrink after exit code 137 counted as restart 1/1: the attempt '
@@ -223,5 +237,5 @@ def test_a_failure_at_the_same_step_each_time_ends_after_max_restarts(
           'trained no step past 12, reached before, and --max_restarts=1 is '
           'used up') in result.stderr, result.stderr
   attempts = goodput.records.read_attempts(workdir / 'logs' / 'attempts.jsonl')
-  assert [(a.processes, a.exit_code, a.resize) for a in attempts] == [
-      (3, 137, 'shrink'), (2, 137, 'shrink'), (1, 137, None)]
+  assert [(a.processes, a.exit_code, a.resize) for a in attempts
+         ] == [(3, 137, 'shrink'), (2, 137, 'shrink'), (1, 137, None)]

@@ -12,8 +12,8 @@ from runtime.workloads import mnist
 pytestmark = pytest.mark.devices
 
 
-@pytest.mark.parametrize('process_count,devices', [
-    (1, 8), (2, 8), (4, 8), (3, 6), (6, 48), (5, 5)])
+@pytest.mark.parametrize('process_count,devices', [(1, 8), (2, 8), (4, 8),
+                                                   (3, 6), (6, 48), (5, 5)])
 def test_eval_batches_cover_every_example_once(process_count, devices):
   # 512 divides over 8 devices; over 6, 48 and 5 the rows are padded.
   layout = evaluation.plan(512, devices)
@@ -33,10 +33,12 @@ def test_eval_batches_cover_every_example_once(process_count, devices):
 
 def test_a_device_batch_limit_takes_fewer_examples_per_eval_step():
   assert evaluation.plan(1024, 48) == evaluation.EvalLayout(1024, 1056)
-  assert evaluation.plan(1024, 8, device_batch_limit=64) == (
-      evaluation.EvalLayout(512, 512))
-  assert evaluation.plan(1024, 6, device_batch_limit=100) == (
-      evaluation.EvalLayout(600, 600))
+  assert evaluation.plan(1024, 8,
+                         device_batch_limit=64) == (evaluation.EvalLayout(
+                             512, 512))
+  assert evaluation.plan(1024, 6,
+                         device_batch_limit=100) == (evaluation.EvalLayout(
+                             600, 600))
   with pytest.raises(parallelism.BatchSizeError, match='eval_batch_size'):
     evaluation.plan(0, 8)
 
@@ -59,9 +61,10 @@ def test_10001_examples_match_a_numpy_reference(tmp_path, eval_batch_size):
   config = mnist_config.get_config()
   config.model.hidden_sizes = (32,)
   params = mnist.init_params(config, 784)
-  result = evaluation.evaluate(
-      parallelism.PMAP.replicate(params), mnist.example_metrics,
-      mnist.sources(data)['test'], eval_batch_size, parallelism.PMAP)
+  result = evaluation.evaluate(parallelism.PMAP.replicate(params),
+                               mnist.example_metrics,
+                               mnist.sources(data)['test'], eval_batch_size,
+                               parallelism.PMAP)
   logits = _numpy_logits(params, data['test_images'].astype(np.float64))
   labels = data['test_labels']
   accuracy = np.mean(np.argmax(logits, -1) == labels)
@@ -104,8 +107,11 @@ def test_a_metric_that_is_a_mean_is_refused_naming_it(tmp_path):
 
   def means(params_, batch):
     per_example = mnist.example_metrics(params_, batch)
-    return {'accuracy': per_example['accuracy'],
-            'loss': per_example['loss'].mean()}
+    return {
+        'accuracy': per_example['accuracy'],
+        'loss': per_example['loss'].mean()
+    }
+
   with pytest.raises(evaluation.MetricShapeError,
                      match=r"'loss' has shape \(\); .* shape \(10,\)"):
     evaluation.evaluate(params, means, test, 80, parallelism.PMAP)
@@ -130,10 +136,13 @@ def test_the_check_before_training_traces_and_runs_nothing(tmp_path):
 
   def means(params_, _):
     return evaluation.evaluate(
-        params_, lambda p, b: {'loss': mnist.example_metrics(p, b)[
-            'loss'].mean()}, test, 80, parallelism.PMAP)
+        params_,
+        lambda p, b: {'loss': mnist.example_metrics(p, b)['loss'].mean()}, test,
+        80, parallelism.PMAP)
+
   with pytest.raises(evaluation.MetricShapeError, match=r"'loss' has shape"):
     evaluation.check_eval_fn(means, params, None)
   # Outside the check, evaluate runs for real.
-  assert not np.isnan(evaluation.evaluate(
-      params, mnist.example_metrics, test, 80, parallelism.PMAP)['loss'])
+  assert not np.isnan(
+      evaluation.evaluate(params, mnist.example_metrics, test, 80,
+                          parallelism.PMAP)['loss'])

@@ -38,11 +38,13 @@ def test_every_podrun_error_carries_a_listed_exit_code():
   classes = _podrun_error_classes()
   names = {c.__name__ for c in classes}
   # The errors the old per-process table mapped, and the TPU driver's.
-  assert {'ConfigError', 'ClusterEnvError', 'BatchSizeError',
-          'DeviceAxisError', 'TopologyMismatchError', 'DistributedInitError',
-          'CheckpointError', 'IdxError', 'Preempted', 'WorkdirBusyError',
-          'BarrierTimeout', 'LaunchError', 'PodUnavailableError',
-          'PodMismatchError', 'AcceleratorTypeError'} <= names
+  assert {
+      'ConfigError', 'ClusterEnvError', 'BatchSizeError', 'DeviceAxisError',
+      'TopologyMismatchError', 'DistributedInitError', 'CheckpointError',
+      'IdxError', 'Preempted', 'WorkdirBusyError', 'BarrierTimeout',
+      'LaunchError', 'PodUnavailableError', 'PodMismatchError',
+      'AcceleratorTypeError'
+  } <= names
   for cls in classes:
     assert cls.exit_code in list(ExitCode), cls
 
@@ -104,6 +106,6 @@ def test_the_root_cause_is_the_first_exit_that_is_not_a_consequence():
   assert exit_codes.root_cause([(3.5, 7), (3.0, 3)], 4.0, False) == 1
   # Consequences alone wait for the cause, up to the grace or the end.
   assert exit_codes.root_cause([(3.0, 10)], 4.0, False) is None
-  assert exit_codes.root_cause([(3.0, 10)], 3.0 + exit_codes.CAUSE_GRACE_S
-                               + 0.1, False) == 0
+  assert exit_codes.root_cause([(3.0, 10)],
+                               3.0 + exit_codes.CAUSE_GRACE_S + 0.1, False) == 0
   assert exit_codes.root_cause([(3.0, 10), (2.0, 10)], 4.0, True) == 1

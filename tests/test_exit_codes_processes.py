@@ -9,11 +9,11 @@ pytestmark = pytest.mark.processes
 
 @pytest.mark.timeout(180)
 def test_a_workload_chooses_its_exit_code_by_raising(tmp_path):
-  result = helpers.run_launcher(
-      [f'--config={helpers.PROBE_CONFIG}', f'--workdir={tmp_path}',
-       '--local_processes=2', '--config.steps=1000000',
-       '--config.fail_rank=1', '--config.fail_mode=podrun_error',
-       '--config.fail_code=42'])
+  result = helpers.run_launcher([
+      f'--config={helpers.PROBE_CONFIG}', f'--workdir={tmp_path}',
+      '--local_processes=2', '--config.steps=1000000', '--config.fail_rank=1',
+      '--config.fail_mode=podrun_error', '--config.fail_code=42'
+  ])
   assert result.returncode == 42, result.output
   assert 'rank 1/2 failed first, with exit code 42' in result.stderr
   assert 'probe: rank 1 chooses exit code 42' in result.stderr

@@ -22,6 +22,7 @@ def test_threads_of_one_process_write_the_same_file_whole(tmp_path):
         files.write_atomic(path, text)
     except OSError as e:
       errors.append(e)
+
   threads = [threading.Thread(target=write, args=(t,)) for t in texts]
   for t in threads:
     t.start()

@@ -42,13 +42,14 @@ def test_a_flag_whose_name_only_starts_the_same_is_another_flag():
 
 
 def test_launch_args_split_once_and_read_as_absl_does():
-  own, args = flag_values.LaunchArgs.split(
-      ['--num_processes=4', '--', '--config=c.py:small', '--tls', 'require',
-       '--workdir=a', '--config.topology.accelerator_type=v5e-8',
-       '--workdir', 'gs://b/r'])
+  own, args = flag_values.LaunchArgs.split([
+      '--num_processes=4', '--', '--config=c.py:small', '--tls', 'require',
+      '--workdir=a', '--config.topology.accelerator_type=v5e-8', '--workdir',
+      'gs://b/r'
+  ])
   assert own == ['--num_processes=4']
   assert (args.workdir, args.config, args.tls) == ('gs://b/r', 'c.py:small',
-                                                  'require')
+                                                   'require')
   assert args.value('config.topology.accelerator_type') == 'v5e-8'
   # The words themselves, for the command line.
   assert list(args.with_workdir('w'))[-1] == '--workdir=w'

@@ -102,13 +102,17 @@ def podrun(tmp_path_factory) -> str:
 
 
 def _run(podrun: str, root: pathlib.Path, *flags: str) -> helpers.Result:
-  env = helpers.launcher_env(
-      PYTHONPATH='', PODRUN_LOCAL_PYTHON=str(pathlib.Path(podrun).parent /
-                                             'python'))
+  env = helpers.launcher_env(PYTHONPATH='',
+                             PODRUN_LOCAL_PYTHON=str(
+                                 pathlib.Path(podrun).parent / 'python'))
   started = time.monotonic()
-  proc = subprocess.Popen([podrun, *flags], cwd=root, env=env,
-                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True,
+  proc = subprocess.Popen([podrun, *flags],
+                          cwd=root,
+                          env=env,
+                          stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE,
+                          text=True,
                           start_new_session=True)
   try:
     return helpers.finish(proc, 180, started)
@@ -118,8 +122,7 @@ def _run(podrun: str, root: pathlib.Path, *flags: str) -> helpers.Result:
 
 @pytest.mark.parametrize('regular_package', [False, True],
                          ids=['namespace', 'regular'])
-def test_a_flax_layout_runs_on_1x8_and_2x4(podrun, tmp_path,
-                                            regular_package):
+def test_a_flax_layout_runs_on_1x8_and_2x4(podrun, tmp_path, regular_package):
   """About 30 s: two runs of a project, from a wheel's `podrun`."""
   root = _project(tmp_path / 'example', regular_package)
   for shape in (['--local_devices=8'],

@@ -18,10 +18,17 @@ pytestmark = pytest.mark.devices
 
 
 @pytest.mark.parametrize('kind, peak', [
-    ('TPU v5 lite', 197e12), ('TPU v5', 459e12), ('TPU v5p', 459e12),
-    ('TPU v4', 275e12), ('TPU v6 lite', 918e12), ('TPU v3', 61.5e12),
-    ('NVIDIA H100 80GB HBM3', 989e12), ('NVIDIA H100 PCIe', 756e12),
-    ('NVIDIA A100-SXM4-40GB', 312e12), ('cpu', None), ('TPU v99', None),
+    ('TPU v5 lite', 197e12),
+    ('TPU v5', 459e12),
+    ('TPU v5p', 459e12),
+    ('TPU v4', 275e12),
+    ('TPU v6 lite', 918e12),
+    ('TPU v3', 61.5e12),
+    ('NVIDIA H100 80GB HBM3', 989e12),
+    ('NVIDIA H100 PCIe', 756e12),
+    ('NVIDIA A100-SXM4-40GB', 312e12),
+    ('cpu', None),
+    ('TPU v99', None),
 ])
 def test_the_peak_of_each_device_kind(kind, peak):
   assert flops.peak_flops(kind) == peak
@@ -30,8 +37,7 @@ def test_the_peak_of_each_device_kind(kind, peak):
 def test_the_compiled_step_counts_each_device_s_matmuls():
   n = jax.local_device_count()
   assert n == 8
-  step = jax.pmap(lambda w, x: jax.lax.pmean((x @ w).sum(), 'i'),
-                  axis_name='i')
+  step = jax.pmap(lambda w, x: jax.lax.pmean((x @ w).sum(), 'i'), axis_name='i')
   w, x = jnp.ones((n, 256, 128)), jnp.ones((n, 32, 256))
   counted = flops.compiled_flops(step, w, x)
   matmul = 2 * 32 * 256 * 128  # One device's part of the batch.
@@ -43,15 +49,21 @@ def test_the_compiled_step_counts_each_device_s_matmuls():
 
 
 def test_rates_give_tflops_mfu_and_tokens():
-  figures = flops.Figures('TPU v5 lite', 4, lambda: 2e12,
-                          global_batch_size=16, tokens_per_example=512)
+  figures = flops.Figures('TPU v5 lite',
+                          4,
+                          lambda: 2e12,
+                          global_batch_size=16,
+                          tokens_per_example=512)
   rates = figures.rates(steps_per_sec=10.0)
   assert rates['tflops_per_device'] == pytest.approx(20.0)
   assert rates['mfu'] == pytest.approx(20e12 / 197e12)
   assert rates['tokens_per_sec'] == pytest.approx(512 * 16 * 10)
   assert 'peak 197 TFLOP/s per device (TPU v5 lite' in figures.describe()
   # The workload's own figure wins: per example, over the whole job.
-  own = flops.Figures('TPU v5 lite', 4, lambda: 2e12, global_batch_size=16,
+  own = flops.Figures('TPU v5 lite',
+                      4,
+                      lambda: 2e12,
+                      global_batch_size=16,
                       workload_flops_per_example=1e12)
   assert own.step_flops() == 4e12
   assert "the workload's flops_per_example" in own.describe()
@@ -71,12 +83,16 @@ def _sequence_task(config):
     return optax.softmax_cross_entropy_with_integer_labels(
         logits, batch['tokens']).mean(), {}
 
-  params = {'embed': np.ones((16, 4), np.float32) * 0.1,
-            'out': np.ones((4, 16), np.float32) * 0.1}
-  return runtime.Task(params=params, loss_fn=loss_fn,
+  params = {
+      'embed': np.ones((16, 4), np.float32) * 0.1,
+      'out': np.ones((4, 16), np.float32) * 0.1
+  }
+  return runtime.Task(params=params,
+                      loss_fn=loss_fn,
                       optimizer=optax.sgd(0.1),
                       data=runtime.ArraySource(tokens=tokens),
-                      tokens_per_example=8, flops_per_example=6 * 128 * 8)
+                      tokens_per_example=8,
+                      flops_per_example=6 * 128 * 8)
 
 
 def test_every_step_line_says_what_the_chip_does(tmp_path, caplog):
@@ -85,12 +101,14 @@ def test_every_step_line_says_what_the_chip_does(tmp_path, caplog):
   task = _sequence_task(config)
   with caplog.at_level('INFO'):
     result = training.train(config, str(tmp_path), task)
-  rows = [r for r in helpers.read_jsonl(tmp_path / 'metrics.jsonl')
-          if 'steps_per_sec' in r]
+  rows = [
+      r for r in helpers.read_jsonl(tmp_path / 'metrics.jsonl')
+      if 'steps_per_sec' in r
+  ]
   assert rows
   for row in rows:
-    assert row['tokens_per_sec'] == pytest.approx(
-        8 * config.global_batch_size * row['steps_per_sec'])
+    assert row['tokens_per_sec'] == pytest.approx(8 * config.global_batch_size *
+                                                  row['steps_per_sec'])
     per_device = 6 * 128 * 8 * config.global_batch_size / 8
     assert row['tflops_per_device'] == pytest.approx(
         per_device * row['steps_per_sec'] / 1e12)

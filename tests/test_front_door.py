@@ -26,8 +26,11 @@ def test_every_public_name_resolves():
 
 def _fresh_python(code: str) -> subprocess.CompletedProcess:
   """`code` in a new interpreter, from the repository's root."""
-  return subprocess.run([sys.executable, '-c', code], cwd=helpers.REPO,
-                        capture_output=True, text=True, timeout=60,
+  return subprocess.run([sys.executable, '-c', code],
+                        cwd=helpers.REPO,
+                        capture_output=True,
+                        text=True,
+                        timeout=60,
                         check=False)
 
 
@@ -42,7 +45,8 @@ def _task(**fields):
   return runtime.Task(params={'w': np.zeros(3, np.float32)},
                       loss_fn=lambda params, batch: (0.0, {}),
                       optimizer=optax.sgd(0.1),
-                      data=runtime.ArraySource(x=np.zeros((8, 3))), **fields)
+                      data=runtime.ArraySource(x=np.zeros((8, 3))),
+                      **fields)
 
 
 def test_the_old_module_spellings_warn_and_work():
@@ -60,8 +64,10 @@ def test_the_old_module_spellings_warn_and_work():
 
 
 def test_task_evaluate_is_the_old_name_of_eval_fn():
+
   def score(params, model_state):
     return {}
+
   with pytest.warns(DeprecationWarning, match='eval_fn'):
     task = _task(evaluate=score)
   assert task.eval_fn is score and task.evaluate is None
@@ -75,12 +81,15 @@ def test_a_hook_written_for_periodic_run_still_runs_with_a_warning():
   seen = []
 
   class Old(hooks.Periodic):
+
     def run(self, run):
       seen.append(run)
 
   class New(hooks.Periodic):
+
     def work(self, run):
       seen.append(('new', run))
+
   with pytest.warns(DeprecationWarning, match='override work'):
     Old(1).work('a run')
   with warnings.catch_warnings():
@@ -140,8 +149,8 @@ def test_every_old_spelling_is_in_the_one_table():
     text = path.read_text()
     tree = ast.parse(text)
     for node in ast.walk(tree):
-      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-          and node.func.attr == 'warn'):
+      if (isinstance(node, ast.Call) and
+          isinstance(node.func, ast.Attribute) and node.func.attr == 'warn'):
         owner = ast.unparse(node.func.value)
         assert owner != 'warnings' or 'DeprecationWarning' not in (
             ast.unparse(node)), f'{path}: {ast.unparse(node)}'

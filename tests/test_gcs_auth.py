@@ -38,11 +38,16 @@ def _service_account_key(path) -> str:
   pem = key.private_bytes(serialization.Encoding.PEM,
                           serialization.PrivateFormat.PKCS8,
                           serialization.NoEncryption()).decode()
-  path.write_text(json.dumps({
-      'type': 'service_account', 'project_id': 'keyed-project',
-      'private_key_id': 'k1', 'private_key': pem,
-      'client_email': 'runner@keyed-project.iam.gserviceaccount.com',
-      'client_id': '1', 'token_uri': 'https://oauth2.googleapis.com/token'}))
+  path.write_text(
+      json.dumps({
+          'type': 'service_account',
+          'project_id': 'keyed-project',
+          'private_key_id': 'k1',
+          'private_key': pem,
+          'client_email': 'runner@keyed-project.iam.gserviceaccount.com',
+          'client_id': '1',
+          'token_uri': 'https://oauth2.googleapis.com/token'
+      }))
   return str(path)
 
 
@@ -63,8 +68,8 @@ def test_an_emulator_takes_no_credentials_and_every_client_is_anonymous(
   assert one.credentials.method == two.credentials.method == 'anon'
 
 
-def test_a_key_file_is_found_once_and_handed_to_every_client(monkeypatch,
-                                                             tmp_path):
+def test_a_key_file_is_found_once_and_handed_to_every_client(
+    monkeypatch, tmp_path):
   key = _service_account_key(tmp_path / 'key.json')
   monkeypatch.setenv('GOOGLE_APPLICATION_CREDENTIALS', key)
   searches = []
@@ -116,7 +121,10 @@ def test_a_slow_search_is_said_with_what_to_set(monkeypatch, caplog):
   monkeypatch.setenv('STORAGE_EMULATOR_HOST', 'http://127.0.0.1:9')
   with caplog.at_level(stdlib_logging.WARNING):
     gcs_auth.wait()
-  said, = [r.getMessage() for r in caplog.records
-           if 'finding Google credentials took' in r.getMessage()]
+  said, = [
+      r.getMessage()
+      for r in caplog.records
+      if 'finding Google credentials took' in r.getMessage()
+  ]
   assert 'GOOGLE_APPLICATION_CREDENTIALS' in said
   assert 'the emulator at http://127.0.0.1:9' in said

@@ -20,28 +20,57 @@ def _ledger(path, started, updated, final, devices=None, **parts):
   path.parent.mkdir(parents=True, exist_ok=True)
   full = {p: 0.0 for p in goodput.PROCESS_PARTS}
   full.update(parts)
-  full['other'] = updated - started - sum(v for k, v in full.items()
-                                          if k != 'other')
-  path.write_text(json.dumps({'started': started, 'updated': updated,
-                              'final': final, 'parts': full,
-                              'notes': {'last_step': 10, **(
-                                  {'topology': {'num_devices': devices}}
-                                  if devices else {})}}))
+  full['other'] = updated - started - sum(
+      v for k, v in full.items() if k != 'other')
+  path.write_text(
+      json.dumps({
+          'started': started,
+          'updated': updated,
+          'final': final,
+          'parts': full,
+          'notes': {
+              'last_step': 10,
+              **({
+                  'topology': {
+                      'num_devices': devices
+                  }
+              } if devices else {})
+          }
+      }))
 
 
 def test_rollup_accounts_for_every_second(tmp_path):
   # Attempt a1: 100-110 s, killed (its ledger stops at 108, the launcher
   # saw it end at 110); 3 s of back-off; attempt a2: 113.5-130, clean.
-  _ledger(tmp_path / 'goodput' / 'a1' / 'rank_0.json', 100.5, 108, False,
-          startup=1, productive=5)
-  _ledger(tmp_path / 'goodput' / 'a2' / 'rank_0.json', 113.5, 129.5, True,
-          startup=1, compile=2, recomputed=1, productive=10)
+  _ledger(tmp_path / 'goodput' / 'a1' / 'rank_0.json',
+          100.5,
+          108,
+          False,
+          startup=1,
+          productive=5)
+  _ledger(tmp_path / 'goodput' / 'a2' / 'rank_0.json',
+          113.5,
+          129.5,
+          True,
+          startup=1,
+          compile=2,
+          recomputed=1,
+          productive=10)
   (tmp_path / 'logs').mkdir()
   (tmp_path / 'logs' / 'attempts.jsonl').write_text(
-      json.dumps({'name': 'a1', 'started': 100, 'ended': 110, 'exit_code': 137,
-                  'launcher_started': 99.5}) + '\n' +
-      json.dumps({'name': 'a2', 'started': 113, 'ended': 130, 'exit_code': 0,
-                  'launcher_started': 99.5}) + '\n')
+      json.dumps({
+          'name': 'a1',
+          'started': 100,
+          'ended': 110,
+          'exit_code': 137,
+          'launcher_started': 99.5
+      }) + '\n' + json.dumps({
+          'name': 'a2',
+          'started': 113,
+          'ended': 130,
+          'exit_code': 0,
+          'launcher_started': 99.5
+      }) + '\n')
   result = goodput_rollup.rollup(str(tmp_path))
   assert result['wall_s'] == pytest.approx(130 - 99.5)
   assert sum(result['parts'].values()) == pytest.approx(result['wall_s'])
@@ -58,8 +87,12 @@ def test_capacity_goodput_weighs_each_attempt_by_its_devices(tmp_path):
   # 8 again for 10 s (8 productive); one command, restarts at once.
   for name, start, devices, productive in (('a1', 0, 8, 8), ('a2', 10, 6, 9),
                                            ('a3', 20, 8, 8)):
-    _ledger(tmp_path / 'goodput' / name / 'rank_0.json', start, start + 10,
-            True, devices=devices, productive=productive)
+    _ledger(tmp_path / 'goodput' / name / 'rank_0.json',
+            start,
+            start + 10,
+            True,
+            devices=devices,
+            productive=productive)
   result = goodput_rollup.rollup(str(tmp_path))
   assert result['goodput'] == pytest.approx(25 / 30)
   assert result['full_devices'] == 8
@@ -68,10 +101,15 @@ def test_capacity_goodput_weighs_each_attempt_by_its_devices(tmp_path):
       (8 * 8 + 9 * 6 + 8 * 8) / (8 * 30))
   assert goodput_rollup.summary(result)['capacity_goodput'] == pytest.approx(
       result['capacity_goodput'])
-  out = subprocess.run(
-      [sys.executable, str(helpers.REPO / 'scripts' / 'goodput.py'),
-       str(tmp_path)], capture_output=True, text=True, timeout=120,
-      check=False)
+  out = subprocess.run([
+      sys.executable,
+      str(helpers.REPO / 'scripts' / 'goodput.py'),
+      str(tmp_path)
+  ],
+                       capture_output=True,
+                       text=True,
+                       timeout=120,
+                       check=False)
   assert out.returncode == 0, out.stderr
   assert ('capacity-weighted goodput 0.758 (productive device-seconds / 8 '
           'devices x the wall time); 10.00 s at reduced size; devices per '
@@ -79,14 +117,27 @@ def test_capacity_goodput_weighs_each_attempt_by_its_devices(tmp_path):
 
 
 def test_goodput_script_prints_and_draws(tmp_path):
-  _ledger(tmp_path / 'goodput' / 'a1' / 'rank_0.json', 0, 10, True,
-          startup=1, productive=8)
-  _ledger(tmp_path / 'goodput' / 'a1' / 'rank_1.json', 0, 10, True,
-          startup=2, productive=7)
-  out = subprocess.run(
-      [sys.executable, str(helpers.REPO / 'scripts' / 'goodput.py'),
-       str(tmp_path)], capture_output=True, text=True, timeout=120,
-      check=False)
+  _ledger(tmp_path / 'goodput' / 'a1' / 'rank_0.json',
+          0,
+          10,
+          True,
+          startup=1,
+          productive=8)
+  _ledger(tmp_path / 'goodput' / 'a1' / 'rank_1.json',
+          0,
+          10,
+          True,
+          startup=2,
+          productive=7)
+  out = subprocess.run([
+      sys.executable,
+      str(helpers.REPO / 'scripts' / 'goodput.py'),
+      str(tmp_path)
+  ],
+                       capture_output=True,
+                       text=True,
+                       timeout=120,
+                       check=False)
   assert out.returncode == 0, out.stderr
   assert 'goodput 0.800' in out.stdout
   assert 'a1 rank 1' in out.stdout
@@ -95,30 +146,74 @@ def test_goodput_script_prints_and_draws(tmp_path):
 
 def test_time_to_recover_is_split_into_phases():
   fault = {'at': 100.0, 'detected': 100.2, 'rank': 1}
-  before = {0: {'started': 50.0, 'updated': 100.5, 'final': False,
-                'parts': {}, 'notes': {}}}
-  ledger_0 = {'started': 102.0, 'updated': 130.0, 'final': True, 'parts': {},
-           'notes': {'restore_tier': 'peer', 'restore_step': 440,
-                     'recomputed_steps': 7, 'first_productive': {
-                         'wall': 105.0, 'step': 448, 'parts': {
-                             'startup': 1.0, 'distributed_init': 0.2,
-                             'checkpoint_restore': 0.3, 'compile': 0.4,
-                             'recomputed': 0.5}}}}
+  before = {
+      0: {
+          'started': 50.0,
+          'updated': 100.5,
+          'final': False,
+          'parts': {},
+          'notes': {}
+      }
+  }
+  ledger_0 = {
+      'started': 102.0,
+      'updated': 130.0,
+      'final': True,
+      'parts': {},
+      'notes': {
+          'restore_tier': 'peer',
+          'restore_step': 440,
+          'recomputed_steps': 7,
+          'first_productive': {
+              'wall': 105.0,
+              'step': 448,
+              'parts': {
+                  'startup': 1.0,
+                  'distributed_init': 0.2,
+                  'checkpoint_restore': 0.3,
+                  'compile': 0.4,
+                  'recomputed': 0.5
+              }
+          }
+      }
+  }
   launch_before = {'started': 49.0, 'ended': 101.0, 'fault': fault}
   launch = {'started': 101.5, 'ended': 131.0}
-  found = time_to_recover.phases(before, launch_before, 101.0, ledger_0,
-                                  launch)
+  found = time_to_recover.phases(before, launch_before, 101.0, ledger_0, launch)
   assert found['total_s'] == pytest.approx(5.0)
   assert found['phases'] == pytest.approx({
-      'detection': 0.2, 'teardown': 0.8, 'backoff': 0.5,
-      'startup': 1.5, 'distributed_init': 0.2, 'restore': 0.3,
-      'compile': 0.4, 'recomputed': 0.5, 'other': 0.6})
+      'detection': 0.2,
+      'teardown': 0.8,
+      'backoff': 0.5,
+      'startup': 1.5,
+      'distributed_init': 0.2,
+      'restore': 0.3,
+      'compile': 0.4,
+      'recomputed': 0.5,
+      'other': 0.6
+  })
   assert (found['restore_tier'], found['recomputed_steps']) == ('peer', 7)
 
 
 def test_without_a_launcher_the_supervisors_notice_is_the_fault():
-  ranks = {0: {'notes': {'fault': {'at': 10.0, 'detected': 25.0}}},
-           1: {'notes': {'fault': {'at': 10.0, 'detected': 24.0}}}}
+  ranks = {
+      0: {
+          'notes': {
+              'fault': {
+                  'at': 10.0,
+                  'detected': 25.0
+              }
+          }
+      },
+      1: {
+          'notes': {
+              'fault': {
+                  'at': 10.0,
+                  'detected': 24.0
+              }
+          }
+      }
+  }
   assert time_to_recover.fault_of(ranks, None) == {'at': 10.0, 'detected': 24.0}
   assert time_to_recover.fault_of({0: {'notes': {}}}, {'fault': None}) is None
 
@@ -126,16 +221,33 @@ def test_without_a_launcher_the_supervisors_notice_is_the_fault():
 def test_a_restart_at_once_never_counts_a_second_twice(tmp_path):
   # a2's process start, read from /proc in clock ticks, falls 5 ms before
   # a1's end: the overlap comes out of its start-up, not twice into the job.
-  _ledger(tmp_path / 'goodput' / 'a1' / 'rank_0.json', 100.5, 110, True,
-          startup=1, productive=5)
-  _ledger(tmp_path / 'goodput' / 'a2' / 'rank_0.json', 109.995, 120, True,
-          startup=1, productive=8)
+  _ledger(tmp_path / 'goodput' / 'a1' / 'rank_0.json',
+          100.5,
+          110,
+          True,
+          startup=1,
+          productive=5)
+  _ledger(tmp_path / 'goodput' / 'a2' / 'rank_0.json',
+          109.995,
+          120,
+          True,
+          startup=1,
+          productive=8)
   (tmp_path / 'logs').mkdir()
   (tmp_path / 'logs' / 'attempts.jsonl').write_text(
-      json.dumps({'name': 'a1', 'started': 100, 'ended': 110, 'exit_code': 137,
-                  'launcher_started': 100}) + '\n' +
-      json.dumps({'name': 'a2', 'started': 110.001, 'ended': 120,
-                  'exit_code': 0, 'launcher_started': 100}) + '\n')
+      json.dumps({
+          'name': 'a1',
+          'started': 100,
+          'ended': 110,
+          'exit_code': 137,
+          'launcher_started': 100
+      }) + '\n' + json.dumps({
+          'name': 'a2',
+          'started': 110.001,
+          'ended': 120,
+          'exit_code': 0,
+          'launcher_started': 100
+      }) + '\n')
   result = goodput_rollup.rollup(str(tmp_path))
   assert sum(result['parts'].values()) == pytest.approx(result['wall_s'],
                                                         abs=1e-9)
@@ -144,9 +256,14 @@ def test_a_restart_at_once_never_counts_a_second_twice(tmp_path):
 
 
 def _launch(name, started, ended, launcher_started, attempt=1, **more):
-  return json.dumps({'name': name, 'started': started, 'ended': ended,
-                     'launcher_started': launcher_started, 'attempt': attempt,
-                     **more}) + '\n'
+  return json.dumps({
+      'name': name,
+      'started': started,
+      'ended': ended,
+      'launcher_started': launcher_started,
+      'attempt': attempt,
+      **more
+  }) + '\n'
 
 
 # Two attempts, 100-110 s and 130-140 s of process life, and how they were
@@ -154,18 +271,17 @@ def _launch(name, started, ended, launcher_started, attempt=1, **more):
 # person starting the job again, with the same or another topology, after
 # a Ctrl-C, a SIGTERM or a failure), with or without a launcher each.
 _COMMANDS = {
-    'one launcher restarted it': (
-        _launch('a1', 99.5, 110.5, 99, exit_code=75) +
-        _launch('a2', 129.5, 140.5, 99, attempt=2, exit_code=0), 0.0, 19.0),
+    'one launcher restarted it':
+        (_launch('a1', 99.5, 110.5, 99, exit_code=75) +
+         _launch('a2', 129.5, 140.5, 99, attempt=2, exit_code=0), 0.0, 19.0),
     'two launchers, Ctrl-C then another topology': (
-        _launch('a1', 99.5, 110.5, 99, exit_code=130,
-                launcher_signalled=True) +
+        _launch('a1', 99.5, 110.5, 99, exit_code=130, launcher_signalled=True) +
         _launch('a2', 129.5, 140.5, 128, exit_code=0), 17.5, 0.0),
-    'one process in-process, then a launcher': (
-        _launch('a2', 129.5, 140.5, 128, exit_code=0), 18.0, 0.0),
-    'a launcher SIGTERMed, then one process in-process': (
-        _launch('a1', 99.5, 110.5, 99, exit_code=143,
-                launcher_signalled=True), 19.5, 0.0),
+    'one process in-process, then a launcher':
+        (_launch('a2', 129.5, 140.5, 128, exit_code=0), 18.0, 0.0),
+    'a launcher SIGTERMed, then one process in-process':
+        (_launch('a1', 99.5, 110.5, 99, exit_code=143,
+                 launcher_signalled=True), 19.5, 0.0),
     'in-process both times': ('', 20.0, 0.0),
 }
 
@@ -173,10 +289,18 @@ _COMMANDS = {
 @pytest.mark.parametrize('how', sorted(_COMMANDS))
 def test_the_parts_never_exceed_the_wall_time(tmp_path, how):
   attempts, between, backoff = _COMMANDS[how]
-  _ledger(tmp_path / 'goodput' / 'a1' / 'rank_0.json', 100, 110, True,
-          startup=1, productive=8)
-  _ledger(tmp_path / 'goodput' / 'a2' / 'rank_0.json', 130, 140, True,
-          startup=1, productive=8)
+  _ledger(tmp_path / 'goodput' / 'a1' / 'rank_0.json',
+          100,
+          110,
+          True,
+          startup=1,
+          productive=8)
+  _ledger(tmp_path / 'goodput' / 'a2' / 'rank_0.json',
+          130,
+          140,
+          True,
+          startup=1,
+          productive=8)
   (tmp_path / 'logs').mkdir()
   (tmp_path / 'logs' / 'attempts.jsonl').write_text(attempts)
   result = goodput_rollup.rollup(str(tmp_path))
@@ -193,18 +317,48 @@ def test_an_attempt_whose_processes_all_died_unrecorded_still_recovers():
   # Rank 0 SIGKILLed (its ledger last written at 100.0); rank 1 aborted by
   # JAX's coordination service moments later (last written at 100.4):
   # neither wrote an end, and no launcher ran them.
-  before = {0: {'started': 50.0, 'updated': 100.0, 'final': False,
-                'parts': {}, 'notes': {}},
-            1: {'started': 50.0, 'updated': 100.4, 'final': False,
-                'parts': {}, 'notes': {}}}
-  ledger_0 = {'started': 102.0, 'updated': 130.0, 'final': True, 'parts': {},
-              'notes': {'restore_tier': 'local', 'first_productive': {
-                  'wall': 105.0, 'step': 448, 'parts': {
-                      'startup': 1.0, 'distributed_init': 0.2,
-                      'checkpoint_restore': 0.3, 'compile': 0.4,
-                      'recomputed': 0.5}}}}
+  before = {
+      0: {
+          'started': 50.0,
+          'updated': 100.0,
+          'final': False,
+          'parts': {},
+          'notes': {}
+      },
+      1: {
+          'started': 50.0,
+          'updated': 100.4,
+          'final': False,
+          'parts': {},
+          'notes': {}
+      }
+  }
+  ledger_0 = {
+      'started': 102.0,
+      'updated': 130.0,
+      'final': True,
+      'parts': {},
+      'notes': {
+          'restore_tier': 'local',
+          'first_productive': {
+              'wall': 105.0,
+              'step': 448,
+              'parts': {
+                  'startup': 1.0,
+                  'distributed_init': 0.2,
+                  'checkpoint_restore': 0.3,
+                  'compile': 0.4,
+                  'recomputed': 0.5
+              }
+          }
+      }
+  }
   assert time_to_recover.fault_of(before, None) == {
-      'at': 100.0, 'detected': 100.4, 'rank': 0, 'kind': 'unrecorded'}
+      'at': 100.0,
+      'detected': 100.4,
+      'rank': 0,
+      'kind': 'unrecorded'
+  }
   found = time_to_recover.phases(before, None, 100.4, ledger_0, None)
   assert found['total_s'] == pytest.approx(5.0)
   assert found['total_s'] == pytest.approx(sum(found['phases'].values()))
@@ -261,8 +415,8 @@ def test_a_call_across_the_high_water_splits_its_time_by_steps():
   assert clock.recomputed_steps == 3
   # The call's 0.08 s in halves (step 2's share, before it, is ~0).
   assert 0.035 < ledger.parts['productive'] < 1.0
-  assert ledger.parts['recomputed'] == pytest.approx(
-      ledger.parts['productive'], abs=0.01)
+  assert ledger.parts['recomputed'] == pytest.approx(ledger.parts['productive'],
+                                                     abs=0.01)
   assert ledger.notes.first_productive.step == 5
   assert ledger.notes.first_step.step == 2
   assert ledger.notes.last_step == 6
@@ -285,15 +439,31 @@ def test_the_time_to_recover_carries_what_of_other_had_a_name():
   clock.step_done(3)  # The first new step.
   first = ledger.notes.first_productive
   assert first.other_named == {'record_fetch': 0.3}
-  before = {0: {'started': 50.0, 'updated': 100.0, 'final': False,
-                'parts': {}, 'notes': {}}}
-  ledger_0 = {'started': 102.0, 'updated': 130.0, 'final': True,
-              'parts': {}, 'notes': ledger.notes.to_json()}
+  before = {
+      0: {
+          'started': 50.0,
+          'updated': 100.0,
+          'final': False,
+          'parts': {},
+          'notes': {}
+      }
+  }
+  ledger_0 = {
+      'started': 102.0,
+      'updated': 130.0,
+      'final': True,
+      'parts': {},
+      'notes': ledger.notes.to_json()
+  }
   found = time_to_recover.phases(before, None, 100.0, ledger_0, None)
   assert found['other_named'] == {'record_fetch': 0.3}
   # A ledger of an older version names nothing.
-  old = records.Notes.from_json({'first_productive': {
-      'wall': 1.0, 'step': 3, 'parts': {}}})
+  old = records.Notes.from_json(
+      {'first_productive': {
+          'wall': 1.0,
+          'step': 3,
+          'parts': {}
+      }})
   assert old.first_productive.other_named is None
 
 
@@ -316,9 +486,16 @@ def test_the_failure_history_counts_the_hard_failures_of_earlier_attempts(
   def write(name, final, exit_code):
     path = tmp_path / 'goodput' / name / 'rank_0.json'
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({'started': 1000.0, 'updated': 1100.0,
-                                'final': final,
-                                'notes': {'exit_code': exit_code}}))
+    path.write_text(
+        json.dumps({
+            'started': 1000.0,
+            'updated': 1100.0,
+            'final': final,
+            'notes': {
+                'exit_code': exit_code
+            }
+        }))
+
   write('a1', True, 137)
   write('a2', False, None)
   write('a3', True, 130)

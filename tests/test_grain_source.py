@@ -25,15 +25,18 @@ def _train(workdir, **fields):
 
 def test_a_grain_pipeline_trains_alike_on_any_layout(tmp_path):
   config, one_pass = _train(tmp_path / 'one', checkpoint_every=0)
-  _, grouped = _train(tmp_path / 'grouped', checkpoint_every=0,
-                      microbatches=4)
-  _, padded = _train(tmp_path / 'padded', checkpoint_every=0,
+  _, grouped = _train(tmp_path / 'grouped', checkpoint_every=0, microbatches=4)
+  _, padded = _train(tmp_path / 'padded',
+                     checkpoint_every=0,
                      global_batch_size=100)
   counts = census.counts(one_pass.params)
-  np.testing.assert_array_equal(counts.examples, census.expected(
-      config.global_batch_size, config.data.num_examples, config.seed, 12))
+  np.testing.assert_array_equal(
+      counts.examples,
+      census.expected(config.global_batch_size, config.data.num_examples,
+                      config.seed, 12))
   np.testing.assert_allclose(grouped.params['weight'],
-                             one_pass.params['weight'], rtol=2e-5)
+                             one_pass.params['weight'],
+                             rtol=2e-5)
   assert census.counts(padded.params).steps == 12
   # The jitter is the pipeline's: without it the run differs.
   config.data.grain = False
@@ -55,7 +58,8 @@ def test_random_map_draws_by_record_not_by_reader():
   from runtime import data  # pylint: disable=g-import-not-at-top
   pipeline = probe._grain_pipeline(  # pylint: disable=protected-access
       data.ArraySource(x=np.zeros((10, 3), np.float32),
-                       y=np.zeros(10, np.float32)), seed=3)
+                       y=np.zeros(10, np.float32)),
+      seed=3)
   forward = data.read_batch(pipeline, np.arange(10))['x']
   backward = data.read_batch(pipeline, np.arange(10)[::-1])['x'][::-1]
   np.testing.assert_array_equal(forward, backward)

@@ -13,19 +13,30 @@ pytestmark = pytest.mark.unit
 
 # Beside the hand-off module, what runs on a TPU VM without the project
 # spells the names it sets (tests/test_tpu_worker.py holds them equal).
-_NAMING = {'runtime/common/handoff.py', 'launcher/tpu/worker.py',
-           'launcher/tpu/worker_accelerator.py'}
-_VARIABLES = {value for name, value in vars(handoff).items()
-              if name.isupper() and isinstance(value, str)}
+_NAMING = {
+    'runtime/common/handoff.py', 'launcher/tpu/worker.py',
+    'launcher/tpu/worker_accelerator.py'
+}
+_VARIABLES = {
+    value for name, value in vars(handoff).items()
+    if name.isupper() and isinstance(value, str)
+}
 
 
 def test_every_field_goes_through_the_environment_and_back():
-  told = handoff.Handoff(
-      coordinator_address='10.0.0.1:8476',
-      coordinator_bind_address='[::]:8476', num_processes=4, process_id=3,
-      tls_dir='~/podrun/tls/j', job_id='j', attempt='j-a2',
-      expected_processes=4, elastic=(2, 4), supervised=True,
-      launcher_record=True, progress_fd=7, gone_file='/tmp/gone.json')
+  told = handoff.Handoff(coordinator_address='10.0.0.1:8476',
+                         coordinator_bind_address='[::]:8476',
+                         num_processes=4,
+                         process_id=3,
+                         tls_dir='~/podrun/tls/j',
+                         job_id='j',
+                         attempt='j-a2',
+                         expected_processes=4,
+                         elastic=(2, 4),
+                         supervised=True,
+                         launcher_record=True,
+                         progress_fd=7,
+                         gone_file='/tmp/gone.json')
   env = told.env()
   assert set(env) == set(handoff.NAMES)  # Every field set, every name.
   assert env[handoff.ELASTIC_PROCESSES] == '2-4'
@@ -63,15 +74,17 @@ def test_the_process_reads_it_once_and_the_runtime_takes_it_from_there(
   finally:
     handoff.use(None)
   assert dataclasses.replace(told, attempt=None).env() == {
-      handoff.ELASTIC_PROCESSES: '1-2'}
+      handoff.ELASTIC_PROCESSES: '1-2'
+  }
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
   """ids of the docstring nodes in `tree`."""
   out = set()
   for node in ast.walk(tree):
-    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
-                         ast.AsyncFunctionDef)):
+    if isinstance(
+        node,
+        (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
       body = node.body
       if (body and isinstance(body[0], ast.Expr) and
           isinstance(body[0].value, ast.Constant)):

@@ -61,10 +61,13 @@ def test_a_user_hook_keeps_its_cadence_across_a_resume(tmp_path):
 
 
 def test_periodic_due_steps():
+
   class FakeRun:
     steps = 10
+
     def __init__(self, step):
       self.step, self.final = step, step == 10
+
   every_4 = hooks.Periodic(4, at_end=True)
   assert [s for s in range(1, 11) if every_4.due(FakeRun(s))] == [4, 8, 10]
   never = hooks.Periodic(0)
@@ -77,6 +80,7 @@ def test_a_hook_error_stops_the_run_and_the_others_still_end(tmp_path):
   ended = []
 
   class Ends(hooks.Hook):
+
     def end(self, run, error):
       ended.append(type(error).__name__)
 
@@ -96,10 +100,12 @@ def test_a_failed_begin_still_ends_the_hooks_that_began(tmp_path):
   ended = []
 
   class Ends(hooks.Hook):
+
     def end(self, run, error):
       ended.append(type(error).__name__)
 
   class FailsToBegin(hooks.Hook):
+
     def begin(self, run):
       raise RuntimeError('cannot begin')
 
@@ -116,21 +122,23 @@ def test_the_learning_rate_is_logged_from_the_schedule(tmp_path):
   config = _config(6, log_every=2, checkpointing=False)
   task, _ = linear_regression.make_task(config)
   schedule = optax.linear_schedule(0.1, 0.0, 10)
-  task = dataclasses.replace(task, optimizer=optax.sgd(schedule),
+  task = dataclasses.replace(task,
+                             optimizer=optax.sgd(schedule),
                              schedule=schedule)
   training.train(config, str(tmp_path), task)
   records = helpers.read_jsonl(tmp_path / 'metrics.jsonl')
   # The rate of each window's last update: optax counts from 0.
-  assert [r['learning_rate'] for r in records] == pytest.approx(
-      [0.09, 0.07, 0.05])
+  assert [r['learning_rate'] for r in records
+         ] == pytest.approx([0.09, 0.07, 0.05])
 
 
 def test_a_profile_window_writes_a_trace(tmp_path):
   config = _config(6, checkpointing=False)
   config.profile.start_step, config.profile.num_steps = 2, 2
   _train(config, tmp_path)
-  traces = glob.glob(str(tmp_path / 'tensorboard' / 'plugins' / 'profile' /
-                         '*' / '*.xplane.pb'))
+  traces = glob.glob(
+      str(tmp_path / 'tensorboard' / 'plugins' / 'profile' / '*' /
+          '*.xplane.pb'))
   assert len(traces) == 1, traces
 
 
@@ -140,29 +148,35 @@ def test_model_state_is_averaged_over_every_device():
 
   def loss_fn(params, model_state, batch):
     del model_state
-    loss = jax.numpy.mean((batch['x'] * params['w']) ** 2)
+    loss = jax.numpy.mean((batch['x'] * params['w'])**2)
     return loss, ({}, {'mean': batch['x'].mean()})
 
   par = parallelism.PMAP
   optimizer = optax.sgd(0.0)
-  step = step_lib.make_train_step(loss_fn, optimizer, par,
-                                  has_model_state=True)
-  state = par.replicate(step_lib.init_state(
-      {'w': np.float32(1)}, optimizer, model_state={'mean': np.float32(0)}))
+  step = step_lib.make_train_step(loss_fn, optimizer, par, has_model_state=True)
+  state = par.replicate(
+      step_lib.init_state({'w': np.float32(1)},
+                          optimizer,
+                          model_state={'mean': np.float32(0)}))
   x = np.arange(64, dtype=np.float32)  # Device i: rows 8i .. 8i + 7.
   state, _ = step(state, par.put_batch({'x': x}))
-  per_device = [np.asarray(shard.data) for shard in
-                state.model_state['mean'].addressable_shards]
+  per_device = [
+      np.asarray(shard.data)
+      for shard in state.model_state['mean'].addressable_shards
+  ]
   assert len(per_device) == 8
   assert all(v == pytest.approx(x.mean()) for v in per_device), per_device
 
 
 def test_array_source_and_a_per_example_source_read_the_same_batch():
-  arrays = {'x': np.arange(20, dtype=np.float32).reshape(10, 2),
-            'y': np.arange(10)}
+  arrays = {
+      'x': np.arange(20, dtype=np.float32).reshape(10, 2),
+      'y': np.arange(10)
+  }
   source = data.ArraySource(**arrays)
 
   class PerExample:  # Only __len__ and __getitem__, as a grain MapDataset.
+
     def __len__(self):
       return 10
 
@@ -184,6 +198,7 @@ def test_the_loop_trains_from_a_per_example_source(tmp_path):
   arrays = task.data.arrays
 
   class PerExample:
+
     def __len__(self):
       return len(arrays['x'])
 
@@ -218,8 +233,12 @@ class _FakeCheckpoints:
 def _fake_run(step):
   clock = types.SimpleNamespace(timing=lambda _: contextlib.nullcontext())
   writer = types.SimpleNamespace(flush=lambda: None)
-  return types.SimpleNamespace(step=step, final=False, clock=clock,
-                               writer=writer, numpy_state=lambda: {}, drain=lambda: None,
+  return types.SimpleNamespace(step=step,
+                               final=False,
+                               clock=clock,
+                               writer=writer,
+                               numpy_state=lambda: {},
+                               drain=lambda: None,
                                saved_state=lambda: {})
 
 
@@ -227,14 +246,17 @@ def test_a_save_runs_the_replica_check_of_its_step_first_in_any_order():
   events = []
 
   class Check(hooks.Periodic):
+
     def work(self, run):
       events.append(('check', run.step))
+
   check = Check(2)
   save = hooks.SaveCheckpoints(_FakeCheckpoints(events),
-                               lambda run, state, reason: {}, checks=[check])
+                               lambda run, state, reason: {},
+                               checks=[check])
   for step in (1, 2, 3, 4):
     run = _fake_run(step)
-    save.after_step(run)   # The save's hook first: the check comes anyway,
+    save.after_step(run)  # The save's hook first: the check comes anyway,
     check.after_step(run)  # and only once per step.
   assert events == [('check', 2), ('save', 2), ('check', 4), ('save', 4)]
   save.save_and_wait(_fake_run(5), 'preemption')

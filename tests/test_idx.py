@@ -40,16 +40,18 @@ def test_missing_file(tmp_path):
 
 def test_bad_magic_number(tmp_path):
   path = _raw(tmp_path, b'\x12\x34\x08\x01' + b'\x00\x00\x00\x01' + b'\x05')
-  with pytest.raises(idx.IdxError, match=f'{path}: bad magic number '
-                                         '0x12340801'):
+  with pytest.raises(idx.IdxError,
+                     match=f'{path}: bad magic number '
+                     '0x12340801'):
     idx.read(path)
 
 
 def test_truncated_data(tmp_path):
-  path = _raw(tmp_path, bytes([0, 0, 8, 1]) + (10).to_bytes(4, 'big') +
-              b'\x00' * 7)
-  with pytest.raises(idx.IdxError, match=r'truncated: shape \(10,\) of uint8 '
-                                         'needs 18 bytes, the file has 15'):
+  path = _raw(tmp_path,
+              bytes([0, 0, 8, 1]) + (10).to_bytes(4, 'big') + b'\x00' * 7)
+  with pytest.raises(idx.IdxError,
+                     match=r'truncated: shape \(10,\) of uint8 '
+                     'needs 18 bytes, the file has 15'):
     idx.read(path)
 
 
@@ -60,8 +62,8 @@ def test_truncated_header(tmp_path):
 
 
 def test_extra_bytes(tmp_path):
-  path = _raw(tmp_path, bytes([0, 0, 8, 1]) + (2).to_bytes(4, 'big') +
-              b'\x00' * 3)
+  path = _raw(tmp_path,
+              bytes([0, 0, 8, 1]) + (2).to_bytes(4, 'big') + b'\x00' * 3)
   with pytest.raises(idx.IdxError, match='longer than its header says'):
     idx.read(path)
 
@@ -75,43 +77,44 @@ def test_broken_gzip(tmp_path):
 def test_mnist_loads_plain_or_gzipped_files(tmp_path):
   for gzipped in (True, False):
     data_dir = tmp_path / str(gzipped)
-    written = mnist.write_synthetic(str(data_dir), num_train=64, num_test=33,
-                                gzipped=gzipped)
+    written = mnist.write_synthetic(str(data_dir),
+                                    num_train=64,
+                                    num_test=33,
+                                    gzipped=gzipped)
     data = mnist.load(str(data_dir))
     assert data['train_images'].shape == (64, 784)
     assert data['test_labels'].dtype == np.int32
-    np.testing.assert_array_equal(data['test_labels'],
-                                  written['test_labels'])
-    np.testing.assert_allclose(
-        data['train_images'],
-        written['train_images'].reshape(64, -1) / 255.0, rtol=1e-7)
+    np.testing.assert_array_equal(data['test_labels'], written['test_labels'])
+    np.testing.assert_allclose(data['train_images'],
+                               written['train_images'].reshape(64, -1) / 255.0,
+                               rtol=1e-7)
 
 
 def test_mnist_names_a_missing_file_and_the_fetch_script(tmp_path):
   mnist.write_synthetic(str(tmp_path), num_train=8, num_test=8)
   (tmp_path / 't10k-labels-idx1-ubyte.gz').unlink()
-  with pytest.raises(idx.IdxError, match=r't10k-labels-idx1-ubyte\[.gz\]: no '
-                                         'such file.*podrun-fetch-mnist'):
+  with pytest.raises(idx.IdxError,
+                     match=r't10k-labels-idx1-ubyte\[.gz\]: no '
+                     'such file.*podrun-fetch-mnist'):
     mnist.load(str(tmp_path))
 
 
 def test_mnist_names_images_and_labels_that_disagree(tmp_path):
   mnist.write_synthetic(str(tmp_path), num_train=8, num_test=8)
-  idx.write(str(tmp_path / 'train-labels-idx1-ubyte.gz'),
-            np.zeros(7, np.uint8))
-  with pytest.raises(idx.IdxError, match='holds 8 images but .* holds 7 '
-                                         'labels'):
+  idx.write(str(tmp_path / 'train-labels-idx1-ubyte.gz'), np.zeros(7, np.uint8))
+  with pytest.raises(idx.IdxError,
+                     match='holds 8 images but .* holds 7 '
+                     'labels'):
     mnist.load(str(tmp_path))
 
 
-def test_a_fetch_into_a_bucket_without_gcsfs_is_one_line(monkeypatch,
-                                                          capsys):
+def test_a_fetch_into_a_bucket_without_gcsfs_is_one_line(monkeypatch, capsys):
   """podrun-fetch-mnist --data_dir=gs://...: the extra to install, before
   any download, and exit 2, not a traceback."""
   from runtime.workloads import fetch_mnist  # pylint: disable=g-import-not-at-top
   monkeypatch.setitem(sys.modules, 'gcsfs', None)  # As if not installed.
-  monkeypatch.setattr(sys, 'argv', ['podrun-fetch-mnist',
-                                    '--data_dir=gs://bucket/mnist-data'])
+  monkeypatch.setattr(
+      sys, 'argv', ['podrun-fetch-mnist', '--data_dir=gs://bucket/mnist-data'])
   monkeypatch.setattr(fetch_mnist, 'fetch', lambda *a: pytest.fail('fetched'))
   with pytest.raises(SystemExit) as ended:
     fetch_mnist.run()

@@ -15,8 +15,12 @@ def _paths(params):
 
 
 def _replicated(par):
-  params = {'a': np.arange(6, dtype=np.float32).reshape(2, 3),
-            'b': {'c': np.ones(4, np.float32)}}
+  params = {
+      'a': np.arange(6, dtype=np.float32).reshape(2, 3),
+      'b': {
+          'c': np.ones(4, np.float32)
+      }
+  }
   return par.replicate(params)
 
 
@@ -41,8 +45,9 @@ def test_a_flipped_bit_on_one_device_is_named_with_its_path():
       leaf.shape, leaf.sharding, shards)
   rows = integrity.checksums_by_device(params, parallelism.PMAP)
   assert [d for d in range(8) if (rows[d] != rows[0]).any()] == [5]
-  lines = integrity.outliers({(0, d): list(r) for d, r in enumerate(rows)},
-                             _paths(params))
+  lines = integrity.outliers({
+      (0, d): list(r) for d, r in enumerate(rows)
+  }, _paths(params))
   assert lines == ["rank 0 device 5: first differs at params['b']['c']"]
 
 
@@ -50,7 +55,8 @@ def test_outliers_take_the_majority_as_right():
   rows = {(r, d): [1, 2] for r in range(2) for d in range(4)}
   rows[(1, 3)] = [1, 3]
   assert integrity.outliers(rows, ["params['w']", "params['b']"]) == [
-      "rank 1 device 3: first differs at params['b']"]
+      "rank 1 device 3: first differs at params['b']"
+  ]
   rows[(1, 3)] = [1, 2]
   assert integrity.outliers(rows, ["params['w']", "params['b']"]) == []
 
@@ -58,12 +64,16 @@ def test_outliers_take_the_majority_as_right():
 def _sharded_params(replicas):
   """A (16, 8) kernel split 8 / replicas ways, a bias kept whole."""
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  grid = Mesh(np.array(jax.devices()).reshape(replicas, -1),
-              ('replicas', 'shards'))
-  shardings = {'kernel': NamedSharding(grid, P(None, 'shards')),
-               'bias': NamedSharding(grid, P())}
-  host = {'kernel': np.arange(128, dtype=np.float32).reshape(16, 8),
-          'bias': np.arange(3, dtype=np.float32)}
+  grid = Mesh(
+      np.array(jax.devices()).reshape(replicas, -1), ('replicas', 'shards'))
+  shardings = {
+      'kernel': NamedSharding(grid, P(None, 'shards')),
+      'bias': NamedSharding(grid, P())
+  }
+  host = {
+      'kernel': np.arange(128, dtype=np.float32).reshape(16, 8),
+      'bias': np.arange(3, dtype=np.float32)
+  }
   return jax.device_put(host, shardings), shardings
 
 
@@ -101,12 +111,18 @@ def test_a_sharded_state_is_checked_shard_by_shard_against_the_other_replicas():
                                 "rank 0 device 2 (shard 2 of 4): first "
                                 "differs at params['kernel']",
                                 "rank 0 device 6 (shard 2 of 4): first "
-                                "differs at params['kernel']"]
+                                "differs at params['kernel']"
+                            ]
   # Replicated checks would see every device's gathered copy alike.
   gathered = integrity.checksums_by_device(
-      {k: jax.device_put(v, jax.sharding.NamedSharding(
-          parallelism.global_mesh(), jax.sharding.PartitionSpec()))
-       for k, v in params.items()}, parallelism.SHARD_MAP)
+      {
+          k:
+              jax.device_put(
+                  v,
+                  jax.sharding.NamedSharding(parallelism.global_mesh(),
+                                             jax.sharding.PartitionSpec()))
+          for k, v in params.items()
+      }, parallelism.SHARD_MAP)
   assert (gathered == gathered[0]).all()
 
 
@@ -123,7 +139,8 @@ def test_a_leaf_kept_whole_is_checked_on_every_device_of_one_replica():
                             keys(positions),
                             [path == "params['kernel']" for path in paths]) == [
                                 "rank 0 device 3: first differs at "
-                                "params['bias']"]
+                                "params['bias']"
+                            ]
 
 
 def test_four_replicas_name_only_the_odd_one():
@@ -132,11 +149,13 @@ def test_four_replicas_name_only_the_odd_one():
   rows, positions = integrity.checksums_by_shard(params, shardings)
   assert positions == [0, 1] * 4
   paths = _paths(params)
-  assert integrity.outliers(
-      {(0, d): list(r) for d, r in enumerate(rows)}, paths,
-      {(0, d): p for d, p in enumerate(positions)},
-      [path == "params['kernel']" for path in paths]) == [
-          "rank 0 device 5 (shard 1 of 2): first differs at params['kernel']"]
+  assert integrity.outliers({
+      (0, d): list(r) for d, r in enumerate(rows)
+  }, paths, {
+      (0, d): p for d, p in enumerate(positions)
+  }, [path == "params['kernel']" for path in paths]) == [
+      "rank 0 device 5 (shard 1 of 2): first differs at params['kernel']"
+  ]
 
 
 def test_the_model_state_is_checked_with_the_parameters():
@@ -144,19 +163,25 @@ def test_the_model_state_is_checked_with_the_parameters():
   # every device as the parameters do.
   from runtime import step  # pylint: disable=g-import-not-at-top
   par = parallelism.PMAP
-  state = step.TrainState(
-      params=_replicated(par),
-      model_state=par.replicate({'batch_stats': {'mean': np.ones(
-          3, np.float32)}}), opt_state=(), rng=None)
+  state = step.TrainState(params=_replicated(par),
+                          model_state=par.replicate(
+                              {'batch_stats': {
+                                  'mean': np.ones(3, np.float32)
+                              }}),
+                          opt_state=(),
+                          rng=None)
   tree, paths = integrity.checked(state)
-  assert paths == ["model_state['batch_stats']['mean']", "params['a']",
-                   "params['b']['c']"]
+  assert paths == [
+      "model_state['batch_stats']['mean']", "params['a']", "params['b']['c']"
+  ]
   mean = tree['model_state']['batch_stats']['mean']
   tree['model_state']['batch_stats']['mean'] = _flip(mean, 4)
   rows = integrity.checksums_by_device(tree, par)
-  assert integrity.outliers({(0, d): list(r) for d, r in enumerate(rows)},
-                            paths) == [
-      "rank 0 device 4: first differs at model_state['batch_stats']['mean']"]
+  assert integrity.outliers({
+      (0, d): list(r) for d, r in enumerate(rows)
+  }, paths) == [
+      "rank 0 device 4: first differs at model_state['batch_stats']['mean']"
+  ]
 
 
 def test_a_check_between_saves_is_read_at_the_next_call(tmp_path):

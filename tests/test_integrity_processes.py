@@ -16,9 +16,9 @@ def test_a_bit_flipped_on_one_device_of_one_process_stops_the_job(
       f'--config={helpers.PROBE_CONFIG}', f'--workdir={tmp_path}',
       '--local_processes=2', '--config.steps=1000000',
       '--config.checkpoint_every=10', '--config.integrity_every=10',
-      f'--config.parallelism={parallelism_name}',
-      '--config.flip_rank=1', '--config.flip_step=25',
-      '--config.flip_device=2'])
+      f'--config.parallelism={parallelism_name}', '--config.flip_rank=1',
+      '--config.flip_step=25', '--config.flip_device=2'
+  ])
   assert result.returncode == exit_codes.REPLICAS_DIVERGED, result.output
   message = helpers.first_line_with(result.stderr, 'replicas diverged')
   assert 'the replicas diverged by step 30 (they agreed at step 20)' in (
@@ -38,7 +38,8 @@ def test_a_bit_flipped_in_one_shard_of_a_sharded_state_is_named(tmp_path):
       '--config.checkpoint_every=10', '--config.integrity_every=10',
       '--config.parallelism=shard_map', '--config.state_layout=sharded',
       '--config.ballast_floats=4096', '--config.flip_rank=1',
-      '--config.flip_step=25', '--config.flip_device=1'])
+      '--config.flip_step=25', '--config.flip_device=1'
+  ])
   assert result.returncode == exit_codes.REPLICAS_DIVERGED, result.output
   message = helpers.first_line_with(result.stderr, 'replicas diverged')
   assert 'the replicas diverged by step 30 (they agreed at step 20)' in (

@@ -25,8 +25,10 @@ time.sleep(60)
 
 
 def test_sigint_ends_a_process_whose_main_thread_does_not_stop():
-  child = subprocess.Popen([sys.executable, '-c', _CHILD], cwd=helpers.REPO,
-                           stdout=subprocess.PIPE, text=True,
+  child = subprocess.Popen([sys.executable, '-c', _CHILD],
+                           cwd=helpers.REPO,
+                           stdout=subprocess.PIPE,
+                           text=True,
                            start_new_session=True)
   try:
     assert child.stdout.readline() == 'ready\n'

@@ -51,8 +51,9 @@ def test_the_compilation_events_the_ledger_counts_still_fire():
       lambda event, duration, **kwargs: seen.append(event))
   fresh = jax.jit(lambda x: jnp.sin(x) * 3.25 + x.sum())
   fresh(np.arange(7.0)).block_until_ready()
-  assert any(e.startswith(compile_events.COMPILE_EVENT_PREFIX) for e in seen), (
-      sorted(set(seen)))
+  assert any(
+      e.startswith(compile_events.COMPILE_EVENT_PREFIX) for e in seen), (sorted(
+          set(seen)))
 
 
 def test_the_compilation_cache_is_written_and_read_back(tmp_path):
@@ -70,9 +71,12 @@ def test_the_compilation_cache_is_written_and_read_back(tmp_path):
   ''')
   hits = []
   for _ in range(2):
-    result = subprocess.run([sys.executable, '-c', script], cwd=helpers.REPO,
+    result = subprocess.run([sys.executable, '-c', script],
+                            cwd=helpers.REPO,
                             env=helpers.launcher_env(JAX_PLATFORMS='cpu'),
-                            capture_output=True, text=True, timeout=120,
+                            capture_output=True,
+                            text=True,
+                            timeout=120,
                             check=False)
     assert result.returncode == 0, result.stderr
     hits.append(int(result.stdout.split()[-1]))
@@ -92,8 +96,8 @@ def test_pmap_and_shard_map_agree_on_8_devices():
   rows = np.arange(32.0, dtype=np.float32).reshape(32, 1)
   means, indices = [], []
   for par in (parallelism.PMAP, parallelism.SHARD_MAP):
-    mean, index = par.map(per_device, in_axes=(0,), out_axes=(None, 0))(
-        par.put_batch(rows))
+    mean, index = par.map(per_device, in_axes=(0,),
+                          out_axes=(None, 0))(par.put_batch(rows))
     means.append(par.to_host(mean))
     indices.append(np.asarray(index).reshape(-1))
   np.testing.assert_array_equal(means[0], means[1])

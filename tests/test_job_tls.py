@@ -54,9 +54,10 @@ def test_names_with_any_characters_make_one_segment_each():
       job_tls.peer_prefix('j', 'a1'))
 
 
-@pytest.mark.parametrize('version,has', [
-    ('0.10.2', False), ('0.11.1', False), ('0.12.0', True),
-    ('0.12.0.1', True), ('0.13.0rc1', True), ('1.0', True), ('', False)])
+@pytest.mark.parametrize('version,has', [('0.10.2', False), ('0.11.1', False),
+                                         ('0.12.0', True), ('0.12.0.1', True),
+                                         ('0.13.0rc1', True), ('1.0', True),
+                                         ('', False)])
 def test_which_jax_has_mutual_tls(version, has):
   assert job_tls.supported(version) == has
 
@@ -74,8 +75,7 @@ def test_the_local_pod_makes_its_authority_where_jax_has_tls(tmp_path):
   new = tls.PodAuthority(tls.AUTO, 'j', said.append, version='0.12.0')
   try:
     assert job_tls.has_authority(new.directory)
-    assert new.process_args() == ['--tls=require',
-                               f'--tls_dir={new.directory}']
+    assert new.process_args() == ['--tls=require', f'--tls_dir={new.directory}']
   finally:
     new.close()
   assert not os.path.exists(new.directory or 'gone') and len(said) == 1
@@ -107,7 +107,8 @@ def test_podrun_tls_makes_an_authority_once(tmp_path, capsys):
 
 def test_a_process_joins_without_tls_only_when_told(tmp_path, monkeypatch):
   warned = []
-  monkeypatch.setattr(logging, 'warning', lambda *a: warned.append(a[0] % a[1:]))
+  monkeypatch.setattr(logging, 'warning',
+                      lambda *a: warned.append(a[0] % a[1:]))
   assert credentials.issue_for('off', None, 0, '0.12.0') is None
   assert credentials.issue_for('auto', None, 0, '0.12.0') is None
   assert 'no --tls_dir' in warned[-1] and 'podrun-tls DIR' in warned[-1]
@@ -125,9 +126,10 @@ def test_a_process_joins_without_tls_only_when_told(tmp_path, monkeypatch):
   # Beside the authority, so that the local pod's cleanup takes it too.
   assert issued.cert_file.startswith(str(authority / 'issued'))
   # A SLURM requeue is another attempt.
-  requeued = credentials.issue_for(
-      'auto', str(authority), 0, '0.12.0',
-      {'SLURM_JOB_ID': '77', 'SLURM_RESTART_COUNT': '1'})
+  requeued = credentials.issue_for('auto', str(authority), 0, '0.12.0', {
+      'SLURM_JOB_ID': '77',
+      'SLURM_RESTART_COUNT': '1'
+  })
   assert requeued.uri == 'podrun://slurm-77/slurm-77-r1/process/0'
 
 
@@ -163,8 +165,7 @@ class _Server:
             connection.recv(1024)
             connection.sendall(b'HTTP/1.1 400 Bad Request\r\n\r\n')
           else:
-            with self.context.wrap_socket(connection,
-                                          server_side=True) as t:
+            with self.context.wrap_socket(connection, server_side=True) as t:
               t.recv(1)
         except (OSError, ssl.SSLError):
           pass
@@ -206,20 +207,17 @@ def test_a_coordinator_of_another_attempt_or_job_or_without_tls_is_named(
       credentials.check_coordinator('127.0.0.1', server.port, mine, 5)
 
 
-def test_a_program_holding_the_port_until_the_coordinator_takes_it(
-    tmp_path):
+def test_a_program_holding_the_port_until_the_coordinator_takes_it(tmp_path):
   # Process 0 waits for its port while another program holds it: the
   # others ask again instead of blaming the coordinator's TLS.
   mine = _issued(tmp_path, 'ca', 'j-a2', 1)
   with _Server(_issued(tmp_path, 'ca', 'j-a2', 0), plain_first=2) as server:
-    credentials.check_coordinator('127.0.0.1', server.port, mine, 5,
-                                  wait_s=10)
+    credentials.check_coordinator('127.0.0.1', server.port, mine, 5, wait_s=10)
   with _Server(plain=True) as server:
     with pytest.raises(credentials.TlsError,
                        match='or another program holds that port.*'
                        'answered so for 1 s'):
-      credentials.check_coordinator('127.0.0.1', server.port, mine, 5,
-                                    wait_s=1)
+      credentials.check_coordinator('127.0.0.1', server.port, mine, 5, wait_s=1)
 
 
 def test_nothing_listening_is_left_to_jax(tmp_path):

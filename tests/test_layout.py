@@ -19,23 +19,38 @@ pytestmark = pytest.mark.unit
 def test_every_path_is_where_the_docstring_says(tmp_path):
   record = layout.Record(str(tmp_path))
   relative = {
-      'summary.json': record.summary(),
-      'goodput.jsonl': record.rollup(),
-      'metrics.jsonl': record.metrics(),
-      'tensorboard': record.tensorboard(),
-      'device_batch_limit.json': record.batch_limit(),
-      'ranks/rank_2.json': record.result(2),
-      'goodput': record.ledgers(),
-      'goodput/job-a3/rank_1.json': record.ledger('job-a3', 1),
-      'goodput/job-a3/rank_1.step': layout.high_water(
-          record.ledger('job-a3', 1)),
-      'stall/rank_0.json': record.stall(0),
-      'logs/rank_5.log': record.process_log(5),
-      'logs/attempts.jsonl': record.attempts(),
-      'logs/job.json': record.job(),
-      'checkpoints': record.checkpoints(),
-      'compilation_cache': record.compilation_cache(),
-      '.podrun/join': record.join(),
+      'summary.json':
+          record.summary(),
+      'goodput.jsonl':
+          record.rollup(),
+      'metrics.jsonl':
+          record.metrics(),
+      'tensorboard':
+          record.tensorboard(),
+      'device_batch_limit.json':
+          record.batch_limit(),
+      'ranks/rank_2.json':
+          record.result(2),
+      'goodput':
+          record.ledgers(),
+      'goodput/job-a3/rank_1.json':
+          record.ledger('job-a3', 1),
+      'goodput/job-a3/rank_1.step':
+          layout.high_water(record.ledger('job-a3', 1)),
+      'stall/rank_0.json':
+          record.stall(0),
+      'logs/rank_5.log':
+          record.process_log(5),
+      'logs/attempts.jsonl':
+          record.attempts(),
+      'logs/job.json':
+          record.job(),
+      'checkpoints':
+          record.checkpoints(),
+      'compilation_cache':
+          record.compilation_cache(),
+      '.podrun/join':
+          record.join(),
   }
   for expected, path in relative.items():
     assert os.path.relpath(path, tmp_path) == expected
@@ -61,8 +76,12 @@ def test_attempts_with_ledgers_lists_each_attempts_processes(tmp_path):
     with open(record.ledger(attempt, index), 'w') as f:
       f.write('{}')
   os.makedirs(os.path.join(record.ledgers(), 'empty'))
-  assert {a: list(r) for a, r in record.attempts_with_ledgers().items()} == {
-      'job-a1': [0, 1], 'job-a2': [0]}
+  assert {
+      a: list(r) for a, r in record.attempts_with_ledgers().items()
+  } == {
+      'job-a1': [0, 1],
+      'job-a2': [0]
+  }
 
 
 @pytest.mark.parametrize('relative, writer', [
@@ -84,8 +103,9 @@ def test_each_file_has_one_writer(relative, writer):
 
 
 def test_what_a_bucket_holds():
-  for relative in ('summary.json', 'run.json', 'goodput.jsonl', 'logs/attempts.jsonl',
-                   'logs/job.json', 'metrics.jsonl', 'goodput/a/rank_0.json'):
+  for relative in ('summary.json', 'run.json', 'goodput.jsonl',
+                   'logs/attempts.jsonl', 'logs/job.json', 'metrics.jsonl',
+                   'goodput/a/rank_0.json'):
     assert layout.mirrored(relative), relative
   for relative in ('checkpoints/10/state', '.podrun/join/rank_0.json',
                    'compilation_cache/x', 'logs/rank_0.log',
@@ -115,8 +135,10 @@ def test_no_module_but_the_layout_decides_where_the_record_lives():
   """Where a bucket's record is copied (`local_copy`, PODRUN_RECORD_CACHE)
   is read in layout.py alone (handoff.py names the variable); everyone
   else asks `Record.of`."""
-  own = {helpers.REPO / 'runtime' / 'common' / name
-         for name in ('layout.py', 'handoff.py')}
+  own = {
+      helpers.REPO / 'runtime' / 'common' / name
+      for name in ('layout.py', 'handoff.py')
+  }
   deciders = []
   for top in ('launcher', 'runtime', 'scripts'):
     for path in sorted((helpers.REPO / top).rglob('*.py')):
@@ -139,14 +161,17 @@ def test_a_copy_of_a_buckets_record_is_that_record(tmp_path, monkeypatch):
   assert layout.Record.of(copy).checkpoints() == copy + '/checkpoints'
   (pathlib.Path(copy) / '.podrun').mkdir(parents=True)
   (pathlib.Path(copy) / layout.COPY_OF).write_text(
-      json.dumps({'url': 'gs://runs/mnist', 'job_id': 'j'}))
+      json.dumps({
+          'url': 'gs://runs/mnist',
+          'job_id': 'j'
+      }))
   again = layout.Record.of(copy)
   assert again.bucket == 'gs://runs/mnist' and again.workdir == copy
   assert again.checkpoints() == 'gs://runs/mnist/checkpoints'
   from configs import linear_regression  # pylint: disable=g-import-not-at-top
   config = linear_regression.get_config()
-  assert checkpoint_options.directory(config, copy) == (
-      'gs://runs/mnist/checkpoints')
+  assert checkpoint_options.directory(config,
+                                      copy) == ('gs://runs/mnist/checkpoints')
 
 
 def test_nothing_writes_the_checkpoint_directory_into_a_config():
@@ -161,8 +186,8 @@ def test_nothing_writes_the_checkpoint_directory_into_a_config():
                                                       ast.AnnAssign)) else [])
         for target in targets:
           for leaf in ast.walk(target):
-            if isinstance(leaf, ast.Attribute) and (
-                leaf.attr == 'checkpoint_dir'):
+            if isinstance(leaf, ast.Attribute) and (leaf.attr
+                                                    == 'checkpoint_dir'):
               writers.append(f'{path.relative_to(helpers.REPO)}:'
                              f'{node.lineno}')
   assert not writers, writers

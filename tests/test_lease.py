@@ -52,8 +52,14 @@ def test_no_lease_is_kept_when_one_of_them_is_refused(tmp_path):
 
 
 def test_a_stale_lease_and_a_lease_of_the_same_job_are_taken_over(tmp_path):
-  stale = {'job_id': 'gone', 'host': 'x', 'pid': 1, 'since': 0.0,
-           'renewed': time.time() - 100, 'token': 't'}
+  stale = {
+      'job_id': 'gone',
+      'host': 'x',
+      'pid': 1,
+      'since': 0.0,
+      'renewed': time.time() - 100,
+      'token': 't'
+  }
   (tmp_path / layout.LEASE).write_text(json.dumps(stale))
   lease = lease_lib.Lease([str(tmp_path)], 'job-b', stale_after_s=60)
   lease.acquire()
@@ -69,7 +75,9 @@ def test_a_stale_lease_and_a_lease_of_the_same_job_are_taken_over(tmp_path):
 
 def test_renewed_while_held_and_a_takeover_is_noticed(tmp_path):
   lost = []
-  lease = lease_lib.Lease([str(tmp_path)], 'job-a', renew_every_s=0.1,
+  lease = lease_lib.Lease([str(tmp_path)],
+                          'job-a',
+                          renew_every_s=0.1,
                           on_lost=lost.append)
   lease.acquire()
   first = _holder(tmp_path)['renewed']
@@ -82,8 +90,7 @@ def test_renewed_while_held_and_a_takeover_is_noticed(tmp_path):
   deadline = time.monotonic() + 5
   while not lost and time.monotonic() < deadline:
     if _holder(tmp_path)['token'] != 'other':
-      files.write_atomic(str(tmp_path / layout.LEASE),
-                         json.dumps(taken))
+      files.write_atomic(str(tmp_path / layout.LEASE), json.dumps(taken))
     time.sleep(0.05)
   lease.release()
   assert lost and 'lost the lease on' in lost[0] and 'job thief' in lost[0]

@@ -37,9 +37,14 @@ def bucket(tmp_path_factory):
 
 
 def _stale(job_id='gone') -> bytes:
-  return json.dumps({'job_id': job_id, 'host': 'elsewhere', 'pid': 1,
-                     'since': 0.0, 'renewed': time.time() - 600,
-                     'token': 'old'}).encode()
+  return json.dumps({
+      'job_id': job_id,
+      'host': 'elsewhere',
+      'pid': 1,
+      'since': 0.0,
+      'renewed': time.time() - 600,
+      'token': 'old'
+  }).encode()
 
 
 def _holder(url: str) -> dict:
@@ -63,8 +68,9 @@ def test_of_two_takers_of_a_stale_lease_exactly_one_wins(bucket):
       except lease_lib.WorkdirBusyError as e:
         refused.append(str(e))
 
-    takers = [threading.Thread(target=take, args=(f'taker-{i}',))
-              for i in (1, 2)]
+    takers = [
+        threading.Thread(target=take, args=(f'taker-{i}',)) for i in (1, 2)
+    ]
     for t in takers:
       t.start()
     try:
@@ -85,7 +91,9 @@ def test_a_renewal_never_overwrites_a_taker_and_a_release_spares_it(bucket):
   directory = 'gs://leases/renewal'
   url = f'{directory}/{layout.LEASE}'
   lost = []
-  lease = lease_lib.Lease([directory], 'job-a', renew_every_s=0.2,
+  lease = lease_lib.Lease([directory],
+                          'job-a',
+                          renew_every_s=0.2,
                           on_lost=lost.append)
   lease.acquire()
   try:
@@ -116,8 +124,8 @@ def test_a_release_deletes_only_the_generation_it_wrote(bucket):
 
 
 def test_an_unreadable_lease_is_refused_not_taken(bucket):
-  for name, content in (('garbage', b'not json {'),
-                        ('foreign', b'{"owner": "someone"}')):
+  for name, content in (('garbage', b'not json {'), ('foreign',
+                                                     b'{"owner": "someone"}')):
     directory = f'gs://leases/{name}'
     url = f'{directory}/{layout.LEASE}'
     lease_object.create(url, content)

@@ -22,8 +22,8 @@ def _copied(cadence, steps, blocking_s=0.0, start=1):
 
 
 def test_a_cadence_in_steps_copies_every_nth_step():
-  assert _copied(local_cadence.Cadence(every_steps=25), 100) == [25, 50, 75,
-                                                                 100]
+  assert _copied(local_cadence.Cadence(every_steps=25),
+                 100) == [25, 50, 75, 100]
   assert not local_cadence.Cadence().enabled
 
 
@@ -57,9 +57,10 @@ def test_every_process_copies_the_steps_process_0_chose():
   found = {}
 
   def play(index):
-    cadence = local_cadence.Cadence(
-        every_s=3.0, client=memory_job.MemoryJob(index, 3, store),
-        step_s=lambda: times[index])
+    cadence = local_cadence.Cadence(every_s=3.0,
+                                    client=memory_job.MemoryJob(
+                                        index, 3, store),
+                                    step_s=lambda: times[index])
     found[index] = _copied(cadence, 150)
 
   threads = [threading.Thread(target=play, args=(i,)) for i in range(3)]
@@ -74,14 +75,18 @@ def test_a_slow_copy_in_steps_warns_once_and_keeps_the_steps(caplog):
   cadence = local_cadence.Cadence(every_steps=10, step_s=lambda: 0.1)
   with caplog.at_level('WARNING'):
     assert _copied(cadence, 40, blocking_s=0.5) == [10, 20, 30, 40]
-  warned = [r.getMessage() for r in caplog.records
-            if 'local copy blocks the loop' in r.getMessage()]
+  warned = [
+      r.getMessage()
+      for r in caplog.records
+      if 'local copy blocks the loop' in r.getMessage()
+  ]
   assert len(warned) == 1, warned
   assert 'local_checkpoint_every_s' in warned[0]
 
 
 def test_the_default_copies_at_daly_s_interval():
-  cadence = local_cadence.Cadence(every_steps=25, step_s=lambda: 0.1,
+  cadence = local_cadence.Cadence(every_steps=25,
+                                  step_s=lambda: 0.1,
                                   budgeted=True)
   # 5 ms a copy, an hour between failures (the default), no restore yet:
   # sqrt(2 x 0.005 x 3600) - 0.005 = 6.0 s, 60 steps.
@@ -90,7 +95,8 @@ def test_the_default_copies_at_daly_s_interval():
   assert round(chosen.seconds, 3) == 5.995 and chosen.mtbf_source == 'default'
   assert chosen.why.startswith("Daly's interval for a copy blocking 0.005 s")
   # A job that failed twice in 2 minutes: every 25 steps, the shortest.
-  often = local_cadence.Cadence(every_steps=25, step_s=lambda: 0.1,
+  often = local_cadence.Cadence(every_steps=25,
+                                step_s=lambda: 0.1,
                                 budgeted=True)
   often.knows_fault_cost(3.0, 60.0, '2 hard failure(s) in 120 s of this job')
   assert _copied(often, 100, blocking_s=0.005) == [25, 50, 75, 100]
@@ -98,8 +104,8 @@ def test_the_default_copies_at_daly_s_interval():
 
 def test_the_interval_keeps_the_budget_and_the_ceiling():
   # Cheap copies: Daly's interval.
-  assert local_cadence.interval(0.01, 5.0, 3600.0).seconds == pytest.approx(
-      (2 * 0.01 * 3605) ** 0.5 - 0.01)
+  assert local_cadence.interval(
+      0.01, 5.0, 3600.0).seconds == pytest.approx((2 * 0.01 * 3605)**0.5 - 0.01)
   # A long mean between failures: the ceiling bounds what is recomputed.
   capped = local_cadence.interval(0.1, 5.0, 24 * 3600.0)
   assert capped.seconds == local_cadence.CEILING_S
@@ -113,7 +119,8 @@ def test_the_default_spaces_costly_copies_within_the_budget():
   # 0.92 s a copy, steps of 63 ms (the 136 M LM on a TPU v5e): Daly's
   # interval for an hour is 81 s, the ceiling 60 s (953 steps; 2 % needs
   # 46 s).
-  cadence = local_cadence.Cadence(every_steps=25, step_s=lambda: 0.063,
+  cadence = local_cadence.Cadence(every_steps=25,
+                                  step_s=lambda: 0.063,
                                   budgeted=True)
   copied = _copied(cadence, 2000, blocking_s=0.92)
   assert copied == [25, 978, 1931]
@@ -123,8 +130,11 @@ def test_the_default_spaces_costly_copies_within_the_budget():
 
 def test_the_default_copies_at_the_first_call_past_its_step():
   # Four steps per call: the loop sees steps 4, 8, ...; 25 is copied at 28.
-  cadence = local_cadence.Cadence(every_steps=25, step_s=lambda: 0.1,
+  cadence = local_cadence.Cadence(every_steps=25,
+                                  step_s=lambda: 0.1,
                                   budgeted=True)
-  copied = [step for count, step in enumerate(range(4, 104, 4), 1)
-            if cadence.due(step, count) and cadence.saved(step, 0.0) is None]
+  copied = [
+      step for count, step in enumerate(range(4, 104, 4), 1)
+      if cadence.due(step, count) and cadence.saved(step, 0.0) is None
+  ]
   assert copied == [28, 52, 76, 100]

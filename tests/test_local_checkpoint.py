@@ -18,22 +18,31 @@ pytestmark = pytest.mark.unit
 
 
 def _state():
-  return step_lib.TrainState(
-      params={'w': np.array([1.5, -0.0, np.nan], np.float32),
-              'b': np.array(2.0, np.float32)},
-      model_state={},
-      opt_state=(np.array(7, np.int32), {'flag': np.array([True, False])}),
-      rng=np.array([3, 4], np.uint32))
+  return step_lib.TrainState(params={
+      'w': np.array([1.5, -0.0, np.nan], np.float32),
+      'b': np.array(2.0, np.float32)
+  },
+                             model_state={},
+                             opt_state=(np.array(7, np.int32), {
+                                 'flag': np.array([True, False])
+                             }),
+                             rng=np.array([3, 4], np.uint32))
 
 
 def _meta(config, state, step=40):
-  return {'step': step, 'data': {'num_examples': 100},
-          'config': checkpoint_meta.trajectory_config(config),
-          'state': checkpoint_meta.describe_state(state)}
+  return {
+      'step': step,
+      'data': {
+          'num_examples': 100
+      },
+      'config': checkpoint_meta.trajectory_config(config),
+      'state': checkpoint_meta.describe_state(state)
+  }
 
 
 def _assert_same_bits(a, b):
-  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b),
+  for x, y in zip(jax.tree_util.tree_leaves(a),
+                  jax.tree_util.tree_leaves(b),
                   strict=True):
     assert x.dtype == y.dtype and x.shape == y.shape
     assert x.tobytes() == y.tobytes()
@@ -85,11 +94,13 @@ def test_a_renumbered_process_restores_what_its_disk_holds(tmp_path):
   # process is number 0 (an elastic job renumbered it), and its neighbour
   # on this disk is process 1 of a2.
   job = tmp_path / 'job'
-  before = local_checkpoint.LocalCheckpoints(str(job / 'rank_1'), every=20,
+  before = local_checkpoint.LocalCheckpoints(str(job / 'rank_1'),
+                                             every=20,
                                              attempt='a1')
   before.save(20, _state(), {'step': 20})
   before.wait()
-  now = local_checkpoint.LocalCheckpoints(str(job / 'rank_0'), every=20,
+  now = local_checkpoint.LocalCheckpoints(str(job / 'rank_0'),
+                                          every=20,
                                           attempt='a2')
   assert now.steps() == [] and list(now.held()) == [20]
   assert now.meta(20) == {'step': 20}
@@ -98,7 +109,8 @@ def test_a_renumbered_process_restores_what_its_disk_holds(tmp_path):
   now.wait()
   assert now.held() == {20: str(job / 'rank_1'), 40: str(job / 'rank_0')}
   neighbour = local_checkpoint.LocalCheckpoints(str(job / 'rank_2'),
-                                                every=20, attempt='a2')
+                                                every=20,
+                                                attempt='a2')
   neighbour.save(40, _state(), {'step': 40})
   neighbour.wait()
   # A successful end: this process's copies and the directory a1's
@@ -113,8 +125,10 @@ def test_nothing_is_made_on_disk_before_the_first_save(tmp_path):
   # A run refused before step 1 (or one that never saves) leaves no empty
   # directory in /dev/shm; the first save makes them, owner.json included.
   job = tmp_path / 'job'
-  local = local_checkpoint.LocalCheckpoints(
-      str(job / 'rank_0'), every=20, attempt='a1', owner='/runs/a/checkpoints')
+  local = local_checkpoint.LocalCheckpoints(str(job / 'rank_0'),
+                                            every=20,
+                                            attempt='a1',
+                                            owner='/runs/a/checkpoints')
   assert local.steps() == [] and local.held() == {}
   local.remove()
   assert not job.exists()
@@ -192,8 +206,7 @@ def test_a_copy_garbled_inside_falls_back_to_the_one_before(tmp_path):
   raw[at + 3] ^= 0x01
   npz.write_bytes(bytes(raw))
   assert local.unreadable(40, state) is None  # The zip's directory reads.
-  options = types.SimpleNamespace(restore=True,
-                                  trajectory=_trajectory(config))
+  options = types.SimpleNamespace(restore=True, trajectory=_trajectory(config))
   empty = types.SimpleNamespace(latest_step=lambda: None)  # No persistent.
   step, restored, tier = recovery.restore(options, empty, local, state, 100)
   assert (step, tier) == (20, 'local')
@@ -202,18 +215,38 @@ def test_a_copy_garbled_inside_falls_back_to_the_one_before(tmp_path):
 
 
 @pytest.mark.parametrize('local_steps, persistent, expected', [
-    ({0: [], 1: []}, None, recovery.Plan(None, 'fresh')),
-    ({0: [], 1: []}, 100, recovery.Plan(100, 'persistent')),
-    ({0: [20, 40], 1: [20, 40]}, None,
-     recovery.Plan(40, 'local', holders=(0, 1))),
-    ({0: [20, 40], 1: []}, 0, recovery.Plan(40, 'peer', 0, (0,))),
-    ({0: [20], 1: [20, 40], 2: [40]}, 20,
-     recovery.Plan(40, 'peer', 1, (1, 2))),
-    ({0: [20, 40], 1: [20, 40]}, 60, recovery.Plan(60, 'persistent')),
-    ({0: [40], 1: [40]}, 40, recovery.Plan(40, 'local', holders=(0, 1))),
+    ({
+        0: [],
+        1: []
+    }, None, recovery.Plan(None, 'fresh')),
+    ({
+        0: [],
+        1: []
+    }, 100, recovery.Plan(100, 'persistent')),
+    ({
+        0: [20, 40],
+        1: [20, 40]
+    }, None, recovery.Plan(40, 'local', holders=(0, 1))),
+    ({
+        0: [20, 40],
+        1: []
+    }, 0, recovery.Plan(40, 'peer', 0, (0,))),
+    ({
+        0: [20],
+        1: [20, 40],
+        2: [40]
+    }, 20, recovery.Plan(40, 'peer', 1, (1, 2))),
+    ({
+        0: [20, 40],
+        1: [20, 40]
+    }, 60, recovery.Plan(60, 'persistent')),
+    ({
+        0: [40],
+        1: [40]
+    }, 40, recovery.Plan(40, 'local', holders=(0, 1))),
 ])
 def test_the_plan_takes_the_newest_step_anywhere(local_steps, persistent,
-                                                  expected):
+                                                 expected):
   assert recovery.plan(local_steps, persistent) == expected
 
 
@@ -225,10 +258,12 @@ def test_the_broadcast_payload_keeps_every_bit():
 
 
 def test_a_copy_is_read_from_its_mapped_file_with_its_crcs(tmp_path):
-  arrays = {"['params']['w']": np.arange(12, dtype=np.float32).reshape(3, 4),
-            "['rng']": np.array([1, 2], np.uint32),
-            "['flag']": np.array(True),
-            "['fortran']": np.asfortranarray(np.ones((2, 3), np.int16))}
+  arrays = {
+      "['params']['w']": np.arange(12, dtype=np.float32).reshape(3, 4),
+      "['rng']": np.array([1, 2], np.uint32),
+      "['flag']": np.array(True),
+      "['fortran']": np.asfortranarray(np.ones((2, 3), np.int16))
+  }
   path = str(tmp_path / 'state.npz')
   np.savez(path, **arrays)
   read = local_checkpoint.read_npz(path)

@@ -20,17 +20,19 @@ STEPS = '--config.steps=60'
 
 def _pod(tmp_path, name, processes, devices, *extra):
   workdir = tmp_path / name
-  result = helpers.run_launcher(
-      [f'--config={LINEAR}', f'--workdir={workdir}', STEPS,
-       f'--local_processes={processes}', f'--local_devices={devices}',
-       *extra])
+  result = helpers.run_launcher([
+      f'--config={LINEAR}', f'--workdir={workdir}', STEPS,
+      f'--local_processes={processes}', f'--local_devices={devices}', *extra
+  ])
   assert result.returncode == 0, result.output
   return workdir, result
 
 
 def _rank_fingerprints(workdir, processes):
-  return [helpers.read_json(workdir / 'ranks' / f'rank_{i}.json')['fingerprint']
-          for i in range(processes)]
+  return [
+      helpers.read_json(workdir / 'ranks' / f'rank_{i}.json')['fingerprint']
+      for i in range(processes)
+  ]
 
 
 def _assert_layout(workdir, processes):
@@ -54,8 +56,8 @@ def test_pods_agree_with_one_process_and_with_one_device(tmp_path):
   the 2x4 and 4x2 pods (six processes), which must equal it and one
   device's descent; the one test of both pod shapes against both."""
   single = tmp_path / 'single'
-  result = helpers.run_launcher([f'--config={LINEAR}', f'--workdir={single}',
-                                 STEPS, '--local_devices=8'])
+  result = helpers.run_launcher(
+      [f'--config={LINEAR}', f'--workdir={single}', STEPS, '--local_devices=8'])
   assert result.returncode == 0, result.output
   expected = helpers.read_json(single / 'summary.json')['results']
 
@@ -65,8 +67,7 @@ def test_pods_agree_with_one_process_and_with_one_device(tmp_path):
   reference = single_device_descent(config, task)
 
   for processes, devices in ((2, 4), (4, 2)):
-    workdir, _ = _pod(tmp_path, f'pod{processes}x{devices}', processes,
-                      devices)
+    workdir, _ = _pod(tmp_path, f'pod{processes}x{devices}', processes, devices)
     summary = helpers.read_json(workdir / 'summary.json')
     assert (summary['process_count'], summary['device_count'],
             summary['local_device_count']) == (processes, 8, devices)
@@ -77,18 +78,23 @@ def test_pods_agree_with_one_process_and_with_one_device(tmp_path):
     got = summary['results']
     for key in ('learned_weight', 'learned_bias'):
       np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(got['learned_weight'], reference['weight'],
-                               rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(got['learned_bias'], reference['bias'],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got['learned_weight'],
+                               reference['weight'],
+                               rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(got['learned_bias'],
+                               reference['bias'],
+                               rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_each_global_batch_is_split_exactly_once_across_processes(tmp_path):
   workdir = tmp_path / 'ids'
-  result = helpers.run_launcher(
-      [f'--config={helpers.PROBE_CONFIG}', f'--workdir={workdir}',
-       '--local_processes=2', '--local_devices=4', '--config.record_ids=True',
-       '--config.steps=40', '--config.data.num_examples=1000'])
+  result = helpers.run_launcher([
+      f'--config={helpers.PROBE_CONFIG}', f'--workdir={workdir}',
+      '--local_processes=2', '--local_devices=4', '--config.record_ids=True',
+      '--config.steps=40', '--config.data.num_examples=1000'
+  ])
   assert result.returncode == 0, result.output
   seen = [np.load(workdir / 'ids' / f'rank_{i}.npy') for i in range(2)]
   assert seen[0].shape == seen[1].shape == (40, 128)
@@ -107,8 +113,8 @@ def test_console_shows_rank_zero_and_other_ranks_warnings(tmp_path):
   _, result = _pod(tmp_path, 'console', 2, 4)
   assert '[rank 0/2] ' in result.stderr and 'step 60/60' in result.stderr
   # Rank 1's INFO lines are in its log file, not on the console.
-  assert not any(l.startswith('[rank 1/2] I') for l in
-                 result.stderr.splitlines())
+  assert not any(
+      l.startswith('[rank 1/2] I') for l in result.stderr.splitlines())
   log = (tmp_path / 'console' / 'logs' / 'rank_1.log').read_text()
   assert 'jax.distributed.initialize(' in log
   assert '[launcher] all 2 ranks finished' in result.stderr
@@ -116,9 +122,11 @@ def test_console_shows_rank_zero_and_other_ranks_warnings(tmp_path):
 
 def test_dry_run_prints_every_rank_and_starts_nothing(tmp_path):
   workdir = tmp_path / 'dry'
-  result = helpers.run_launcher(
-      [f'--config={LINEAR}', f'--workdir={workdir}', '--local_processes=2',
-       '--coordinator_address=127.0.0.1:23456', '--dry_run'], timeout=60)
+  result = helpers.run_launcher([
+      f'--config={LINEAR}', f'--workdir={workdir}', '--local_processes=2',
+      '--coordinator_address=127.0.0.1:23456', '--dry_run'
+  ],
+                                timeout=60)
   assert result.returncode == 0, result.output
   lines = [l for l in result.stdout.splitlines() if l.startswith('rank ')]
   assert len(lines) == 2
@@ -135,8 +143,10 @@ def test_dry_run_prints_every_rank_and_starts_nothing(tmp_path):
 
 
 def test_a_local_pod_refuses_a_non_loopback_coordinator(tmp_path):
-  result = helpers.run_launcher(
-      [f'--config={LINEAR}', f'--workdir={tmp_path}', '--local_processes=2',
-       '--coordinator_address=10.0.0.1:1234', '--dry_run'], timeout=60)
+  result = helpers.run_launcher([
+      f'--config={LINEAR}', f'--workdir={tmp_path}', '--local_processes=2',
+      '--coordinator_address=10.0.0.1:1234', '--dry_run'
+  ],
+                                timeout=60)
   assert result.returncode == 2
   assert 'loopback only' in result.stderr

@@ -26,17 +26,20 @@ pytestmark = pytest.mark.devices
 STEPS = 40
 # A first scale far too big for float16, and growth every 5 finite steps:
 # the run backs off, grows and backs off again within 40 steps.
-SETTINGS = dict(growth_interval=5, scale=2.0 ** 24)
+SETTINGS = dict(growth_interval=5, scale=2.0**24)
 
 
 def _half_precision(loss_fn):
   """The MLP's loss computed in float16 from float32 parameters, as Flax's
   ImageNet example computes with dtype=float16."""
+
   def loss(params, batch):
     half = jax.tree_util.tree_map(lambda p: p.astype(jnp.float16), params)
-    value, metrics = loss_fn(half, {**batch,
-                                    'x': batch['x'].astype(jnp.float16)})
+    value, metrics = loss_fn(half, {
+        **batch, 'x': batch['x'].astype(jnp.float16)
+    })
     return value.astype(jnp.float32), metrics
+
   return loss
 
 
@@ -47,7 +50,8 @@ def _flax_run(config, task):
   optimizer = task.optimizer
 
   def train_step(params, opt_state, scale, batch):
-    grad_fn = scale.value_and_grad(task.loss_fn, has_aux=True,
+    grad_fn = scale.value_and_grad(task.loss_fn,
+                                   has_aux=True,
                                    axis_name='batch')
     scale, finite, (loss, _), grads = grad_fn(params, batch)
     updates, new_opt_state = optimizer.update(grads, opt_state, params)
@@ -75,8 +79,9 @@ def _flax_run(config, task):
     scales.append(float(scale.scale[0]))
     skipped.append(not bool(finite[0]))
     losses.append(float(loss[0]))
-  return jax.device_get(jax.tree_util.tree_map(lambda x: x[0], params)), (
-      scales, skipped, losses)
+  return jax.device_get(jax.tree_util.tree_map(lambda x: x[0],
+                                               params)), (scales, skipped,
+                                                          losses)
 
 
 @pytest.mark.parametrize('parallelism', ['pmap', 'shard_map'])
@@ -85,15 +90,18 @@ def test_the_loss_scale_equals_flax_s_step_for_step(tmp_path, parallelism):
   config.steps, config.log_every = STEPS, 1
   config.parallelism = parallelism
   plain, _ = mlp.make_task(config)
-  task = dataclasses.replace(
-      plain, loss_fn=_half_precision(plain.loss_fn),
-      optimizer=optax.sgd(0.05, momentum=0.9),
-      loss_scale=runtime.DynamicScale(**SETTINGS))
+  task = dataclasses.replace(plain,
+                             loss_fn=_half_precision(plain.loss_fn),
+                             optimizer=optax.sgd(0.05, momentum=0.9),
+                             loss_scale=runtime.DynamicScale(**SETTINGS))
   result = training.train(config, str(tmp_path), task)
   flax_params, (scales, skipped, losses) = _flax_run(config, task)
 
-  rows = [json.loads(line) for line in open(tmp_path / 'metrics.jsonl')
-          if '"loss_scale"' in line]
+  rows = [
+      json.loads(line)
+      for line in open(tmp_path / 'metrics.jsonl')
+      if '"loss_scale"' in line
+  ]
   assert [r['step'] for r in rows] == list(range(1, STEPS + 1))
   assert [r['loss_scale'] for r in rows] == scales
   assert [bool(r['loss_scale_skipped']) for r in rows] == skipped
@@ -117,6 +125,7 @@ def test_a_skipped_step_changes_nothing_and_a_non_finite_loss_stops_nothing(
   source = plain.data
 
   class Poisoned:
+
     def __len__(self):
       return len(source)
 
@@ -130,12 +139,16 @@ def test_a_skipped_step_changes_nothing_and_a_non_finite_loss_stops_nothing(
         batch['x'] = np.full_like(batch['x'], np.nan)
       return batch
 
-  task = dataclasses.replace(plain, data=Poisoned(),
+  task = dataclasses.replace(plain,
+                             data=Poisoned(),
                              loss_scale=runtime.DynamicScale())
   config.log_every = 1
   result = training.train(config, str(tmp_path), task)
-  rows = [json.loads(line) for line in open(tmp_path / 'metrics.jsonl')
-          if '"loss_scale"' in line]
+  rows = [
+      json.loads(line)
+      for line in open(tmp_path / 'metrics.jsonl')
+      if '"loss_scale"' in line
+  ]
   assert [r['loss_scale_skipped'] for r in rows] == [0, 0, 1, 0, 0, 0]
   assert [r['loss_scale'] for r in rows] == [65536.0] * 2 + [32768.0] * 4
   assert rows[2]['loss'] == 'nan'  # Written as repr(nan).
@@ -153,9 +166,9 @@ def test_the_scale_is_checkpointed_and_resumed(tmp_path):
   config = mlp_config.get_config()
   config.steps, config.checkpoint_every = 12, 6
   plain, _ = mlp.make_task(config)
-  task = dataclasses.replace(
-      plain, loss_fn=_half_precision(plain.loss_fn),
-      loss_scale=runtime.DynamicScale(**SETTINGS))
+  task = dataclasses.replace(plain,
+                             loss_fn=_half_precision(plain.loss_fn),
+                             loss_scale=runtime.DynamicScale(**SETTINGS))
   straight = training.train(config, str(tmp_path / 'straight'), task)
   config.steps = 6
   training.train(config, str(tmp_path / 'resumed'), task)
@@ -166,17 +179,15 @@ def test_the_scale_is_checkpointed_and_resumed(tmp_path):
 
 
 def test_the_wrapper_alone_skips_and_backs_off():
-  optimizer = loss_scale.wrap(optax.sgd(1.0), loss_scale.DynamicScale(
-      growth_interval=2, scale=8.0))
+  optimizer = loss_scale.wrap(
+      optax.sgd(1.0), loss_scale.DynamicScale(growth_interval=2, scale=8.0))
   params = {'w': jnp.ones(2)}
   state = optimizer.init(params)
   seen = []
-  for grad in ([1.0, 1.0], [1.0, jnp.inf], [1.0, 1.0], [1.0, 1.0],
-               [1.0, 1.0]):
-    updates, state = optimizer.update({'w': jnp.asarray(grad)}, state,
-                                      params)
-    seen.append((float(state.scale), int(state.fin_steps),
-                 bool(state.finite), updates['w'].tolist()))
+  for grad in ([1.0, 1.0], [1.0, jnp.inf], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]):
+    updates, state = optimizer.update({'w': jnp.asarray(grad)}, state, params)
+    seen.append((float(state.scale), int(state.fin_steps), bool(state.finite),
+                 updates['w'].tolist()))
   assert seen == [(8.0, 1, True, [-1.0, -1.0]), (4.0, 0, False, [0.0, 0.0]),
                   (4.0, 1, True, [-1.0, -1.0]), (4.0, 2, True, [-1.0, -1.0]),
                   (8.0, 0, True, [-1.0, -1.0])]

@@ -26,13 +26,15 @@ def test_the_memory_analysis_counts_arguments_outputs_and_temporaries():
 
 
 def test_a_step_over_the_device_names_what_to_change():
-  need = memory.StepMemory(arguments=6 * 2 ** 30, outputs=4 * 2 ** 30,
-                           aliased=4 * 2 ** 30, temporaries=12 * 2 ** 30)
-  fits, line = memory.verdict(need, 16 * 2 ** 30)
+  need = memory.StepMemory(arguments=6 * 2**30,
+                           outputs=4 * 2**30,
+                           aliased=4 * 2**30,
+                           temporaries=12 * 2**30)
+  fits, line = memory.verdict(need, 16 * 2**30)
   assert not fits
   assert '18.00 GiB' in line and 'over the device\'s 16.00 GiB by 2.00 GiB' in line
   assert "state_layout='sharded'" in line and 'device_batch_limit' in line
-  fits, line = memory.verdict(need, 32 * 2 ** 30)
+  fits, line = memory.verdict(need, 32 * 2**30)
   assert fits and '56%' in line
 
 
@@ -42,8 +44,11 @@ def test_a_run_says_what_its_step_needs(tmp_path, caplog):
   task, _ = linear_regression.make_task(config)
   with caplog.at_level('INFO'):
     result = training.train(config, str(tmp_path), task)
-  said = [r.getMessage() for r in caplog.records
-          if r.getMessage().startswith('the step needs')]
+  said = [
+      r.getMessage()
+      for r in caplog.records
+      if r.getMessage().startswith('the step needs')
+  ]
   assert len(said) == 1 and 'does not say its memory' in said[0], said
   assert result.chip['step_memory']['total'] > 0
 

@@ -13,17 +13,19 @@ def test_a_batch_that_divides_is_one_pass_of_its_share():
   layout = microbatches.plan(256, 8)
   assert (layout.microbatch_size, layout.microbatches,
           layout.padded_groups) == (32, 1, 0)
-  assert microbatches.process_positions(layout, 1, 4) == (slice(128, 256),
-                                                          128)
+  assert microbatches.process_positions(layout, 1, 4) == (slice(128, 256), 128)
 
 
-@pytest.mark.parametrize('devices, want', [
-    (24, (16, 1, 8)),   # 3 processes x 8: 16 busy devices, 8 idle.
-    (6, (64, 1, 2)),    # 3 x 2.
-    (32, (8, 1, 0)),
-    (7, (64, 1, 3))])
-def test_a_batch_that_does_not_divide_is_padded_with_whole_groups(devices,
-                                                                  want):
+@pytest.mark.parametrize(
+    'devices, want',
+    [
+        (24, (16, 1, 8)),  # 3 processes x 8: 16 busy devices, 8 idle.
+        (6, (64, 1, 2)),  # 3 x 2.
+        (32, (8, 1, 0)),
+        (7, (64, 1, 3))
+    ])
+def test_a_batch_that_does_not_divide_is_padded_with_whole_groups(
+    devices, want):
   layout = microbatches.plan(256, devices)
   assert (layout.microbatch_size, layout.microbatches,
           layout.padded_groups) == want
@@ -51,13 +53,13 @@ def test_every_example_sits_once_and_padding_comes_last():
   layout = microbatches.plan(256, 6)  # 3 processes x 2 devices.
   held = [microbatches.process_positions(layout, p, 2) for p in range(3)]
   assert [real for _, real in held] == [128, 128, 0]
-  assert [rows for rows, _ in held] == [slice(0, 128), slice(128, 256),
-                                        slice(256, 384)]
+  assert [rows for rows, _ in held
+         ] == [slice(0, 128), slice(128, 256),
+               slice(256, 384)]
 
 
 def test_padding_rows_are_zeros_of_each_leaf():
-  source = data.ArraySource(x=np.ones((10, 3), np.float32),
-                            label=np.arange(10))
+  source = data.ArraySource(x=np.ones((10, 3), np.float32), label=np.arange(10))
   batch = data.read_padded(source, np.array([4, 5]), 4)
   assert batch['x'].shape == (4, 3) and batch['x'][2:].sum() == 0
   assert batch['label'].tolist() == [4, 5, 0, 0]

@@ -18,9 +18,11 @@ from tests import helpers
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(400)]
 
-PROBE = [f'--config={helpers.PROBE_CONFIG}', '--config.global_batch_size=256',
-         '--config.record_ids=True', '--config.nan_on_padding=True',
-         '--config.log_every=10', '--config.data.num_examples=1000']
+PROBE = [
+    f'--config={helpers.PROBE_CONFIG}', '--config.global_batch_size=256',
+    '--config.record_ids=True', '--config.nan_on_padding=True',
+    '--config.log_every=10', '--config.data.num_examples=1000'
+]
 THREE_BY_TWO = ['--local_processes=3', '--local_devices=2']
 
 
@@ -33,8 +35,9 @@ def _run(workdir, *args, timeout=200):
 
 def _ids(workdir, processes: int) -> np.ndarray:
   """(steps, G): each step's examples, the processes' in order."""
-  return np.concatenate([np.load(workdir / 'ids' / f'rank_{i}.npy')
-                         for i in range(processes)], axis=1)
+  return np.concatenate(
+      [np.load(workdir / 'ids' / f'rank_{i}.npy') for i in range(processes)],
+      axis=1)
 
 
 @pytest.fixture(scope='module')
@@ -45,8 +48,7 @@ def straight(tmp_path_factory):
   return workdir
 
 
-def test_3x2_matches_1x8_and_padding_never_reaches_the_loss(tmp_path,
-                                                             straight):
+def test_3x2_matches_1x8_and_padding_never_reaches_the_loss(tmp_path, straight):
   result = _run(tmp_path / '3x2', '--config.steps=60', *THREE_BY_TWO)
   assert ('global batch 256 (1 microbatch(es) of 64 example(s) per device, '
           '2 of 6 group(s) padding (33% of the passes))') in result.stderr
@@ -58,25 +60,31 @@ def test_3x2_matches_1x8_and_padding_never_reaches_the_loss(tmp_path,
         ids[step], data.global_batch_ids(step, 256, 1000, seed=0))
   np.testing.assert_array_equal(ids, _ids(straight, 1))
   states = [helpers.final_state(w) for w in (straight, tmp_path / '3x2')]
-  helpers.assert_trees_close(states[0]['params'], states[1]['params'],
-                             rtol=1e-5, atol=1e-6)
+  helpers.assert_trees_close(states[0]['params'],
+                             states[1]['params'],
+                             rtol=1e-5,
+                             atol=1e-6)
   rows = helpers.read_jsonl(tmp_path / '3x2' / 'metrics.jsonl')
-  assert {(r['num_processes'], r['num_devices'], r['microbatches'])
-          for r in rows} == {(3, 6, 1)}
+  assert {
+      (r['num_processes'], r['num_devices'], r['microbatches']) for r in rows
+  } == {(3, 6, 1)}
   summary = helpers.read_json(tmp_path / '3x2' / 'summary.json')
   assert summary['results']['topology'] == {
-      'num_processes': 3, 'num_devices': 6, 'microbatches': 1}
+      'num_processes': 3,
+      'num_devices': 6,
+      'microbatches': 1
+  }
   ledger = next((tmp_path / '3x2' / 'goodput').glob('*/rank_2.json'))
   assert helpers.read_json(ledger)['notes']['topology']['num_devices'] == 6
 
 
-def test_a_2x4_checkpoint_resumes_on_3x2_and_on_1x8_with_a_limit(tmp_path,
-                                                                 straight):
+def test_a_2x4_checkpoint_resumes_on_3x2_and_on_1x8_with_a_limit(
+    tmp_path, straight):
   _run(tmp_path / 'first', '--config.steps=30', '--local_processes=2',
        '--local_devices=4')
-  for name, args, processes in (
-      ('3x2', THREE_BY_TWO, 3),
-      ('1x8_limit', ['--config.device_batch_limit=8'], 1)):
+  for name, args, processes in (('3x2', THREE_BY_TWO, 3),
+                                ('1x8_limit', ['--config.device_batch_limit=8'],
+                                 1)):
     shutil.copytree(tmp_path / 'first' / 'checkpoints',
                     tmp_path / name / 'checkpoints')
     result = _run(tmp_path / name, '--config.steps=60', *args)
@@ -84,9 +92,9 @@ def test_a_2x4_checkpoint_resumes_on_3x2_and_on_1x8_with_a_limit(tmp_path,
     # The examples of steps 30..59 are those of the run that never stopped.
     np.testing.assert_array_equal(_ids(tmp_path / name, processes),
                                   _ids(straight, 1)[30:])
-    helpers.assert_trees_close(
-        helpers.final_state(tmp_path / name)['params'],
-        helpers.final_state(straight)['params'], rtol=1e-5,
-        atol=1e-6)
+    helpers.assert_trees_close(helpers.final_state(tmp_path / name)['params'],
+                               helpers.final_state(straight)['params'],
+                               rtol=1e-5,
+                               atol=1e-6)
   rows = helpers.read_jsonl(tmp_path / '1x8_limit' / 'metrics.jsonl')
   assert rows[-1]['microbatches'] == 4  # 32 a device, 8 at a time.

@@ -38,26 +38,27 @@ def _assert_same(a: training.TrainResult, b: training.TrainResult) -> None:
   assert a.eval_metrics == b.eval_metrics
 
 
-def test_batch_statistics_are_trained_and_evaluated(
-    data_dir, tmp_path):
+def test_batch_statistics_are_trained_and_evaluated(data_dir, tmp_path):
   assert jax.device_count() == 8
   config = _config(data_dir, 6)
   before = mnist_cnn.make_task(config, mnist.load(str(data_dir))).model_state
   result = mnist_cnn.train_and_evaluate(config, str(tmp_path))
-  means = [leaf for path, leaf in
-           jax.tree_util.tree_leaves_with_path(result.model_state)
-           if 'mean' in jax.tree_util.keystr(path)]
+  means = [
+      leaf
+      for path, leaf in jax.tree_util.tree_leaves_with_path(result.model_state)
+      if 'mean' in jax.tree_util.keystr(path)
+  ]
   assert means and all(np.abs(m).max() > 0 for m in means)
-  assert not all(np.array_equal(a, b) for a, b in zip(
-      jax.tree_util.tree_leaves(before),
-      jax.tree_util.tree_leaves(result.model_state)))
+  assert not all(
+      np.array_equal(a, b)
+      for a, b in zip(jax.tree_util.tree_leaves(before),
+                      jax.tree_util.tree_leaves(result.model_state)))
   assert result.eval_metrics['eval_num_examples'] == 1001
   records = helpers.read_jsonl(tmp_path / 'metrics.jsonl')
   assert all('learning_rate' in r for r in records if 'loss' in r)
 
 
-def test_resume_is_exact_with_batch_statistics_and_dropout(data_dir,
-                                                           tmp_path):
+def test_resume_is_exact_with_batch_statistics_and_dropout(data_dir, tmp_path):
   straight = mnist_cnn.train_and_evaluate(_config(data_dir, 10),
                                           str(tmp_path / 'straight'))
   mnist_cnn.train_and_evaluate(_config(data_dir, 6), str(tmp_path / 'cut'))
@@ -65,9 +66,12 @@ def test_resume_is_exact_with_batch_statistics_and_dropout(data_dir,
                                          str(tmp_path / 'cut'))
   assert resumed.start_step == 6
   _assert_same(straight, resumed)
-  losses = [[r['loss'] for r in helpers.read_jsonl(tmp_path / k /
-                                                   'metrics.jsonl')
-             if 'loss' in r] for k in ('straight', 'cut')]
+  losses = [[
+      r['loss']
+      for r in helpers.read_jsonl(tmp_path / k / 'metrics.jsonl')
+      if 'loss' in r
+  ]
+            for k in ('straight', 'cut')]
   assert losses[0] == losses[1] and len(losses[0]) == 10
 
 
@@ -85,12 +89,15 @@ def test_dropout_draws_from_the_step_key(data_dir, tmp_path):
     built.model.dropout = dropout
     task = mnist_cnn.make_task(built, dataset)
     return training.train(config, str(tmp_path / name), task).fingerprint
+
   assert trained('a', 0, 0.3) != trained('b', 1, 0.3)
   assert trained('c', 0, 0.0) == trained('d', 1, 0.0)
 
 
 def test_pmap_and_shard_map_agree(data_dir, tmp_path):
-  results = [mnist_cnn.train_and_evaluate(
-      _config(data_dir, 8, parallelism=kind, checkpointing=False),
-      str(tmp_path / kind)) for kind in ('pmap', 'shard_map')]
+  results = [
+      mnist_cnn.train_and_evaluate(
+          _config(data_dir, 8, parallelism=kind, checkpointing=False),
+          str(tmp_path / kind)) for kind in ('pmap', 'shard_map')
+  ]
   _assert_same(*results)

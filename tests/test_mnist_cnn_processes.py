@@ -11,18 +11,21 @@ pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 # Groups of 8 examples (config.microbatch_size): 1 pass a device on 8
 # devices, 2 on 6 (with 4 groups of padding), so BatchNorm's statistics are
 # over the same groups on every topology; dropout's masks are per example.
-_ARGS = ['--config=configs/mnist_cnn.py', '--config.steps=6',
-         '--config.eval_every=3', '--config.model.features=(4, 8)',
-         '--config.model.dense=16', '--config.optimizer.warmup_steps=2',
-         '--config.optimizer.decay_steps=10', '--config.eval_batch_size=128',
-         '--config.global_batch_size=64', '--config.microbatch_size=8',
-         '--config.checkpoint_every=0']
+_ARGS = [
+    '--config=configs/mnist_cnn.py', '--config.steps=6',
+    '--config.eval_every=3', '--config.model.features=(4, 8)',
+    '--config.model.dense=16', '--config.optimizer.warmup_steps=2',
+    '--config.optimizer.decay_steps=10', '--config.eval_batch_size=128',
+    '--config.global_batch_size=64', '--config.microbatch_size=8',
+    '--config.checkpoint_every=0'
+]
 
 
 def _run(data_dir, workdir, *topology):
-  result = helpers.run_launcher(
-      [*_ARGS, f'--config.data_dir={data_dir}', *topology,
-       f'--workdir={workdir}'], timeout=200)
+  result = helpers.run_launcher([
+      *_ARGS, f'--config.data_dir={data_dir}', *topology, f'--workdir={workdir}'
+  ],
+                                timeout=200)
   assert result.returncode == 0, result.output
   return result
 
@@ -38,7 +41,9 @@ def one_by_eight(data_dir, tmp_path_factory):
 def _assert_same_model(one, other, rtol):
   states = [helpers.final_state(w) for w in (one, other)]
   for part in ('params', 'model_state'):
-    helpers.assert_trees_close(states[0][part], states[1][part], rtol=rtol,
+    helpers.assert_trees_close(states[0][part],
+                               states[1][part],
+                               rtol=rtol,
                                atol=rtol / 100)
 
 
@@ -46,8 +51,9 @@ def test_2x4_matches_1x8(data_dir, tmp_path, one_by_eight):
   """About 20-40 s: two processes compile the CNN's step (BatchNorm, Adam)
   and its evaluation."""
   _run(data_dir, tmp_path, '--local_processes=2', '--local_devices=4')
-  summaries = [helpers.read_json(w / 'summary.json')
-               for w in (one_by_eight, tmp_path)]
+  summaries = [
+      helpers.read_json(w / 'summary.json') for w in (one_by_eight, tmp_path)
+  ]
   # Two processes really ran the second, one the first.
   assert [s['process_count'] for s in summaries] == [1, 2]
   assert [s['device_count'] for s in summaries] == [8, 8]
@@ -68,8 +74,8 @@ def test_3x2_in_microbatches_with_padding_matches_1x8(data_dir, tmp_path,
   of 12 groups padding compute the step of 1 x 8. Over 30 s on a loaded
   machine: the CNN's scan over microbatches is slow on XLA:CPU
   (BUILD_NOTES, issue 30)."""
-  result = _run(data_dir, tmp_path, '--local_processes=3',
-                '--local_devices=2', '--config.parallelism=shard_map')
+  result = _run(data_dir, tmp_path, '--local_processes=3', '--local_devices=2',
+                '--config.parallelism=shard_map')
   assert ('2 microbatch(es) of 8 example(s) per device, 4 of 12 group(s) '
           'padding') in result.stderr, result.stderr
   _assert_same_model(one_by_eight, tmp_path, rtol=2e-4)

@@ -26,8 +26,8 @@ def test_two_hosts_with_explicit_coordinator_flags(tmp_path):
           '--config.steps=30', '--local_devices=4',
           f'--coordinator_address={address}',
           f'--coordinator_bind_address={address}', '--num_processes=2',
-          f'--process_id={i}', '--initialization_timeout=60'])
-      for i in range(2)
+          f'--process_id={i}', '--initialization_timeout=60'
+      ]) for i in range(2)
   ]
   try:
     results = [helpers.finish(p, 120, started) for p in procs]
@@ -40,13 +40,17 @@ def test_two_hosts_with_explicit_coordinator_flags(tmp_path):
   assert '[rank 0/2] I' in rank0.stderr and 'step 30/30' in rank0.stderr
   # Every line a rank prints carries its prefix (C++ log lines from XLA are
   # written below Python and are not prefixed).
-  python_lines = [l for l in rank0.stderr.splitlines()
-                  if '.py:' in l and not l.startswith('[rank 0/2] ')]
+  python_lines = [
+      l for l in rank0.stderr.splitlines()
+      if '.py:' in l and not l.startswith('[rank 0/2] ')
+  ]
   assert not python_lines, python_lines
-  assert not any(l.startswith('[rank 1/2] I') for l in
-                 rank1.stderr.splitlines()), rank1.stderr
-  prints = [helpers.read_json(tmp_path / 'ranks' / f'rank_{i}.json')
-            for i in range(2)]
+  assert not any(
+      l.startswith('[rank 1/2] I')
+      for l in rank1.stderr.splitlines()), rank1.stderr
+  prints = [
+      helpers.read_json(tmp_path / 'ranks' / f'rank_{i}.json') for i in range(2)
+  ]
   assert prints[0]['fingerprint'] == prints[1]['fingerprint']
   summary = helpers.read_json(tmp_path / 'summary.json')
   assert (summary['process_count'], summary['device_count']) == (2, 8)

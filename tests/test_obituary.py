@@ -14,14 +14,26 @@ pytestmark = pytest.mark.unit
 
 
 def _ledger(path, final):
-  path.write_text(json.dumps({
-      'started': 100.0, 'updated': 108.0, 'final': final,
-      'parts': {'startup': 1.0, 'productive': 5.0, 'other': 2.0},
-      'notes': {'attempt': 'a1', 'last_step': 40}}))
+  path.write_text(
+      json.dumps({
+          'started': 100.0,
+          'updated': 108.0,
+          'final': final,
+          'parts': {
+              'startup': 1.0,
+              'productive': 5.0,
+              'other': 2.0
+          },
+          'notes': {
+              'attempt': 'a1',
+              'last_step': 40
+          }
+      }))
 
 
 def test_what_faulthandler_wrote_names_the_end():
-  assert obituary.classify(b'Fatal Python error: Aborted\n\nThread ...')[0] == 134
+  assert obituary.classify(
+      b'Fatal Python error: Aborted\n\nThread ...')[0] == 134
   assert obituary.classify(b'Fatal Python error: Segmentation fault')[0] == 139
   code, cause = obituary.classify(b'')
   assert code == 137 and cause.startswith('killed without a trace')
@@ -37,9 +49,13 @@ def test_an_unwritten_end_is_written_and_a_written_one_kept(tmp_path):
   assert ledger['updated'] == 110.0 and not ledger['final']
   assert ledger['notes']['exit_code'] == 134
   assert ledger['notes']['last_step'] == 40  # What it knew stays.
-  assert ledger['notes']['fault'] == {'at': 110.0, 'detected': 110.0,
-                                      'rank': 1, 'kind': 'aborted',
-                                      'exit_code': 134}
+  assert ledger['notes']['fault'] == {
+      'at': 110.0,
+      'detected': 110.0,
+      'rank': 1,
+      'kind': 'aborted',
+      'exit_code': 134
+  }
   # Its whole life is accounted for: 10 s, the unrecorded end in 'other'.
   assert sum(ledger['parts'].values()) == pytest.approx(10.0)
   _ledger(path, final=True)
@@ -58,8 +74,10 @@ def test_what_it_writes_reads_back_as_the_records_types(tmp_path):
   obituary.record_end(str(path), 2, 110.0, b'')
   written = json.loads(path.read_text())['notes']
   notes = records.Notes.from_json(written)
-  assert notes.fault == records.Fault(kind='killed', process_index=2,
-                                      exit_code=137, at=110.0,
+  assert notes.fault == records.Fault(kind='killed',
+                                      process_index=2,
+                                      exit_code=137,
+                                      at=110.0,
                                       detected=110.0)
   assert (notes.exit_code, notes.last_step) == (137, 40)
   assert notes.cause.startswith('killed without a trace')
@@ -97,8 +115,10 @@ def test_without_pidfd_the_end_is_seen_by_the_parent_changing(tmp_path):
   out = tmp_path / 'seen.json'
   child = _CHILD.format(repo=str(helpers.REPO), out=str(out))
   started = time.time()
-  subprocess.run([sys.executable, '-c', _PARENT.format(child=child)],
-                 timeout=30, check=True)
+  subprocess.run(
+      [sys.executable, '-c', _PARENT.format(child=child)],
+      timeout=30,
+      check=True)
   assert helpers.wait_for(out.exists, 10)
   seen = json.loads(out.read_text())
   assert seen['traceback'] == 'Fatal Python error: Aborted\n'

@@ -14,7 +14,8 @@ def test_prefixed_stream_prefixes_every_line_once():
   stream = output_prefix.PrefixedStream(out, '[rank 1/4] ')
   stream.write('a\nb')
   stream.write('c\n\nd\n')
-  assert out.getvalue() == '[rank 1/4] a\n[rank 1/4] bc\n[rank 1/4] \n[rank 1/4] d\n'
+  assert out.getvalue(
+  ) == '[rank 1/4] a\n[rank 1/4] bc\n[rank 1/4] \n[rank 1/4] d\n'
 
 
 def test_console_filter():
@@ -60,12 +61,16 @@ def test_routine_library_logs_are_kept_off(monkeypatch):
   seen = []
 
   class Keep(std_logging.Handler):
+
     def emit(self, record):
       seen.append((record.name, record.getMessage()))
+
   handler = Keep()
-  loggers = [std_logging.getLogger(n) for n in (
-      'jax._src.xla_bridge', 'google.auth._default',
-      'google.auth.compute_engine._metadata')]
+  loggers = [
+      std_logging.getLogger(n)
+      for n in ('jax._src.xla_bridge', 'google.auth._default',
+                'google.auth.compute_engine._metadata')
+  ]
   for logger in loggers:
     logger.addHandler(handler)
   try:
@@ -78,8 +83,8 @@ def test_routine_library_logs_are_kept_off(monkeypatch):
   finally:
     for logger in loggers:
       logger.removeHandler(handler)
-  assert [m for _, m in seen] == ['a real warning of JAX',
-                                  'an error is still shown']
+  assert [m for _, m in seen
+         ] == ['a real warning of JAX', 'an error is still shown']
   credentials = ('E1202 23:15:05.530524   14210 google_auth_provider.cc:188] '
                  'Could not find the credentials file in the standard gcloud '
                  'location')
@@ -103,9 +108,12 @@ def test_interleaved_gloo_lines_stay_in_the_logs():
 
 def test_pod_passthrough_drops_the_flags_the_pod_sets():
   cli.parse_flags(['launcher', '--config=configs/linear_regression.py'])
-  args = ['--config=configs/linear_regression.py', '--config.steps=5',
-          '--local_processes', '2', '--local_devices=4', '--dry_run',
-          '--workdir', '/tmp/x', '--stall_timeout=9', '--nodry_run']
+  args = [
+      '--config=configs/linear_regression.py', '--config.steps=5',
+      '--local_processes', '2', '--local_devices=4', '--dry_run', '--workdir',
+      '/tmp/x', '--stall_timeout=9', '--nodry_run'
+  ]
   assert cli.pod_passthrough_args(args) == [
       '--config=configs/linear_regression.py', '--config.steps=5',
-      '--stall_timeout=9']
+      '--stall_timeout=9'
+  ]

@@ -41,24 +41,31 @@ def local_run(tmp_path_factory):
   pod of the emulated pod's shape (2 processes of 4 devices)."""
   root = own_project.write(tmp_path_factory.mktemp('local') / 'my_project')
   workdir = root.parent / 'work'
-  result = helpers.run_launcher(
-      [f'--config={own_project.CONFIG}', '--local_processes=2', *POD,
-       f'--workdir={workdir}'], cwd=root, timeout=120)
+  result = helpers.run_launcher([
+      f'--config={own_project.CONFIG}', '--local_processes=2', *POD,
+      f'--workdir={workdir}'
+  ],
+                                cwd=root,
+                                timeout=120)
   assert result.returncode == 0, result.output
   return workdir
 
 
 def _code_dirs(pod) -> list:
-  return [sorted((pod.root / f'worker_{w}' / 'podrun').glob('code-*'))
-          for w in range(pod.workers)]
+  return [
+      sorted((pod.root / f'worker_{w}' / 'podrun').glob('code-*'))
+      for w in range(pod.workers)
+  ]
 
 
-def test_a_project_of_ones_own_trains_on_every_worker(pod, tmp_path,
-                                                      local_run):
+def test_a_project_of_ones_own_trains_on_every_worker(pod, tmp_path, local_run):
   root = own_project.write(tmp_path / 'my_project')
   workdir = tmp_path / 'work'
-  result = pod.run('--', f'--config={own_project.CONFIG}', *POD,
-                   f'--workdir={workdir}', cwd=root)
+  result = pod.run('--',
+                   f'--config={own_project.CONFIG}',
+                   *POD,
+                   f'--workdir={workdir}',
+                   cwd=root)
   assert result.returncode == 0, result.output
   assert f'podrun and the project {root} (5 file(s)' in result.stderr
   assert f'step {own_project.STEPS}/{own_project.STEPS}' in pod.log(0)
@@ -67,14 +74,17 @@ def test_a_project_of_ones_own_trains_on_every_worker(pod, tmp_path,
   for dirs in _code_dirs(pod):
     code, = dirs
     assert sorted(p.name for p in code.iterdir()) == [
-        '.podrun-ready', 'podrun', 'project']
-    assert (code / 'project' / 'data' / 'points.csv').read_bytes() == (
-        root / 'data' / 'points.csv').read_bytes()
+        '.podrun-ready', 'podrun', 'project'
+    ]
+    assert (code / 'project' / 'data' /
+            'points.csv').read_bytes() == (root / 'data' /
+                                           'points.csv').read_bytes()
   assert _code_dirs(pod)[0][0].name == _code_dirs(pod)[1][0].name
   assert helpers.fingerprints(workdir) == helpers.fingerprints(local_run)
   helpers.assert_trees_close(helpers.final_state(workdir)['params'],
                              helpers.final_state(local_run)['params'],
-                             rtol=1e-6, atol=1e-7)
+                             rtol=1e-6,
+                             atol=1e-7)
 
 
 @pytest.mark.parametrize('make, says', [
@@ -89,8 +99,11 @@ def test_a_project_that_cannot_travel_exits_2_before_anything_runs(
     pod, tmp_path, make, says):
   root = own_project.write(tmp_path / 'my_project')
   make(root)
-  result = pod.run('--project_max_mb=2', '--',
-                   f'--config={own_project.CONFIG}', *POD, cwd=root,
+  result = pod.run('--project_max_mb=2',
+                   '--',
+                   f'--config={own_project.CONFIG}',
+                   *POD,
+                   cwd=root,
                    timeout=60)
   assert result.returncode == exit_codes.CONFIG_ERROR, result.output
   assert says in result.stderr
@@ -99,8 +112,11 @@ def test_a_project_that_cannot_travel_exits_2_before_anything_runs(
 
 
 def test_a_missing_project_dir_exits_2_naming_it(pod, tmp_path):
-  result = pod.run(f'--project_dir={tmp_path / "nowhere"}', '--',
-                   f'--config={own_project.CONFIG}', *POD, timeout=60)
+  result = pod.run(f'--project_dir={tmp_path / "nowhere"}',
+                   '--',
+                   f'--config={own_project.CONFIG}',
+                   *POD,
+                   timeout=60)
   assert result.returncode == exit_codes.CONFIG_ERROR, result.output
   assert f'--project_dir={tmp_path / "nowhere"}: no such directory' in (
       result.stderr)
@@ -109,11 +125,14 @@ def test_a_missing_project_dir_exits_2_naming_it(pod, tmp_path):
 
 def test_project_dir_names_the_project_from_anywhere(pod, tmp_path):
   root = own_project.write(tmp_path / 'my_project')
-  result = subprocess.run(
-      pod.args(f'--project_dir={root}', '--dry_run', '--',
-               f'--config={own_project.CONFIG}', *POD),
-      cwd=tmp_path, env=pod.env, capture_output=True, text=True,
-      timeout=60, check=False)
+  result = subprocess.run(pod.args(f'--project_dir={root}', '--dry_run', '--',
+                                   f'--config={own_project.CONFIG}', *POD),
+                          cwd=tmp_path,
+                          env=pod.env,
+                          capture_output=True,
+                          text=True,
+                          timeout=60,
+                          check=False)
   assert result.returncode == 0, result.stderr
   assert f'and the project {root} (5 file(s)' in result.stdout
   run = next(l for l in result.stdout.splitlines() if ' run test-job-a1 ' in l)
@@ -123,8 +142,11 @@ def test_project_dir_names_the_project_from_anywhere(pod, tmp_path):
 
 
 def _ran_from(output: str) -> set[str]:
-  return {line.split('regress: running from ', 1)[1].strip()
-          for line in output.splitlines() if 'regress: running from ' in line}
+  return {
+      line.split('regress: running from ', 1)[1].strip()
+      for line in output.splitlines()
+      if 'regress: running from ' in line
+  }
 
 
 def test_on_ray_the_project_goes_to_every_node_as_its_working_dir(
@@ -139,8 +161,11 @@ def test_on_ray_the_project_goes_to_every_node_as_its_working_dir(
   workdir = tmp_path / 'work'
   with ray_cluster.RayCluster(nodes=2) as cluster:
     result = ray_cluster.run_podrun_ray(
-        cluster.address, 2, [f'--config={own_project.CONFIG}', *POD,
-                             f'--workdir={workdir}', '--log_all_ranks'],
+        cluster.address,
+        2, [
+            f'--config={own_project.CONFIG}', *POD, f'--workdir={workdir}',
+            '--log_all_ranks'
+        ],
         cwd=root)
   assert result.returncode == 0, result.output
   assert f'the project {root} (6 file(s)' in result.stderr
@@ -166,9 +191,11 @@ def test_the_commands_podrun_s_messages_name_are_on_the_path(tmp_path):
   for command in ('podrun-goodput', 'podrun-fetch-mnist'):
     assert command in scripts
     result = subprocess.run([str(venv / 'bin' / command), '--help'],
-                            cwd=tmp_path, capture_output=True, text=True,
-                            timeout=120, env=helpers.launcher_env(
-                                PYTHONPATH=''))
+                            cwd=tmp_path,
+                            capture_output=True,
+                            text=True,
+                            timeout=120,
+                            env=helpers.launcher_env(PYTHONPATH=''))
     assert result.returncode == 0, (command, result.stderr[-2000:])
     assert 'usage:' in result.stdout
 
@@ -183,16 +210,27 @@ def test_podrun_installed_from_a_wheel_ships_itself_and_the_project(
   env = dict(pod.env, PYTHONPATH='', PODRUN_LOCAL_PYTHON=python)
   where = subprocess.run(
       [python, '-c', 'import launcher; print(launcher.__file__)'],
-      env=env, cwd=root, capture_output=True, text=True, check=True)
+      env=env,
+      cwd=root,
+      capture_output=True,
+      text=True,
+      check=True)
   assert where.stdout.startswith(str(venv)), where.stdout
-  args = pod.args('--', f'--config={own_project.CONFIG}', *POD,
-                  f'--workdir={workdir}', python=python)
+  args = pod.args('--',
+                  f'--config={own_project.CONFIG}',
+                  *POD,
+                  f'--workdir={workdir}',
+                  python=python)
   started = time.monotonic()
-  proc = subprocess.Popen([str(venv / 'bin' / 'podrun-tpu'), 'launch',
-                           *args[1:]], cwd=root, env=env,
-                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True,
-                          start_new_session=True)
+  proc = subprocess.Popen(
+      [str(venv / 'bin' / 'podrun-tpu'), 'launch', *args[1:]],
+      cwd=root,
+      env=env,
+      stdin=subprocess.DEVNULL,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      start_new_session=True)
   try:
     result = helpers.finish(proc, 200, started)
   finally:
@@ -203,10 +241,11 @@ def test_podrun_installed_from_a_wheel_ships_itself_and_the_project(
   # podrun's part is the installed packages and a pyproject.toml written
   # from the wheel's metadata, not the checkout's files.
   assert sorted(p.name for p in podrun.iterdir()) == [
-      'configs', 'launcher', 'pyproject.toml', 'runtime']
+      'configs', 'launcher', 'pyproject.toml', 'runtime'
+  ]
   written = tomllib.loads((podrun / 'pyproject.toml').read_text())
   assert written['project']['name'] == 'podrun'
-  assert 'jax[tpu]' in ' '.join(written['project']['optional-dependencies'][
-      'tpu'])
+  assert 'jax[tpu]' in ' '.join(
+      written['project']['optional-dependencies']['tpu'])
   assert (code / 'project' / own_project.CONFIG).exists()
   assert helpers.fingerprints(workdir) == helpers.fingerprints(local_run)

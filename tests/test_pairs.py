@@ -14,8 +14,11 @@ TESTS = pathlib.Path(__file__).resolve().parent
 
 def _test_names(module: pathlib.Path) -> set[str]:
   tree = ast.parse(module.read_text())
-  return {node.name for node in tree.body
-          if isinstance(node, ast.FunctionDef) and node.name.startswith('test_')}
+  return {
+      node.name
+      for node in tree.body
+      if isinstance(node, ast.FunctionDef) and node.name.startswith('test_')
+  }
 
 
 def test_every_entry_names_an_existing_processes_test():
@@ -35,7 +38,7 @@ def test_every_entry_names_an_existing_processes_test():
 
 def test_a_named_test_or_module_is_version_dependent_and_others_not():
   assert pairs.is_version_dependent('test_multihost.py', 'test_anything')
-  assert pairs.is_version_dependent(
-      'test_preemption.py', 'test_resume_is_exact_on_2x4')
-  assert not pairs.is_version_dependent(
-      'test_preemption.py', 'test_a_user_error_is_not_retried')
+  assert pairs.is_version_dependent('test_preemption.py',
+                                    'test_resume_is_exact_on_2x4')
+  assert not pairs.is_version_dependent('test_preemption.py',
+                                        'test_a_user_error_is_not_retried')

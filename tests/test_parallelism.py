@@ -76,12 +76,11 @@ def test_pmap_and_shard_map_agree_on_8_devices(tmp_path, workload):
     task, _ = mlp.make_task(config)
   config.steps, config.log_every = 25, 1
   by_pmap = _train(config, str(tmp_path / 'pmap'), task, 'pmap')
-  by_shard_map = _train(config, str(tmp_path / 'shard_map'), task,
-                        'shard_map')
+  by_shard_map = _train(config, str(tmp_path / 'shard_map'), task, 'shard_map')
   assert by_shard_map.fingerprint == by_pmap.fingerprint
-  losses = [[r['loss'] for r in helpers.read_jsonl(tmp_path / k /
-                                                   'metrics.jsonl')]
-            for k in ('pmap', 'shard_map')]
+  losses = [[
+      r['loss'] for r in helpers.read_jsonl(tmp_path / k / 'metrics.jsonl')
+  ] for k in ('pmap', 'shard_map')]
   assert losses[0] == losses[1] and len(losses[0]) == 25
 
 
@@ -92,13 +91,16 @@ def test_per_device_rng_is_the_same_on_both_paths(tmp_path):
 
   def noisy_loss(params, batch, rng):
     # Input dropout: the gradients, not only the loss, depend on the key.
-    loss, metrics = plain.loss_fn(
-        params, {**batch, 'x': runtime.dropout(rng, 0.2, batch['x'])})
+    loss, metrics = plain.loss_fn(params, {
+        **batch, 'x': runtime.dropout(rng, 0.2, batch['x'])
+    })
     return loss, metrics
 
   task = dataclasses.replace(plain, loss_fn=noisy_loss, rng='example')
-  results = [_train(config, str(tmp_path / str(k)), task, k)
-             for k in parallelism.CHOICES]
+  results = [
+      _train(config, str(tmp_path / str(k)), task, k)
+      for k in parallelism.CHOICES
+  ]
   assert results[0].fingerprint == results[1].fingerprint
   assert results[0].final_metrics == results[1].final_metrics
 
@@ -113,8 +115,9 @@ def test_mnist_with_exact_eval_agrees_on_both_paths(tmp_path):
   results = []
   for par in parallelism.CHOICES:
     config.parallelism = str(par)
-    results.append(_train(config, str(tmp_path / str(par)),
-                          mnist.make_task(config, dataset), par))
+    results.append(
+        _train(config, str(tmp_path / str(par)),
+               mnist.make_task(config, dataset), par))
   assert results[0].fingerprint == results[1].fingerprint
   assert results[0].eval_metrics == results[1].eval_metrics
   assert results[1].eval_metrics['eval_num_examples'] == 1001

@@ -12,7 +12,6 @@ from tests import helpers
 
 pytestmark = pytest.mark.unit
 
-
 SCRIPT = str(helpers.REPO / 'scripts' / 'plot_metrics.py')
 
 
@@ -24,15 +23,28 @@ def _write(workdir, records):
 
 
 def _run(*args):
-  return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True,
-                        text=True, timeout=120, check=False)
+  return subprocess.run([sys.executable, SCRIPT, *args],
+                        capture_output=True,
+                        text=True,
+                        timeout=120,
+                        check=False)
 
 
 def test_loss_and_accuracy_with_eval_points(tmp_path):
-  records = [{'step': s, 'loss': 2.0 / s, 'accuracy': 1 - 1 / s}
-             for s in range(10, 110, 10)]
-  records += [{'step': 50, 'eval_loss': 0.1, 'eval_accuracy': 0.9},
-              {'step': 100, 'eval_loss': 0.05, 'eval_accuracy': 0.95}]
+  records = [{
+      'step': s,
+      'loss': 2.0 / s,
+      'accuracy': 1 - 1 / s
+  } for s in range(10, 110, 10)]
+  records += [{
+      'step': 50,
+      'eval_loss': 0.1,
+      'eval_accuracy': 0.9
+  }, {
+      'step': 100,
+      'eval_loss': 0.05,
+      'eval_accuracy': 0.95
+  }]
   _write(tmp_path, records)
   result = _run(str(tmp_path))
   assert result.returncode == 0, result.stderr
@@ -47,8 +59,10 @@ def test_loss_and_accuracy_with_eval_points(tmp_path):
 
 
 def test_loss_only_to_a_chosen_file(tmp_path):
-  _write(tmp_path / 'run', [{'step': s, 'loss': 1.0 - s / 100}
-                            for s in range(1, 50)])
+  _write(tmp_path / 'run', [{
+      'step': s,
+      'loss': 1.0 - s / 100
+  } for s in range(1, 50)])
   result = _run(str(tmp_path / 'run'), f'--out={tmp_path / "x.png"}')
   assert result.returncode == 0, result.stderr
   assert '(loss)' in result.stdout

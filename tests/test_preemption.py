@@ -22,10 +22,14 @@ from tests import helpers
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 STEPS = helpers.STRAIGHT_STEPS
-PROBE = [f'--config={helpers.PROBE_CONFIG}', '--config.log_every=1',
-         '--config.checkpoint_every=10']
-PAUSE = ['--config.fail_rank=0', '--config.fail_step=20',
-         '--config.fail_mode=sleep', '--config.fail_seconds=4']
+PROBE = [
+    f'--config={helpers.PROBE_CONFIG}', '--config.log_every=1',
+    '--config.checkpoint_every=10'
+]
+PAUSE = [
+    '--config.fail_rank=0', '--config.fail_step=20', '--config.fail_mode=sleep',
+    '--config.fail_seconds=4'
+]
 POD = ['--local_processes=2', '--local_devices=4']
 
 
@@ -74,8 +78,8 @@ def _signal_mid_run(args, workdir, target, timeout=180):
 
 @pytest.fixture
 def straight_2x4(probe_2x4_straight):
-  return (helpers.fingerprints(probe_2x4_straight, 2)[0],
-          _records(probe_2x4_straight))
+  return (helpers.fingerprints(probe_2x4_straight,
+                               2)[0], _records(probe_2x4_straight))
 
 
 @pytest.fixture(scope='module')
@@ -92,7 +96,8 @@ def _assert_same_run(workdir, straight, ranks, loss_rtol=0.0):
   resumed = _records(workdir)
   assert [r['step'] for r in resumed] == list(range(1, STEPS + 1))
   np.testing.assert_allclose([r['loss'] for r in resumed],
-                             [r['loss'] for r in records], rtol=loss_rtol,
+                             [r['loss'] for r in records],
+                             rtol=loss_rtol,
                              atol=0)
 
 
@@ -108,20 +113,25 @@ def test_resume_is_exact_on_2x4(tmp_path, straight_2x4):
 def test_sigterm_to_one_rank_preempts_and_the_restart_resumes(
     tmp_path, straight_2x4):
   result = _signal_mid_run(
-      [*PROBE, f'--workdir={tmp_path}', *POD, f'--config.steps={STEPS}',
-       *PAUSE, '--max_restarts=1', '--restart_backoff=0.5'], tmp_path,
+      [
+          *PROBE, f'--workdir={tmp_path}', *POD, f'--config.steps={STEPS}',
+          *PAUSE, '--max_restarts=1', '--restart_backoff=0.5'
+      ], tmp_path,
       lambda proc: os.kill(helpers.rank_pids(tmp_path)[1], signal.SIGTERM))
   assert result.returncode == 0, result.output
   attempts = _attempts(tmp_path)
-  assert [(a['exit_code'], a['kind']) for a in attempts] == [
-      (exit_codes.PREEMPTED, 'preempted'), (0, 'ok')], attempts
+  assert [(a['exit_code'], a['kind']) for a in attempts
+         ] == [(exit_codes.PREEMPTED, 'preempted'), (0, 'ok')], attempts
   assert 'preempted by a preemption notice to a rank' in result.stderr
   assert ('after 1 restart(s): 1 preemption(s), 0 retryable failure(s)'
           in result.stderr)
   # Both ranks saved the same agreed step; the second attempt started there.
   log = (tmp_path / 'logs' / 'rank_1.log').read_text()
-  saved = {int(line.split('saves step ')[1].split()[0])
-           for line in log.splitlines() if 'every process saves step' in line}
+  saved = {
+      int(line.split('saves step ')[1].split()[0])
+      for line in log.splitlines()
+      if 'every process saves step' in line
+  }
   assert len(saved) == 1, log
   assert f'resuming at step {saved.pop()}' in result.stderr
   _assert_same_run(tmp_path, straight_2x4, 2)
@@ -130,8 +140,10 @@ def test_sigterm_to_one_rank_preempts_and_the_restart_resumes(
 
 def test_sigterm_to_the_launcher_saves_and_is_not_restarted(
     tmp_path, straight_2x4):
-  args = [*PROBE, f'--workdir={tmp_path}', *POD, f'--config.steps={STEPS}',
-          '--max_restarts=2']
+  args = [
+      *PROBE, f'--workdir={tmp_path}', *POD, f'--config.steps={STEPS}',
+      '--max_restarts=2'
+  ]
   result = _signal_mid_run(args + PAUSE, tmp_path,
                            lambda proc: proc.send_signal(signal.SIGTERM))
   # Whoever stops the launcher wants it stopped: no restart here.
@@ -171,8 +183,10 @@ def test_sigkill_during_a_save_falls_back_to_the_last_complete_checkpoint(
     tmp_path):
   # 16 MB of incompressible parameters and a save every 2 steps: a save is
   # in progress nearly all the time.
-  big = ['--config.ballast_floats=4000000', '--config.checkpoint_every=2',
-         '--config.log_every=2']
+  big = [
+      '--config.ballast_floats=4000000', '--config.checkpoint_every=2',
+      '--config.log_every=2'
+  ]
   checkpoints = tmp_path / 'checkpoints'
 
   def partial():
@@ -188,10 +202,11 @@ def test_sigkill_during_a_save_falls_back_to_the_last_complete_checkpoint(
     except OSError:
       return []
 
-  proc = helpers.start_launcher([*PROBE, f'--workdir={tmp_path}', *big,
-                                 '--config.steps=100000'])
+  proc = helpers.start_launcher(
+      [*PROBE, f'--workdir={tmp_path}', *big, '--config.steps=100000'])
   try:
-    assert helpers.wait_for(lambda: complete() and partial(), 90,
+    assert helpers.wait_for(lambda: complete() and partial(),
+                            90,
                             interval=0.005), helpers.finish(proc, 10, 0).output
     helpers.kill_group(proc)
     proc.wait(10)
@@ -209,10 +224,9 @@ def test_sigkill_during_a_save_falls_back_to_the_last_complete_checkpoint(
   assert not partial()  # The next start cleared the torn save away.
   straight = _run(tmp_path / 'straight', *big, f'--config.steps={steps}')
   assert straight.returncode == 0, straight.output
-  assert (helpers.fingerprints(tmp_path, 1) ==
-          helpers.fingerprints(tmp_path / 'straight', 1))
-  assert [r['step'] for r in _records(tmp_path)] == list(range(2, steps + 1,
-                                                               2))
+  assert (helpers.fingerprints(tmp_path, 1) == helpers.fingerprints(
+      tmp_path / 'straight', 1))
+  assert [r['step'] for r in _records(tmp_path)] == list(range(2, steps + 1, 2))
 
 
 def test_a_user_error_is_not_retried(tmp_path):
@@ -231,8 +245,8 @@ def test_a_retryable_exit_code_is_retried_and_counted_apart(tmp_path):
                 '--config.fail_rank=1', '--config.fail_mode=exit',
                 '--config.fail_code=7')
   assert result.returncode == 7, result.output
-  assert [(a['exit_code'], a['kind']) for a in _attempts(tmp_path)] == [
-      (7, 'retryable'), (7, 'retryable')]
+  assert [(a['exit_code'], a['kind']) for a in _attempts(tmp_path)
+         ] == [(7, 'retryable'), (7, 'retryable')]
   assert 'restart 1/1 after retryable exit code 7' in result.stderr
   assert ('after 1 restart(s): 0 preemption(s), 2 retryable failure(s)'
           in result.stderr)

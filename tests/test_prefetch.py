@@ -30,6 +30,7 @@ def test_batches_come_in_step_order_and_ahead_of_time():
 
 
 def test_an_error_is_raised_at_its_step():
+
   def make(step):
     if step == 2:
       raise OSError('disk gone')

@@ -31,8 +31,10 @@ def _module_state(path: pathlib.Path) -> set[str]:
   `global` statement, or lower-case and bound to a mutable value (a list,
   dict or set, or what a call other than _CONSTANT_CALLS returns)."""
   tree = ast.parse(path.read_text())
-  rebound = {name for node in ast.walk(tree) if isinstance(node, ast.Global)
-             for name in node.names}
+  rebound = {
+      name for node in ast.walk(tree) if isinstance(node, ast.Global)
+      for name in node.names
+  }
   out = set()
   for node in tree.body:
     if isinstance(node, ast.Assign):
@@ -42,12 +44,15 @@ def _module_state(path: pathlib.Path) -> set[str]:
     else:
       continue
     value = node.value
-    mutable = isinstance(value, (ast.List, ast.Dict, ast.Set, ast.ListComp,
-                                 ast.DictComp, ast.SetComp)) or (
-        isinstance(value, ast.Call) and
-        ast.unparse(value.func) not in _CONSTANT_CALLS)
-    out |= {n for n in names if n in rebound or (
-        mutable and n.islower() and not n.startswith('__'))}
+    mutable = isinstance(
+        value,
+        (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp,
+         ast.SetComp)) or (isinstance(value, ast.Call) and
+                           ast.unparse(value.func) not in _CONSTANT_CALLS)
+    out |= {
+        n for n in names
+        if n in rebound or (mutable and n.islower() and not n.startswith('__'))
+    }
   return out
 
 
@@ -103,15 +108,17 @@ def test_each_test_has_its_own_local_tier_and_record_copies(tmp_path):
 
 def _items(spec: str) -> list:
   """Fake test items: 'a1 a2 b1' is tests 1 and 2 of module a, 1 of b."""
-  return [types.SimpleNamespace(path=pathlib.Path(f'test_{n[0]}.py'),
-                                name=n) for n in spec.split()]
+  return [
+      types.SimpleNamespace(path=pathlib.Path(f'test_{n[0]}.py'), name=n)
+      for n in spec.split()
+  ]
 
 
 def test_a_reorder_keeps_each_module_together():
   items = _items('a1 a2 a3 b1 b2 c1 d1 d2 d3 d4')
   assert conftest.reordered(items, '') == items
-  assert [i.name for i in conftest.reordered(items, 'reverse')] == (
-      'd1 d2 d3 d4 c1 b1 b2 a1 a2 a3'.split())
+  assert [i.name for i in conftest.reordered(items, 'reverse')
+         ] == ('d1 d2 d3 d4 c1 b1 b2 a1 a2 a3'.split())
   shuffled = [i.name for i in conftest.reordered(items, 'shuffle:7')]
   assert shuffled == [i.name for i in conftest.reordered(items, 'shuffle:7')]
   assert sorted(shuffled) == sorted(i.name for i in items)

@@ -28,7 +28,8 @@ def test_in_git_the_files_git_does_not_ignore_travel(tmp_path):
   (tmp_path / '.gitignore').write_text('*.log\ndata/huge.bin\n__pycache__/\n')
   assert project.listed_files(str(tmp_path)) == [
       '.gitignore', 'data/train.csv', 'my_config.py', 'pkg/__init__.py',
-      'pkg/model.py']
+      'pkg/model.py'
+  ]
 
 
 def test_a_subdirectory_of_a_git_tree_lists_its_own_files(tmp_path):
@@ -44,8 +45,8 @@ def test_outside_git_every_file_but_bytecode_travels(tmp_path):
     _write(tmp_path, name)
   found = project.find(str(tmp_path))
   assert found.files == ('data/train.csv', 'my_config.py', 'run.log')
-  assert (found.directory, found.size, found.is_podrun) == (
-      str(tmp_path), 3, False)
+  assert (found.directory, found.size, found.is_podrun) == (str(tmp_path), 3,
+                                                            False)
 
 
 def test_the_current_directory_is_the_default(tmp_path, monkeypatch):
@@ -74,10 +75,12 @@ def test_a_package_of_podruns_name_is_refused(tmp_path, name):
   assert 'Nothing was copied' in str(e.value)
 
 
-@pytest.mark.parametrize('names', [
-    ['configs/default.py'],  # Flax's examples: a namespace portion
-    ['configs/__init__.py', 'configs/default.py'],  # a regular package
-])
+@pytest.mark.parametrize(
+    'names',
+    [
+        ['configs/default.py'],  # Flax's examples: a namespace portion
+        ['configs/__init__.py', 'configs/default.py'],  # a regular package
+    ])
 def test_a_projects_own_configs_travel(tmp_path, names):
   # podrun's configs/ is a namespace portion of example configs: the
   # project's own `configs` is the project's, whichever kind it is.
@@ -92,8 +95,7 @@ def test_podruns_own_checkout_may_hold_its_packages(tmp_path):
   assert found.is_podrun and found.files == ('runtime/__init__.py',)
 
 
-def test_a_project_over_the_cap_names_its_biggest_files_and_the_flag(
-    tmp_path):
+def test_a_project_over_the_cap_names_its_biggest_files_and_the_flag(tmp_path):
   mib = 1 << 20
   _write(tmp_path, 'data/big.bin', b'x' * (2 * mib))
   _write(tmp_path, 'data/small.bin', b'x' * (mib // 2))
@@ -117,14 +119,15 @@ def test_a_symlink_to_a_file_travels_as_the_file(tmp_path):
 
 def test_what_is_left_out_is_every_path_that_does_not_travel(tmp_path):
   subprocess.run(['git', 'init', '-q', str(tmp_path)], check=True)
-  for name in ('.gitignore', 'a.py', 'src/b.py', 'src/notes.log',
-               'data/x.bin', 'data/deep/y.bin', 'odd [1].log'):
+  for name in ('.gitignore', 'a.py', 'src/b.py', 'src/notes.log', 'data/x.bin',
+               'data/deep/y.bin', 'odd [1].log'):
     _write(tmp_path, name)
   (tmp_path / '.gitignore').write_text('*.log\ndata/\n')
   found = project.find(str(tmp_path))
   assert found.files == ('.gitignore', 'a.py', 'src/b.py')
   assert project.left_out(found) == [
-      '/.git/', '/data/', '/odd\\ \\[1\\].log', '/src/notes.log']
+      '/.git/', '/data/', '/odd\\ \\[1\\].log', '/src/notes.log'
+  ]
 
 
 def test_ray_takes_the_left_out_patterns_as_they_are_meant():

@@ -23,18 +23,26 @@ pytestmark = pytest.mark.unit
 
 
 def test_a_request_becomes_the_sdks_create_arguments():
-  one = queued.Request('run7', ('run7',), 'v4-32', 'img', tier='spot',
+  one = queued.Request('run7', ('run7',),
+                       'v4-32',
+                       'img',
+                       tier='spot',
                        valid_until='6h')
   assert one.create_args() == [
       'run7', '--accelerator-type=v4-32', '--runtime-version=img',
-      '--node-id=run7', '--spot', '--valid-until-duration=6h']
-  two = queued.Request('run7', queued.node_names('run7', 2), 'v5p-128',
-                       'img', tier='reserved',
+      '--node-id=run7', '--spot', '--valid-until-duration=6h'
+  ]
+  two = queued.Request('run7',
+                       queued.node_names('run7', 2),
+                       'v5p-128',
+                       'img',
+                       tier='reserved',
                        valid_until='2026-12-02T00:00:00Z')
   assert two.nodes == ('run7-0', 'run7-1')
   assert two.create_args()[3:] == [
       '--node-count=2', '--node-prefix=run7', '--reserved',
-      '--valid-until-time=2026-12-02T00:00:00Z']
+      '--valid-until-time=2026-12-02T00:00:00Z'
+  ]
   assert '--spot' not in queued.Request('r', ('r',), 'v4-8',
                                         'img').create_args()
 
@@ -42,12 +50,26 @@ def test_a_request_becomes_the_sdks_create_arguments():
 @pytest.mark.parametrize('qr,nodes,phase', [
     ('ACCEPTED', {}, 'capacity'),
     ('WAITING_FOR_RESOURCES', {}, 'capacity'),
-    ('PROVISIONING', {'n': ('CREATING', '')}, 'provisioning'),
-    ('ACTIVE', {'n': ('CREATING', '')}, 'ready'),
-    ('ACTIVE', {'n': ('READY', 'TIMEOUT')}, 'ready'),
-    ('ACTIVE', {'n': ('READY', 'HEALTHY'), 'm': ('READY', '')}, 'up'),
-    ('ACTIVE', {'n': ('READY', 'HEALTHY'), 'm': ('PREEMPTED', '')}, 'lost'),
-    ('SUSPENDING', {'n': ('PREEMPTED', '')}, 'lost'),
+    ('PROVISIONING', {
+        'n': ('CREATING', '')
+    }, 'provisioning'),
+    ('ACTIVE', {
+        'n': ('CREATING', '')
+    }, 'ready'),
+    ('ACTIVE', {
+        'n': ('READY', 'TIMEOUT')
+    }, 'ready'),
+    ('ACTIVE', {
+        'n': ('READY', 'HEALTHY'),
+        'm': ('READY', '')
+    }, 'up'),
+    ('ACTIVE', {
+        'n': ('READY', 'HEALTHY'),
+        'm': ('PREEMPTED', '')
+    }, 'lost'),
+    ('SUSPENDING', {
+        'n': ('PREEMPTED', '')
+    }, 'lost'),
     ('SUSPENDED', {}, 'lost'),
     ('FAILED', {}, 'lost'),
     (queued.NOT_FOUND, {}, 'lost'),
@@ -82,12 +104,16 @@ UP = queued.Observation('ACTIVE', {'run7': ('READY', 'HEALTHY')})
 
 
 def test_the_wait_follows_the_phases_and_ends_up(monkeypatch):
-  fleet, said = _fleet(monkeypatch, [
-      WAITING, WAITING, queued.Observation('PROVISIONING', {}), UP])
+  fleet, said = _fleet(
+      monkeypatch,
+      [WAITING, WAITING,
+       queued.Observation('PROVISIONING', {}), UP])
   assert fleet.wait_up() == UP and fleet.up
-  assert said == ['run7: queued resource WAITING_FOR_RESOURCES',
-                  'run7: queued resource PROVISIONING',
-                  'run7: queued resource ACTIVE; node(s) run7 READY/HEALTHY']
+  assert said == [
+      'run7: queued resource WAITING_FOR_RESOURCES',
+      'run7: queued resource PROVISIONING',
+      'run7: queued resource ACTIVE; node(s) run7 READY/HEALTHY'
+  ]
 
 
 def test_a_phase_past_its_timeout_is_named(monkeypatch):
@@ -95,8 +121,8 @@ def test_a_phase_past_its_timeout_is_named(monkeypatch):
   with pytest.raises(commands.LaunchError) as e:
     fleet.wait_up()
   assert e.value.exit_code == exit_codes.POD_UNAVAILABLE
-  assert ('the capacity phase took over 0.05 s (--capacity_timeout)' in
-          str(e.value))
+  assert ('the capacity phase took over 0.05 s (--capacity_timeout)'
+          in str(e.value))
 
 
 def test_a_failed_read_is_retried_a_few_times_only(monkeypatch):
@@ -121,16 +147,20 @@ def test_a_lost_slice_is_not_up(monkeypatch):
     (['--create'], '--create needs --accelerator_type and --runtime_version'),
     (['--delete_after'], '--delete_after go(es) with --create'),
     (['--num_slices=0'], '--num_slices=0: at least 1'),
-    (['--create', '--accelerator_type=v4-8', '--runtime_version=i',
-      '--poll_interval=0'], '--poll_interval must be positive'),
+    ([
+        '--create', '--accelerator_type=v4-8', '--runtime_version=i',
+        '--poll_interval=0'
+    ], '--poll_interval must be positive'),
     (['--num_slices=2', '--min_slices=1'], '--min_slices needs --create'),
-    (['--create', '--accelerator_type=v4-8', '--runtime_version=i',
-      '--num_slices=2', '--min_slices=2'],
-     '--min_slices=2 with --num_slices=2: it must be from 1 to 1'),
-    (['--create', '--accelerator_type=v4-8', '--runtime_version=i',
-      '--num_slices=2', '--min_slices=1', '--',
-      '--config.topology.num_slices=2'],
-     '--config.topology.num_slices=2 fixes what --min_slices lets change'),
+    ([
+        '--create', '--accelerator_type=v4-8', '--runtime_version=i',
+        '--num_slices=2', '--min_slices=2'
+    ], '--min_slices=2 with --num_slices=2: it must be from 1 to 1'),
+    ([
+        '--create', '--accelerator_type=v4-8', '--runtime_version=i',
+        '--num_slices=2', '--min_slices=1', '--',
+        '--config.topology.num_slices=2'
+    ], '--config.topology.num_slices=2 fixes what --min_slices lets change'),
 ])
 def test_flags_that_do_not_go_together(argv, message, capsys):
   argv, _, extra = ' '.join(argv).partition(' -- ')
@@ -141,20 +171,24 @@ def test_flags_that_do_not_go_together(argv, message, capsys):
 
 
 def test_an_elastic_launch_has_a_queued_resource_per_slice():
-  base = queued.Request('run', ('tpu-0', 'tpu-1'), 'v4-16', 'image',
+  base = queued.Request('run', ('tpu-0', 'tpu-1'),
+                        'v4-16',
+                        'image',
                         tier='spot')
   requests = elastic.requests(base)
-  assert [(r.name, r.nodes) for r in requests] == [
-      ('run-0', ('tpu-0',)), ('run-1', ('tpu-1',))]
+  assert [(r.name, r.nodes) for r in requests] == [('run-0', ('tpu-0',)),
+                                                   ('run-1', ('tpu-1',))]
   assert requests[1].create_args() == [
       'run-1', '--accelerator-type=v4-16', '--runtime-version=image',
-      '--node-id=tpu-1', '--spot']
+      '--node-id=tpu-1', '--spot'
+  ]
 
 
 def test_the_tier_and_the_queued_resource_name():
-  options, launcher_args = flags.parse(
-      ['--tpu=t', '--zone=z', '--create', '--accelerator_type=v4-8',
-       '--runtime_version=i', '--reserved', '--workdir=w'], ['--config=c'])
+  options, launcher_args = flags.parse([
+      '--tpu=t', '--zone=z', '--create', '--accelerator_type=v4-8',
+      '--runtime_version=i', '--reserved', '--workdir=w'
+  ], ['--config=c'])
   assert (options.tier, options.queued_resource) == ('reserved', 't')
   assert list(launcher_args) == ['--config=c', '--workdir=w']
 
@@ -162,10 +196,11 @@ def test_the_tier_and_the_queued_resource_name():
 def test_the_flags_are_one_typed_frozen_options():
   """Every flag is a field of flags.PodFlags of the type its value has;
   nothing changes them after parse."""
-  options, _ = flags.parse(
-      ['--tpu=t', '--zone=z', '--env=A=1', '--env=B=2', '--stop_grace=5',
-       '--min_slices=1', '--num_slices=2', '--create',
-       '--accelerator_type=v4-8', '--runtime_version=i'], ['--config=c'])
+  options, _ = flags.parse([
+      '--tpu=t', '--zone=z', '--env=A=1', '--env=B=2', '--stop_grace=5',
+      '--min_slices=1', '--num_slices=2', '--create', '--accelerator_type=v4-8',
+      '--runtime_version=i'
+  ], ['--config=c'])
   given = {a.dest for a in flags._parser()._actions if a.dest != 'help'}
   fields = {f.name: f.type for f in dataclasses.fields(flags.PodFlags)}
   read_together = {'max_restarts', 'restart_backoff', 'retry_exit_codes'}
@@ -173,8 +208,10 @@ def test_the_flags_are_one_typed_frozen_options():
   assert options.env == ('A=1', 'B=2') and options.stop_grace == 5.0
   for name, kind in fields.items():
     value = getattr(options, name)
-    assert value is None or isinstance(value, typing.get_origin(kind) or (
-        float if kind is float else kind)) or (kind is float and
+    assert value is None or isinstance(
+        value,
+        typing.get_origin(kind) or
+        (float if kind is float else kind)) or (kind is float and
                                                 isinstance(value, int)), name
   with pytest.raises(dataclasses.FrozenInstanceError):
     options.stop_grace = 1
@@ -206,9 +243,13 @@ class _Launch:
   workers = 1
 
   def __init__(self, log_dir='/nonexistent', backoff=0.05, timeout=5.0):
-    self.options = type('Options', (), {
-        'queued_resource': 'run', 'tpu': 'run', 'slice_back_backoff': backoff,
-        'slice_back_timeout': timeout})()
+    self.options = type(
+        'Options', (), {
+            'queued_resource': 'run',
+            'tpu': 'run',
+            'slice_back_backoff': backoff,
+            'slice_back_timeout': timeout
+        })()
     self.gcloud, self.said, self.prepared = None, [], []
     self.log_dir = log_dir
 
@@ -240,8 +281,12 @@ def _group(minimum: int, **launch_options):
   """Two slices, run-a and run-b, behind fake queued resources."""
   launch = _Launch(**launch_options)
   base = queued.Request('run', ('run-a', 'run-b'), 'v4-16', 'image')
-  group = elastic.SliceGroup(launch, base, queued.Timeouts(1, 1, 1), 0.1,
-                             '/dev/null', minimum=minimum)
+  group = elastic.SliceGroup(launch,
+                             base,
+                             queued.Timeouts(1, 1, 1),
+                             0.1,
+                             '/dev/null',
+                             minimum=minimum)
   group.fleets = [_FakeFleet(r) for r in elastic.requests(base)]
   return launch, group
 
@@ -250,16 +295,15 @@ def test_a_lost_slice_shrinks_the_job_and_comes_back_to_grow_it():
   launch, group = _group(minimum=1)
   group.fleets[0].up = False  # Slice 0 (process 0, the coordinator) lost.
   assert group.lost() is not None
-  assert _after(group, _ended(75, lost=(0,))) == policy.Resize(
-      'shrink')
+  assert _after(group, _ended(75, lost=(0,))) == policy.Resize('shrink')
   assert group.nodes() == ('run-b',)
   assert helpers.wait_for(lambda: group.grow_due(time.monotonic()), 10)
   assert launch.prepared == [('run-a',)] and group.fleets[0].created == 1
   assert group.describe() == ('run-b; run-a back, joining at the '
                               'next step boundary')
-  assert _after(group, _ended(75, regrew=True)) == policy.Resize(
-      'grow')
-  assert group.nodes() == ('run-a', 'run-b') and not group.grow_due(time.monotonic())
+  assert _after(group, _ended(75, regrew=True)) == policy.Resize('grow')
+  assert group.nodes() == ('run-a',
+                           'run-b') and not group.grow_due(time.monotonic())
   assert _after(group, _ended(1)) is None  # A plain failure.
 
 
@@ -278,6 +322,7 @@ def test_a_slice_that_does_not_come_back_is_retried_then_given_up():
   def never_up():
     tries.append(time.monotonic())
     raise commands.LaunchError('the capacity phase took over 1 s')
+
   group.fleets[1].wait_up = never_up
   group.fleets[1].up = False
   assert _after(group, _ended(75, lost=(1,))) == policy.Resize('wait')
@@ -303,14 +348,15 @@ def test_a_slice_back_on_its_second_try_grows_the_job(tmp_path):
     if failures:
       raise commands.LaunchError(failures.pop())
     real_wait_up()
+
   group.fleets[1].wait_up = up_on_the_second_try
   group.fleets[1].up = False
-  assert _after(group, _ended(75, lost=(1,))) == policy.Resize(
-      'shrink')
+  assert _after(group, _ended(75, lost=(1,))) == policy.Resize('shrink')
   # --status, from another process of this machine, while the driver
   # waits to try again.
-  assert helpers.wait_for(lambda: 'retrying' in ' '.join(
-      elastic.status_lines([str(tmp_path)], 'run')), 5, 0.01)
+  assert helpers.wait_for(
+      lambda: 'retrying' in ' '.join(
+          elastic.status_lines([str(tmp_path)], 'run')), 5, 0.01)
   line, = elastic.status_lines([str(tmp_path)], 'run')
   assert line.startswith(f'slice run-b (driver pid {os.getpid()}): retrying '
                          'in '), line
@@ -320,16 +366,24 @@ def test_a_slice_back_on_its_second_try_grows_the_job(tmp_path):
   assert group.fleets[1].created == 2 and launch.prepared == [('run-b',)]
   assert elastic.status_lines([str(tmp_path)], 'run') == [
       f'slice run-b (driver pid {os.getpid()}): back, joining at the next '
-      'step boundary']
-  assert _after(group, _ended(75, regrew=True)) == policy.Resize(
-      'grow')
+      'step boundary'
+  ]
+  assert _after(group, _ended(75, regrew=True)) == policy.Resize('grow')
   assert elastic.status_lines([str(tmp_path)], 'run') == [
-      f'slice run-b (driver pid {os.getpid()}): in the job']
+      f'slice run-b (driver pid {os.getpid()}): in the job'
+  ]
 
 
 def test_status_ignores_a_driver_that_has_ended(tmp_path):
   dead = subprocess.Popen(['true'])
   dead.wait()
   files.write_json(str(tmp_path / elastic.STATUS_FILE), {
-      'tpu': 'run', 'pid': dead.pid, 'slices': {'run-b': {'state': 'x'}}})
+      'tpu': 'run',
+      'pid': dead.pid,
+      'slices': {
+          'run-b': {
+              'state': 'x'
+          }
+      }
+  })
   assert elastic.status_lines([str(tmp_path)], 'run') == []

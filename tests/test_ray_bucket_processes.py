@@ -20,8 +20,10 @@ pytest.importorskip('ray')
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
-LINEAR = ['--config=configs/linear_regression.py', '--config.steps=30',
-          '--local_devices=2']
+LINEAR = [
+    '--config=configs/linear_regression.py', '--config.steps=30',
+    '--local_devices=2'
+]
 
 
 def test_the_driver_writes_the_launchers_files_into_the_bucket(
@@ -31,8 +33,7 @@ def test_the_driver_writes_the_launchers_files_into_the_bucket(
     gcs.bucket('runs')
     # The raylets, their processes and the driver all see the emulator and
     # keep their copy of the record under `cache`.
-    for name, value in {**gcs.env(), handoff.RECORD_CACHE: str(cache)
-                        }.items():
+    for name, value in {**gcs.env(), handoff.RECORD_CACHE: str(cache)}.items():
       monkeypatch.setenv(name, value)
     url = 'gs://runs/ray'
     with ray_cluster.RayCluster(nodes=2) as cluster:
@@ -51,8 +52,8 @@ def test_the_driver_writes_the_launchers_files_into_the_bucket(
   attempts = helpers.read_jsonl(record / 'logs' / 'attempts.jsonl')
   assert [a['kind'] for a in attempts] == ['ok'], attempts
   job = helpers.read_json(record / 'logs' / 'job.json')
-  assert (job['launched_by'], job['exit_code'], len(job['ranks'])) == (
-      'podrun-ray', 0, 2), job
+  assert (job['launched_by'], job['exit_code'],
+          len(job['ranks'])) == ('podrun-ray', 0, 2), job
   # This machine's copy of the record, which process 0 wrote into and
   # mirrored: its run.json, and no roll-up or summary.json there, the
   # driver's (in the bucket above), so process 0 wrote neither.

@@ -29,12 +29,14 @@ pytest.importorskip('ray')
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(360)]
 
 STEPS, BATCH, EXAMPLES, EVERY = 100, 40, 400, 5
-PROBE = [f'--config={helpers.PROBE_CONFIG}', f'--config.steps={STEPS}',
-         f'--config.global_batch_size={BATCH}',
-         f'--config.data.num_examples={EXAMPLES}', '--config.log_every=5',
-         f'--config.local_checkpoint_every={EVERY}',
-         '--config.checkpoint_every=50', '--config.step_seconds=0.05',
-         '--config.nan_on_padding=True', '--config.census=True']
+PROBE = [
+    f'--config={helpers.PROBE_CONFIG}', f'--config.steps={STEPS}',
+    f'--config.global_batch_size={BATCH}',
+    f'--config.data.num_examples={EXAMPLES}', '--config.log_every=5',
+    f'--config.local_checkpoint_every={EVERY}', '--config.checkpoint_every=50',
+    '--config.step_seconds=0.05', '--config.nan_on_padding=True',
+    '--config.census=True'
+]
 
 
 def test_a_dead_node_shrinks_the_job_and_a_new_one_grows_it(tmp_path):
@@ -44,8 +46,9 @@ def test_a_dead_node_shrinks_the_job_and_a_new_one_grows_it(tmp_path):
   workdir = tmp_path / 'ray'
   with ray_cluster.RayCluster(nodes=4) as cluster:
     proc = ray_cluster.start_podrun_ray(
-        cluster.address, 4, [*PROBE, '--local_devices=2',
-                             f'--workdir={workdir}'], '--min_processes=3')
+        cluster.address, 4,
+        [*PROBE, '--local_devices=2', f'--workdir={workdir}'],
+        '--min_processes=3')
     started = time.monotonic()
     seen = []  # What the test reads itself, which `finish` then misses.
     try:
@@ -70,20 +73,20 @@ def test_a_dead_node_shrinks_the_job_and_a_new_one_grows_it(tmp_path):
     assert helpers.wait_for(lambda: not cluster.live_placement_groups(), 10)
 
   attempts = helpers.read_jsonl(workdir / 'logs' / 'attempts.jsonl')
-  assert [(a['processes'], a['exit_code'], a.get('resize'))
-          for a in attempts] == [(4, 137, 'shrink'), (3, 75, 'grow'),
-                                 (4, 0, None)]
+  assert [(a['processes'], a['exit_code'], a.get('resize')) for a in attempts
+         ] == [(4, 137, 'shrink'), (3, 75, 'grow'), (4, 0, None)]
   # The survivors restored their own copies: at most two local copies'
   # worth trained again (the kill may tear one); the stop to grow saved.
-  recomputed = [helpers.read_json(workdir / 'goodput' / a['name'] /
-                                  'rank_0.json')['notes'].get(
-                                      'recomputed_steps') or 0
-                for a in attempts]
+  recomputed = [
+      helpers.read_json(workdir / 'goodput' / a['name'] /
+                        'rank_0.json')['notes'].get('recomputed_steps') or 0
+      for a in attempts
+  ]
   assert recomputed[2] == 0 and sum(recomputed) <= 2 * EVERY, recomputed
   rows = helpers.read_jsonl(workdir / 'metrics.jsonl')
-  assert {(r['num_processes'], r['num_devices']) for r in rows} == {
-      (4, 8), (3, 6)}
+  assert {(r['num_processes'], r['num_devices']) for r in rows} == {(4, 8),
+                                                                    (3, 6)}
   trained = census.counts(helpers.final_state(workdir)['params'])
   assert trained.steps == STEPS
-  np.testing.assert_array_equal(
-      trained.examples, census.expected(BATCH, EXAMPLES, 0, STEPS))
+  np.testing.assert_array_equal(trained.examples,
+                                census.expected(BATCH, EXAMPLES, 0, STEPS))

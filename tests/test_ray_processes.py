@@ -15,8 +15,10 @@ pytest.importorskip('ray')
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
-LINEAR = ['--config=configs/linear_regression.py', '--config.steps=60',
-          '--local_devices=2']
+LINEAR = [
+    '--config=configs/linear_regression.py', '--config.steps=60',
+    '--local_devices=2'
+]
 
 
 @pytest.fixture(scope='module')
@@ -30,8 +32,8 @@ def _no_job_left(cluster, workdir) -> None:
   job_id = helpers.read_json(workdir / 'logs' / 'job.json')['job_id']
   assert helpers.wait_for(
       lambda: not helpers.processes_with_env(f'PODRUN_JOB_ID={job_id}'), 10)
-  assert helpers.wait_for(lambda: not cluster.live_placement_groups(), 10), (
-      cluster.live_placement_groups())
+  assert helpers.wait_for(lambda: not cluster.live_placement_groups(),
+                          10), (cluster.live_placement_groups())
 
 
 def test_four_nodes_train_as_a_local_4x2_pod(cluster, tmp_path):
@@ -51,18 +53,18 @@ def test_four_nodes_train_as_a_local_4x2_pod(cluster, tmp_path):
   _no_job_left(cluster, on_ray)
 
   local = tmp_path / 'local'
-  pod = helpers.run_launcher([*LINEAR, f'--workdir={local}',
-                              '--local_processes=4'])
+  pod = helpers.run_launcher(
+      [*LINEAR, f'--workdir={local}', '--local_processes=4'])
   assert pod.returncode == 0, pod.output
-  assert (helpers.fingerprints(on_ray, 4) ==
-          helpers.fingerprints(local, 4))
+  assert (helpers.fingerprints(on_ray, 4) == helpers.fingerprints(local, 4))
   assert len(set(helpers.fingerprints(on_ray, 4))) == 1
 
 
 def test_more_processes_than_nodes_is_refused_naming_both(cluster, tmp_path):
-  result = ray_cluster.run_podrun_ray(
-      cluster.address, 5, [*LINEAR, f'--workdir={tmp_path}'],
-      '--start_timeout=3', timeout=60)
+  result = ray_cluster.run_podrun_ray(cluster.address,
+                                      5, [*LINEAR, f'--workdir={tmp_path}'],
+                                      '--start_timeout=3',
+                                      timeout=60)
   assert result.returncode == 6, result.output
   assert ('--num_processes=5 needs 5 nodes with --resources_per_process='
           "{'host': 1.0} each" in result.stderr), result.stderr
@@ -74,14 +76,12 @@ def test_a_failing_process_ends_the_job_with_its_code(cluster, tmp_path):
   """A user's error on rank 2 (exit 7 at step 5) ends every process and the
   job with 7: the root cause, not the peers' 10. The user's --env reached
   every process; the nodes never saw the driver's shell."""
-  result = ray_cluster.run_podrun_ray(
-      cluster.address, 4,
-      [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
-       f'--workdir={tmp_path}', '--config.steps=40',
-       '--config.fail_rank=2', '--config.fail_step=5',
-       '--config.fail_mode=podrun_error', '--config.fail_code=7',
-       '--config.echo_env=PROBE_API_KEY'],
-      '--stop_grace=20', '--env=PROBE_API_KEY=from the driver')
+  result = ray_cluster.run_podrun_ray(cluster.address, 4, [
+      f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
+      f'--workdir={tmp_path}', '--config.steps=40', '--config.fail_rank=2',
+      '--config.fail_step=5', '--config.fail_mode=podrun_error',
+      '--config.fail_code=7', '--config.echo_env=PROBE_API_KEY'
+  ], '--stop_grace=20', '--env=PROBE_API_KEY=from the driver')
   assert result.returncode == 7, result.output
   assert 'rank 2 ended with exit code 7' in result.stderr, result.stderr
   for rank in range(4):
@@ -95,18 +95,17 @@ def test_a_retried_failure_starts_again_on_a_fresh_placement_group(
   """About 25 s: exit 7 on rank 1 at step 5 of the first attempt, retried
   (--retry_exit_codes=7 --max_restarts=1): the second attempt, on new
   bundles, trains to the end."""
-  result = ray_cluster.run_podrun_ray(
-      cluster.address, 4,
-      [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
-       f'--workdir={tmp_path}', '--config.steps=30', '--config.fail_rank=1',
-       '--config.fail_step=5', '--config.fail_mode=podrun_error',
-       '--config.fail_code=7', '--config.fail_once=True'],
-      '--max_restarts=1', '--retry_exit_codes=7', '--stop_grace=20')
+  result = ray_cluster.run_podrun_ray(cluster.address, 4, [
+      f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
+      f'--workdir={tmp_path}', '--config.steps=30', '--config.fail_rank=1',
+      '--config.fail_step=5', '--config.fail_mode=podrun_error',
+      '--config.fail_code=7', '--config.fail_once=True'
+  ], '--max_restarts=1', '--retry_exit_codes=7', '--stop_grace=20')
   assert result.returncode == 0, result.output
   assert 'restart 1/1 after retryable exit code 7' in result.stderr
   attempts = helpers.read_jsonl(tmp_path / 'logs' / 'attempts.jsonl')
-  assert [(a['attempt'], a['exit_code'], a['processes'])
-          for a in attempts] == [(1, 7, 4), (2, 0, 4)]
+  assert [(a['attempt'], a['exit_code'], a['processes']) for a in attempts
+         ] == [(1, 7, 4), (2, 0, 4)]
   assert helpers.read_json(tmp_path / 'logs' / 'job.json')['attempt'] == 2
   assert '===== attempt 2 =====' in (tmp_path / 'logs' /
                                      'rank_1.log').read_text()
@@ -118,9 +117,11 @@ def test_a_sigterm_is_a_preemption_notice_and_the_job_resumes_exactly(
   """About 45 s: podrun-ray SIGTERMed at step 20 ends 75 after every
   process saved the step they agreed on; a second podrun-ray resumes there
   and ends with the parameters of a local 4x2 pod that never stopped."""
-  probe = [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
-           '--config.steps=120', '--config.step_seconds=0.05',
-           '--config.log_every=10']
+  probe = [
+      f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
+      '--config.steps=120', '--config.step_seconds=0.05',
+      '--config.log_every=10'
+  ]
   workdir = tmp_path / 'ray'
   proc = ray_cluster.start_podrun_ray(cluster.address, 4,
                                       [*probe, f'--workdir={workdir}'])
@@ -135,8 +136,8 @@ def test_a_sigterm_is_a_preemption_notice_and_the_job_resumes_exactly(
     helpers.kill_group(proc)
   assert first.returncode == 75, first.output
   attempts = helpers.read_jsonl(workdir / 'logs' / 'attempts.jsonl')
-  assert [(a['exit_code'], a['launcher_signalled']) for a in attempts] == [
-      (75, True)]
+  assert [(a['exit_code'], a['launcher_signalled']) for a in attempts
+         ] == [(75, True)]
   _no_job_left(cluster, workdir)
 
   second = ray_cluster.run_podrun_ray(cluster.address, 4,
@@ -145,8 +146,8 @@ def test_a_sigterm_is_a_preemption_notice_and_the_job_resumes_exactly(
   resumed = helpers.read_json(workdir / 'ranks' / 'rank_0.json')
   assert 20 <= resumed['start_step'] < 120, resumed['start_step']
   straight = tmp_path / 'straight'
-  pod = helpers.run_launcher([*probe, f'--workdir={straight}',
-                              '--local_processes=4'])
+  pod = helpers.run_launcher(
+      [*probe, f'--workdir={straight}', '--local_processes=4'])
   assert pod.returncode == 0, pod.output
   assert helpers.fingerprints(workdir, 4) == helpers.fingerprints(straight, 4)
 
@@ -157,11 +158,11 @@ def test_a_strangers_bundle_request_waits_and_leaves_the_job_alone(
   one holds every node; it waits, this job trains to its end undisturbed,
   and the stranger gets its bundle once this job is gone."""
   from ray.util.placement_group import placement_group, remove_placement_group  # pylint: disable=g-import-not-at-top
-  proc = ray_cluster.start_podrun_ray(
-      cluster.address, 4,
-      [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
-       f'--workdir={tmp_path}', '--config.steps=60',
-       '--config.step_seconds=0.05', '--config.log_every=10'])
+  proc = ray_cluster.start_podrun_ray(cluster.address, 4, [
+      f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
+      f'--workdir={tmp_path}', '--config.steps=60',
+      '--config.step_seconds=0.05', '--config.log_every=10'
+  ])
   started = time.monotonic()
   stranger = None
   try:
@@ -190,13 +191,15 @@ def test_a_drained_node_is_a_preemption_notice(cluster, tmp_path):
   75, and the next attempt, on the nodes Ray still schedules on, resumes
   there with nothing recomputed and ends as a local 3x2 pod that never
   stopped. The drained node stays drained: later tests avoid it."""
-  probe = [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
-           '--config.steps=120', '--config.step_seconds=0.05',
-           '--config.log_every=10']
+  probe = [
+      f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
+      '--config.steps=120', '--config.step_seconds=0.05',
+      '--config.log_every=10'
+  ]
   workdir = tmp_path / 'ray'
-  proc = ray_cluster.start_podrun_ray(
-      cluster.address, 3, [*probe, f'--workdir={workdir}'],
-      '--max_restarts=1')
+  proc = ray_cluster.start_podrun_ray(cluster.address, 3,
+                                      [*probe, f'--workdir={workdir}'],
+                                      '--max_restarts=1')
   started = time.monotonic()
   try:
     ray_cluster.read_until(proc.stderr, 'step 20/120')
@@ -209,8 +212,8 @@ def test_a_drained_node_is_a_preemption_notice(cluster, tmp_path):
   assert (f"rank {rank}'s node {node[:12]} is draining (deadline in "
           in result.stderr), result.stderr
   attempts = helpers.read_jsonl(workdir / 'logs' / 'attempts.jsonl')
-  assert [(a['exit_code'], a['kind']) for a in attempts] == [
-      (75, 'preempted'), (0, 'ok')]
+  assert [(a['exit_code'], a['kind']) for a in attempts] == [(75, 'preempted'),
+                                                             (0, 'ok')]
   again = helpers.read_json(workdir / 'logs' / 'job.json')
   assert again['attempt'] == 2
   assert node not in [r['node'] for r in again['ranks']]
@@ -218,14 +221,13 @@ def test_a_drained_node_is_a_preemption_notice(cluster, tmp_path):
                              'rank_0.json')['notes']
   assert second['restore_step'] >= 20 and not second.get('recomputed_steps')
   straight = tmp_path / 'straight'
-  pod = helpers.run_launcher([*probe, f'--workdir={straight}',
-                              '--local_processes=3'])
+  pod = helpers.run_launcher(
+      [*probe, f'--workdir={straight}', '--local_processes=3'])
   assert pod.returncode == 0, pod.output
   assert helpers.fingerprints(workdir, 3) == helpers.fingerprints(straight, 3)
 
 
-def test_a_node_that_dies_is_a_lost_process_and_ends_the_job(cluster,
-                                                             tmp_path):
+def test_a_node_that_dies_is_a_lost_process_and_ends_the_job(cluster, tmp_path):
   """About 20 s: a 3-process job (one node is drained by the test before),
   the raylet of a rank's node killed at step 10. Its actor stops answering
   at once: the others hear that its host may be gone and end within
@@ -233,11 +235,11 @@ def test_a_node_that_dies_is_a_lost_process_and_ends_the_job(cluster,
   declare the node dead (about 12 s here). Last
   in the module: the cluster has 3 nodes after it (a node added here would
   be a process the test leaves running)."""
-  proc = ray_cluster.start_podrun_ray(
-      cluster.address, 3,
-      [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
-       f'--workdir={tmp_path}', '--config.steps=2000',
-       '--config.step_seconds=0.05', '--config.log_every=10'])
+  proc = ray_cluster.start_podrun_ray(cluster.address, 3, [
+      f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
+      f'--workdir={tmp_path}', '--config.steps=2000',
+      '--config.step_seconds=0.05', '--config.log_every=10'
+  ])
   started = time.monotonic()
   try:
     ray_cluster.read_until(proc.stderr, 'step 10/2000')

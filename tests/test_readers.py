@@ -42,17 +42,20 @@ def test_a_worker_that_dies_ends_the_read_naming_its_records():
   with readers.Readers(records.Records(100, dies=7), workers=2) as pool:
     with pytest.raises(readers.WorkerError,
                        match=r'a data worker died while reading records 0 to '
-                             r'9 \(config.data.workers=2\)'):
+                       r'9 \(config.data.workers=2\)'):
       pool.read(np.arange(20))
 
 
 def test_a_source_that_does_not_pickle_is_refused_with_the_fix():
+
   class Local:  # Defined in a function: pickle cannot find it.
+
     def __len__(self):
       return 1
 
     def __getitem__(self, i):
       return {'x': np.zeros(1)}
+
   with pytest.raises(exit_codes.ConfigError,
                      match='must pickle to reach the worker processes'):
     readers.Readers(Local(), workers=2)
@@ -98,8 +101,10 @@ def test_auto_reads_in_the_process_first_and_then_in_workers():
 
 
 def test_auto_keeps_a_source_that_does_not_pickle_in_the_process():
+
   class Local(records.Records):  # Defined in a function: it cannot pickle.
     pass
+
   slow = Local(100, record_s=0.004)
   with readers.AutoReaders(slow, rows=16, spare_cores=4) as reader:
     _read_all(reader, slow, [np.arange(16)] * (readers.AUTO_READS + 1))
@@ -116,16 +121,20 @@ def test_auto_in_a_run_trains_as_a_read_in_the_process(tmp_path, caplog):
   config = config_lib.get_config()
   config.steps, config.checkpointing, config.global_batch_size = 8, False, 32
   task, _ = linear_regression.make_task(config)
-  task = dataclasses.replace(task, data=records.Arrays(
-      task.data.arrays, record_s=0.002))
+  task = dataclasses.replace(task,
+                             data=records.Arrays(task.data.arrays,
+                                                 record_s=0.002))
   config.data.workers = 0
   here = training.train(config, str(tmp_path / 'here'), task)
   config.data.workers = -1
   with caplog.at_level('INFO'):
     auto = training.train(config, str(tmp_path / 'auto'), task)
   assert auto.fingerprint == here.fingerprint
-  said = [r.getMessage() for r in caplog.records
-          if 'config.data.workers=auto' in r.getMessage()]
+  said = [
+      r.getMessage()
+      for r in caplog.records
+      if 'config.data.workers=auto' in r.getMessage()
+  ]
   # 32 records of 2 ms of waiting a step: 4 or more workers for 20 ms.
   assert said and re.match(r'config.data.workers=auto: ([4-9]|1\d) worker',
                            said[0]), said

@@ -35,15 +35,21 @@ class Bucket:
   def find(self, url, detail=True):
     assert detail
     prefix = url[len('gs://'):]
-    return {name: self._info(name) for name in self.objects
-            if name.startswith(prefix + '/')}
+    return {
+        name: self._info(name)
+        for name in self.objects
+        if name.startswith(prefix + '/')
+    }
 
   def _info(self, name):
     data, written = self.objects[name]
     stamp = datetime.datetime.fromtimestamp(written, datetime.timezone.utc)
-    return {'name': name, 'size': len(data),
-            'md5Hash': base64.b64encode(hashlib.md5(data).digest()).decode(),
-            'updated': stamp.strftime('%Y-%m-%dT%H:%M:%S.%fZ')}
+    return {
+        'name': name,
+        'size': len(data),
+        'md5Hash': base64.b64encode(hashlib.md5(data).digest()).decode(),
+        'updated': stamp.strftime('%Y-%m-%dT%H:%M:%S.%fZ')
+    }
 
   def cat_file(self, url):
     return self.objects[url[len('gs://'):]][0]
@@ -71,8 +77,10 @@ def _write(root, relative, data: bytes, mtime=None):
 
 
 def _mirror(tmp_path, bucket, owns=None, job_id=None):
-  return record_mirror.Mirror(URL, str(tmp_path / 'copy'),
-                              owns or record_mirror.process_owns(0), fs=bucket,
+  return record_mirror.Mirror(URL,
+                              str(tmp_path / 'copy'),
+                              owns or record_mirror.process_owns(0),
+                              fs=bucket,
                               job_id=job_id)
 
 
@@ -91,8 +99,7 @@ def test_each_file_has_one_owner():
   assert not record_mirror.launcher_owns('logs/rank_0.log')
 
 
-def test_a_push_uploads_what_changed_and_only_what_this_process_owns(
-    tmp_path):
+def test_a_push_uploads_what_changed_and_only_what_this_process_owns(tmp_path):
   bucket = Bucket()
   mirror = _mirror(tmp_path, bucket)
   copy = tmp_path / 'copy'
@@ -126,7 +133,8 @@ def test_a_fetch_brings_the_earlier_attempts_and_keeps_newer_local_files(
     tmp_path):
   bucket = Bucket()
   bucket.put('metrics.jsonl', b'{"step": 1}\n', written=time.time() - 100)
-  bucket.put('goodput/a1/rank_1.json', b'{"end": null}',
+  bucket.put('goodput/a1/rank_1.json',
+             b'{"end": null}',
              written=time.time() - 100)
   bucket.put('checkpoints/10/x', b'not the record')
   copy = tmp_path / 'copy'
@@ -188,8 +196,10 @@ def test_another_records_copy_is_set_aside_and_the_buckets_fetched(tmp_path):
   bucket.objects.clear()
   bucket.put('metrics.jsonl', b'{"step": 1}\n')  # Job c's, from elsewhere.
   _mirror(tmp_path, bucket, job_id='job-b').fetch()
-  assert sorted(p.relative_to(copy).as_posix() for p in copy.rglob('*')
-                if p.is_file()) == ['.podrun/copy_of.json', 'metrics.jsonl']
+  assert sorted(
+      p.relative_to(copy).as_posix()
+      for p in copy.rglob('*')
+      if p.is_file()) == ['.podrun/copy_of.json', 'metrics.jsonl']
 
 
 def test_a_later_attempt_of_the_same_job_keeps_what_it_wrote(tmp_path):
@@ -250,8 +260,8 @@ def test_the_last_upload_is_bounded(tmp_path, caplog):
 
 def test_the_local_copy_is_named_by_the_bucket_path(monkeypatch, tmp_path):
   monkeypatch.setenv('PODRUN_RECORD_CACHE', str(tmp_path))
-  assert layout.local_copy('gs://runs/a/b/') == str(
-      tmp_path / 'runs' / 'a' / 'b')
+  assert layout.local_copy('gs://runs/a/b/') == str(tmp_path / 'runs' / 'a' /
+                                                    'b')
   assert layout.in_bucket('gs://runs/a')
   assert not layout.in_bucket('/runs/a')
 

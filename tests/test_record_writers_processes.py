@@ -14,8 +14,10 @@ from tests import helpers
 
 pytestmark = pytest.mark.processes
 
-ARGS = [f'--config={helpers.PROBE_CONFIG}', '--config.steps=10',
-        '--config.checkpoint_every=5']
+ARGS = [
+    f'--config={helpers.PROBE_CONFIG}', '--config.steps=10',
+    '--config.checkpoint_every=5'
+]
 # Written by orbax and by JAX's compilation cache, each process its part,
 # and kept out of the record's mirror: not the record's files.
 NOT_THE_RECORD = (f'{layout.CHECKPOINTS}/', f'{layout.COMPILATION_CACHE}/')
@@ -61,7 +63,7 @@ def test_each_side_writes_what_the_layout_says(tmp_path):
   pod = _run(tmp_path, 'pod', '--local_processes=1')
   assert pod >= process
   added = pod - process
-  assert {layout.writer(f, launcher_record=True) for f in added} == {
-      layout.LAUNCHER}, added
+  assert {layout.writer(f, launcher_record=True) for f in added
+         } == {layout.LAUNCHER}, added
   assert added == {*layout.LAUNCHER_FILES, 'logs/rank_0.log'}
   assert _summary_goodput(tmp_path, 'pod')['attempts'] == 1

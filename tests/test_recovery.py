@@ -32,17 +32,22 @@ pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 STEPS = 120
 LOCAL_EVERY = 20
 KILL_STEP = 75
-PROBE = [f'--config={helpers.PROBE_CONFIG}', '--config.log_every=5',
-         f'--config.steps={STEPS}', '--config.checkpoint_every=1000',
-         f'--config.local_checkpoint_every={LOCAL_EVERY}']
+PROBE = [
+    f'--config={helpers.PROBE_CONFIG}', '--config.log_every=5',
+    f'--config.steps={STEPS}', '--config.checkpoint_every=1000',
+    f'--config.local_checkpoint_every={LOCAL_EVERY}'
+]
 POD = ['--local_processes=2', '--local_devices=4']
-RESTART = ['--max_restarts=1', '--retry_exit_codes=137',
-           '--restart_backoff=0.5']
+RESTART = [
+    '--max_restarts=1', '--retry_exit_codes=137', '--restart_backoff=0.5'
+]
 
 
 def _kill(rank, step=KILL_STEP):
-  return [f'--config.fail_rank={rank}', f'--config.fail_step={step}',
-          '--config.fail_mode=sigkill', '--config.fail_once=True']
+  return [
+      f'--config.fail_rank={rank}', f'--config.fail_step={step}',
+      '--config.fail_mode=sigkill', '--config.fail_once=True'
+  ]
 
 
 def _run(workdir, *args, timeout=150):
@@ -74,8 +79,8 @@ def _local_job_dir(workdir, host=None) -> pathlib.Path:
 def _ledgers(workdir):
   """{attempt name: {rank: ledger}} in the order the attempts started."""
   out = {}
-  for path in sorted(glob.glob(os.path.join(workdir, 'goodput', '*',
-                                            'rank_*.json'))):
+  for path in sorted(
+      glob.glob(os.path.join(workdir, 'goodput', '*', 'rank_*.json'))):
     attempt = os.path.basename(os.path.dirname(path))
     rank = int(os.path.basename(path)[5:-5])
     out.setdefault(attempt, {})[rank] = helpers.read_json(path)
@@ -90,28 +95,33 @@ def test_a_sigkilled_process_0_resumes_from_the_local_tier(tmp_path, straight):
   assert helpers.fingerprints(tmp_path, 2) == [straight] * 2
   first, second = _ledgers(tmp_path).values()
   record = layout.Record(str(tmp_path))
-  furthest = max(goodput.HighWater.read(layout.high_water(
-      record.ledger(first[r]['notes']['attempt'], r))) for r in first)
+  furthest = max(
+      goodput.HighWater.read(
+          layout.high_water(record.ledger(first[r]['notes']['attempt'], r)))
+      for r in first)
   assert KILL_STEP - 5 <= furthest <= KILL_STEP, furthest
   restored = furthest // LOCAL_EVERY * LOCAL_EVERY
   for rank in (0, 1):
     notes = second[rank]['notes']
-    assert (notes['restore_tier'], notes['restore_step']) == ('local',
-                                                              restored)
+    assert (notes['restore_tier'], notes['restore_step']) == ('local', restored)
     # Exact: every step after the copy up to the furthest one, no more.
     assert notes['recomputed_steps'] == furthest - restored
   attempts = helpers.read_jsonl(tmp_path / 'goodput.jsonl')
   recovery = attempts[1]['recovery']
   assert recovery['restore_tier'] == 'local'
-  assert recovery['total_s'] == pytest.approx(
-      sum(recovery['phases'].values()))
+  assert recovery['total_s'] == pytest.approx(sum(recovery['phases'].values()))
   assert set(recovery['phases']) == set(time_to_recover.PHASES)
-  table = subprocess.run(
-      [sys.executable, str(helpers.REPO / 'scripts' / 'goodput.py'),
-       str(tmp_path)], capture_output=True, text=True, timeout=120,
-      check=True).stdout
-  assert (f'local step {restored}, {furthest - restored} step(s) again' in
-          table), table
+  table = subprocess.run([
+      sys.executable,
+      str(helpers.REPO / 'scripts' / 'goodput.py'),
+      str(tmp_path)
+  ],
+                         capture_output=True,
+                         text=True,
+                         timeout=120,
+                         check=True).stdout
+  assert (f'local step {restored}, {furthest - restored} step(s) again'
+          in table), table
   # Every step logged once, in metrics.jsonl and in TensorBoard.
   logged = list(range(5, STEPS + 1, 5))
   records = helpers.read_jsonl(tmp_path / 'metrics.jsonl')
@@ -123,18 +133,24 @@ def test_a_sigkilled_process_0_resumes_from_the_local_tier(tmp_path, straight):
   assert not _local_job_dir(tmp_path).exists()
 
 
-def test_a_cadence_in_seconds_copies_one_step_on_every_process(tmp_path,
-                                                               straight):
+def test_a_cadence_in_seconds_copies_one_step_on_every_process(
+    tmp_path, straight):
   # Steps of a few ms, a copy every 50 ms: process 0 picks the steps after
   # the warm-up, and both processes hold the same ones when rank 1 dies.
-  in_seconds = ['--config.local_checkpoint_every=0',
-                '--config.local_checkpoint_every_s=0.05']
+  in_seconds = [
+      '--config.local_checkpoint_every=0',
+      '--config.local_checkpoint_every_s=0.05'
+  ]
   killed = _run(tmp_path, *POD, *_kill(1), *in_seconds)
   assert killed.returncode == 137, killed.output
   helpers.assert_no_survivors(tmp_path)
-  held = {rank: sorted(int(p.name[len('step_'):]) for p in
-                       (_local_job_dir(tmp_path) / f'rank_{rank}').iterdir()
-                       if p.name.startswith('step_')) for rank in (0, 1)}
+  held = {
+      rank:
+          sorted(
+              int(p.name[len('step_'):])
+              for p in (_local_job_dir(tmp_path) / f'rank_{rank}').iterdir()
+              if p.name.startswith('step_')) for rank in (0, 1)
+  }
   assert held[0] == held[1] and held[0], held
   assert all(progress.WARMUP_STEPS < s < KILL_STEP for s in held[0]), held
   rest = _run(tmp_path, *POD, *in_seconds)
@@ -171,11 +187,10 @@ def test_a_replaced_host_restores_from_a_peer(tmp_path, straight):
   rest = _run(tmp_path, *POD, *HOSTS)
   assert rest.returncode == 0, rest.output
   last = list(_ledgers(tmp_path).values())[-1]
-  assert [last[r]['notes']['restore_tier'] for r in (0, 1)] == ['local',
-                                                                'peer']
+  assert [last[r]['notes']['restore_tier'] for r in (0, 1)] == ['local', 'peer']
   assert last[0]['notes']['restore_step'] == last[1]['notes']['restore_step']
-  assert ("restored step 60 from process 0's local copy" in
-          (tmp_path / 'logs' / 'rank_1.log').read_text())
+  assert ("restored step 60 from process 0's local copy"
+          in (tmp_path / 'logs' / 'rank_1.log').read_text())
   assert helpers.fingerprints(tmp_path, 2) == [straight] * 2
   helpers.assert_no_survivors(tmp_path)
 
@@ -190,8 +205,8 @@ def test_with_every_local_copy_gone_the_persistent_tier_restores(
   assert rest.returncode == 0, rest.output
   assert 'resuming at step 40' in rest.stderr
   last = list(_ledgers(tmp_path).values())[-1]
-  assert [last[r]['notes']['restore_tier'] for r in (0, 1)] == [
-      'persistent'] * 2
+  assert [last[r]['notes']['restore_tier'] for r in (0, 1)
+         ] == ['persistent'] * 2
   assert helpers.fingerprints(tmp_path, 2) == [straight] * 2
   helpers.assert_no_survivors(tmp_path)
 
@@ -217,17 +232,15 @@ def test_a_1x8_local_copy_restores_on_2x4(tmp_path, straight):
   assert rest.returncode == 0, rest.output
   assert 'resuming at step 60' in rest.stderr
   last = list(_ledgers(tmp_path).values())[-1]
-  assert [last[r]['notes']['restore_tier'] for r in (0, 1)] == ['local',
-                                                                'peer']
+  assert [last[r]['notes']['restore_tier'] for r in (0, 1)] == ['local', 'peer']
   assert helpers.fingerprints(tmp_path, 2) == [straight] * 2
   helpers.assert_no_survivors(tmp_path)
 
 
 def test_the_learned_deadline_ends_a_wedged_rank(tmp_path):
-  result = _run(tmp_path, *POD, '--config.steps=100000',
-                '--config.fail_rank=1', '--config.fail_step=150',
-                '--config.fail_mode=hang', '--stall_floor=3',
-                '--heartbeat_timeout=3')
+  result = _run(tmp_path, *POD, '--config.steps=100000', '--config.fail_rank=1',
+                '--config.fail_step=150', '--config.fail_mode=hang',
+                '--stall_floor=3', '--heartbeat_timeout=3')
   assert result.returncode == 124, result.output
   line = helpers.first_line_with(result.stderr, 'the job stalled')
   # The floor: --heartbeat_timeout + 2 s, so that a dead rank is named lost.
@@ -244,9 +257,9 @@ def test_the_learned_deadline_allows_for_a_long_evaluation(tmp_path):
   # evaluations of 9 s: only the announced evaluation keeps the deadline
   # from firing. The premise, K x p99 under 9 s, leaves a loaded machine
   # steps of up to 0.9 s at the 99th percentile (milliseconds when quiet).
-  result = _run(tmp_path, *POD, '--config.steps=200',
-                '--config.eval_every=100', '--config.eval_seconds=9',
-                '--stall_floor=1', '--heartbeat_timeout=3')
+  result = _run(tmp_path, *POD, '--config.steps=200', '--config.eval_every=100',
+                '--config.eval_seconds=9', '--stall_floor=1',
+                '--heartbeat_timeout=3')
   assert result.returncode == 0, result.output
   learned = helpers.read_json(tmp_path / 'stall' / 'rank_0.json')
   assert learned['work_seconds']['evaluation'] >= 9

@@ -13,8 +13,7 @@ _JOB = ['--config=configs/linear_regression.py', '--config.steps=20']
 _POD = ['--local_processes=2', '--local_devices=4']
 
 
-def test_a_rerun_at_the_last_step_trains_nothing_and_keeps_the_record(
-    tmp_path):
+def test_a_rerun_at_the_last_step_trains_nothing_and_keeps_the_record(tmp_path):
   first = helpers.run_launcher([*_JOB, f'--workdir={tmp_path}'])
   assert first.returncode == 0, first.output[-3000:]
   summary = _without_goodput(tmp_path)
@@ -42,9 +41,10 @@ def _without_goodput(workdir) -> dict:
 def test_a_resume_on_another_topology_says_so(tmp_path):
   first = helpers.run_launcher([*_JOB, f'--workdir={tmp_path}'])
   assert first.returncode == 0, first.output[-3000:]
-  more = helpers.run_launcher(['--config=configs/linear_regression.py',
-                               '--config.steps=40', *_POD,
-                               f'--workdir={tmp_path}'])
+  more = helpers.run_launcher([
+      '--config=configs/linear_regression.py', '--config.steps=40', *_POD,
+      f'--workdir={tmp_path}'
+  ])
   assert more.returncode == 0, more.output[-3000:]
   assert ('the checkpoint of step 20 was saved by 1 process(es) on 8 '
           'device(s); this run resumes it on 2 process(es), 8 device(s)'

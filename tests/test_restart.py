@@ -20,9 +20,11 @@ pytestmark = pytest.mark.unit
 
 def _run(start, restarts, logs_dir, **fields):
   """The job agent over attempts that `start(number)` makes."""
-  return agent.run(agent.Job(start=lambda begun: start(begun.number),
-                             restarts=restarts, logs_dir=str(logs_dir),
-                             **fields))
+  return agent.run(
+      agent.Job(start=lambda begun: start(begun.number),
+                restarts=restarts,
+                logs_dir=str(logs_dir),
+                **fields))
 
 
 def test_preemption_is_always_retryable_and_user_errors_never():
@@ -37,8 +39,9 @@ def test_preemption_is_always_retryable_and_user_errors_never():
 
 def test_check_retryable_refuses_user_error_codes():
   assert restart.check_retryable(['137', 124, 137]) == (124, 137)
-  with pytest.raises(ValueError, match=r'exit code\(s\) \[2, 5\] cannot be '
-                                       'retried'):
+  with pytest.raises(ValueError,
+                     match=r'exit code\(s\) \[2, 5\] cannot be '
+                     'retried'):
     restart.check_retryable([2, 5, 124])
 
 
@@ -50,13 +53,14 @@ def test_one_supervision_spec_for_every_launcher():
     restart.RestartPolicy(retryable=(2,))
   with pytest.raises(ValueError, match='--max_restarts=-1'):
     restart.RestartPolicy(max_restarts=-1)
-  tpu, _ = tpu_flags.parse(['--tpu=t', '--zone=z', '--max_restarts=3',
-                            '--retry_exit_codes=137,7'], ['--config=c'])
-  ray = ray_main.parse(['--num_processes=2', '--max_restarts=3',
-                        '--retry_exit_codes=137,7', '--', '--config=c',
-                        '--workdir=/w'])
-  assert tpu.restarts == ray.restarts == restart.RestartPolicy(
-      3, 1.0, (7, 137))
+  tpu, _ = tpu_flags.parse(
+      ['--tpu=t', '--zone=z', '--max_restarts=3', '--retry_exit_codes=137,7'],
+      ['--config=c'])
+  ray = ray_main.parse([
+      '--num_processes=2', '--max_restarts=3', '--retry_exit_codes=137,7', '--',
+      '--config=c', '--workdir=/w'
+  ])
+  assert tpu.restarts == ray.restarts == restart.RestartPolicy(3, 1.0, (7, 137))
 
 
 def test_backoff_doubles_up_to_a_minute():
@@ -68,8 +72,9 @@ class _FakePod:
   """An attempts.Attempt that ends as it is told."""
 
   def __init__(self, code, signalled=False, progressed=False):
-    self.end = attempts.AttemptEnd(code, launcher_signalled=signalled,
-                                  progressed=progressed)
+    self.end = attempts.AttemptEnd(code,
+                                   launcher_signalled=signalled,
+                                   progressed=progressed)
 
   def run(self) -> attempts.AttemptEnd:
     return self.end
@@ -118,7 +123,8 @@ def test_only_failures_without_progress_back_off(tmp_path, monkeypatch):
     return _FakePod(137 if attempt < 6 else 0,
                     progressed=next(progressed, True))
 
-  assert _run(start, restart.RestartPolicy(5, 1.0, (137,)),
+  assert _run(start,
+              restart.RestartPolicy(5, 1.0, (137,)),
               logs_dir=str(tmp_path)) == 0
   # Trained then failed: at once; then 1 s, 2 s while failing without a
   # step; at once after an attempt that trained, and 1 s after one more
@@ -134,8 +140,8 @@ def test_a_signal_during_the_back_off_ends_the_run_with_128_plus_n(
   def term_once_the_back_off_handles_it():
     # Not at a fixed delay: before the back-off's handler is in, SIGTERM
     # would meet another (or the default, which ends this process).
-    if helpers.wait_for(lambda: signal.getsignal(signal.SIGTERM) != before,
-                        20, 0.01):
+    if helpers.wait_for(lambda: signal.getsignal(signal.SIGTERM) != before, 20,
+                        0.01):
       os.kill(os.getpid(), signal.SIGTERM)
 
   def start(attempt):
@@ -144,9 +150,12 @@ def test_a_signal_during_the_back_off_ends_the_run_with_128_plus_n(
       threading.Thread(target=term_once_the_back_off_handles_it,
                        daemon=True).start()
     return _FakePod(137)
+
   began = time.monotonic()
-  code = _run(start, restart.RestartPolicy(3, 30, (137,)),
-              logs_dir=str(tmp_path), on_signal=told.append)
+  code = _run(start,
+              restart.RestartPolicy(3, 30, (137,)),
+              logs_dir=str(tmp_path),
+              on_signal=told.append)
   assert code == 128 + signal.SIGTERM and told == [signal.SIGTERM]
   assert started == [1]  # Not restarted.
   assert time.monotonic() - began < 25  # Generous: the back-off was 30 s.

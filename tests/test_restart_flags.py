@@ -38,14 +38,13 @@ def test_both_argparse_launchers_read_them_into_one_supervision():
     (('--retry_exit_codes=2',), r'exit code\(s\) \[2\] cannot be retried'),
     (('--max_restarts=-1',), 'neither may be negative'),
 ])
-def test_a_bad_value_is_refused_in_the_same_words_by_each(own, words,
-                                                          capsys):
+def test_a_bad_value_is_refused_in_the_same_words_by_each(own, words, capsys):
   for parse in (_ray, _tpu):
     with pytest.raises(SystemExit):
       parse(*own)
     err = capsys.readouterr().err
-    assert ('--max_restarts, --restart_backoff, --retry_exit_codes: ' in err
-            and re.search(words, err)), err
+    assert ('--max_restarts, --restart_backoff, --retry_exit_codes: ' in err and
+            re.search(words, err)), err
 
 
 def test_podrun_declares_them_from_the_same_place():
@@ -62,10 +61,13 @@ def test_no_other_module_declares_them():
     if path.name == 'restart_flags.py':
       continue
     text = path.read_text()
-    declared += [f'{path.relative_to(helpers.REPO)}: {name}'
-                 for name, *_ in restart_flags.FLAGS
-                 if re.search(rf"(add_argument|add)\(\s*'--{name}'|"
-                              rf"DEFINE_\w+\(\s*'{name}'", text)]
+    declared += [
+        f'{path.relative_to(helpers.REPO)}: {name}'
+        for name, *_ in restart_flags.FLAGS
+        if re.search(
+            rf"(add_argument|add)\(\s*'--{name}'|"
+            rf"DEFINE_\w+\(\s*'{name}'", text)
+    ]
   assert not declared, declared
   # The check finds both spellings.
   assert re.search(r"DEFINE_\w+\(\s*'max_restarts'",

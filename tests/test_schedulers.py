@@ -25,17 +25,22 @@ from tests import schedulers
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 STEPS = 40
-PROBE = [f'--config={helpers.PROBE_CONFIG}', '--config.log_every=1',
-         '--config.checkpoint_every=10', f'--config.steps={STEPS}']
-PAUSE = ['--config.fail_rank=0', '--config.fail_step=20',
-         '--config.fail_mode=sleep', '--config.fail_seconds=6']
+PROBE = [
+    f'--config={helpers.PROBE_CONFIG}', '--config.log_every=1',
+    '--config.checkpoint_every=10', f'--config.steps={STEPS}'
+]
+PAUSE = [
+    '--config.fail_rank=0', '--config.fail_step=20', '--config.fail_mode=sleep',
+    '--config.fail_seconds=6'
+]
 
 
 def _launcher(workdir, port: int, *args) -> list[str]:
   """One task's command: the launcher, finding its place from the cluster."""
-  return [sys.executable, '-u', '-m', 'launcher', *PROBE,
-          f'--workdir={workdir}', '--local_devices=4',
-          f'--coordinator_bind_address=127.0.0.1:{port}', *args]
+  return [
+      sys.executable, '-u', '-m', 'launcher', *PROBE, f'--workdir={workdir}',
+      '--local_devices=4', f'--coordinator_bind_address=127.0.0.1:{port}', *args
+  ]
 
 
 def _env(port: int) -> dict[str, str]:
@@ -45,8 +50,9 @@ def _env(port: int) -> dict[str, str]:
 
 def _last_step(workdir) -> int:
   try:
-    return max(r['step'] for r in helpers.read_jsonl(
-        pathlib.Path(workdir) / 'metrics.jsonl'))
+    return max(
+        r['step']
+        for r in helpers.read_jsonl(pathlib.Path(workdir) / 'metrics.jsonl'))
   except (OSError, ValueError):
     return 0
 
@@ -55,8 +61,9 @@ def _last_step(workdir) -> int:
 def straight(tmp_path_factory) -> str:
   """The fingerprint of a 2x4 local pod trained without interruption."""
   workdir = tmp_path_factory.mktemp('straight')
-  result = helpers.run_launcher([*PROBE, f'--workdir={workdir}',
-                                 '--local_processes=2', '--local_devices=4'])
+  result = helpers.run_launcher([
+      *PROBE, f'--workdir={workdir}', '--local_processes=2', '--local_devices=4'
+  ])
   assert result.returncode == 0, result.output
   fingerprints = helpers.fingerprints(workdir)
   assert fingerprints[0] == fingerprints[1]
@@ -74,12 +81,22 @@ def slurm(tmp_path_factory):
 
 
 def _srun(slurm, workdir, port, *args, srun_flags=()) -> subprocess.Popen:
-  command = ['srun', '-n', '2', '-l', '--chdir', str(helpers.REPO),
-             *srun_flags, *_launcher(workdir, port, *args)]
-  return subprocess.Popen(command, env={**_env(port), **{
-      'SLURM_CONF': slurm.conf}}, stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, start_new_session=True)
+  command = [
+      'srun', '-n', '2', '-l', '--chdir',
+      str(helpers.REPO), *srun_flags, *_launcher(workdir, port, *args)
+  ]
+  return subprocess.Popen(command,
+                          env={
+                              **_env(port),
+                              **{
+                                  'SLURM_CONF': slurm.conf
+                              }
+                          },
+                          stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
+                          text=True,
+                          start_new_session=True)
 
 
 def _finish(proc: subprocess.Popen, timeout: float) -> str:
@@ -93,12 +110,12 @@ def _finish(proc: subprocess.Popen, timeout: float) -> str:
 def _assert_nothing_left(port: int, slurm=None) -> None:
   """No task of the job survives (each carries its port in its environment),
   and SLURM holds no job."""
-  assert helpers.wait_for(lambda: not helpers.processes_with_env(
-      f'JAX_COORDINATOR_PORT={port}'), 30)
+  assert helpers.wait_for(
+      lambda: not helpers.processes_with_env(f'JAX_COORDINATOR_PORT={port}'),
+      30)
   if slurm is not None:
     assert helpers.wait_for(
-        lambda: not slurm.run(['squeue', '-h'], check=False).stdout.strip(),
-        30)
+        lambda: not slurm.run(['squeue', '-h'], check=False).stdout.strip(), 30)
 
 
 def test_srun_trains_as_a_local_pod_does(slurm, straight, tmp_path):
@@ -116,9 +133,13 @@ def test_srun_trains_as_a_local_pod_does(slurm, straight, tmp_path):
 
 def _raise_on_rank_1(slurm, workdir, srun_flags=()) -> tuple[int, str]:
   port = cluster.free_port()
-  proc = _srun(slurm, workdir, port,
-               '--config.steps=1000000', '--config.fail_rank=1',
-               '--config.fail_step=3', '--config.fail_mode=raise',
+  proc = _srun(slurm,
+               workdir,
+               port,
+               '--config.steps=1000000',
+               '--config.fail_rank=1',
+               '--config.fail_step=3',
+               '--config.fail_mode=raise',
                srun_flags=srun_flags)
   out = _finish(proc, 240)
   _assert_nothing_left(port, slurm)
@@ -149,8 +170,8 @@ def test_scancel_signal_term_is_a_preemption(slurm, tmp_path):
   port = cluster.free_port()
   proc = _srun(slurm, tmp_path, port, *PAUSE)
   try:
-    assert helpers.wait_for(lambda: _last_step(tmp_path) >= 15 or
-                            proc.poll() is not None, 180)
+    assert helpers.wait_for(
+        lambda: _last_step(tmp_path) >= 15 or proc.poll() is not None, 180)
     assert proc.poll() is None, _finish(proc, 10)
     job_id = slurm.run(['squeue', '-h', '-o', '%i']).stdout.split()[0]
     slurm.run(['scancel', '--signal=TERM', job_id])
@@ -173,8 +194,8 @@ def test_kill_wait_is_the_time_a_preemption_save_has(slurm, tmp_path):
     proc = _srun(slurm, tmp_path, port, '--config.fail_rank=0',
                  '--config.fail_step=20', '--config.fail_mode=sleep',
                  '--config.fail_seconds=60')
-    assert helpers.wait_for(lambda: _last_step(tmp_path) >= 19 or
-                            proc.poll() is not None, 180)
+    assert helpers.wait_for(
+        lambda: _last_step(tmp_path) >= 19 or proc.poll() is not None, 180)
     assert proc.poll() is None, _finish(proc, 10)
     job_id = slurm.run(['squeue', '-h', '-o', '%i']).stdout.split()[0]
     cancelled = time.monotonic()
@@ -186,8 +207,10 @@ def test_kill_wait_is_the_time_a_preemption_save_has(slurm, tmp_path):
   assert 'preempted: saved the checkpoint' not in out, out
   # Well under the sleep and the default KillWait: SLURM's SIGKILL ended it.
   assert took < 20, (took, out)
-  assert sorted(int(p.name) for p in (tmp_path / 'checkpoints').iterdir()
-                if p.name.isdigit()) == [10, 20]
+  assert sorted(
+      int(p.name)
+      for p in (tmp_path / 'checkpoints').iterdir()
+      if p.name.isdigit()) == [10, 20]
   _assert_nothing_left(port, slurm)
 
 
@@ -196,8 +219,10 @@ def test_a_sigkilled_task_is_named_and_a_rerun_resumes_locally(
   # Only the local tier between the start and the end: a copy every 10
   # steps, rank 1 SIGKILLed while loading step 26's batch. The test then
   # runs the same srun again, as a requeue would.
-  tiers = ['--config.checkpoint_every=1000',
-           '--config.local_checkpoint_every=10', '--heartbeat_timeout=3']
+  tiers = [
+      '--config.checkpoint_every=1000', '--config.local_checkpoint_every=10',
+      '--heartbeat_timeout=3'
+  ]
   port = cluster.free_port()
   proc = _srun(slurm, tmp_path, port, *tiers, '--config.fail_rank=1',
                '--config.fail_step=25', '--config.fail_mode=sigkill')
@@ -213,21 +238,20 @@ def test_a_sigkilled_task_is_named_and_a_rerun_resumes_locally(
   assert helpers.fingerprints(tmp_path) == [straight] * 2
   ledgers = _last_attempt_ledgers(tmp_path)
   assert [(ledgers[r]['notes']['restore_tier'],
-           ledgers[r]['notes']['restore_step']) for r in (0, 1)] == [
-               ('local', 20)] * 2
+           ledgers[r]['notes']['restore_step'])
+          for r in (0, 1)] == [('local', 20)] * 2
 
 
 def _last_attempt_ledgers(workdir) -> dict[int, dict]:
   """{rank: goodput ledger} of the attempt that started last."""
   attempts = {}
   for path in pathlib.Path(workdir).glob('goodput/*/rank_*.json'):
-    attempts.setdefault(path.parent.name, {})[
-        int(path.stem[len('rank_'):])] = helpers.read_json(path)
+    attempts.setdefault(path.parent.name, {})[int(
+        path.stem[len('rank_'):])] = helpers.read_json(path)
   return max(attempts.values(), key=lambda a: a[0]['started'])
 
 
-def _batch_script(workdir, port: int, *args: str, srun: str = 'srun -l'
-                  ) -> str:
+def _batch_script(workdir, port: int, *args: str, srun: str = 'srun -l') -> str:
   command = shlex.join(_launcher(workdir, port, *PAUSE, *args))
   return ('#!/bin/bash\n'
           f'cd {shlex.quote(str(helpers.REPO))}\n'
@@ -240,60 +264,66 @@ def test_a_requeued_batch_job_resumes_exactly(slurm, straight, tmp_path):
   script.write_text(_batch_script(tmp_path / 'work', port))
   log = tmp_path / 'job.log'
   lease = tmp_path / 'work' / '.podrun_lease.json'
-  job_id = slurm.run(
-      ['sbatch', '--parsable', '--requeue', '-n', '2', '--open-mode=append',
-       f'--output={log}', str(script)], env=_env(port)).stdout.strip()
+  job_id = slurm.run([
+      'sbatch', '--parsable', '--requeue', '-n', '2', '--open-mode=append',
+      f'--output={log}',
+      str(script)
+  ],
+                     env=_env(port)).stdout.strip()
   try:
     assert helpers.wait_for(
-        lambda: _last_step(tmp_path / 'work') >= 15 or
-        slurm.job_state(job_id) is None, 180), slurm.logs()
+        lambda: _last_step(tmp_path / 'work') >= 15 or slurm.job_state(job_id)
+        is None, 180), slurm.logs()
     # SLURM's job id names the lease, so the requeued job takes it over.
     assert helpers.read_json(lease)['job_id'] == f'slurm-{job_id}'
     slurm.run(['scontrol', 'requeue', job_id])
     # A requeued job waits on a begin time of about two minutes; a user (or
     # this test) may release it at once.
-    assert helpers.wait_for(
-        lambda: slurm.job_state(job_id) == 'PENDING', 120), log.read_text()
+    assert helpers.wait_for(lambda: slurm.job_state(job_id) == 'PENDING',
+                            120), log.read_text()
     slurm.run(['scontrol', 'update', f'JobId={job_id}', 'StartTime=now'])
-    assert helpers.wait_for(lambda: slurm.job_state(job_id) is None, 240), (
-        log.read_text())
+    assert helpers.wait_for(lambda: slurm.job_state(job_id) is None,
+                            240), (log.read_text())
   finally:
     slurm.run(['scancel', job_id], check=False)
   out = log.read_text()
   # Both tasks saved the same step and exited 75; the requeued job restored
   # that step.
-  saved = [l.split('step ')[-1] for l in out.splitlines()
-           if 'preempted: saved the checkpoint of step' in l]
+  saved = [
+      l.split('step ')[-1]
+      for l in out.splitlines()
+      if 'preempted: saved the checkpoint of step' in l
+  ]
   assert len(saved) == 2 and saved[0] == saved[1], out
   requeued = out.partition('Exited with exit code 75')[2]
   assert f'(step {saved[0].split()[0]})' in requeued, out
   assert helpers.fingerprints(tmp_path / 'work') == [straight] * 2
-  steps = [r['step'] for r in helpers.read_jsonl(
-      tmp_path / 'work' / 'metrics.jsonl')]
+  steps = [
+      r['step'] for r in helpers.read_jsonl(tmp_path / 'work' / 'metrics.jsonl')
+  ]
   assert steps == list(range(1, STEPS + 1))
   assert not lease.exists()  # Released at the end of the resumed run.
   _assert_nothing_left(port, slurm)
 
 
-def _requeue_when_past(slurm, job_id: str, workdir, step: int,
-                       *updates: str) -> None:
+def _requeue_when_past(slurm, job_id: str, workdir, step: int, *updates:
+                       str) -> None:
   """Requeues the job once it trained `step` steps, applies `updates`
   (scontrol update fields) while it is pending, releases it and waits for
   its end."""
   assert helpers.wait_for(
-      lambda: _last_step(workdir) >= step or
-      slurm.job_state(job_id) is None, 180), slurm.logs()
+      lambda: _last_step(workdir) >= step or slurm.job_state(job_id) is None,
+      180), slurm.logs()
   slurm.run(['scontrol', 'requeue', job_id])
   # A requeued job waits on a begin time of about two minutes; a user (or
   # this test) may release it at once.
   assert helpers.wait_for(lambda: slurm.job_state(job_id) == 'PENDING', 120)
-  slurm.run(['scontrol', 'update', f'JobId={job_id}', *updates,
-             'StartTime=now'])
+  slurm.run(
+      ['scontrol', 'update', f'JobId={job_id}', *updates, 'StartTime=now'])
   assert helpers.wait_for(lambda: slurm.job_state(job_id) is None, 240)
 
 
-def test_a_job_requeued_with_fewer_tasks_trains_the_same_batch(slurm,
-                                                               tmp_path):
+def test_a_job_requeued_with_fewer_tasks_trains_the_same_batch(slurm, tmp_path):
   """About 30-45 s: two SLURM jobs of 4 and 2 tasks, each starting JAX in
   every task."""
   # 4 tasks x 2 devices, requeued, then 2 tasks x 2 devices: the same 256
@@ -302,14 +332,18 @@ def test_a_job_requeued_with_fewer_tasks_trains_the_same_batch(slurm,
   script = tmp_path / 'job.sh'
   # A requeued batch job keeps SLURM_NTASKS of its submission (4); its
   # allocation's task count is in SLURM_TASKS_PER_NODE (one node here).
-  script.write_text(_batch_script(
-      tmp_path / 'work', port, '--local_devices=2',
-      srun='srun -l -n "${SLURM_TASKS_PER_NODE%%(*}"'))
+  script.write_text(
+      _batch_script(tmp_path / 'work',
+                    port,
+                    '--local_devices=2',
+                    srun='srun -l -n "${SLURM_TASKS_PER_NODE%%(*}"'))
   log = tmp_path / 'job.log'
-  job_id = slurm.run(
-      ['sbatch', '--parsable', '--requeue', '-n', '4', '--overcommit',
-       '--open-mode=append',
-       f'--output={log}', str(script)], env=_env(port)).stdout.strip()
+  job_id = slurm.run([
+      'sbatch', '--parsable', '--requeue', '-n', '4', '--overcommit',
+      '--open-mode=append', f'--output={log}',
+      str(script)
+  ],
+                     env=_env(port)).stdout.strip()
   try:
     _requeue_when_past(slurm, job_id, tmp_path / 'work', 15, 'NumTasks=2')
   finally:
@@ -321,27 +355,33 @@ def test_a_job_requeued_with_fewer_tasks_trains_the_same_batch(slurm,
           '2 microbatch(es) of 32 example(s) per device' in requeued), out
   rows = helpers.read_jsonl(tmp_path / 'work' / 'metrics.jsonl')
   assert [r['step'] for r in rows] == list(range(1, STEPS + 1))
-  assert {(r['num_processes'], r['microbatches']) for r in rows} == {
-      (4, 1), (2, 2)}
+  assert {(r['num_processes'], r['microbatches']) for r in rows} == {(4, 1),
+                                                                     (2, 2)}
   reference = tmp_path / 'reference'
   result = helpers.run_launcher([*PROBE, f'--workdir={reference}'])
   assert result.returncode == 0, result.output
   helpers.assert_trees_close(helpers.final_state(tmp_path / 'work')['params'],
                              helpers.final_state(reference)['params'],
-                             rtol=1e-5, atol=1e-6)
+                             rtol=1e-5,
+                             atol=1e-6)
   _assert_nothing_left(port, slurm)
 
 
 def _mpirun(workdir, port: int, *args) -> subprocess.Popen:
   schedulers.require(schedulers.MPI_BINARIES)
-  command = ['mpirun', '--allow-run-as-root', '--oversubscribe', '-np', '2',
-             '--mca', 'oob_tcp_if_include', 'lo',
-             '--mca', 'btl_tcp_if_include', 'lo',
-             '-x', 'JAX_COORDINATOR_PORT', '-x', 'PYTHONPATH',
-             *_launcher(workdir, port, *args)]
-  return subprocess.Popen(command, cwd=helpers.REPO, env=_env(port),
-                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True,
+  command = [
+      'mpirun', '--allow-run-as-root', '--oversubscribe', '-np', '2', '--mca',
+      'oob_tcp_if_include', 'lo', '--mca', 'btl_tcp_if_include', 'lo', '-x',
+      'JAX_COORDINATOR_PORT', '-x', 'PYTHONPATH',
+      *_launcher(workdir, port, *args)
+  ]
+  return subprocess.Popen(command,
+                          cwd=helpers.REPO,
+                          env=_env(port),
+                          stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
+                          text=True,
                           start_new_session=True)
 
 
@@ -358,8 +398,10 @@ def test_mpirun_trains_as_a_local_pod_does(straight, tmp_path):
 @pytest.mark.timeout(300)
 def test_mpirun_with_a_killed_process_resumes_from_the_local_tier(
     straight, tmp_path):
-  tiers = ['--config.checkpoint_every=1000',
-           '--config.local_checkpoint_every=10', '--heartbeat_timeout=3']
+  tiers = [
+      '--config.checkpoint_every=1000', '--config.local_checkpoint_every=10',
+      '--heartbeat_timeout=3'
+  ]
   port = cluster.free_port()
   proc = _mpirun(tmp_path, port, *tiers, '--config.fail_rank=1',
                  '--config.fail_step=25', '--config.fail_mode=sigkill')
@@ -376,5 +418,5 @@ def test_mpirun_with_a_killed_process_resumes_from_the_local_tier(
   assert helpers.fingerprints(tmp_path) == [straight] * 2
   ledgers = _last_attempt_ledgers(tmp_path)
   assert [(ledgers[r]['notes']['restore_tier'],
-           ledgers[r]['notes']['restore_step']) for r in (0, 1)] == [
-               ('local', 20)] * 2
+           ledgers[r]['notes']['restore_step'])
+          for r in (0, 1)] == [('local', 20)] * 2

@@ -31,9 +31,17 @@ NOISE_SHARE = 0.1
 def _params():
   rng = np.random.default_rng(0)
   normal = lambda *shape: (rng.standard_normal(shape) / np.sqrt(shape[0])
-                           ).astype(np.float32)
-  return {'hidden': {'kernel': normal(16, 64), 'bias': np.zeros(64, np.float32)},
-          'out': {'kernel': normal(64, 10), 'bias': np.zeros(10, np.float32)}}
+                          ).astype(np.float32)
+  return {
+      'hidden': {
+          'kernel': normal(16, 64),
+          'bias': np.zeros(64, np.float32)
+      },
+      'out': {
+          'kernel': normal(64, 10),
+          'bias': np.zeros(10, np.float32)
+      }
+  }
 
 
 def _loss(params, batch, rng):
@@ -44,16 +52,17 @@ def _loss(params, batch, rng):
   else:  # rng='example': a key per example.
     keep = jax.vmap(lambda key: jax.random.bernoulli(key, 0.9, (64,)))(rng)
   logits = (h * keep / 0.9) @ params['out']['kernel'] + params['out']['bias']
-  loss = optax.softmax_cross_entropy_with_integer_labels(
-      logits, batch['y']).mean()
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits,
+                                                         batch['y']).mean()
   return loss, {'accuracy': (logits.argmax(-1) == batch['y']).mean()}
 
 
 def _batches():
   rng = np.random.default_rng(1)
-  return [{'x': rng.standard_normal((G, 16)).astype(np.float32),
-           'y': rng.integers(0, 10, G).astype(np.int32)}
-          for _ in range(STEPS)]
+  return [{
+      'x': rng.standard_normal((G, 16)).astype(np.float32),
+      'y': rng.integers(0, 10, G).astype(np.int32)
+  } for _ in range(STEPS)]
 
 
 def _optimizer():
@@ -63,7 +72,10 @@ def _optimizer():
 
 def _replicated(layout, rng):
   par = parallelism.SHARD_MAP
-  step = step_lib.make_train_step(_loss, _optimizer(), par, rng=rng,
+  step = step_lib.make_train_step(_loss,
+                                  _optimizer(),
+                                  par,
+                                  rng=rng,
                                   layout=layout)
   state = par.replicate(step_lib.init_state(_params(), _optimizer(), seed=3))
   for batch in _batches():
@@ -81,18 +93,24 @@ def _sharded(grid, layout, rng):
   host = step_lib.init_state(_params(), _optimizer(), seed=3)
   specs = state_layout.specs(host, grid.shape[state_layout.SHARD_AXIS])
   placed = step_lib.state_shardings(grid, specs)
-  step = step_lib.make_sharded_train_step(_loss, _optimizer(), placed,
-                                          rng=rng, layout=layout)
+  step = step_lib.make_sharded_train_step(_loss,
+                                          _optimizer(),
+                                          placed,
+                                          rng=rng,
+                                          layout=layout)
   state = jax.device_put(host, placed)
   for batch in _batches():
     state, metrics = step(state, parallelism.SHARD_MAP.put_batch(batch))
   return state, specs, jax.device_get(metrics)
 
 
-@pytest.mark.parametrize('replicas, k, rng', [
-    (1, 1, 'example'), (2, 1, 'example'), (4, 1, 'example'),
-    (1, 2, 'example'), (2, 2, 'example'), (4, 2, 'example'),
-    (2, 2, 'device')])
+@pytest.mark.parametrize('replicas, k, rng', [(1, 1, 'example'),
+                                              (2, 1, 'example'),
+                                              (4, 1, 'example'),
+                                              (1, 2, 'example'),
+                                              (2, 2, 'example'),
+                                              (4, 2, 'example'),
+                                              (2, 2, 'device')])
 def test_the_sharded_step_trains_as_the_replicated_one(replicas, k, rng):
   layout = microbatches.plan(G, 8, microbatches=k)
   want, want_metrics = _replicated(layout, rng)
@@ -104,24 +122,26 @@ def test_the_sharded_step_trains_as_the_replicated_one(replicas, k, rng):
   # (16, 64): split along its larger dimension.
   assert specs.params['hidden']['kernel'] == PartitionSpec(
       None, state_layout.SHARD_AXIS)
-  assert {s.data.shape for s in kernel.addressable_shards} == {
-      (16, 64 // shards)}
+  assert {s.data.shape for s in kernel.addressable_shards} == {(16,
+                                                                64 // shards)}
   moment = state.opt_state[1][0].mu['hidden']['kernel']
-  assert {s.data.shape for s in moment.addressable_shards} == {
-      (16, 64 // shards)}
+  assert {s.data.shape for s in moment.addressable_shards} == {(16,
+                                                                64 // shards)}
   got = jax.device_get(state)
-  for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(
-      want), strict=True):
+  for a, b in zip(jax.tree_util.tree_leaves(got),
+                  jax.tree_util.tree_leaves(want),
+                  strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
-  np.testing.assert_allclose(metrics['loss'], want_metrics['loss'],
-                             rtol=1e-5)
+  np.testing.assert_allclose(metrics['loss'], want_metrics['loss'], rtol=1e-5)
 
 
 def _charlm_batches(task):
   order = np.random.default_rng(2).permutation(len(task.data))
-  return [task.data.read_batch(order[np.arange(i * 48, (i + 1) * 48) %
-                                     len(task.data)])
-          for i in range(STEPS)]
+  return [
+      task.data.read_batch(order[np.arange(i * 48,
+                                           (i + 1) * 48) % len(task.data)])
+      for i in range(STEPS)
+  ]
 
 
 def _charlm_task():
@@ -138,8 +158,11 @@ def _charlm_replicated(k):
   task = _charlm_task()
   layout = microbatches.plan(48, 8, microbatches=k)
   par = parallelism.SHARD_MAP
-  step = step_lib.make_train_step(task.loss_fn, task.optimizer, par,
-                                  rng='example', layout=layout)
+  step = step_lib.make_train_step(task.loss_fn,
+                                  task.optimizer,
+                                  par,
+                                  rng='example',
+                                  layout=layout)
   state = par.replicate(step_lib.init_state(task.params, task.optimizer,
                                             seed=3))
   for batch in _charlm_batches(task):
@@ -147,8 +170,8 @@ def _charlm_replicated(k):
   return jax.device_get(state.params)
 
 
-@pytest.mark.parametrize('replicas, k', [(1, 1), (2, 1), (4, 1), (1, 2),
-                                         (2, 2), (4, 2)])
+@pytest.mark.parametrize('replicas, k', [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2),
+                                         (4, 2)])
 def test_the_transformer_with_adam_trains_as_the_replicated_one(replicas, k):
   """tests/workloads/charlm.py's transformer (width 64, 4 heads), Adam, a
   key per example, 20 steps of 48 examples: each parameter within 1 % of
@@ -170,27 +193,35 @@ def test_the_transformer_with_adam_trains_as_the_replicated_one(replicas, k):
   grid = _grid(replicas)
   specs = state_layout.specs(host, grid.shape[state_layout.SHARD_AXIS])
   placed = step_lib.state_shardings(grid, specs)
-  step = step_lib.make_sharded_train_step(task.loss_fn, task.optimizer,
-                                          placed, rng='example', layout=layout)
+  step = step_lib.make_sharded_train_step(task.loss_fn,
+                                          task.optimizer,
+                                          placed,
+                                          rng='example',
+                                          layout=layout)
   got = jax.device_put(host, placed)
   for batch in _charlm_batches(task):
     got, _ = step(got, parallelism.SHARD_MAP.put_batch(batch))
-  split = [s for s in jax.tree_util.tree_leaves(
-      specs.params, is_leaf=lambda x: isinstance(x, PartitionSpec))
-           if state_layout.SHARD_AXIS in tuple(s)]
+  split = [
+      s for s in jax.tree_util.tree_leaves(
+          specs.params, is_leaf=lambda x: isinstance(x, PartitionSpec))
+      if state_layout.SHARD_AXIS in tuple(s)
+  ]
   assert split, specs.params
   want = _charlm_replicated(k)
   start = jax.tree_util.tree_leaves(host.params)
-  layouts = [jax.tree_util.tree_leaves(_charlm_replicated(j))
-             for j in (1, 2, 3)]
+  layouts = [
+      jax.tree_util.tree_leaves(_charlm_replicated(j)) for j in (1, 2, 3)
+  ]
   leaves = jax.tree_util.tree_leaves_with_path
   noise = []
-  for i, ((path, a), b) in enumerate(zip(
-      leaves(jax.device_get(got.params)), jax.tree_util.tree_leaves(want),
-      strict=True)):
+  for i, ((path, a), b) in enumerate(
+      zip(leaves(jax.device_get(got.params)),
+          jax.tree_util.tree_leaves(want),
+          strict=True)):
     moved = float(np.max(np.abs(b - start[i])))
-    replicated_apart = max(float(np.max(np.abs(x[i] - y[i])))
-                           for x, y in itertools.combinations(layouts, 2))
+    replicated_apart = max(
+        float(np.max(np.abs(x[i] - y[i])))
+        for x, y in itertools.combinations(layouts, 2))
     name = jax.tree_util.keystr(path)
     if replicated_apart > NOISE_SHARE * moved:
       noise.append(name)  # Where it ends is rounding's choice.

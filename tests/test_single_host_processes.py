@@ -32,10 +32,16 @@ def _run_sh(tmp_path, site: str, metadata: str, *args: str):
   # JAX sets it on import where it finds no TPU chip, as here in pytest.
   env.pop('TPU_SKIP_MDS_QUERY', None)
   started = time.monotonic()
-  result = subprocess.run(
-      ['bash', 'scripts/run.sh', f'--workdir={tmp_path}/job',
-       '--config.steps=20', *args], cwd=helpers.REPO, env=env,
-      capture_output=True, text=True, timeout=150, check=False)
+  result = subprocess.run([
+      'bash', 'scripts/run.sh', f'--workdir={tmp_path}/job',
+      '--config.steps=20', *args
+  ],
+                          cwd=helpers.REPO,
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=150,
+                          check=False)
   return result, time.monotonic() - started
 
 
@@ -52,8 +58,8 @@ def test_run_sh_on_a_tpu_host_without_a_metadata_server(tmp_path, tpu_image):
   assert _summary(tmp_path)['process_count'] == 1
 
 
-def test_a_metadata_server_that_never_answers_costs_its_bound(tmp_path,
-                                                              tpu_image):
+def test_a_metadata_server_that_never_answers_costs_its_bound(
+    tmp_path, tpu_image):
   with _silent_server() as where:
     result, _ = _run_sh(tmp_path, tpu_image, where)
   assert result.returncode == 0, result.stderr[-3000:]
@@ -73,11 +79,17 @@ def test_a_metadata_server_naming_one_worker(tmp_path, tpu_image):
 
 def test_cluster_none_runs_alone_inside_a_cluster_s_variables(tmp_path):
   # SLURM's variables of a step of two tasks: --cluster=none runs alone.
-  slurm = {'SLURM_JOB_ID': '7', 'SLURM_STEP_NODELIST': 'n[1-2]',
-           'SLURM_NTASKS': '2', 'SLURM_PROCID': '0', 'SLURM_LOCALID': '0'}
-  result = helpers.run_launcher(
-      ['--config=configs/linear_regression.py', f'--workdir={tmp_path}/job',
-       '--config.steps=5', '--cluster=none'],
-      env=helpers.launcher_env(**slurm))
+  slurm = {
+      'SLURM_JOB_ID': '7',
+      'SLURM_STEP_NODELIST': 'n[1-2]',
+      'SLURM_NTASKS': '2',
+      'SLURM_PROCID': '0',
+      'SLURM_LOCALID': '0'
+  }
+  result = helpers.run_launcher([
+      '--config=configs/linear_regression.py', f'--workdir={tmp_path}/job',
+      '--config.steps=5', '--cluster=none'
+  ],
+                                env=helpers.launcher_env(**slurm))
   assert result.returncode == 0, result.stderr[-3000:]
   assert f'{_ALONE}--cluster=none' in result.stderr

@@ -9,19 +9,26 @@ from tests.benchmarks import soak
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
 
 
-@pytest.mark.parametrize('trial', [
-    # Process 0 of the next attempt killed 0.3 s into its start-up, before
-    # it opened its ledger: that attempt was missing from the record.
-    soak.Trial(0, 'sigkill_start', 'fixed', target=0, at_step=12,
-               start_delay_s=0.3),
-    # Process 0 stopped, its coordination service with it: a heartbeat to
-    # it never returned, and the job waited for JAX's abort (134, 47 s).
-    soak.Trial(1, 'sigstop', 'fixed', target=0, at_step=20),
-    soak.Trial(2, 'preempt_pod', 'fixed', target=-1, at_step=15),
-    # Process 1 killed at step 28, its copy of step 25 then truncated or
-    # removed: the next attempt ended with exit 1 (BadZipFile).
-    soak.Trial(3, 'damaged_local', 'fixed', target=1, at_step=28),
-], ids=lambda t: f'{t.fault}-{t.mode}')
+@pytest.mark.parametrize(
+    'trial',
+    [
+        # Process 0 of the next attempt killed 0.3 s into its start-up, before
+        # it opened its ledger: that attempt was missing from the record.
+        soak.Trial(0,
+                   'sigkill_start',
+                   'fixed',
+                   target=0,
+                   at_step=12,
+                   start_delay_s=0.3),
+        # Process 0 stopped, its coordination service with it: a heartbeat to
+        # it never returned, and the job waited for JAX's abort (134, 47 s).
+        soak.Trial(1, 'sigstop', 'fixed', target=0, at_step=20),
+        soak.Trial(2, 'preempt_pod', 'fixed', target=-1, at_step=15),
+        # Process 1 killed at step 28, its copy of step 25 then truncated or
+        # removed: the next attempt ended with exit 1 (BadZipFile).
+        soak.Trial(3, 'damaged_local', 'fixed', target=1, at_step=28),
+    ],
+    ids=lambda t: f'{t.fault}-{t.mode}')
 def test_a_trial_recovers_exactly(trial, tmp_path):
   """About 15-20 s each, 35 s for the stopped process 0
   (--heartbeat_timeout is 15 s): a census job on a local pod, its fault, its recovery (two

@@ -8,21 +8,26 @@ from runtime.common import progress
 pytestmark = pytest.mark.unit
 
 
-def _snapshot(steps, work=None, working=None, done_at=100.0,
-              worked_until=None):
-  return progress.Snapshot(
-      done_step=len(steps) + 1, done_at=done_at, begun_step=None,
-      step_seconds=[], own_seconds=[], working=working,
-      working_since=None if working is None else 200.0,
-      worked_until=worked_until,
-      learned=progress.Learned(list(steps), dict(work or {})))
+def _snapshot(steps, work=None, working=None, done_at=100.0, worked_until=None):
+  return progress.Snapshot(done_step=len(steps) + 1,
+                           done_at=done_at,
+                           begun_step=None,
+                           step_seconds=[],
+                           own_seconds=[],
+                           working=working,
+                           working_since=None if working is None else 200.0,
+                           worked_until=worked_until,
+                           learned=progress.Learned(list(steps), dict(work or
+                                                                      {})))
 
 
 def test_the_warm_up_is_bounded_by_what_the_run_has_shown():
   # 19 fast steps and a 2 s first step: the floor.
-  limit, idle, why = stall.deadline(
-      _snapshot([0.025] * (progress.WARMUP_STEPS - 1)), 600, now=130.0,
-      first_step_s=2.0)
+  limit, idle, why = stall.deadline(_snapshot([0.025] *
+                                              (progress.WARMUP_STEPS - 1)),
+                                    600,
+                                    now=130.0,
+                                    first_step_s=2.0)
   assert (limit, idle) == (stall.FLOOR_S, 30.0) and why.startswith('warm-up')
   # A 40 s compilation, or a 50 s first step: 3 x that.
   slow = _snapshot([0.025] * 3, work={'compile': 40.0})
@@ -51,7 +56,8 @@ def test_announced_work_gets_its_own_deadline():
   unseen = _snapshot([0.025] * 100, working='evaluation')
   limit, idle, why = stall.deadline(unseen, 600, now=230.0)
   assert (limit, idle) == (600, 30.0) and why.startswith('evaluation')
-  seen = _snapshot([0.025] * 100, work={'evaluation': 40.0},
+  seen = _snapshot([0.025] * 100,
+                   work={'evaluation': 40.0},
                    working='evaluation')
   assert stall.deadline(seen, 600, now=230.0)[0] == stall.MARGIN * 40.0
 
@@ -72,8 +78,7 @@ def test_the_floor_is_a_flag():
                         floor_s=2.0)[0] == 2.0
 
 
-def test_what_was_learned_is_kept_and_used_from_the_next_first_step(
-    tmp_path):
+def test_what_was_learned_is_kept_and_used_from_the_next_first_step(tmp_path):
   for step in range(1, 31):
     progress.report(step, process_index=0)
   with progress.working('checkpoint'):

@@ -19,28 +19,41 @@ pytestmark = pytest.mark.devices
 
 def test_differences_name_each_path():
   old = {'batch_stats': {'mean': np.zeros(3, np.float32)}}
-  new = {'batch_stats': {'mean': np.zeros(3, np.float32)},
-         'params': {'w': np.zeros(2, np.float32)}}
-  assert structure.differences(old, new) == [
-      "['params']['w']: (absent) -> float32[2]"]
-  assert structure.differences(new, old) == [
-      "['params']['w']: float32[2] -> (missing)"]
-  assert structure.differences(old, {'batch_stats': {'mean': np.zeros(
-      3, np.float16)}}) == ["['batch_stats']['mean']: float32[3] -> float16[3]"]
-  assert structure.differences(old, {'batch_stats': {'mean': np.zeros(
-      3, np.float16)}}, dtypes=False) == []
+  new = {
+      'batch_stats': {
+          'mean': np.zeros(3, np.float32)
+      },
+      'params': {
+          'w': np.zeros(2, np.float32)
+      }
+  }
+  assert structure.differences(
+      old, new) == ["['params']['w']: (absent) -> float32[2]"]
+  assert structure.differences(
+      new, old) == ["['params']['w']: float32[2] -> (missing)"]
+  assert structure.differences(
+      old, {'batch_stats': {
+          'mean': np.zeros(3, np.float16)
+      }}) == ["['batch_stats']['mean']: float32[3] -> float16[3]"]
+  assert structure.differences(
+      old, {'batch_stats': {
+          'mean': np.zeros(3, np.float16)
+      }}, dtypes=False) == []
 
 
 def test_a_step_whose_model_state_changes_structure_is_refused_naming_it():
   # The linen mistake: the whole `updates` dict instead of its batch_stats.
   def loss_fn(params, model_state, batch):
-    loss = jnp.mean((batch['x'] * params['w']) ** 2)
+    loss = jnp.mean((batch['x'] * params['w'])**2)
     return loss, ({}, {'batch_stats': model_state, 'extra': jnp.zeros(2)})
 
   par = parallelism.PMAP
-  step = step_lib.make_train_step(loss_fn, optax.sgd(0.1), par,
+  step = step_lib.make_train_step(loss_fn,
+                                  optax.sgd(0.1),
+                                  par,
                                   has_model_state=True)
-  state = step_lib.init_state({'w': np.ones(3, np.float32)}, optax.sgd(0.1),
+  state = step_lib.init_state({'w': np.ones(3, np.float32)},
+                              optax.sgd(0.1),
                               model_state={'mean': np.zeros(3, np.float32)})
   batch = {'x': np.ones((8 * jax.local_device_count(), 3), np.float32)}
   with pytest.raises(structure.StructureError) as e:
@@ -63,14 +76,18 @@ def test_a_late_recompilation_warns_once_naming_the_argument(caplog):
     fn(x, np.ones(5, np.float32))  # A new shape: a new compilation.
     fn(x, np.ones(6, np.float32))
   assert fn.warned
-  warnings = [r.getMessage() for r in caplog.records
-              if 'compiled again' in r.getMessage()]
+  warnings = [
+      r.getMessage()
+      for r in caplog.records
+      if 'compiled again' in r.getMessage()
+  ]
   assert len(warnings) == 1, warnings
   assert 'the test step compiled again at call 4' in warnings[0]
   assert '[1]: float32[3]' in warnings[0] and '-> float32[5]' in warnings[0]
 
 
 def test_a_loss_fn_of_the_wrong_arity_names_the_signatures():
+
   def loss_fn(params, batch, rng):  # Takes an rng the task does not ask for.
     del rng
     return jnp.mean(batch['x'] * params['w']), {}
@@ -83,7 +100,9 @@ def test_a_loss_fn_of_the_wrong_arity_names_the_signatures():
   assert 'loss_fn(params, model_state, batch) -> (loss, (metrics, ' \
          'new_model_state))' in message
   # With the rng asked for, it is accepted.
-  step_lib.make_train_step(loss_fn, optax.sgd(0.1), parallelism.PMAP,
+  step_lib.make_train_step(loss_fn,
+                           optax.sgd(0.1),
+                           parallelism.PMAP,
                            rng='device')
 
 

@@ -17,8 +17,18 @@ pytestmark = pytest.mark.unit
 
 
 def _record(begun, done=None, host='h', own=None, step=None, count=20):
-  return {'begun': begun, 'done': done, 'host': host,
-          'own': {'median': own, 'count': count}, 'step': {'median': step}}
+  return {
+      'begun': begun,
+      'done': done,
+      'host': host,
+      'own': {
+          'median': own,
+          'count': count
+      },
+      'step': {
+          'median': step
+      }
+  }
 
 
 def test_cause_lines_name_rank_host_and_code():
@@ -38,8 +48,11 @@ def test_a_ctrl_c_or_sigterm_is_no_fault_of_the_process_that_got_it():
 
 
 def test_the_rank_that_did_not_start_the_step_is_the_laggard():
-  records = {0: _record(13, 12, 'a'), 1: _record(12, 12, 'b'),
-             2: _record(13, 12, 'c')}
+  records = {
+      0: _record(13, 12, 'a'),
+      1: _record(12, 12, 'b'),
+      2: _record(13, 12, 'c')
+  }
   assert peers.describe_laggards(records, 3) == (
       'laggards: rank 1 on b (started step 12, while rank 0 started step 13)')
 
@@ -50,22 +63,27 @@ def test_no_laggard_when_all_started_the_same_step_and_silent_ranks_named():
       'no rank is behind: every rank started step 5; no heartbeat ever from '
       'rank 2')
   # Before any step, a rank that never started one is behind.
-  assert peers.describe_laggards(
-      {0: _record(1), 1: _record(None, host='x')}, 2).startswith(
-          'laggards: rank 1 on x (started step 0')
+  assert peers.describe_laggards({
+      0: _record(1),
+      1: _record(None, host='x')
+  }, 2).startswith('laggards: rank 1 on x (started step 0')
 
 
 def test_straggler_needs_both_the_ratio_and_a_share_of_the_step():
-  slow = {0: _record(1, own=0.001, step=0.1), 1: _record(1, own=0.09,
-                                                         step=0.1),
-          2: _record(1, own=0.002, step=0.1)}
+  slow = {
+      0: _record(1, own=0.001, step=0.1),
+      1: _record(1, own=0.09, step=0.1),
+      2: _record(1, own=0.002, step=0.1)
+  }
   warnings = peers.straggler_warnings(slow)
   assert [rank for rank, _ in warnings] == [1]
   assert 'straggler: rank 1 on h spends 0.090 s of its own per step' in (
       warnings[0][1])
   # 3x the others, but 0.2 ms of a 100 ms step: noise, not a straggler.
-  tiny = {0: _record(1, own=0.0001, step=0.1), 1: _record(1, own=0.0003,
-                                                          step=0.1)}
+  tiny = {
+      0: _record(1, own=0.0001, step=0.1),
+      1: _record(1, own=0.0003, step=0.1)
+  }
   assert peers.straggler_warnings(tiny) == []
 
 
@@ -87,10 +105,13 @@ def test_a_silent_peer_is_declared_lost_and_everyone_exits_10():
   done = threading.Event()
   # The stall watch off: this process completes no step, and only the
   # heartbeat is under test.
-  sup = supervisor.Supervisor(
-      client, supervisor.WatchFlags(heartbeat_timeout=1.5, stall_timeout=0,
-                                 first_step_timeout=0), host='h0',
-      exit_process=lambda code: (exited.append(code), done.set()))
+  sup = supervisor.Supervisor(client,
+                              supervisor.WatchFlags(heartbeat_timeout=1.5,
+                                                    stall_timeout=0,
+                                                    first_step_timeout=0),
+                              host='h0',
+                              exit_process=lambda code:
+                              (exited.append(code), done.set()))
   sup.start()
   assert done.wait(10), 'rank 1 was never declared lost'
   sup.stop()
@@ -107,9 +128,11 @@ def test_a_process_the_launcher_saw_go_is_lost_after_a_few_silent_seconds(
   assert peers.gone(str(gone_file)) == peers.Gone()
   gone_file.write_text('{"processes": [2], "why": "node n-1 PREEMPTED"}')
   gone = peers.gone(str(gone_file))
+
   def beats(one, two):
     client.set(f'{peers.BEAT_DIR}/1', f'{{"beat": {one}, "host": "h1"}}', True)
     client.set(f'{peers.BEAT_DIR}/2', f'{{"beat": {two}, "host": "h2"}}', True)
+
   beats(1, 1)
   assert watch.find_lost(100.0, gone) is None  # First sight of both.
   beats(2, 1)
@@ -133,8 +156,7 @@ def test_a_process_the_launcher_saw_go_is_lost_after_a_few_silent_seconds(
   assert peers.gone(str(gone_file)) == peers.Gone()
 
 
-def test_a_process_whose_host_the_launcher_found_dead_is_lost_at_once(
-    tmp_path):
+def test_a_process_whose_host_the_launcher_found_dead_is_lost_at_once(tmp_path):
   client = _FakeJob(process_index=0, process_count=3)
   watch = peers.Peers(client, 'h0', heartbeat_timeout=60)
   gone_file = tmp_path / 'gone'
@@ -186,10 +208,12 @@ def test_the_own_watchdog_publishes_a_stall_and_dumps_stacks():
   client = _FakeJob(process_index=1, process_count=2)
   exited, dumped = [], []
   done = threading.Event()
-  sup = supervisor.Supervisor(
-      client, supervisor.WatchFlags(first_step_timeout=1), host='h1',
-      exit_process=lambda code: (exited.append(code), done.set()),
-      dump_stacks=lambda: dumped.append(True))
+  sup = supervisor.Supervisor(client,
+                              supervisor.WatchFlags(first_step_timeout=1),
+                              host='h1',
+                              exit_process=lambda code:
+                              (exited.append(code), done.set()),
+                              dump_stacks=lambda: dumped.append(True))
   sup.start()
   assert done.wait(10)
   sup.stop()
@@ -204,10 +228,11 @@ def test_fail_keeps_its_code_unless_another_failed_first(first_is_consequence):
   client = _FakeJob(process_index=1, process_count=2)
   sup = supervisor.Supervisor(client, supervisor.WatchFlags(), host='h1')
   if first_is_consequence:
-    client.set(end_of_job.END_KEY, end_of_job.encode(records.Fault(
-        'failed', 0, 'h0', 7, 'SystemExit(7)')))
-    assert sup.fail(1, 'RuntimeError: x', may_be_consequence=True) == (
-        exit_codes.PEER_FAILED)
+    client.set(
+        end_of_job.END_KEY,
+        end_of_job.encode(records.Fault('failed', 0, 'h0', 7, 'SystemExit(7)')))
+    assert sup.fail(1, 'RuntimeError: x',
+                    may_be_consequence=True) == (exit_codes.PEER_FAILED)
   else:
     assert sup.fail(3, 'TopologyMismatchError: x',
                     may_be_consequence=False) == 3
@@ -234,7 +259,8 @@ def test_process_0_waits_for_the_ack_of_the_process_whose_failure_won(
   # publish; were process 0 to exit then, JAX would abort process 1 (-6)
   # before it wrote its records or its exit code (seen once in CI).
   store = memory_job.MemoryStore()
-  one = supervisor.Supervisor(_FakeJob(1, 2, store), supervisor.WatchFlags(),
+  one = supervisor.Supervisor(_FakeJob(1, 2, store),
+                              supervisor.WatchFlags(),
                               host='h1')
   assert one.fail(3, 'TopologyMismatchError: x', may_be_consequence=False) == 3
   zero = end_of_job.EndOfJob(_FakeJob(0, 2, store))
@@ -250,14 +276,13 @@ def test_process_0_waits_for_the_ack_of_the_process_whose_failure_won(
   assert time.monotonic() - started < 30
 
 
-def test_after_a_preemption_process_0_leaves_once_the_others_have(
-    monkeypatch):
+def test_after_a_preemption_process_0_leaves_once_the_others_have(monkeypatch):
   # A preemption publishes no end: without this wait, process 0 could exit
   # (and its service with it) while another still writes its records.
   store = memory_job.MemoryStore()
   zero, one, two = (supervisor.Supervisor(_FakeJob(i, 3, store),
-                                          supervisor.WatchFlags(), host=f'h{i}')
-                    for i in range(3))
+                                          supervisor.WatchFlags(),
+                                          host=f'h{i}') for i in range(3))
   monkeypatch.setattr(end_of_job, '_ACK_WAIT_S', 0.5)
   one.leave()
   started = time.monotonic()

@@ -77,12 +77,12 @@ def project(tmp_path_factory):
     ('none', None),
     ('logits', 'compute the metrics from the logits inside loss_fn'),
     ('per_example', "loss_fn's metric 'error' has shape (4,); metrics must "
-                    'be scalars'),
+     'be scalars'),
     ('generator', 'Load the arrays into runtime.ArraySource(**arrays)'),
     ('flax_names', 'batch_size=128, which podrun does not read: set '
-                   'config.global_batch_size'),
+     'config.global_batch_size'),
     ('mean_metric', "metric_fn's 'error' has shape (); it must hold one value "
-                    'per example'),
+     'per example'),
 ])
 def test_each_mistake_ends_before_step_1_naming_the_fix(project, tmp_path,
                                                         mistake, fix):

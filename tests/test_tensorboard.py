@@ -19,8 +19,10 @@ def _scalars(logdir) -> dict[str, list[tuple[int, float]]]:
   reader = event_accumulator.EventAccumulator(
       str(logdir), size_guidance={event_accumulator.SCALARS: 0})
   reader.Reload()
-  return {tag: [(e.step, e.value) for e in reader.Scalars(tag)]
-          for tag in reader.Tags()['scalars']}
+  return {
+      tag: [(e.step, e.value) for e in reader.Scalars(tag)]
+      for tag in reader.Tags()['scalars']
+  }
 
 
 def _train(workdir, steps):
@@ -57,7 +59,11 @@ def test_a_resumed_run_shows_each_step_once(tmp_path):
 
 def test_non_numbers_are_left_out(tmp_path):
   writer = tensorboard.EventWriter(str(tmp_path))
-  writer.scalars(1, {'loss': 0.5, 'name': 'x', 'flag': True,
-                     'inf': float('inf')})
+  writer.scalars(1, {
+      'loss': 0.5,
+      'name': 'x',
+      'flag': True,
+      'inf': float('inf')
+  })
   writer.close()
   assert _scalars(tmp_path / layout.TENSORBOARD) == {'loss': [(1, 0.5)]}

@@ -17,19 +17,20 @@ def test_launcher_processes_are_refused_outside_their_tier():
 
 
 def _item(name, module_marks, own_marks=()):
-  module = types.SimpleNamespace(pytestmark=[
-      getattr(pytest.mark, m) for m in module_marks])
+  module = types.SimpleNamespace(
+      pytestmark=[getattr(pytest.mark, m) for m in module_marks])
   return types.SimpleNamespace(
-      name=name, module=module, path=types.SimpleNamespace(name='test_x.py'),
+      name=name,
+      module=module,
+      path=types.SimpleNamespace(name='test_x.py'),
       own_markers=[getattr(pytest.mark, m).mark for m in own_marks])
 
 
 def test_a_test_of_another_tier_than_its_module_is_named():
   assert conftest.tier_problems([_item('test_a', ['unit'])]) == []
-  assert conftest.tier_problems(
-      [_item('test_a', ['processes'], ['processes'])]) == []
-  [problem] = conftest.tier_problems(
-      [_item('test_b', ['unit'], ['processes'])])
+  assert conftest.tier_problems([_item('test_a', ['processes'],
+                                       ['processes'])]) == []
+  [problem] = conftest.tier_problems([_item('test_b', ['unit'], ['processes'])])
   assert 'test_b in test_x.py (unit) is marked processes' in problem
   [problem] = conftest.tier_problems([_item('test_c', [])])
   assert 'names no tier' in problem

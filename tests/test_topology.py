@@ -20,23 +20,27 @@ def _config_topology(**values):
 def test_current_sees_eight_devices():
   topo = topology.current()
   assert jax.device_count() == 8
-  assert (topo.process_count, topo.local_device_count,
-          topo.global_device_count, topo.platform) == (1, 8, 8, 'cpu')
+  assert (topo.process_count, topo.local_device_count, topo.global_device_count,
+          topo.platform) == (1, 8, 8, 'cpu')
 
 
 def test_matching_topology_passes():
-  expected = topology.expectations(
-      _config_topology(num_processes=1, local_devices=8, platform='CPU'),
-      process_index=(0, '--process_id'))
+  expected = topology.expectations(_config_topology(num_processes=1,
+                                                    local_devices=8,
+                                                    platform='CPU'),
+                                   process_index=(0, '--process_id'))
   topology.check(expected, topology.current())
 
 
 def test_mismatch_names_every_factor():
   expected = topology.expectations(
       _config_topology(num_processes=4, local_devices=2, platform='tpu'))
-  actual = topology.Topology(process_index=0, process_count=2,
-                             local_device_count=4, global_device_count=8,
-                             platform='cpu', device_kind='cpu')
+  actual = topology.Topology(process_index=0,
+                             process_count=2,
+                             local_device_count=4,
+                             global_device_count=8,
+                             platform='cpu',
+                             device_kind='cpu')
   with pytest.raises(topology.TopologyMismatchError) as e:
     topology.check(expected, actual)
   message = str(e.value)

@@ -24,10 +24,12 @@ pytestmark = [pytest.mark.processes, pytest.mark.timeout(400)]
 
 STEPS = 60
 LOCAL_EVERY = 5
-JOB = [*PROBE, '--local_devices=2', f'--config.steps={STEPS}',
-       '--config.log_every=1', '--config.global_batch_size=40',
-       '--config.step_seconds=0.02', '--config.census=True',
-       f'--config.local_checkpoint_every={LOCAL_EVERY}']
+JOB = [
+    *PROBE, '--local_devices=2', f'--config.steps={STEPS}',
+    '--config.log_every=1', '--config.global_batch_size=40',
+    '--config.step_seconds=0.02', '--config.census=True',
+    f'--config.local_checkpoint_every={LOCAL_EVERY}'
+]
 # On one slice, a second a step: the job outlasts the recreate however
 # slow this machine is (a step boundary comes every second to grow at).
 SHRUNK = ['--config.slow_below_processes=4', '--config.slow_below_seconds=1']
@@ -37,14 +39,13 @@ SHRUNK = ['--config.slow_below_processes=4', '--config.slow_below_seconds=1']
 def straight(tmp_path_factory):
   """1 x 8 devices, never interrupted."""
   workdir = tmp_path_factory.mktemp('straight')
-  result = helpers.run_launcher([*JOB, '--local_devices=8',
-                                 f'--workdir={workdir}'], timeout=200)
+  result = helpers.run_launcher(
+      [*JOB, '--local_devices=8', f'--workdir={workdir}'], timeout=200)
   assert result.returncode == 0, result.output
   return workdir
 
 
-@pytest.mark.parametrize('lost, notice', [(0, True), (1, False),
-                                          (0, False)])
+@pytest.mark.parametrize('lost, notice', [(0, True), (1, False), (0, False)])
 def test_a_lost_slice_leaves_the_job_on_the_other_until_it_is_back(
     tmp_path, cleanup, straight, lost, notice):
   """About 40 s each: two slices' VMs start JAX three times, with a 3 s
@@ -54,18 +55,29 @@ def test_a_lost_slice_leaves_the_job_on_the_other_until_it_is_back(
   # Slice 1's first recreate ends FAILED (the service's third creation):
   # it is tried again after --slice_back_backoff.
   fail_once = {'FAKE_QR_FAIL': '3'} if lost == 1 else {}
-  fleet = _fleet(tmp_path, FAKE_QR_PREEMPT_ON_LOG=','.join(preempt),
-                 FAKE_QR_LOG_NODE=f'{NAME}-0', FAKE_QR_WAIT_S='0.5,0.5,3',
-                 FAKE_TPU_PREEMPT_NOTICE='1' if notice else '0', **fail_once)
+  fleet = _fleet(tmp_path,
+                 FAKE_QR_PREEMPT_ON_LOG=','.join(preempt),
+                 FAKE_QR_LOG_NODE=f'{NAME}-0',
+                 FAKE_QR_WAIT_S='0.5,0.5,3',
+                 FAKE_TPU_PREEMPT_NOTICE='1' if notice else '0',
+                 **fail_once)
   cleanup(fleet)
   workdir = tmp_path / 'work'
-  result = fleet.run(*CREATE, '--spot', '--num_slices=2', '--min_slices=1',
-                     '--delete_after', '--slice_back_backoff=1', '--', *JOB,
-                     *SHRUNK, f'--workdir={workdir}', timeout=330)
+  result = fleet.run(*CREATE,
+                     '--spot',
+                     '--num_slices=2',
+                     '--min_slices=1',
+                     '--delete_after',
+                     '--slice_back_backoff=1',
+                     '--',
+                     *JOB,
+                     *SHRUNK,
+                     f'--workdir={workdir}',
+                     timeout=330)
   assert result.returncode == 0, result.output
   if fail_once:
-    assert (f'slice {NAME}-1 did not come back (try 1): ' in result.stderr
-            and 'trying again in 1 s' in result.stderr), result.stderr
+    assert (f'slice {NAME}-1 did not come back (try 1): ' in result.stderr and
+            'trying again in 1 s' in result.stderr), result.stderr
   if notice:
     # The driver knew when the lost slice's job was over (launcher/tpu/
     # ends.py) rather than waiting out --lost_slice_wait (30 s), which the
@@ -89,15 +101,17 @@ def test_a_lost_slice_leaves_the_job_on_the_other_until_it_is_back(
   assert f'slice {NAME}-{lost} is back after' in result.stderr
   assert '1 shrink(s), 1 growth(s)' in result.stderr
   attempts = helpers.read_jsonl(fleet.logs / 'attempts.jsonl')
-  assert [(a.get('resize'), a['processes']) for a in attempts] == [
-      ('shrink', 4), ('grow', 2), (None, 4)]
+  assert [(a.get('resize'), a['processes']) for a in attempts] == [('shrink',
+                                                                    4),
+                                                                   ('grow', 2),
+                                                                   (None, 4)]
   assert [a['exit_code'] for a in attempts][1:] == [75, 0]
   rows = helpers.read_jsonl(workdir / 'metrics.jsonl')
   assert {r['num_processes'] for r in rows} == {4, 2}
   assert set(range(1, STEPS + 1)) <= {r['step'] for r in rows}
-  ledgers = sorted((helpers.read_json(p) for p in
-                    workdir.glob('goodput/*/rank_0.json')),
-                   key=lambda l: l['started'])
+  ledgers = sorted(
+      (helpers.read_json(p) for p in workdir.glob('goodput/*/rank_0.json')),
+      key=lambda l: l['started'])
   assert len(ledgers) == 3
   recomputed = [l['notes'].get('recomputed_steps') or 0 for l in ledgers]
   if notice:
@@ -115,10 +129,11 @@ def test_a_lost_slice_leaves_the_job_on_the_other_until_it_is_back(
     assert sum(recomputed) <= 2 * LOCAL_EVERY, recomputed
   helpers.assert_trees_close(helpers.final_state(workdir)['params'],
                              helpers.final_state(straight)['params'],
-                             rtol=1e-4, atol=1e-6)
-  census.assert_exactly_once(helpers.final_state(workdir)['params'],
-                             helpers.final_state(straight)['params'],
-                             40, 4096, STEPS)
+                             rtol=1e-4,
+                             atol=1e-6)
+  census.assert_exactly_once(
+      helpers.final_state(workdir)['params'],
+      helpers.final_state(straight)['params'], 40, 4096, STEPS)
   assert fleet.queued_resources() == []
   events = [(e['event'], e.get('name')) for e in fleet.events()]
   assert ('preempted', f'{NAME}-{lost}') in events
@@ -127,15 +142,22 @@ def test_a_lost_slice_leaves_the_job_on_the_other_until_it_is_back(
 
 def test_the_dry_run_shows_a_queued_resource_per_slice(tmp_path):
   fleet = _fleet(tmp_path)
-  result = fleet.run(*CREATE, '--spot', '--num_slices=2', '--min_slices=1',
-                     '--dry_run', '--', *JOB, '--workdir=gs://runs/elastic',
+  result = fleet.run(*CREATE,
+                     '--spot',
+                     '--num_slices=2',
+                     '--min_slices=1',
+                     '--dry_run',
+                     '--',
+                     *JOB,
+                     '--workdir=gs://runs/elastic',
                      timeout=120)
   assert result.returncode == 0, result.output
-  creates = [l for l in result.stdout.splitlines()
-             if ' queued-resources create ' in l]
-  assert [l.split()[5:7] for l in creates] == [
-      [f'{NAME}-0', '--accelerator-type=v4-16'],
-      [f'{NAME}-1', '--accelerator-type=v4-16']]
+  creates = [
+      l for l in result.stdout.splitlines() if ' queued-resources create ' in l
+  ]
+  assert [l.split()[5:7] for l in creates
+         ] == [[f'{NAME}-0', '--accelerator-type=v4-16'],
+               [f'{NAME}-1', '--accelerator-type=v4-16']]
   assert all(f'--node-id={NAME}-{i}' in l for i, l in enumerate(creates))
   assert '# a lost slice: the job relaunches at once on the others' in (
       result.stdout)

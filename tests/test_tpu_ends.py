@@ -25,8 +25,12 @@ def _over(exits, kept_in_bucket=False, final=(), url=''):
 
 
 def test_every_process_reported():
-  assert _over({'0': 75, '1': 75, '2': 75, '3': 75}) == (
-      "every process reported its job's end")
+  assert _over({
+      '0': 75,
+      '1': 75,
+      '2': 75,
+      '3': 75
+  }) == ("every process reported its job's end")
 
 
 def test_not_until_the_other_slices_reported():
@@ -46,8 +50,9 @@ def test_a_bucket_waits_for_every_lost_ledger():
   saved = {'0': 75, '1': 75}
   assert _over(saved, kept_in_bucket=True) is None
   assert _over(saved, kept_in_bucket=True, final={'2'}, url=URL) is None
-  assert _over(saved, kept_in_bucket=True, final=LOST, url=URL) == (
-      f'the lost processes 2, 3 wrote their last ledgers to {URL}')
+  assert _over(
+      saved, kept_in_bucket=True, final=LOST,
+      url=URL) == (f'the lost processes 2, 3 wrote their last ledgers to {URL}')
 
 
 def test_one_saved_one_failed_waits():
@@ -58,8 +63,8 @@ def test_one_saved_one_failed_waits():
 
 def test_one_slice_lost_whole():
   one = ['0', '1']
-  assert ends.over({}, one, set(one), True, set(one), URL).startswith(
-      'the lost processes 0, 1')
+  assert ends.over({}, one, set(one), True, set(one),
+                   URL).startswith('the lost processes 0, 1')
   assert ends.over({}, one, set(one), False, set(), '') is None
 
 
@@ -75,8 +80,11 @@ class _Bucket:
     assert on_error == 'omit'
     self.reads += 1
     self.read.set()
-    return {p[len('gs://'):]: self.objects[p[len('gs://'):]]
-            for p in paths if p[len('gs://'):] in self.objects}
+    return {
+        p[len('gs://'):]: self.objects[p[len('gs://'):]]
+        for p in paths
+        if p[len('gs://'):] in self.objects
+    }
 
 
 def _ledger(final):
@@ -114,8 +122,7 @@ def test_an_unreachable_bucket_never_ends_the_wait(monkeypatch):
       Unreachable.calls += 1
       raise OSError('connection refused')
 
-  ledgers = ends.Ledgers(URL, 'job-a1', [2, 3],
-                         fs_factory=Unreachable).start()
+  ledgers = ends.Ledgers(URL, 'job-a1', [2, 3], fs_factory=Unreachable).start()
   assert helpers.wait_for(lambda: Unreachable.calls >= 3, 30, 0.01)
   assert ledgers.final() == set()
   ledgers.stop()
@@ -124,9 +131,10 @@ def test_an_unreachable_bucket_never_ends_the_wait(monkeypatch):
 
 
 def test_no_gcsfs_means_no_early_end():
+
   def missing():
     raise RuntimeError('a gs:// workdir needs gcsfs')
+
   ledgers = ends.Ledgers(URL, 'job-a1', [2], fs_factory=missing).start()
   ledgers._thread.join(30)  # pylint: disable=protected-access
   assert ledgers.final() == set()
-

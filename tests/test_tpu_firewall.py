@@ -16,8 +16,13 @@ def _rule(ports=None, protocol='tcp', ranges=('10.128.0.0/9',), **extra):
   allowed = {'IPProtocol': protocol}
   if ports is not None:
     allowed['ports'] = list(ports)
-  return {'name': 'r', 'direction': 'INGRESS', 'allowed': [allowed],
-          'sourceRanges': list(ranges), **extra}
+  return {
+      'name': 'r',
+      'direction': 'INGRESS',
+      'allowed': [allowed],
+      'sourceRanges': list(ranges),
+      **extra
+  }
 
 
 def test_the_ports_of_one_slice_and_of_several():
@@ -34,17 +39,18 @@ def test_the_default_networks_internal_rule_opens_everything():
 def test_an_old_recipe_opens_8476_and_not_jaxs_port_now():
   # JAX 0.8.1 moved the TPU coordinator to 8482 (jax #35905).
   assert firewall.missing([_rule(['8476'])], ONE_SLICE, WORKER) == [8482]
-  assert firewall.missing([_rule(['8476', '8080'])], TWO_SLICES,
-                          WORKER) == []
+  assert firewall.missing([_rule(['8476', '8080'])], TWO_SLICES, WORKER) == []
 
 
-@pytest.mark.parametrize('rule', [
-    _rule(['0-65535'], ranges=('192.168.0.0/16',)),   # other sources
-    _rule(['0-65535'], disabled=True),
-    _rule(['0-65535'], direction='EGRESS'),
-    _rule(['0-65535'], protocol='udp'),
-    _rule(['8000-8400']),
-])
+@pytest.mark.parametrize(
+    'rule',
+    [
+        _rule(['0-65535'], ranges=('192.168.0.0/16',)),  # other sources
+        _rule(['0-65535'], disabled=True),
+        _rule(['0-65535'], direction='EGRESS'),
+        _rule(['0-65535'], protocol='udp'),
+        _rule(['8000-8400']),
+    ])
 def test_rules_that_do_not_open_the_port_to_the_workers(rule):
   assert firewall.missing([rule], ONE_SLICE, WORKER) == [8482]
 

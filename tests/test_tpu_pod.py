@@ -49,7 +49,7 @@ def test_slice_topology(name, chips, hosts, devices_per_host):
     ('v4', 'is not GENERATION-SIZE'),
     ('v7x-8', "unknown generation 'v7x'; known: v2, v3, v4, v5p"),
     ('v3-16', 'v3 slices have 8, 32, 64, 128, 256, 512, 1024, 2048 cores, '
-              'not 16'),
+     'not 16'),
     ('v4-12', 'multiples of 8 from 8 to 4096 cores, not 12'),
     ('v6e-2', 'v6e slices have 1, 4, 8, 16, 32, 64, 128, 256 chips, not 2'),
 ])
@@ -58,12 +58,19 @@ def test_unknown_accelerator_types_say_what_exists(name, message):
     accelerators.slice_topology(name)
 
 
-def node(state='READY', health='HEALTHY', accelerator_type='v4-16',
-         workers=2):
-  return {'state': state, 'health': health,
-          'acceleratorType': accelerator_type,
-          'networkEndpoints': [{'ipAddress': f'10.0.0.{i}', 'port': 8470}
-                               for i in range(workers)]}
+def node(state='READY', health='HEALTHY', accelerator_type='v4-16', workers=2):
+  return {
+      'state':
+          state,
+      'health':
+          health,
+      'acceleratorType':
+          accelerator_type,
+      'networkEndpoints': [{
+          'ipAddress': f'10.0.0.{i}',
+          'port': 8470
+      } for i in range(workers)]
+  }
 
 
 @pytest.fixture
@@ -75,8 +82,12 @@ def api():
 def client(api, *answers, sleep=lambda s: None):
   """The pod my-pod through the fake API, which answers `answers` in turn."""
   api.queue('proj', 'us-central2-b', 'my-pod', *answers)
-  return tpu_api.Node('my-pod', 'us-central2-b', 'proj', api_root=api.root,
-                      timeout_s=5, sleep=sleep)
+  return tpu_api.Node('my-pod',
+                      'us-central2-b',
+                      'proj',
+                      api_root=api.root,
+                      timeout_s=5,
+                      sleep=sleep)
 
 
 def run_preflight(c, expected=None, timeout_s=60):
@@ -86,8 +97,14 @@ def run_preflight(c, expected=None, timeout_s=60):
   def sleep(s):
     waits.append(s)
     clock[0] += s
-  info = preflight.preflight(c, expected, timeout_s, interval_s=10, sleep=sleep,
-                           clock=lambda: clock[0], log=lambda m: None)
+
+  info = preflight.preflight(c,
+                             expected,
+                             timeout_s,
+                             interval_s=10,
+                             sleep=sleep,
+                             clock=lambda: clock[0],
+                             log=lambda m: None)
   return info, waits
 
 
@@ -112,9 +129,11 @@ def test_unhealthy_then_healthy_waits(api):
 
 
 def test_never_healthy_times_out_naming_state_and_health(api):
-  with pytest.raises(preflight.PodUnavailableError,
-                     match='state=READY health=UNHEALTHY_TENSORFLOW after 30 s'):
-    run_preflight(client(api, node(health='UNHEALTHY_TENSORFLOW')), timeout_s=30)
+  with pytest.raises(
+      preflight.PodUnavailableError,
+      match='state=READY health=UNHEALTHY_TENSORFLOW after 30 s'):
+    run_preflight(client(api, node(health='UNHEALTHY_TENSORFLOW')),
+                  timeout_s=30)
 
 
 @pytest.mark.parametrize('state', ['PREEMPTED', 'TERMINATED'])
@@ -135,8 +154,13 @@ def test_the_api_is_tried_again_on_429_and_5xx_and_gives_up_naming_it(api):
   waits = []
   c = client(api, 429, 503, node(), sleep=waits.append)
   assert c.state() == 'READY' and waits == [2.0, 4.0]
-  busy = tpu_api.Node('other', 'us-central2-b', 'proj', api_root=api.root,
-                      timeout_s=5, attempts=3, sleep=lambda s: None)
+  busy = tpu_api.Node('other',
+                      'us-central2-b',
+                      'proj',
+                      api_root=api.root,
+                      timeout_s=5,
+                      attempts=3,
+                      sleep=lambda s: None)
   api.queue('proj', 'us-central2-b', 'other', 500)
   with pytest.raises(tpu_api.TpuApiError,
                      match=r'no answer after 3 tries; the last: HTTP 500'):
@@ -176,12 +200,11 @@ def test_both_problems_in_one_error(api):
 
 def test_expected_type_comes_from_the_config_and_its_override(tmp_path):
   config = tmp_path / 'tpu_config.py'
-  config.write_text(
-      'from configs import linear_regression\n'
-      'def get_config():\n'
-      '  c = linear_regression.get_config()\n'
-      '  c.topology.accelerator_type = "v4-16"\n'
-      '  return c\n')
+  config.write_text('from configs import linear_regression\n'
+                    'def get_config():\n'
+                    '  c = linear_regression.get_config()\n'
+                    '  c.topology.accelerator_type = "v4-16"\n'
+                    '  return c\n')
   assert preflight.expected_accelerator_type([f'--config={config}']) == 'v4-16'
   assert preflight.expected_accelerator_type(
       [f'--config={config}',
@@ -213,12 +236,13 @@ def test_bundle_is_reproducible_and_honours_gitignore(tmp_path):
   assert first == second == hashlib.sha256(
       (tmp_path / 'one.tar.gz').read_bytes()).hexdigest()
   members = _members(tmp_path / 'one.tar.gz')
-  assert sorted(members) == ['podrun/.gitignore', 'podrun/a.py',
-                             'podrun/pyproject.toml', 'podrun/sub/b.sh']
+  assert sorted(members) == [
+      'podrun/.gitignore', 'podrun/a.py', 'podrun/pyproject.toml',
+      'podrun/sub/b.sh'
+  ]
   assert members['podrun/sub/b.sh'].mode == 0o755
   (repo / 'a.py').write_text('print(2)\n')
-  assert bundle.bundle(str(tmp_path / 'three.tar.gz'),
-                       root=str(repo)) != first
+  assert bundle.bundle(str(tmp_path / 'three.tar.gz'), root=str(repo)) != first
 
 
 def test_the_bundle_carries_the_project_beside_podrun(tmp_path):
@@ -237,12 +261,12 @@ def test_the_bundle_carries_the_project_beside_podrun(tmp_path):
   (own / 'my_config.py').write_text('x = 2\n')
   assert bundle.bundle(str(tmp_path / 'again.tar.gz'), found) != code
   # Launched from podrun's own checkout, the project is podrun's code.
-  checkout = project.find(str(helpers.REPO),
-                          podrun_root=project.podrun_root())
+  checkout = project.find(str(helpers.REPO), podrun_root=project.podrun_root())
   assert checkout.is_podrun and bundle.run_directory(checkout) == 'podrun'
   bundle.bundle(str(tmp_path / 'own.tar.gz'), checkout)
-  assert not [n for n in _members(tmp_path / 'own.tar.gz')
-              if n.startswith('project/')]
+  assert not [
+      n for n in _members(tmp_path / 'own.tar.gz') if n.startswith('project/')
+  ]
 
 
 def test_installed_without_a_checkout_the_packages_and_their_metadata_travel(
@@ -259,7 +283,8 @@ def test_installed_without_a_checkout_the_packages_and_their_metadata_travel(
   bundle.bundle(str(tmp_path / 'code.tar.gz'), root=str(site))
   assert sorted(_members(tmp_path / 'code.tar.gz')) == [
       'podrun/configs/__init__.py', 'podrun/launcher/__init__.py',
-      'podrun/pyproject.toml', 'podrun/runtime/__init__.py']
+      'podrun/pyproject.toml', 'podrun/runtime/__init__.py'
+  ]
 
 
 def test_installed_in_an_environment_a_repository_ignores_it_travels_whole(
@@ -275,7 +300,8 @@ def test_installed_in_an_environment_a_repository_ignores_it_travels_whole(
   bundle.bundle(str(tmp_path / 'code.tar.gz'), root=str(site))
   assert sorted(_members(tmp_path / 'code.tar.gz')) == [
       'podrun/configs/__init__.py', 'podrun/launcher/__init__.py',
-      'podrun/pyproject.toml', 'podrun/runtime/__init__.py']
+      'podrun/pyproject.toml', 'podrun/runtime/__init__.py'
+  ]
 
 
 def test_the_pyproject_written_from_metadata_asks_what_the_checkouts_does():
@@ -302,34 +328,43 @@ def test_the_pyproject_written_from_metadata_asks_what_the_checkouts_does():
 def test_cli_preflight_exit_codes_without_a_reachable_api(tmp_path):
   # No credentials and no network here: the client cannot read the pod, and
   # the helper says so with POD_UNAVAILABLE rather than a traceback.
-  result = subprocess.run(
-      [sys.executable, '-m', 'launcher.tpu', 'preflight', '--tpu=x',
-       '--zone=z', '--project=p', '--wait_healthy=0', '--',
-       '--config=configs/linear_regression.py'],
-      cwd=helpers.REPO, capture_output=True, text=True, timeout=120,
-      env=helpers.launcher_env(GOOGLE_APPLICATION_CREDENTIALS=str(
-          tmp_path / 'none.json'), TPU_API_DISCOVERY_URL='http://127.0.0.1:9/'))
+  result = subprocess.run([
+      sys.executable, '-m', 'launcher.tpu', 'preflight', '--tpu=x', '--zone=z',
+      '--project=p', '--wait_healthy=0', '--',
+      '--config=configs/linear_regression.py'
+  ],
+                          cwd=helpers.REPO,
+                          capture_output=True,
+                          text=True,
+                          timeout=120,
+                          env=helpers.launcher_env(
+                              GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path /
+                                                                 'none.json'),
+                              TPU_API_DISCOVERY_URL='http://127.0.0.1:9/'))
   assert result.returncode == exit_codes.POD_UNAVAILABLE, result.stderr
   assert 'tpu_pod: error:' in result.stderr
   assert 'Traceback' not in result.stderr
 
 
 def test_missing_application_default_credentials_say_what_to_run():
+
   class DefaultCredentialsError(Exception):
     pass
+
   message = preflight.explain_api_error(
-      'my-pod', DefaultCredentialsError('Could not automatically determine '
-                                        'credentials.'))
+      'my-pod',
+      DefaultCredentialsError('Could not automatically determine '
+                              'credentials.'))
   assert 'Run `gcloud auth application-default login`' in message
   assert 'my-pod' in message
 
 
-@pytest.mark.parametrize('jax_version, python', [
-    ('0.10.2', (3, 11)), ('0.11.0', (3, 12)), ('0.12.0.1', (3, 12))])
+@pytest.mark.parametrize('jax_version, python', [('0.10.2', (3, 11)),
+                                                 ('0.11.0', (3, 12)),
+                                                 ('0.12.0.1', (3, 12))])
 def test_the_worker_python_follows_the_jax_release(jax_version, python):
   assert commands.required_python(jax_version) == python
-  assert f'>= ({python[0]}, {python[1]})' in commands.find_python(
-      '', python)
+  assert f'>= ({python[0]}, {python[1]})' in commands.find_python('', python)
   assert (f'install -y -q python{python[0]}.{python[1]} '
           f'python{python[0]}.{python[1]}-venv') in commands.provision_command(
               '', jax_version)
@@ -340,8 +375,8 @@ def test_every_worker_installs_the_drivers_jax():
   assert "'jax[tpu]==0.12.0.1'" in setup
   # With the interpreter the Python check found, which needs 3.12 for it.
   assert f'py="$(cat "{commands.FOUND_PYTHON}")"' in setup
-  check = commands.PYTHON_PROBE.replace('FIND', commands.find_python(
-      '', commands.required_python('0.12.0.1')))
+  check = commands.PYTHON_PROBE.replace(
+      'FIND', commands.find_python('', commands.required_python('0.12.0.1')))
   assert '>= (3, 12)' in check
   assert f'> "{commands.FOUND_PYTHON}"' in check
 
@@ -352,11 +387,15 @@ def test_without_the_pod_extra_the_preflight_says_what_to_install(tmp_path):
       "raise ImportError('No module named requests', name='requests')\n")
   env = helpers.launcher_env()
   env['PYTHONPATH'] = f'{tmp_path}{os.pathsep}{env["PYTHONPATH"]}'
-  result = subprocess.run(
-      [sys.executable, '-m', 'launcher.tpu', 'preflight', '--tpu=x',
-       '--zone=z', '--wait_healthy=0', '--',
-       '--config=configs/linear_regression.py'],
-      cwd=helpers.REPO, capture_output=True, text=True, timeout=120, env=env)
+  result = subprocess.run([
+      sys.executable, '-m', 'launcher.tpu', 'preflight', '--tpu=x', '--zone=z',
+      '--wait_healthy=0', '--', '--config=configs/linear_regression.py'
+  ],
+                          cwd=helpers.REPO,
+                          capture_output=True,
+                          text=True,
+                          timeout=120,
+                          env=env)
   assert result.returncode == exit_codes.CONFIG_ERROR, result.stderr
   assert 'pip install -e ".[pod]"' in result.stderr
   assert '--skip_preflight' in result.stderr
@@ -365,15 +404,21 @@ def test_without_the_pod_extra_the_preflight_says_what_to_install(tmp_path):
 
 def test_every_flag_of_the_launch_is_helped_and_in_the_scripts_header():
   from launcher.tpu import flags  # pylint: disable=g-import-not-at-top
-  actions = [a for a in flags._parser()._actions  # pylint: disable=protected-access
-             if a.option_strings != ['-h', '--help']]
+  actions = [
+      a for a in flags._parser()._actions  # pylint: disable=protected-access
+      if a.option_strings != ['-h', '--help']
+  ]
   assert not [a.dest for a in actions if not a.help]
-  shown = subprocess.run(['bash', str(helpers.REPO / 'scripts' /
-                                      'launch_tpu_pod.sh'), '--help'],
-                         capture_output=True, text=True, timeout=30,
-                         check=True).stdout
-  missing = [a.option_strings[0] for a in actions
-             if a.option_strings[0] not in shown]
+  shown = subprocess.run(
+      ['bash',
+       str(helpers.REPO / 'scripts' / 'launch_tpu_pod.sh'), '--help'],
+      capture_output=True,
+      text=True,
+      timeout=30,
+      check=True).stdout
+  missing = [
+      a.option_strings[0] for a in actions if a.option_strings[0] not in shown
+  ]
   assert not missing, f'the script\'s --help lacks {missing}'
   # The whole header, to its last sentence.
   assert shown.rstrip().endswith('(or --config.checkpointing=False).')
@@ -381,7 +426,10 @@ def test_every_flag_of_the_launch_is_helped_and_in_the_scripts_header():
 
 def test_podrun_tpu_help_lists_its_commands():
   shown = subprocess.run([sys.executable, '-m', 'launcher.tpu', '--help'],
-                         capture_output=True, text=True, timeout=60,
-                         cwd=helpers.REPO, check=True).stdout
+                         capture_output=True,
+                         text=True,
+                         timeout=60,
+                         cwd=helpers.REPO,
+                         check=True).stdout
   for command in ('launch', 'preflight', 'recoverable', 'bundle'):
     assert f'    {command}' in shown, shown

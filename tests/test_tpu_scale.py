@@ -32,19 +32,22 @@ def _all_logs_show(pod, text: str) -> bool:
 def test_64_workers_start_report_and_stop_on_the_first_failure(tmp_path):
   """About 40 s: three rounds of 64 emulated ssh sessions, each starting the
   worker half of the launcher (Python) on its VM; one test of the scale."""
-  pod = tpu_emulation.FakePod(tmp_path, workers=WORKERS,
+  pod = tpu_emulation.FakePod(tmp_path,
+                              workers=WORKERS,
                               FAKE_GCLOUD_BATCH_SIZE='16')
   fail_file = tmp_path / 'fail_now'
   standin = str(tpu_emulation.FAKE_BIN / 'standin_job')
   launched = time.monotonic()
-  proc = pod.start('--', '--standin.fail_process=37',
-                   f'--standin.fail_when={fail_file}', python=standin)
+  proc = pod.start('--',
+                   '--standin.fail_process=37',
+                   f'--standin.fail_when={fail_file}',
+                   python=standin)
   try:
-    helpers.wait_for(lambda: _all_logs_show(pod, 'step 1\n') or
-                     proc.poll() is not None, 200)
+    helpers.wait_for(
+        lambda: _all_logs_show(pod, 'step 1\n') or proc.poll() is not None, 200)
     if proc.poll() is not None:
-      raise AssertionError('the launch ended before every worker started:\n'
-                           + helpers.finish(proc, 10, launched).output[-5000:])
+      raise AssertionError('the launch ended before every worker started:\n' +
+                           helpers.finish(proc, 10, launched).output[-5000:])
     assert _all_logs_show(pod, 'step 1\n'), 'not every worker started'
 
     all_started = time.monotonic() - launched
@@ -58,8 +61,7 @@ def test_64_workers_start_report_and_stop_on_the_first_failure(tmp_path):
     fail_file.write_text('')
     failed = time.monotonic()
     result = helpers.finish(proc, 200, launched)
-    assert helpers.wait_for(lambda: not pod.processes(), 120), (
-        pod.processes())
+    assert helpers.wait_for(lambda: not pod.processes(), 120), (pod.processes())
     all_stopped = time.monotonic() - failed
   finally:
     helpers.kill_group(proc)
@@ -75,8 +77,10 @@ def test_64_workers_start_report_and_stop_on_the_first_failure(tmp_path):
       result.stdout)
   assert '[worker 37] standin: process 37 step' not in result.stdout
   assert 'standin: process 37 step 2' in pod.log(37)
-  batches = [c for c in pod.gcloud_calls() if c[3] == 'ssh' and any(
-      a.startswith('--command=cd ') for a in c)]
+  batches = [
+      c for c in pod.gcloud_calls()
+      if c[3] == 'ssh' and any(a.startswith('--command=cd ') for a in c)
+  ]
   assert all(f'--batch-size={WORKERS}' in c for c in batches), batches
   print(f'\n64 workers: launch to all started {all_started:.1f} s, --status '
         f'{status_s:.1f} s, first failure to all stopped {all_stopped:.1f} s')

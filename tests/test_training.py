@@ -34,8 +34,10 @@ def test_linear_regression_on_8_devices_equals_one_device(tmp_path):
   config.steps = 40
   task, dataset = linear_regression.make_task(config)
   result = training.train(config, str(tmp_path), task)
-  assert_trees_close(result.params, single_device_descent(config, task),
-                     rtol=1e-5, atol=1e-6)
+  assert_trees_close(result.params,
+                     single_device_descent(config, task),
+                     rtol=1e-5,
+                     atol=1e-6)
   assert np.abs(result.params['weight'] - dataset['true_weight']).max() < 0.05
 
 
@@ -45,8 +47,10 @@ def test_mlp_on_8_devices_equals_one_device(tmp_path):
   config.steps = 25
   task, _ = mlp.make_task(config)
   result = training.train(config, str(tmp_path), task)
-  assert_trees_close(result.params, single_device_descent(config, task),
-                     rtol=2e-4, atol=2e-5)
+  assert_trees_close(result.params,
+                     single_device_descent(config, task),
+                     rtol=2e-4,
+                     atol=2e-5)
 
 
 def test_steps_in_flight_do_not_change_the_result(tmp_path):
@@ -130,10 +134,15 @@ def test_a_batch_that_does_not_divide_equals_one_device(tmp_path):
 
   result = training.train(config, str(tmp_path),
                           dataclasses.replace(task, loss_fn=poisoned))
-  assert_trees_close(result.params, single_device_descent(config, task),
-                     rtol=1e-5, atol=1e-6)
-  assert result.topology == {'num_processes': 1, 'num_devices': 8,
-                             'microbatches': 1}
+  assert_trees_close(result.params,
+                     single_device_descent(config, task),
+                     rtol=1e-5,
+                     atol=1e-6)
+  assert result.topology == {
+      'num_processes': 1,
+      'num_devices': 8,
+      'microbatches': 1
+  }
   with open(tmp_path / 'metrics.jsonl') as f:
     rows = [json.loads(line) for line in f]
   assert all(r['num_devices'] == 8 and r['microbatches'] == 1 for r in rows)
@@ -151,10 +160,14 @@ def test_microbatches_give_the_step_of_one_pass(tmp_path, parallelism):
     results[k] = training.train(config, str(tmp_path / str(k)), task)
     assert results[k].topology['microbatches'] == k
   for k in (2, 4):
-    assert_trees_close(results[k].params, results[1].params, rtol=2e-5,
+    assert_trees_close(results[k].params,
+                       results[1].params,
+                       rtol=2e-5,
                        atol=2e-6)
-  assert_trees_close(results[1].params, single_device_descent(config, task),
-                     rtol=2e-4, atol=2e-5)
+  assert_trees_close(results[1].params,
+                     single_device_descent(config, task),
+                     rtol=2e-4,
+                     atol=2e-5)
 
 
 def test_dropout_gives_the_same_step_in_any_microbatches(tmp_path):
@@ -166,8 +179,9 @@ def test_dropout_gives_the_same_step_in_any_microbatches(tmp_path):
   plain, _ = mlp.make_task(config)
 
   def dropped(params, batch, rng):
-    return plain.loss_fn(
-        params, {**batch, 'x': runtime.dropout(rng, 0.3, batch['x'])})
+    return plain.loss_fn(params, {
+        **batch, 'x': runtime.dropout(rng, 0.3, batch['x'])
+    })
 
   task = dataclasses.replace(plain, loss_fn=dropped, rng='example')
   results = {}
@@ -178,7 +192,9 @@ def test_dropout_gives_the_same_step_in_any_microbatches(tmp_path):
   results['fixed'] = training.train(config, str(tmp_path / 'fixed'), task)
   assert results['fixed'].topology['microbatches'] == 8
   for k in (2, 4, 'fixed'):
-    assert_trees_close(results[k].params, results[1].params, rtol=2e-5,
+    assert_trees_close(results[k].params,
+                       results[1].params,
+                       rtol=2e-5,
                        atol=2e-6)
   # And the masks do matter: another step key, other parameters.
   config.seed, config.microbatch_size = 1, 0
@@ -206,9 +222,11 @@ def test_the_models_collectives_run_under_the_users_axis_name(
   task, _ = linear_regression.make_task(config)
 
   def normalised(axis):
+
     def loss_fn(params, batch):
       x = batch['x'] - jax.lax.pmean(batch['x'].mean(0), axis)
       return linear_regression.loss_fn(params, {**batch, 'x': x})
+
     return dataclasses.replace(task, loss_fn=loss_fn)
 
   ours = training.train(config, str(tmp_path / 'devices'),
@@ -221,11 +239,10 @@ def test_the_models_collectives_run_under_the_users_axis_name(
   assert par.axis == 'batch' and repr(par) == (
       f"{parallelism} over the axis 'batch'")
   values = runtime.evaluate(par.replicate(flax.params),
-                            lambda p, b: {'y2': b['y'] ** 2}, task.data, 64,
-                            par)
+                            lambda p, b: {'y2': b['y']**2}, task.data, 64, par)
   ys = np.asarray([task.data[i]['y'] for i in range(len(task.data))])
   assert values['num_examples'] == len(task.data)
-  np.testing.assert_allclose(values['y2'], (ys ** 2).mean(), rtol=1e-5)
+  np.testing.assert_allclose(values['y2'], (ys**2).mean(), rtol=1e-5)
 
 
 def test_an_axis_name_that_is_not_a_name_is_refused():
@@ -235,29 +252,35 @@ def test_an_axis_name_that_is_not_a_name_is_refused():
     runtime.parallelism.from_config(config)
 
 
-@pytest.mark.parametrize('returned, said', [
-    (lambda loss, batch: loss, 'loss_fn returned an array of shape (); it '
-     'must return (loss, metrics)'),
-    (lambda loss, batch: (loss, {}, {}), 'loss_fn returned a tuple of 3; it '
-     'must return (loss, metrics)'),
-    (lambda loss, batch: (loss * jnp.ones(2), {}), 'loss_fn returned a loss '
-     'of shape (2,); it must return (loss, metrics)'),
-    # Flax's examples: (loss, logits).
-    (lambda loss, batch: (loss, batch['x'] * 2.0),
-     "loss_fn returned (loss, an array of shape (32, 3)) where (loss, "
-     "metrics) needs a dict of scalar metrics ({} for none). Flax's "
-     "examples return (loss, logits): compute the metrics from the logits "
-     "inside loss_fn"),
-    # A per-example value among the metrics.
-    (lambda loss, batch: (loss, {'error': batch['y'] - 1.0}),
-     "loss_fn's metric 'error' has shape (32,); metrics must be scalars"),
-    # Flax's ImageNet idiom, nn.BatchNorm(axis_name='batch').
-    (lambda loss, batch: (jax.lax.pmean(loss, 'batch'), {}),
-     "loss_fn uses the axis name 'batch' (a collective such as "
-     "lax.pmean(x, 'batch'), or Flax's nn.BatchNorm(axis_name='batch')), "
-     "which the step does not bind: podrun maps the step over the devices "
-     "on the axis 'devices'. Either set config.axis_name='batch'"),
-])
+@pytest.mark.parametrize(
+    'returned, said',
+    [
+        (lambda loss, batch: loss, 'loss_fn returned an array of shape (); it '
+         'must return (loss, metrics)'),
+        (lambda loss, batch:
+         (loss, {}, {}), 'loss_fn returned a tuple of 3; it '
+         'must return (loss, metrics)'),
+        (lambda loss, batch:
+         (loss * jnp.ones(2), {}), 'loss_fn returned a loss '
+         'of shape (2,); it must return (loss, metrics)'),
+        # Flax's examples: (loss, logits).
+        (lambda loss, batch: (loss, batch['x'] * 2.0),
+         "loss_fn returned (loss, an array of shape (32, 3)) where (loss, "
+         "metrics) needs a dict of scalar metrics ({} for none). Flax's "
+         "examples return (loss, logits): compute the metrics from the logits "
+         "inside loss_fn"),
+        # A per-example value among the metrics.
+        (lambda loss, batch: (loss, {
+            'error': batch['y'] - 1.0
+        }), "loss_fn's metric 'error' has shape (32,); metrics must be scalars"
+        ),
+        # Flax's ImageNet idiom, nn.BatchNorm(axis_name='batch').
+        (lambda loss, batch: (jax.lax.pmean(loss, 'batch'), {}),
+         "loss_fn uses the axis name 'batch' (a collective such as "
+         "lax.pmean(x, 'batch'), or Flax's nn.BatchNorm(axis_name='batch')), "
+         "which the step does not bind: podrun maps the step over the devices "
+         "on the axis 'devices'. Either set config.axis_name='batch'"),
+    ])
 def test_a_loss_fn_of_another_output_is_refused_before_step_1(
     tmp_path, returned, said):
   config = linear_regression_config.get_config()
@@ -267,6 +290,7 @@ def test_a_loss_fn_of_another_output_is_refused_before_step_1(
   def loss_fn(params, batch):
     loss, _ = linear_regression.loss_fn(params, batch)
     return returned(loss, batch)
+
   with pytest.raises(exit_codes.ConfigError, match=re.escape(said)):
     training.train(config, str(tmp_path),
                    dataclasses.replace(task, loss_fn=loss_fn))
@@ -284,17 +308,20 @@ def test_a_metric_named_loss_is_refused_unless_it_is_the_loss(tmp_path):
 
   def decayed(params, batch):
     loss, metrics = linear_regression.loss_fn(params, batch)
-    return loss + 0.1 * jnp.sum(params['weight'] ** 2), {**metrics,
-                                                         'loss': loss}
-  with pytest.raises(exit_codes.ConfigError, match=re.escape(
-      "loss_fn's metrics hold 'loss', a value other than the loss it "
-      "returns")):
+    return loss + 0.1 * jnp.sum(params['weight']**2), {**metrics, 'loss': loss}
+
+  with pytest.raises(
+      exit_codes.ConfigError,
+      match=re.escape(
+          "loss_fn's metrics hold 'loss', a value other than the loss it "
+          "returns")):
     training.train(config, str(tmp_path / 'a'),
                    dataclasses.replace(task, loss_fn=decayed))
 
   def same(params, batch):  # The loss itself under its name is fine.
     loss, metrics = linear_regression.loss_fn(params, batch)
     return loss, {**metrics, 'loss': loss}
+
   plain = training.train(config, str(tmp_path / 'b'), task)
   named = training.train(config, str(tmp_path / 'c'),
                          dataclasses.replace(task, loss_fn=same))
@@ -302,8 +329,7 @@ def test_a_metric_named_loss_is_refused_unless_it_is_the_loss(tmp_path):
   assert named.final_metrics['loss'] == plain.final_metrics['loss']
 
 
-def test_a_metrics_prefix_names_the_step_s_metrics_as_flax_s_writer(
-    tmp_path):
+def test_a_metrics_prefix_names_the_step_s_metrics_as_flax_s_writer(tmp_path):
   config = linear_regression_config.get_config()
   config.steps, config.log_every = 4, 2
   config.metrics_prefix = 'train_'
@@ -313,6 +339,5 @@ def test_a_metrics_prefix_names_the_step_s_metrics_as_flax_s_writer(
   with open(tmp_path / 'metrics.jsonl') as f:
     rows = [json.loads(line) for line in f]
   assert [r['step'] for r in rows] == [2, 4]
-  assert {'train_loss', 'train_learning_rate', 'steps_per_sec'} <= set(
-      rows[0])
+  assert {'train_loss', 'train_learning_rate', 'steps_per_sec'} <= set(rows[0])
   assert 'loss' not in rows[0] and 'learning_rate' not in rows[0]

@@ -44,8 +44,8 @@ def ubuntu_2204_path(tmp_path) -> str:
   bin_dir, tools = tmp_path / 'ubuntu_bin', tmp_path / 'ubuntu_tools'
   bin_dir.mkdir()
   tools.mkdir()
-  for tool in ('bash', 'sh', 'tar', 'gzip', 'mkdir', 'cp', 'touch', 'rm',
-               'cat', 'ln', 'sed', 'grep', 'cut', 'sha256sum', 'env', 'chmod'):
+  for tool in ('bash', 'sh', 'tar', 'gzip', 'mkdir', 'cp', 'touch', 'rm', 'cat',
+               'ln', 'sed', 'grep', 'cut', 'sha256sum', 'env', 'chmod'):
     found = shutil.which(tool)
     if found:
       (tools / tool).symlink_to(found)
@@ -78,32 +78,55 @@ class FakePod:
     # test: this interpreter's directory first, not a version manager's
     # shim that finds one each time (pyenv's: about 10 times the start).
     # `env` may override any of these (the pod's name and type, say).
-    self.env = helpers.launcher_env(**{
-        'PATH': os.pathsep.join([str(FAKE_BIN), os.path.dirname(sys.executable),
-                                 os.environ['PATH']]),
-        'FAKE_TPU_POD_ROOT': str(self.root), 'FAKE_TPU_WORKERS': str(workers),
-        'FAKE_TPU_NAME': 'fake-pod',
-        'FAKE_TPU_ACCELERATOR_TYPE': f'v4-{8 * workers}',
-        'FAKE_TPU_COORDINATOR_PORT': str(_free_port()),
-        'FAKE_TPU_WORKER_PATH':
-            f'{os.path.dirname(sys.executable)}:/usr/bin:/bin',
-        'FAKE_GCLOUD_CALLS': str(self.calls), 'FAKE_GCLOUD_RETRY_S': '1',
-        'PODRUN_LOCAL_PYTHON': sys.executable, **env})
+    self.env = helpers.launcher_env(
+        **{
+            'PATH':
+                os.pathsep.join([
+                    str(FAKE_BIN),
+                    os.path.dirname(sys.executable), os.environ['PATH']
+                ]),
+            'FAKE_TPU_POD_ROOT':
+                str(self.root),
+            'FAKE_TPU_WORKERS':
+                str(workers),
+            'FAKE_TPU_NAME':
+                'fake-pod',
+            'FAKE_TPU_ACCELERATOR_TYPE':
+                f'v4-{8 * workers}',
+            'FAKE_TPU_COORDINATOR_PORT':
+                str(_free_port()),
+            'FAKE_TPU_WORKER_PATH':
+                f'{os.path.dirname(sys.executable)}:/usr/bin:/bin',
+            'FAKE_GCLOUD_CALLS':
+                str(self.calls),
+            'FAKE_GCLOUD_RETRY_S':
+                '1',
+            'PODRUN_LOCAL_PYTHON':
+                sys.executable,
+            **env
+        })
 
-  def args(self, *script_args, job_id='test-job', python=sys.executable,
+  def args(self,
+           *script_args,
+           job_id='test-job',
+           python=sys.executable,
            tpu='fake-pod'):
-    return [SCRIPT, f'--tpu={tpu}', '--zone=zone-a', '--project=proj',
-            '--skip_preflight', f'--worker_python={python}',
-            f'--log_dir={self.logs}', f'--job_id={job_id}', '--stop_grace=5',
-            *script_args]
+    return [
+        SCRIPT, f'--tpu={tpu}', '--zone=zone-a', '--project=proj',
+        '--skip_preflight', f'--worker_python={python}',
+        f'--log_dir={self.logs}', f'--job_id={job_id}', '--stop_grace=5',
+        *script_args
+    ]
 
-  def start(self, *script_args, cwd=helpers.REPO, **kwargs
-            ) -> subprocess.Popen:
+  def start(self, *script_args, cwd=helpers.REPO, **kwargs) -> subprocess.Popen:
     """The script, run from `cwd` (the project that travels)."""
     return subprocess.Popen(self.args(*script_args, **kwargs),
-                            cwd=cwd, env=self.env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
+                            cwd=cwd,
+                            env=self.env,
+                            stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            text=True,
                             start_new_session=True)
 
   def run(self, *script_args, timeout=200, **kwargs) -> helpers.Result:
@@ -138,9 +161,12 @@ class FakePod:
 
   def gcloud(self, *args: str) -> subprocess.CompletedProcess:
     """Runs the fake gcloud as a user would, outside any launch."""
-    return subprocess.run([str(FAKE_BIN / 'gcloud'), *args], env=dict(
-        self.env, FAKE_GCLOUD_CALLS=''), capture_output=True, text=True,
-                          timeout=60, check=False)
+    return subprocess.run([str(FAKE_BIN / 'gcloud'), *args],
+                          env=dict(self.env, FAKE_GCLOUD_CALLS=''),
+                          capture_output=True,
+                          text=True,
+                          timeout=60,
+                          check=False)
 
   def queued_resources(self) -> list[dict]:
     """The queued resources the emulated service holds now."""
@@ -166,5 +192,3 @@ class FakePod:
     if not path.exists():
       return []
     return [json.loads(l) for l in path.read_text().splitlines()]
-
-

@@ -29,9 +29,9 @@ CHOICES = (AUTO, NONE)
 
 def _slurm(env: Mapping[str, str]) -> bool:
   # The same variables JAX's SlurmCluster requires.
-  return all(k in env for k in ('SLURM_JOB_ID', 'SLURM_STEP_NODELIST',
-                                'SLURM_NTASKS', 'SLURM_PROCID',
-                                'SLURM_LOCALID'))
+  return all(k in env
+             for k in ('SLURM_JOB_ID', 'SLURM_STEP_NODELIST', 'SLURM_NTASKS',
+                       'SLURM_PROCID', 'SLURM_LOCALID'))
 
 
 def _open_mpi(env: Mapping[str, str]) -> bool:
@@ -92,7 +92,6 @@ def detect(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     if present(env):
       return name
   return None
-
 
 
 class ClusterEnvError(exit_codes.ConfigError):
@@ -195,8 +194,8 @@ def place(env: Optional[Mapping[str, str]] = None) -> Place:
   return Place(None, None)
 
 
-def explicit_options(env: Optional[Mapping[str, str]] = None
-                     ) -> dict[str, tuple[object, str]]:
+def explicit_options(
+    env: Optional[Mapping[str, str]] = None) -> dict[str, tuple[object, str]]:
   """What PODRUN_* (and JOB_COMPLETION_INDEX) say of the launcher's flags.
 
   Returns:
@@ -211,10 +210,12 @@ def explicit_options(env: Optional[Mapping[str, str]] = None
   """
   env = os.environ if env is None else env
   told = _handoff(env)
-  found = {flag: (getattr(told, flag), handoff.variable(flag))
-           for flag in ('coordinator_address', 'coordinator_bind_address',
-                        'num_processes', 'process_id')
-           if getattr(told, flag) is not None}
+  found = {
+      flag: (getattr(told, flag), handoff.variable(flag))
+      for flag in ('coordinator_address', 'coordinator_bind_address',
+                   'num_processes', 'process_id')
+      if getattr(told, flag) is not None
+  }
   index = _int(env, _K8S_INDEX)
   if 'process_id' not in found and index is not None and (
       told.coordinator_address is not None):
@@ -242,16 +243,19 @@ def proxy_warnings(coordinator_host: Optional[str],
   set_vars = [k for k in PROXY_VARS if env.get(k)]
   if not set_vars:
     return []
-  exempt = [h.strip() for h in
-            (env.get('no_proxy', '') + ',' + env.get('NO_PROXY', '')).split(',')
-            if h.strip()]
+  exempt = [
+      h.strip() for h in (env.get('no_proxy', '') + ',' +
+                          env.get('NO_PROXY', '')).split(',') if h.strip()
+  ]
   if coordinator_host and (coordinator_host in exempt or '*' in exempt):
     return []
   target = coordinator_host or 'the coordinator'
-  return [f'proxy variables {", ".join(set_vars)} are set and {target} is not '
-          'in no_proxy: jax.distributed.initialize may hang until its '
-          'timeout. The launcher adds the coordinator host to no_proxy for '
-          'this process; unset them if initialisation still hangs.']
+  return [
+      f'proxy variables {", ".join(set_vars)} are set and {target} is not '
+      'in no_proxy: jax.distributed.initialize may hang until its '
+      'timeout. The launcher adds the coordinator host to no_proxy for '
+      'this process; unset them if initialisation still hangs.'
+  ]
 
 
 def exempt_from_proxy(hosts: list[str], env: MutableMapping[str, str]) -> None:

@@ -22,8 +22,7 @@ from runtime.common import records
 from runtime.common import goodput
 
 
-def _read_ledgers(workdir: str
-                  ) -> dict[str, dict[int, records.LedgerRecord]]:
+def _read_ledgers(workdir: str) -> dict[str, dict[int, records.LedgerRecord]]:
   """{attempt: {process index: ledger record}}."""
   out: dict[str, dict[int, records.LedgerRecord]] = {}
   for attempt, ranks in layout.Record(workdir).attempts_with_ledgers().items():
@@ -36,14 +35,13 @@ def _read_ledgers(workdir: str
   return out
 
 
-def _launcher_attempts(workdir: str, path: Optional[str] = None
-                       ) -> list[records.LauncherAttempt]:
-  return records.read_attempts(
-      path or layout.Record(workdir).attempts())
+def _launcher_attempts(workdir: str,
+                       path: Optional[str] = None
+                      ) -> list[records.LauncherAttempt]:
+  return records.read_attempts(path or layout.Record(workdir).attempts())
 
 
-def rollup(workdir: str, attempts_path: Optional[str] = None
-           ) -> records.RollUp:
+def rollup(workdir: str, attempts_path: Optional[str] = None) -> records.RollUp:
   """Accounts for the job's wall time, attempt by attempt.
 
   The job runs from its first attempt's start (the launcher's, else the
@@ -61,36 +59,54 @@ def rollup(workdir: str, attempts_path: Optional[str] = None
     records.RollUp; empty parts when nothing was recorded.
   """
   ledgers = _read_ledgers(workdir)
-  by_name = {a.name: a for a in _launcher_attempts(workdir, attempts_path)
-             if a.name}
+  by_name = {
+      a.name: a for a in _launcher_attempts(workdir, attempts_path) if a.name
+  }
   order = sorted(ledgers, key=lambda a: _ledger_of_0(ledgers[a])['started'])
   attempts: list[records.AttemptRow] = []
   for number, name in enumerate(order, 1):
     before = order[number - 2] if number > 1 else None
-    attempts.append(_attempt_record(
-        number, name, _ledger_of_0(ledgers[name]), by_name.get(name),
-        attempts[-1] if attempts else None, by_name.get(before)))
+    attempts.append(
+        _attempt_record(number, name, _ledger_of_0(ledgers[name]),
+                        by_name.get(name), attempts[-1] if attempts else None,
+                        by_name.get(before)))
     if before is not None:
       attempts[-1]['recovery'] = time_to_recover.phases(
-          ledgers[before], by_name.get(before), attempts[-2]['ended'],
-          _ledger_of_0(ledgers[name]), by_name.get(name),
+          ledgers[before],
+          by_name.get(before),
+          attempts[-2]['ended'],
+          _ledger_of_0(ledgers[name]),
+          by_name.get(name),
           between_commands_s=attempts[-1]['between_commands_s'])
   if not attempts:
-    return {'wall_s': 0.0, 'goodput': None, 'between_commands_s': 0.0,
-            'full_devices': None, 'reduced_size_s': None,
-            'capacity_goodput': None, 'parts': {}, 'attempts': [],
-            'ranks': {}}
+    return {
+        'wall_s': 0.0,
+        'goodput': None,
+        'between_commands_s': 0.0,
+        'full_devices': None,
+        'reduced_size_s': None,
+        'capacity_goodput': None,
+        'parts': {},
+        'attempts': [],
+        'ranks': {}
+    }
   wall = sum(a['wall_s'] for a in attempts)
-  parts = {p: sum(a['parts'][p] for a in attempts)
-           for p in goodput.PROCESS_PARTS + goodput.JOB_PARTS}
-  return {'wall_s': wall,
-          'goodput': parts['productive'] / wall if wall > 0 else None,
-          'between_commands_s': sum(a['between_commands_s']
-                                    for a in attempts),
-          **capacity(attempts),
-          'parts': parts, 'attempts': attempts,
-          'ranks': {name: {r: rec['parts'] for r, rec in sorted(
-              ledgers[name].items())} for name in order}}
+  parts = {
+      p: sum(a['parts'][p] for a in attempts)
+      for p in goodput.PROCESS_PARTS + goodput.JOB_PARTS
+  }
+  return {
+      'wall_s': wall,
+      'goodput': parts['productive'] / wall if wall > 0 else None,
+      'between_commands_s': sum(a['between_commands_s'] for a in attempts),
+      **capacity(attempts), 'parts': parts,
+      'attempts': attempts,
+      'ranks': {
+          name: {
+              r: rec['parts'] for r, rec in sorted(ledgers[name].items())
+          } for name in order
+      }
+  }
 
 
 def capacity(attempts: list[records.AttemptRow]) -> dict[str, Any]:
@@ -109,20 +125,27 @@ def capacity(attempts: list[records.AttemptRow]) -> dict[str, Any]:
   devices = [((a['notes'] or {}).get('topology') or {}).get('num_devices')
              for a in attempts]
   if not any(devices):
-    return {'full_devices': None, 'reduced_size_s': None,
-            'capacity_goodput': None}
+    return {
+        'full_devices': None,
+        'reduced_size_s': None,
+        'capacity_goodput': None
+    }
   full = max(d for d in devices if d)
   wall = sum(a['wall_s'] for a in attempts)
-  used = sum(a['parts']['productive'] * (d or full)
-             for a, d in zip(attempts, devices))
-  return {'full_devices': full,
-          'reduced_size_s': sum(a['wall_s'] for a, d in zip(attempts, devices)
-                                if d and d < full),
-          'capacity_goodput': used / (full * wall) if wall > 0 else None}
+  used = sum(
+      a['parts']['productive'] * (d or full) for a, d in zip(attempts, devices))
+  return {
+      'full_devices':
+          full,
+      'reduced_size_s':
+          sum(a['wall_s'] for a, d in zip(attempts, devices) if d and d < full),
+      'capacity_goodput':
+          used / (full * wall) if wall > 0 else None
+  }
 
 
-def _ledger_of_0(ranks: dict[int, records.LedgerRecord]
-                 ) -> records.LedgerRecord:
+def _ledger_of_0(
+    ranks: dict[int, records.LedgerRecord]) -> records.LedgerRecord:
   """Process 0's ledger, through which the job sees an attempt."""
   return ranks.get(0) or ranks[min(ranks)]
 
@@ -138,11 +161,11 @@ def _same_command(launch: Optional[records.LauncherAttempt],
   return (launch.attempt or 1) > 1
 
 
-def _attempt_record(number: int, name: str, ledger_0: records.LedgerRecord,
-                    launch: Optional[records.LauncherAttempt],
-                    previous: Optional[records.AttemptRow],
-                    launch_before: Optional[records.LauncherAttempt]
-                    ) -> records.AttemptRow:
+def _attempt_record(
+    number: int, name: str, ledger_0: records.LedgerRecord,
+    launch: Optional[records.LauncherAttempt],
+    previous: Optional[records.AttemptRow],
+    launch_before: Optional[records.LauncherAttempt]) -> records.AttemptRow:
   """One attempt's parts, from its command's start (or the end of the
   attempt before, when the same command ran both) to its end."""
   parts = {p: 0.0 for p in goodput.PROCESS_PARTS + goodput.JOB_PARTS}
@@ -175,12 +198,19 @@ def _attempt_record(number: int, name: str, ledger_0: records.LedgerRecord,
     _take_out(parts, max(0.0, command_started - started),
               ('launch_overhead', 'startup'))
     started = command_started
-  return {'attempt': number, 'name': name, 'started': started,
-          'ended': ended, 'wall_s': ended - started, 'final': ledger_0['final'],
-          'between_commands_s': between_commands,
-          'exit_code': launch.exit_code if launch else None,
-          'notes': ledger_0['notes'], 'parts': parts,
-          'other_named': dict(ledger_0.get('other_named') or {})}
+  return {
+      'attempt': number,
+      'name': name,
+      'started': started,
+      'ended': ended,
+      'wall_s': ended - started,
+      'final': ledger_0['final'],
+      'between_commands_s': between_commands,
+      'exit_code': launch.exit_code if launch else None,
+      'notes': ledger_0['notes'],
+      'parts': parts,
+      'other_named': dict(ledger_0.get('other_named') or {})
+  }
 
 
 def _book_backoff(parts: dict[str, float], gap: float) -> None:
@@ -212,22 +242,28 @@ def roll_up_into_summary(workdir: str) -> records.RollUp:
   return result
 
 
-def write_rollup(workdir: str, attempts_path: Optional[str] = None
-                 ) -> records.RollUp:
+def write_rollup(workdir: str,
+                 attempts_path: Optional[str] = None) -> records.RollUp:
   """Writes WORKDIR/goodput.jsonl (one line per attempt) and returns the
   roll-up (see `rollup`; `attempts_path`: the launcher's attempts.jsonl
   where it is not WORKDIR/logs, as for the TPU pod driver's LOG_DIR)."""
   result = rollup(workdir, attempts_path)
   path = layout.Record(workdir).rollup()
-  files.write_atomic(path, ''.join(
-      json.dumps({**attempt, 'ranks': result['ranks'][attempt['name']]}) +
-      '\n' for attempt in result['attempts']))
+  files.write_atomic(
+      path, ''.join(
+          json.dumps({
+              **attempt, 'ranks': result['ranks'][attempt['name']]
+          }) + '\n' for attempt in result['attempts']))
   return result
 
 
 def summary(result: records.RollUp) -> records.SummaryGoodput:
   """The part of a roll-up that goes into summary.json."""
-  return {'wall_s': result['wall_s'], 'goodput': result['goodput'],
-          'capacity_goodput': result.get('capacity_goodput'),
-          'reduced_size_s': result.get('reduced_size_s'),
-          'parts': result['parts'], 'attempts': len(result['attempts'])}
+  return {
+      'wall_s': result['wall_s'],
+      'goodput': result['goodput'],
+      'capacity_goodput': result.get('capacity_goodput'),
+      'reduced_size_s': result.get('reduced_size_s'),
+      'parts': result['parts'],
+      'attempts': len(result['attempts'])
+  }

@@ -68,8 +68,9 @@ def peer_prefix(job: str, attempt: str) -> str:
 
 
 def has_authority(directory: str) -> bool:
-  return all(os.path.isfile(os.path.join(directory, name))
-             for name in (CA_CERT, CA_KEY))
+  return all(
+      os.path.isfile(os.path.join(directory, name))
+      for name in (CA_CERT, CA_KEY))
 
 
 def _private_write(path: str, data: bytes) -> None:
@@ -94,7 +95,8 @@ def _pem(key=None, certificate=None) -> bytes:
                            serialization.NoEncryption())
 
 
-def make_authority(directory: str, job: str,
+def make_authority(directory: str,
+                   job: str,
                    valid_days: float = VALID_DAYS) -> None:
   """Makes `directory` (0700) and a new authority in it for job `job`."""
   from cryptography import x509  # pylint: disable=g-import-not-at-top
@@ -106,19 +108,23 @@ def make_authority(directory: str, job: str,
   now = datetime.datetime.now(datetime.timezone.utc)
   name = _name(f'podrun job {job}')
   certificate = (
-      x509.CertificateBuilder().subject_name(name).issuer_name(name)
-      .public_key(key.public_key())
-      .serial_number(x509.random_serial_number())
-      .not_valid_before(now - datetime.timedelta(minutes=10))
-      .not_valid_after(now + datetime.timedelta(days=valid_days))
-      .add_extension(x509.BasicConstraints(ca=True, path_length=0),
-                     critical=True)
-      .add_extension(x509.KeyUsage(
-          digital_signature=True, key_cert_sign=True, crl_sign=True,
-          content_commitment=False, key_encipherment=False,
-          data_encipherment=False, key_agreement=False, encipher_only=False,
-          decipher_only=False), critical=True)
-      .sign(key, hashes.SHA256()))
+      x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(
+          key.public_key()).serial_number(
+              x509.random_serial_number()).not_valid_before(
+                  now - datetime.timedelta(minutes=10)).not_valid_after(
+                      now + datetime.timedelta(days=valid_days)).add_extension(
+                          x509.BasicConstraints(ca=True, path_length=0),
+                          critical=True).add_extension(
+                              x509.KeyUsage(digital_signature=True,
+                                            key_cert_sign=True,
+                                            crl_sign=True,
+                                            content_commitment=False,
+                                            key_encipherment=False,
+                                            data_encipherment=False,
+                                            key_agreement=False,
+                                            encipher_only=False,
+                                            decipher_only=False),
+                              critical=True).sign(key, hashes.SHA256()))
   _private_write(os.path.join(directory, CA_KEY), _pem(key=key))
   _private_write(os.path.join(directory, CA_CERT),
                  _pem(certificate=certificate))
@@ -136,7 +142,8 @@ class Credentials:
   def jax_kwargs(self) -> dict[str, object]:
     """The arguments of jax.distributed.initialize (JAX 0.12 and newer);
     insecure credentials are then refused rather than used."""
-    return dict(mtls_cert_file=self.cert_file, mtls_key_file=self.key_file,
+    return dict(mtls_cert_file=self.cert_file,
+                mtls_key_file=self.key_file,
                 mtls_ca_file=self.ca_file,
                 mtls_peer_uri_prefix=self.peer_prefix,
                 verify_secure_credentials=True)
@@ -174,24 +181,28 @@ def issue(authority_dir: str, job: str, attempt: str, process_index: int,
   uri = f'{prefix}process/{process_index}'
   key = ec.generate_private_key(ec.SECP256R1())
   now = datetime.datetime.now(datetime.timezone.utc)
-  certificate = (
-      x509.CertificateBuilder().subject_name(_name(f'process {process_index}'))
-      .issuer_name(ca_certificate.subject).public_key(key.public_key())
-      .serial_number(x509.random_serial_number())
-      .not_valid_before(now - datetime.timedelta(minutes=10))
-      .not_valid_after(ca_certificate.not_valid_after_utc)
-      .add_extension(x509.SubjectAlternativeName(
-          [x509.UniformResourceIdentifier(uri)]), critical=False)
-      .add_extension(x509.BasicConstraints(ca=False, path_length=None),
-                     critical=True)
-      .add_extension(x509.ExtendedKeyUsage(
-          [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                     critical=False)
-      .sign(ca_key, hashes.SHA256()))
+  certificate = (x509.CertificateBuilder().subject_name(
+      _name(f'process {process_index}')).issuer_name(
+          ca_certificate.subject).public_key(key.public_key()).serial_number(
+              x509.random_serial_number()).not_valid_before(
+                  now - datetime.timedelta(minutes=10)).not_valid_after(
+                      ca_certificate.not_valid_after_utc).add_extension(
+                          x509.SubjectAlternativeName(
+                              [x509.UniformResourceIdentifier(uri)]),
+                          critical=False).add_extension(
+                              x509.BasicConstraints(ca=False, path_length=None),
+                              critical=True).add_extension(
+                                  x509.ExtendedKeyUsage([
+                                      ExtendedKeyUsageOID.SERVER_AUTH,
+                                      ExtendedKeyUsageOID.CLIENT_AUTH
+                                  ]),
+                                  critical=False).sign(ca_key, hashes.SHA256()))
   os.makedirs(out_dir, mode=0o700, exist_ok=True)
-  names = [os.path.join(out_dir, n) for n in
-           (f'process_{process_index}.pem', f'process_{process_index}.key',
-            CA_CERT)]
+  names = [
+      os.path.join(out_dir, n)
+      for n in (f'process_{process_index}.pem', f'process_{process_index}.key',
+                CA_CERT)
+  ]
   _private_write(names[0], _pem(certificate=certificate))
   _private_write(names[1], _pem(key=key))
   _private_write(names[2], _pem(certificate=ca_certificate))

@@ -32,8 +32,7 @@ def _write(url: str, attempts_path: str, job: records.Job) -> records.RollUp:
   record_mirror.merge_lines(url, f'{layout.LOGS}/{layout.ATTEMPTS}',
                             attempts_path)
   with tempfile.TemporaryDirectory(prefix='podrun_record_') as local:
-    mirror = record_mirror.Mirror(url, local,
-                                  owns=record_mirror.launcher_owns)
+    mirror = record_mirror.Mirror(url, local, owns=record_mirror.launcher_owns)
     mirror.fetch()
     result = goodput_rollup.roll_up_into_summary(local)
     job.write(layout.Record(local).job())
@@ -75,17 +74,18 @@ def complete(url: str, attempts_path: str, job: records.Job,
   worker.join(record_mirror.FINISH_TIMEOUT_S)
   if outcome and not isinstance(outcome[0], Exception):
     return outcome[0]
-  why = (outcome[0] if outcome else
-         f'no answer in {record_mirror.FINISH_TIMEOUT_S:g} s')
+  why = (outcome[0]
+         if outcome else f'no answer in {record_mirror.FINISH_TIMEOUT_S:g} s')
   say(f'warning: cannot add the attempts and the goodput roll-up to {url} '
       f'({why}); the attempts are in {attempts_path}')
   return None
 
 
-def finish(record: layout.Record, attempts_path: str,
+def finish(record: layout.Record,
+           attempts_path: str,
            job: Optional[records.Job],
-           say: Callable[[str], None], shown: Optional[str] = None
-           ) -> Optional[records.RollUp]:
+           say: Callable[[str], None],
+           shown: Optional[str] = None) -> Optional[records.RollUp]:
   """A launcher's end of its job's record, the same for every launcher: a
   bucket's record is completed (`complete`), a shared one's goodput rolled
   up where it lies (its launcher wrote its attempts and job.json there);

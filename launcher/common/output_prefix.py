@@ -78,7 +78,6 @@ _RANK_PREFIX = re.compile(r'^\[rank \d+/\d+\] ')
 _ALARMING = re.compile(r'(?i)\b(warn|warning|error|exception|traceback|'
                        r'fatal|failed|killed|stalled|diverged|busy|stale)\b')
 
-
 # Gloo's line for every CPU collective group a process joins, whenever all
 # its peers are there: a 2x4 pod prints four per rank, from threads whose
 # writes can interleave ('[Gloo] Rank [Gloo] Rank 0 is ...', then '3 is

@@ -23,8 +23,8 @@ from typing import Optional
 from runtime.common import exit_codes
 
 # Where podrun's own packages sit: its checkout, or site-packages.
-PODRUN_SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+PODRUN_SOURCE = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A launch's default cap on the project's size, in MiB (--project_max_mb).
 DEFAULT_MAX_MB = 100.0
 # podrun's own top-level packages, as they travel with a job.
@@ -76,15 +76,16 @@ def every_file(directory: str) -> list[str]:
     dirs[:] = sorted(d for d in dirs if d != '__pycache__')
     rel = os.path.relpath(root, directory)
     names += [n if rel == '.' else os.path.join(rel, n) for n in files]
-  return sorted(n for n in names
-                if os.path.isfile(os.path.join(directory, n)))
+  return sorted(n for n in names if os.path.isfile(os.path.join(directory, n)))
 
 
 def _in_work_tree(directory: str) -> bool:
   try:
     inside = subprocess.run(
         ['git', '-C', directory, 'rev-parse', '--is-inside-work-tree'],
-        capture_output=True, text=True, check=False)
+        capture_output=True,
+        text=True,
+        check=False)
   except OSError:  # No git.
     return False
   return inside.returncode == 0 and inside.stdout.strip() == 'true'
@@ -96,9 +97,12 @@ def git_files(directory: str) -> Optional[list[str]]:
   if not _in_work_tree(directory):
     return None
   try:
-    out = subprocess.run(
-        ['git', '-C', directory, 'ls-files', '-z', '--cached', '--others',
-         '--exclude-standard'], check=True, capture_output=True).stdout
+    out = subprocess.run([
+        'git', '-C', directory, 'ls-files', '-z', '--cached', '--others',
+        '--exclude-standard'
+    ],
+                         check=True,
+                         capture_output=True).stdout
   except (OSError, subprocess.CalledProcessError):
     return None
   return [n for n in out.decode().split('\0') if n]
@@ -138,8 +142,11 @@ def left_out(found: Project) -> list[str]:
       if os.path.join(rel, d) not in keep_dirs:
         out.append('/' + _escaped(os.path.join(rel, d)) + '/')
     dirs[:] = sorted(d for d in dirs if os.path.join(rel, d) in keep_dirs)
-    out += ['/' + _escaped(os.path.join(rel, f)) for f in sorted(files)
-            if os.path.join(rel, f) not in keep]
+    out += [
+        '/' + _escaped(os.path.join(rel, f))
+        for f in sorted(files)
+        if os.path.join(rel, f) not in keep
+    ]
   return out
 
 
@@ -161,8 +168,10 @@ def shadowing(files) -> list[str]:
   return found
 
 
-def find(directory: Optional[str], max_mb: float = DEFAULT_MAX_MB,
-         flag: str = '--project_dir', podrun_root: str = '') -> Project:
+def find(directory: Optional[str],
+         max_mb: float = DEFAULT_MAX_MB,
+         flag: str = '--project_dir',
+         podrun_root: str = '') -> Project:
   """The project at `directory` (default: the current one), checked.
 
   Args:
@@ -182,8 +191,8 @@ def find(directory: Optional[str], max_mb: float = DEFAULT_MAX_MB,
   if not os.path.isdir(path):
     raise ProjectError(f'{flag}={directory}: no such directory ({path})')
   files = tuple(listed_files(path))
-  is_podrun = bool(podrun_root) and (
-      os.path.realpath(path) == os.path.realpath(podrun_root))
+  is_podrun = bool(podrun_root) and (os.path.realpath(path)
+                                     == os.path.realpath(podrun_root))
   clashes = [] if is_podrun else shadowing(files)
   if clashes:
     raise ProjectError(

@@ -67,8 +67,8 @@ FINISH_TIMEOUT_S = 30.0
 _ALWAYS_COMPARE_BYTES = 4096
 
 
-def process_owns(process_index: int, launcher_record: bool = True
-                 ) -> Callable[[str], bool]:
+def process_owns(process_index: int,
+                 launcher_record: bool = True) -> Callable[[str], bool]:
   """Which record files process `process_index` uploads: those it writes
   (`layout.writer`); paths are relative to the workdir, with '/'.
 
@@ -78,8 +78,8 @@ def process_owns(process_index: int, launcher_record: bool = True
       (PODRUN_LAUNCHER_RECORD); where none does, process 0 writes and
       uploads them (a cluster's or a TPU VM's process: goodput.jsonl).
   """
-  return lambda relative: layout.writer(relative,
-                                        launcher_record) == process_index
+  return lambda relative: layout.writer(relative, launcher_record
+                                       ) == process_index
 
 
 def launcher_owns(relative: str) -> bool:
@@ -103,8 +103,8 @@ def _object_time(info: dict) -> float:
   updated = info.get('updated', '')
   stamp = time.strptime(updated[:19], '%Y-%m-%dT%H:%M:%S')
   fraction = re.match(r'\.(\d+)', updated[19:])
-  return calendar.timegm(stamp) + (
-      float('0.' + fraction.group(1)) if fraction else 0.0)
+  return calendar.timegm(stamp) + (float('0.' + fraction.group(1))
+                                   if fraction else 0.0)
 
 
 class Mirror:
@@ -116,8 +116,12 @@ class Mirror:
     unwritten: files whose last upload failed, relative to the workdir.
   """
 
-  def __init__(self, url: str, local_dir: str, owns: Callable[[str], bool],
-               fs=None, job_id: Optional[str] = None):
+  def __init__(self,
+               url: str,
+               local_dir: str,
+               owns: Callable[[str], bool],
+               fs=None,
+               job_id: Optional[str] = None):
     """`job_id`: the job this process is of (launcher/common/cluster.py);
     None where none is known, and then the copy is taken as it is."""
     self.url = url.rstrip('/')
@@ -144,9 +148,11 @@ class Mirror:
     """{relative path: object info} of the record in the bucket."""
     prefix = self.url[len('gs://'):] + '/'
     found = self.fs.find(self.url, detail=True)
-    return {name[len(prefix):]: info for name, info in found.items()
-            if name.startswith(prefix) and
-            layout.mirrored(name[len(prefix):])}
+    return {
+        name[len(prefix):]: info
+        for name, info in found.items()
+        if name.startswith(prefix) and layout.mirrored(name[len(prefix):])
+    }
 
   def fetch(self) -> int:
     """Copies to local disk each object newer than its local copy, and
@@ -191,8 +197,8 @@ class Mirror:
             "this machine's copy of %s holds %d file(s) the bucket does not "
             '(%s%s) of job %s, not of this one (%s): it is set aside in %s, '
             "and the record starts from the bucket's", self.url, len(extra),
-            ', '.join(extra[:3]), ', ...' if len(extra) > 3 else '',
-            held_by or 'unknown', self.job_id, aside)
+            ', '.join(extra[:3]), ', ...' if len(extra) > 3 else '', held_by or
+            'unknown', self.job_id, aside)
       if held_by != self.job_id:
         os.makedirs(os.path.dirname(owner), exist_ok=True)
         tmp = f'{owner}.tmp{os.getpid()}'
@@ -220,8 +226,9 @@ class Mirror:
         path = self._local(relative)
         signature = _signature(path)
         known = self._uploaded.get(relative)
-        if (known and known[0] == signature and signature[1] >
-            _ALWAYS_COMPARE_BYTES and relative not in self.unwritten):
+        if (known and known[0] == signature and
+            signature[1] > _ALWAYS_COMPARE_BYTES and
+            relative not in self.unwritten):
           continue
         data = _whole_lines(relative, _read(path))
         if data is None or (known and known[1] == _md5(data) and
@@ -231,9 +238,9 @@ class Mirror:
           self.fs.pipe_file(f'{self.url}/{relative}', data)
         except Exception as e:  # pylint: disable=broad-except
           if relative not in self.unwritten:
-            logging.warning('cannot write %s/%s (%s); it stays in %s and the '
-                            'next upload tries again', self.url, relative,
-                            e, path)
+            logging.warning(
+                'cannot write %s/%s (%s); it stays in %s and the '
+                'next upload tries again', self.url, relative, e, path)
           self.unwritten.add(relative)
           continue
         self.unwritten.discard(relative)
@@ -245,9 +252,10 @@ class Mirror:
     out = []
     for directory, subdirs, names in os.walk(self.local_dir):
       if directory == self.local_dir:  # logs/ holds launcher files.
-        subdirs[:] = [d for d in subdirs
-                      if d + '/' not in layout.NEVER_MIRRORED or
-                      d == layout.LOGS]
+        subdirs[:] = [
+            d for d in subdirs
+            if d + '/' not in layout.NEVER_MIRRORED or d == layout.LOGS
+        ]
       for name in names:
         relative = os.path.relpath(os.path.join(directory, name),
                                    self.local_dir).replace(os.sep, '/')
@@ -260,15 +268,18 @@ class Mirror:
   def start(self, every_s: Optional[float] = None) -> None:
     """Uploads every `every_s` seconds (default $PODRUN_RECORD_UPLOAD_EVERY_S,
     else PUSH_EVERY_S) from a thread of its own."""
-    every_s = (every_s or handoff.Settings.read().record_upload_every_s
-               or PUSH_EVERY_S)
+    every_s = (every_s or handoff.Settings.read().record_upload_every_s or
+               PUSH_EVERY_S)
+
     def loop():
       while not self._stop.wait(every_s):
         try:
           self.push()
         except Exception as e:  # pylint: disable=broad-except
           logging.warning('the upload of %s failed: %s', self.url, e)
-    self._thread = threading.Thread(target=loop, name='record-mirror',
+
+    self._thread = threading.Thread(target=loop,
+                                    name='record-mirror',
                                     daemon=True)
     self._thread.start()
 
@@ -277,22 +288,22 @@ class Mirror:
     naming what is missing) when some file did not reach the bucket."""
     self._stop.set()
     done = threading.Event()
+
     def last():
       try:
         self.push()
       finally:
         done.set()
-    threading.Thread(target=last, name='record-mirror-end',
-                     daemon=True).start()
+
+    threading.Thread(target=last, name='record-mirror-end', daemon=True).start()
     if not done.wait(timeout_s):
-      logging.warning('the record did not reach %s within %g s; this '
-                      "machine's copy is in %s", self.url, timeout_s,
-                      self.local_dir)
+      logging.warning(
+          'the record did not reach %s within %g s; this '
+          "machine's copy is in %s", self.url, timeout_s, self.local_dir)
       return False
     if self.unwritten:
-      logging.warning('%s misses %s; this machine\'s copy is in %s',
-                      self.url, ', '.join(sorted(self.unwritten)),
-                      self.local_dir)
+      logging.warning('%s misses %s; this machine\'s copy is in %s', self.url,
+                      ', '.join(sorted(self.unwritten)), self.local_dir)
       return False
     return True
 
@@ -360,7 +371,8 @@ def merge_lines(url: str, relative: str, path: str, fs=None) -> None:
     fs.pipe_file(target, ('\n'.join(merged) + '\n').encode())
 
 
-def fetch_record(url: str, into: Optional[str] = None,
+def fetch_record(url: str,
+                 into: Optional[str] = None,
                  job_id: Optional[str] = None) -> str:
   """Copies a bucket's workdir to local disk; returns the local directory
   (`layout.Record.of(url)`'s unless `into`).
@@ -374,7 +386,9 @@ def fetch_record(url: str, into: Optional[str] = None,
       writes there, so that the job's processes on this machine take what
       it wrote for their own job's.
   """
-  mirror = Mirror(url, into or layout.Record.of(url).workdir,
-                  owns=lambda _: False, job_id=job_id)
+  mirror = Mirror(url,
+                  into or layout.Record.of(url).workdir,
+                  owns=lambda _: False,
+                  job_id=job_id)
   mirror.fetch()
   return mirror.local_dir

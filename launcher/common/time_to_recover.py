@@ -28,15 +28,17 @@ def _fault(ranks: dict[int, dict[str, Any]],
   launch = records.as_attempt(launch)
   if launch is not None and launch.fault is not None:
     return launch.fault
-  noticed = [n.fault for n in (records.Notes.from_json(r.get('notes'))
-                               for r in ranks.values()) if n.fault]
+  noticed = [
+      n.fault for n in (records.Notes.from_json(r.get('notes'))
+                        for r in ranks.values()) if n.fault
+  ]
   if noticed:
     return min(noticed, key=lambda f: f.detected)
   return _unwritten_ends(ranks) if launch is None else None
 
 
-def _unwritten_ends(ranks: dict[int, dict[str, Any]]
-                    ) -> Optional[records.Fault]:
+def _unwritten_ends(
+    ranks: dict[int, dict[str, Any]]) -> Optional[records.Fault]:
   """The fault of an attempt whose processes all died without writing
   their end (a SIGKILL, and survivors that JAX's coordination service then
   aborted with SIGABRT, before any supervisor could note it): the first to
@@ -47,7 +49,8 @@ def _unwritten_ends(ranks: dict[int, dict[str, Any]]
   first = min(ranks, key=lambda r: ranks[r]['updated'])
   return records.Fault(at=ranks[first]['updated'],
                        detected=max(r['updated'] for r in ranks.values()),
-                       process_index=first, kind='unrecorded')
+                       process_index=first,
+                       kind='unrecorded')
 
 
 def fault_of(ranks: dict[int, dict[str, Any]],
@@ -67,8 +70,11 @@ def fault_of(ranks: dict[int, dict[str, Any]],
   return None if fault is None else fault.to_json()
 
 
-def phases(before: dict[int, dict[str, Any]], launch_before: Launch,
-           before_end: float, ledger_0: dict[str, Any], launch: Launch,
+def phases(before: dict[int, dict[str, Any]],
+           launch_before: Launch,
+           before_end: float,
+           ledger_0: dict[str, Any],
+           launch: Launch,
            between_commands_s: float = 0.0) -> Optional[dict[str, Any]]:
   """Time to recover: from the fault that ended the attempt before to this
   attempt's first productive step, in PHASES.
@@ -105,12 +111,16 @@ def phases(before: dict[int, dict[str, Any]], launch_before: Launch,
       'distributed_init': parts['distributed_init'],
       'restore': parts['checkpoint_restore'],
       'compile': parts['compile'],
-      'recomputed': parts['recomputed']}
+      'recomputed': parts['recomputed']
+  }
   total = first.wall - fault.at - between_commands_s
   phases['other'] = total - sum(phases.values())
-  return {'total_s': total, 'phases': phases,
-          # What of the attempt's own 'other' had a name by then.
-          'other_named': dict(first.other_named or {}),
-          'restore_tier': notes.restore_tier,
-          'restore_step': notes.restore_step,
-          'recomputed_steps': notes.recomputed_steps or 0}
+  return {
+      'total_s': total,
+      'phases': phases,
+      # What of the attempt's own 'other' had a name by then.
+      'other_named': dict(first.other_named or {}),
+      'restore_tier': notes.restore_tier,
+      'restore_step': notes.restore_step,
+      'recomputed_steps': notes.recomputed_steps or 0
+  }

@@ -9,7 +9,6 @@ from ml_collections import ConfigDict
 
 from runtime.common import exit_codes
 
-
 # The config, a flag or the workload it names is unusable (exit 2).
 ConfigError = exit_codes.ConfigError
 
@@ -21,10 +20,9 @@ def parse(spec: Any) -> tuple[str, str]:
     ConfigError: when the spec is missing or malformed.
   """
   if not spec:
-    raise ConfigError(
-        'the config names no workload: set config.workload to '
-        '"package.module:function" (the function is called as '
-        'function(config, workdir)).')
+    raise ConfigError('the config names no workload: set config.workload to '
+                      '"package.module:function" (the function is called as '
+                      'function(config, workdir)).')
   module, sep, function = str(spec).partition(':')
   if not sep or not module or not function.isidentifier():
     raise ConfigError(

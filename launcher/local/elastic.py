@@ -44,8 +44,8 @@ from launcher import elastic as policy
 from runtime.common import exit_codes
 
 
-def is_lost_process(exit_code: Optional[int], retryable: tuple[int, ...]
-                    ) -> bool:
+def is_lost_process(exit_code: Optional[int], retryable: tuple[int,
+                                                               ...]) -> bool:
   """Whether a process that ended with `exit_code` is taken for a lost host:
   SIGKILL (the OOM killer, a machine gone) or a retried exit code."""
   if exit_code is None or exit_code == exit_codes.PREEMPTED:
@@ -79,9 +79,8 @@ class Capacity:
 
   def __post_init__(self):
     if not 1 <= self.minimum <= self.full:
-      raise ValueError(
-          f'{self.flag}={self.minimum} with --local_processes='
-          f'{self.full}: it must be from 1 to {self.full}')
+      raise ValueError(f'{self.flag}={self.minimum} with --local_processes='
+                       f'{self.full}: it must be from 1 to {self.full}')
     if self.regrow_after_s < 0:
       raise ValueError(f'--regrow_after={self.regrow_after_s:g}: it must be '
                        'at least 0 seconds')

@@ -52,25 +52,30 @@ class Member:
   log_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
-def plan(num_processes: int, local_devices: int, workdir: str,
-         logs_dir: str, process_args: list[str], coordinator_address: str,
+def plan(num_processes: int, local_devices: int, workdir: str, logs_dir: str,
+         process_args: list[str], coordinator_address: str,
          told: handoff.Handoff) -> list[Member]:
   """Every rank's command line, what the launcher tells it (`told`, the
   progress pipe added at its start) and the variables it gets beyond ours."""
   extra = {'PYTHONUNBUFFERED': '1'}
   if cluster.proxy_warnings('127.0.0.1', os.environ):
-    exempt = {k: os.environ[k] for k in ('no_proxy', 'NO_PROXY')
-              if k in os.environ}
+    exempt = {
+        k: os.environ[k] for k in ('no_proxy', 'NO_PROXY') if k in os.environ
+    }
     cluster.exempt_from_proxy(list(LOOPBACK_HOSTS), exempt)
     extra.update(exempt)
-  return [Member(index, [
-      sys.executable, '-u', '-m', 'launcher', *process_args,
-      f'--workdir={workdir}', f'--local_devices={local_devices}',
-      f'--coordinator_address={coordinator_address}',
-      f'--coordinator_bind_address={coordinator_address}',
-      f'--num_processes={num_processes}', f'--process_id={index}'],
-      dict(extra), layout.rank_file(logs_dir, index, '.log'), told=told)
-          for index in range(num_processes)]
+  return [
+      Member(index, [
+          sys.executable, '-u', '-m', 'launcher', *process_args,
+          f'--workdir={workdir}', f'--local_devices={local_devices}',
+          f'--coordinator_address={coordinator_address}',
+          f'--coordinator_bind_address={coordinator_address}',
+          f'--num_processes={num_processes}', f'--process_id={index}'
+      ],
+             dict(extra),
+             layout.rank_file(logs_dir, index, '.log'),
+             told=told) for index in range(num_processes)
+  ]
 
 
 def _die_with_parent() -> None:
@@ -94,11 +99,17 @@ def start(members: list[Member], attempt: int, progress_fd: int) -> None:
       member.log_file.write(f'===== attempt {attempt} =====\n'.encode())
     member.popen = subprocess.Popen(
         member.command,
-        env={**os.environ, **member.env, **dataclasses.replace(
-            member.told, progress_fd=progress_fd).env()},
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, start_new_session=True,
-        pass_fds=(progress_fd,), preexec_fn=_die_with_parent)
+        env={
+            **os.environ,
+            **member.env,
+            **dataclasses.replace(member.told, progress_fd=progress_fd).env()
+        },
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        pass_fds=(progress_fd,),
+        preexec_fn=_die_with_parent)
 
 
 def await_exit(member: Member, changed: threading.Event) -> None:

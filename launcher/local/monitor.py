@@ -31,12 +31,12 @@ WATCHDOG_BACKSTOP_S = 15.0
 class GangState(enum.Enum):
   """Where a local pod stands."""
   RUNNING = 'running'
-  DRAINING = 'draining'        # A preemption notice: every rank is saving.
-  SUCCEEDED = 'succeeded'      # Every rank exited 0.
-  FAILED = 'failed'            # A rank failed; `End.rank` is the cause.
-  PREEMPTED = 'preempted'      # Every rank exited, and they saved.
-  PREEMPTION_LATE = 'late'     # Some rank did not save within the grace.
-  STALLED = 'stalled'          # No step completed within the timeouts.
+  DRAINING = 'draining'  # A preemption notice: every rank is saving.
+  SUCCEEDED = 'succeeded'  # Every rank exited 0.
+  FAILED = 'failed'  # A rank failed; `End.rank` is the cause.
+  PREEMPTED = 'preempted'  # Every rank exited, and they saved.
+  PREEMPTION_LATE = 'late'  # Some rank did not save within the grace.
+  STALLED = 'stalled'  # No step completed within the timeouts.
   INTERRUPTED = 'interrupted'  # The launcher got SIGINT, or a 2nd signal.
 
 
@@ -73,9 +73,11 @@ class Monitor:
       pod, launcher/local/elastic.py); `regrowing` then says so.
   """
 
-  def __init__(self, members: list[members_lib.Member],
+  def __init__(self,
+               members: list[members_lib.Member],
                progress: output.Progress,
-               signals: list[int], changed: threading.Event,
+               signals: list[int],
+               changed: threading.Event,
                timeouts: Timeouts,
                forward: Callable[[int], None],
                should_grow: Callable[[float], bool] = lambda now: False):
@@ -107,14 +109,15 @@ class Monitor:
     # rank, which saves the step they agree on.
     if self._signals or self.regrowing:
       self._forward(signal.SIGTERM)
-    self._grace_deadline = (time.monotonic() +
-                            self._timeouts.preemption_grace)
+    self._grace_deadline = (time.monotonic() + self._timeouts.preemption_grace)
 
   def _check(self, state: GangState, now: float, started: float) -> End:
     """The state the gang is in now."""
     exited = [r for r in self._members if r.exit_code is not None]
-    failed = [r for r in exited
-              if r.exit_code not in (exit_codes.OK, exit_codes.PREEMPTED)]
+    failed = [
+        r for r in exited
+        if r.exit_code not in (exit_codes.OK, exit_codes.PREEMPTED)
+    ]
     preempted = any(r.exit_code == exit_codes.PREEMPTED for r in exited)
     all_exited = len(exited) == len(self._members)
     root = root_cause(failed, now, all_exited)
@@ -130,18 +133,21 @@ class Monitor:
         return End(GangState.DRAINING)
       # Only once this attempt trains: a notice during start-up saves
       # nothing new.
-      if (self._progress.last_advance is not None and
-          self._should_grow(now)):
+      if (self._progress.last_advance is not None and self._should_grow(now)):
         self.regrowing = True
         return End(GangState.DRAINING)
       stall = self._stall_message(now - started)
       return End(GangState.STALLED, message=stall) if stall else End(state)
     if now > self._grace_deadline:
-      late = ', '.join(f'rank {r.index}/{len(self._members)}'
-                       for r in self._members if r.exit_code is None)
-      return End(GangState.PREEMPTION_LATE, message=(
-          f'{late} did not save and exit within --preemption_grace='
-          f'{self._timeouts.preemption_grace:g} s of the preemption notice'))
+      late = ', '.join(
+          f'rank {r.index}/{len(self._members)}' for r in self._members
+          if r.exit_code is None)
+      return End(
+          GangState.PREEMPTION_LATE,
+          message=(
+              f'{late} did not save and exit within --preemption_grace='
+              f'{self._timeouts.preemption_grace:g} s of the preemption notice'
+          ))
     return End(state)
 
   def _stall_message(self, elapsed: float) -> str:
@@ -164,8 +170,8 @@ class Monitor:
     return ''
 
 
-def root_cause(failed: list[members_lib.Member], now: float, all_exited: bool
-               ) -> Optional[members_lib.Member]:
+def root_cause(failed: list[members_lib.Member], now: float,
+               all_exited: bool) -> Optional[members_lib.Member]:
   """The rank whose failure ended the job, once it is known
   (exit_codes.root_cause: the rule the TPU driver follows too)."""
   found = exit_codes.root_cause([(r.exited_at, r.exit_code) for r in failed],

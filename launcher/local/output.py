@@ -47,7 +47,7 @@ class Console:
         member.log_file.flush()
       line = raw.decode('utf-8', 'replace')
       if output_prefix.shown_on_console(member.index, stream_name, line,
-                                      self.log_all_ranks):
+                                        self.log_all_ranks):
         with self._lock:
           console.write(line_prefix + line +
                         ('' if line.endswith('\n') else '\n'))

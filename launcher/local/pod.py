@@ -102,8 +102,8 @@ def _loopback_address(address: Optional[str]) -> str:
     return f'127.0.0.1:{free_loopback_port()}'
   host, _, port = address.rpartition(':')
   host = host.strip('[]')
-  if not (host in members_lib.LOOPBACK_HOSTS or host.startswith('127.')) or (
-      not port.isdigit()):
+  if not (host in members_lib.LOOPBACK_HOSTS or
+          host.startswith('127.')) or (not port.isdigit()):
     raise ValueError(
         f'--coordinator_address={address}: a local pod binds its coordinator '
         'to loopback only; use 127.0.0.1:PORT')
@@ -131,8 +131,11 @@ class Gang:
       so that the attempt stops at a step boundary to grow.
   """
 
-  def __init__(self, spec: PodSpec, num_processes: int,
-               job_id: Optional[str] = None, attempt: int = 1,
+  def __init__(self,
+               spec: PodSpec,
+               num_processes: int,
+               job_id: Optional[str] = None,
+               attempt: int = 1,
                should_grow: Callable[[float], bool] = lambda now: False):
     if num_processes < 1:
       raise ValueError(f'--local_processes={num_processes}; it must be at '
@@ -157,8 +160,10 @@ class Gang:
     self._members = members_lib.plan(
         num_processes, spec.local_devices, spec.workdir, self.logs_dir,
         list(spec.process_args), self.coordinator_address,
-        handoff.Handoff(job_id=self.job_id, attempt=self.attempt_name,
-                        elastic=elastic_processes or None, supervised=True,
+        handoff.Handoff(job_id=self.job_id,
+                        attempt=self.attempt_name,
+                        elastic=elastic_processes or None,
+                        supervised=True,
                         launcher_record=True))
     self._console = output.Console(num_processes, spec.log_all_ranks)
     self._changed = threading.Event()
@@ -171,8 +176,12 @@ class Gang:
           '(loopback only), workdir ' + self.workdir)
     print('each rank inherits the launcher\'s environment, plus:')
     for member in self._members:
-      env = {**member.env, **member.told.env(),
-             handoff.variable('progress_fd'): '<progress pipe fd>'}
+      env = {
+          **member.env,
+          **member.told.env(),
+          handoff.variable('progress_fd'):
+              '<progress pipe fd>'
+      }
       print(f'rank {member.index}/{self.num_processes}: cd '
             f'{shlex.quote(os.getcwd())} && env ' +
             shlex.join([f'{k}={v}' for k, v in sorted(env.items())] +
@@ -190,8 +199,7 @@ class Gang:
         threads = self._start(progress_reader)
         monitor = monitor_lib.Monitor(
             self._members, progress_reader, self._signals, self._changed,
-            self.spec.timeouts,
-            lambda s: members_lib.forward(self._members, s),
+            self.spec.timeouts, lambda s: members_lib.forward(self._members, s),
             self._should_grow)
         end = monitor.watch(started)
         progressed = progress_reader.last_advance is not None
@@ -208,15 +216,25 @@ class Gang:
           if r.log_file is not None:
             r.log_file.close()
         self._write_ledgers_cut_short(started_wall)
-    code = report.report(end, self._members, self._console, started,
-                         self.logs_dir, self._signals, monitor.regrowing,
-                         attempt=(self.attempt
-                                  if self.spec.attempts_may_follow else None))
-    return attempts.AttemptEnd(
-        code=code, name=self.attempt_name, processes=self.num_processes,
-        launcher_signalled=bool(self._signals), progressed=progressed,
-        counts_steps=True, furthest_step=furthest, fault=fault,
-        regrew=monitor.regrowing, lost=self._lost(fault))
+    code = report.report(
+        end,
+        self._members,
+        self._console,
+        started,
+        self.logs_dir,
+        self._signals,
+        monitor.regrowing,
+        attempt=(self.attempt if self.spec.attempts_may_follow else None))
+    return attempts.AttemptEnd(code=code,
+                               name=self.attempt_name,
+                               processes=self.num_processes,
+                               launcher_signalled=bool(self._signals),
+                               progressed=progressed,
+                               counts_steps=True,
+                               furthest_step=furthest,
+                               fault=fault,
+                               regrew=monitor.regrowing,
+                               lost=self._lost(fault))
 
   def _write_ledgers_cut_short(self, started_wall: float) -> None:
     """A rank that ended before it opened its ledger (killed during its
@@ -227,9 +245,12 @@ class Gang:
       if member.exit_code is None or os.path.exists(path):
         continue
       os.makedirs(os.path.dirname(path), exist_ok=True)
-      files.write_json(path, goodput.ledger_of_a_start_cut_short(
-          self.attempt_name, member.index, started_wall,
-          member.exited_wall or time.time(), member.exit_code))
+      files.write_json(
+          path,
+          goodput.ledger_of_a_start_cut_short(self.attempt_name, member.index,
+                                              started_wall,
+                                              member.exited_wall or time.time(),
+                                              member.exit_code))
 
   @staticmethod
   def _fault(end: monitor_lib.End) -> Optional[records.Fault]:
@@ -237,16 +258,16 @@ class Gang:
     (wall times), after a failure; else None."""
     if end.state is not monitor_lib.GangState.FAILED:
       return None
-    return records.Fault(at=end.member.exited_wall, detected=time.time(),
+    return records.Fault(at=end.member.exited_wall,
+                         detected=time.time(),
                          process_index=end.member.index,
                          exit_code=end.member.exit_code)
 
   def _lost(self, fault: Optional[records.Fault]) -> tuple[int, ...]:
     """(the failed process's index,) when it is taken for a lost host
     (elastic.is_lost_process), else ()."""
-    if fault is None or not elastic.is_lost_process(fault.exit_code,
-                                                    self.spec.restarts
-                                                    .retryable):
+    if fault is None or not elastic.is_lost_process(
+        fault.exit_code, self.spec.restarts.retryable):
       return ()
     return (fault.process_index,)
 
@@ -254,13 +275,12 @@ class Gang:
     """The furthest step any rank completed: the ranks' high-water marks,
     written every step (the progress pipe is written at most once a
     second)."""
-    marks = layout.ranks(os.path.join(self.record.ledgers(),
-                                      self.attempt_name), '.step')
+    marks = layout.ranks(os.path.join(self.record.ledgers(), self.attempt_name),
+                         '.step')
     return max([goodput.HighWater.read(m) for m in marks.values()] +
                [m.step for m in self._members])
 
-  def _start(self, progress_reader: output.Progress
-             ) -> list[threading.Thread]:
+  def _start(self, progress_reader: output.Progress) -> list[threading.Thread]:
     try:
       members_lib.start(self._members, self.attempt, progress_reader.write_fd)
     finally:
@@ -274,20 +294,27 @@ class Gang:
                   sys.stdout),
           _thread(self._console.pump, member, member.popen.stderr, 'stderr',
                   sys.stderr),
-          _thread(members_lib.await_exit, member, self._changed)]
+          _thread(members_lib.await_exit, member, self._changed)
+      ]
     self._console.say(
         f'started {self.num_processes} ranks x {self.local_devices} devices, '
         f'coordinator {self.coordinator_address}, logs in {self.logs_dir}')
     return threads
 
   def _write_job_file(self) -> None:
-    records.Job(
-        job_id=self.job_id, launched_by='podrun', attempt=self.attempt,
-        attempt_name=self.attempt_name,
-        coordinator_address=self.coordinator_address,
-        ranks=tuple({'rank': r.index, 'pid': r.popen.pid,
-                     'command': r.command} for r in self._members),
-        launcher={'launcher_pid': os.getpid()}).write(self.record.job())
+    records.Job(job_id=self.job_id,
+                launched_by='podrun',
+                attempt=self.attempt,
+                attempt_name=self.attempt_name,
+                coordinator_address=self.coordinator_address,
+                ranks=tuple({
+                    'rank': r.index,
+                    'pid': r.popen.pid,
+                    'command': r.command
+                } for r in self._members),
+                launcher={
+                    'launcher_pid': os.getpid()
+                }).write(self.record.job())
 
   def _on_signal(self, signum, frame) -> None:
     del frame
@@ -310,7 +337,7 @@ class Gang:
     elif end.state is monitor_lib.GangState.PREEMPTION_LATE:
       first = signal.SIGKILL
     members_lib.stop(self._members, first, self.spec.kill_grace,
-                   self._wait_for_change, lambda: len(self._signals) >= 2)
+                     self._wait_for_change, lambda: len(self._signals) >= 2)
 
 
 def _thread(target, *args) -> threading.Thread:

@@ -29,16 +29,20 @@ def exit_code(end: monitor.End, launcher_signals: list[int]) -> int:
   if end.state is GangState.PREEMPTED:
     return exit_codes.PREEMPTED
   if end.state is GangState.PREEMPTION_LATE:
-    return (exit_codes.SIGNAL_BASE + signal.SIGTERM if launcher_signals
-            else exit_codes.PREEMPTED)
+    return (exit_codes.SIGNAL_BASE +
+            signal.SIGTERM if launcher_signals else exit_codes.PREEMPTED)
   if end.state is GangState.STALLED:
     return exit_codes.STALLED
   return exit_codes.SIGNAL_BASE + end.signum
 
 
-def report(end: monitor.End, members: list[members_lib.Member],
-           console: output.Console, started: float, logs_dir: str,
-           launcher_signals: list[int], regrew: bool = False,
+def report(end: monitor.End,
+           members: list[members_lib.Member],
+           console: output.Console,
+           started: float,
+           logs_dir: str,
+           launcher_signals: list[int],
+           regrew: bool = False,
            attempt: Optional[int] = None) -> int:
   """Says how the pod ended and returns the launcher's exit code.
 
@@ -67,8 +71,8 @@ def report(end: monitor.End, members: list[members_lib.Member],
         f'every rank saved a checkpoint and exited with code {code}')
     return code
   elif end.state is GangState.PREEMPTED:
-    notice = ('SIGTERM to the launcher' if launcher_signals else
-              'a preemption notice to a rank')
+    notice = ('SIGTERM to the launcher'
+              if launcher_signals else 'a preemption notice to a rank')
     say(f'preempted by {notice}: every rank saved a checkpoint and exited '
         f'with code {code}, {elapsed_s:.1f} s after start. Run the same '
         'command again to resume (or use --max_restarts).')
@@ -101,14 +105,14 @@ def _tail(member: members_lib.Member) -> list[str]:
   library's routine chatter (output_prefix.routine)."""
   with open(member.log_path, 'rb') as f:
     lines = collections.deque(
-        (l for l in (raw.decode('utf-8', 'replace').rstrip('\n') for raw in f)
-         if not output_prefix.routine(l)), maxlen=_TAIL_LINES)
+        (l for l in (raw.decode('utf-8', 'replace').rstrip('\n')
+                     for raw in f) if not output_prefix.routine(l)),
+        maxlen=_TAIL_LINES)
   return list(lines)
 
 
-def _say_root_cause(root: members_lib.Member,
-                    members: list[members_lib.Member], say,
-                    elapsed_s: float) -> None:
+def _say_root_cause(root: members_lib.Member, members: list[members_lib.Member],
+                    say, elapsed_s: float) -> None:
   """The failing rank, when it failed (s after start), its log's tail."""
   code = root.exit_code
   what = ('the job stalled: the hang watchdog of '

@@ -36,15 +36,14 @@ def count_into(ledger: goodput.Ledger) -> None:
     progress.took('compile', seconds)  # The hang watchdog allows for it.
 
   def on_cache_hit() -> None:
-    ledger.note(
-        compile_cache_hits=(ledger.notes.compile_cache_hits or 0) + 1)
+    ledger.note(compile_cache_hits=(ledger.notes.compile_cache_hits or 0) + 1)
 
   compile_events.on_seconds(on_seconds)
   compile_events.on_cache_hit(on_cache_hit)
 
 
-def use_cache(directory: Optional[str], workdir: str,
-              platform: str, process_count: int) -> Optional[str]:
+def use_cache(directory: Optional[str], workdir: str, platform: str,
+              process_count: int) -> Optional[str]:
   """JAX's persistent compilation cache, so that a restart skips compiling.
 
   Args:
@@ -62,8 +61,9 @@ def use_cache(directory: Optional[str], workdir: str,
     # On JAX 0.12.1 a CPU program with cross-process collectives, read back
     # from the cache, hung in its first collective (a local pod's restart,
     # every rank waiting in the step); a CPU step compiles in seconds.
-    logging.info('no persistent compilation cache: %d processes on the CPU '
-                 'compile afresh on every attempt', process_count)
+    logging.info(
+        'no persistent compilation cache: %d processes on the CPU '
+        'compile afresh on every attempt', process_count)
     return None
   path = directory or layout.Record(workdir).compilation_cache()
   jax.config.update('jax_compilation_cache_dir', path)
@@ -91,8 +91,9 @@ def same_source_paths(import_roots: Iterable[str]) -> str:
     The regex given to jax_hlo_source_file_canonicalization_regex: the
     roots, longest first, each with its trailing slash.
   """
-  roots = {os.path.abspath(root or os.curdir).rstrip(os.sep)
-           for root in import_roots}
+  roots = {
+      os.path.abspath(root or os.curdir).rstrip(os.sep) for root in import_roots
+  }
   ordered = sorted((r for r in roots if r), key=len, reverse=True)
   pattern = '^(?:' + '|'.join(re.escape(r + os.sep) for r in ordered) + ')'
   jax.config.update('jax_hlo_source_file_canonicalization_regex', pattern)

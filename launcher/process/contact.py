@@ -55,12 +55,14 @@ class Contact:
     returned: then its silence is what counts."""
     if self._sender is not None and self._sender.is_alive():
       return
-    self._sender = threading.Thread(target=self.beat, args=(snapshot, cpu_s),
-                                    daemon=True, name='podrun-heartbeat')
+    self._sender = threading.Thread(target=self.beat,
+                                    args=(snapshot, cpu_s),
+                                    daemon=True,
+                                    name='podrun-heartbeat')
     self._sender.start()
 
-  def end_or_loss(self, end: end_of_job.EndOfJob, stop: threading.Event
-                  ) -> Optional[records.Fault]:
+  def end_or_loss(self, end: end_of_job.EndOfJob,
+                  stop: threading.Event) -> Optional[records.Fault]:
     """The job's end if published (waiting up to TICK_S); a 'lost' cause
     for a coordinator silent too long; else None."""
     try:
@@ -85,11 +87,15 @@ class Contact:
     gone = peers_lib.gone()
     if silent_s <= gone.silence_allowed(0, self._heartbeat_timeout):
       return None
-    return records.Fault('lost', 0, _coordinator_host(), summary=(
-        f'the coordinator (process 0) did not answer for {silent_s:.0f} s '
-        f'(--heartbeat_timeout={self._heartbeat_timeout:g}){gone.reason(0)};'
-        f' last error: {peers_lib.first_line(error)}'),
-                         at=time.time() - silent_s)
+    return records.Fault(
+        'lost',
+        0,
+        _coordinator_host(),
+        summary=(
+            f'the coordinator (process 0) did not answer for {silent_s:.0f} s '
+            f'(--heartbeat_timeout={self._heartbeat_timeout:g}){gone.reason(0)};'
+            f' last error: {peers_lib.first_line(error)}'),
+        at=time.time() - silent_s)
 
 
 def _coordinator_host() -> str:

@@ -22,7 +22,6 @@ from runtime.common import exit_codes
 from launcher.common import job_tls
 
 
-
 class TlsError(exit_codes.PodrunError, RuntimeError):
   """This process cannot join with the job's credentials; the message says
   why and what to change."""
@@ -40,9 +39,12 @@ def _identity(env: Mapping[str, str]) -> tuple[str, str]:
   return told.job_id or 'job', told.attempt or 'attempt'
 
 
-def issue_for(mode: str, tls_dir: Optional[str], process_index: Optional[int],
-              jax_version: str, env: Mapping[str, str] = os.environ
-              ) -> Optional[job_tls.Credentials]:
+def issue_for(
+    mode: str,
+    tls_dir: Optional[str],
+    process_index: Optional[int],
+    jax_version: str,
+    env: Mapping[str, str] = os.environ) -> Optional[job_tls.Credentials]:
   """This process's credentials, or None to join without TLS (said once,
   by process 0, where `auto` finds no authority or an old JAX).
 
@@ -56,9 +58,9 @@ def issue_for(mode: str, tls_dir: Optional[str], process_index: Optional[int],
   if mode == job_tls.REQUIRE and not (speaks and tls_dir):
     raise exit_codes.ConfigError(
         '--tls=require: ' + (f'JAX {jax_version} has no mutual TLS (0.12 '
-                              'and newer have it)' if not speaks else
-                              'no --tls_dir (make one with `podrun-tls DIR` '
-                              'on a path every host reads)'))
+                             'and newer have it)' if not speaks else
+                             'no --tls_dir (make one with `podrun-tls DIR` '
+                             'on a path every host reads)'))
   if not speaks or not tls_dir:
     if process_index in (0, None):
       logging.warning(
@@ -123,8 +125,8 @@ def _peer_certificate(host: str, port: int, found: job_tls.Credentials,
     return None
 
 
-def _answer(host: str, port: int, found: job_tls.Credentials,
-            timeout_s: float, wait_s: float) -> Optional[bytes]:
+def _answer(host: str, port: int, found: job_tls.Credentials, timeout_s: float,
+            wait_s: float) -> Optional[bytes]:
   """`_peer_certificate`, tried again for up to `wait_s` seconds while what
   answers is foreign: process 0 waits that long for its port to be let go
   (`distributed.PORT_WAIT_S`), and until then another program answers."""
@@ -137,14 +139,18 @@ def _answer(host: str, port: int, found: job_tls.Credentials,
       if time.monotonic() >= deadline:
         raise TlsError(f'{e}; it answered so for {wait_s:g} s') from e
       if not warned:
-        logging.warning('%s; asking again for up to %g s, in case process 0 '
-                        'is still waiting for its port', e, wait_s)
+        logging.warning(
+            '%s; asking again for up to %g s, in case process 0 '
+            'is still waiting for its port', e, wait_s)
         warned = True
     time.sleep(0.5)
 
 
-def check_coordinator(host: str, port: int, found: job_tls.Credentials,
-                      timeout_s: float, wait_s: float = 0.0) -> None:
+def check_coordinator(host: str,
+                      port: int,
+                      found: job_tls.Credentials,
+                      timeout_s: float,
+                      wait_s: float = 0.0) -> None:
   """Checks that the coordinator at HOST:PORT is this job's and this
   attempt's, before JAX's client, which aborts the process on a refused
   handshake without saying why. A listener that is no coordinator of this
@@ -159,8 +165,8 @@ def check_coordinator(host: str, port: int, found: job_tls.Credentials,
   names = job_tls.uris(certificate)
   if any(n.startswith(found.peer_prefix) for n in names):
     return
-  theirs = next((job_tls.attempt_of(n) for n in names
-                 if job_tls.attempt_of(n)), None)
+  theirs = next((job_tls.attempt_of(n) for n in names if job_tls.attempt_of(n)),
+                None)
   raise TlsError(
       f'the coordinator at {host}:{port} runs attempt {theirs or names}, and '
       f'this process belongs to attempt {job_tls.attempt_of(found.uri)}: a '

@@ -25,8 +25,8 @@ from runtime.common import exit_codes
 from launcher.common import job_tls
 
 EXPLICIT = 'explicit'  # All of coordinator, count and id given.
-DETECT = 'detect'      # None given, on a cluster JAX configures itself.
-SINGLE = 'single'      # None given, no cluster: one process, no coordinator.
+DETECT = 'detect'  # None given, on a cluster JAX configures itself.
+SINGLE = 'single'  # None given, no cluster: one process, no coordinator.
 
 # JAX's own heartbeat timeout exceeds --heartbeat_timeout by this much, so
 # that the supervisor, which names the lost process and exits with
@@ -87,8 +87,10 @@ class Plan:
   mode: str
   why: str
   environment: tuple[tuple[str, str], ...] = ()
-def split_address(address: str, flag: str = '--coordinator_address'
-                  ) -> tuple[str, int]:
+
+
+def split_address(address: str,
+                  flag: str = '--coordinator_address') -> tuple[str, int]:
   """'host:port' or '[v6]:port' -> (host, port)."""
   host, sep, port = address.rpartition(':')
   if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -97,9 +99,12 @@ def split_address(address: str, flag: str = '--coordinator_address'
   return host.strip('[]'), int(port)
 
 
-def plan(options: CoordinatorFlags, env: Optional[Mapping[str, str]] = None,
-         ask: Callable[[Mapping[str, str]], tpu_metadata.Answer] = (
-             tpu_metadata.workers)) -> Plan:
+def plan(
+    options: CoordinatorFlags,
+    env: Optional[Mapping[str, str]] = None,
+    ask: Callable[[Mapping[str, str]],
+                  tpu_metadata.Answer] = (tpu_metadata.workers)
+) -> Plan:
   """Chooses how this process joins the job: EXPLICIT, DETECT or SINGLE.
 
   Args:
@@ -151,14 +156,15 @@ _DETECTED_BY = {
 }
 
 
-def _found(env: Mapping[str, str],
-           ask: Callable[[Mapping[str, str]], tpu_metadata.Answer]) -> Plan:
+def _found(env: Mapping[str, str], ask: Callable[[Mapping[str, str]],
+                                                 tpu_metadata.Answer]) -> Plan:
   """DETECT where the environment names a cluster of several processes,
   else SINGLE; `why` says which variables or which answer decided."""
   name = cluster.detect(env)
   if name is None:
-    return Plan(SINGLE, 'no cluster in the environment (no SLURM, Open MPI, '
-                'Kubernetes or TPU variables, no libtpu)')
+    return Plan(
+        SINGLE, 'no cluster in the environment (no SLURM, Open MPI, '
+        'Kubernetes or TPU variables, no libtpu)')
   if name in _DETECTED_BY:
     return Plan(DETECT, _DETECTED_BY[name])
   if env.get('MEGASCALE_COORDINATOR_ADDRESS'):
@@ -168,14 +174,16 @@ def _found(env: Mapping[str, str],
     if len(hosts) == 1:
       return Plan(SINGLE, f'TPU_WORKER_HOSTNAMES names one worker '
                   f'({hosts[0]})')
-    return Plan(DETECT, 'GKE\'s TPU variables' + (
-        f' ({len(hosts)} workers)' if hosts else ''))
+    return Plan(
+        DETECT,
+        'GKE\'s TPU variables' + (f' ({len(hosts)} workers)' if hosts else ''))
   # libtpu is installed: a Cloud TPU VM's metadata server, if there is one,
   # says how many workers the slice has.
   if env.get('TPU_SKIP_MDS_QUERY') is not None:
     # JAX sets it on import where it finds no TPU chip.
-    return Plan(SINGLE, 'libtpu is installed and TPU_SKIP_MDS_QUERY is set '
-                '(no metadata server to ask)')
+    return Plan(
+        SINGLE, 'libtpu is installed and TPU_SKIP_MDS_QUERY is set '
+        '(no metadata server to ask)')
   answer = ask(env)
   if answer.workers is None:
     # libtpu asks the same server when its backend starts, and waits for
@@ -183,10 +191,12 @@ def _found(env: Mapping[str, str],
     return Plan(SINGLE, f'libtpu is installed but {answer.failure}',
                 (('TPU_SKIP_MDS_QUERY', '1'),))
   if len(answer.workers) == 1:
-    return Plan(SINGLE, f'the TPU metadata server at {answer.address} names '
-                'one worker')
-  return Plan(DETECT, f'the TPU metadata server at {answer.address} names '
-              f'{len(answer.workers)} workers')
+    return Plan(
+        SINGLE, f'the TPU metadata server at {answer.address} names '
+        'one worker')
+  return Plan(
+      DETECT, f'the TPU metadata server at {answer.address} names '
+      f'{len(answer.workers)} workers')
 
 
 # How long process 0 waits for its coordinator's port to be let go: an
@@ -222,9 +232,10 @@ def _check_port_free(bind_address: str, wait_s: float = PORT_WAIT_S) -> None:
             'coordinator there. Choose a free port in --coordinator_address '
             '(or stop the program holding it).') from e
       if tries == 0:
-        logging.warning('the coordinator port %d is in use (an earlier '
-                        'attempt\'s coordinator still exiting?); waiting up '
-                        'to %g s for it', port, wait_s)
+        logging.warning(
+            'the coordinator port %d is in use (an earlier '
+            'attempt\'s coordinator still exiting?); waiting up '
+            'to %g s for it', port, wait_s)
     time.sleep(0.5)
 
 
@@ -309,8 +320,7 @@ def check_jax_untouched(config_file: str = '') -> None:
 
 
 def _before_joining(options: CoordinatorFlags,
-                    found: Optional[job_tls.Credentials]
-                    ) -> CoordinatorFlags:
+                    found: Optional[job_tls.Credentials]) -> CoordinatorFlags:
   """Process 0: chooses where its coordinator listens and checks the port
   is free. The others: wait for the coordinator and check it is this
   attempt's. Returns the options with the bind address chosen."""
@@ -321,15 +331,18 @@ def _before_joining(options: CoordinatorFlags,
       # Process 0 waits this long for its port; a program holding it
       # answers meanwhile.
       port_wait = min(PORT_WAIT_S, options.initialization_timeout / 2)
-      credentials.check_coordinator(host, port, found, timeout_s=10,
+      credentials.check_coordinator(host,
+                                    port,
+                                    found,
+                                    timeout_s=10,
                                     wait_s=port_wait + 5)
     return options
   bind = options.coordinator_bind_address
   if not bind:
     bind, why = bind_address(options.coordinator_address)
-    logging.info('the coordinator listens on %s (%s; '
-                 '--coordinator_bind_address chooses)',
-                 bind or 'every interface', why)
+    logging.info(
+        'the coordinator listens on %s (%s; '
+        '--coordinator_bind_address chooses)', bind or 'every interface', why)
     options = dataclasses.replace(options, coordinator_bind_address=bind)
   # Half the join's time at most: the others' roll call, which would
   # blame process 0 for not joining, must not end first.
@@ -338,7 +351,8 @@ def _before_joining(options: CoordinatorFlags,
   return options
 
 
-def initialize(mode: str, options: CoordinatorFlags,
+def initialize(mode: str,
+               options: CoordinatorFlags,
                roll: Optional[roll_call.RollCall] = None) -> None:
   """Starts jax.distributed as `mode` says; must run before any JAX work.
 
@@ -368,8 +382,10 @@ def initialize(mode: str, options: CoordinatorFlags,
   if options.coordinator_bind_address:
     # On a detected cluster too: JAX otherwise listens on every interface.
     kwargs['coordinator_bind_address'] = options.coordinator_bind_address
-  logging.info('jax.distributed.initialize(%s)%s', ', '.join(
-      f'{k}={v!r}' for k, v in kwargs.items()) or 'detected from the cluster',
+  logging.info(
+      'jax.distributed.initialize(%s)%s',
+      ', '.join(f'{k}={v!r}' for k, v in kwargs.items()) or
+      'detected from the cluster',
       f' with mutual TLS as {found.uri}' if found else '')
   if found is not None:
     kwargs.update(found.jax_kwargs())
@@ -384,9 +400,8 @@ def initialize(mode: str, options: CoordinatorFlags,
           shutdown_timeout_seconds=int(options.shutdown_timeout),
           **kwargs)
   except Exception as e:  # JAX raises several types; name them all the same.
-    raise DistributedInitError(
-        f'jax.distributed.initialize failed ({mode}): '
-        f'{type(e).__name__}: {e}') from e
+    raise DistributedInitError(f'jax.distributed.initialize failed ({mode}): '
+                               f'{type(e).__name__}: {e}') from e
 
 
 def prepare_environment(coordinator_address: Optional[str],

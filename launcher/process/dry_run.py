@@ -25,7 +25,8 @@ def print_plan(argv: list[str], options: distributed.CoordinatorFlags,
     logging.error('%s', e)
     return exit_codes.DISTRIBUTED_INIT_FAILED
   command = [sys.executable, '-m', 'launcher'] + [
-      a for a in argv[1:] if a not in ('--dry_run', '--dry_run=true')]
+      a for a in argv[1:] if a not in ('--dry_run', '--dry_run=true')
+  ]
   print(f'this process would run: {shlex.join(command)}')
   mode = chosen.mode
   print(f'  jax.distributed: {_MODE_WORDS[mode]}; {chosen.why}')

@@ -25,8 +25,9 @@ def summary_line(error: BaseException) -> str:
 
 def log(error: BaseException, code: int, consequence: bool) -> None:
   if consequence:
-    logging.error('this process\'s own error, a consequence of that failure:'
-                  ' %s', peers_lib.first_line(error))
+    logging.error(
+        'this process\'s own error, a consequence of that failure:'
+        ' %s', peers_lib.first_line(error))
   elif isinstance(error, SystemExit):
     if code:
       logging.error('exiting with code %d (SystemExit)', code)

@@ -22,7 +22,6 @@ import threading
 import time
 from typing import Callable
 
-
 INTERRUPTED = 128 + signal.SIGINT
 
 
@@ -36,12 +35,14 @@ def install(grace_s: float, exit_process: Callable[[int], None]) -> None:
   read_fd, write_fd = os.pipe()
   os.set_blocking(write_fd, False)
   signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-  threading.Thread(target=_watch, args=(read_fd, grace_s, exit_process),
-                   name='sigint-watch', daemon=True).start()
+  threading.Thread(target=_watch,
+                   args=(read_fd, grace_s, exit_process),
+                   name='sigint-watch',
+                   daemon=True).start()
 
 
-def _watch(read_fd: int, grace_s: float,
-           exit_process: Callable[[int], None]) -> None:
+def _watch(read_fd: int, grace_s: float, exit_process: Callable[[int],
+                                                                None]) -> None:
   while True:
     numbers = os.read(read_fd, 64)
     if not numbers:
@@ -50,5 +51,3 @@ def _watch(read_fd: int, grace_s: float,
       time.sleep(grace_s)
       exit_process(INTERRUPTED)
       return
-
-

@@ -99,11 +99,9 @@ def _join(config: ConfigDict, workdir: str, options: ProcessFlags,
   os.environ.update(chosen.environment)
   # On a cluster JAX configures itself, the scheduler's variables say what
   # JAX should find; a disagreement is named with the variable.
-  place = (cluster.place() if mode == distributed.DETECT else
-           cluster.Place(options.distributed.process_id,
-                         options.distributed.num_processes, '--process_id',
-                         '--local_processes' if supervised else
-                         '--num_processes'))
+  place = (cluster.place() if mode == distributed.DETECT else cluster.Place(
+      options.distributed.process_id, options.distributed.num_processes,
+      '--process_id', '--local_processes' if supervised else '--num_processes'))
   expected = topology.expectations(
       config.get('topology'),
       implied=(topology.implied_by_accelerator(config) +
@@ -117,20 +115,22 @@ def _join(config: ConfigDict, workdir: str, options: ProcessFlags,
                     multi_process=mode != distributed.SINGLE)
   if place.process_index is not None and place.num_processes is not None:
     # The rank is known: prefix from here on.
-    output_prefix.setup(place.process_index, place.num_processes,
-                        supervised, options.log_all_ranks)
+    output_prefix.setup(place.process_index, place.num_processes, supervised,
+                        options.log_all_ranks)
   if mode == distributed.SINGLE:
-    logging.info('one process on all of this host\'s devices, no '
-                 'coordinator: %s', chosen.why)
+    logging.info(
+        'one process on all of this host\'s devices, no '
+        'coordinator: %s', chosen.why)
   else:  # After the prefix: every line of a rank carries it.
-    logging.info('jax.distributed %s: %s', 'from the flags' if mode == (
-        distributed.EXPLICIT) else 'from the cluster', chosen.why)
+    logging.info(
+        'jax.distributed %s: %s', 'from the flags'
+        if mode == (distributed.EXPLICIT) else 'from the cluster', chosen.why)
   distributed.prepare_environment(options.distributed.coordinator_address)
   roll = None
   if mode != distributed.SINGLE and place.process_index is not None:
-    roll = roll_call.RollCall(
-        workdir, options.distributed.coordinator_address or '',
-        place.process_index, place.num_processes)
+    roll = roll_call.RollCall(workdir,
+                              options.distributed.coordinator_address or '',
+                              place.process_index, place.num_processes)
   ledger = goodput.current()
   ledger.add('startup', time.time() - ledger.started)
   with ledger.timing('distributed_init'):
@@ -138,21 +138,20 @@ def _join(config: ConfigDict, workdir: str, options: ProcessFlags,
   if mode == distributed.DETECT and place.num_processes is None:
     import jax  # pylint: disable=g-import-not-at-top
     output_prefix.setup(jax.process_index(), jax.process_count(), supervised,
-                      options.log_all_ranks)
+                        options.log_all_ranks)
   return mode, expected
 
 
-def _take_lease(config: ConfigDict, workdir: str, options: ProcessFlags,
-                supervisor: supervisor_lib.Supervisor
-                ) -> Optional[lease_lib.Lease]:
+def _take_lease(
+    config: ConfigDict, workdir: str, options: ProcessFlags,
+    supervisor: supervisor_lib.Supervisor) -> Optional[lease_lib.Lease]:
   """The workdir (and checkpoint directory) leased for this job."""
   directories = [workdir]
   if config.get('checkpointing', True):
     directories.append(checkpoint_options.directory(config, workdir))
-  return lease_lib.take(
-      directories, supervisor.client, options.lease_timeout,
-      lambda m: supervisor.abort(exit_codes.WORKDIR_BUSY, m),
-      options.supervision.barrier_timeout)
+  return lease_lib.take(directories, supervisor.client, options.lease_timeout,
+                        lambda m: supervisor.abort(exit_codes.WORKDIR_BUSY, m),
+                        options.supervision.barrier_timeout)
 
 
 def _mirror_record(url: str, record_dir: str, process_index: int,
@@ -161,18 +160,20 @@ def _mirror_record(url: str, record_dir: str, process_index: int,
   machine's copy, and starts uploading this process's part of it (where no
   launcher writes its files of the record, process 0 uploads them:
   layout.writer)."""
-  mirror = record_mirror.Mirror(
-      url, record_dir, record_mirror.process_owns(process_index,
-                                                  launcher_record),
-      job_id=cluster.job_id())
+  mirror = record_mirror.Mirror(url,
+                                record_dir,
+                                record_mirror.process_owns(
+                                    process_index, launcher_record),
+                                job_id=cluster.job_id())
   try:
     held = mirror.fetch()
   except Exception as e:  # pylint: disable=broad-except
     raise RuntimeError(f'--workdir={url}: cannot read the record in the '
                        f'bucket: {e}') from e
   if process_index == 0:
-    logging.info('the record lives in %s (this machine\'s copy: %s; %d '
-                 'file(s) of earlier attempts)', url, record_dir, held)
+    logging.info(
+        'the record lives in %s (this machine\'s copy: %s; %d '
+        'file(s) of earlier attempts)', url, record_dir, held)
   record_mirror.use(mirror)
   mirror.start()
 
@@ -180,14 +181,17 @@ def _mirror_record(url: str, record_dir: str, process_index: int,
 def _uses_bucket(config: ConfigDict, workdir: str) -> bool:
   """Whether the record, the checkpoints or anything else the config names
   (a dataset's directory) is in a bucket."""
+
   def values(tree):
     for value in tree.values():
       if isinstance(value, (dict, ConfigDict)):
         yield from values(value)
       else:
         yield value
-  return any(isinstance(v, str) and v.startswith('gs://')
-             for v in (workdir, *values(config)))
+
+  return any(
+      isinstance(v, str) and v.startswith('gs://')
+      for v in (workdir, *values(config)))
 
 
 def _run(config: ConfigDict, workdir: str, options: ProcessFlags,
@@ -211,8 +215,7 @@ def _run(config: ConfigDict, workdir: str, options: ProcessFlags,
     actual = topology.current()
   if record_dir != workdir:
     with ledger.naming('record_fetch'):
-      _mirror_record(workdir, record_dir, actual.process_index,
-                     launcher_record)
+      _mirror_record(workdir, record_dir, actual.process_index, launcher_record)
   with ledger.naming('stall_history'):
     running.supervisor.learn_in(record_dir)
   summary.open_ledger(running.ledger, record_dir, running.supervisor.client,
@@ -226,24 +229,24 @@ def _run(config: ConfigDict, workdir: str, options: ProcessFlags,
   if cache and actual.process_index == 0:
     # JAX writes the cache from process 0 alone: a process that cannot read
     # that directory compiles every program again on every restart.
-    logging.info('the compilation cache is %s%s', cache, (
-        '; every process must read it (a workdir every host shares, or '
-        '--compilation_cache_dir), or the others compile again on every '
-        'restart' if actual.process_count > 1 else ''))
+    logging.info(
+        'the compilation cache is %s%s', cache,
+        ('; every process must read it (a workdir every host shares, or '
+         '--compilation_cache_dir), or the others compile again on every '
+         'restart' if actual.process_count > 1 else ''))
   topology.check(expected, actual)
   if actual.process_index == 0:
     logging.info('topology: %s', actual.describe())
   with ledger.naming('agreement'):
-    agreement.agree(coordination.current(),
-                    agreement.describe_process(config), 'join')
+    agreement.agree(coordination.current(), agreement.describe_process(config),
+                    'join')
   if mode == distributed.SINGLE:
     # With jax.distributed, SIGTERM is JAX's preemption notice, which the
     # training loop turns into a checkpoint and exit_codes.PREEMPTED.
     signal.signal(signal.SIGTERM, _terminate)
   if options.supervision.enabled:
     with ledger.naming('lease'):
-      running.lease = _take_lease(config, workdir, options,
-                                  running.supervisor)
+      running.lease = _take_lease(config, workdir, options, running.supervisor)
   with ledger.naming('workload_import'):
     run_workload = workload.resolve(config.workload)
   # After the workload's import, which may extend sys.path; before its
@@ -330,5 +333,3 @@ def run(config: ConfigDict, workdir: str, options: ProcessFlags) -> int:
       running.supervisor.leave()
     os._exit(code)  # pylint: disable=protected-access
   return code
-
-

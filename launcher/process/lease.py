@@ -160,12 +160,16 @@ class Lease:
     >>> lease.release()
   """
 
-  def __init__(self, directories: list[str], job_id: str,
-               stale_after_s: float = 60, renew_every_s: float = 10,
+  def __init__(self,
+               directories: list[str],
+               job_id: str,
+               stale_after_s: float = 60,
+               renew_every_s: float = 10,
                on_lost: Optional[Callable[[str], None]] = None,
                clock: Callable[[], float] = time.time):
-    self.paths = [epath.Path(d) / layout.LEASE
-                  for d in dict.fromkeys(directories)]
+    self.paths = [
+        epath.Path(d) / layout.LEASE for d in dict.fromkeys(directories)
+    ]
     self.stale_after_s = stale_after_s
     self.renew_every_s = renew_every_s
     self._on_lost = on_lost
@@ -192,7 +196,8 @@ class Lease:
     except BaseException:
       self.release()
       raise
-    self._thread = threading.Thread(target=self._renew_loop, daemon=True,
+    self._thread = threading.Thread(target=self._renew_loop,
+                                    daemon=True,
                                     name='podrun-lease')
     self._thread.start()
 
@@ -245,13 +250,14 @@ class Lease:
   def _check_takeover(self, path: epath.Path, current: Holder) -> None:
     age = self._clock() - current.renewed
     if current.job_id == self.holder.job_id:
-      logging.info('taking over the lease on %s from an earlier attempt of '
-                   'job %s', path.parent, current.job_id)
+      logging.info(
+          'taking over the lease on %s from an earlier attempt of '
+          'job %s', path.parent, current.job_id)
       return
     if current.host == self.holder.host and not _launcher_alive(current.pid):
-      logging.warning('taking over the lease on %s from %s: its process no '
-                      'longer runs on this host', path.parent,
-                      current.describe())
+      logging.warning(
+          'taking over the lease on %s from %s: its process no '
+          'longer runs on this host', path.parent, current.describe())
       return
     if age <= self.stale_after_s:
       raise WorkdirBusyError(
@@ -262,10 +268,10 @@ class Lease:
           'use another --workdir (or config.checkpoint_dir). A lease not '
           f'renewed for {self.stale_after_s:g} s (--lease_timeout) is taken '
           f'over; delete {path} only if you are sure that job is gone.')
-    logging.warning('taking over the lease on %s from %s: not renewed for '
-                    '%.0f s (--lease_timeout=%g), so that job is taken for '
-                    'dead', path.parent, current.describe(), age,
-                    self.stale_after_s)
+    logging.warning(
+        'taking over the lease on %s from %s: not renewed for '
+        '%.0f s (--lease_timeout=%g), so that job is taken for '
+        'dead', path.parent, current.describe(), age, self.stale_after_s)
 
   def _renew_loop(self) -> None:
     while not self._stop.wait(self.renew_every_s):
@@ -281,15 +287,16 @@ class Lease:
     url = str(path)
     if _in_bucket(path):
       try:
-        self._generations[url] = lease_object.replace(
-            url, _encoded(renewed), self._generations[url])
+        self._generations[url] = lease_object.replace(url, _encoded(renewed),
+                                                      self._generations[url])
         self.holder = renewed
         return True
       except lease_object.Changed:
         current = _read(path)
       except Exception as e:  # pylint: disable=broad-except
-        logging.warning('cannot renew the lease %s now (%s); trying again '
-                        'in %g s', path, e, self.renew_every_s)
+        logging.warning(
+            'cannot renew the lease %s now (%s); trying again '
+            'in %g s', path, e, self.renew_every_s)
         return True
     else:
       current = _read(path)
@@ -355,7 +362,9 @@ def take(directories: list[str], client: Optional[coordination.Client],
 
   def acquire() -> str:
     """Process 0: 'ok', or why the lease was refused."""
-    lease = Lease(directories, job_id(), stale_after_s=stale_after_s,
+    lease = Lease(directories,
+                  job_id(),
+                  stale_after_s=stale_after_s,
                   on_lost=on_lost)
     try:
       lease.acquire()
@@ -363,6 +372,7 @@ def take(directories: list[str], client: Optional[coordination.Client],
       return str(e)
     taken.append(lease)
     return 'ok'
+
   answer = acquire() if client is None else client.from_0(
       'podrun/lease', acquire, timeout_s)
   if answer != 'ok':

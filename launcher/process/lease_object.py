@@ -63,7 +63,11 @@ def read(url: str, fs=None) -> Optional[tuple[dict, int]]:
     try:
       meta = fs.call('GET', 'b/{}/o/{}', bucket, key, json_out=True)
       generation = int(meta['generation'])
-      _, data = fs.call('GET', 'b/{}/o/{}', bucket, key, alt='media',
+      _, data = fs.call('GET',
+                        'b/{}/o/{}',
+                        bucket,
+                        key,
+                        alt='media',
                         generation=str(generation))
     except FileNotFoundError:
       try:
@@ -97,10 +101,13 @@ def _upload(url: str, data: bytes, if_generation: int, fs) -> int:
               f'\r\n--{_BOUNDARY}--').encode()
   try:
     answer = fs.call(
-        'POST', f'{fs._location}/upload/storage/v1/b/{quote(bucket)}/o',  # pylint: disable=protected-access
-        uploadType='multipart', ifGenerationMatch=str(if_generation),
+        'POST',
+        f'{fs._location}/upload/storage/v1/b/{quote(bucket)}/o',  # pylint: disable=protected-access
+        uploadType='multipart',
+        ifGenerationMatch=str(if_generation),
         headers={'Content-Type': f'multipart/related; boundary={_BOUNDARY}'},
-        data=body, json_out=True)
+        data=body,
+        json_out=True)
   except FileExistsError as e:  # 412, Precondition Failed.
     raise Changed(url) from e
   fs.invalidate_cache()
@@ -131,7 +138,10 @@ def delete(url: str, generation: int, fs=None) -> bool:
   fs = fs or _fs()
   bucket, key = _split(url)
   try:
-    fs.call('DELETE', 'b/{}/o/{}', bucket, key,
+    fs.call('DELETE',
+            'b/{}/o/{}',
+            bucket,
+            key,
             ifGenerationMatch=str(generation))
   except FileNotFoundError:
     return True

@@ -57,11 +57,18 @@ def start(ledger_path: str, process_index: int) -> Optional[int]:
     return None
   read_fd, write_fd = os.pipe()
   child = subprocess.Popen(
-      [sys.executable, '-S', os.path.abspath(__file__), str(os.getpid()),
-       ledger_path, str(read_fd), str(process_index)],
+      [
+          sys.executable, '-S',
+          os.path.abspath(__file__),
+          str(os.getpid()), ledger_path,
+          str(read_fd),
+          str(process_index)
+      ],
       # A session of its own: what stops the process's group (the local
       # pod's sweep, a terminal's Ctrl-C) must not stop its obituary first.
-      pass_fds=(read_fd,), stdin=subprocess.DEVNULL, start_new_session=True)
+      pass_fds=(read_fd,),
+      stdin=subprocess.DEVNULL,
+      start_new_session=True)
   os.close(read_fd)
   traceback_file = os.fdopen(write_fd, 'wb', buffering=0)
   _traceback_file.append(traceback_file)
@@ -93,13 +100,17 @@ def record_end(ledger_path: str, process_index: int, ended: float,
   notes = ledger.setdefault('notes', {})
   notes.update(exit_code=code, cause=cause)
   if not notes.get('fault'):
-    notes['fault'] = {'at': ended, 'detected': ended, 'rank': process_index,
-                      'kind': 'aborted' if code == 134 else 'killed',
-                      'exit_code': code}
+    notes['fault'] = {
+        'at': ended,
+        'detected': ended,
+        'rank': process_index,
+        'kind': 'aborted' if code == 134 else 'killed',
+        'exit_code': code
+    }
   parts = ledger.setdefault('parts', {})
   parts['other'] = 0.0
-  parts['other'] = max(0.0, ended - ledger.get('started', ended) -
-                       sum(parts.values()))
+  parts['other'] = max(
+      0.0, ended - ledger.get('started', ended) - sum(parts.values()))
   ledger['updated'] = ended
   tmp = f'{ledger_path}.obituary'
   with open(tmp, 'w') as f:
@@ -147,8 +158,8 @@ def _watch(pid: int, read_fd: int) -> tuple[float, bytes]:
 
 
 def main(argv: list[str]) -> int:
-  pid, ledger_path, read_fd, process_index = (
-      int(argv[1]), argv[2], int(argv[3]), int(argv[4]))
+  pid, ledger_path, read_fd, process_index = (int(argv[1]), argv[2],
+                                              int(argv[3]), int(argv[4]))
   for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(signum, signal.SIG_IGN)
   try:
@@ -157,9 +168,9 @@ def main(argv: list[str]) -> int:
     return 0  # Gone before its obituary started: it could not have run.
   cause = record_end(ledger_path, process_index, ended, traceback)
   if cause is not None:
-    os.write(2, (f'podrun: process {process_index} (pid {pid}) ended without '
-                 f'writing its end: {cause}; recorded in {ledger_path}\n'
-                 ).encode())
+    os.write(
+        2, (f'podrun: process {process_index} (pid {pid}) ended without '
+            f'writing its end: {cause}; recorded in {ledger_path}\n').encode())
   return 0
 
 

@@ -108,11 +108,16 @@ class Peers:
   def publish_own(self, snapshot: progress.Snapshot, beat: int,
                   supervisor_cpu_s: float) -> bool:
     """Publishes this process's heartbeat; whether the service took it."""
-    record = {'beat': beat, 'host': self.host, 'pid': os.getpid(),
-              'done': snapshot.done_step, 'begun': snapshot.begun_step,
-              'step': progress.summarize(snapshot.step_seconds),
-              'own': progress.summarize(snapshot.own_seconds),
-              'supervisor_cpu_s': supervisor_cpu_s}
+    record = {
+        'beat': beat,
+        'host': self.host,
+        'pid': os.getpid(),
+        'done': snapshot.done_step,
+        'begun': snapshot.begun_step,
+        'step': progress.summarize(snapshot.step_seconds),
+        'own': progress.summarize(snapshot.own_seconds),
+        'supervisor_cpu_s': supervisor_cpu_s
+    }
     try:
       self.client.publish(BEAT_DIR, json.dumps(record))
     except Exception:  # pylint: disable=broad-except
@@ -120,11 +125,13 @@ class Peers:
     return True
 
   def records(self) -> dict[int, dict[str, Any]]:
-    return {i: json.loads(value)
-            for i, value in self.client.by_process(BEAT_DIR).items()}
+    return {
+        i: json.loads(value)
+        for i, value in self.client.by_process(BEAT_DIR).items()
+    }
 
-  def find_lost(self, now: float, gone_now: Gone = Gone()
-                ) -> Optional[records_lib.Fault]:
+  def find_lost(
+      self, now: float, gone_now: Gone = Gone()) -> Optional[records_lib.Fault]:
     """The first process silent for --heartbeat_timeout (GONE_SILENCE_S
     when `gone_now` names it), or None."""
     starved_after = max(self.heartbeat_timeout / 2, 3 * BEAT_EVERY_S)
@@ -143,11 +150,13 @@ class Peers:
         self.last_change[process_index] = (record['beat'], now)
         continue
       silent = now - seen[1]
-      allowed = gone_now.silence_allowed(process_index,
-                                         self.heartbeat_timeout)
+      allowed = gone_now.silence_allowed(process_index, self.heartbeat_timeout)
       if silent > allowed:
         return records_lib.Fault(
-            'lost', process_index, record.get('host', '?'), summary=(
+            'lost',
+            process_index,
+            record.get('host', '?'),
+            summary=(
                 f'no heartbeat for {silent:.0f} s (--heartbeat_timeout='
                 f'{self.heartbeat_timeout:g})'
                 f'{gone_now.reason(process_index)}; its last completed step '
@@ -211,8 +220,8 @@ def describe_laggards(records: dict[int, dict[str, Any]],
   return '; '.join(parts)
 
 
-def straggler_warnings(records: dict[int, dict[str, Any]]
-                       ) -> list[tuple[int, str]]:
+def straggler_warnings(
+    records: dict[int, dict[str, Any]]) -> list[tuple[int, str]]:
   """(process index, warning) of each process much slower on its own than
   the rest.
 
@@ -228,25 +237,31 @@ def straggler_warnings(records: dict[int, dict[str, Any]]
     >>> straggler_warnings({0: fast, 1: slow})[0][0]
     1
   """
-  own = {r: rec['own']['median'] for r, rec in records.items()
-         if (rec.get('own') or {}).get('count', 0) >= _STRAGGLER_MIN_STEPS}
-  steps = [rec['step']['median'] for rec in records.values()
-           if (rec.get('step') or {}).get('median') is not None]
+  own = {
+      r: rec['own']['median']
+      for r, rec in records.items()
+      if (rec.get('own') or {}).get('count', 0) >= _STRAGGLER_MIN_STEPS
+  }
+  steps = [
+      rec['step']['median']
+      for rec in records.values()
+      if (rec.get('step') or {}).get('median') is not None
+  ]
   if len(own) < 2 or not steps:
     return []
   step_time = float(np.median(steps))
   out = []
   for process_index, value in sorted(own.items()):
-    others = float(np.median([v for i, v in own.items()
-                              if i != process_index]))
+    others = float(np.median([v for i, v in own.items() if i != process_index]))
     if value > _STRAGGLER_RATIO * others and value - others > 0.05 * step_time:
       host = records[process_index].get('host', '?')
-      out.append((process_index, (
-          f'straggler: rank {process_index} on {host} '
-          f'spends {value:.3f} s of its own per step (input, dispatch), '
-          f'{value / max(others, 1e-9):.1f}x the {others:.3f} s of the other '
-          f'{len(own) - 1} rank(s) (median); every step of the job waits for '
-          f'it (step time {step_time:.3f} s)')))
+      out.append(
+          (process_index,
+           (f'straggler: rank {process_index} on {host} '
+            f'spends {value:.3f} s of its own per step (input, dispatch), '
+            f'{value / max(others, 1e-9):.1f}x the {others:.3f} s of the other '
+            f'{len(own) - 1} rank(s) (median); every step of the job waits for '
+            f'it (step time {step_time:.3f} s)')))
   return out
 
 
@@ -254,18 +269,23 @@ def rank_stats(client: Optional[coordination.Client]) -> list[dict[str, Any]]:
   """Each process's step-time median and p99, for summary.json."""
   if client is None:
     snapshot = progress.snapshot()
-    records = {0: {'host': socket.gethostname(),
-                   'step': progress.summarize(snapshot.step_seconds),
-                   'own': progress.summarize(snapshot.own_seconds)}}
+    records = {
+        0: {
+            'host': socket.gethostname(),
+            'step': progress.summarize(snapshot.step_seconds),
+            'own': progress.summarize(snapshot.own_seconds)
+        }
+    }
   else:
-    records = {i: json.loads(v)
-               for i, v in client.by_process(BEAT_DIR).items()}
-  return [{'rank': r, 'host': rec.get('host'),
-           'step_time_median_s': rec.get('step', {}).get('median'),
-           'step_time_p99_s': rec.get('step', {}).get('p99'),
-           'own_time_median_s': rec.get('own', {}).get('median'),
-           'supervisor_cpu_s': rec.get('supervisor_cpu_s')}
-          for r, rec in sorted(records.items())]
+    records = {i: json.loads(v) for i, v in client.by_process(BEAT_DIR).items()}
+  return [{
+      'rank': r,
+      'host': rec.get('host'),
+      'step_time_median_s': rec.get('step', {}).get('median'),
+      'step_time_p99_s': rec.get('step', {}).get('p99'),
+      'own_time_median_s': rec.get('own', {}).get('median'),
+      'supervisor_cpu_s': rec.get('supervisor_cpu_s')
+  } for r, rec in sorted(records.items())]
 
 
 def first_line(error: BaseException) -> str:

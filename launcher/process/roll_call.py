@@ -50,9 +50,13 @@ class RollCall:
     try:
       os.makedirs(self.directory, exist_ok=True)
       with open(self._path(self.process_index), 'w') as f:
-        json.dump({'host': socket.gethostname(), 'pid': os.getpid(),
-                   'time': self.signed_at,
-                   'coordinator': self.coordinator_address}, f)
+        json.dump(
+            {
+                'host': socket.gethostname(),
+                'pid': os.getpid(),
+                'time': self.signed_at,
+                'coordinator': self.coordinator_address
+            }, f)
     except OSError as e:
       logging.warning('cannot sign the roll call in %s: %s', self.directory, e)
 

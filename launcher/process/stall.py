@@ -55,10 +55,12 @@ FLOOR_S = 10.0
 _SAVE_EVERY_S = 30.0
 
 
-def deadline(snapshot: progress.Snapshot, ceiling: float, now: float,
-             learn: bool = True, floor_s: float = FLOOR_S,
-             first_step_s: float = 0.0
-             ) -> Optional[tuple[float, float, str]]:
+def deadline(snapshot: progress.Snapshot,
+             ceiling: float,
+             now: float,
+             learn: bool = True,
+             floor_s: float = FLOOR_S,
+             first_step_s: float = 0.0) -> Optional[tuple[float, float, str]]:
   """(limit s, idle s, what the limit is) after the first step; else None.
 
   Args:
@@ -91,10 +93,11 @@ def deadline(snapshot: progress.Snapshot, ceiling: float, now: float,
   if len(steps) < progress.WARMUP_STEPS:
     seen = max(longest, first_step_s)
     limit = min(ceiling, max(floor_s, MARGIN * seen))
-    return limit, idle, (f'warm-up, {len(steps)} of {progress.WARMUP_STEPS} steps '
-                         f'seen: max({floor_s:g} s, {MARGIN:g} x the longest '
-                         f'of the first step, a step or a compilation, '
-                         f'{seen:.3g} s); ceiling {fixed}')
+    return limit, idle, (
+        f'warm-up, {len(steps)} of {progress.WARMUP_STEPS} steps '
+        f'seen: max({floor_s:g} s, {MARGIN:g} x the longest '
+        f'of the first step, a step or a compilation, '
+        f'{seen:.3g} s); ceiling {fixed}')
   p99 = float(np.percentile(steps, 99))
   limit = min(ceiling, max(floor_s, K * p99, MARGIN * longest))
   return limit, idle, (f'learned: max({floor_s:g} s, {K:g} x p99 {p99:.3g} '
@@ -137,8 +140,12 @@ class StallWatch:
     >>> cause = watch.check(progress.snapshot(), time.monotonic())
   """
 
-  def __init__(self, process_index: int, host: str, stall_timeout: float,
-               first_step_timeout: float, floor_s: float = FLOOR_S,
+  def __init__(self,
+               process_index: int,
+               host: str,
+               stall_timeout: float,
+               first_step_timeout: float,
+               floor_s: float = FLOOR_S,
                learn: bool = True):
     self.process_index, self.host = process_index, host
     self.stall_timeout, self.first_step_timeout = (stall_timeout,
@@ -166,11 +173,13 @@ class StallWatch:
       limit = self.first_step_timeout
       if 0 < limit < waited:
         return records.Fault(
-            'stalled', self.process_index, self.host, summary=(
+            'stalled',
+            self.process_index,
+            self.host,
+            summary=(
                 f'no first step completed within {limit:g} s '
                 '(--first_step_timeout); a workload that runs a loop of its '
-                'own must report each step with runtime.progress.report(step)'
-            ))
+                'own must report each step with runtime.progress.report(step)'))
       return None
     if self.first_step_s is None:  # At most a second late: a bound above.
       self.first_step_s = max(0.0, snapshot.done_at - self.started_at)
@@ -183,12 +192,18 @@ class StallWatch:
     doing = (f' while {snapshot.working}' if snapshot.working else '')
     if snapshot.working and snapshot.working_on:
       doing += f' ({snapshot.working_on})'
-    return records.Fault('stalled', self.process_index, self.host, summary=(
-        f'no step completed for {idle:.0f} s after step '
-        f'{snapshot.done_step}{doing} (deadline {limit:.3g} s: {why})'),
+    return records.Fault(
+        'stalled',
+        self.process_index,
+        self.host,
+        summary=(
+            f'no step completed for {idle:.0f} s after step '
+            f'{snapshot.done_step}{doing} (deadline {limit:.3g} s: {why})'),
         at=time.time() - idle)
 
-  def keep(self, snapshot: progress.Snapshot, now: float,
+  def keep(self,
+           snapshot: progress.Snapshot,
+           now: float,
            force: bool = False) -> None:
     """Writes what this process learned of its pace, every 30 s."""
     if self.workdir is None:

@@ -34,8 +34,8 @@ def attempt_name(client: Optional[coordination.Client]) -> str:
   told = handoff.current().attempt
   if told:
     return told
-  made = records.attempt_name(time.strftime('%Y%m%d-%H%M%S-', time.gmtime()) +
-                              uuid.uuid4().hex[:8], 1)
+  made = records.attempt_name(
+      time.strftime('%Y%m%d-%H%M%S-', time.gmtime()) + uuid.uuid4().hex[:8], 1)
   if client is None:
     return made
   try:
@@ -75,10 +75,13 @@ def run_record(config: ConfigDict, topo: topology.Topology, results: Any,
   }
 
 
-def finish(config: ConfigDict, workdir: str, actual: topology.Topology,
-            results: Any,
-            supervisor: supervisor_lib.Supervisor,
-            ledger: goodput.Ledger, launcher_record: bool = False) -> None:
+def finish(config: ConfigDict,
+           workdir: str,
+           actual: topology.Topology,
+           results: Any,
+           supervisor: supervisor_lib.Supervisor,
+           ledger: goodput.Ledger,
+           launcher_record: bool = False) -> None:
   """Waits (bounded) for every process, then process 0 writes run.json;
   and, only where no launcher writes them (`launcher_record`;
   layout.writer), the roll-up (goodput.jsonl) and summary.json."""

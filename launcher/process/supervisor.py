@@ -48,6 +48,7 @@ from launcher.common import record_mirror
 from runtime.common import records
 from runtime import coordination
 
+
 @dataclasses.dataclass(frozen=True)
 class WatchFlags:
   """The supervision flags.
@@ -89,8 +90,8 @@ def _note_fault(cause: records.Fault) -> None:
   and when this process learned of it (the time to recover's first two
   phases)."""
   now = time.time()
-  goodput.current().note(fault=dataclasses.replace(
-      cause, at=min(cause.at, now), detected=now))
+  goodput.current().note(
+      fault=dataclasses.replace(cause, at=min(cause.at, now), detected=now))
 
 
 def flush_and_exit(code: int) -> NoReturn:
@@ -117,7 +118,9 @@ class Supervisor:
     >>> supervisor.stop()
   """
 
-  def __init__(self, client: Optional[coordination.Client], options: WatchFlags,
+  def __init__(self,
+               client: Optional[coordination.Client],
+               options: WatchFlags,
                host: Optional[str] = None,
                exit_process: Callable[[int], None] = flush_and_exit,
                dump_stacks: Optional[Callable[[], None]] = None):
@@ -139,10 +142,11 @@ class Supervisor:
     self._contact = (None if client is None else contact_lib.Contact(
         self._peers, options.heartbeat_timeout))
     self._end = end_of_job.EndOfJob(client)
-    self._stall = stall.StallWatch(
-        self.process_index, self.host, options.stall_timeout,
-        options.first_step_timeout, _stall_floor(client, options),
-        options.learned_stall_deadline)
+    self._stall = stall.StallWatch(self.process_index, self.host,
+                                   options.stall_timeout,
+                                   options.first_step_timeout,
+                                   _stall_floor(client, options),
+                                   options.learned_stall_deadline)
 
   def start(self) -> None:
     if not self.options.enabled:
@@ -150,7 +154,8 @@ class Supervisor:
     self._stall.started_at = time.monotonic()
     if self._contact is not None:
       self._contact.last = self._stall.started_at
-    self._thread = threading.Thread(target=self._watch, daemon=True,
+    self._thread = threading.Thread(target=self._watch,
+                                    daemon=True,
                                     name='podrun-supervisor')
     self._thread.start()
 
@@ -168,8 +173,11 @@ class Supervisor:
     if not self._ending.acquire(blocking=False):
       return
     logging.error('stopping with exit code %d: %s', code, summary)
-    self._exit_after_acks(code, self._end.publish(records.Fault(
-        'failed', self.process_index, self.host, code, summary)))
+    self._exit_after_acks(
+        code,
+        self._end.publish(
+            records.Fault('failed', self.process_index, self.host, code,
+                          summary)))
 
   def publish_final(self) -> None:
     """Publishes this process's last step times, for summary.json."""
@@ -246,8 +254,8 @@ class Supervisor:
       earlier = self._end.wait(_consequence_wait_s(summary, self.options))
       if earlier is not None and earlier.process_index != self.process_index:
         return self._follow(earlier)
-    won = self._end.publish(records.Fault(
-        'failed', self.process_index, self.host, code, summary))
+    won = self._end.publish(
+        records.Fault('failed', self.process_index, self.host, code, summary))
     if won.process_index != self.process_index and may_be_consequence:
       return self._follow(won)
     self._end.wait_for_acks(won)
@@ -256,8 +264,8 @@ class Supervisor:
   def _follow(self, cause: records.Fault) -> int:
     """This process's failure came from `cause`: say so; PEER_FAILED."""
     _note_fault(cause)
-    logging.error('%s; this process stops too (exit %d).',
-                  cause.describe(), exit_codes.PEER_FAILED)
+    logging.error('%s; this process stops too (exit %d).', cause.describe(),
+                  exit_codes.PEER_FAILED)
     self._end.wait_for_acks(cause)
     return exit_codes.PEER_FAILED
 
@@ -313,17 +321,17 @@ def _say_why(cause: records.Fault, peers: Optional[peers_lib.Peers],
   return exit_codes.PEER_FAILED
 
 
-def _log_stall(cause: records.Fault,
-               peers: Optional[peers_lib.Peers]) -> None:
+def _log_stall(cause: records.Fault, peers: Optional[peers_lib.Peers]) -> None:
   """Says that the job stalled, and which processes lag (given `peers`)."""
   laggards = 'A single process'
   if peers is not None:
     # Let every process publish its state first.
     time.sleep(peers_lib.BEAT_EVERY_S * 1.5)
     laggards = peers.describe_laggards()
-  logging.error('the job stalled: %s. %s. Every process dumps its stacks '
-                'into its log and exits %d.', cause.describe(), laggards,
-                exit_codes.STALLED)
+  logging.error(
+      'the job stalled: %s. %s. Every process dumps its stacks '
+      'into its log and exits %d.', cause.describe(), laggards,
+      exit_codes.STALLED)
 
 
 def _stall_floor(client: Optional[coordination.Client],

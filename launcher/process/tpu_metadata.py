@@ -94,9 +94,9 @@ def workers(env: Optional[Mapping[str, str]] = None,
     reason = getattr(error, 'reason', error)
     if isinstance(reason, TimeoutError):  # socket.timeout is TimeoutError.
       return silent
-    return Answer(where, None,
-                  f'{where} cannot be reached ({type(reason).__name__}: '
-                  f'{reason})')
+    return Answer(
+        where, None, f'{where} cannot be reached ({type(reason).__name__}: '
+        f'{reason})')
   status, body = result[0]
   if status != 200:
     return Answer(where, None, f'{where} answered HTTP {status} for '

@@ -52,40 +52,57 @@ def _resources(text: str) -> dict[str, float]:
 
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-      prog='podrun-ray', description='The job on a Ray cluster, one process '
+      prog='podrun-ray',
+      description='The job on a Ray cluster, one process '
       'per node; the launcher\'s flags follow `--`.')
-  parser.add_argument('--address', default='auto',
+  parser.add_argument('--address',
+                      default='auto',
                       help="the Ray cluster: 'auto' or the head's HOST:PORT")
-  parser.add_argument('--num_processes', type=int, required=True,
+  parser.add_argument('--num_processes',
+                      type=int,
+                      required=True,
                       help='processes in the job, one per node')
-  parser.add_argument('--min_processes', type=int, default=None,
+  parser.add_argument('--min_processes',
+                      type=int,
+                      default=None,
                       help='an elastic job: go on at once without a node that '
                       'dies, on at least this many processes, and grow back '
                       'when Ray has a node for a bundle again')
-  parser.add_argument('--min_replicas', type=int, default=None,
+  parser.add_argument('--min_replicas',
+                      type=int,
+                      default=None,
                       help='--min_processes counted in replicas, a process '
                       "each (replicated state, or config.replica='process' "
                       'with sharded state); give one of the two')
-  parser.add_argument('--resources_per_process', type=_resources,
+  parser.add_argument('--resources_per_process',
+                      type=_resources,
                       default={'CPU': 1.0},
                       help='one process\'s bundle, as JSON: {"GPU": 8}, '
                       '{"TPU": 4}, {"CPU": 4}')
-  parser.add_argument('--start_timeout', type=float, default=120.0,
+  parser.add_argument('--start_timeout',
+                      type=float,
+                      default=120.0,
                       help='seconds to wait for Ray to place every bundle')
-  parser.add_argument('--stop_grace', type=float, default=30.0,
+  parser.add_argument('--stop_grace',
+                      type=float,
+                      default=30.0,
                       help='seconds the others have to end after a failure')
   restart_flags.add_to(parser)  # Each restart on a fresh placement group.
-  parser.add_argument('--project_dir', default='',
+  parser.add_argument('--project_dir',
+                      default='',
                       help='the project every process runs from, shipped '
                       "to each node as Ray's working_dir: its files that git "
                       'does not ignore (every file outside git); default '
                       'the current directory')
-  parser.add_argument('--env', action='append', default=[],
+  parser.add_argument('--env',
+                      action='append',
+                      default=[],
                       metavar='KEY=VALUE',
                       help='a variable for the job\'s process on every node '
                       '(repeatable); the launching shell\'s variables do not '
                       'reach the nodes')
-  parser.add_argument('--project_max_mb', type=float,
+  parser.add_argument('--project_max_mb',
+                      type=float,
                       default=project.DEFAULT_MAX_MB,
                       help='refuse a project over this many MiB before '
                       f'anything is uploaded (default '
@@ -102,8 +119,8 @@ def parse(argv: list[str]) -> options_lib.RayFlags:
   if args.min_processes is not None and args.min_replicas is not None:
     parser.error('--min_processes and --min_replicas count the same '
                  'processes: give one of them')
-  minimum, flag = ((args.min_replicas, '--min_replicas')
-                   if args.min_replicas is not None else
+  minimum, flag = ((args.min_replicas,
+                    '--min_replicas') if args.min_replicas is not None else
                    (args.min_processes, '--min_processes'))
   if minimum is not None and not 1 <= minimum <= args.num_processes:
     parser.error(f'{flag}={minimum} with --num_processes='
@@ -128,18 +145,21 @@ def parse(argv: list[str]) -> options_lib.RayFlags:
     parser.error(f'--project_max_mb={args.project_max_mb:g}: must be '
                  'positive')
   try:
-    restarts = restart_flags.policy_of(
-        args.max_restarts, args.restart_backoff, args.retry_exit_codes)
+    restarts = restart_flags.policy_of(args.max_restarts, args.restart_backoff,
+                                       args.retry_exit_codes)
   except ValueError as e:
     parser.error(str(e))
-  return options_lib.RayFlags(args.address, args.num_processes,
-                             args.resources_per_process, launcher_args,
-                             start_timeout_s=args.start_timeout,
-                             stop_grace_s=args.stop_grace,
-                             restarts=restarts,
-                             min_processes=minimum,
-                             project_dir=args.project_dir,
-                             project_max_mb=args.project_max_mb, env=env)
+  return options_lib.RayFlags(args.address,
+                              args.num_processes,
+                              args.resources_per_process,
+                              launcher_args,
+                              start_timeout_s=args.start_timeout,
+                              stop_grace_s=args.stop_grace,
+                              restarts=restarts,
+                              min_processes=minimum,
+                              project_dir=args.project_dir,
+                              project_max_mb=args.project_max_mb,
+                              env=env)
 
 
 def run() -> NoReturn:

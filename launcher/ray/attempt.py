@@ -70,9 +70,9 @@ class Attempt:
   def run(self) -> attempts.AttemptEnd:
     from launcher.ray import group as group_lib  # pylint: disable=g-import-not-at-top
     try:
-      self._group = group_lib.Group.reserve(
-          self.num_processes, self.options.resources_per_process,
-          self.options.start_timeout_s)
+      self._group = group_lib.Group.reserve(self.num_processes,
+                                            self.options.resources_per_process,
+                                            self.options.start_timeout_s)
     except group_lib.CapacityError as e:
       output.say(f'error: {e}')
       return self._end(exit_codes.POD_UNAVAILABLE)
@@ -85,16 +85,20 @@ class Attempt:
       self._group.remove()
     return self._end(code, lost=tuple(sorted(self._group.lost)))
 
-  def _end(self, code: int, lost: tuple[int, ...] = ()
-           ) -> attempts.AttemptEnd:
+  def _end(self, code: int, lost: tuple[int, ...] = ()) -> attempts.AttemptEnd:
     """How the attempt ended; its steps are counted from the ledgers'
     high-water marks in the workdir."""
     steps = steps_done(self.logs.record, self.attempt_name)
-    return attempts.AttemptEnd(
-        code=code, name=self.attempt_name, processes=self.num_processes,
-        launcher_signalled=bool(self._signalled), progressed=bool(steps),
-        counts_steps=True, furthest_step=max(steps) if steps else None,
-        fault=self._fault, regrew=self._regrew, lost=lost)
+    return attempts.AttemptEnd(code=code,
+                               name=self.attempt_name,
+                               processes=self.num_processes,
+                               launcher_signalled=bool(self._signalled),
+                               progressed=bool(steps),
+                               counts_steps=True,
+                               furthest_step=max(steps) if steps else None,
+                               fault=self._fault,
+                               regrew=self._regrew,
+                               lost=lost)
 
   def _on_signal(self, signum, frame) -> None:
     del frame
@@ -109,17 +113,26 @@ class Attempt:
     # (layout.writer): a shared one at its end, a bucket's after its last
     # attempt (launcher_record.py). Process 0 writes neither.
     told = handoff.Handoff(
-        job_id=self.job_id, attempt=self.attempt_name, launcher_record=True,
-        elastic=((capacity.minimum, capacity.full) if capacity.elastic
-                 else None))
+        job_id=self.job_id,
+        attempt=self.attempt_name,
+        launcher_record=True,
+        elastic=((capacity.minimum,
+                  capacity.full) if capacity.elastic else None))
     coordinator, pids = group.start(self.options.launcher_args, told,
                                     self.options.env)
-    self.logs.start(self.number, records.Job(
-        job_id=self.job_id, launched_by='podrun-ray', attempt=self.number,
-        attempt_name=self.attempt_name, coordinator_address=coordinator,
-        ranks=tuple({'rank': r, 'pid': p, 'node': n} for r, (p, n) in
-                    enumerate(zip(pids, group.nodes))),
-        launcher={'ray_address': self.options.address}))
+    self.logs.start(
+        self.number,
+        records.Job(job_id=self.job_id,
+                    launched_by='podrun-ray',
+                    attempt=self.number,
+                    attempt_name=self.attempt_name,
+                    coordinator_address=coordinator,
+                    ranks=tuple({
+                        'rank': r,
+                        'pid': p,
+                        'node': n
+                    } for r, (p, n) in enumerate(zip(pids, group.nodes))),
+                    launcher={'ray_address': self.options.address}))
     output.say(f'attempt {self.number}: started {len(pids)} processes, one '
                f'a node, coordinator {coordinator}')
 
@@ -139,13 +152,16 @@ class Attempt:
       time.sleep(max(0.0, began + _READ_EVERY_S - time.monotonic()))
       now = time.monotonic()
       _judge_silent(group, self._silence, now)
-      failed += [self._failure(r, now) for r in group.ended
-                 if r not in seen and group.ended[r] != exit_codes.OK]
+      failed += [
+          self._failure(r, now)
+          for r in group.ended
+          if r not in seen and group.ended[r] != exit_codes.OK
+      ]
       for i in sorted(set(group.lost) - seen):
         output.say(f'rank {i} lost: its node {group.nodes[i][:12]} is '
                    f'gone ({group.lost[i]})')
-      notice = self._notice(now) or (
-          self._grow_due(now) if cause is None else None)
+      notice = self._notice(now) or (self._grow_due(now)
+                                     if cause is None else None)
       if notice and not forwarded:
         output.say(f'{notice}: every process saves the step they agree on, '
                    'then the attempt ends')
@@ -171,13 +187,13 @@ class Attempt:
                    'the others failed')
     return failed[root][1] if root is not None else exit_codes.OK
 
-  def _failure(self, process_index: int, now: float
-               ) -> tuple[float, int, int, float]:
+  def _failure(self, process_index: int,
+               now: float) -> tuple[float, int, int, float]:
     """(when, exit code, process index, wall time) of a process that failed;
     a lost one's when is its node's last answer."""
     group = self._group
-    when = (group.last_heard(process_index) if process_index in group.lost
-            else now)
+    when = (group.last_heard(process_index)
+            if process_index in group.lost else now)
     return (when, group.ended[process_index], process_index,
             time.time() - (now - when))
 
@@ -215,18 +231,20 @@ class Attempt:
       return None
     process_index = min(draining)
     deadline = draining[process_index]
-    left = (f'deadline in {deadline / 1000 - time.time():.0f} s' if deadline
-            else 'no deadline')
+    left = (f'deadline in {deadline / 1000 - time.time():.0f} s'
+            if deadline else 'no deadline')
     node = self._group.nodes[process_index][:12]
     return f'rank {process_index}\'s node {node} is draining ({left})'
 
-  def _fail(self, failure: tuple[float, int, int, float],
+  def _fail(self,
+            failure: tuple[float, int, int, float],
             say: bool = True) -> None:
     """Records the root cause as the attempt's fault; says so, and that
     the others stop, unless `say` is False."""
     _, code, process_index, wall = failure
     lost = process_index in self._group.lost
-    self._fault = records.Fault(at=wall, detected=time.time(),
+    self._fault = records.Fault(at=wall,
+                                detected=time.time(),
                                 process_index=process_index,
                                 kind='lost' if lost else 'failed',
                                 exit_code=code)
@@ -290,8 +308,8 @@ def _judge_silent(group, silence: Silence, now: float) -> None:
   # Only after a failure: at a job's good end (every other process 0) a
   # slow answer waits for the node's own, or for Ray's verdict.
   failed = any(code != exit_codes.OK for code in group.ended.values())
-  if failed and all(r in group.ended or r in group.silent
-                    for r in range(len(group.hosts))):
+  if failed and all(
+      r in group.ended or r in group.silent for r in range(len(group.hosts))):
     for process_index, since in list(group.silent.items()):
       why = f'no answer from its node for {now - since:.1f} s'
       if now - since >= _SILENT_LOST_S:
@@ -306,5 +324,7 @@ def steps_done(record: layout.Record, attempt_name: str) -> list[int]:
   the high-water marks among the workdir's ledgers; processes that
   completed none yet are left out."""
   marks = layout.ranks(os.path.join(record.ledgers(), attempt_name), '.step')
-  return [step for step in (goodput.HighWater.read(m)
-                            for m in marks.values()) if step > 0]
+  return [
+      step for step in (goodput.HighWater.read(m) for m in marks.values())
+      if step > 0
+  ]

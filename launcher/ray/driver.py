@@ -39,15 +39,18 @@ def runtime_env(found: project_lib.Project) -> dict:
   """Ray's runtime_env that ships `found` to every node: its directory as
   working_dir (each process starts in its copy there), and what does not
   travel (git's ignored files, .git itself) as excludes."""
-  return {'working_dir': found.directory,
-          'excludes': project_lib.left_out(found)}
+  return {
+      'working_dir': found.directory,
+      'excludes': project_lib.left_out(found)
+  }
 
 
 def run(options: options_lib.RayFlags) -> int:
   """Runs the job to its end on `options.num_processes` nodes; its exit
   code."""
   try:
-    found = project_lib.find(options.project_dir, options.project_max_mb,
+    found = project_lib.find(options.project_dir,
+                             options.project_max_mb,
                              podrun_root=project_lib.podrun_root())
   except exit_codes.PodrunError as e:
     output.say(f'error: {e}')
@@ -57,33 +60,37 @@ def run(options: options_lib.RayFlags) -> int:
              'working_dir')
   import ray  # pylint: disable=g-import-not-at-top
   try:
-    ray.init(address=options.address, log_to_driver=False,
-             logging_level='warning', runtime_env=runtime_env(found))
+    ray.init(address=options.address,
+             log_to_driver=False,
+             logging_level='warning',
+             runtime_env=runtime_env(found))
   except ConnectionError as e:
     output.say(f'error: no Ray cluster at --address={options.address}: {e} '
                '(`ray start --head` starts one; `ray status` shows its '
                'address)')
     return exit_codes.POD_UNAVAILABLE
   job_id = uuid.uuid4().hex[:12]
-  logs = output.Logs(options.launcher_args.workdir,
-                     options.num_processes)
+  logs = output.Logs(options.launcher_args.workdir, options.num_processes)
   if logs.record.bucket:
     _claim_the_copy(logs.record, job_id)
-  capacity = elastic.Capacity(options.num_processes,
-                              options.min_processes or options.num_processes)
+  capacity = elastic.Capacity(options.num_processes, options.min_processes or
+                              options.num_processes)
 
   def finish(code: int) -> None:
     logs.close()
     ray.shutdown()
     _report_goodput(logs, job_id, code)
-  code = agent.run(agent.Job(
-      start=lambda start: attempt_lib.Attempt(options, start, job_id, logs,
-                                              capacity),
-      restarts=options.restarts, logs_dir=logs.record.logs(),
-      capacity=capacity,
-      resize=(policy.Policy(capacity, output.say).after
-              if capacity.elastic else None),
-      say=output.say, finish=finish))
+
+  code = agent.run(
+      agent.Job(start=lambda start: attempt_lib.Attempt(options, start, job_id,
+                                                        logs, capacity),
+                restarts=options.restarts,
+                logs_dir=logs.record.logs(),
+                capacity=capacity,
+                resize=(policy.Policy(capacity, output.say).after
+                        if capacity.elastic else None),
+                say=output.say,
+                finish=finish))
   output.say(f'exit code {code}{exit_codes.signal_suffix(code)}')
   return code
 
@@ -107,5 +114,4 @@ def _report_goodput(logs: output.Logs, job_id: str, code: int) -> None:
   launcher_record.finish(
       logs.record, logs.record.attempts(),
       dataclasses.replace(logs.job or records.Job(job_id, 'podrun-ray'),
-                          exit_code=code),
-      output.say)
+                          exit_code=code), output.say)

@@ -30,7 +30,6 @@ from typing import Callable
 from launcher import attempts
 from launcher import elastic as policy
 
-
 # How often a job below --num_processes asks Ray for nodes with a bundle
 # free outside it.
 LOOK_EVERY_S = 1.0
@@ -108,6 +107,6 @@ class Capacity:
 
   def describe(self) -> str:
     away = self.full - self.current
-    return (f'{self.current} of {self.full} process(es)' +
-            (f', {away} to come back when Ray has a node for each' if away
-             else ''))
+    return (
+        f'{self.current} of {self.full} process(es)' +
+        (f', {away} to come back when Ray has a node for each' if away else ''))

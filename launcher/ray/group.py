@@ -27,7 +27,6 @@ from launcher.ray import raylets
 from runtime.common import exit_codes
 from runtime.common import handoff
 
-
 # The exit code of a process whose node died under it: what SIGKILL gives,
 # as a host that vanished does everywhere (launcher/local/elastic.py).
 LOST = exit_codes.SIGNAL_BASE + signal.SIGKILL
@@ -49,16 +48,22 @@ def actor_options(resources: dict[str, float]) -> dict[str, Any]:
   """Ray's actor options for a bundle: CPU and GPU by their own names (so
   that Ray sets the visible devices), everything else as resources."""
   others = {k: v for k, v in resources.items() if k not in ('CPU', 'GPU')}
-  return {'num_cpus': resources.get('CPU', 0),
-          'num_gpus': resources.get('GPU', 0),
-          **({'resources': others} if others else {})}
+  return {
+      'num_cpus': resources.get('CPU', 0),
+      'num_gpus': resources.get('GPU', 0),
+      **({
+          'resources': others
+      } if others else {})
+  }
 
 
 def _what_fits(resources: dict[str, float]) -> str:
   """How many of the cluster's live nodes hold one bundle each, for the
   message when the group cannot be placed."""
-  fitting = [n for n in ray.nodes() if n.get('Alive') and all(
-      n.get('Resources', {}).get(k, 0) >= v for k, v in resources.items())]
+  fitting = [
+      n for n in ray.nodes() if n.get('Alive') and all(
+          n.get('Resources', {}).get(k, 0) >= v for k, v in resources.items())
+  ]
   return f'{len(fitting)} of the {len(ray.nodes())} node(s) hold one'
 
 
@@ -95,8 +100,8 @@ class Group:
       CapacityError: when Ray cannot place them within `timeout_s`, naming
         how many nodes could hold a bundle.
     """
-    placement = placement_group(
-        [dict(resources)] * num_processes, strategy='STRICT_SPREAD')
+    placement = placement_group([dict(resources)] * num_processes,
+                                strategy='STRICT_SPREAD')
     ready, _ = ray.wait([placement.ready()], timeout=timeout_s)
     if not ready:
       fits = _what_fits(resources)
@@ -107,15 +112,18 @@ class Group:
           f'{fits}, and none came within {timeout_s:g} s. Lower '
           '--num_processes, or add nodes.')
     actor = ray.remote(host_lib.Host)
-    hosts = [actor.options(
-        **actor_options(resources),
-        scheduling_strategy=scheduling_strategies
-        .PlacementGroupSchedulingStrategy(
-            placement, placement_group_bundle_index=i)).remote()
-             for i in range(num_processes)]
+    hosts = [
+        actor.options(**actor_options(resources),
+                      scheduling_strategy=scheduling_strategies.
+                      PlacementGroupSchedulingStrategy(
+                          placement, placement_group_bundle_index=i)).remote()
+        for i in range(num_processes)
+    ]
     return cls(placement, hosts)
 
-  def start(self, launcher_args: Sequence[str], told: handoff.Handoff,
+  def start(self,
+            launcher_args: Sequence[str],
+            told: handoff.Handoff,
             env: Optional[dict[str, str]] = None) -> tuple[str, list[int]]:
     """Starts every process, process 0's node the coordinator, told
     `told` and its place, with the user's `env`; returns the coordinator's
@@ -125,11 +133,16 @@ class Group:
     self._raylets = raylets.addresses(self.nodes)
     ip, port, _ = places[0]
     coordinator = f'[{ip}]:{port}' if ':' in ip else f'{ip}:{port}'
-    pids = ray.get([host.start.remote(list(launcher_args), dataclasses.replace(
-        told, coordinator_address=coordinator,
-        coordinator_bind_address=coordinator,
-        num_processes=len(self.hosts), process_id=process_index), env or {})
-        for process_index, host in enumerate(self.hosts)])
+    pids = ray.get([
+        host.start.remote(
+            list(launcher_args),
+            dataclasses.replace(told,
+                                coordinator_address=coordinator,
+                                coordinator_bind_address=coordinator,
+                                num_processes=len(self.hosts),
+                                process_id=process_index), env or {})
+        for process_index, host in enumerate(self.hosts)
+    ])
     return coordinator, pids
 
   def read(self, wait_s: float = 0.2) -> list[tuple[int, str, str]]:
@@ -186,7 +199,9 @@ class Group:
     """Whether the raylet of the process's node takes no connection."""
     return raylets.gone(self._raylets.get(self.nodes[process_index]))
 
-  def tell_gone(self, processes: list[int], why: str,
+  def tell_gone(self,
+                processes: list[int],
+                why: str,
                 dead: tuple[int, ...] = ()) -> None:
     """Tells every other running process that the hosts of `processes` went
     (launcher/process/peers.py, Gone): their supervisors take those processes
@@ -194,9 +209,11 @@ class Group:
     --heartbeat_timeout, and those of `dead` (their raylets gone) after
     two beats missed (peers.DEAD_SILENCE_S); one that still beats stays in
     the job."""
-    self._quietly([self.hosts[i].gone.remote(processes, why, tuple(dead))
-                   for i in self._running() if i not in processes],
-                  _CALL_TIMEOUT_S)
+    self._quietly([
+        self.hosts[i].gone.remote(processes, why, tuple(dead))
+        for i in self._running()
+        if i not in processes
+    ], _CALL_TIMEOUT_S)
 
   def spare_nodes(self, resources: dict[str, float]) -> int:
     """How many live nodes outside the group, not draining, have a bundle
@@ -215,20 +232,24 @@ class Group:
     polls too)."""
     from ray._private import state  # pylint: disable=g-import-not-at-top
     nodes = state.state.get_draining_nodes()
-    return {r: nodes[node] for r, node in enumerate(self.nodes)
-            if node in nodes and r not in self.ended}
+    return {
+        r: nodes[node]
+        for r, node in enumerate(self.nodes)
+        if node in nodes and r not in self.ended
+    }
 
   def signal(self, signum: int) -> None:
     """Sends `signum` to every process still running (SIGTERM: the
     preemption notice, after which each saves the step they agree on)."""
-    self._quietly([self.hosts[r].signal.remote(signum)
-                   for r in self._running()], _CALL_TIMEOUT_S)
+    self._quietly(
+        [self.hosts[r].signal.remote(signum) for r in self._running()],
+        _CALL_TIMEOUT_S)
 
   def stop(self, grace_s: float) -> None:
     """Stops every process still running (SIGTERM, SIGKILL after
     `grace_s`); a node that dies meanwhile has stopped it too."""
-    self._quietly([self.hosts[r].stop.remote(grace_s)
-                   for r in self._running()], grace_s + _CALL_TIMEOUT_S)
+    self._quietly([self.hosts[r].stop.remote(grace_s) for r in self._running()],
+                  grace_s + _CALL_TIMEOUT_S)
 
   def _running(self) -> list[int]:
     """The ranks not known to have ended, silent ones included."""

@@ -44,12 +44,16 @@ NOT_INHERITED_PREFIXES = ('MEGASCALE_',)
 _MAX_LINES_PER_READ = 2000
 
 
-def fresh_env(base: dict[str, str], told: handoff.Handoff,
+def fresh_env(base: dict[str, str],
+              told: handoff.Handoff,
               user: Optional[dict[str, str]] = None) -> dict[str, str]:
   """`base` without anything of an earlier job, with the user's variables
   and then `told` set."""
-  env = {k: v for k, v in base.items() if k not in NOT_INHERITED and
-         not k.startswith(NOT_INHERITED_PREFIXES)}
+  env = {
+      k: v
+      for k, v in base.items()
+      if k not in NOT_INHERITED and not k.startswith(NOT_INHERITED_PREFIXES)
+  }
   env.update(user or {})
   env.update(told.env())
   return env
@@ -81,22 +85,29 @@ class Host:
       s.bind((ip, 0))
       return ip, s.getsockname()[1], ray.get_runtime_context().get_node_id()
 
-  def start(self, argv: list[str], told: handoff.Handoff,
+  def start(self,
+            argv: list[str],
+            told: handoff.Handoff,
             user: Optional[dict[str, str]] = None) -> int:
     """Starts `python -m launcher ARGV` with the user's variables, told
     `told` and where the word of other hosts' going is written; returns
     its pid."""
     self._gone_dir = tempfile.mkdtemp(prefix='podrun-gone-')
-    told = dataclasses.replace(
-        told, gone_file=os.path.join(self._gone_dir, 'gone.json'))
+    told = dataclasses.replace(told,
+                               gone_file=os.path.join(self._gone_dir,
+                                                      'gone.json'))
     self._popen = subprocess.Popen(
         [sys.executable, '-u', '-m', 'launcher', *argv],
-        env=fresh_env(dict(os.environ), told, user), stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True, preexec_fn=_die_with_parent)
-    for name, stream in (('stdout', self._popen.stdout),
-                         ('stderr', self._popen.stderr)):
-      reader = threading.Thread(target=self._pump, args=(name, stream),
+        env=fresh_env(dict(os.environ), told, user),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=_die_with_parent)
+    for name, stream in (('stdout', self._popen.stdout), ('stderr',
+                                                          self._popen.stderr)):
+      reader = threading.Thread(target=self._pump,
+                                args=(name, stream),
                                 daemon=True)
       reader.start()
       self._readers.append(reader)
@@ -123,14 +134,16 @@ class Host:
         code = None  # More to read first.
     return lines, code
 
-  def gone(self, processes: list[int], why: str,
-           dead: tuple[int, ...] = ()) -> None:
+  def gone(self, processes: list[int], why: str, dead: tuple[int,
+                                                             ...] = ()) -> None:
     """Tells this node's process that `processes`' hosts went, `dead` of
     them for certain (launcher/process/peers.py reads it: Gone)."""
     if self._gone_dir and os.path.isdir(self._gone_dir):
-      files.write_json(os.path.join(self._gone_dir, 'gone.json'),
-                       {'processes': sorted(processes), 'why': why,
-                        'dead': sorted(dead)})
+      files.write_json(os.path.join(self._gone_dir, 'gone.json'), {
+          'processes': sorted(processes),
+          'why': why,
+          'dead': sorted(dead)
+      })
 
   def _remove_gone_dir(self) -> None:
     if self._gone_dir:

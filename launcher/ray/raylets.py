@@ -28,8 +28,11 @@ def addresses(node_ids: Iterable[str]) -> dict[str, tuple[str, int]]:
   # tests) must not import it first.
   import ray  # pylint: disable=g-import-not-at-top
   wanted = set(node_ids)
-  return {n['NodeID']: (n['NodeManagerAddress'], int(n['NodeManagerPort']))
-          for n in ray.nodes() if n.get('NodeID') in wanted}
+  return {
+      n['NodeID']: (n['NodeManagerAddress'], int(n['NodeManagerPort']))
+      for n in ray.nodes()
+      if n.get('NodeID') in wanted
+  }
 
 
 def gone(address: Optional[tuple[str, int]],

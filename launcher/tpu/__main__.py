@@ -30,36 +30,48 @@ from launcher.common import project
 
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-      prog='podrun-tpu', description='The Cloud TPU pod driver. `podrun-tpu '
+      prog='podrun-tpu',
+      description='The Cloud TPU pod driver. `podrun-tpu '
       'COMMAND --help` gives a command\'s flags.')
-  sub = parser.add_subparsers(dest='command', required=True,
-                              metavar='COMMAND')
+  sub = parser.add_subparsers(dest='command', required=True, metavar='COMMAND')
   # `launch` parses its own flags (flags.py); listed here for --help.
-  sub.add_parser('launch', add_help=False, help='run a job on every worker '
+  sub.add_parser('launch',
+                 add_help=False,
+                 help='run a job on every worker '
                  'of a pod (what scripts/launch_tpu_pod.sh runs): '
                  '`podrun-tpu launch --help`')
-  helps = {'preflight': 'check the pod through the Cloud TPU API: READY, '
-                        'HEALTHY, the config\'s accelerator type',
-           'recoverable': 'exit 0 when a relaunch makes sense, 6 when the '
-                          'pod is preempted or terminated'}
+  helps = {
+      'preflight': 'check the pod through the Cloud TPU API: READY, '
+                   'HEALTHY, the config\'s accelerator type',
+      'recoverable': 'exit 0 when a relaunch makes sense, 6 when the '
+                     'pod is preempted or terminated'
+  }
   for name, text in helps.items():
     p = sub.add_parser(name, help=text, description=text)
     p.add_argument('--tpu', required=True, help='the TPU VM')
     p.add_argument('--zone', required=True, help='its zone')
     p.add_argument('--project', help="the Google Cloud project")
     if name == 'preflight':
-      p.add_argument('--wait_healthy', type=float, default=600,
+      p.add_argument('--wait_healthy',
+                     type=float,
+                     default=600,
                      help='seconds to wait for READY and HEALTHY')
-      p.add_argument('--interval', type=float, default=10,
+      p.add_argument('--interval',
+                     type=float,
+                     default=10,
                      help='seconds between two reads')
   text = ('write the code archive a launch copies (podrun\'s code and the '
           'project) and print its SHA-256')
   p = sub.add_parser('bundle', help=text, description=text)
   p.add_argument('--out', required=True, help='the .tar.gz to write')
-  p.add_argument('--project_dir', default='', help='the project (default: '
+  p.add_argument('--project_dir',
+                 default='',
+                 help='the project (default: '
                  'the current directory)')
-  p.add_argument('--project_max_mb', type=float,
-                 default=project.DEFAULT_MAX_MB, help='the cap on its size')
+  p.add_argument('--project_max_mb',
+                 type=float,
+                 default=project.DEFAULT_MAX_MB,
+                 help='the cap on its size')
   return parser
 
 
@@ -80,8 +92,13 @@ def _check(args, launcher_args: list[str]) -> int:
         f'{"recoverable" if ok else "not recoverable; recreate it"}')
     return exit_codes.OK if ok else exit_codes.POD_UNAVAILABLE
   try:
-    info = preflight.check(args.tpu, args.zone, args.project, launcher_args,
-                           args.wait_healthy, args.interval, log=say)
+    info = preflight.check(args.tpu,
+                           args.zone,
+                           args.project,
+                           launcher_args,
+                           args.wait_healthy,
+                           args.interval,
+                           log=say)
   except exit_codes.PodrunError as e:
     say(f'error: {e}')
     return e.exit_code
@@ -97,7 +114,8 @@ def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   if args.command == 'bundle':
     try:
-      found = project.find(args.project_dir, args.project_max_mb,
+      found = project.find(args.project_dir,
+                           args.project_max_mb,
                            podrun_root=project.podrun_root())
     except exit_codes.PodrunError as e:
       print(f'podrun-tpu: error: {e}', file=sys.stderr)

@@ -56,12 +56,15 @@ class Context(Protocol):
   signals: list[int]
 
   @property
-  def nodes(self) -> tuple[str, ...]: ...
+  def nodes(self) -> tuple[str, ...]:
+    ...
 
   @property
-  def workers(self) -> int: ...
+  def workers(self) -> int:
+    ...
 
-  def say(self, message: str) -> None: ...
+  def say(self, message: str) -> None:
+    ...
 
   def write(self, name: str, line: str) -> None:
     """Appends `line` to the launch's log file `name`."""
@@ -75,9 +78,11 @@ class Context(Protocol):
   def prepare(self, nodes: Optional[tuple[str, ...]] = None) -> None:
     """Sets slices up again (a recreated slice's VMs are empty)."""
 
-  def on_signal(self, signum, frame) -> None: ...
+  def on_signal(self, signum, frame) -> None:
+    ...
 
-  def interrupted(self) -> bool: ...
+  def interrupted(self) -> bool:
+    ...
 
 
 class Attempt:
@@ -118,14 +123,21 @@ class Attempt:
       return self._end(exit_codes.POD_UNAVAILABLE)
     self._processes = launch.workers * len(launch.nodes)
     with signals.handled((signal.SIGINT, signal.SIGTERM), self._on_signal):
-      clients = [subprocess.Popen(
-          launch.gcloud.ssh(launch.run_command(self.number, s), node=node,
-                            workers=launch.workers),
-          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE) for s, node in enumerate(launch.nodes)]
-      pumps = [threading.Thread(target=pump, args=(pipe,)) for c in clients
-               for pump, pipe in ((self._lines.pump, c.stdout),
-                                  (self._lines.pump_stderr, c.stderr))]
+      clients = [
+          subprocess.Popen(launch.gcloud.ssh(launch.run_command(self.number, s),
+                                             node=node,
+                                             workers=launch.workers),
+                           stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+          for s, node in enumerate(launch.nodes)
+      ]
+      pumps = [
+          threading.Thread(target=pump, args=(pipe,))
+          for c in clients
+          for pump, pipe in ((self._lines.pump, c.stdout),
+                             (self._lines.pump_stderr, c.stderr))
+      ]
       for t in pumps:
         t.start()
       self._follow(clients)
@@ -143,13 +155,16 @@ class Attempt:
     """How the attempt ended. A lost slice is no fault of the job, nor is a
     stop to grow: either relaunches without backing off (`progressed`)."""
     launch = self.launch
-    return attempts.AttemptEnd(
-        code=code, name=self.attempt_name,
-        processes=self._processes or launch.workers * len(launch.nodes),
-        launcher_signalled=bool(self._signals),
-        progressed=self.slice_lost is not None or self.regrew,
-        infrastructure=self.infrastructure, regrew=self.regrew,
-        lost=tuple(self._lost_ids()))
+    return attempts.AttemptEnd(code=code,
+                               name=self.attempt_name,
+                               processes=self._processes or
+                               launch.workers * len(launch.nodes),
+                               launcher_signalled=bool(self._signals),
+                               progressed=self.slice_lost is not None or
+                               self.regrew,
+                               infrastructure=self.infrastructure,
+                               regrew=self.regrew,
+                               lost=tuple(self._lost_ids()))
 
   def _follow(self, clients: list[subprocess.Popen]) -> None:
     """Waits for every gcloud to end, stopping the job on a signal; ends
@@ -213,20 +228,23 @@ class Attempt:
       c.wait()
 
   def _lost_ids(self) -> list[int]:
-    return [int(i) for i, node in _process_nodes(self.launch).items()
-            if node in self._lost_nodes]
+    return [
+        int(i)
+        for i, node in _process_nodes(self.launch).items()
+        if node in self._lost_nodes
+    ]
 
-  def _job_over(self, ledgers: Optional[ends.Ledgers] = None
-                ) -> Optional[str]:
+  def _job_over(self, ledgers: Optional[ends.Ledgers] = None) -> Optional[str]:
     """Why nothing of the job can still be saving, or None (ends.over)."""
     url = self.launch.launcher_args.workdir or ''
     kept_in_bucket = layout.in_bucket(url) or any(
         '=gs://' in arg for arg in self.launch.launcher_args)
     return ends.over(
-        {w: code for w, (_, code) in dict(self._lines.exits).items()},
-        _process_nodes(self.launch), {str(i) for i in self._lost_ids()},
-        kept_in_bucket, ledgers.final() if ledgers else set(),
-        url if ledgers else '')
+        {
+            w: code for w, (_, code) in dict(self._lines.exits).items()
+        }, _process_nodes(self.launch), {str(i) for i in self._lost_ids()},
+        kept_in_bucket,
+        ledgers.final() if ledgers else set(), url if ledgers else '')
 
   def _on_lost(self, lost) -> None:
     self.slice_lost = lost.describe()
@@ -249,10 +267,9 @@ class Attempt:
       # slice go, and a spot slice's node can show it seconds later still:
       # ask again (for --relaunch_grace on a spot slice) before taking the
       # job's own code, and relaunching on VMs that are going.
-      lost = (babysit.lost_within(self.launch,
-                                  self.launch.options.relaunch_grace)
-              if shutdown and self.launch.options.spot
-              else _lost_or_none(self.launch.slices))
+      lost = (babysit.lost_within(
+          self.launch, self.launch.options.relaunch_grace) if shutdown and
+              self.launch.options.spot else _lost_or_none(self.launch.slices))
       if lost is not None:
         self._on_lost(lost)
     if self.slice_lost is not None:
@@ -283,10 +300,14 @@ def _stop_everywhere(launch, attempt_name: str, why: str) -> threading.Thread:
   launch.say(f'{why}: stopping job {launch.job_id} on every worker '
              f'(SIGTERM, then SIGKILL after {launch.options.stop_grace:g} s)')
   stop = commands.stop_command(attempt_name, launch.options.stop_grace)
-  stopper = threading.Thread(
-      target=_run_each, daemon=True, args=(
-          [launch.gcloud.ssh(stop, node=n, workers=launch.workers)
-           for n in launch.nodes], launch.path('stop.log')))
+  stopper = threading.Thread(target=_run_each,
+                             daemon=True,
+                             args=([
+                                 launch.gcloud.ssh(stop,
+                                                   node=n,
+                                                   workers=launch.workers)
+                                 for n in launch.nodes
+                             ], launch.path('stop.log')))
   stopper.start()
   return stopper
 
@@ -294,9 +315,10 @@ def _stop_everywhere(launch, attempt_name: str, why: str) -> threading.Thread:
 def _run_each(gcloud_commands: list[list[str]], log_path: str) -> None:
   """Runs the commands at once, each in a session of its own: a second
   Ctrl-C from the terminal must not cut a stop short."""
-  threads = [threading.Thread(target=commands.run_logged,
-                              args=(c, log_path, True))
-             for c in gcloud_commands]
+  threads = [
+      threading.Thread(target=commands.run_logged, args=(c, log_path, True))
+      for c in gcloud_commands
+  ]
   for t in threads:
     t.start()
   for t in threads:
@@ -315,18 +337,21 @@ def _tell_the_others(launch, attempt_name: str, lost: list[int],
   gone = commands.gone_command(attempt_name, lost, why)
   launch.say(f'telling the job on {", ".join(others)} that processes '
              f'{", ".join(map(str, lost))} are gone with their slice')
-  threading.Thread(target=_run_each, daemon=True, name='tell-the-others',
-                   args=([launch.gcloud.ssh(gone, node=n,
-                                            workers=launch.workers)
-                          for n in others], launch.path('gone.log'))
-                   ).start()
+  threading.Thread(target=_run_each,
+                   daemon=True,
+                   name='tell-the-others',
+                   args=([
+                       launch.gcloud.ssh(gone, node=n, workers=launch.workers)
+                       for n in others
+                   ], launch.path('gone.log'))).start()
 
 
 def _process_nodes(launch) -> dict[str, str]:
   """{process id: its slice's node} of an attempt on `launch.nodes`."""
-  return {str(s * launch.workers + w): node
-          for s, node in enumerate(launch.nodes)
-          for w in range(launch.workers)}
+  return {
+      str(s * launch.workers + w): node for s, node in enumerate(launch.nodes)
+      for w in range(launch.workers)
+  }
 
 
 def _lost_or_none(slices):

@@ -37,14 +37,17 @@ class Owner(Protocol):
   all_nodes: tuple[str, ...]
 
   @property
-  def workers(self) -> int: ...
+  def workers(self) -> int:
+    ...
 
-  def say(self, message: str) -> None: ...
+  def say(self, message: str) -> None:
+    ...
 
   def path(self, name: str) -> str:
     """The launch's log file `name`."""
 
-  def interrupted(self) -> bool: ...
+  def interrupted(self) -> bool:
+    ...
 
   def prepare(self, nodes: Optional[tuple[str, ...]] = None) -> None:
     """Sets slices up again (a recreated slice's VMs are empty)."""
@@ -56,8 +59,8 @@ class Watch:
   as slices.Slices that are `watched`)."""
 
   def __init__(self, fleet, poll_s: float,
-               on_lost: Callable[[queued.Observation], None],
-               say: Callable[[str], None]):
+               on_lost: Callable[[queued.Observation],
+                                 None], say: Callable[[str], None]):
     self._fleet = fleet
     self._poll_s = poll_s
     self._on_lost = on_lost
@@ -106,12 +109,13 @@ def lost_within(launch, grace_s: float) -> Optional[queued.Observation]:
     lost = launch.slices.lost()
     if lost is not None or time.monotonic() >= deadline:
       return lost
-    time.sleep(min(launch.options.poll_interval,
-                   max(0.0, deadline - time.monotonic())))
+    time.sleep(
+        min(launch.options.poll_interval, max(0.0,
+                                              deadline - time.monotonic())))
 
 
-def recreate(launch: Owner, fleet: queued.Fleet, lost: queued.Observation
-             ) -> records.Recreate:
+def recreate(launch: Owner, fleet: queued.Fleet,
+             lost: queued.Observation) -> records.Recreate:
   """Deletes the lost slice, creates it again, waits for it and sets its
   workers up; returns what that took.
 
@@ -132,9 +136,12 @@ def recreate(launch: Owner, fleet: queued.Fleet, lost: queued.Observation
   up = time.time()
   launch.prepare()
   ready = time.time()
-  recreated = records.Recreate(
-      lost=lost.describe(), began=began, recreate_requested=requested, up=up,
-      ready=ready, seconds=ready - began)
+  recreated = records.Recreate(lost=lost.describe(),
+                               began=began,
+                               recreate_requested=requested,
+                               up=up,
+                               ready=ready,
+                               seconds=ready - began)
   launch.say(f'slice {fleet.request.name} is back after {ready - began:.1f} '
              f's (delete and create {up - began:.1f} s, set-up '
              f'{ready - up:.1f} s): relaunching')

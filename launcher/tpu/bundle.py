@@ -35,7 +35,8 @@ from launcher.tpu.commands import PODRUN, PROJECT
 _DISTRIBUTION = 'podrun'
 
 
-def podrun_files(root: str = project_lib.PODRUN_SOURCE) -> dict[str, Union[str, bytes]]:
+def podrun_files(
+    root: str = project_lib.PODRUN_SOURCE) -> dict[str, Union[str, bytes]]:
   """{path in podrun/: the file's path on this machine, or its bytes}.
 
   From a checkout: every file git does not ignore. Otherwise: the packages'
@@ -69,8 +70,9 @@ def installed_pyproject(distribution: str = _DISTRIBUTION) -> str:
   """
   meta = importlib.metadata.metadata(distribution)
   dependencies: list[str] = []
-  extras: dict[str, list[str]] = {e: [] for e in
-                                  meta.get_all('Provides-Extra') or []}
+  extras: dict[str, list[str]] = {
+      e: [] for e in meta.get_all('Provides-Extra') or []
+  }
   for requirement in importlib.metadata.requires(distribution) or []:
     spec, _, marker = requirement.partition(';')
     extra = re.fullmatch(r'\s*extra\s*==\s*["\']([^"\']+)["\']\s*', marker)
@@ -79,18 +81,24 @@ def installed_pyproject(distribution: str = _DISTRIBUTION) -> str:
     else:
       dependencies.append(requirement.strip())
   quote = json.dumps  # A JSON string of ASCII is a TOML basic string.
-  lines = ['[build-system]', 'requires = ["setuptools>=68"]',
-           'build-backend = "setuptools.build_meta"', '', '[project]',
-           f'name = {quote(meta["Name"])}',
-           f'version = {quote(meta["Version"])}']
+  lines = [
+      '[build-system]', 'requires = ["setuptools>=68"]',
+      'build-backend = "setuptools.build_meta"', '', '[project]',
+      f'name = {quote(meta["Name"])}', f'version = {quote(meta["Version"])}'
+  ]
   if meta.get('Requires-Python'):
     lines.append(f'requires-python = {quote(meta["Requires-Python"])}')
-  lines += [f'dependencies = {quote(dependencies)}', '',
-            '[project.optional-dependencies]']
-  lines += [f'{name} = {quote(specs)}' for name, specs in sorted(
-      extras.items())]
-  lines += ['', '[tool.setuptools.packages.find]',
-            f'include = {quote([p + "*" for p in project_lib.PODRUN_PACKAGES])}']
+  lines += [
+      f'dependencies = {quote(dependencies)}', '',
+      '[project.optional-dependencies]'
+  ]
+  lines += [
+      f'{name} = {quote(specs)}' for name, specs in sorted(extras.items())
+  ]
+  lines += [
+      '', '[tool.setuptools.packages.find]',
+      f'include = {quote([p + "*" for p in project_lib.PODRUN_PACKAGES])}'
+  ]
   return '\n'.join(lines) + '\n'
 
 
@@ -99,14 +107,17 @@ def run_directory(project: Optional[project_lib.Project]) -> str:
   return PROJECT if project and not project.is_podrun else PODRUN
 
 
-def bundle(out: str, project: Optional[project_lib.Project] = None,
+def bundle(out: str,
+           project: Optional[project_lib.Project] = None,
            root: str = project_lib.PODRUN_SOURCE) -> str:
   """Writes podrun's code and `project` to a reproducible .tar.gz at `out`;
   returns its sha256 (hex)."""
   entries = {f'{PODRUN}/{n}': v for n, v in podrun_files(root).items()}
   if run_directory(project) == PROJECT:
-    entries.update({f'{PROJECT}/{n}': os.path.join(project.directory, n)
-                    for n in project.files})
+    entries.update({
+        f'{PROJECT}/{n}': os.path.join(project.directory, n)
+        for n in project.files
+    })
   buffer = io.BytesIO()
   with tarfile.open(fileobj=buffer, mode='w', format=tarfile.PAX_FORMAT) as tar:
     for name in sorted(entries):

@@ -43,41 +43,52 @@ class Gcloud:
   project: str = ''
 
   def _where(self) -> list[str]:
-    return [f'--zone={self.zone}'] + (
-        [f'--project={self.project}'] if self.project else [])
+    return [f'--zone={self.zone}'
+           ] + ([f'--project={self.project}'] if self.project else [])
 
   def base(self, verb: str) -> list[str]:
     return ['gcloud', 'compute', 'tpus', 'tpu-vm', verb, *self._where()]
 
-  def ssh(self, command: str, worker: str = 'all', node: str = '',
+  def ssh(self,
+          command: str,
+          worker: str = 'all',
+          node: str = '',
           workers=None) -> list[str]:
     """`workers`, when known, sets --batch-size to all of them: gcloud
     otherwise runs 64 at a time, and a job on worker 64 would start only
     once workers 0-63 had ended."""
     batch = [f'--batch-size={workers}'] if workers and worker == 'all' else []
-    return [*self.base('ssh'), node or self.tpu, f'--worker={worker}', *batch,
-            f'--command={command}']
+    return [
+        *self.base('ssh'), node or self.tpu, f'--worker={worker}', *batch,
+        f'--command={command}'
+    ]
 
   def scp(self, source: str, dest: str, node: str = '') -> list[str]:
-    return [*self.base('scp'), source, f'{node or self.tpu}:{dest}',
-            '--worker=all']
+    return [
+        *self.base('scp'), source, f'{node or self.tpu}:{dest}', '--worker=all'
+    ]
 
   def firewall_rules(self) -> list[str]:
     """Every firewall rule of the project, as JSON (rules are global)."""
-    return ['gcloud', 'compute', 'firewall-rules', 'list', '--format=json',
-            *([f'--project={self.project}'] if self.project else [])]
+    return [
+        'gcloud', 'compute', 'firewall-rules', 'list', '--format=json',
+        *([f'--project={self.project}'] if self.project else [])
+    ]
 
   def describe(self, node: str = '') -> list[str]:
     return [*self.base('describe'), node or self.tpu, '--format=json']
 
   def queued(self, verb: str, *args: str) -> list[str]:
     """`gcloud compute tpus queued-resources VERB ARGS --zone ...`."""
-    return ['gcloud', 'compute', 'tpus', 'queued-resources', verb, *args,
-            *self._where()]
+    return [
+        'gcloud', 'compute', 'tpus', 'queued-resources', verb, *args,
+        *self._where()
+    ]
 
 
-def run_logged(command: list[str], log_path: str, own_session: bool = False
-               ) -> subprocess.CompletedProcess:
+def run_logged(command: list[str],
+               log_path: str,
+               own_session: bool = False) -> subprocess.CompletedProcess:
   """Runs a gcloud command to the end, its output appended to log_path.
 
   own_session: for clean-up (stop, delete), which a second Ctrl-C from the
@@ -86,8 +97,11 @@ def run_logged(command: list[str], log_path: str, own_session: bool = False
   with open(log_path, 'a') as log:
     log.write(f'$ {shlex.join(command)}\n')
     log.flush()
-    return subprocess.run(command, stdin=subprocess.DEVNULL, stdout=log,
-                          stderr=subprocess.STDOUT, check=False,
+    return subprocess.run(command,
+                          stdin=subprocess.DEVNULL,
+                          stdout=log,
+                          stderr=subprocess.STDOUT,
+                          check=False,
                           start_new_session=own_session)
 
 
@@ -159,22 +173,25 @@ FOUND_PYTHON = '$HOME/podrun/python'
 _DEFAULT_CANDIDATES = ('python3.13', 'python3.12', 'python3.11', 'python3')
 
 
-def find_python(worker_python: str,
-                minimum: tuple[int, int] = (3, 11)) -> str:
+def find_python(worker_python: str, minimum: tuple[int, int] = (3, 11)) -> str:
   """The shell snippet that sets $py on a worker (see _FIND_PYTHON).
 
   Args:
     worker_python: --worker_python, or '' to try python3.13 ... python3.
     minimum: the oldest Python the job's JAX runs on.
   """
-  candidates = (shlex.quote(worker_python) if worker_python else
-                ' '.join(_DEFAULT_CANDIDATES))
-  return _FIND_PYTHON.replace('CANDIDATES', candidates).replace(
-      'MIN', ', '.join(map(str, minimum)))
+  candidates = (shlex.quote(worker_python)
+                if worker_python else ' '.join(_DEFAULT_CANDIDATES))
+  return _FIND_PYTHON.replace('CANDIDATES',
+                              candidates).replace('MIN',
+                                                  ', '.join(map(str, minimum)))
 
 
-def check_pythons(gcloud: Gcloud, worker_python: str, log_path: str,
-                  jax_version: str, node: str = '',
+def check_pythons(gcloud: Gcloud,
+                  worker_python: str,
+                  log_path: str,
+                  jax_version: str,
+                  node: str = '',
                   workers: Optional[int] = None) -> dict[str, str]:
   """{worker: interpreter path} that can run the job, on every worker.
 
@@ -194,7 +211,9 @@ def check_pythons(gcloud: Gcloud, worker_python: str, log_path: str,
       'FIND', find_python(worker_python, required_python(jax_version)))
   result = subprocess.run(gcloud.ssh(probe, node=node, workers=workers),
                           stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, check=False)
+                          capture_output=True,
+                          text=True,
+                          check=False)
   with open(log_path, 'a') as log:
     log.write(f'$ (python check{" of " + node if node else ""})\n'
               f'{result.stdout}{result.stderr}')
@@ -212,8 +231,8 @@ def check_pythons(gcloud: Gcloud, worker_python: str, log_path: str,
   if problems or not found:
     raise LaunchError(
         f'no worker Python can run the job (JAX {jax_version} needs Python '
-        f'{minimum} or newer, with its venv module):\n  ' + '\n  '.join(
-            problems or [result.stderr.strip()[-500:]]) +
+        f'{minimum} or newer, with its venv module):\n  ' +
+        '\n  '.join(problems or [result.stderr.strip()[-500:]]) +
         f'\nFix: launch with --provision_python, which installs '
         f'python{minimum} and python{minimum}-venv from the deadsnakes PPA '
         'with sudo apt-get on the workers that lack them, or install an interpreter yourself, or '
@@ -236,8 +255,9 @@ def provision_command(worker_python: str, jax_version: str) -> str:
   """Installs the Python `jax_version` needs (deadsnakes) on every worker
   that lacks one."""
   minimum = required_python(jax_version)
-  return _PROVISION.replace('FIND', find_python(worker_python, minimum)
-                            ).replace('VERSION', _dotted(minimum))
+  return _PROVISION.replace('FIND', find_python(worker_python,
+                                                minimum)).replace(
+                                                    'VERSION', _dotted(minimum))
 
 
 def tls_dir(job_id: str) -> str:
@@ -246,15 +266,19 @@ def tls_dir(job_id: str) -> str:
   return f'~/podrun/tls-{job_tls.uri_part(job_id)}'
 
 
-def setup_command(short_hash: str, worker_python: str,
-                  jax_version: str, tls_job: str = '') -> str:
+def setup_command(short_hash: str,
+                  worker_python: str,
+                  jax_version: str,
+                  tls_job: str = '') -> str:
   """Unpacks the code (bundle.py: podrun/ and the project/) and, once per
   pyproject.toml and JAX version, installs ~/podrun/venv with podrun and
   exactly that JAX; with `tls_job`, unpacks the launch's authority (copied
   as ~/podrun-tls-JOB.tar.gz) into a directory only the user reads."""
   code = f'$HOME/podrun/code-{short_hash}'
   steps = [
-      'set -e', f'd="{code}"', 'mkdir -p "$HOME/podrun"',
+      'set -e',
+      f'd="{code}"',
+      'mkdir -p "$HOME/podrun"',
       'if [ ! -f "$d/.podrun-ready" ]; then rm -rf "$d"; mkdir -p "$d"; '
       f'tar -xzf "$HOME/podrun-{short_hash}.tar.gz" -C "$d"; '
       'touch "$d/.podrun-ready"; fi',
@@ -286,9 +310,11 @@ def _unpack_authority(tls_job: str) -> list[str]:
   name = job_tls.uri_part(tls_job)
   where = '"$HOME/podrun/tls-' + name + '"'
   archive = '"$HOME/podrun-tls-' + name + '.tar.gz"'
-  return [f'if [ -f {archive} ]; then (umask 077; rm -rf {where}; '
-          f'mkdir -p {where}; tar -xzf {archive} -C {where}; '
-          f'rm -f {archive}); fi']
+  return [
+      f'if [ -f {archive} ]; then (umask 077; rm -rf {where}; '
+      f'mkdir -p {where}; tar -xzf {archive} -C {where}; '
+      f'rm -f {archive}); fi'
+  ]
 
 
 def attempt_id(job_id: str, attempt: int) -> str:
@@ -323,16 +349,22 @@ def multislice_env(place: SlicePlace) -> list[str]:
   """
   if place.num_slices == 1:
     return []
-  return [f'MEGASCALE_COORDINATOR_ADDRESS={place.coordinator}',
-          f'MEGASCALE_NUM_SLICES={place.num_slices}',
-          f'MEGASCALE_SLICE_ID={place.slice_id}',
-          f'MEGASCALE_PORT={place.port}']
+  return [
+      f'MEGASCALE_COORDINATOR_ADDRESS={place.coordinator}',
+      f'MEGASCALE_NUM_SLICES={place.num_slices}',
+      f'MEGASCALE_SLICE_ID={place.slice_id}', f'MEGASCALE_PORT={place.port}'
+  ]
 
 
-def run_command(short_hash: str, job_id: str, worker_python: str,
-                told: handoff.Handoff, envs: list[str],
-                launcher_args: flag_values.LaunchArgs, workers,
-                options: flags.PodFlags, attempt=1,
+def run_command(short_hash: str,
+                job_id: str,
+                worker_python: str,
+                told: handoff.Handoff,
+                envs: list[str],
+                launcher_args: flag_values.LaunchArgs,
+                workers,
+                options: flags.PodFlags,
+                attempt=1,
                 place: SlicePlace = SlicePlace(),
                 run_directory: str = PODRUN) -> str:
   """The command every worker of one slice runs: tpu_worker.py run, every
@@ -347,29 +379,37 @@ def run_command(short_hash: str, job_id: str, worker_python: str,
   `told` with the job id and attempt, and gets the user's `envs`
   (NAME=VALUE, --env) after it.
   """
-  python = (shlex.quote(worker_python) if worker_python else
-            '"$HOME/podrun/venv/bin/python"')
-  expected = (workers * place.num_slices if isinstance(workers, int) else
-              workers)
-  words = [f'--expected_processes={expected}',
-           f'--stop_grace={options.stop_grace:g}',
-           f'--orphan_timeout={options.orphan_timeout:g}',
-           f'--accelerator_devices={options.accelerator_devices}']
+  python = (shlex.quote(worker_python)
+            if worker_python else '"$HOME/podrun/venv/bin/python"')
+  expected = (workers *
+              place.num_slices if isinstance(workers, int) else workers)
+  words = [
+      f'--expected_processes={expected}',
+      f'--stop_grace={options.stop_grace:g}',
+      f'--orphan_timeout={options.orphan_timeout:g}',
+      f'--accelerator_devices={options.accelerator_devices}'
+  ]
   if place.num_slices > 1:
-    words += [f'--slice_id={place.slice_id}',
-              f'--num_slices={place.num_slices}']
+    words += [
+        f'--slice_id={place.slice_id}', f'--num_slices={place.num_slices}'
+    ]
   if options.replace:
     words.append('--replace')
   if options.kill_accelerator_holders:
     words.append('--kill_accelerator_holders')
   # The driver completes a bucket's record after its last attempt
   # (launcher_record.py): process 0 writes none of the launcher's files.
-  told = dataclasses.replace(
-      told, job_id=job_id, attempt=attempt_id(job_id, attempt),
-      launcher_record=layout.in_bucket(launcher_args.workdir))
-  words += [f'--env={e}' for e in [
-      *(f'{k}={v}' for k, v in told.env().items()),
-      *multislice_env(place), *envs]]
+  told = dataclasses.replace(told,
+                             job_id=job_id,
+                             attempt=attempt_id(job_id, attempt),
+                             launcher_record=layout.in_bucket(
+                                 launcher_args.workdir))
+  words += [
+      f'--env={e}' for e in [
+          *(f'{k}={v}'
+            for k, v in told.env().items()), *multislice_env(place), *envs
+      ]
+  ]
   code = f'$HOME/podrun/code-{short_hash}'
   return (f'cd "{code}/{run_directory}" && exec python3 '
           f'"{WORKER_SCRIPT}" run '

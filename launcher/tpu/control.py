@@ -35,21 +35,27 @@ def _planned_fleet(launch) -> list[str]:
     lines += [
         shlex.join(gcloud.queued('describe', request.name, '--format=json')) +
         '  # must not exist yet',
-        shlex.join(gcloud.queued('create', *request.create_args()))]
+        shlex.join(gcloud.queued('create', *request.create_args()))
+    ]
   if not lines:
     return []
   return lines + [
       f'# wait: capacity <= {options.capacity_timeout:g} s, provisioning <= '
       f'{options.provisioning_timeout:g} s, READY and HEALTHY <= '
       f'{options.wait_healthy:g} s; every {options.poll_interval:g} s, each:',
-      shlex.join(gcloud.queued('describe', _requests(launch)[0].name,
-                               '--format=json'))]
+      shlex.join(
+          gcloud.queued('describe',
+                        _requests(launch)[0].name, '--format=json'))
+  ]
 
 
 # The system Python of the images Google lists for JAX on TPU VMs (all
 # Ubuntu 22.04), by the start of their name.
-_IMAGE_PYTHON = {'tpu-ubuntu2204': (3, 10), 'v2-alpha-tpuv5': (3, 10),
-                 'v2-alpha-tpuv6e': (3, 10)}
+_IMAGE_PYTHON = {
+    'tpu-ubuntu2204': (3, 10),
+    'v2-alpha-tpuv5': (3, 10),
+    'v2-alpha-tpuv6e': (3, 10)
+}
 
 
 def planned_workers(launch):
@@ -70,8 +76,9 @@ def image_python_warning(launch) -> str:
   nothing provides another; '' otherwise."""
   options = launch.options
   image = options.runtime_version
-  system = next((v for prefix, v in _IMAGE_PYTHON.items()
-                 if image.startswith(prefix)), None)
+  system = next(
+      (v for prefix, v in _IMAGE_PYTHON.items() if image.startswith(prefix)),
+      None)
   minimum = commands.required_python(launch.jax_version)
   if (system is None or system >= minimum or options.worker_python or
       options.provision_python):
@@ -86,8 +93,9 @@ def image_python_warning(launch) -> str:
 
 def _code_said(project) -> str:
   """What the code archive holds, and where the job runs from in it."""
-  podrun = (f"podrun's checkout {project_lib.PODRUN_SOURCE}" if project_lib.is_checkout()
-            else f'podrun as installed in {project_lib.PODRUN_SOURCE}')
+  podrun = (f"podrun's checkout {project_lib.PODRUN_SOURCE}"
+            if project_lib.is_checkout() else
+            f'podrun as installed in {project_lib.PODRUN_SOURCE}')
   if project is None or project.is_podrun:
     return f'the code: {podrun}; the job runs from it'
   return (f'the code: {podrun}, and the project {project.directory} '
@@ -114,24 +122,30 @@ def print_plan(launch) -> int:
     print('# preflight through the Cloud TPU API: READY, HEALTHY, '
           'config.topology.accelerator_type')
   for node in launch.nodes:
-    for command in (
-        gcloud.ssh(commands.PYTHON_PROBE.replace(
-            'FIND', commands.find_python(options.worker_python, minimum)),
-                   node=node, workers=batch),
-        gcloud.scp('<tmp>/code.tar.gz', f'podrun-{short}.tar.gz', node),
-        gcloud.ssh(commands.setup_command(short, options.worker_python,
-                                          launch.jax_version), node=node,
-                   workers=batch)):
+    for command in (gcloud.ssh(commands.PYTHON_PROBE.replace(
+        'FIND', commands.find_python(options.worker_python, minimum)),
+                               node=node,
+                               workers=batch),
+                    gcloud.scp('<tmp>/code.tar.gz', f'podrun-{short}.tar.gz',
+                               node),
+                    gcloud.ssh(commands.setup_command(short,
+                                                      options.worker_python,
+                                                      launch.jax_version),
+                               node=node,
+                               workers=batch)):
       print(shlex.join(command))
   for slice_id, node in enumerate(launch.nodes):
-    print(shlex.join(gcloud.ssh(commands.run_command(
-        short, launch.job_id, options.worker_python, launch.told(),
-        list(options.env), launch.launcher_args, workers, options, 1, launch.place(slice_id),
-        bundle.run_directory(launch.project)),
-                                node=node, workers=batch)))
+    print(
+        shlex.join(
+            gcloud.ssh(commands.run_command(
+                short, launch.job_id, options.worker_python, launch.told(),
+                list(options.env), launch.launcher_args, workers, options, 1,
+                launch.place(slice_id), bundle.run_directory(launch.project)),
+                       node=node,
+                       workers=batch)))
   for request in _requests(launch):
-    delete = shlex.join(gcloud.queued('delete', request.name, '--force',
-                                      '--quiet'))
+    delete = shlex.join(
+        gcloud.queued('delete', request.name, '--force', '--quiet'))
     after_delete = ' (--delete_after)' if options.delete_after else ''
     relaunched = (', or after a preemption'
                   if options.restarts.max_restarts else '')
@@ -144,20 +158,24 @@ def print_plan(launch) -> int:
           'boundary')
   print('# on a failure, Ctrl-C or SIGTERM:')
   for node in launch.nodes:
-    print(shlex.join(gcloud.ssh(commands.stop_command(
-        commands.attempt_id(launch.job_id, 1), options.stop_grace),
-                                node=node, workers=batch)))
+    print(
+        shlex.join(
+            gcloud.ssh(commands.stop_command(
+                commands.attempt_id(launch.job_id, 1), options.stop_grace),
+                       node=node,
+                       workers=batch)))
   return exit_codes.OK
 
 
 def _queued_status(launch) -> tuple[str, ...]:
   """Prints the queued resource's state (an elastic launch's, each
   slice's); returns the nodes that are up (every node without --create)."""
-  request = queued.Request(launch.options.queued_resource, launch.all_nodes,
-                           '', '')
+  request = queued.Request(launch.options.queued_resource, launch.all_nodes, '',
+                           '')
   if not launch.options.min_slices:
     return launch.all_nodes if _one_queued_status(launch, request) else ()
-  up = tuple(r.nodes[0] for r in elastic.requests(request)
+  up = tuple(r.nodes[0]
+             for r in elastic.requests(request)
              if _one_queued_status(launch, r))
   for line in elastic.status_lines(_log_dirs(launch.options),
                                    launch.options.tpu):
@@ -183,9 +201,9 @@ def _one_queued_status(launch, request: queued.Request) -> bool:
     print(f'queued resource {request.name}: none (a slice created without '
           'one, or none at all)')
     return True
-  print(f'queued resource {request.name}: {seen.describe()}' + (
-      '' if seen.phase() == 'up' or not launch.options.min_slices else
-      ' (not in the job: coming back)'))
+  print(f'queued resource {request.name}: {seen.describe()}' +
+        ('' if seen.phase() == 'up' or not launch.options.min_slices else
+         ' (not in the job: coming back)'))
   return seen.phase() == 'up'
 
 
@@ -210,8 +228,10 @@ def _workers_of(launch, node: str):
   """The slice's worker count from describe, for ssh's --batch-size; None
   when describe fails (the ssh then says why)."""
   result = subprocess.run(launch.gcloud.describe(node),
-                          stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, check=False)
+                          stdin=subprocess.DEVNULL,
+                          capture_output=True,
+                          text=True,
+                          check=False)
   try:
     return len(json.loads(result.stdout).get('networkEndpoints') or []) or None
   except (ValueError, AttributeError):
@@ -221,13 +241,14 @@ def _workers_of(launch, node: str):
 def _on_slice(launch, command: str, node: str) -> int:
   """Runs `command` on every worker of one slice; with several slices each
   line says which (a worker's index is its place in its own slice)."""
-  ssh = launch.gcloud.ssh(command, node=node,
-                          workers=_workers_of(launch, node))
+  ssh = launch.gcloud.ssh(command, node=node, workers=_workers_of(launch, node))
   if len(launch.nodes) == 1:
-    return subprocess.run(ssh, stdin=subprocess.DEVNULL,
-                          check=False).returncode
-  result = subprocess.run(ssh, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, check=False)
+    return subprocess.run(ssh, stdin=subprocess.DEVNULL, check=False).returncode
+  result = subprocess.run(ssh,
+                          stdin=subprocess.DEVNULL,
+                          capture_output=True,
+                          text=True,
+                          check=False)
   for line in result.stdout.splitlines():
     print(f'[slice {node}] {line}', flush=True)
   print(result.stderr, end='', file=sys.stderr, flush=True)

@@ -59,13 +59,15 @@ def _run(launch: launch_lib.Launch) -> int:
   launch.slices.wait_up()
   launch.prepare()
   launch.stop_if_interrupted()
-  return agent.run(agent.Job(
-      start=lambda start: attempt_lib.Attempt(launch, start),
-      restarts=launch.options.restarts, logs_dir=launch.log_dir,
-      capacity=launch.slices, resize=slices_lib.resize(launch, launch.slices),
-      say=launch.say,
-      on_signal=lambda signum: launch.on_signal(signum, None),
-      pending_signal=lambda: (launch.signals or [None])[0]))
+  return agent.run(
+      agent.Job(start=lambda start: attempt_lib.Attempt(launch, start),
+                restarts=launch.options.restarts,
+                logs_dir=launch.log_dir,
+                capacity=launch.slices,
+                resize=slices_lib.resize(launch, launch.slices),
+                say=launch.say,
+                on_signal=lambda signum: launch.on_signal(signum, None),
+                pending_signal=lambda: (launch.signals or [None])[0]))
 
 
 def _clean_up(launch: launch_lib.Launch, code: int) -> None:
@@ -102,13 +104,18 @@ def _kept(launch: launch_lib.Launch, code: int) -> str:
 def _job_record(launch: launch_lib.Launch, code: int) -> records.Job:
   """WORKDIR/logs/job.json of a TPU launch: where and how the job ran."""
   return records.Job(
-      job_id=launch.job_id, launched_by='launch_tpu_pod', exit_code=code,
-      launcher={'tpu': launch.options.tpu, 'zone': launch.options.zone,
-                'slices': list(launch.all_nodes),
-                'workers_per_slice': launch.workers,
-                'accelerator_type': launch.options.accelerator_type or None,
-                'launcher_args': list(launch.launcher_args),
-                'log_dir': launch.log_dir})
+      job_id=launch.job_id,
+      launched_by='launch_tpu_pod',
+      exit_code=code,
+      launcher={
+          'tpu': launch.options.tpu,
+          'zone': launch.options.zone,
+          'slices': list(launch.all_nodes),
+          'workers_per_slice': launch.workers,
+          'accelerator_type': launch.options.accelerator_type or None,
+          'launcher_args': list(launch.launcher_args),
+          'log_dir': launch.log_dir
+      })
 
 
 def launch_job(launch: launch_lib.Launch) -> int:
@@ -132,8 +139,7 @@ def launch_job(launch: launch_lib.Launch) -> int:
   url = launch.launcher_args.workdir or ''
   if layout.in_bucket(url):
     # A workdir on the workers' disks is theirs to roll up.
-    launcher_record.finish(layout.Record.of(url),
-                           launch.path(layout.ATTEMPTS),
+    launcher_record.finish(layout.Record.of(url), launch.path(layout.ATTEMPTS),
                            _job_record(launch, code), launch.say)
   if code == exit_codes.OK:
     launch.say(f'job {launch.job_id} finished on every worker')
@@ -152,7 +158,8 @@ def main(argv: list[str], launcher_args: Sequence[str]) -> int:
   try:
     control_only = options.stop is not None or options.status
     project = None if control_only else project_lib.find(
-        options.project_dir, options.project_max_mb,
+        options.project_dir,
+        options.project_max_mb,
         podrun_root=project_lib.podrun_root())
     launch = launch_lib.Launch(options, launcher_args, project)
     warning = flags.local_workdir_warning(options, launcher_args)

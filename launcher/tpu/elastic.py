@@ -56,8 +56,10 @@ _MAX_BACKOFF_S = 600.0
 def requests(base: queued.Request) -> list[queued.Request]:
   """One queued resource per slice: NAME-i, with its node named as a
   multislice queued resource names it."""
-  return [dataclasses.replace(base, name=f'{base.name}-{i}', nodes=(node,))
-          for i, node in enumerate(base.nodes)]
+  return [
+      dataclasses.replace(base, name=f'{base.name}-{i}', nodes=(node,))
+      for i, node in enumerate(base.nodes)
+  ]
 
 
 class SliceGroup:
@@ -69,12 +71,13 @@ class SliceGroup:
   """
 
   def __init__(self, launch: babysit.Owner, base: queued.Request,
-               timeouts: queued.Timeouts,
-               poll_s: float, log_path: str, minimum: int):
+               timeouts: queued.Timeouts, poll_s: float, log_path: str,
+               minimum: int):
     self.launch = launch
-    self.fleets = [queued.Fleet(launch.gcloud, request, timeouts, poll_s,
-                                log_path, launch.say, self.interrupted)
-                   for request in requests(base)]
+    self.fleets = [
+        queued.Fleet(launch.gcloud, request, timeouts, poll_s, log_path,
+                     launch.say, self.interrupted) for request in requests(base)
+    ]
     self.minimum = minimum
     self.active = list(range(len(self.fleets)))
     self.request = base
@@ -139,10 +142,10 @@ class SliceGroup:
     coming, set_up = self._comebacks.pending()
     coming = sorted(set(coming) - set(self.active))
     if coming:
-      text += '; ' + ', '.join(
-          names[i] + (' back, joining at the next step boundary'
-                      if i in set_up else ' coming back')
-          for i in coming)
+      text += '; ' + ', '.join(names[i] +
+                               (' back, joining at the next step boundary'
+                                if i in set_up else ' coming back')
+                               for i in coming)
     return text
 
   def grow_due(self, now: float) -> bool:
@@ -157,10 +160,15 @@ class SliceGroup:
     the job seen lost now, leave the job and are brought back in the
     background."""
     workers = self.launch.workers
-    held = {self.active[p // workers] for p in end.lost
-            if p // workers < len(self.active)}
-    lost = [i for i in self.active if i in held or not self.fleets[i].up or
-            self.fleets[i].lost() is not None]
+    held = {
+        self.active[p // workers]
+        for p in end.lost
+        if p // workers < len(self.active)
+    }
+    lost = [
+        i for i in self.active if i in held or not self.fleets[i].up or
+        self.fleets[i].lost() is not None
+    ]
     self.active = [i for i in self.active if i not in lost]
     for i in lost:
       self._comebacks.start(i)
@@ -190,8 +198,8 @@ class SliceGroup:
       if not self._comebacks.trying() or self.interrupted():
         return policy.Ready(False)
       time.sleep(0.2)
-    return policy.Ready(
-        True, _waited(began) if time.time() - began > 1 else None)
+    return policy.Ready(True,
+                        _waited(began) if time.time() - began > 1 else None)
 
   def _take_set_up(self) -> list[int]:
     """Takes the slices back and set up into the job; returns them."""
@@ -222,8 +230,7 @@ class Comebacks:
 
   def start(self, index: int) -> None:
     """Brings slice `index` back in a thread of its own."""
-    thread = threading.Thread(target=self._recreate, args=(index,),
-                              daemon=True)
+    thread = threading.Thread(target=self._recreate, args=(index,), daemon=True)
     with self._lock:
       self._threads[index] = thread
     thread.start()
@@ -276,15 +283,17 @@ class Comebacks:
       if left <= backoff:
         with self._lock:
           self._threads.pop(index, None)
-        self._note(index, f'not coming back: {tries} tries failed in '
-                   f'{time.time() - began:.0f} s (--slice_back_timeout); the '
-                   f'last: {error}')
+        self._note(
+            index, f'not coming back: {tries} tries failed in '
+            f'{time.time() - began:.0f} s (--slice_back_timeout); the '
+            f'last: {error}')
         launch.say(f'slice {node} did not come back in {tries} tries '
                    f'(--slice_back_timeout={options.slice_back_timeout:g}'
                    f' s): {error}; the job goes on without it')
         return
       self._note(index, f'retrying in {backoff:g} s: try {tries} failed: '
-                 f'{error}', retry_at=time.time() + backoff)
+                 f'{error}',
+                 retry_at=time.time() + backoff)
       launch.say(f'slice {node} did not come back (try {tries}): '
                  f'{error}; trying again in {backoff:g} s')
       if self._stopping.wait(backoff) or launch.interrupted():
@@ -303,8 +312,8 @@ class Comebacks:
     self._status.note(self._nodes[index], text, retry_at)
 
 
-def _recreate_once(fleet: queued.Fleet, launch: babysit.Owner, node: str
-                   ) -> Optional[str]:
+def _recreate_once(fleet: queued.Fleet, launch: babysit.Owner,
+                   node: str) -> Optional[str]:
   """One delete, create, wait and set-up of the slice `fleet` asks for:
   None when it is up and set up, 'interrupted', or why it failed."""
   try:
@@ -333,9 +342,13 @@ class SliceStatus:
     with self._lock:  # The newest state is the one the file keeps.
       self._states[node] = {'state': text, 'retry_at': retry_at}
       try:
-        files.write_json(self._path, {
-            'tpu': self._tpu, 'pid': os.getpid(), 'updated': time.time(),
-            'slices': dict(self._states)})
+        files.write_json(
+            self._path, {
+                'tpu': self._tpu,
+                'pid': os.getpid(),
+                'updated': time.time(),
+                'slices': dict(self._states)
+            })
       except OSError:
         pass  # The state is for --status; it must never stop the job.
 
@@ -373,6 +386,9 @@ def status_lines(log_dirs: list[str], tpu: str) -> list[str]:
 def _waited(began: float) -> records.Recreate:
   """The wait for enough slices, as goodput's infrastructure recovery."""
   now = time.time()
-  return records.Recreate(lost='fewer than --min_slices up', began=began,
-                          recreate_requested=began, up=now, ready=now,
+  return records.Recreate(lost='fewer than --min_slices up',
+                          began=began,
+                          recreate_requested=began,
+                          up=now,
+                          ready=now,
                           seconds=now - began)

@@ -37,8 +37,12 @@ from launcher.common import record_mirror
 POLL_S = 1.0
 
 
-def over(exits: dict[str, int], processes: Iterable[str], lost: set[str],
-         kept_in_bucket: bool, final: set[str], url: str = '') -> Optional[str]:
+def over(exits: dict[str, int],
+         processes: Iterable[str],
+         lost: set[str],
+         kept_in_bucket: bool,
+         final: set[str],
+         url: str = '') -> Optional[str]:
   """Why nothing of the job can still be saving, or None.
 
   Args:
@@ -78,7 +82,10 @@ class Ledgers:
   it shortens (gcsfs retries for tens of seconds).
   """
 
-  def __init__(self, url: str, attempt: str, processes: Iterable[int],
+  def __init__(self,
+               url: str,
+               attempt: str,
+               processes: Iterable[int],
                fs_factory: Optional[Callable] = None):
     self.url = url.rstrip('/')
     record = layout.Record(self.url)
@@ -93,7 +100,8 @@ class Ledgers:
     return set(self._final)
 
   def start(self) -> 'Ledgers':
-    self._thread = threading.Thread(target=self._poll, name='lost-ledgers',
+    self._thread = threading.Thread(target=self._poll,
+                                    name='lost-ledgers',
                                     daemon=True)
     self._thread.start()
     return self
@@ -108,8 +116,9 @@ class Ledgers:
       return  # No gcsfs: the wait runs to its ceiling, as before.
     while not self._stop.is_set() and set(self._paths) - self._final:
       try:
-        found = fs.cat([p for r, p in self._paths.items()
-                        if r not in self._final], on_error='omit')
+        found = fs.cat(
+            [p for r, p in self._paths.items() if r not in self._final],
+            on_error='omit')
       except Exception:  # pylint: disable=broad-except
         found = {}
       by_path = {p: r for r, p in self._paths.items()}
@@ -125,4 +134,3 @@ def _is_final(data) -> bool:
     return bool(json.loads(data).get('final'))
   except (ValueError, AttributeError, TypeError):
     return False
-

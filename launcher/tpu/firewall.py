@@ -26,8 +26,10 @@ def ports_needed(num_slices: int, megascale_port: int) -> dict[int, str]:
   """{port: what listens there} that every worker must reach."""
   if num_slices <= 1:
     return {SLICE_COORDINATOR_PORT: "JAX's coordinator"}
-  return {MULTISLICE_COORDINATOR_PORT: "JAX's coordinator (slice 0)",
-          megascale_port: 'MEGASCALE (--megascale_port)'}
+  return {
+      MULTISLICE_COORDINATOR_PORT: "JAX's coordinator (slice 0)",
+      megascale_port: 'MEGASCALE (--megascale_port)'
+  }
 
 
 def _covers(spec: str, port: int) -> bool:
@@ -61,8 +63,10 @@ def missing(rules: Iterable[dict], ports: dict[int, str],
             source: str) -> list[int]:
   """The ports of `ports` that no enabled ingress rule opens to `source`
   (a worker's internal address), sorted."""
-  live = [r for r in rules if not r.get('disabled') and
-          r.get('direction', 'INGRESS') == 'INGRESS' and _from(r, source)]
+  live = [
+      r for r in rules if not r.get('disabled') and
+      r.get('direction', 'INGRESS') == 'INGRESS' and _from(r, source)
+  ]
   return sorted(p for p in ports if not any(_allows(r, p) for r in live))
 
 

@@ -20,7 +20,6 @@ from launcher.common import flag_values
 from launcher.common import project as project_lib
 from runtime.common import layout
 
-
 _POD = 'The pod'
 _TRAVELS = 'What travels to every worker'
 _JOB = 'The job'
@@ -34,8 +33,11 @@ def _flag(group: str, add: Optional[Callable] = None, **argparse_kwargs):
   argparse's keywords (its default and help among them), declared once
   beside the field; `add(group)` adds flags of its own (the restart
   flags, read together as one field)."""
-  return dataclasses.field(metadata={'group': group, 'add': add,
-                                     'argparse': argparse_kwargs})
+  return dataclasses.field(metadata={
+      'group': group,
+      'add': add,
+      'argparse': argparse_kwargs
+  })
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,132 +50,206 @@ class PodFlags:
   Attributes:
     tier: 'spot', 'reserved' or 'on-demand' (--spot, --reserved).
   """
-  tpu: str = _flag(
-      _POD, required=True, help='the TPU VM (with --num_slices=N: the '
-      'slices are NAME-0 ... NAME-(N-1))')
-  zone: str = _flag(
-      _POD, required=True, help='its zone, e.g. us-central2-b')
-  project: str = _flag(
-      _POD, default='', help="the Google Cloud project (default: "
-      "gcloud's)")
-  num_slices: int = _flag(
-      _POD, type=int, default=1, help='slices the one job runs on '
-      '(multislice; default 1)')
-  megascale_port: int = _flag(
-      _POD, type=int, default=8080,
-      help='the port the slices meet on (default 8080)')
+  tpu: str = _flag(_POD,
+                   required=True,
+                   help='the TPU VM (with --num_slices=N: the '
+                   'slices are NAME-0 ... NAME-(N-1))')
+  zone: str = _flag(_POD, required=True, help='its zone, e.g. us-central2-b')
+  project: str = _flag(_POD,
+                       default='',
+                       help="the Google Cloud project (default: "
+                       "gcloud's)")
+  num_slices: int = _flag(_POD,
+                          type=int,
+                          default=1,
+                          help='slices the one job runs on '
+                          '(multislice; default 1)')
+  megascale_port: int = _flag(_POD,
+                              type=int,
+                              default=8080,
+                              help='the port the slices meet on (default 8080)')
   skip_preflight: bool = _flag(
-      _POD, action='store_true', help='skip the Cloud TPU '
+      _POD,
+      action='store_true',
+      help='skip the Cloud TPU '
       'API check of READY, HEALTHY and the config\'s accelerator type')
   wait_healthy: float = _flag(
-      _POD, type=float, default=600, help='seconds to wait for '
+      _POD,
+      type=float,
+      default=600,
+      help='seconds to wait for '
       'the slices to be READY and HEALTHY (default 600)')
   project_dir: str = _flag(
-      _TRAVELS, default='', help='the project the job runs from on '
+      _TRAVELS,
+      default='',
+      help='the project the job runs from on '
       'every worker: its files that git does not ignore (every file outside '
       'git) travel beside podrun\'s code (default: the current directory)')
   project_max_mb: float = _flag(
-      _TRAVELS, type=float, default=project_lib.DEFAULT_MAX_MB,
+      _TRAVELS,
+      type=float,
+      default=project_lib.DEFAULT_MAX_MB,
       help='refuse a project over this many MiB before anything is copied '
       f'(default {project_lib.DEFAULT_MAX_MB:g})')
   worker_python: str = _flag(
-      _TRAVELS, default='', help='the workers\' interpreter, used '
+      _TRAVELS,
+      default='',
+      help='the workers\' interpreter, used '
       'as it is: nothing is installed (default: python3.13 ... python3, '
       'with podrun installed into ~/podrun/venv)')
   provision_python: bool = _flag(
-      _TRAVELS, action='store_true', help='install the Python '
+      _TRAVELS,
+      action='store_true',
+      help='install the Python '
       'this JAX needs (deadsnakes PPA, sudo apt-get) on workers that lack it')
   workdir: str = _flag(
-      _JOB, default='', help='the launcher\'s --workdir; with '
+      _JOB,
+      default='',
+      help='the launcher\'s --workdir; with '
       '--create, a gs:// bucket keeps the record past the slice')
   env: tuple[str, ...] = _flag(
-      _JOB, action='append', default=[], metavar='KEY=VALUE',
+      _JOB,
+      action='append',
+      default=[],
+      metavar='KEY=VALUE',
       help='a variable for the job on every worker (repeatable)')
-  job_id: str = _flag(
-      _JOB, default='', help='the job\'s name on the workers (default '
-      'podrun-DATE-TIME-PID)')
-  log_dir: str = _flag(
-      _JOB, default='', help='where each worker\'s log goes (default '
-      'tpu_logs/JOB_ID)')
+  job_id: str = _flag(_JOB,
+                      default='',
+                      help='the job\'s name on the workers (default '
+                      'podrun-DATE-TIME-PID)')
+  log_dir: str = _flag(_JOB,
+                       default='',
+                       help='where each worker\'s log goes (default '
+                       'tpu_logs/JOB_ID)')
   log_all_workers: bool = _flag(
-      _JOB, action='store_true', help='show every worker\'s '
+      _JOB,
+      action='store_true',
+      help='show every worker\'s '
       'lines on the console, not only worker 0\'s and the others\' errors')
   stop_grace: float = _flag(
-      _JOB, type=float, default=60, help='seconds from SIGTERM '
+      _JOB,
+      type=float,
+      default=60,
+      help='seconds from SIGTERM '
       '(the job saves) to SIGKILL when a job is stopped (default 60)')
   orphan_timeout: float = _flag(
-      _JOB, type=float, default=30, help='seconds a job runs '
+      _JOB,
+      type=float,
+      default=30,
+      help='seconds a job runs '
       'on after its launching side is gone (default 30)')
   accelerator_devices: str = _flag(
-      _JOB, default='/dev/accel*,/dev/vfio/*',
+      _JOB,
+      default='/dev/accel*,/dev/vfio/*',
       help='the device files whose holders are named before a job starts '
       '(default /dev/accel*,/dev/vfio/*)')
   kill_accelerator_holders: bool = _flag(
-      _JOB, action='store_true', help='stop a '
+      _JOB,
+      action='store_true',
+      help='stop a '
       'foreign process holding the accelerator rather than stopping there')
   replace: bool = _flag(
-      _JOB, action='store_true', help='stop an earlier podrun job '
+      _JOB,
+      action='store_true',
+      help='stop an earlier podrun job '
       'on the workers, and remove a stale libtpu lock, rather than stopping '
       'there')
   # --max_restarts, --restart_backoff and --retry_exit_codes, as every
   # launcher restarts a job (launcher/restart_flags.py).
   restarts: restart.RestartPolicy = _flag(_RESTARTS, restart_flags.add_to)
   create: bool = _flag(
-      _FLEET, action='store_true', help='create the slices through a '
+      _FLEET,
+      action='store_true',
+      help='create the slices through a '
       'queued resource, wait for them, recreate one that is lost')
-  queued_resource: str = _flag(
-      _FLEET, default='', help='the queued resource\'s name '
-      '(default: --tpu)')
-  accelerator_type: str = _flag(
-      _FLEET, default='', help='with --create: e.g. v4-32')
+  queued_resource: str = _flag(_FLEET,
+                               default='',
+                               help='the queued resource\'s name '
+                               '(default: --tpu)')
+  accelerator_type: str = _flag(_FLEET,
+                                default='',
+                                help='with --create: e.g. v4-32')
   runtime_version: str = _flag(
-      _FLEET, default='', help='with --create: the VM image, '
+      _FLEET,
+      default='',
+      help='with --create: the VM image, '
       'e.g. tpu-ubuntu2204-base (whose Python 3.10 needs --provision_python)')
-  spot: bool = _flag(
-      _FLEET, action='store_true', help='with --create: Spot VMs')
-  reserved: bool = _flag(
-      _FLEET, action='store_true', help='with --create: a reservation')
-  valid_until: str = _flag(
-      _FLEET, default='', help='with --create: give up waiting for '
-      'capacity after this long, e.g. 6h')
-  delete_after: bool = _flag(
-      _FLEET, action='store_true', help='with --create: delete '
-      'the slices when the job ends')
-  capacity_timeout: float = _flag(
-      _FLEET, type=float, default=24 * 3600, help='seconds '
-      'to wait for capacity (default 86400)')
-  provisioning_timeout: float = _flag(
-      _FLEET, type=float, default=1800, help='seconds to '
-      'wait for provisioning (default 1800)')
-  poll_interval: float = _flag(
-      _FLEET, type=float, default=10, help='seconds between two '
-      'reads of the slices\' states (default 10)')
+  spot: bool = _flag(_FLEET,
+                     action='store_true',
+                     help='with --create: Spot VMs')
+  reserved: bool = _flag(_FLEET,
+                         action='store_true',
+                         help='with --create: a reservation')
+  valid_until: str = _flag(_FLEET,
+                           default='',
+                           help='with --create: give up waiting for '
+                           'capacity after this long, e.g. 6h')
+  delete_after: bool = _flag(_FLEET,
+                             action='store_true',
+                             help='with --create: delete '
+                             'the slices when the job ends')
+  capacity_timeout: float = _flag(_FLEET,
+                                  type=float,
+                                  default=24 * 3600,
+                                  help='seconds '
+                                  'to wait for capacity (default 86400)')
+  provisioning_timeout: float = _flag(_FLEET,
+                                      type=float,
+                                      default=1800,
+                                      help='seconds to '
+                                      'wait for provisioning (default 1800)')
+  poll_interval: float = _flag(_FLEET,
+                               type=float,
+                               default=10,
+                               help='seconds between two '
+                               'reads of the slices\' states (default 10)')
   # A Spot VM gets 30 s from the soft to the hard power-off: the job on a
   # lost slice may save in that time, and the delete would end it at once.
   lost_slice_wait: float = _flag(
-      _FLEET, type=float, default=30, help='seconds a lost '
+      _FLEET,
+      type=float,
+      default=30,
+      help='seconds a lost '
       'slice\'s job has to save before the slice is deleted (default 30)')
   # After a 75/143 from a spot slice whose node does not show it lost yet.
   relaunch_grace: float = _flag(
-      _FLEET, type=float, default=15, help='seconds to watch a '
+      _FLEET,
+      type=float,
+      default=15,
+      help='seconds to watch a '
       'spot slice that still looks up after a shutdown exit before '
       'relaunching there (default 15)')
   min_slices: int = _flag(
-      _FLEET, type=int, default=0, help='elastic: go on with this '
+      _FLEET,
+      type=int,
+      default=0,
+      help='elastic: go on with this '
       'many slices or more while lost ones are recreated, then grow back')
   slice_back_backoff: float = _flag(
-      _FLEET, type=float, default=60, help='seconds before '
+      _FLEET,
+      type=float,
+      default=60,
+      help='seconds before '
       'a failed recreate is tried again, doubling to 10 min (default 60)')
   slice_back_timeout: float = _flag(
-      _FLEET, type=float, default=24 * 3600, help='seconds '
+      _FLEET,
+      type=float,
+      default=24 * 3600,
+      help='seconds '
       'to keep trying to recreate a lost slice (default 86400)')
-  dry_run: bool = _flag(
-      _CONTROL, action='store_true', help='print every command in '
-      'order; run none')
-  status: bool = _flag(
-      _CONTROL, action='store_true', help='show the jobs on the workers')
+  dry_run: bool = _flag(_CONTROL,
+                        action='store_true',
+                        help='print every command in '
+                        'order; run none')
+  status: bool = _flag(_CONTROL,
+                       action='store_true',
+                       help='show the jobs on the workers')
   stop: Optional[str] = _flag(
-      _CONTROL, nargs='?', const='all', default=None, metavar='JOB_ID',
+      _CONTROL,
+      nargs='?',
+      const='all',
+      default=None,
+      metavar='JOB_ID',
       help='stop a job on the workers (every podrun job without JOB_ID)')
   # Derived.
   tier: str = dataclasses.field(default='on-demand')
@@ -221,12 +297,16 @@ def _check(parser: argparse.ArgumentParser, options, launcher_args) -> None:
     parser.error(f'--num_slices={options.num_slices}: at least 1')
   _check_elastic(parser, options, launcher_args)
   if options.create and not control:
-    missing = [f for f in ('accelerator_type', 'runtime_version')
-               if not getattr(options, f)]
+    missing = [
+        f for f in ('accelerator_type', 'runtime_version')
+        if not getattr(options, f)
+    ]
     if missing:
       parser.error('--create needs ' + ' and '.join(f'--{f}' for f in missing))
-  needs_create = [f for f in ('spot', 'reserved', 'valid_until',
-                              'delete_after') if getattr(options, f)]
+  needs_create = [
+      f for f in ('spot', 'reserved', 'valid_until', 'delete_after')
+      if getattr(options, f)
+  ]
   if needs_create and not options.create:
     parser.error(' '.join(f'--{f}' for f in needs_create) + ' go(es) with '
                  '--create (a slice this launch creates)')
@@ -252,10 +332,12 @@ def _check_elastic(parser: argparse.ArgumentParser, options,
     parser.error(f'--min_slices={options.min_slices} with --num_slices='
                  f'{options.num_slices}: it must be from 1 to '
                  f'{options.num_slices - 1}')
-  fixed = [f'--{name}={launcher_args.value(name)}'
-           for name in ('config.topology.num_slices',
-                        'config.topology.num_processes')
-           if launcher_args.value(name) is not None]
+  fixed = [
+      f'--{name}={launcher_args.value(name)}'
+      for name in ('config.topology.num_slices',
+                   'config.topology.num_processes')
+      if launcher_args.value(name) is not None
+  ]
   if fixed:
     parser.error(f'{fixed[0]} fixes what --min_slices lets change: drop it')
 
@@ -268,8 +350,8 @@ def local_workdir_warning(options: PodFlags,
   workdir = launcher_args.workdir or ''
   if not options.create or layout.in_bucket(workdir):
     return ''
-  where = (f'--workdir={workdir}' if workdir else
-           "the launcher's default workdir (workdirs/CONFIG)")
+  where = (f'--workdir={workdir}'
+           if workdir else "the launcher's default workdir (workdirs/CONFIG)")
   return (f'warning: {where} is on the VMs\' own disks, and its disks go '
           'with the slice: a preemption or --delete_after deletes the run\'s '
           'record (metrics, TensorBoard, summary.json, the goodput ledgers, '
@@ -277,8 +359,9 @@ def local_workdir_warning(options: PodFlags,
           'in a bucket: --workdir=gs://BUCKET/RUN')
 
 
-def parse(argv: list[str], launcher_args: Sequence[str]
-          ) -> tuple[PodFlags, flag_values.LaunchArgs]:
+def parse(
+    argv: list[str],
+    launcher_args: Sequence[str]) -> tuple[PodFlags, flag_values.LaunchArgs]:
   """The script's flags, and the launcher flags (those after `--`, with
   --workdir added when the script got one).
 
@@ -295,11 +378,14 @@ def parse(argv: list[str], launcher_args: Sequence[str]
         *(given.pop(name) for name, *_ in restart_flags.FLAGS))
   except ValueError as e:
     parser.error(str(e))
-  options = PodFlags(**{
-      **given, 'env': tuple(given['env']), 'restarts': restarts,
-      'tier': ('spot' if namespace.spot else
-               'reserved' if namespace.reserved else 'on-demand'),
-      'queued_resource': namespace.queued_resource or namespace.tpu})
+  options = PodFlags(
+      **{
+          **given, 'env': tuple(given['env']),
+          'restarts': restarts,
+          'tier': ('spot' if namespace.spot else 'reserved' if namespace.
+                   reserved else 'on-demand'),
+          'queued_resource': namespace.queued_resource or namespace.tpu
+      })
   if options.workdir:
     launcher_args = launcher_args.with_workdir(options.workdir)
   return options, launcher_args

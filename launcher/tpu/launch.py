@@ -37,25 +37,27 @@ class Launch:
   """Everything one launch knows: the slices, the job, the commands, the
   logs, and the signals it got."""
 
-  def __init__(self, options: flags.PodFlags,
+  def __init__(self,
+               options: flags.PodFlags,
                launcher_args: flag_values.LaunchArgs,
                project: Optional[project_lib.Project] = None):
     self.options = options
     # What travels besides podrun's code (None: --stop, --status).
     self.project = project
     self.launcher_args = launcher_args
-    self.gcloud = commands.Gcloud(options.tpu, options.zone,
-                                  options.project)
+    self.gcloud = commands.Gcloud(options.tpu, options.zone, options.project)
     self.job_id = options.job_id or (
         f'podrun-{time.strftime("%Y%m%d-%H%M%S", time.gmtime())}-{os.getpid()}')
-    self.log_dir = os.path.abspath(options.log_dir or os.path.join(
-        'tpu_logs', self.job_id))
+    self.log_dir = os.path.abspath(options.log_dir or
+                                   os.path.join('tpu_logs', self.job_id))
     self.all_nodes = queued.node_names(options.tpu, options.num_slices)
     self.coordinator = ''
-    self.setup = setup_lib.SliceSetup(
-        self.gcloud, options, launcher_args, self.job_id, self.say,
-        self.path('gcloud.log'), self.stop_if_interrupted,
-        lambda: self.jax_version, lambda: self.authority, project)
+    self.setup = setup_lib.SliceSetup(self.gcloud, options, launcher_args,
+                                      self.job_id, self.say,
+                                      self.path('gcloud.log'),
+                                      self.stop_if_interrupted,
+                                      lambda: self.jax_version,
+                                      lambda: self.authority, project)
     self.signals: list[int] = []
     self.slices: slices_lib.Slices = slices_lib.of(self)
     self._log_lock = threading.Lock()
@@ -113,8 +115,8 @@ class Launch:
     """The launch's certificate authority for mutual TLS on the job's
     coordinator (launcher/tls.py), where --tls and the workers' JAX allow;
     removed from this machine with the launch."""
-    authority = tls.PodAuthority(self.launcher_args.tls,
-                                 self.job_id, self.say, self.jax_version)
+    authority = tls.PodAuthority(self.launcher_args.tls, self.job_id, self.say,
+                                 self.jax_version)
     weakref.finalize(self, authority.close)
     return authority
 
@@ -132,17 +134,17 @@ class Launch:
     # Every count of slices from --min_slices up: refused before step 1
     # when the config cannot run on one of them.
     elastic = ((self.options.min_slices * self.workers,
-                self.options.num_slices * self.workers)
-               if self.options.min_slices and isinstance(self.workers, int)
-               else None)
-    return handoff.Handoff(
-        elastic=elastic,
-        tls_dir=(commands.tls_dir(self.job_id) if self.authority.directory
-                 else None))
+                self.options.num_slices *
+                self.workers) if self.options.min_slices and
+               isinstance(self.workers, int) else None)
+    return handoff.Handoff(elastic=elastic,
+                           tls_dir=(commands.tls_dir(self.job_id)
+                                    if self.authority.directory else None))
 
   def run_command(self, attempt: int, slice_id: int = 0) -> str:
-    return commands.run_command(
-        self.setup.code_hash, self.job_id, self.options.worker_python,
-        self.told(), list(self.options.env), self.launcher_args,
-        self.workers, self.options,
-        attempt, self.place(slice_id), bundle.run_directory(self.project))
+    return commands.run_command(self.setup.code_hash, self.job_id,
+                                self.options.worker_python, self.told(),
+                                list(self.options.env), self.launcher_args,
+                                self.workers, self.options, attempt,
+                                self.place(slice_id),
+                                bundle.run_directory(self.project))

@@ -56,8 +56,7 @@ class MissingExtraError(exit_codes.ConfigError):
   missing."""
 
 
-def make_client(tpu: str, zone: str, project: Optional[str]
-                ) -> tpu_api.Node:
+def make_client(tpu: str, zone: str, project: Optional[str]) -> tpu_api.Node:
   """The pod as the Cloud TPU API describes it (tpu_api.Node).
 
   Raises:
@@ -77,7 +76,9 @@ def make_client(tpu: str, zone: str, project: Optional[str]
   return tpu_api.Node(tpu, zone, project)
 
 
-def wait_until_ready(client, timeout_s: float, interval_s: float = 10,
+def wait_until_ready(client,
+                     timeout_s: float,
+                     interval_s: float = 10,
                      sleep: Callable[[float], None] = time.sleep,
                      clock: Callable[[], float] = time.monotonic,
                      log: Callable[[str], None] = print) -> tuple[str, str]:
@@ -107,8 +108,11 @@ def wait_until_ready(client, timeout_s: float, interval_s: float = 10,
     sleep(interval_s)
 
 
-def preflight(client, expected_type: Optional[str], timeout_s: float,
-              interval_s: float = 10, **wait_kwargs) -> PodInfo:
+def preflight(client,
+              expected_type: Optional[str],
+              timeout_s: float,
+              interval_s: float = 10,
+              **wait_kwargs) -> PodInfo:
   """Checks that the pod is up and is the pod the job expects.
 
   Args:
@@ -126,12 +130,11 @@ def preflight(client, expected_type: Optional[str], timeout_s: float,
     PodMismatchError: naming the accelerator types, or the worker count
       against the hosts the type implies.
   """
-  state, health = wait_until_ready(client, timeout_s, interval_s,
-                                   **wait_kwargs)
+  state, health = wait_until_ready(client, timeout_s, interval_s, **wait_kwargs)
   actual_type = client.accelerator_type()
   problems = []
-  if expected_type and (expected_type.strip().lower() !=
-                        (actual_type or '').lower()):
+  if expected_type and (expected_type.strip().lower() != (actual_type or
+                                                          '').lower()):
     problems.append(
         f'accelerator type: config.topology.accelerator_type expects '
         f'{expected_type}, but TPU {client.name()} is {actual_type}')
@@ -198,8 +201,11 @@ def explain_api_error(tpu: str, error: Exception) -> str:
           f'{type(error).__name__}: {error}')
 
 
-def check(tpu: str, zone: str, project: Optional[str],
-          launcher_args: Sequence[str], timeout_s: float,
+def check(tpu: str,
+          zone: str,
+          project: Optional[str],
+          launcher_args: Sequence[str],
+          timeout_s: float,
           interval_s: float = 10,
           log: Callable[[str], None] = print) -> PodInfo:
   """`preflight` of the named pod for a job given these launcher flags.
@@ -212,8 +218,10 @@ def check(tpu: str, zone: str, project: Optional[str],
   """
   try:
     return preflight(make_client(tpu, zone, project or None),
-                     expected_accelerator_type(launcher_args), timeout_s,
-                     interval_s, log=log)
+                     expected_accelerator_type(launcher_args),
+                     timeout_s,
+                     interval_s,
+                     log=log)
   except (PodMismatchError, MissingExtraError):
     raise
   except Exception as e:  # pylint: disable=broad-except

@@ -71,18 +71,19 @@ class Request:
 
   def create_args(self) -> list[str]:
     """The arguments of `gcloud compute tpus queued-resources create`."""
-    args = [self.name, f'--accelerator-type={self.accelerator_type}',
-            f'--runtime-version={self.runtime_version}']
+    args = [
+        self.name, f'--accelerator-type={self.accelerator_type}',
+        f'--runtime-version={self.runtime_version}'
+    ]
     if len(self.nodes) > 1:
-      args += [f'--node-count={len(self.nodes)}',
-               f'--node-prefix={self.name}']
+      args += [f'--node-count={len(self.nodes)}', f'--node-prefix={self.name}']
     else:
       args.append(f'--node-id={self.nodes[0]}')
     if self.tier in ('spot', 'reserved'):
       args.append(f'--{self.tier}')
     if self.valid_until:
-      kind = 'time' if re.match(r'^\d{4}-\d\d-\d\d', self.valid_until) else (
-          'duration')
+      kind = 'time' if re.match(r'^\d{4}-\d\d-\d\d',
+                                self.valid_until) else ('duration')
       args.append(f'--valid-until-{kind}={self.valid_until}')
     return args
 
@@ -123,8 +124,8 @@ class Observation:
     states = [s for s, _ in self.nodes.values()]
     if any(s in NODE_LOST for s in states):
       return 'lost'
-    if all(s == 'READY' and h in ('', 'HEALTHY')
-           for s, h in self.nodes.values()):
+    if all(
+        s == 'READY' and h in ('', 'HEALTHY') for s, h in self.nodes.values()):
       return 'up'
     return 'ready'
 
@@ -133,8 +134,8 @@ class Observation:
     nodes = ', '.join(f'{n} {_node_state(self.queued, s)}' +
                       (f'/{h}' if h else '')
                       for n, (s, h) in self.nodes.items())
-    return (f'queued resource {self.queued}' + (f': {self.detail}'
-                                                if self.detail else '') +
+    return (f'queued resource {self.queued}' +
+            (f': {self.detail}' if self.detail else '') +
             (f'; node(s) {nodes}' if nodes else ''))
 
 
@@ -152,15 +153,19 @@ def _node_state(queued: str, node: str) -> str:
 
 def _describe(command: list[str]) -> Optional[dict]:
   """The JSON of a describe, or None where the resource does not exist."""
-  result = subprocess.run(command, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, check=False)
+  result = subprocess.run(command,
+                          stdin=subprocess.DEVNULL,
+                          capture_output=True,
+                          text=True,
+                          check=False)
   if result.returncode == 0:
     return json.loads(result.stdout)
   if 'NOT_FOUND' in result.stderr:
     return None
-  raise LaunchError(f'`{shlex.join(command)}` failed: '
-                    f'{result.stderr.strip()[-500:]}',
-                    exit_code=exit_codes.POD_UNAVAILABLE)
+  raise LaunchError(
+      f'`{shlex.join(command)}` failed: '
+      f'{result.stderr.strip()[-500:]}',
+      exit_code=exit_codes.POD_UNAVAILABLE)
 
 
 def observe(gcloud: commands.Gcloud, request: Request) -> Observation:
@@ -189,9 +194,11 @@ class Timeouts:
   ready_s: float
 
   def of(self, phase: str) -> tuple[float, str]:
-    return {'capacity': (self.capacity_s, '--capacity_timeout'),
-            'provisioning': (self.provisioning_s, '--provisioning_timeout'),
-            'ready': (self.ready_s, '--wait_healthy')}[phase]
+    return {
+        'capacity': (self.capacity_s, '--capacity_timeout'),
+        'provisioning': (self.provisioning_s, '--provisioning_timeout'),
+        'ready': (self.ready_s, '--wait_healthy')
+    }[phase]
 
 
 class Fleet:
@@ -206,8 +213,7 @@ class Fleet:
 
   def __init__(self, gcloud: commands.Gcloud, request: Request,
                timeouts: Timeouts, poll_s: float, log_path: str,
-               say: Callable[[str], None],
-               interrupted: Callable[[], bool]):
+               say: Callable[[str], None], interrupted: Callable[[], bool]):
     self.gcloud = gcloud
     self.request = request
     self.timeouts = timeouts
@@ -238,15 +244,17 @@ class Fleet:
     self.say(f'creating queued resource {request.name} '
              f'({request.accelerator_type} x {len(request.nodes)}, '
              f'{request.tier})')
-    result = commands.run_logged(
-        self.gcloud.queued('create', *request.create_args()), self.log_path,
-        own_session=True)
+    result = commands.run_logged(self.gcloud.queued('create',
+                                                    *request.create_args()),
+                                 self.log_path,
+                                 own_session=True)
     if result.returncode:
       if observe(self.gcloud, request).queued == NOT_FOUND:
         self.ours = False
-      raise LaunchError(f'creating queued resource {request.name} failed; '
-                        f'see {self.log_path}',
-                        exit_code=exit_codes.POD_UNAVAILABLE)
+      raise LaunchError(
+          f'creating queued resource {request.name} failed; '
+          f'see {self.log_path}',
+          exit_code=exit_codes.POD_UNAVAILABLE)
 
   def wait_up(self) -> Observation:
     """Follows the request until every node is READY and HEALTHY.
@@ -286,9 +294,10 @@ class Fleet:
             'accelerator type or --spot/--reserved.',
             exit_code=exit_codes.POD_UNAVAILABLE)
       if now_phase == 'lost':
-        raise LaunchError(f'queued resource {self.request.name} is lost '
-                          f'while waiting for it: {last}',
-                          exit_code=exit_codes.POD_UNAVAILABLE)
+        raise LaunchError(
+            f'queued resource {self.request.name} is lost '
+            f'while waiting for it: {last}',
+            exit_code=exit_codes.POD_UNAVAILABLE)
       if now_phase != phase:
         phase, since = now_phase, time.monotonic()
       limit, flag = self.timeouts.of(phase)
@@ -313,9 +322,10 @@ class Fleet:
       return
     self.say(f'{why}: deleting queued resource {self.request.name} and its '
              'node(s)')
-    result = commands.run_logged(
-        self.gcloud.queued('delete', self.request.name, '--force', '--quiet'),
-        self.log_path, own_session=True)
+    result = commands.run_logged(self.gcloud.queued('delete', self.request.name,
+                                                    '--force', '--quiet'),
+                                 self.log_path,
+                                 own_session=True)
     left = observe(self.gcloud, self.request)
     if result.returncode and left.queued != NOT_FOUND:
       raise LaunchError(

@@ -47,8 +47,8 @@ class SliceInfo:
   network: str = 'default'
 
 
-def describe_slice(gcloud: commands.Gcloud, node: str, log_path: str
-                   ) -> SliceInfo:
+def describe_slice(gcloud: commands.Gcloud, node: str,
+                   log_path: str) -> SliceInfo:
   """The slice's workers, accelerator type and first worker's address.
 
   Raises:
@@ -56,8 +56,11 @@ def describe_slice(gcloud: commands.Gcloud, node: str, log_path: str
       accelerator type disagree on the number of hosts.
   """
   command = gcloud.describe(node)
-  result = subprocess.run(command, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, check=False)
+  result = subprocess.run(command,
+                          stdin=subprocess.DEVNULL,
+                          capture_output=True,
+                          text=True,
+                          check=False)
   with open(log_path, 'a') as log:
     log.write(f'$ {shlex.join(command)}\n{result.stdout}{result.stderr}')
   if result.returncode:
@@ -93,10 +96,12 @@ def check_slices_agree(infos: dict[str, SliceInfo]) -> None:
   shapes = {(i.accelerator_type, i.workers) for i in infos.values()}
   if len(shapes) > 1:
     raise LaunchError(
-        'the slices differ: ' + ', '.join(
-            f'{n} is {i.accelerator_type} with {i.workers} worker(s)'
-            for n, i in infos.items()) + '; a multislice job needs slices '
-        'of one type.', exit_code=exit_codes.TOPOLOGY_MISMATCH)
+        'the slices differ: ' +
+        ', '.join(f'{n} is {i.accelerator_type} with {i.workers} worker(s)'
+                  for n, i in infos.items()) +
+        '; a multislice job needs slices '
+        'of one type.',
+        exit_code=exit_codes.TOPOLOGY_MISMATCH)
 
 
 class SliceSetup:
@@ -109,10 +114,14 @@ class SliceSetup:
       it is set up on the workers ('' before).
   """
 
-  def __init__(self, gcloud: commands.Gcloud, options: flags.PodFlags,
-               launcher_args: list[str], job_id: str,
+  def __init__(self,
+               gcloud: commands.Gcloud,
+               options: flags.PodFlags,
+               launcher_args: list[str],
+               job_id: str,
                say: Callable[[str], None],
-               gcloud_log: str, stop_if_interrupted: Callable[[], None],
+               gcloud_log: str,
+               stop_if_interrupted: Callable[[], None],
                jax_version: Callable[[], str],
                authority: Callable[[], tls.PodAuthority],
                project: Optional[project_lib.Project] = None):
@@ -138,8 +147,8 @@ class SliceSetup:
       self._check_pythons(node)
     bundle, code_hash = self._bundle()
     short = code_hash[:16]
-    self.say(f'copying the code (sha256 {code_hash}) to every worker of '
-             + ', '.join(nodes) + self._project_said())
+    self.say(f'copying the code (sha256 {code_hash}) to every worker of ' +
+             ', '.join(nodes) + self._project_said())
     copies = [(bundle, f'podrun-{short}.tar.gz')]
     tls_job = self.job_id if self._authority().directory else ''
     if tls_job:
@@ -160,8 +169,7 @@ class SliceSetup:
   def describe(self, nodes: tuple[str, ...]) -> None:
     """Reads `nodes` with describe; they must agree with every slice
     described before."""
-    infos = {n: describe_slice(self.gcloud, n, self.gcloud_log)
-             for n in nodes}
+    infos = {n: describe_slice(self.gcloud, n, self.gcloud_log) for n in nodes}
     check_slices_agree({**self.infos, **infos})
     self.infos.update(infos)
     first = infos[nodes[0]]
@@ -182,9 +190,9 @@ class SliceSetup:
                                    self._jax_version(), tls_job)
     for node in nodes:
       self._stop_if_interrupted()
-      if commands.run_logged(self.gcloud.ssh(setup, node=node,
-                                             workers=self.workers),
-                             self.gcloud_log).returncode:
+      if commands.run_logged(
+          self.gcloud.ssh(setup, node=node, workers=self.workers),
+          self.gcloud_log).returncode:
         raise LaunchError(
             f'worker set-up on {node} failed; see {self.gcloud_log}')
 
@@ -192,9 +200,12 @@ class SliceSetup:
     if self.options.skip_preflight:
       return
     for node in nodes:
-      info = preflight_lib.check(
-          node, self.options.zone, self.options.project,
-          self.launcher_args, self.options.wait_healthy, log=self.say)
+      info = preflight_lib.check(node,
+                                 self.options.zone,
+                                 self.options.project,
+                                 self.launcher_args,
+                                 self.options.wait_healthy,
+                                 log=self.say)
       self.say(f'preflight of {node}: {json.dumps(info.as_dict())}')
 
   def _check_firewall(self, nodes: tuple[str, ...]) -> None:
@@ -205,14 +216,18 @@ class SliceSetup:
     if not info.first_address:
       return
     command = self.gcloud.firewall_rules()
-    result = subprocess.run(command, stdin=subprocess.DEVNULL,
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(command,
+                            stdin=subprocess.DEVNULL,
+                            capture_output=True,
+                            text=True,
+                            check=False)
     with open(self.gcloud_log, 'a') as log:
       log.write(f'$ {shlex.join(command)}\n{result.stdout}{result.stderr}')
     try:
-      rules = [r for r in json.loads(result.stdout or '[]')
-               if str(r.get('network', '')).rsplit('/', 1)[-1] ==
-               info.network]
+      rules = [
+          r for r in json.loads(result.stdout or '[]')
+          if str(r.get('network', '')).rsplit('/', 1)[-1] == info.network
+      ]
     except (ValueError, AttributeError):
       rules = None
     if result.returncode or rules is None:
@@ -223,8 +238,9 @@ class SliceSetup:
     needed = firewall.ports_needed(self.options.num_slices,
                                    self.options.megascale_port)
     for port in firewall.missing(rules, needed, info.first_address):
-      self.say('warning: ' + firewall.advice(info.network, port, needed[port],
-                                             info.first_address))
+      self.say(
+          'warning: ' +
+          firewall.advice(info.network, port, needed[port], info.first_address))
 
   def _project_said(self) -> str:
     project = self.project
@@ -265,12 +281,13 @@ class SliceSetup:
       minimum = '.'.join(map(str, commands.required_python(jax_version)))
       self.say(f'installing Python {minimum} (for JAX {jax_version}) '
                'on the workers that lack it (--provision_python)')
-      commands.run_logged(self.gcloud.ssh(commands.provision_command(
-          options.worker_python, jax_version), node=node,
-                                          workers=self.workers),
-                          self.gcloud_log)
+      commands.run_logged(
+          self.gcloud.ssh(commands.provision_command(options.worker_python,
+                                                     jax_version),
+                          node=node,
+                          workers=self.workers), self.gcloud_log)
       pythons = commands.check_pythons(self.gcloud, options.worker_python,
                                        self.gcloud_log, jax_version, node,
                                        self.workers)
-    self.say(f'worker Python on {node}: ' + ', '.join(
-        f'worker {w}: {p}' for w, p in sorted(pythons.items())))
+    self.say(f'worker Python on {node}: ' +
+             ', '.join(f'worker {w}: {p}' for w, p in sorted(pythons.items())))

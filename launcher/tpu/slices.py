@@ -42,10 +42,12 @@ class Slices(Protocol):
   watched: bool
 
   @property
-  def ours(self) -> bool: ...
+  def ours(self) -> bool:
+    ...
 
   @property
-  def up(self) -> bool: ...
+  def up(self) -> bool:
+    ...
 
   def nodes(self) -> tuple[str, ...]:
     """The slices the job runs on now, the coordinator's first."""
@@ -56,14 +58,17 @@ class Slices(Protocol):
   def created(self) -> list[str]:
     """The names of the queued resources this launch created."""
 
-  def create(self) -> None: ...
+  def create(self) -> None:
+    ...
 
-  def wait_up(self) -> None: ...
+  def wait_up(self) -> None:
+    ...
 
   def lost(self) -> Optional[queued.Observation]:
     """A slice of the job seen lost, or None."""
 
-  def delete(self, why: str) -> None: ...
+  def delete(self, why: str) -> None:
+    ...
 
   def ready(self, now: float) -> policy.Ready:
     """Before a relaunch: whether the job can run again; may bring slices
@@ -120,8 +125,9 @@ class Standing(_EverySlice):
       return policy.Ready(True)
     for node in self.nodes():
       try:
-        ok, why = preflight_lib.recoverable(preflight_lib.make_client(
-            node, launch.options.zone, launch.options.project or None))
+        ok, why = preflight_lib.recoverable(
+            preflight_lib.make_client(node, launch.options.zone,
+                                      launch.options.project or None))
       except Exception as e:  # pylint: disable=broad-except
         launch.say(preflight_lib.explain_api_error(node, e))
         return policy.Ready(False)
@@ -197,15 +203,14 @@ def of(launch: babysit.Owner) -> Slices:
   if not options.create:
     return Standing(launch)
   timeouts = queued.Timeouts(options.capacity_timeout,
-                             options.provisioning_timeout,
-                             options.wait_healthy)
+                             options.provisioning_timeout, options.wait_healthy)
   request = queued.Request(options.queued_resource, launch.all_nodes,
                            options.accelerator_type, options.runtime_version,
                            options.tier, options.valid_until)
   if options.min_slices:
-    return elastic.SliceGroup(launch, request, timeouts,
-                              options.poll_interval,
+    return elastic.SliceGroup(launch, request, timeouts, options.poll_interval,
                               launch.path('gcloud.log'), options.min_slices)
-  return Babysat(launch, queued.Fleet(
-      launch.gcloud, request, timeouts, options.poll_interval,
-      launch.path('gcloud.log'), launch.say, launch.interrupted))
+  return Babysat(
+      launch,
+      queued.Fleet(launch.gcloud, request, timeouts, options.poll_interval,
+                   launch.path('gcloud.log'), launch.say, launch.interrupted))

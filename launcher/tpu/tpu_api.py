@@ -62,8 +62,12 @@ class Node:
     sleep: waits between tries (the tests pass their own).
   """
 
-  def __init__(self, tpu: str, zone: str, project: Optional[str],
-               api_root: Optional[str] = None, timeout_s: float = 30.0,
+  def __init__(self,
+               tpu: str,
+               zone: str,
+               project: Optional[str],
+               api_root: Optional[str] = None,
+               timeout_s: float = 30.0,
                attempts: int = 5,
                sleep: Callable[[float], None] = time.sleep):
     self.api_root = (api_root or os.environ.get(API_ROOT_ENV) or
@@ -84,7 +88,7 @@ class Node:
     last = ''
     for attempt in range(self._attempts):
       if attempt:
-        self._sleep(min(2.0 ** attempt, 30.0))
+        self._sleep(min(2.0**attempt, 30.0))
       try:
         answer = self._session.get(url, timeout=self._timeout_s)
       except requests.RequestException as e:
@@ -122,5 +126,6 @@ class Node:
     node = self._get()
     if node.get('state') in ('PREEMPTED', 'TERMINATED'):
       return False
-    return not any(s.get('symptomType') in _UNRECOVERABLE_SYMPTOMS
-                   for s in node.get('symptoms') or [])
+    return not any(
+        s.get('symptomType') in _UNRECOVERABLE_SYMPTOMS
+        for s in node.get('symptoms') or [])

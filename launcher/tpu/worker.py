@@ -65,8 +65,8 @@ JOBS_DIR = os.path.join(os.path.expanduser('~'), 'podrun', 'jobs')
 # Exit codes of `run` itself (the launcher's own are passed through). Copies
 # of runtime/common/exit_codes.py's, since this file imports nothing of the
 # project; tests/test_exit_codes.py checks that they agree.
-BUSY = 11          # ExitCode.WORKDIR_BUSY: another podrun job runs here.
-NOT_RUN = 2        # ExitCode.CONFIG_ERROR: a bad command line.
+BUSY = 11  # ExitCode.WORKDIR_BUSY: another podrun job runs here.
+NOT_RUN = 2  # ExitCode.CONFIG_ERROR: a bad command line.
 _KEEPALIVE_S = 5.0
 # JAX's default coordinator port, on slice 0's worker 0.
 _JAX_COORDINATOR_PORT = 8476
@@ -86,7 +86,8 @@ def worker_id() -> str:
   import urllib.request  # pylint: disable=g-import-not-at-top
   request = urllib.request.Request(
       'http://metadata.google.internal/computeMetadata/v1/instance/'
-      'attributes/agent-worker-number', headers={'Metadata-Flavor': 'Google'})
+      'attributes/agent-worker-number',
+      headers={'Metadata-Flavor': 'Google'})
   try:
     with urllib.request.urlopen(request, timeout=3) as response:
       return response.read().decode().strip()
@@ -166,12 +167,14 @@ def all_jobs():
 def stop_group(pgid: int, grace: float) -> bool:
   """SIGTERM to the group (the job saves), SIGKILL after grace; True if it
   had to be killed."""
+
   def alive() -> bool:
     try:
       os.killpg(pgid, 0)
     except ProcessLookupError:
       return False
     return True
+
   return worker_accelerator.terminate(lambda s: os.killpg(pgid, s), alive,
                                       grace) == 'killed'
 
@@ -192,8 +195,10 @@ def multislice_env(args, env) -> dict:
   variables say where this slice sits. Empty for one slice."""
   if args.num_slices <= 1:
     return {}
-  out = {'PODRUN_PROCESS_ID': global_id(args),
-         'PODRUN_NUM_PROCESSES': str(args.expected_processes)}
+  out = {
+      'PODRUN_PROCESS_ID': global_id(args),
+      'PODRUN_NUM_PROCESSES': str(args.expected_processes)
+  }
   if not env.get('PODRUN_COORDINATOR_ADDRESS'):
     out['PODRUN_COORDINATOR_ADDRESS'] = (
         f'{env["MEGASCALE_COORDINATOR_ADDRESS"]}:{_JAX_COORDINATOR_PORT}')
@@ -213,17 +218,26 @@ def keep(args) -> int:
     env['PODRUN_EXPECTED_PROCESSES'] = str(args.expected_processes)
   env.update(multislice_env(args, env))
   # Where the job sits, for whoever debugs it: ~/podrun/jobs/JOB_ID/env.
-  job.write('env', json.dumps({k: v for k, v in sorted(env.items())
-                               if k.startswith(('PODRUN_', 'MEGASCALE_'))},
-                              indent=1))
+  job.write(
+      'env',
+      json.dumps(
+          {
+              k: v
+              for k, v in sorted(env.items())
+              if k.startswith(('PODRUN_', 'MEGASCALE_'))
+          },
+          indent=1))
   with open(job.path('log'), 'ab') as log:
     log.write(f'podrun: starting job {job.id}: {args.python} -m launcher '
               f'{" ".join(args.launcher_args)}\n'.encode())
     log.flush()
     proc = subprocess.Popen(
         [args.python, '-u', '-m', 'launcher', *args.launcher_args],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-        env=env, start_new_session=True)
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True)
   job.write('pgid', str(proc.pid))
   stopped_for = ''
   while proc.poll() is None:
@@ -246,15 +260,21 @@ def _start(job: Job, args) -> None:
   job.write('starting', str(time.time()))
   job.write('command', json.dumps(args.launcher_args))
   job.touch_attached()
-  keeper = [sys.executable, os.path.abspath(__file__), 'keep', job.id,
-            f'--python={args.python}', f'--stop_grace={args.stop_grace}',
-            f'--orphan_timeout={args.orphan_timeout}',
-            f'--expected_processes={args.expected_processes}',
-            f'--slice_id={args.slice_id}', f'--num_slices={args.num_slices}',
-            *[f'--env={e}' for e in args.env], '--', *args.launcher_args]
-  subprocess.Popen(keeper, stdin=subprocess.DEVNULL,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   start_new_session=True, cwd=os.getcwd())
+  keeper = [
+      sys.executable,
+      os.path.abspath(__file__), 'keep', job.id, f'--python={args.python}',
+      f'--stop_grace={args.stop_grace}',
+      f'--orphan_timeout={args.orphan_timeout}',
+      f'--expected_processes={args.expected_processes}',
+      f'--slice_id={args.slice_id}', f'--num_slices={args.num_slices}',
+      *[f'--env={e}' for e in args.env], '--', *args.launcher_args
+  ]
+  subprocess.Popen(keeper,
+                   stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL,
+                   start_new_session=True,
+                   cwd=os.getcwd())
 
 
 def _others_running(job: Job):
@@ -280,9 +300,11 @@ def run(args) -> int:
           stop_group(old.pgid(), args.stop_grace)
       if others and not args.replace:
         names = ', '.join(f'{j.id} (since {_since(j)})' for j in others)
-        print(f'[worker {worker}] podrun: job(s) {names} still run(s) on '
-              'this worker; stop them with --stop, or launch with '
-              '--replace to stop them first', flush=True)
+        print(
+            f'[worker {worker}] podrun: job(s) {names} still run(s) on '
+            'this worker; stop them with --stop, or launch with '
+            '--replace to stop them first',
+            flush=True)
         print(f'[worker {worker}] podrun: exit {BUSY}', flush=True)
         return BUSY
       for other in others:
@@ -290,22 +312,24 @@ def run(args) -> int:
               flush=True)
         if other.pgid() is not None:
           stop_group(other.pgid(), args.stop_grace)
-      if not worker_accelerator.check(
-          worker, args.accelerator_devices, args.kill_accelerator_holders,
-          args.replace, args.stop_grace):
+      if not worker_accelerator.check(worker, args.accelerator_devices,
+                                      args.kill_accelerator_holders,
+                                      args.replace, args.stop_grace):
         print(f'[worker {worker}] podrun: exit {BUSY}', flush=True)
         return BUSY
       _start(job, args)
     elif job.running():
-      print(f'[worker {worker}] podrun: job {job.id} already runs here: '
-            'following it', flush=True)
+      print(
+          f'[worker {worker}] podrun: job {job.id} already runs here: '
+          'following it',
+          flush=True)
   return follow(job, worker)
 
 
 def _since(job: Job) -> str:
   started = job.read('starting')
-  return time.strftime('%Y-%m-%d %H:%M:%S UTC',
-                       time.gmtime(float(started))) if started else '?'
+  return time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(
+      float(started))) if started else '?'
 
 
 def follow(job: Job, worker: str) -> int:
@@ -345,8 +369,9 @@ def follow(job: Job, worker: str) -> int:
 
 
 def stop(args) -> int:
-  jobs = [j for j in all_jobs()
-          if args.all or args.job_id in (j.id, base_id(j.id))]
+  jobs = [
+      j for j in all_jobs() if args.all or args.job_id in (j.id, base_id(j.id))
+  ]
   if not jobs and not args.all:
     jobs = [Job(args.job_id)]
   worker = worker_id()
@@ -372,8 +397,10 @@ def gone(args) -> int:
     return 0
   processes = sorted({int(p) for p in args.processes.split(',') if p})
   job.write('gone', json.dumps({'processes': processes, 'why': args.why}))
-  print(f'[worker {worker}] podrun: told job {job.id} that processes '
-        f'{", ".join(map(str, processes))} are gone', flush=True)
+  print(
+      f'[worker {worker}] podrun: told job {job.id} that processes '
+      f'{", ".join(map(str, processes))} are gone',
+      flush=True)
   return 0
 
 
@@ -432,14 +459,21 @@ def main(argv) -> int:
   for pair in getattr(args, 'env', []):
     key = pair.partition('=')[0]
     if not key.isidentifier() or '=' not in pair:
-      print(f'tpu_worker.py: --env {pair}: expected KEY=VALUE with KEY a '
-            'variable name', file=sys.stderr)
+      print(
+          f'tpu_worker.py: --env {pair}: expected KEY=VALUE with KEY a '
+          'variable name',
+          file=sys.stderr)
       return NOT_RUN
   if args.command == 'stop' and not (args.all or args.job_id):
     print('tpu_worker.py: stop needs a JOB_ID or --all', file=sys.stderr)
     return NOT_RUN
-  return {'run': run, 'keep': keep, 'stop': stop, 'status': status,
-          'gone': gone}[args.command](args)
+  return {
+      'run': run,
+      'keep': keep,
+      'stop': stop,
+      'status': status,
+      'gone': gone
+  }[args.command](args)
 
 
 if __name__ == '__main__':

@@ -74,8 +74,10 @@ def holders(paths: set) -> dict:
   return {pid: sorted(held) for pid, held in found.items()}
 
 
-def check(worker: str, devices: str = DEFAULT_DEVICES,
-          kill_holders: bool = False, remove_stale_lockfile: bool = False,
+def check(worker: str,
+          devices: str = DEFAULT_DEVICES,
+          kill_holders: bool = False,
+          remove_stale_lockfile: bool = False,
           grace: float = 60) -> bool:
   """Names every process holding the accelerator, and a stale libtpu
   lockfile; returns whether the accelerator is free now.

@@ -40,8 +40,7 @@ class WorkerLines:
     cause: the root cause's exit code, once known, else None.
   """
 
-  def __init__(self, launch, number: int,
-               on_failure: Callable[[str], None]):
+  def __init__(self, launch, number: int, on_failure: Callable[[str], None]):
     self.launch = launch
     self.number = number
     self.exits: dict[str, tuple[float, int]] = {}
@@ -90,17 +89,18 @@ class WorkerLines:
     """SIGTERM's codes (75 after a save, or 143) from a worker, or fewer
     than `workers` said how their job ended (sessions cut)."""
     codes = {code for _, code in self.exits.values()}
-    return bool(codes & {exit_codes.PREEMPTED,
-                         exit_codes.SIGNAL_BASE + signal.SIGTERM}) or (
-                             len(self.exits) < workers)
+    return bool(codes &
+                {exit_codes.PREEMPTED, exit_codes.SIGNAL_BASE +
+                 signal.SIGTERM}) or (len(self.exits) < workers)
 
   def _worker_line(self, worker: str, text: str, console) -> None:
     launch = self.launch
     log = f'worker_{worker}.log'
     if worker not in self._headed:
       self._headed.add(worker)
-      launch.write(log, f'===== attempt {self.number} of job '
-                   f'{launch.job_id} =====')
+      launch.write(
+          log, f'===== attempt {self.number} of job '
+          f'{launch.job_id} =====')
     launch.write(log, text)
     exit_match = _EXIT.match(text)
     shown = ((worker == '0' and not output_prefix.routine(text)) or
@@ -116,10 +116,12 @@ class WorkerLines:
     """Tells `on_failure` once the root cause is known."""
     if self.cause is not None:
       return
-    failed = [(worker, at, code)
-              for worker, (at, code) in self.exits.items() if code]
+    failed = [
+        (worker, at, code) for worker, (at, code) in self.exits.items() if code
+    ]
     root = exit_codes.root_cause([(at, code) for _, at, code in failed],
-                                 time.monotonic(), all_exited=False)
+                                 time.monotonic(),
+                                 all_exited=False)
     if root is not None:
       worker, _, self.cause = failed[root]
       self.launch.say(f'worker {worker} exited {self.cause} first')

@@ -50,8 +50,9 @@ def _read(workdir: str) -> Optional[dict]:
 
 def _steered(config: ConfigDict) -> bool:
   """Whether the config fixes the groups itself (nothing is remembered)."""
-  return any(config.get(f) for f in ('device_batch_limit', 'microbatches',
-                                     'microbatch_size'))
+  return any(
+      config.get(f)
+      for f in ('device_batch_limit', 'microbatches', 'microbatch_size'))
 
 
 def _kept(workdir: str, global_batch_size: int) -> tuple[Optional[int], str]:
@@ -69,8 +70,8 @@ def _kept(workdir: str, global_batch_size: int) -> tuple[Optional[int], str]:
       f'on {found.get("num_devices")} device(s) ({layout.BATCH_LIMIT})')
 
 
-def first_group_size(config: ConfigDict, workdir: str
-                     ) -> tuple[Optional[int], str]:
+def first_group_size(config: ConfigDict,
+                     workdir: str) -> tuple[Optional[int], str]:
   """The group size the job's first attempt trained with, and a note for
   the layout line.
 
@@ -86,8 +87,10 @@ def first_group_size(config: ConfigDict, workdir: str
   """
   if _steered(config):
     return None, ''
+
   def read() -> str:
     return json.dumps(_kept(workdir, config.global_batch_size))
+
   client = coordination.current()
   if client is None or client.process_count == 1:
     size, note = json.loads(read())
@@ -104,7 +107,9 @@ def remember(config: ConfigDict, workdir: str,
   if _steered(config) or _kept(workdir, chosen.global_batch_size)[0]:
     return
   os.makedirs(workdir, exist_ok=True)
-  files.write_json(layout.Record(workdir).batch_limit(), {
-      'device_batch_limit': chosen.microbatch_size,
-      'num_devices': chosen.num_devices,
-      'global_batch_size': chosen.global_batch_size})
+  files.write_json(
+      layout.Record(workdir).batch_limit(), {
+          'device_batch_limit': chosen.microbatch_size,
+          'num_devices': chosen.num_devices,
+          'global_batch_size': chosen.global_batch_size
+      })

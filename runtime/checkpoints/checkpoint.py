@@ -124,8 +124,7 @@ class Checkpoints:
     >>> ckpt.close()                                    # waits for the disk
   """
 
-  def __init__(self, path: str, every: int, keep: int,
-               async_save: bool = True):
+  def __init__(self, path: str, every: int, keep: int, async_save: bool = True):
     if keep < 1:
       raise ValueError(f'config.keep_checkpoints={keep}; keep at least 1')
     self.path = path
@@ -145,7 +144,9 @@ class Checkpoints:
     self._manager = _Manager(
         path,
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=False, cleanup_tmp_directories=True,
+            max_to_keep=keep,
+            create=False,
+            cleanup_tmp_directories=True,
             enable_async_checkpointing=async_save,
             multiprocessing_options=ocp.options.MultiprocessingOptions(
                 active_processes=set(range(jax.process_count())))),
@@ -191,7 +192,8 @@ class Checkpoints:
     self._saving, self._saving_since = step, time.perf_counter()
     self._thread = threading.Thread(target=self._save,
                                     args=(step, state, meta),
-                                    name=f'checkpoint-{step}', daemon=True)
+                                    name=f'checkpoint-{step}',
+                                    daemon=True)
     self._thread.start()
 
   def _wait_for_previous(self, step: int) -> None:
@@ -221,10 +223,11 @@ class Checkpoints:
     try:
       if step in self._manager.all_steps():
         return
-      self._manager.save(
-          step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                        meta=ocp.args.JsonSave(meta)),
-          force=True)
+      self._manager.save(step,
+                         args=ocp.args.Composite(
+                             state=ocp.args.StandardSave(state),
+                             meta=ocp.args.JsonSave(meta)),
+                         force=True)
     except BaseException as e:  # pylint: disable=broad-except
       self._error = e
 
@@ -267,8 +270,8 @@ class Checkpoints:
     else:
       target = jax.tree.map(
           lambda x, sharding: jax.ShapeDtypeStruct(
-              np.shape(x), np.result_type(x), sharding=sharding),
-          like, shardings)
+              np.shape(x), np.result_type(x), sharding=sharding), like,
+          shardings)
     restored = self._manager.restore(
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
     return type(like)(*restored.state)
@@ -287,11 +290,13 @@ class Checkpoints:
   def finish(self, timeout_s: float) -> bool:
     """Waits at most `timeout_s` for the started saves; whether they are
     complete. Errors are logged, not raised (the caller is failing)."""
+
     def wait():
       try:
         self.wait()
       except Exception as e:  # pylint: disable=broad-except
         logging.error('could not finish the checkpoint being written: %s', e)
+
     waiter = threading.Thread(target=wait, daemon=True)
     waiter.start()
     waiter.join(timeout_s)
@@ -308,8 +313,10 @@ def open_for(options: checkpoint_options.Checkpointing) -> Checkpoints:
   if options.directory.startswith('gs://'):
     gcs_auth.wait()  # Else epath and orbax's threads each search anew.
   check_shared(options.directory)
-  return Checkpoints(options.directory, every=options.every,
-                     keep=options.keep, async_save=options.async_save)
+  return Checkpoints(options.directory,
+                     every=options.every,
+                     keep=options.keep,
+                     async_save=options.async_save)
 
 
 def read_state(step_dir: str) -> Any:
@@ -340,9 +347,8 @@ def read_state(step_dir: str) -> Any:
   try:
     # As numpy: without a target orbax would put a sharded state's arrays
     # back on the devices that saved them, which this process may lack.
-    as_numpy = jax.tree.map(
-        lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-        reader.metadata(item).item_metadata.tree)
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                            reader.metadata(item).item_metadata.tree)
     read = reader.restore(item, restore_args=as_numpy)
   finally:
     absl_logger.removeFilter(quiet)

@@ -29,7 +29,6 @@ from runtime import config_reads
 TRAJECTORY_SECTIONS = ('workload', 'seed', 'global_batch_size', 'model',
                        'optimizer', 'data')
 
-
 # Fields of the trajectory sections that steer how the data reach the
 # devices, not which: a resumed run may change them.
 HOW_NOT_WHAT = ('data.on_device', 'data.workers')
@@ -52,28 +51,37 @@ def trajectory_config(config: ConfigDict) -> dict[str, Any]:
   """
   allowed = set(config.restore_may_change) | set(
       config_reads.unread_defaults(config)) | set(HOW_NOT_WHAT)
-  sections = {k: v for k, v in config.to_dict().items()
-              if k in TRAJECTORY_SECTIONS or
-              k in config_reads.FOREIGN_TRAJECTORY}
+  sections = {
+      k: v
+      for k, v in config.to_dict().items()
+      if k in TRAJECTORY_SECTIONS or k in config_reads.FOREIGN_TRAJECTORY
+  }
   flat = mappings.flatten(sections)
-  return {k: v for k, v in flat.items()
-          if not any(k == a or k.startswith(a + '.') for a in allowed)}
+  return {
+      k: v for k, v in flat.items() if not any(k == a or k.startswith(a + '.')
+                                               for a in allowed)
+  }
 
 
 def describe_state(state: Any) -> list[list[Any]]:
   """[[path, shape, dtype], ...] of every array of `state`, in tree order."""
   leaves = jax.tree_util.tree_flatten_with_path(state)[0]
-  return [[jax.tree_util.keystr(path), list(np.shape(leaf)),
-           str(np.result_type(leaf))] for path, leaf in leaves]
+  return [[
+      jax.tree_util.keystr(path),
+      list(np.shape(leaf)),
+      str(np.result_type(leaf))
+  ] for path, leaf in leaves]
 
 
 def data_position(step: int, global_batch_size: int,
                   num_examples: int) -> dict[str, int]:
   """Where the example stream stands after `step` steps (see data.py)."""
   consumed = step * global_batch_size
-  return {'examples_consumed': consumed,
-          'epoch': consumed // num_examples,
-          'examples_into_epoch': consumed % num_examples}
+  return {
+      'examples_consumed': consumed,
+      'epoch': consumed // num_examples,
+      'examples_into_epoch': consumed % num_examples
+  }
 
 
 def check(meta: dict[str, Any], trajectory: dict[str, Any], state: Any,
@@ -114,8 +122,10 @@ def check_restorable(meta: dict[str, Any], trajectory: dict[str, Any],
   for key, saved, now in mappings.changes(meta['config'], trajectory):
     problems.append(f'config.{key}: checkpoint {_show(saved)}, this run '
                     f'{_show(now)}')
+
   def arrays(described):
     return {p: f'shape {tuple(s)} {d}' for p, s, d in described}
+
   for key, saved, now in mappings.changes(arrays(meta['state']),
                                           arrays(describe_state(state))):
     problems.append(f'state{key}: checkpoint {saved}, this run {now}')
@@ -150,21 +160,25 @@ def check_same_data(meta: dict[str, Any], num_examples: int, step: int,
         '--workdir.')
 
 
-def describe_run(options, topo, num_examples: int, step: int,
-                 state: Any, reason: str) -> dict[str, Any]:
+def describe_run(options, topo, num_examples: int, step: int, state: Any,
+                 reason: str) -> dict[str, Any]:
   """The 'meta' item of the checkpoint of `step`: what resuming checks
   (options: the run's checkpoints.options.Checkpointing)."""
   return {
       'step': step,
       'reason': reason,
-      'data': {**data_position(step, options.global_batch_size,
-                               num_examples),
-               'num_examples': num_examples,
-               'seed': options.seed},
+      'data': {
+          **data_position(step, options.global_batch_size, num_examples), 'num_examples':
+              num_examples,
+          'seed':
+              options.seed
+      },
       'config': options.trajectory,
       'state': describe_state(state),
-      'saved_by': {'process_count': topo.process_count,
-                   'device_count': topo.global_device_count,
-                   'platform': topo.platform,
-                   'jax_version': jax.__version__},
+      'saved_by': {
+          'process_count': topo.process_count,
+          'device_count': topo.global_device_count,
+          'platform': topo.platform,
+          'jax_version': jax.__version__
+      },
   }

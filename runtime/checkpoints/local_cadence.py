@@ -93,7 +93,9 @@ class Cadence:
   which process 0 tells the others the next step.
   """
 
-  def __init__(self, every_steps: int = 0, every_s: float = 0.0,
+  def __init__(self,
+               every_steps: int = 0,
+               every_s: float = 0.0,
                client: Optional[coordination.Client] = None,
                step_s: Callable[[], Optional[float]] = recent_step_s,
                budgeted: bool = False):
@@ -159,8 +161,8 @@ class Cadence:
           '(%.3f s) between copies; config.local_checkpoint_every_s=%g keeps '
           'it under %g %% (or leave local_checkpoint_every unset: every '
           '%d steps within that share)', blocking_s,
-          100 * blocking_s / (self.every_steps * step_s), self.every_steps,
-          self.every_steps * step_s,
+          100 * blocking_s / (self.every_steps * step_s),
+          self.every_steps, self.every_steps * step_s,
           math.ceil(self.every_steps * step_s), 100 * BLOCKING_SHARE,
           DEFAULT_EVERY_STEPS)
 
@@ -175,17 +177,20 @@ class Cadence:
       self.on_chosen(chosen)
 
   def _agree(self, step: int) -> int:
+
     def decide() -> str:
       if self.budgeted:
         # The interval a fault's cost chooses, and at least the unit after
         # the step this copy was for (`next_step`: a call may have passed
         # it). Any step will do: a call copies at its first step past it.
-        self._choose(interval(self.blocking_s, self.restore_s, self.mtbf_s,
-                              self.mtbf_source))
+        self._choose(
+            interval(self.blocking_s, self.restore_s, self.mtbf_s,
+                     self.mtbf_source))
         between = steps_between(self.chosen.seconds, self._step_s(), 0.0)
         return str(max(self.next_step + self.every_steps, step + between))
-      return str(step + steps_between(self.every_s, self._step_s(),
-                                      self.blocking_s))
+      return str(step +
+                 steps_between(self.every_s, self._step_s(), self.blocking_s))
+
     if self.client is None:
       return int(decide())
     return int(self.client.from_0(_NEXT_KEY.format(step), decide))

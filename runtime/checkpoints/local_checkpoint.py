@@ -114,7 +114,8 @@ def job_id(persistent_dir: str) -> str:
   return new
 
 
-def open_for(tier: checkpoint_options.LocalTier, persistent_dir: str,
+def open_for(tier: checkpoint_options.LocalTier,
+             persistent_dir: str,
              attempt: str = '') -> Optional['LocalCheckpoints']:
   """This process's local tier, or None when it is off (`tier.enabled`).
 
@@ -127,15 +128,18 @@ def open_for(tier: checkpoint_options.LocalTier, persistent_dir: str,
   if not tier.enabled:
     return None
   client = coordination.current()
-  cadence = local_cadence.Cadence(tier.every_steps, tier.every_s, client,
+  cadence = local_cadence.Cadence(tier.every_steps,
+                                  tier.every_s,
+                                  client,
                                   budgeted=tier.budgeted)
-  jid = (job_id(persistent_dir) if client is None else
-         client.from_0(_JOB_ID_KEY, lambda: job_id(persistent_dir)))
+  jid = (job_id(persistent_dir) if client is None else client.from_0(
+      _JOB_ID_KEY, lambda: job_id(persistent_dir)))
   root = tier.root or default_root()
   index = client.process_index if client is not None else 0
   _sweep_leftovers(tier.leftover_hours, root, jid, index)
   return LocalCheckpoints(os.path.join(root, jid, f'{RANK_PREFIX}{index}'),
-                          every=tier.every_steps, keep=tier.keep,
+                          every=tier.every_steps,
+                          keep=tier.keep,
                           cadence=cadence,
                           attempt=attempt,
                           owner=persistent_dir)
@@ -154,14 +158,15 @@ def _array_in(buffer: memoryview, name: str) -> np.ndarray:
   """The .npy file held in `buffer` as a read-only view of it."""
   header = io.BytesIO(bytes(buffer[:_NPY_HEADER_MAX]))
   version = np.lib.format.read_magic(header)
-  read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                 else np.lib.format.read_array_header_2_0)
+  read_header = (np.lib.format.read_array_header_1_0
+                 if version == (1, 0) else np.lib.format.read_array_header_2_0)
   shape, fortran, dtype = read_header(header)
   if dtype.hasobject:
     raise ValueError(f'{name}: an array of Python objects')
   count = math.prod(shape)
-  return np.frombuffer(buffer, dtype, count, header.tell()).reshape(
-      shape, order='F' if fortran else 'C')
+  return np.frombuffer(buffer, dtype, count,
+                       header.tell()).reshape(shape,
+                                              order='F' if fortran else 'C')
 
 
 def read_npz(path: str) -> dict[str, np.ndarray]:
@@ -194,14 +199,14 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
     if len(data) != info.file_size or zlib.crc32(data) != info.CRC:
       raise zipfile.BadZipFile(f'{info.filename}: bad CRC or cut short')
     return info.filename.removesuffix('.npy'), _array_in(data, info.filename)
+
   with futures.ThreadPoolExecutor(min(8, len(members) or 1)) as pool:
     return dict(pool.map(one, members))
 
 
 def _flat(state: Any) -> dict[str, np.ndarray]:
   leaves = jax.tree_util.tree_flatten_with_path(state)[0]
-  return {jax.tree_util.keystr(path): np.asarray(leaf)
-          for path, leaf in leaves}
+  return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
 
 
 class LocalCheckpoints:
@@ -211,9 +216,13 @@ class LocalCheckpoints:
   will not change (the step writes new buffers).
   """
 
-  def __init__(self, path: str, every: int, keep: int = 2,
+  def __init__(self,
+               path: str,
+               every: int,
+               keep: int = 2,
                cadence: Optional[local_cadence.Cadence] = None,
-               attempt: str = '', owner: str = ''):
+               attempt: str = '',
+               owner: str = ''):
     if keep < 1:
       raise ValueError(f'config.keep_local_checkpoints={keep}; keep at '
                        'least 1')
@@ -256,9 +265,11 @@ class LocalCheckpoints:
       names = os.listdir(parent)
     except OSError:
       return []
-    return [os.path.join(parent, n) for n in sorted(names)
-            if n.startswith(RANK_PREFIX) and
-            os.path.join(parent, n) != self.path]
+    return [
+        os.path.join(parent, n)
+        for n in sorted(names)
+        if n.startswith(RANK_PREFIX) and os.path.join(parent, n) != self.path
+    ]
 
   def held(self) -> dict[int, str]:
     """{step: directory} of every complete copy of the job on this disk,
@@ -290,9 +301,10 @@ class LocalCheckpoints:
     else:
       arrays = _flat(state)
       read = lambda: arrays
-    self._thread = threading.Thread(
-        target=self._write, args=(step, read, meta),
-        name=f'local-checkpoint-{step}', daemon=True)
+    self._thread = threading.Thread(target=self._write,
+                                    args=(step, read, meta),
+                                    name=f'local-checkpoint-{step}',
+                                    daemon=True)
     self._thread.start()
 
   def _write(self, step: int, read: Callable[[], dict[str, np.ndarray]],
@@ -333,16 +345,20 @@ class LocalCheckpoints:
     except UNREADABLE as e:
       return f'{type(e).__name__}: {e}'
     paths, _ = jax.tree_util.tree_flatten_with_path(like)
-    missing = [jax.tree_util.keystr(p) for p, _ in paths
-               if jax.tree_util.keystr(p) not in names]
+    missing = [
+        jax.tree_util.keystr(p)
+        for p, _ in paths
+        if jax.tree_util.keystr(p) not in names
+    ]
     return f'no array {missing[0]} (and {len(missing) - 1} more)' if (
         missing) else None
 
   def set_aside(self, step: int, why: str) -> None:
     """Removes a copy of `step` that cannot be read, saying so."""
     directory = self._held_dir(step)
-    logging.warning('the local copy %s cannot be read (%s): removed; the '
-                    'restore goes on from another copy', directory, why)
+    logging.warning(
+        'the local copy %s cannot be read (%s): removed; the '
+        'restore goes on from another copy', directory, why)
     shutil.rmtree(directory, ignore_errors=True)
 
   def load(self, step: int, like: Any) -> Any:
@@ -393,9 +409,10 @@ def _steps_in(directory: str) -> list[int]:
     names = os.listdir(directory)
   except OSError:
     return []
-  return sorted(int(n[len(_STEP_PREFIX):]) for n in names
-                if n.startswith(_STEP_PREFIX) and
-                n[len(_STEP_PREFIX):].isdigit())
+  return sorted(
+      int(n[len(_STEP_PREFIX):])
+      for n in names
+      if n.startswith(_STEP_PREFIX) and n[len(_STEP_PREFIX):].isdigit())
 
 
 def _attempt_of(directory: str) -> Optional[str]:

@@ -92,7 +92,9 @@ def _gone(checkpoint_dir: Optional[str]) -> bool:
           not os.path.isdir(checkpoint_dir))
 
 
-def sweep(root: str, own_job: str, max_age_s: float,
+def sweep(root: str,
+          own_job: str,
+          max_age_s: float,
           now: Optional[float] = None) -> list[str]:
   """Removes the other jobs' copies under `root` that no run can use.
 
@@ -128,8 +130,8 @@ def sweep(root: str, own_job: str, max_age_s: float,
         shutil.rmtree(job_dir, ignore_errors=True)
       continue
     if _gone(owner) or now - newest > max_age_s:
-      why = ('its checkpoint directory is gone' if _gone(owner) else
-             f'not resumed within {max_age_s / 3600:g} h')
+      why = ('its checkpoint directory is gone'
+             if _gone(owner) else f'not resumed within {max_age_s / 3600:g} h')
       shutil.rmtree(job_dir, ignore_errors=True)
       lines.append(f'removed local copies of another job, {why}: {what}')
     else:

@@ -81,23 +81,24 @@ class Checkpointing:
   def of(cls, config: ConfigDict, workdir: str) -> 'Checkpointing':
     """Reads a config made from runtime/config_base.py."""
     local_every = config.get('local_checkpoint_every')
-    return cls(
-        enabled=bool(config.get('checkpointing', True)),
-        directory=directory(config, workdir),
-        every=config.checkpoint_every, keep=config.keep_checkpoints,
-        async_save=bool(config.async_checkpointing),
-        restore=bool(config.restore),
-        local=LocalTier(
-            every_steps=(local_cadence.DEFAULT_EVERY_STEPS
-                         if local_every is None else local_every),
-            budgeted=local_every is None,
-            every_s=config.get('local_checkpoint_every_s', 0.0) or 0.0,
-            keep=config.keep_local_checkpoints,
-            root=config.get('local_checkpoint_dir', '') or '',
-            leftover_hours=config.get('local_checkpoint_leftover_hours',
-                                      24.0)),
-        trajectory=checkpoint_meta.trajectory_config(config),
-        global_batch_size=config.global_batch_size, seed=config.seed)
+    return cls(enabled=bool(config.get('checkpointing', True)),
+               directory=directory(config, workdir),
+               every=config.checkpoint_every,
+               keep=config.keep_checkpoints,
+               async_save=bool(config.async_checkpointing),
+               restore=bool(config.restore),
+               local=LocalTier(
+                   every_steps=(local_cadence.DEFAULT_EVERY_STEPS
+                                if local_every is None else local_every),
+                   budgeted=local_every is None,
+                   every_s=config.get('local_checkpoint_every_s', 0.0) or 0.0,
+                   keep=config.keep_local_checkpoints,
+                   root=config.get('local_checkpoint_dir', '') or '',
+                   leftover_hours=config.get('local_checkpoint_leftover_hours',
+                                             24.0)),
+               trajectory=checkpoint_meta.trajectory_config(config),
+               global_batch_size=config.global_batch_size,
+               seed=config.seed)
 
 
 def directory(config: ConfigDict, workdir: str) -> str:

@@ -93,14 +93,15 @@ def plan(local_steps: dict[int, list[int]],
   places = positions or {p: 0 for p in local_steps}
 
   def holders_of(step):
-    return tuple(sorted(p for p, steps in local_steps.items()
-                        if step in steps))
+    return tuple(sorted(p for p, steps in local_steps.items() if step in steps))
 
   def whole(step):
     held = {places[p] for p in holders_of(step)}
     return held == set(places.values())
-  newest_local = max((s for steps in local_steps.values() for s in steps
-                      if whole(s)), default=None)
+
+  newest_local = max(
+      (s for steps in local_steps.values() for s in steps if whole(s)),
+      default=None)
   candidates = [s for s in (newest_local, persistent_step) if s is not None]
   if not candidates:
     return Plan(None, 'fresh')
@@ -115,22 +116,27 @@ def plan(local_steps: dict[int, list[int]],
     sources = {}
     for process in holders:
       sources.setdefault(places[process], process)
-  return Plan(step, 'peer', source=holders[0], holders=holders,
-              sources=sources)
+  return Plan(step, 'peer', source=holders[0], holders=holders, sources=sources)
 
 
-def _exchange(local_steps: list[int], persistent_step: Optional[int]
-              ) -> tuple[dict[int, list[int]], Optional[int]]:
+def _exchange(
+    local_steps: list[int], persistent_step: Optional[int]
+) -> tuple[dict[int, list[int]], Optional[int]]:
   """Every process's local steps and process 0's persistent step."""
   client = coordination.current()
   if client is None or client.process_count == 1:
     return {0: local_steps}, persistent_step
   # Process 0's view of the persistent tier is the one that counts.
-  published = client.exchange(f'{_KEY}/steps', json.dumps(
-      {'local': local_steps, 'persistent': persistent_step}))
+  published = client.exchange(
+      f'{_KEY}/steps',
+      json.dumps({
+          'local': local_steps,
+          'persistent': persistent_step
+      }))
   everyone = {i: json.loads(text) for i, text in published.items()}
-  return ({i: v['local'] for i, v in everyone.items()},
-          everyone[0]['persistent'])
+  return ({
+      i: v['local'] for i, v in everyone.items()
+  }, everyone[0]['persistent'])
 
 
 def _who_failed(failed: bool, attempt: int) -> list[int]:
@@ -139,16 +145,17 @@ def _who_failed(failed: bool, attempt: int) -> list[int]:
   client = coordination.current()
   if client is None or client.process_count == 1:
     return [jax.process_index()] if failed else []
-  published = client.exchange(f'{_KEY}/failed/{attempt}', '1' if failed
-                              else '0')
+  published = client.exchange(f'{_KEY}/failed/{attempt}',
+                              '1' if failed else '0')
   return sorted(i for i, text in published.items() if text == '1')
 
 
 def to_words(state: Any) -> np.ndarray:
   """The bytes of every array of `state`, in tree order, as uint32 words
   (zero-padded to a whole word)."""
-  arrays = [np.ascontiguousarray(leaf)
-            for leaf in jax.tree_util.tree_leaves(state)]
+  arrays = [
+      np.ascontiguousarray(leaf) for leaf in jax.tree_util.tree_leaves(state)
+  ]
   flat = np.concatenate([a.reshape(-1).view(np.uint8) for a in arrays] or
                         [np.zeros(0, np.uint8)])
   padded = np.zeros(-(-flat.size // 4) * 4, np.uint8)
@@ -186,7 +193,9 @@ def broadcast(state: Any, is_source: bool) -> Any:
 
 
 def check_local(local: local_checkpoint.LocalCheckpoints,
-                trajectory: dict[str, Any], like: Any, num_examples: int,
+                trajectory: dict[str, Any],
+                like: Any,
+                num_examples: int,
                 parts: Optional['_Parts'] = None) -> list[int]:
   """The steps this process can restore from its own disk (whatever index
   wrote them), after checking the newest against this run's `trajectory`
@@ -205,24 +214,31 @@ def check_local(local: local_checkpoint.LocalCheckpoints,
       local.set_aside(step, why)
   held = local.held()
   if parts is not None:
-    held = {step: where for step, where in held.items()
-            if shard_parts.fits(local.meta(step).get('part'), parts.record)}
+    held = {
+        step: where
+        for step, where in held.items()
+        if shard_parts.fits(local.meta(step).get('part'), parts.record)
+    }
   else:  # A sharded state's part restores no replicated run.
-    held = {step: where for step, where in held.items()
-            if 'part' not in local.meta(step)}
+    held = {
+        step: where
+        for step, where in held.items()
+        if 'part' not in local.meta(step)
+    }
   steps = list(held)
   if steps:
-    checkpoint_meta.check(local.meta(steps[-1]), trajectory, like,
-                          num_examples, steps[-1],
-                          f'the local copy {held[steps[-1]]} '
-                          f'(step {steps[-1]})')
+    checkpoint_meta.check(
+        local.meta(steps[-1]), trajectory, like, num_examples, steps[-1],
+        f'the local copy {held[steps[-1]]} '
+        f'(step {steps[-1]})')
   return steps
 
 
 def restore(options: checkpoint_options.Checkpointing,
             persistent: Optional[checkpoint.Checkpoints],
             local: Optional[local_checkpoint.LocalCheckpoints],
-            state: Any, num_examples: int,
+            state: Any,
+            num_examples: int,
             shardings: Any = None) -> tuple[int, Any, str]:
   """(step, state, tier) to start from: the one place that decides.
 
@@ -263,8 +279,8 @@ def restore(options: checkpoint_options.Checkpointing,
   return step, state, tier
 
 
-def _restore_newest(trajectory: dict[str, Any],
-                    persistent: checkpoint.Checkpoints,
+def _restore_newest(trajectory: dict[str,
+                                     Any], persistent: checkpoint.Checkpoints,
                     local: Optional[local_checkpoint.LocalCheckpoints],
                     state: Any, num_examples: int,
                     shardings: Any) -> tuple[int, Any, str]:
@@ -280,14 +296,16 @@ def _restore_newest(trajectory: dict[str, Any],
                    parts.positions if parts else None)
     if decided.tier == 'fresh':
       return 0, state, 'fresh'
-    senders = (f'process {decided.source}' if not decided.sources else
-               'process(es) ' + ', '.join(
-                   str(p) for p in sorted(set(decided.sources.values()))))
+    senders = (f'process {decided.source}'
+               if not decided.sources else 'process(es) ' +
+               ', '.join(str(p) for p in sorted(set(decided.sources.values()))))
     # Said before the read, which may take minutes from a bucket.
-    logging.info('restoring step %d from %s', decided.step, {
-        'persistent': 'the persistent tier',
-        'local': 'each process\'s local copy',
-        'peer': f'{senders}\'s local copy'}[decided.tier])
+    logging.info(
+        'restoring step %d from %s', decided.step, {
+            'persistent': 'the persistent tier',
+            'local': 'each process\'s local copy',
+            'peer': f'{senders}\'s local copy'
+        }[decided.tier])
     if decided.tier == 'persistent':
       # The step process 0 saw, not each process's own latest_step(): on a
       # bucket a process may list a newer or older step than the others.
@@ -317,16 +335,15 @@ def _restore_newest(trajectory: dict[str, Any],
     for process in unread:
       everyone[process] = [s for s in everyone[process] if s != decided.step]
   if parts is not None:
-    mine = (shard_parts.place(mine, shardings, state)
-            if decided.tier == 'local' else
-            shard_parts.assemble(mine, shardings, state, decided.sources))
+    mine = (shard_parts.place(mine, shardings, state) if decided.tier == 'local'
+            else shard_parts.assemble(mine, shardings, state, decided.sources))
   elif decided.tier == 'peer':
     mine = broadcast(state if mine is None else mine,
                      is_source=me == decided.source)
   tier = 'local' if me in decided.holders else 'peer'
-  logging.info('restored step %d from %s', decided.step,
-               'this process\'s local copy' if tier == 'local' else
-               f'{senders}\'s local copy')
+  logging.info(
+      'restored step %d from %s', decided.step, 'this process\'s local copy'
+      if tier == 'local' else f'{senders}\'s local copy')
   return decided.step, mine, tier
 
 

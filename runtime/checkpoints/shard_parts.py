@@ -55,8 +55,11 @@ class Position:
 
   def describe(self) -> dict[str, int]:
     """What a local copy records, to be offered only where it fits."""
-    return {'position': self.index, 'processes_per_replica': self.processes,
-            'replicas': self.replicas}
+    return {
+        'position': self.index,
+        'processes_per_replica': self.processes,
+        'replicas': self.replicas
+    }
 
 
 def positions(grid) -> dict[int, Position]:
@@ -78,8 +81,10 @@ def record(shardings: Any, process_index: int) -> dict[str, Any]:
   and how each leaf is split."""
   placements = jax.tree_util.tree_leaves(shardings)
   split = hashlib.sha256(repr([tuple(p.spec) for p in placements]).encode())
-  return {**positions(placements[0].mesh)[process_index].describe(),
-          'split': split.hexdigest()[:16]}
+  return {
+      **positions(placements[0].mesh)[process_index].describe(), 'split':
+          split.hexdigest()[:16]
+  }
 
 
 def fits(recorded: Optional[dict[str, Any]], mine: dict[str, Any]) -> bool:
@@ -118,12 +123,14 @@ def _within(index: tuple[slice, ...], box: tuple[slice, ...],
 def own(state: Any) -> Any:
   """This process's block of each leaf of `state` (global arrays), as numpy
   arrays: what its devices hold, each element once."""
+
   def block(x):
     box = _box(x.sharding, x.shape)
     out = np.empty(tuple(s.stop - s.start for s in box), x.dtype)
     for shard in x.addressable_shards:
       out[_within(shard.index, box, x.shape)] = np.asarray(shard.data)
     return out
+
   return jax.tree_util.tree_map(block, state)
 
 
@@ -132,18 +139,21 @@ def like_own(like: Any, shardings: Any) -> Any:
   `shardings`: the tree, shapes and dtypes a local copy is read into."""
   return jax.tree_util.tree_map(
       lambda x, sharding: np.zeros(
-          tuple(s.stop - s.start for s in _box(sharding, np.shape(x))),
-          np.result_type(x)), like, shardings)
+          tuple(s.stop - s.start
+                for s in _box(sharding, np.shape(x))), np.result_type(x)), like,
+      shardings)
 
 
 def place(part: Any, shardings: Any, like: Any) -> Any:
   """Global arrays placed by `shardings` from this process's blocks
   (`own`); every process calls it with its own."""
+
   def one(block, sharding, x):
     shape = np.shape(x)
     box = _box(sharding, shape)
     return jax.make_array_from_callback(
         shape, sharding, lambda index: block[_within(index, box, shape)])
+
   return jax.tree_util.tree_map(one, part, shardings, like)
 
 
@@ -170,14 +180,15 @@ def assemble(part: Optional[Any], shardings: Any, like: Any,
   shards = grid.shape[state_layout.SHARD_AXIS]
   per_process = shards // where[0].processes
   # The replica to take each shard from, by the shard's position.
-  take = tuple(where[sources[shard // per_process]].replica
-               for shard in range(shards))
+  take = tuple(
+      where[sources[shard // per_process]].replica for shard in range(shards))
   leaves = jax.tree_util.tree_leaves(like)
-  blocks = (jax.tree_util.tree_leaves(part) if part is not None
-            else [None] * len(leaves))
-  pools = [_pool(block, sharding, np.shape(x), np.result_type(x))
-           for block, sharding, x in zip(blocks, placements, leaves,
-                                         strict=True)]
+  blocks = (jax.tree_util.tree_leaves(part) if part is not None else [None] *
+            len(leaves))
+  pools = [
+      _pool(block, sharding, np.shape(x), np.result_type(x))
+      for block, sharding, x in zip(blocks, placements, leaves, strict=True)
+  ]
   specs = tuple(p.spec for p in placements)
   chosen = _select(grid, treedef, specs, take)(pools)
   return chosen
@@ -196,6 +207,7 @@ def _pool(block: Optional[np.ndarray], sharding, shape, dtype) -> jax.Array:
     if block is None:
       return np.zeros((1,) + size, dtype)
     return block[_within(inner, box, shape)][None]
+
   rows = sharding.mesh.shape[state_layout.REPLICA_AXIS]
   return jax.make_array_from_callback((rows,) + tuple(shape), pool_sharding,
                                       fill)
@@ -230,8 +242,10 @@ def _select(grid, treedef, specs: tuple, take: tuple[int, ...]):
       # replicas, of that row and zeros: on the bits, as unsigned integers,
       # the sum keeps every one (-0.0 and NaN payloads too).
       bits = _as_bits(pool)
-      split = [d for d, axis in enumerate(tuple(spec))
-               if axis == state_layout.SHARD_AXIS]
+      split = [
+          d for d, axis in enumerate(tuple(spec))
+          if axis == state_layout.SHARD_AXIS
+      ]
       out = bits[take[0]]
       if split:
         dim = split[0]
@@ -245,8 +259,8 @@ def _select(grid, treedef, specs: tuple, take: tuple[int, ...]):
           out = jnp.where(mask, bits[replica], out)
       return _from_bits(out, pool.dtype)
 
-    _SELECTS[key] = jax.jit(
-        lambda pools: jax.tree_util.tree_unflatten(
-            treedef, [one(p, s) for p, s in zip(pools, specs)]),
-        out_shardings=jax.tree_util.tree_unflatten(treedef, list(outs)))
+    _SELECTS[key] = jax.jit(lambda pools: jax.tree_util.tree_unflatten(
+        treedef, [one(p, s) for p, s in zip(pools, specs)]),
+                            out_shardings=jax.tree_util.tree_unflatten(
+                                treedef, list(outs)))
   return _SELECTS[key]

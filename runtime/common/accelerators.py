@@ -24,10 +24,10 @@ class AcceleratorTypeError(exit_codes.ConfigError):
 @dataclasses.dataclass(frozen=True)
 class Generation:
   name: str
-  sizes: tuple[int, ...]      # Valid values of N in '<prefix>-N'.
-  size_counts: str            # 'cores' or 'chips'.
-  devices_per_chip: int       # JAX devices per chip.
-  chips_per_host: int         # In multi-host slices.
+  sizes: tuple[int, ...]  # Valid values of N in '<prefix>-N'.
+  size_counts: str  # 'cores' or 'chips'.
+  devices_per_chip: int  # JAX devices per chip.
+  chips_per_host: int  # In multi-host slices.
   single_host_max_chips: int  # Slices up to this many chips are one host.
 
 
@@ -40,15 +40,20 @@ def _powers_of_two(low: int, high: int) -> tuple[int, ...]:
 
 
 GENERATIONS = {
-    'v2': Generation('v2', (8, 32, 128, 256, 512), 'cores', 2, 4, 4),
-    'v3': Generation('v3', (8, 32, 64, 128, 256, 512, 1024, 2048), 'cores',
-                     2, 4, 4),
-    'v4': Generation('v4', tuple(range(8, 4097, 8)), 'cores', 1, 4, 4),
-    'v5p': Generation('v5p', tuple(range(8, 12289, 8)), 'cores', 1, 4, 4),
-    'v5litepod': Generation('v5litepod', (1, 4, 8, 16, 32, 64, 128, 256),
-                            'chips', 1, 4, 8),
-    'v6e': Generation('v6e', (1, 4, 8, 16, 32, 64, 128, 256), 'chips', 1, 4,
-                      8),
+    'v2':
+        Generation('v2', (8, 32, 128, 256, 512), 'cores', 2, 4, 4),
+    'v3':
+        Generation('v3', (8, 32, 64, 128, 256, 512, 1024, 2048), 'cores', 2, 4,
+                   4),
+    'v4':
+        Generation('v4', tuple(range(8, 4097, 8)), 'cores', 1, 4, 4),
+    'v5p':
+        Generation('v5p', tuple(range(8, 12289, 8)), 'cores', 1, 4, 4),
+    'v5litepod':
+        Generation('v5litepod', (1, 4, 8, 16, 32, 64, 128, 256), 'chips', 1, 4,
+                   8),
+    'v6e':
+        Generation('v6e', (1, 4, 8, 16, 32, 64, 128, 256), 'chips', 1, 4, 8),
 }
 # Other spellings of the same generations.
 _ALIASES = {'v5e': 'v5litepod', 'v5lite': 'v5litepod'}
@@ -109,9 +114,8 @@ def slice_topology(accelerator_type: str) -> SliceTopology:
         f'accelerator type {accelerator_type!r}: unknown generation '
         f'{match[1]!r}; known: {", ".join(GENERATIONS)}')
   if size not in generation.sizes:
-    shown = (f'multiples of 8 from 8 to {generation.sizes[-1]}'
-             if len(generation.sizes) > 12 else
-             ', '.join(str(s) for s in generation.sizes))
+    shown = (f'multiples of 8 from 8 to {generation.sizes[-1]}' if len(
+        generation.sizes) > 12 else ', '.join(str(s) for s in generation.sizes))
     raise AcceleratorTypeError(
         f'accelerator type {accelerator_type!r}: {generation.name} slices '
         f'have {shown} {generation.size_counts}, not {size}')

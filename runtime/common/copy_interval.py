@@ -51,8 +51,8 @@ class Interval:
 
   @property
   def why(self) -> str:
-    if self.seconds == self.budget_s and self.budget_s > min(self.daly_s,
-                                                             CEILING_S):
+    if self.seconds == self.budget_s and self.budget_s > min(
+        self.daly_s, CEILING_S):
       return (f'the {100 * BLOCKING_SHARE:g} % budget on the loop '
               f'(a copy blocks it {self.blocking_s:.3f} s)')
     if self.daly_s <= CEILING_S:
@@ -67,7 +67,9 @@ class Interval:
     return {**dataclasses.asdict(self), 'why': self.why}
 
 
-def interval(blocking_s: float, restore_s: float, mtbf_s: float,
+def interval(blocking_s: float,
+             restore_s: float,
+             mtbf_s: float,
              mtbf_source: str = 'default') -> Interval:
   """The seconds between local copies for a copy blocking `blocking_s`, a
   restore of `restore_s` and a mean time between failures `mtbf_s`.
@@ -78,9 +80,13 @@ def interval(blocking_s: float, restore_s: float, mtbf_s: float,
     >>> interval(1.2, 5.0, 3600.0).seconds       # the budget: 1.2 / 0.02
     60.0
   """
-  daly = max(math.sqrt(2 * blocking_s * (mtbf_s + restore_s)) - blocking_s,
-             blocking_s)
+  daly = max(
+      math.sqrt(2 * blocking_s * (mtbf_s + restore_s)) - blocking_s, blocking_s)
   budget = blocking_s / BLOCKING_SHARE
   return Interval(seconds=max(budget, min(daly, CEILING_S)),
-                  blocking_s=blocking_s, restore_s=restore_s, mtbf_s=mtbf_s,
-                  mtbf_source=mtbf_source, daly_s=daly, budget_s=budget)
+                  blocking_s=blocking_s,
+                  restore_s=restore_s,
+                  mtbf_s=mtbf_s,
+                  mtbf_source=mtbf_source,
+                  daly_s=daly,
+                  budget_s=budget)

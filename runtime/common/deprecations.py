@@ -21,22 +21,25 @@ ENDING = 'the old name goes in 0.3.0'
 
 # key -> what to write instead; {fields} are the caller's.
 RENAMED = {
-    'runtime.MODULE.NAME': (
-        'runtime.{old}.{attribute}: runtime.{old} is now the function '
-        'itself; write runtime.{attribute} or {module}.{attribute}'),
-    'parallelism.of': (
-        'parallelism.of(config) is now parallelism.from_config(config)'),
-    'parallelism.process_slice': (
-        'parallelism.process_slice is now parallelism.process_rows'),
-    'Run.host_state': 'run.host_state() is now run.numpy_state()',
-    'Run.config': (
-        'run.config is now run.options, what train read of the config '
-        '(runtime/options.py)'),
-    'Task(evaluate=...)': 'Task(evaluate=...) is now Task(eval_fn=...)',
-    'Periodic.run': '{hook}.run(run): override work(run) instead',
-    'launcher.exit_codes': (
-        'launcher.exit_codes moved to runtime.common.exit_codes (a workload '
-        'raises runtime.PodrunError)'),
+    'runtime.MODULE.NAME':
+        ('runtime.{old}.{attribute}: runtime.{old} is now the function '
+         'itself; write runtime.{attribute} or {module}.{attribute}'),
+    'parallelism.of':
+        ('parallelism.of(config) is now parallelism.from_config(config)'),
+    'parallelism.process_slice':
+        ('parallelism.process_slice is now parallelism.process_rows'),
+    'Run.host_state':
+        'run.host_state() is now run.numpy_state()',
+    'Run.config':
+        ('run.config is now run.options, what train read of the config '
+         '(runtime/options.py)'),
+    'Task(evaluate=...)':
+        'Task(evaluate=...) is now Task(eval_fn=...)',
+    'Periodic.run':
+        '{hook}.run(run): override work(run) instead',
+    'launcher.exit_codes':
+        ('launcher.exit_codes moved to runtime.common.exit_codes (a workload '
+         'raises runtime.PodrunError)'),
 }
 
 
@@ -54,5 +57,6 @@ def warn(key: str, stacklevel: int = 3, **fields: str) -> None:
       code that called the shim that calls this).
     **fields: the message's {fields}.
   """
-  warnings.warn(message(key, **fields), DeprecationWarning,
+  warnings.warn(message(key, **fields),
+                DeprecationWarning,
                 stacklevel=stacklevel)

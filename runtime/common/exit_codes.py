@@ -165,9 +165,10 @@ def signal_suffix(code: int) -> str:
 CAUSE_GRACE_S = 5.0
 
 
-def root_cause(failed: Sequence[tuple[float, int]], now: float,
-               all_exited: bool, grace_s: float = CAUSE_GRACE_S
-               ) -> Optional[int]:
+def root_cause(failed: Sequence[tuple[float, int]],
+               now: float,
+               all_exited: bool,
+               grace_s: float = CAUSE_GRACE_S) -> Optional[int]:
   """Which failure ended the job, once it is known: the one rule of the
   local pod and the TPU driver.
 

@@ -51,5 +51,5 @@ def to_json(value: Any) -> Any:
 
 def write_json(path: str, value: Any) -> None:
   """Writes JSON through a temporary file, so readers never see half of it."""
-  write_atomic(
-      path, json.dumps(to_json(value), indent=2, sort_keys=True) + '\n')
+  write_atomic(path,
+               json.dumps(to_json(value), indent=2, sort_keys=True) + '\n')

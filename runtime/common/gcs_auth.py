@@ -83,7 +83,8 @@ def _run_search() -> None:
   except Exception as e:  # pylint: disable=broad-except
     # gcsfs will search itself and say what is wrong.
     arguments, source = {}, f'the search failed: {e!r}'
-  _found.update(arguments=arguments, source=source,
+  _found.update(arguments=arguments,
+                source=source,
                 seconds=time.monotonic() - began)
 
 
@@ -92,7 +93,8 @@ def start() -> None:
   global _search
   with _lock:
     if _search is None:
-      _search = threading.Thread(target=_run_search, name='gcs-credentials',
+      _search = threading.Thread(target=_run_search,
+                                 name='gcs-credentials',
                                  daemon=True)
       _search.start()
 

@@ -59,8 +59,8 @@ from runtime.common import files
 from runtime.common import layout
 from runtime.common import records
 
-PROCESS_PARTS = ('startup', 'distributed_init', 'checkpoint_restore',
-                 'compile', 'productive', 'recomputed', 'input_wait',
+PROCESS_PARTS = ('startup', 'distributed_init', 'checkpoint_restore', 'compile',
+                 'productive', 'recomputed', 'input_wait',
                  'checkpoint_blocking', 'evaluation', 'preemption_save',
                  'other')
 # infrastructure_recovery: bringing machines back before an attempt could
@@ -69,10 +69,9 @@ JOB_PARTS = ('unrecorded', 'launch_overhead', 'restart_backoff',
              'infrastructure_recovery')
 # The named pieces of 'other', in the order a process meets them.
 OTHER_NAMES = ('backend_start', 'record_fetch', 'stall_history',
-               'compilation_cache',
-               'agreement', 'lease', 'workload_import', 'credentials',
-               'workload_setup', 'train_setup', 'metrics_writer', 'replicate',
-               'eval_check', 'loop_end', 'results', 'summary')
+               'compilation_cache', 'agreement', 'lease', 'workload_import',
+               'credentials', 'workload_setup', 'train_setup', 'metrics_writer',
+               'replicate', 'eval_check', 'loop_end', 'results', 'summary')
 _FLUSH_EVERY_S = 2.0
 
 
@@ -171,8 +170,9 @@ class Ledger:
     found = self._marks.pop(mark, None)
     if found is not None:
       started, parts_before = found
-      self.name_other(name, time.perf_counter() - started -
-                      (self._parts_total() - parts_before))
+      self.name_other(
+          name,
+          time.perf_counter() - started - (self._parts_total() - parts_before))
 
   def note(self, **values: Any) -> None:
     """Sets fields of `notes` (records.Notes); an unknown name raises."""
@@ -195,8 +195,14 @@ class Ledger:
       named = dict(self.other_named)
       notes = self.notes.to_json()
     parts['other'] = max(0.0, now - self.started - sum(parts.values()))
-    return {'started': self.started, 'updated': now, 'final': final,
-            'parts': parts, 'other_named': named, 'notes': notes}
+    return {
+        'started': self.started,
+        'updated': now,
+        'final': final,
+        'parts': parts,
+        'other_named': named,
+        'notes': notes
+    }
 
   def flush(self, final: bool = False, force: bool = False) -> None:
     """Rewrites the ledger file; at most every 2 s unless final or forced."""
@@ -255,13 +261,21 @@ def ledger_of_a_start_cut_short(attempt: str, process_index: int,
   """
   parts = {name: 0.0 for name in PROCESS_PARTS}
   parts['startup'] = max(0.0, ended - started)
-  return {'started': started, 'updated': ended, 'final': False,
-          'parts': parts, 'other_named': {},
-          'notes': {'attempt': attempt, 'process_index': process_index,
-                    'exit_code': exit_code,
-                    'cause': f'ended during its start-up, before its own '
-                             f'ledger: exit {exit_code}'
-                             f'{exit_codes.signal_suffix(exit_code)}'}}
+  return {
+      'started': started,
+      'updated': ended,
+      'final': False,
+      'parts': parts,
+      'other_named': {},
+      'notes': {
+          'attempt': attempt,
+          'process_index': process_index,
+          'exit_code': exit_code,
+          'cause': f'ended during its start-up, before its own '
+                   f'ledger: exit {exit_code}'
+                   f'{exit_codes.signal_suffix(exit_code)}'
+      }
+  }
 
 
 class HighWater:

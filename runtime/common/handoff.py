@@ -164,8 +164,8 @@ class Handoff:
         told[field.name] = value == '1'
       elif field.name == 'elastic':
         told[field.name] = _range(name, value)
-      elif field.name in ('num_processes', 'process_id',
-                          'expected_processes', 'progress_fd'):
+      elif field.name in ('num_processes', 'process_id', 'expected_processes',
+                          'progress_fd'):
         told[field.name] = _integer(name, value)
       else:
         told[field.name] = value
@@ -215,8 +215,9 @@ class Settings:
     except ValueError:
       raise HandoffError(f'{RECORD_UPLOAD_EVERY_S}={every!r} is not a number '
                          'of seconds') from None
-    return cls(environ.get(LOCAL_CHECKPOINT_DIR) or None,
-               environ.get(RECORD_CACHE) or None, every_s)
+    return cls(
+        environ.get(LOCAL_CHECKPOINT_DIR) or None,
+        environ.get(RECORD_CACHE) or None, every_s)
 
 
 _installed: Optional[Handoff] = None

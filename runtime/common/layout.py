@@ -92,8 +92,7 @@ _RANK = 'rank_'
 _RANK_FILE = re.compile(r'(?:^|/)rank_(\d+)\.[^/]*$')
 
 
-def rank_file(directory: str, process_index: int, suffix: str = '.json'
-              ) -> str:
+def rank_file(directory: str, process_index: int, suffix: str = '.json') -> str:
   """DIRECTORY/rank_<i>SUFFIX: process i's file of a kind."""
   return os.path.join(directory, f'{_RANK}{process_index}{suffix}')
 
@@ -107,8 +106,8 @@ def rank_of(path: str) -> Union[int, None]:
 def ranks(directory: str, suffix: str = '.json') -> dict[int, str]:
   """{i: path} of the rank_<i>SUFFIX files in `directory`, by i."""
   found = {}
-  for path in glob.glob(os.path.join(glob.escape(directory),
-                                     f'{_RANK}*{suffix}')):
+  for path in glob.glob(
+      os.path.join(glob.escape(directory), f'{_RANK}*{suffix}')):
     index = os.path.basename(path)[len(_RANK):-len(suffix)]
     if index.isdigit():
       found[int(index)] = path
@@ -230,8 +229,8 @@ class Record:
   def attempts_with_ledgers(self) -> dict[str, dict[int, str]]:
     """{attempt: {process index: its ledger's path}}."""
     out = {}
-    for directory in sorted(glob.glob(os.path.join(
-        glob.escape(self.ledgers()), '*'))):
+    for directory in sorted(
+        glob.glob(os.path.join(glob.escape(self.ledgers()), '*'))):
       found = ranks(directory)
       if found:
         out[os.path.basename(directory)] = found

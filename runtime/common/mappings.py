@@ -35,7 +35,8 @@ def flatten(value: Any, prefix: str = '') -> dict[str, Any]:
   return {prefix: list(value) if isinstance(value, tuple) else value}
 
 
-def changes(before: Mapping[str, Any], after: Mapping[str, Any],
+def changes(before: Mapping[str, Any],
+            after: Mapping[str, Any],
             lost: str = ABSENT) -> list[tuple[str, Any, Any]]:
   """(field, before, after) for every field whose value differs, sorted.
 

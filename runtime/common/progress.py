@@ -81,13 +81,16 @@ class Learned:
   work_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
   def to_json(self) -> dict:
-    return {'step_seconds': self.step_seconds,
-            'work_seconds': self.work_seconds}
+    return {
+        'step_seconds': self.step_seconds,
+        'work_seconds': self.work_seconds
+    }
 
   @classmethod
   def from_json(cls, value: dict) -> 'Learned':
-    return cls([float(x) for x in value.get('step_seconds', [])],
-               {k: float(v) for k, v in value.get('work_seconds', {}).items()})
+    return cls([float(x) for x in value.get('step_seconds', [])], {
+        k: float(v) for k, v in value.get('work_seconds', {}).items()
+    })
 
 
 class _Progress:
@@ -110,8 +113,7 @@ class _Progress:
     now = time.monotonic()
     with self.lock:
       if self.done_at is not None and step > (self.done_step or 0):
-        self.step_seconds.append((now - self.done_at) /
-                                 (step - self.done_step))
+        self.step_seconds.append((now - self.done_at) / (step - self.done_step))
         since = max(self.done_at, self.worked_until or self.done_at)
         interval = (now - since) / (step - self.done_step)
         self.learned_steps.append(interval)
@@ -162,17 +164,20 @@ class _Progress:
 
   def snapshot(self) -> Snapshot:
     with self.lock:
-      return Snapshot(self.done_step, self.done_at, self.begun_step,
-                      list(self.step_seconds), list(self.own_seconds),
-                      self.working, self.working_since, self.worked_until,
-                      Learned(list(self.learned_steps),
-                              dict(self.work_seconds)), self.working_on)
+      return Snapshot(
+          self.done_step,
+          self.done_at, self.begun_step, list(self.step_seconds),
+          list(self.own_seconds), self.working, self.working_since,
+          self.worked_until,
+          Learned(list(self.learned_steps),
+                  dict(self.work_seconds)), self.working_on)
 
 
 _progress = _Progress()
 
 
-def report(step: int, process_index: Optional[int] = None,
+def report(step: int,
+           process_index: Optional[int] = None,
            force: bool = False) -> None:
   """Reports that `step` (counted from 1) is complete on this process.
 
@@ -242,8 +247,11 @@ def summarize(seconds: list[float]) -> dict[str, Optional[float]]:
   if not seconds:
     return {'median': None, 'p99': None, 'count': 0}
   values = np.asarray(seconds, np.float64)
-  return {'median': float(np.median(values)),
-          'p99': float(np.percentile(values, 99)), 'count': len(seconds)}
+  return {
+      'median': float(np.median(values)),
+      'p99': float(np.percentile(values, 99)),
+      'count': len(seconds)
+  }
 
 
 def reset_for_tests() -> None:

@@ -36,8 +36,8 @@ def stacked(examples: list) -> Any:
   if isinstance(first, dict):
     return {k: stacked([e[k] for e in examples]) for k in first}
   if isinstance(first, (list, tuple)):
-    return type(first)(stacked([e[i] for e in examples])
-                       for i in range(len(first)))
+    return type(first)(
+        stacked([e[i] for e in examples]) for i in range(len(first)))
   return np.stack([np.asarray(e) for e in examples])
 
 

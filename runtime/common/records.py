@@ -37,7 +37,6 @@ from runtime.common import files
 from runtime.common import layout
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Job:
   """WORKDIR/logs/job.json: which job ran where, as its launcher says; the
@@ -65,8 +64,11 @@ class Job:
 
   def as_json(self) -> dict[str, Any]:
     """The file's object: the fields told, then `launcher`'s."""
-    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-           if f.name != 'launcher' and getattr(self, f.name) is not None}
+    out = {
+        f.name: getattr(self, f.name)
+        for f in dataclasses.fields(self)
+        if f.name != 'launcher' and getattr(self, f.name) is not None
+    }
     out['ranks'] = list(self.ranks)
     return {**out, **self.launcher}
 
@@ -106,8 +108,8 @@ class Fault:
       launcher's); None while it is only being told.
   """
   kind: Optional[str] = None
-  process_index: Optional[int] = dataclasses.field(
-      default=None, metadata={'json': 'rank'})
+  process_index: Optional[int] = dataclasses.field(default=None,
+                                                   metadata={'json': 'rank'})
   host: Optional[str] = None
   exit_code: Optional[int] = None
   summary: Optional[str] = None
@@ -137,8 +139,10 @@ class Fault:
     return f'{where} stalled: {self.summary}'
 
 
-_STOPPED_BY = {exit_codes.SIGNAL_BASE + signal.SIGINT: 'SIGINT (Ctrl-C)',
-               exit_codes.SIGNAL_BASE + signal.SIGTERM: 'SIGTERM'}
+_STOPPED_BY = {
+    exit_codes.SIGNAL_BASE + signal.SIGINT: 'SIGINT (Ctrl-C)',
+    exit_codes.SIGNAL_BASE + signal.SIGTERM: 'SIGTERM'
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,8 +173,9 @@ def _from_json(cls, values: Optional[dict[str, Any]]):
   anything but a dict."""
   if not isinstance(values, dict):
     return None
-  names = {f.metadata.get('json', f.name): f.name
-           for f in dataclasses.fields(cls)}
+  names = {
+      f.metadata.get('json', f.name): f.name for f in dataclasses.fields(cls)
+  }
   return cls(**{names[k]: v for k, v in values.items() if k in names})
 
 
@@ -237,10 +242,10 @@ class Notes:
   def from_json(cls, values: Optional[dict[str, Any]]) -> 'Notes':
     notes = _from_json(cls, values or {})
     notes.fault = _from_json(Fault, (values or {}).get('fault'))
-    notes.first_productive = _from_json(
-        FirstProductive, (values or {}).get('first_productive'))
-    notes.first_step = _from_json(FirstProductive,
-                                  (values or {}).get('first_step'))
+    notes.first_productive = _from_json(FirstProductive,
+                                        (values or {}).get('first_productive'))
+    notes.first_step = _from_json(FirstProductive, (values or
+                                                    {}).get('first_step'))
     return notes
 
 
@@ -287,9 +292,10 @@ class LauncherAttempt:
   @classmethod
   def from_json(cls, values: dict[str, Any]) -> 'LauncherAttempt':
     record = _from_json(cls, values)
-    return dataclasses.replace(
-        record, fault=_from_json(Fault, values.get('fault')),
-        infrastructure=_from_json(Recreate, values.get('infrastructure')))
+    return dataclasses.replace(record,
+                               fault=_from_json(Fault, values.get('fault')),
+                               infrastructure=_from_json(
+                                   Recreate, values.get('infrastructure')))
 
 
 def as_attempt(record) -> Optional[LauncherAttempt]:
@@ -310,8 +316,7 @@ def read_attempts(path: str) -> list[LauncherAttempt]:
   """Every attempt of an attempts.jsonl; [] when it is missing or broken."""
   try:
     with open(path) as f:
-      return [LauncherAttempt.from_json(json.loads(l)) for l in f
-              if l.strip()]
+      return [LauncherAttempt.from_json(json.loads(l)) for l in f if l.strip()]
   except (OSError, ValueError, TypeError):
     return []
 

@@ -43,9 +43,22 @@ from runtime.parallelism.mapping import PMAP
 from runtime.parallelism.mapping import SHARD_MAP
 
 __all__ = [
-    'BatchSizeError', 'CHOICES', 'DATA_AXIS', 'DeviceAxisError',
-    'Parallelism', 'PMAP', 'SHARD_MAP', 'check_device_axis', 'device_map',
-    'from_config', 'global_mesh', 'merge_devices', 'named', 'of',
+    'BatchSizeError',
+    'CHOICES',
+    'DATA_AXIS',
+    'DeviceAxisError',
+    'Parallelism',
+    'PMAP',
+    'SHARD_MAP',
+    'check_device_axis',
+    'device_map',
+    'from_config',
+    'global_mesh',
+    'merge_devices',
+    'named',
+    'of',
     'per_device_batch_size',
-    'process_rows', 'process_slice', 'split_for_devices',
+    'process_rows',
+    'process_slice',
+    'split_for_devices',
 ]

@@ -80,7 +80,8 @@ def process_slice(global_batch_size: int, process_index: int,
   return process_rows(global_batch_size, process_index, process_count)
 
 
-def split_for_devices(tree: Any, local_device_count: int,
+def split_for_devices(tree: Any,
+                      local_device_count: int,
                       what: str = 'batch') -> Any:
   """Reshapes every leaf from (n, ...) to (local_device_count, n / D, ...).
 
@@ -96,6 +97,7 @@ def split_for_devices(tree: Any, local_device_count: int,
     BatchSizeError: when n does not divide by D, explaining the device-aligned
       leading axis that pmap needs.
   """
+
   def split(path, x):
     n = x.shape[0] if np.ndim(x) else None
     if n is None or n % local_device_count:
@@ -108,9 +110,11 @@ def split_for_devices(tree: Any, local_device_count: int,
           f' must be reshaped to ({local_device_count}, n // '
           f'{local_device_count}, ...) with n a multiple of '
           f'{local_device_count}' +
-          (f', such as {_nearby_multiples(n, local_device_count)}.' if n else
-           '.'))
-    return x.reshape((local_device_count, n // local_device_count) + x.shape[1:])
+          (f', such as {_nearby_multiples(n, local_device_count)}.'
+           if n else '.'))
+    return x.reshape((local_device_count, n // local_device_count) +
+                     x.shape[1:])
+
   return jax.tree_util.tree_map_with_path(split, tree)
 
 

@@ -57,8 +57,8 @@ def over_axis(jaxpr: Any, axis: Hashable) -> tuple[str, ...]:
   while stack:
     for eqn in stack.pop().eqns:
       name = eqn.primitive.name
-      if (name not in _NOT_MIXING and axis in _axes(eqn.params)
-          and name not in names):
+      if (name not in _NOT_MIXING and axis in _axes(eqn.params) and
+          name not in names):
         names.append(name)
       for value in eqn.params.values():
         stack.extend(_inner(value))

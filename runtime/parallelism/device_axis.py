@@ -26,8 +26,8 @@ def _mapped_axes(in_axes: Union[int, None, Sequence[Any]], num_args: int):
   return list(in_axes)
 
 
-def check_device_axis(args: Sequence[Any], in_axes, local_device_count: int
-                      ) -> None:
+def check_device_axis(args: Sequence[Any], in_axes,
+                      local_device_count: int) -> None:
   """Raises DeviceAxisError unless every mapped leaf's leading axis is D."""
   for i, (arg, axis) in enumerate(zip(args, _mapped_axes(in_axes, len(args)))):
     if axis is None:
@@ -53,7 +53,9 @@ def check_device_axis(args: Sequence[Any], in_axes, local_device_count: int
           f'count), not {n}.{hint}')
 
 
-def device_map(fn: Callable, axis_name: str = mapping.DATA_AXIS, in_axes=0,
+def device_map(fn: Callable,
+               axis_name: str = mapping.DATA_AXIS,
+               in_axes=0,
                **pmap_kwargs) -> Callable:
   """`jax.pmap(fn)` that explains a misaligned leading axis.
 
@@ -77,5 +79,5 @@ def device_map(fn: Callable, axis_name: str = mapping.DATA_AXIS, in_axes=0,
   def call(*args):
     check_device_axis(args, in_axes, jax.local_device_count())
     return mapped(*args)
-  return call
 
+  return call

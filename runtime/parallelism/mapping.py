@@ -97,8 +97,11 @@ class Parallelism:
     name is its own: PMAP and SHARD_MAP stay the values they are)."""
     return self if axis == self.axis else type(self)(axis)
 
-  def map(self, fn: Callable, in_axes: Sequence[Optional[int]],
-          out_axes: Any, donate_argnums: tuple[int, ...] = ()) -> Callable:
+  def map(self,
+          fn: Callable,
+          in_axes: Sequence[Optional[int]],
+          out_axes: Any,
+          donate_argnums: tuple[int, ...] = ()) -> Callable:
     """Runs `fn` once per device of the job, collectives over `self.axis`.
 
     Args:
@@ -163,18 +166,21 @@ class _Pmap(Parallelism):
   name = 'pmap'
 
   def map(self, fn, in_axes, out_axes, donate_argnums=()):
-    return jax.pmap(fn, axis_name=self.axis, in_axes=tuple(in_axes),
-                    out_axes=out_axes, donate_argnums=donate_argnums)
+    return jax.pmap(fn,
+                    axis_name=self.axis,
+                    in_axes=tuple(in_axes),
+                    out_axes=out_axes,
+                    donate_argnums=donate_argnums)
 
   def put_batch(self, tree):
     local = batches.split_for_devices(tree, jax.local_device_count())
-    return jax.device_put(local, NamedSharding(_local_mesh(self.axis),
-                                               PartitionSpec(self.axis)))
+    return jax.device_put(
+        local, NamedSharding(_local_mesh(self.axis), PartitionSpec(self.axis)))
 
   def replicate(self, tree):
     # The layout pmap's out_axes=None gives back: no recompile after step 1.
-    return jax.device_put(tree, NamedSharding(_local_mesh(self.axis),
-                                              PartitionSpec()))
+    return jax.device_put(
+        tree, NamedSharding(_local_mesh(self.axis), PartitionSpec()))
 
 
 class _ShardMap(Parallelism):
@@ -183,35 +189,37 @@ class _ShardMap(Parallelism):
 
   def map(self, fn, in_axes, out_axes, donate_argnums=()):
     out_specs = jax.tree_util.tree_map(lambda p: _spec(p, self.axis),
-                                       out_axes, is_leaf=lambda x: x is None)
+                                       out_axes,
+                                       is_leaf=lambda x: x is None)
     # check_vma=False gives pmap's semantics, which the step is written for.
     # With the check on, JAX tracks that the parameters are replicated, so the
     # gradient with respect to them comes out already summed over the
     # devices, and the step's own pmean would leave it device_count too big.
-    mapped = jax.shard_map(fn, mesh=global_mesh(self.axis),
-                           in_specs=tuple(_spec(a, self.axis)
-                                          for a in in_axes),
-                           out_specs=out_specs, check_vma=False)
+    mapped = jax.shard_map(fn,
+                           mesh=global_mesh(self.axis),
+                           in_specs=tuple(_spec(a, self.axis) for a in in_axes),
+                           out_specs=out_specs,
+                           check_vma=False)
     return jax.jit(mapped, donate_argnums=donate_argnums)
 
   def put_batch(self, tree):
     # Split first anyway: the same divisibility check and message as pmap.
     local = batches.split_for_devices(tree, jax.local_device_count())
-    placement = NamedSharding(global_mesh(self.axis),
-                              PartitionSpec(self.axis))
+    placement = NamedSharding(global_mesh(self.axis), PartitionSpec(self.axis))
 
     def assemble(x):
       rows = batches.merge_devices(x)
       global_shape = (rows.shape[0] * jax.process_count(),) + rows.shape[1:]
       return jax.make_array_from_process_local_data(placement, rows,
                                                     global_shape)
+
     return jax.tree_util.tree_map(assemble, local)
 
   def replicate(self, tree):
     placement = NamedSharding(global_mesh(self.axis), PartitionSpec())
     return jax.tree_util.tree_map(
-        lambda x: jax.make_array_from_process_local_data(placement,
-                                                         np.asarray(x)), tree)
+        lambda x: jax.make_array_from_process_local_data(
+            placement, np.asarray(x)), tree)
 
 
 PMAP = _Pmap()

@@ -76,8 +76,9 @@ class Layout:
     text = (f'{self.microbatches} microbatch(es) of {self.microbatch_size} '
             f'example(s) per device')
     if self.padded_groups:
-      text += (f', {self.padded_groups} of {self.num_devices * self.microbatches}'
-               f' group(s) padding ({self.padding_share:.0%} of the passes)')
+      text += (
+          f', {self.padded_groups} of {self.num_devices * self.microbatches}'
+          f' group(s) padding ({self.padding_share:.0%} of the passes)')
     return f'{text}; {self.note}' if self.note else text
 
 
@@ -92,17 +93,17 @@ def _smallest_group(global_batch_size: int, groups_at_most: int) -> int:
               if global_batch_size // m <= groups_at_most)
 
 
-def _fixed_group(global_batch_size: int, num_devices: int,
-                 microbatch_size: int, device_batch_limit: Optional[int],
+def _fixed_group(global_batch_size: int, num_devices: int, microbatch_size: int,
+                 device_batch_limit: Optional[int],
                  microbatches: Optional[int]) -> Layout:
   """The layout whose groups are `microbatch_size` examples, on any D."""
   if global_batch_size % microbatch_size or (
       device_batch_limit and microbatch_size > device_batch_limit):
     raise LayoutError(
         f'groups of {microbatch_size} examples (config.microbatch_size) '
-        f'must divide global batch size {global_batch_size}'
-        + (f' and be at most config.device_batch_limit={device_batch_limit}'
-           if device_batch_limit else '') + '; choose a divisor of '
+        f'must divide global batch size {global_batch_size}' +
+        (f' and be at most config.device_batch_limit={device_batch_limit}'
+         if device_batch_limit else '') + '; choose a divisor of '
         f'{global_batch_size}')
   needed = math.ceil(global_batch_size // microbatch_size / num_devices)
   if microbatches and microbatches != needed:
@@ -114,7 +115,8 @@ def _fixed_group(global_batch_size: int, num_devices: int,
   return Layout(global_batch_size, num_devices, microbatch_size, needed)
 
 
-def plan(global_batch_size: int, num_devices: int,
+def plan(global_batch_size: int,
+         num_devices: int,
          device_batch_limit: Optional[int] = None,
          microbatches: Optional[int] = None,
          microbatch_size: Optional[int] = None) -> Layout:
@@ -144,8 +146,10 @@ def plan(global_batch_size: int, num_devices: int,
   if microbatches:
     m = _smallest_group(global_batch_size, microbatches * num_devices)
   else:
-    fitting = [d for d in _divisors(global_batch_size)
-               if not device_batch_limit or d <= device_batch_limit]
+    fitting = [
+        d for d in _divisors(global_batch_size)
+        if not device_batch_limit or d <= device_batch_limit
+    ]
     passes = math.ceil(global_batch_size / max(fitting) / num_devices)
     m = _smallest_group(global_batch_size, passes * num_devices)
     microbatches = passes
@@ -159,7 +163,8 @@ def plan(global_batch_size: int, num_devices: int,
   return Layout(global_batch_size, num_devices, m, microbatches)
 
 
-def unpadded(global_batch_size: int, num_devices: int,
+def unpadded(global_batch_size: int,
+             num_devices: int,
              device_batch_limit: Optional[int] = None,
              microbatches: Optional[int] = None) -> Optional[Layout]:
   """The layout with the fewest passes per device that pads nothing
@@ -183,8 +188,8 @@ def unpadded(global_batch_size: int, num_devices: int,
   return None
 
 
-def batches_without_padding(global_batch_size: int, num_devices: int
-                            ) -> tuple[int, ...]:
+def batches_without_padding(global_batch_size: int,
+                            num_devices: int) -> tuple[int, ...]:
   """The global batch sizes nearest G below and above that divide over D
   devices (one when G does), for messages."""
   below = global_batch_size // num_devices * num_devices

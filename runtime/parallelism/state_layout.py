@@ -45,12 +45,11 @@ REPLICA_AXIS = 'replicas'
 SHARD_AXIS = 'shards'
 REPLICAS = ('process', 'slice', 'all')
 
-
 LAYOUTS = ('replicated', 'sharded')
 
 
-def replica_of(config: Any, elastic: Optional[tuple[int, int]] = None
-               ) -> Optional[str]:
+def replica_of(config: Any,
+               elastic: Optional[tuple[int, int]] = None) -> Optional[str]:
   """config.replica when config.state_layout is 'sharded', else None.
 
   Args:
@@ -77,9 +76,8 @@ def replica_of(config: Any, elastic: Optional[tuple[int, int]] = None
         'have it chosen')
   replica = config.get('replica', 'process')
   if replica not in REPLICAS:
-    raise exit_codes.ConfigError(
-        f'config.replica={replica!r}; choose one of '
-        f'{", ".join(repr(r) for r in REPLICAS)}')
+    raise exit_codes.ConfigError(f'config.replica={replica!r}; choose one of '
+                                 f'{", ".join(repr(r) for r in REPLICAS)}')
   if elastic and replica != 'process':
     # A process lost takes its replica's shards with it; with a replica a
     # process, every other process still holds the whole state.
@@ -134,11 +132,13 @@ def place(tree: Any, shardings: Any) -> Any:
   `shardings` (a NamedSharding per leaf): each process puts only its own
   devices' parts. A leaf already a global array placed so (restored from
   the persistent tier) is kept as it is."""
+
   def one(x, sharding):
     if isinstance(x, jax.Array) and x.sharding == sharding:
       return x
-    return jax.make_array_from_callback(
-        np.shape(x), sharding, lambda index: np.asarray(x)[index])
+    return jax.make_array_from_callback(np.shape(x), sharding,
+                                        lambda index: np.asarray(x)[index])
+
   return jax.tree_util.tree_map(one, tree, shardings)
 
 
@@ -174,8 +174,8 @@ def replica_groups(replica: str, devices: list) -> list[list]:
       raise exit_codes.ConfigError(
           "config.replica='slice': these devices carry no slice_index (not "
           "a TPU multislice job); use 'process' or 'all'")
-    key = ((lambda d: d.process_index) if replica == 'process'
-           else (lambda d: d.slice_index))
+    key = ((lambda d: d.process_index) if replica == 'process' else
+           (lambda d: d.slice_index))
     owners = sorted({key(d) for d in devices})
     groups = [[d for d in devices if key(d) == o] for o in owners]
     # Each replica's devices must be contiguous in the batch's order.
@@ -185,9 +185,8 @@ def replica_groups(replica: str, devices: list) -> list[list]:
           'contiguous processes, so a replica would train on rows that are '
           "not its own; use 'process' or 'all'")
   else:
-    raise exit_codes.ConfigError(
-        f'config.replica={replica!r}; choose one of '
-        f'{", ".join(repr(r) for r in REPLICAS)}')
+    raise exit_codes.ConfigError(f'config.replica={replica!r}; choose one of '
+                                 f'{", ".join(repr(r) for r in REPLICAS)}')
   sizes = sorted({len(g) for g in groups})
   if len(sizes) > 1:
     raise exit_codes.ConfigError(
@@ -202,7 +201,8 @@ def shard_dim(shape: tuple[int, ...], shards: int) -> Optional[int]:
   `shards` divides, the first of equals; None when none does."""
   if shards == 1:
     return None
-  divisible = [(size, -axis) for axis, size in enumerate(shape)
+  divisible = [(size, -axis)
+               for axis, size in enumerate(shape)
                if size >= shards and size % shards == 0]
   return -max(divisible)[1] if divisible else None
 
@@ -221,8 +221,8 @@ def _path(key_path) -> str:
 
 
 def _spec(dim: Optional[int]) -> PartitionSpec:
-  return (PartitionSpec() if dim is None else
-          PartitionSpec(*([None] * dim), SHARD_AXIS))
+  return (PartitionSpec() if dim is None else PartitionSpec(
+      *([None] * dim), SHARD_AXIS))
 
 
 def parse_dims(text: str) -> dict[str, Optional[int]]:
@@ -256,7 +256,8 @@ def _matches(path: str, pattern: str) -> bool:
           fnmatch.fnmatchcase(path, '*/' + pattern))
 
 
-def specs(tree: Any, shards: int,
+def specs(tree: Any,
+          shards: int,
           overrides: Optional[Mapping[str, Optional[int]]] = None) -> Any:
   """A PartitionSpec per leaf of `tree` (arrays, or anything with .shape).
 
@@ -283,12 +284,13 @@ def specs(tree: Any, shards: int,
         if dim is not None and (dim >= len(shape) or shape[dim] % shards):
           raise exit_codes.ConfigError(
               f'state layout override {pattern!r}: {path} has shape '
-              f'{shape}, whose dimension {dim} '
-              + ('does not exist' if dim >= len(shape) else
-                 f'({shape[dim]}) {shards} shards do not divide')
-              + '; give another dimension, or None to keep it whole')
+              f'{shape}, whose dimension {dim} ' +
+              ('does not exist' if dim >= len(shape) else
+               f'({shape[dim]}) {shards} shards do not divide') +
+              '; give another dimension, or None to keep it whole')
         return _spec(dim)
     return _spec(shard_dim(shape, shards))
+
   out = jax.tree_util.tree_map_with_path(one, tree)
   unused = [p for p in overrides if p not in used]
   if unused:

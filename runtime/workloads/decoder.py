@@ -39,18 +39,23 @@ def init_params(config: ConfigDict) -> dict[str, Any]:
   d, layers = m.width, m.layers
   # GPT-2's: the residual projections scaled down by the depth.
   residual = 0.02 / np.sqrt(2 * layers)
-  normals = {'embed': ((m.vocab_size, d), 0.02),
-             'position': ((m.sequence_length, d), 0.02),
-             'qkv': ((layers, d, 3 * d), 0.02),
-             'out': ((layers, d, d), residual),
-             'up': ((layers, d, 4 * d), 0.02),
-             'down': ((layers, 4 * d, d), residual)}
+  normals = {
+      'embed': ((m.vocab_size, d), 0.02),
+      'position': ((m.sequence_length, d), 0.02),
+      'qkv': ((layers, d, 3 * d), 0.02),
+      'out': ((layers, d, d), residual),
+      'up': ((layers, d, 4 * d), 0.02),
+      'down': ((layers, 4 * d, d), residual)
+  }
 
   @jax.jit
   def draw(key):
     keys = jax.random.split(key, len(normals))
-    return {name: scale * jax.random.normal(k, shape, jnp.float32)
-            for k, (name, (shape, scale)) in zip(keys, normals.items())}
+    return {
+        name: scale * jax.random.normal(k, shape, jnp.float32)
+        for k, (name, (shape, scale)) in zip(keys, normals.items())
+    }
+
   drawn = jax.device_get(draw(jax.random.key(config.seed)))
   return {
       'embed': drawn['embed'],
@@ -69,12 +74,14 @@ def init_params(config: ConfigDict) -> dict[str, Any]:
 
 def _norm(x, scale):
   x32 = x.astype(jnp.float32)
-  x32 = (x32 - x32.mean(-1, keepdims=True)) * jax.lax.rsqrt(
-      x32.var(-1, keepdims=True) + 1e-5)
+  x32 = (x32 - x32.mean(
+      -1, keepdims=True)) * jax.lax.rsqrt(x32.var(-1, keepdims=True) + 1e-5)
   return (x32 * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def logits_fn(params, tokens: jnp.ndarray, heads: int,
+def logits_fn(params,
+              tokens: jnp.ndarray,
+              heads: int,
               remat: bool = False) -> jnp.ndarray:
   """(n, T) int tokens -> (n, T, V) logits, bfloat16; with `remat`, each
   layer's activations are computed again in the backward pass instead of
@@ -96,19 +103,20 @@ def logits_fn(params, tokens: jnp.ndarray, heads: int,
     hidden = jax.nn.gelu(_norm(x, layer['norm_2']) @ layer['up'])
     return x + hidden @ layer['down'], None
 
-  x, _ = jax.lax.scan(jax.checkpoint(block) if remat else block, x,
-                      p['layers'])
+  x, _ = jax.lax.scan(jax.checkpoint(block) if remat else block, x, p['layers'])
   return _norm(x, p['norm']) @ p['embed'].T
 
 
 def make_loss_fn(heads: int, remat: bool = False):
   """`(params, batch) -> (loss, {})`: next-token cross-entropy of one
   device's sequences, batch['tokens'] (n, T + 1)."""
+
   def loss_fn(params, batch):
     tokens = batch['tokens']
     logits = logits_fn(params, tokens[:, :-1], heads, remat)
     return optax.softmax_cross_entropy_with_integer_labels(
         logits.astype(jnp.float32), tokens[:, 1:]).mean(), {}
+
   return loss_fn
 
 

@@ -20,8 +20,8 @@ import runtime
 from runtime import parallelism
 
 
-def make_vectors(config: ConfigDict, process_index: int, process_count: int
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def make_vectors(config: ConfigDict, process_index: int,
+                 process_count: int) -> tuple[np.ndarray, np.ndarray]:
   """This process's share of the pairs: two (num_pairs / processes, 3) arrays."""
   n = config.num_pairs // process_count
   if n * process_count != config.num_pairs:
@@ -29,8 +29,8 @@ def make_vectors(config: ConfigDict, process_index: int, process_count: int
         f'config.num_pairs={config.num_pairs} does not divide over '
         f'{process_count} processes')
   rng = np.random.default_rng([config.seed, process_index])
-  return (rng.standard_normal((n, 3), np.float32),
-          rng.standard_normal((n, 3), np.float32))
+  return (rng.standard_normal(
+      (n, 3), np.float32), rng.standard_normal((n, 3), np.float32))
 
 
 def train_and_evaluate(config: ConfigDict, workdir: str) -> dict[str, Any]:
@@ -52,8 +52,8 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict[str, Any]:
   max_abs_diff = float(np.max(np.abs(per_device.reshape(-1) - flat)))
   # Agreement on every process, through one collective over all devices.
   all_equal = parallelism.device_map(
-      lambda x: lax.pmin(x, parallelism.DATA_AXIS))(
-          np.full(local_devices, equal, np.int32))
+      lambda x: lax.pmin(x, parallelism.DATA_AXIS))(np.full(
+          local_devices, equal, np.int32))
   runtime.progress.report(1, process_index, force=True)
   return {
       'num_pairs': config.num_pairs,

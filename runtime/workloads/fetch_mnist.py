@@ -24,8 +24,12 @@ from runtime.workloads import idx
 from runtime.workloads import mnist
 
 MIRROR = 'https://storage.googleapis.com/cvdf-datasets/mnist/'
-SHAPES = {'train_images': (60000, 28, 28), 'train_labels': (60000,),
-          'test_images': (10000, 28, 28), 'test_labels': (10000,)}
+SHAPES = {
+    'train_images': (60000, 28, 28),
+    'train_labels': (60000,),
+    'test_images': (10000, 28, 28),
+    'test_labels': (10000,)
+}
 
 
 def main():

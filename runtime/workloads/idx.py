@@ -15,10 +15,18 @@ import numpy as np
 
 import runtime
 
-_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype('>i2'),
-          0x0C: np.dtype('>i4'), 0x0D: np.dtype('>f4'), 0x0E: np.dtype('>f8')}
-_CODES = {np.dtype(v).newbyteorder('>') if np.dtype(v).itemsize > 1
-          else np.dtype(v): k for k, v in _TYPES.items()}
+_TYPES = {
+    0x08: np.uint8,
+    0x09: np.int8,
+    0x0B: np.dtype('>i2'),
+    0x0C: np.dtype('>i4'),
+    0x0D: np.dtype('>f4'),
+    0x0E: np.dtype('>f8')
+}
+_CODES = {
+    np.dtype(v).newbyteorder('>') if np.dtype(v).itemsize > 1 else np.dtype(v):
+        k for k, v in _TYPES.items()
+}
 _GZIP_MAGIC = b'\x1f\x8b'
 
 

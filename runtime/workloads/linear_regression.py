@@ -34,24 +34,25 @@ def make_dataset(config: ConfigDict) -> dict[str, np.ndarray]:
 def init_params(config: ConfigDict) -> dict[str, np.ndarray]:
   """{'weight': (features,), 'bias': ()} float32, drawn from the seed."""
   rng = np.random.default_rng([config.seed, 1])
-  return {'weight': rng.normal(size=config.data.features).astype(np.float32),
-          'bias': np.float32(0.0)}
+  return {
+      'weight': rng.normal(size=config.data.features).astype(np.float32),
+      'bias': np.float32(0.0)
+  }
 
 
 def loss_fn(params, batch) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
   """Mean squared error of one device's examples: x (n, f), y (n,)."""
   prediction = batch['x'] @ params['weight'] + params['bias']
-  return jnp.mean((prediction - batch['y']) ** 2), {}
+  return jnp.mean((prediction - batch['y'])**2), {}
 
 
 def make_task(config: ConfigDict) -> tuple[runtime.Task, dict[str, np.ndarray]]:
   """The training task and the data set behind it."""
   dataset = make_dataset(config)
-  task = runtime.Task(
-      params=init_params(config),
-      loss_fn=loss_fn,
-      optimizer=optax.sgd(config.optimizer.learning_rate),
-      data=runtime.ArraySource(x=dataset['x'], y=dataset['y']))
+  task = runtime.Task(params=init_params(config),
+                      loss_fn=loss_fn,
+                      optimizer=optax.sgd(config.optimizer.learning_rate),
+                      data=runtime.ArraySource(x=dataset['x'], y=dataset['y']))
   return task, dataset
 
 
@@ -60,8 +61,9 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> runtime.TrainResult:
   task, dataset = make_task(config)
   result = runtime.train(config, workdir, task)
   learned = result.params
-  error = max(np.abs(learned['weight'] - dataset['true_weight']).max(),
-              abs(float(learned['bias']) - float(dataset['true_bias'])))
+  error = max(
+      np.abs(learned['weight'] - dataset['true_weight']).max(),
+      abs(float(learned['bias']) - float(dataset['true_bias'])))
   result.extra = {
       'learned_weight': learned['weight'],
       'learned_bias': learned['bias'],

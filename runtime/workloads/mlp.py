@@ -31,9 +31,10 @@ def init_params(config: ConfigDict) -> dict[str, Any]:
   sizes = (config.data.features, config.model.hidden, config.data.num_classes)
   return {
       f'layer_{i}': {
-          'w': (rng.normal(size=(m, n)) / np.sqrt((m + n) / 2)).astype(
-              np.float32),
-          'b': np.zeros(n, np.float32),
+          'w': (rng.normal(size=(m, n)) / np.sqrt(
+              (m + n) / 2)).astype(np.float32),
+          'b':
+              np.zeros(n, np.float32),
       } for i, (m, n) in enumerate(zip(sizes[:-1], sizes[1:]))
   }
 
@@ -55,11 +56,11 @@ def loss_fn(params, batch) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
 
 def make_task(config: ConfigDict) -> tuple[runtime.Task, dict[str, np.ndarray]]:
   dataset = make_dataset(config)
-  task = runtime.Task(
-      params=init_params(config),
-      loss_fn=loss_fn,
-      optimizer=optax.adam(config.optimizer.learning_rate),
-      data=runtime.ArraySource(x=dataset['x'], label=dataset['label']))
+  task = runtime.Task(params=init_params(config),
+                      loss_fn=loss_fn,
+                      optimizer=optax.adam(config.optimizer.learning_rate),
+                      data=runtime.ArraySource(x=dataset['x'],
+                                               label=dataset['label']))
   return task, dataset
 
 

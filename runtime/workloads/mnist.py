@@ -74,14 +74,17 @@ def load(data_dir: str) -> dict[str, np.ndarray]:
   out = {}
   for split in ('train', 'test'):
     images, labels = _split(data_dir, split)
-    out[f'{split}_images'] = (images.reshape(len(images), -1)
-                              .astype(np.float32) / 255.0)
+    out[f'{split}_images'] = (
+        images.reshape(len(images), -1).astype(np.float32) / 255.0)
     out[f'{split}_labels'] = labels.astype(np.int32)
   return out
 
 
-def write_synthetic(data_dir: str, num_train: int = 60000,
-                    num_test: int = 10000, seed: int = 0, gzipped: bool = True,
+def write_synthetic(data_dir: str,
+                    num_train: int = 60000,
+                    num_test: int = 10000,
+                    seed: int = 0,
+                    gzipped: bool = True,
                     noise: float = 90.0) -> dict[str, np.ndarray]:
   """Writes learnable stand-ins for the four MNIST files into data_dir.
 
@@ -117,7 +120,8 @@ def init_params(config: ConfigDict, num_features: int) -> dict[str, Any]:
       f'layer_{i}': {
           'w': (rng.normal(size=(m, n)) * np.sqrt(2.0 / (m + n))).astype(
               np.float32),
-          'b': np.zeros(n, np.float32),
+          'b':
+              np.zeros(n, np.float32),
       } for i, (m, n) in enumerate(zip(sizes[:-1], sizes[1:]))
   }
 
@@ -143,22 +147,26 @@ def example_metrics(params, batch) -> dict[str, jnp.ndarray]:
   """Per-example loss and correctness, (n,) each, for evaluation."""
   logits = logits_fn(params, batch['image'])
   return {
-      'loss': optax.softmax_cross_entropy_with_integer_labels(
-          logits, batch['label']),
-      'accuracy': (jnp.argmax(logits, -1) == batch['label']).astype(
-          jnp.float32),
+      'loss':
+          optax.softmax_cross_entropy_with_integer_labels(
+              logits, batch['label']),
+      'accuracy': (jnp.argmax(logits,
+                              -1) == batch['label']).astype(jnp.float32),
   }
 
 
 def sources(dataset: dict[str, np.ndarray]) -> dict[str, runtime.ArraySource]:
   """{'train': ..., 'test': ...}, each of examples {'image', 'label'}."""
-  return {split: runtime.ArraySource(image=dataset[f'{split}_images'],
-                                  label=dataset[f'{split}_labels'])
-          for split in ('train', 'test')}
+  return {
+      split:
+          runtime.ArraySource(image=dataset[f'{split}_images'],
+                              label=dataset[f'{split}_labels'])
+      for split in ('train', 'test')
+  }
 
 
-def make_task(config: ConfigDict, dataset: dict[str, np.ndarray]
-              ) -> runtime.Task:
+def make_task(config: ConfigDict, dataset: dict[str,
+                                                np.ndarray]) -> runtime.Task:
   split = sources(dataset)
   return runtime.Task(
       params=init_params(config, dataset['train_images'].shape[1]),

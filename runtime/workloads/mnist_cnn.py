@@ -54,8 +54,8 @@ def _forward(graphdef, params, batch_stats, images, train, rng=None):
 
 
 def _loss(graphdef, params, batch_stats, batch, rng):
-  logits, batch_stats = _forward(graphdef, params, batch_stats,
-                                 batch['image'], True, rng)
+  logits, batch_stats = _forward(graphdef, params, batch_stats, batch['image'],
+                                 True, rng)
   loss = optax.softmax_cross_entropy_with_integer_labels(
       logits, batch['label']).mean()
   accuracy = jnp.mean(jnp.argmax(logits, -1) == batch['label'])
@@ -66,9 +66,10 @@ def _example_metrics(graphdef, variables, batch):
   """Per-example loss and correctness with the running statistics."""
   logits, _ = _forward(graphdef, *variables, batch['image'], False)
   labels = batch['label']
-  return {'loss': optax.softmax_cross_entropy_with_integer_labels(logits,
-                                                                  labels),
-          'accuracy': (jnp.argmax(logits, -1) == labels).astype(jnp.float32)}
+  return {
+      'loss': optax.softmax_cross_entropy_with_integer_labels(logits, labels),
+      'accuracy': (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  }
 
 
 def make_task(config: ConfigDict, dataset) -> runtime.Task:
@@ -77,8 +78,9 @@ def make_task(config: ConfigDict, dataset) -> runtime.Task:
               config.model.dropout, nnx.Rngs(config.seed))
   graphdef, params, batch_stats = nnx.split(model, nnx.Param, nnx.BatchStat)
   opt = config.optimizer
-  schedule = optax.warmup_cosine_decay_schedule(
-      0.0, opt.learning_rate, opt.warmup_steps, opt.decay_steps)
+  schedule = optax.warmup_cosine_decay_schedule(0.0, opt.learning_rate,
+                                                opt.warmup_steps,
+                                                opt.decay_steps)
   split = mnist.sources(dataset)
   # One function object per graph, so the eval step compiles once.
   metrics_fn = functools.partial(_example_metrics, graphdef)
@@ -99,4 +101,4 @@ def make_task(config: ConfigDict, dataset) -> runtime.Task:
 def train_and_evaluate(config: ConfigDict, workdir: str) -> runtime.TrainResult:
   """Trains on the train split; eval_* are the exact test-split metrics."""
   return runtime.train(config, workdir,
-                     make_task(config, mnist.load(config.data_dir)))
+                       make_task(config, mnist.load(config.data_dir)))

@@ -50,7 +50,8 @@ def _state():
   config = mnist_config.get_config()
   params = mnist.init_params(config, 784)
   state = step_lib.init_state(params, optax.adam(1e-3), config.seed)
-  return (jax.device_put(state, jax.devices()[0]),
+  return (jax.device_put(state,
+                         jax.devices()[0]),
           fingerprint.fingerprint(params)['num_params'])
 
 
@@ -75,8 +76,9 @@ def ckpt_restore(directory: str, like):
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   manager = ocp.CheckpointManager(directory, item_names=('state', 'meta'))
   step = manager.latest_step()
-  return manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(like)))['state']
+  return manager.restore(
+      step,
+      args=ocp.args.Composite(state=ocp.args.StandardRestore(like)))['state']
 
 
 def _one(where: str, directory: str) -> None:
@@ -89,7 +91,13 @@ def _one(where: str, directory: str) -> None:
 def _in_a_process(where: str, directory: str, env: dict) -> dict:
   out = subprocess.run(
       [sys.executable, __file__, f'--one={where}', f'--directory={directory}'],
-      env={**os.environ, **env}, capture_output=True, text=True, check=True,
+      env={
+          **os.environ,
+          **env
+      },
+      capture_output=True,
+      text=True,
+      check=True,
       timeout=600)
   return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -106,8 +114,12 @@ def main():
     _one(args.one, args.directory)
     return
   _, num_params = _state()
-  results = {'num_params': num_params, 'saved_floats': 3 * num_params,
-             'jax_version': jax.__version__, 'latency_ms': args.latency_ms}
+  results = {
+      'num_params': num_params,
+      'saved_floats': 3 * num_params,
+      'jax_version': jax.__version__,
+      'latency_ms': args.latency_ms
+  }
   rounds = {'local': [], 'bucket': [], 'slow_bucket': []}
   with tempfile.TemporaryDirectory() as tmp:
     server = gcs_lib.FakeGcs(pathlib.Path(tmp)).start()
@@ -115,13 +127,14 @@ def main():
       server.bucket('bench')
       with gcs_lib.SlowProxy(server.url, args.latency_ms / 1000) as slow:
         for i in range(args.rounds):  # Alternated: the noise is shared.
-          rounds['local'].append(_in_a_process('local', f'{tmp}/local/{i}',
-                                               {}))
-          rounds['bucket'].append(_in_a_process(
-              'bucket', f'gs://bench/ckpt/{i}', server.env()))
-          rounds['slow_bucket'].append(_in_a_process(
-              'slow_bucket', f'gs://bench/slow/{i}',
-              {**server.env(), **slow.env()}))
+          rounds['local'].append(_in_a_process('local', f'{tmp}/local/{i}', {}))
+          rounds['bucket'].append(
+              _in_a_process('bucket', f'gs://bench/ckpt/{i}', server.env()))
+          rounds['slow_bucket'].append(
+              _in_a_process('slow_bucket', f'gs://bench/slow/{i}', {
+                  **server.env(),
+                  **slow.env()
+              }))
     finally:
       server.stop()
   side_by_side.report(results, rounds, args.out)

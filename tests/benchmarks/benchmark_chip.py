@@ -107,10 +107,11 @@ def _hand_step(task):
   @functools.partial(jax.jit, donate_argnums=0)
   def step(state, batch):
     params, opt_state = state
-    (loss, _), grads = jax.value_and_grad(task.loss_fn, has_aux=True)(
-        params, batch)
+    (loss, _), grads = jax.value_and_grad(task.loss_fn, has_aux=True)(params,
+                                                                      batch)
     updates, opt_state = task.optimizer.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), loss
+
   return step
 
 
@@ -124,18 +125,20 @@ def _resident_scan(task, batches: list, calls: int) -> float:
 
   def one(state, batch):
     params, opt_state = state
-    (loss, _), grads = jax.value_and_grad(task.loss_fn, has_aux=True)(
-        params, batch)
+    (loss, _), grads = jax.value_and_grad(task.loss_fn, has_aux=True)(params,
+                                                                      batch)
     updates, opt_state = task.optimizer.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), loss
 
   @functools.partial(jax.jit, donate_argnums=0)
   def call(state, stacked):
     return jax.lax.scan(one, state, stacked)
+
   device = jax.devices()[0]
   per_call = min(RESIDENT_STEPS, len(batches))
-  stacked = jax.device_put(jax.tree_util.tree_map(
-      lambda *xs: jnp.stack(xs), *batches[:per_call]), device)
+  stacked = jax.device_put(
+      jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *batches[:per_call]),
+      device)
   state = jax.device_put((task.params, task.optimizer.init(task.params)),
                          device)
   state, losses = call(state, stacked)
@@ -204,8 +207,8 @@ def _clock(warm: int = WARM_STEPS, stop: int = 0):
       if self.started is None and run.count >= min(warm, run.steps - 1):
         jax.block_until_ready(run.state)
         self.started, self.count = time.perf_counter(), run.count
-      elif (self.started is not None and run.step >= (stop or run.steps)
-            and not hasattr(self, 'last_rate')):
+      elif (self.started is not None and run.step >= (stop or run.steps) and
+            not hasattr(self, 'last_rate')):
         jax.block_until_ready(run.state)
         self.last_rate = ((run.count - self.count) /
                           (time.perf_counter() - self.started))
@@ -218,11 +221,11 @@ def _clock(warm: int = WARM_STEPS, stop: int = 0):
       self.rate = (run.count - self.count) / (now - self.started)
       self.steady_rate = ((run.count - self.steady_count) /
                           (now - self.steady_started))
+
   return Clock()
 
 
-def _podrun(config, task, parallelism: str, workdir: str,
-            **overrides) -> float:
+def _podrun(config, task, parallelism: str, workdir: str, **overrides) -> float:
   import dataclasses  # pylint: disable=g-import-not-at-top
   import gc  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
@@ -262,8 +265,8 @@ def _measure(name: str, config, task, rounds: int, scratch: str,
                               max(1, config.steps // RESIDENT_STEPS))
       elif method in ('hand', 'on_device'):
         # Placed for this run alone: podrun's runs get the chip's memory.
-        state = jax.device_put(
-            (task.params, task.optimizer.init(task.params)), device)
+        state = jax.device_put((task.params, task.optimizer.init(task.params)),
+                               device)
         if method == 'hand':
           rate, state = _timed_loop(step, state, batches,
                                     lambda b: jax.device_put(b, device))
@@ -287,36 +290,58 @@ def _measure(name: str, config, task, rounds: int, scratch: str,
       partial({'rounds': rates, 'steady_rounds': steady_rounds})
   median = {m: statistics.median(v) for m, v in rates.items()}
   steady = {m: statistics.median(v) for m, v in steady_rounds.items()}
-  figures = flops.Figures(device.device_kind, jax.device_count(),
-                          lambda: None, batch_size,
+  figures = flops.Figures(device.device_kind,
+                          jax.device_count(),
+                          lambda: None,
+                          batch_size,
                           workload_flops_per_example=task.flops_per_example)
   per_step = figures.step_flops()
   mfu = {m: figures.rates(median[m]).get('mfu') for m in methods}
-  ratios = {f'{a}_vs_{b}': median[a] / median[b]
-            for a, b in (('hand', 'on_device'), ('podrun_pmap', 'hand'),
-                         ('podrun_shard_map', 'hand'),
-                         ('podrun_pmap_k1', 'hand'),
-                         ('podrun_pmap', 'on_device'),
-                         ('podrun_shard_map', 'on_device'),
-                         ('podrun_pmap', 'resident_scan'),
-                         ('hand', 'resident_scan'))
-            if a in median and b in median}
-  ratios.update({f'{m}_steady_vs_resident_scan': v / median['resident_scan']
-                 for m, v in steady.items() if 'resident_scan' in median})
-  return {'steps_per_sec': median, 'rounds': rates, **ratios, 'mfu': mfu,
-          'steady_steps_per_sec': steady, 'steady_rounds': steady_rounds,
-          'flops_per_step_per_device': per_step}
+  ratios = {
+      f'{a}_vs_{b}': median[a] / median[b]
+      for a, b in (('hand', 'on_device'), ('podrun_pmap', 'hand'),
+                   ('podrun_shard_map', 'hand'), ('podrun_pmap_k1', 'hand'),
+                   ('podrun_pmap', 'on_device'), ('podrun_shard_map',
+                                                  'on_device'),
+                   ('podrun_pmap', 'resident_scan'), ('hand', 'resident_scan'))
+      if a in median and b in median
+  }
+  ratios.update({
+      f'{m}_steady_vs_resident_scan': v / median['resident_scan']
+      for m, v in steady.items()
+      if 'resident_scan' in median
+  })
+  return {
+      'steps_per_sec': median,
+      'rounds': rates,
+      **ratios, 'mfu': mfu,
+      'steady_steps_per_sec': steady,
+      'steady_rounds': steady_rounds,
+      'flops_per_step_per_device': per_step
+  }
 
 
 # One default changed at a time, then all four: which costs what.
 ABLATIONS = {
     'defaults': {},
-    'in_flight_4': {'max_steps_in_flight': 4},
-    'log_every_1000': {'log_every': 1000},
-    'no_tensorboard': {'tensorboard': False},
-    'no_integrity': {'integrity_every': 0},
-    'all_four': {'max_steps_in_flight': 4, 'log_every': 1000,
-                 'tensorboard': False, 'integrity_every': 0},
+    'in_flight_4': {
+        'max_steps_in_flight': 4
+    },
+    'log_every_1000': {
+        'log_every': 1000
+    },
+    'no_tensorboard': {
+        'tensorboard': False
+    },
+    'no_integrity': {
+        'integrity_every': 0
+    },
+    'all_four': {
+        'max_steps_in_flight': 4,
+        'log_every': 1000,
+        'tensorboard': False,
+        'integrity_every': 0
+    },
 }
 
 
@@ -335,7 +360,9 @@ def _host_parts():
         return inner(*args, **kwargs)
       finally:
         spent[part] += time.perf_counter() - started
+
     setattr(owner, name, wrapper)
+
   timed(loop.Run, '_retire', 'retire (metrics to host)')
   timed(loop.Run, 'dispatched', 'dispatched (incl. retire)')
   timed(prefetch.Prefetcher, 'next', 'next batch')
@@ -357,8 +384,8 @@ def _ablation(config, task, rounds: int, scratch: str) -> dict:
   for r in range(rounds):
     for name in names[r % len(names):] + names[:r % len(names)]:
       if name == 'hand':
-        state = jax.device_put(
-            (task.params, task.optimizer.init(task.params)), device)
+        state = jax.device_put((task.params, task.optimizer.init(task.params)),
+                               device)
         rate, state = _timed_loop(step, state, batches,
                                   lambda b: jax.device_put(b, device))
         jax.tree_util.tree_map(lambda x: x.delete(), state)
@@ -372,21 +399,37 @@ def _ablation(config, task, rounds: int, scratch: str) -> dict:
   started = time.perf_counter()
   _podrun(config, task, 'pmap', os.path.join(scratch, 'ablate_parts'))
   wall = time.perf_counter() - started
-  return {'vs_hand': {n: median[n] / median['hand'] for n in names},
-          'steps_per_sec': median, 'rounds': rates,
-          'host_seconds_per_step': {k: v / config.steps
-                                    for k, v in spent.items()},
-          'wall_s_with_parts': wall}
+  return {
+      'vs_hand': {
+          n: median[n] / median['hand'] for n in names
+      },
+      'steps_per_sec': median,
+      'rounds': rates,
+      'host_seconds_per_step': {
+          k: v / config.steps for k, v in spent.items()
+      },
+      'wall_s_with_parts': wall
+  }
 
 
 CHECKPOINTS = {
-    'none': {'checkpointing': False},
-    'final_only': {'checkpoint_every': 0, 'local_checkpoint_every': 0},
+    'none': {
+        'checkpointing': False
+    },
+    'final_only': {
+        'checkpoint_every': 0,
+        'local_checkpoint_every': 0
+    },
     'defaults': {},
     # The local tier's default before issue 71.
-    'local_every_25': {'checkpoint_every': 0, 'local_checkpoint_every': 25},
-    'persistent_every_10': {'checkpoint_every': 10,
-                            'local_checkpoint_every': 0},
+    'local_every_25': {
+        'checkpoint_every': 0,
+        'local_checkpoint_every': 25
+    },
+    'persistent_every_10': {
+        'checkpoint_every': 10,
+        'local_checkpoint_every': 0
+    },
 }
 
 
@@ -421,10 +464,18 @@ def _checkpoint_table(config, task, rounds: int, scratch: str,
         partial({'seconds': seconds, 'loop_steps_per_sec': loop_rates})
   median = {n: statistics.median(v) for n, v in seconds.items()}
   loop = {n: statistics.median(v) for n, v in loop_rates.items()}
-  return {'seconds': median, 'rounds': seconds,
-          'vs_none': {n: median[n] / median['none'] for n in median},
-          'loop_steps_per_sec': loop, 'loop_rounds': loop_rates,
-          'loop_time_vs_none': {n: loop['none'] / loop[n] for n in loop}}
+  return {
+      'seconds': median,
+      'rounds': seconds,
+      'vs_none': {
+          n: median[n] / median['none'] for n in median
+      },
+      'loop_steps_per_sec': loop,
+      'loop_rounds': loop_rates,
+      'loop_time_vs_none': {
+          n: loop['none'] / loop[n] for n in loop
+      }
+  }
 
 
 def _hand_first_step(shape: str) -> None:
@@ -437,8 +488,8 @@ def _hand_first_step(shape: str) -> None:
   device = jax.devices()[0]
   state = jax.device_put((task.params, task.optimizer.init(task.params)),
                          device)
-  batch = jax.device_put(task.data.read_batch(
-      range(config.global_batch_size)), device)
+  batch = jax.device_put(task.data.read_batch(range(config.global_batch_size)),
+                         device)
   _, loss = step(state, batch)
   jax.block_until_ready(loss)
   print(json.dumps({'platform': device.platform}))
@@ -446,8 +497,13 @@ def _hand_first_step(shape: str) -> None:
 
 def _process_seconds(argv: list[str], env: dict) -> float:
   started = time.perf_counter()
-  result = subprocess.run(argv, cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=900, check=False)
+  result = subprocess.run(argv,
+                          cwd=REPO,
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=900,
+                          check=False)
   if result.returncode != 0:
     raise RuntimeError(f'{argv} exited {result.returncode}:\n'
                        f'{result.stderr[-3000:]}')
@@ -457,20 +513,27 @@ def _process_seconds(argv: list[str], env: dict) -> float:
 def _first_steps(shape: str, scratch: str) -> dict:
   """A one-step LM job by the launcher and by hand, each a fresh process
   with a cold compilation cache; wall seconds, start to end."""
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')}
+  env = {
+      k: v
+      for k, v in os.environ.items()
+      if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')
+  }
   env['PYTHONPATH'] = os.pathsep.join(
-      [str(REPO)] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep)
-                     if p])
+      [str(REPO)] +
+      [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
   env.setdefault('JAX_NUM_CPU_DEVICES', '1')  # Only the CPU reads it.
-  hand = _process_seconds([sys.executable, __file__, '--hand_first_step',
-                           f'--shape={shape}'], env)
-  launcher = _process_seconds(
-      [sys.executable, '-m', 'launcher', f'--config=configs/decoder.py:{shape}',
-       '--config.steps=1', '--config.checkpointing=False',
-       f'--workdir={scratch}/first_step'], env)
-  return {'launcher_s': launcher, 'hand_s': hand,
-          'launcher_vs_hand': launcher / hand}
+  hand = _process_seconds(
+      [sys.executable, __file__, '--hand_first_step', f'--shape={shape}'], env)
+  launcher = _process_seconds([
+      sys.executable, '-m', 'launcher', f'--config=configs/decoder.py:{shape}',
+      '--config.steps=1', '--config.checkpointing=False',
+      f'--workdir={scratch}/first_step'
+  ], env)
+  return {
+      'launcher_s': launcher,
+      'hand_s': hand,
+      'launcher_vs_hand': launcher / hand
+  }
 
 
 def main() -> None:
@@ -480,40 +543,56 @@ def main() -> None:
   parser.add_argument('--steps', type=int, default=40)
   parser.add_argument('--mnist_steps', type=int, default=300)
   parser.add_argument(
-      '--mnist_hidden', default='',
+      '--mnist_hidden',
+      default='',
       help='the MLP\'s hidden sizes, e.g. 8,8: a step with next to no '
       'compute, where the host\'s work per step is the whole cost (a CPU '
       'proxy of a small step on a chip)')
-  parser.add_argument('--first_step', action=argparse.BooleanOptionalAction,
+  parser.add_argument('--first_step',
+                      action=argparse.BooleanOptionalAction,
                       default=True)
   parser.add_argument('--hand_first_step', action='store_true')
   parser.add_argument(
-      '--mode', choices=('loop', 'ablate', 'checkpoints', 'fault'),
+      '--mode',
+      choices=('loop', 'ablate', 'checkpoints', 'fault'),
       default='loop',
       help='loop: every way of running the step; ablate: podrun with one '
       'default changed at a time; checkpoints: the LM with each checkpoint '
       'setting; fault: the LM SIGKILLed and restarted (tests/benchmarks/'
       'fault.py)')
-  parser.add_argument('--kills', type=int, default=3,
+  parser.add_argument('--kills',
+                      type=int,
+                      default=3,
                       help='--mode=fault: rounds of kill and restart')
-  parser.add_argument('--seed', type=int, default=0,
+  parser.add_argument('--seed',
+                      type=int,
+                      default=0,
                       help='--mode=fault: draws the steps killed at')
-  parser.add_argument('--kill_steps', default='200,1000',
+  parser.add_argument('--kill_steps',
+                      default='200,1000',
                       help='--mode=fault: LOW,HIGH, the range drawn from')
-  parser.add_argument('--fault_steps', type=int, default=1200,
+  parser.add_argument('--fault_steps',
+                      type=int,
+                      default=1200,
                       help='--mode=fault: config.steps of the job killed')
-  parser.add_argument('--clean_steps', type=int, default=300,
+  parser.add_argument('--clean_steps',
+                      type=int,
+                      default=300,
                       help='--mode=fault: then this many steps to the end, '
                       'with checkpoints at their defaults and with none '
                       '(0: not)')
-  parser.add_argument('--workload', choices=('lm', 'mnist', 'both'),
+  parser.add_argument('--workload',
+                      choices=('lm', 'mnist', 'both'),
                       default='both')
-  parser.add_argument('--methods', default=','.join(METHODS),
+  parser.add_argument('--methods',
+                      default=','.join(METHODS),
                       help='comma-separated, of ' + ', '.join(METHODS))
-  parser.add_argument('--checkpoints', default='none,final_only,defaults',
+  parser.add_argument('--checkpoints',
+                      default='none,final_only,defaults',
                       help='--mode=checkpoints: comma-separated, of ' +
                       ', '.join(CHECKPOINTS))
-  parser.add_argument('--out', default=None,
+  parser.add_argument('--out',
+                      default=None,
                       help='JSON written after every run, whole or partial')
   args = parser.parse_args()
   if args.hand_first_step:
@@ -524,8 +603,10 @@ def main() -> None:
   # Beside METHODS, podrun_pmap_kN and podrun_shard_map_kN: N steps a call;
   # a suffix _on_device keeps the data set on the devices
   # (config.data.on_device).
-  unknown = {m for m in methods if m not in METHODS and not re.fullmatch(
-      r'podrun_(pmap|shard_map)(_k[0-9]+)?(_on_device)?', m)}
+  unknown = {
+      m for m in methods if m not in METHODS and
+      not re.fullmatch(r'podrun_(pmap|shard_map)(_k[0-9]+)?(_on_device)?', m)
+  }
   if unknown:
     parser.error(f'--methods: {sorted(unknown)} are none of {METHODS}')
   out = {}
@@ -533,8 +614,8 @@ def main() -> None:
   def write(key, value):
     out[key] = value
     if args.out:
-      pathlib.Path(args.out).write_text(json.dumps(out, indent=1,
-                                                   default=str))
+      pathlib.Path(args.out).write_text(json.dumps(out, indent=1, default=str))
+
   if args.mode == 'fault':  # Launcher processes only: this one never
     from tests.benchmarks import fault  # pylint: disable=g-import-not-at-top
     low, high = (int(n) for n in args.kill_steps.split(','))
@@ -562,34 +643,41 @@ def main() -> None:
     jax.config.update('jax_compilation_cache_dir', f'{scratch}/cache')
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
     device = jax.devices()[0]
-    out.update(device_kind=device.device_kind, platform=device.platform,
-               jax=jax.__version__, shape=args.shape,
-               date=time.strftime('%Y-%m-%d'), first_step=first)
+    out.update(device_kind=device.device_kind,
+               platform=device.platform,
+               jax=jax.__version__,
+               shape=args.shape,
+               date=time.strftime('%Y-%m-%d'),
+               first_step=first)
     lm = args.workload in ('lm', 'both')
     mnist = args.workload in ('mnist', 'both')
     config = _lm_config(args.shape, args.steps)
     if args.mode == 'checkpoints':
-      write('lm_checkpoints', _checkpoint_table(
-          config, _lm_task(config), args.rounds, scratch,
-          tuple(args.checkpoints.split(',')),
-          functools.partial(write, 'lm_checkpoints')))
+      write(
+          'lm_checkpoints',
+          _checkpoint_table(config, _lm_task(config), args.rounds, scratch,
+                            tuple(args.checkpoints.split(',')),
+                            functools.partial(write, 'lm_checkpoints')))
     elif args.mode == 'ablate':
       if lm:
-        write('lm_ablation', _ablation(config, _lm_task(config), args.rounds,
-                                       scratch))
+        write('lm_ablation',
+              _ablation(config, _lm_task(config), args.rounds, scratch))
       if mnist:
         config = _mnist_config(args.mnist_steps, hidden)
-        write('mnist_ablation', _ablation(config, _mnist_task(config),
-                                          args.rounds, scratch))
+        write('mnist_ablation',
+              _ablation(config, _mnist_task(config), args.rounds, scratch))
     else:
       if lm:
-        write('lm', _measure('lm', config, _lm_task(config), args.rounds,
-                             scratch, methods, functools.partial(write, 'lm')))
+        write(
+            'lm',
+            _measure('lm', config, _lm_task(config), args.rounds, scratch,
+                     methods, functools.partial(write, 'lm')))
       if mnist:
         config = _mnist_config(args.mnist_steps, hidden)
-        write('mnist_mlp', _measure(
-            'mnist', config, _mnist_task(config), args.rounds, scratch,
-            methods, functools.partial(write, 'mnist_mlp')))
+        write(
+            'mnist_mlp',
+            _measure('mnist', config, _mnist_task(config), args.rounds, scratch,
+                     methods, functools.partial(write, 'mnist_mlp')))
   if args.mode == 'loop':
     _print_table(out)
   print(json.dumps(out, indent=1, default=str))
@@ -600,14 +688,14 @@ def _print_table(out: dict) -> None:
   ratios = ('hand_vs_on_device', 'podrun_pmap_vs_hand',
             'podrun_shard_map_vs_hand', 'podrun_pmap_k1_vs_hand',
             'podrun_pmap_vs_on_device')
-  print('| workload | ' + ' | '.join(r.replace('_vs_', ' / ')
-                                     for r in ratios) + ' | MFU |')
+  print('| workload | ' + ' | '.join(r.replace('_vs_', ' / ') for r in ratios) +
+        ' | MFU |')
   for name in ('lm', 'mnist_mlp'):
     if name not in out:
       continue
     r = out[name]
-    mfu = ', '.join(f'{m} {100 * v:.1f} %' for m, v in r['mfu'].items()
-                    if v is not None)
+    mfu = ', '.join(
+        f'{m} {100 * v:.1f} %' for m, v in r['mfu'].items() if v is not None)
     cells = ' | '.join(f'{r[k]:.3f}' if k in r else '-' for k in ratios)
     print(f'| {name} | {cells} | {mfu} |')
   if out['first_step']:

@@ -54,7 +54,8 @@ def _rate(config, task, k: int, workdir: str) -> float:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--workload', default='linear_regression',
+  parser.add_argument('--workload',
+                      default='linear_regression',
                       choices=('linear_regression', 'mnist_mlp'))
   parser.add_argument('--devices', type=int, default=1)
   parser.add_argument('--steps', type=int, default=2048)
@@ -69,14 +70,22 @@ def main() -> None:
     for r in range(args.rounds):
       order = PER_CALL[r % len(PER_CALL):] + PER_CALL[:r % len(PER_CALL)]
       for k in order:
-        rates[k].append(_rate(config, task, k,
-                              os.path.join(scratch, f'k{k}_{r}')))
+        rates[k].append(
+            _rate(config, task, k, os.path.join(scratch, f'k{k}_{r}')))
   median = {k: statistics.median(v) for k, v in rates.items()}
   device = jax.devices()[0]
-  out = {'workload': args.workload, 'device_kind': device.device_kind,
-         'devices': jax.device_count(), 'jax': jax.__version__,
-         'steps': args.steps, 'steps_per_sec': median, 'rounds': rates,
-         'vs_k1': {k: median[k] / median[1] for k in PER_CALL}}
+  out = {
+      'workload': args.workload,
+      'device_kind': device.device_kind,
+      'devices': jax.device_count(),
+      'jax': jax.__version__,
+      'steps': args.steps,
+      'steps_per_sec': median,
+      'rounds': rates,
+      'vs_k1': {
+          k: median[k] / median[1] for k in PER_CALL
+      }
+  }
   print(f'{args.workload} on {jax.device_count()} {device.device_kind} '
         f'device(s), JAX {jax.__version__}')
   print('| steps per call | steps/s | against k = 1 |')

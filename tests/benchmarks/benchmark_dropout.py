@@ -63,20 +63,21 @@ class _CNN(nnx.Module):
 def _cnn_loss(graphdef, per_example, params, batch, rng):
   logits = charlm.forward(nnx.merge(graphdef, params), batch['x'], rng,
                           per_example)
-  return optax.softmax_cross_entropy_with_integer_labels(
-      logits, batch['y']).mean(), {}
+  return optax.softmax_cross_entropy_with_integer_labels(logits,
+                                                         batch['y']).mean(), {}
 
 
 def _cnn_task(per_example: bool):
   graphdef, params = nnx.split(_CNN(nnx.Rngs(0)), nnx.Param)
   rows = np.random.default_rng(0)
-  source = runtime.ArraySource(
-      x=rows.random((2048, 784), np.float32),
-      y=rows.integers(0, 10, 2048).astype(np.int32))
-  return runtime.Task(
-      params=jax.device_get(params), optimizer=optax.sgd(0.01), data=source,
-      loss_fn=functools.partial(_cnn_loss, graphdef, per_example),
-      rng='example' if per_example else 'device'), 256
+  source = runtime.ArraySource(x=rows.random((2048, 784), np.float32),
+                               y=rows.integers(0, 10, 2048).astype(np.int32))
+  return runtime.Task(params=jax.device_get(params),
+                      optimizer=optax.sgd(0.01),
+                      data=source,
+                      loss_fn=functools.partial(_cnn_loss, graphdef,
+                                                per_example),
+                      rng='example' if per_example else 'device'), 256
 
 
 def _charlm_task(per_example: bool):
@@ -87,14 +88,16 @@ def _charlm_task(per_example: bool):
 
 def steps_per_sec(task, global_batch: int, steps: int) -> float:
   par = parallelism.PMAP
-  step_fn = step_lib.make_train_step(
-      task.loss_fn, task.optimizer, par, rng=task.rng or 'device')
+  step_fn = step_lib.make_train_step(task.loss_fn,
+                                     task.optimizer,
+                                     par,
+                                     rng=task.rng or 'device')
   state = par.replicate(step_lib.init_state(task.params, task.optimizer, 0))
   started = None
   for step in range(steps + 1):
     ids = data.process_batch_ids(step, global_batch, len(task.data), 0, 0, 1)
-    state, metrics = step_fn(state, par.put_batch(
-        data.read_batch(task.data, ids)))
+    state, metrics = step_fn(state,
+                             par.put_batch(data.read_batch(task.data, ids)))
     float(metrics['loss'])
     if started is None:
       started = time.perf_counter()
@@ -113,9 +116,12 @@ def main() -> None:
       for form, per_example in (('device', False), ('example', True)):
         rates[form].append(steps_per_sec(*make(per_example), args.steps))
       ratios.append(rates['example'][-1] / rates['device'][-1])
-    out[name] = {'steps_per_sec': {k: statistics.median(v)
-                                   for k, v in rates.items()},
-                 'example_vs_device': statistics.median(ratios)}
+    out[name] = {
+        'steps_per_sec': {
+            k: statistics.median(v) for k, v in rates.items()
+        },
+        'example_vs_device': statistics.median(ratios)
+    }
   print(json.dumps(out, indent=1))
 
 

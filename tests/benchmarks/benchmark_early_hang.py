@@ -26,20 +26,22 @@ from tests import helpers  # pylint: disable=g-import-not-at-top,wrong-import-po
 
 def measure(step: int) -> dict:
   with tempfile.TemporaryDirectory() as workdir:
-    with cluster.Cluster(
-        pathlib.Path(workdir), 2,
-        [f'--config={helpers.PROBE_CONFIG}', '--config.steps=1000000',
-         '--config.checkpointing=False', '--config.fail_rank=1',
-         f'--config.fail_step={step}', '--config.fail_mode=hang']) as job:
+    with cluster.Cluster(pathlib.Path(workdir), 2, [
+        f'--config={helpers.PROBE_CONFIG}', '--config.steps=1000000',
+        '--config.checkpointing=False', '--config.fail_rank=1',
+        f'--config.fail_step={step}', '--config.fail_mode=hang'
+    ]) as job:
       exits = job.wait(timeout=900)
-  hang = float(re.search(r'probe: hang at ([\d.]+)',
-                         exits[1].output).group(1))
+  hang = float(re.search(r'probe: hang at ([\d.]+)', exits[1].output).group(1))
   line = helpers.first_line_with(exits[0].output, 'the job stalled') or ''
   why = re.search(r'\(deadline ([^:]+): ([^)]*)', line)
-  return {'step': step, 'codes': [exits[r].code for r in (0, 1)],
-          'hang_to_exit_s': [round(exits[r].at - hang, 1) for r in (0, 1)],
-          'deadline_s': why.group(1) if why else None,
-          'deadline': why.group(2).split(':')[0] if why else None}
+  return {
+      'step': step,
+      'codes': [exits[r].code for r in (0, 1)],
+      'hang_to_exit_s': [round(exits[r].at - hang, 1) for r in (0, 1)],
+      'deadline_s': why.group(1) if why else None,
+      'deadline': why.group(2).split(':')[0] if why else None
+  }
 
 
 def main() -> None:

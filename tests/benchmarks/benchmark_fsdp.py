@@ -33,8 +33,8 @@ def _task(width: int, layers: int):
   from configs import decoder as decoder_config  # pylint: disable=g-import-not-at-top
   from runtime.workloads import decoder  # pylint: disable=g-import-not-at-top
   config = decoder_config.get_config('tiny')
-  config.model.width, config.model.layers, config.model.heads = (
-      width, layers, 8)
+  config.model.width, config.model.layers, config.model.heads = (width, layers,
+                                                                 8)
   config.model.sequence_length, config.model.vocab_size = 128, 2048
   config.model.remat = True
   return config, decoder.make_task(config)
@@ -51,16 +51,18 @@ def _steps(task, replicas: int):
   from runtime.parallelism import state_layout  # pylint: disable=g-import-not-at-top
   host = step_lib.init_state(task.params, task.optimizer, seed=0)
   whole = NamedSharding(parallelism.global_mesh(), PartitionSpec())
-  grid = Mesh(np.array(parallelism.global_mesh().devices.flat).reshape(
-      replicas, -1), (state_layout.REPLICA_AXIS, state_layout.SHARD_AXIS))
+  grid = Mesh(
+      np.array(parallelism.global_mesh().devices.flat).reshape(replicas, -1),
+      (state_layout.REPLICA_AXIS, state_layout.SHARD_AXIS))
   placed = step_lib.state_shardings(
       grid, state_layout.specs(host, grid.shape[state_layout.SHARD_AXIS]))
   return host, {
-      'replicated': (step_lib.make_train_step(
-          task.loss_fn, task.optimizer, parallelism.SHARD_MAP),
+      'replicated': (step_lib.make_train_step(task.loss_fn, task.optimizer,
+                                              parallelism.SHARD_MAP),
                      jax.tree_util.tree_map(lambda _: whole, host)),
-      'sharded': (step_lib.make_sharded_train_step(
-          task.loss_fn, task.optimizer, placed), placed)}
+      'sharded': (step_lib.make_sharded_train_step(task.loss_fn, task.optimizer,
+                                                   placed), placed)
+  }
 
 
 def step_memory(width: int, layers: int, replicas: int) -> dict:
@@ -74,11 +76,14 @@ def step_memory(width: int, layers: int, replicas: int) -> dict:
   batch = parallelism.SHARD_MAP.put_batch(
       task.data.read_batch(range(config.global_batch_size)))
   abstract = lambda tree, shardings: jax.tree_util.tree_map(
-      lambda x, s: jax.ShapeDtypeStruct(np.shape(x), np.result_type(x),
-                                        sharding=s), tree, shardings)
-  return {name: memory.of_compiled(
-      step.lower(abstract(host, shardings), batch).compile())
-          for name, (step, shardings) in steps.items()}
+      lambda x, s: jax.ShapeDtypeStruct(
+          np.shape(x), np.result_type(x), sharding=s), tree, shardings)
+  return {
+      name:
+          memory.of_compiled(
+              step.lower(abstract(host, shardings), batch).compile())
+      for name, (step, shardings) in steps.items()
+  }
 
 
 def step_seconds(width: int, layers: int, replicas: int, steps: int,
@@ -88,9 +93,12 @@ def step_seconds(width: int, layers: int, replicas: int, steps: int,
   from runtime import parallelism  # pylint: disable=g-import-not-at-top
   config, task = _task(width, layers)
   host, made = _steps(task, replicas)
-  batches = [parallelism.SHARD_MAP.put_batch(task.data.read_batch(
-      range(i * config.global_batch_size, (i + 1) * config.global_batch_size)))
-             for i in range(steps)]
+  batches = [
+      parallelism.SHARD_MAP.put_batch(
+          task.data.read_batch(
+              range(i * config.global_batch_size,
+                    (i + 1) * config.global_batch_size))) for i in range(steps)
+  ]
   seconds = {name: [] for name in made}
   for r in range(rounds):
     for name in list(made)[r % 2:] + list(made)[:r % 2]:
@@ -118,11 +126,17 @@ def main() -> None:
   args = parser.parse_args()
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update('jax_num_cpu_devices', 8)
-  budget = args.budget_mib * 2 ** 20
-  out = {'jax': jax.__version__, 'layers': args.layers,
-         'budget_mib': args.budget_mib, 'widths': {}, 'largest': {},
-         'date': time.strftime('%Y-%m-%d')}
-  print('| width | grid | replicated MiB | sharded MiB | sharded / replicated |')
+  budget = args.budget_mib * 2**20
+  out = {
+      'jax': jax.__version__,
+      'layers': args.layers,
+      'budget_mib': args.budget_mib,
+      'widths': {},
+      'largest': {},
+      'date': time.strftime('%Y-%m-%d')
+  }
+  print(
+      '| width | grid | replicated MiB | sharded MiB | sharded / replicated |')
   for width in (int(w) for w in args.widths.split(',')):
     for grid, replicas in GRIDS.items():
       need = step_memory(width, args.layers, replicas)
@@ -133,22 +147,25 @@ def main() -> None:
         if m.total <= budget:
           key = f'{grid} {name}'
           out['largest'][key] = max(out['largest'].get(key, 0), width)
-      print(f'| {width} | {grid} | {need["replicated"].total / 2**20:.0f} | '
-            f'{need["sharded"].total / 2**20:.0f} | {row["ratio"]:.3f} |',
-            flush=True)
+      print(
+          f'| {width} | {grid} | {need["replicated"].total / 2**20:.0f} | '
+          f'{need["sharded"].total / 2**20:.0f} | {row["ratio"]:.3f} |',
+          flush=True)
   print(f'largest width within {args.budget_mib:g} MiB a device: '
         f'{out["largest"]}')
   out['step_s'] = {}
   for grid, replicas in GRIDS.items():
-    seconds = step_seconds(args.time_width, args.layers, replicas,
-                           args.steps, args.rounds)
-    seconds['sharded_vs_replicated'] = seconds['sharded'] / seconds[
-        'replicated']
+    seconds = step_seconds(args.time_width, args.layers, replicas, args.steps,
+                           args.rounds)
+    seconds[
+        'sharded_vs_replicated'] = seconds['sharded'] / seconds['replicated']
     out['step_s'][grid] = seconds
-    print(f'step time at width {args.time_width}, {grid}: replicated '
-          f'{seconds["replicated"] * 1000:.0f} ms, sharded '
-          f'{seconds["sharded"] * 1000:.0f} ms '
-          f'({seconds["sharded_vs_replicated"]:.2f}x)', flush=True)
+    print(
+        f'step time at width {args.time_width}, {grid}: replicated '
+        f'{seconds["replicated"] * 1000:.0f} ms, sharded '
+        f'{seconds["sharded"] * 1000:.0f} ms '
+        f'({seconds["sharded_vs_replicated"]:.2f}x)',
+        flush=True)
   text = json.dumps(out, indent=1)
   if args.out:
     pathlib.Path(args.out).write_text(text)

@@ -50,9 +50,10 @@ def _stacked(task, options, topo, par, layout):
                                 rows.stop - rows.start)
 
   def load(step, steps):
-    return par.put_batch(dispatch.stack(
-        [read(s) for s in range(step, step + steps)],
-        topo.local_device_count))
+    return par.put_batch(
+        dispatch.stack([read(s) for s in range(step, step + steps)],
+                       topo.local_device_count))
+
   return load
 
 
@@ -84,18 +85,26 @@ def main() -> None:
   config = benchmark_chip._mnist_config(1)  # pylint: disable=protected-access
   task = benchmark_chip._mnist_task(config)  # pylint: disable=protected-access
   options = types.SimpleNamespace(global_batch_size=config.global_batch_size,
-                                  seed=0, shuffle=True, on_device=False)
+                                  seed=0,
+                                  shuffle=True,
+                                  on_device=False)
   topo = types.SimpleNamespace(process_index=0,
                                local_device_count=jax.local_device_count())
   par = parallelism.named(args.parallelism)
   layout = microbatches.plan(config.global_batch_size, jax.device_count())
   kept = types.SimpleNamespace(**{**vars(options), 'on_device': True})
-  ways = {'stacked': _stacked(task, options, topo, par, layout),
-          'one_read': loader.make(options, task, topo, par, layout),
-          'on_device': loader.make(kept, task, topo, par, layout)}
-  out = {'device_kind': jax.devices()[0].device_kind,
-         'devices': jax.device_count(), 'parallelism': args.parallelism,
-         'jax': jax.__version__, 'date': time.strftime('%Y-%m-%d')}
+  ways = {
+      'stacked': _stacked(task, options, topo, par, layout),
+      'one_read': loader.make(options, task, topo, par, layout),
+      'on_device': loader.make(kept, task, topo, par, layout)
+  }
+  out = {
+      'device_kind': jax.devices()[0].device_kind,
+      'devices': jax.device_count(),
+      'parallelism': args.parallelism,
+      'jax': jax.__version__,
+      'date': time.strftime('%Y-%m-%d')
+  }
   for k in (int(n) for n in args.steps_per_call.split(',')):
     rounds = {name: [] for name in ways}
     for r in range(args.rounds):
@@ -103,14 +112,15 @@ def main() -> None:
       for name in names:
         rounds[name].append(_ms_a_call(ways[name], k, args.calls))
     median = {name: statistics.median(v) for name, v in rounds.items()}
-    out[f'k{k}'] = {'ms_a_call': median, 'rounds': rounds,
-                    'one_read_vs_stacked': median['one_read'] /
-                    median['stacked'],
-                    'on_device_vs_stacked': median['on_device'] /
-                    median['stacked']}
-    print(f'k = {k}: ' + ', '.join(
-        f'{name} {ms:.2f} ms a call ({ms / median["stacked"]:.2f}x)'
-        for name, ms in median.items()))
+    out[f'k{k}'] = {
+        'ms_a_call': median,
+        'rounds': rounds,
+        'one_read_vs_stacked': median['one_read'] / median['stacked'],
+        'on_device_vs_stacked': median['on_device'] / median['stacked']
+    }
+    print(f'k = {k}: ' +
+          ', '.join(f'{name} {ms:.2f} ms a call ({ms / median["stacked"]:.2f}x)'
+                    for name, ms in median.items()))
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(out, indent=1))
 

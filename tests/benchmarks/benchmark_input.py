@@ -85,9 +85,10 @@ def _run(workers: int, args, scratch: str) -> dict:
   config.checkpointing = False
   config.data.workers = workers
   task, _ = linear_regression.make_task(config)
-  task = dataclasses.replace(
-      task, data=SlowRecords(task.data.arrays, args.record_ms / 1000),
-      hooks=(_Pace(args.step_ms / 1000),))
+  task = dataclasses.replace(task,
+                             data=SlowRecords(task.data.arrays,
+                                              args.record_ms / 1000),
+                             hooks=(_Pace(args.step_ms / 1000),))
   workdir = os.path.join(scratch, f'workers_{workers}')
   said = _Said()
   absl_logging.set_verbosity(absl_logging.INFO)
@@ -100,10 +101,15 @@ def _run(workers: int, args, scratch: str) -> dict:
   seconds = time.perf_counter() - started
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]
-  waits = [r['input_wait_fraction'] for r in rows[1:]
-           if 'input_wait_fraction' in r]
-  return {'seconds': seconds, 'input_wait_fraction': statistics.median(waits),
-          'fingerprint': result.fingerprint['sha256'], 'said': said.lines}
+  waits = [
+      r['input_wait_fraction'] for r in rows[1:] if 'input_wait_fraction' in r
+  ]
+  return {
+      'seconds': seconds,
+      'input_wait_fraction': statistics.median(waits),
+      'fingerprint': result.fingerprint['sha256'],
+      'said': said.lines
+  }
 
 
 def main() -> None:
@@ -116,14 +122,19 @@ def main() -> None:
   parser.add_argument('--out', default=None)
   args = parser.parse_args()
   with tempfile.TemporaryDirectory(prefix='podrun_input_') as scratch:
-    out = {'in_process': _run(0, args, scratch),
-           'with_workers': _run(args.workers, args, scratch),
-           'auto': _run(-1, args, scratch)}
-  out.update(record_ms=args.record_ms, workers=args.workers,
-             batch=args.batch, steps=args.steps,
-             same_parameters=len({out[way]['fingerprint'] for way in
-                                  ('in_process', 'with_workers', 'auto')}
-                                 ) == 1)
+    out = {
+        'in_process': _run(0, args, scratch),
+        'with_workers': _run(args.workers, args, scratch),
+        'auto': _run(-1, args, scratch)
+    }
+  out.update(record_ms=args.record_ms,
+             workers=args.workers,
+             batch=args.batch,
+             steps=args.steps,
+             same_parameters=len({
+                 out[way]['fingerprint']
+                 for way in ('in_process', 'with_workers', 'auto')
+             }) == 1)
   print(f'records of {args.record_ms:g} ms, batch {args.batch}: input wait '
         f'{out["in_process"]["input_wait_fraction"]:.3f} read in the process,'
         f' {out["with_workers"]["input_wait_fraction"]:.3f} with '

@@ -63,12 +63,14 @@ _MARKS = (
 
 
 def _probe(steps: int) -> list[str]:
-  return [f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
-          f'--config.steps={steps}', f'--config.global_batch_size={BATCH}',
-          f'--config.data.num_examples={EXAMPLES}', '--config.log_every=1',
-          '--config.local_checkpoint_every=5', '--config.checkpoint_every=100',
-          '--config.step_seconds=0.05', '--config.census=True',
-          '--config.nan_on_padding=True']
+  return [
+      f'--config={helpers.PROBE_CONFIG}', '--local_devices=2',
+      f'--config.steps={steps}', f'--config.global_batch_size={BATCH}',
+      f'--config.data.num_examples={EXAMPLES}', '--config.log_every=1',
+      '--config.local_checkpoint_every=5', '--config.checkpoint_every=100',
+      '--config.step_seconds=0.05', '--config.census=True',
+      '--config.nan_on_padding=True'
+  ]
 
 
 def _mark(marks: dict[str, float], line: str, now: float) -> None:
@@ -103,18 +105,21 @@ def run_once(steps: int, kill_at: int, add_at: int) -> dict:
         marks['add'] = time.monotonic() - started
         cluster.cluster.add_node(**ray_cluster.NODE)
     proc.wait()
-  attempts = helpers.read_jsonl(os.path.join(workdir, 'logs',
-                                             'attempts.jsonl'))
-  recomputed = sum(helpers.read_json(os.path.join(
-      workdir, 'goodput', a['name'], 'rank_0.json'))['notes'].get(
-          'recomputed_steps') or 0 for a in attempts)
+  attempts = helpers.read_jsonl(os.path.join(workdir, 'logs', 'attempts.jsonl'))
+  recomputed = sum(
+      helpers.read_json(
+          os.path.join(workdir, 'goodput', a['name'], 'rank_0.json'))
+      ['notes'].get('recomputed_steps') or 0 for a in attempts)
   counts = census.counts(helpers.final_state(workdir)['params'])
-  exact = (counts.steps == steps and
-           (counts.examples == census.expected(BATCH, EXAMPLES, 0,
-                                               steps)).all())
-  return {'marks': marks, 'code': proc.returncode, 'recomputed': recomputed,
-          'census_exact': bool(exact),
-          'processes': [a['processes'] for a in attempts]}
+  exact = (counts.steps == steps and (counts.examples == census.expected(
+      BATCH, EXAMPLES, 0, steps)).all())
+  return {
+      'marks': marks,
+      'code': proc.returncode,
+      'recomputed': recomputed,
+      'census_exact': bool(exact),
+      'processes': [a['processes'] for a in attempts]
+  }
 
 
 def report(result: dict) -> None:
@@ -145,16 +150,17 @@ def _jaxtrainer_loop(config: dict) -> None:
       counts, w, start = saved['counts'], saved['w'], int(saved['step'])
 
   def step(w, counts, x, ids):
-    grad = jax.lax.pmean(jax.grad(
-        lambda w: jnp.mean((x @ w - x.sum(-1)) ** 2))(w), 'i')
+    grad = jax.lax.pmean(
+        jax.grad(lambda w: jnp.mean((x @ w - x.sum(-1))**2))(w), 'i')
     seen = jax.lax.psum(jnp.zeros_like(counts).at[ids].add(1.0), 'i')
     return w - 0.1 * grad, counts + seen
+
   step = jax.pmap(step, 'i', in_axes=(None, None, 0, 0), out_axes=None)
   devices = jax.local_device_count()
   for s in range(start, config['steps']):
     share = BATCH // size
-    ids = ((s * BATCH + np.arange(BATCH)) % EXAMPLES)[
-        rank * share:(rank + 1) * share]
+    ids = ((s * BATCH + np.arange(BATCH)) % EXAMPLES)[rank * share:(rank + 1) *
+                                                      share]
     ids = ids[:len(ids) // devices * devices].reshape(devices, -1)
     x = np.random.default_rng(s).normal(size=ids.shape + (4,)).astype(
         np.float32)
@@ -167,7 +173,9 @@ def _jaxtrainer_loop(config: dict) -> None:
       continue
     if rank == 0:
       directory = tempfile.mkdtemp()
-      np.savez(os.path.join(directory, 'state.npz'), counts=counts, w=w,
+      np.savez(os.path.join(directory, 'state.npz'),
+               counts=counts,
+               w=w,
                step=s + 1)
       train.report({'step': s + 1},
                    checkpoint=train.Checkpoint.from_directory(directory))
@@ -184,14 +192,21 @@ def run_jaxtrainer(steps: int, kill_at: int, elastic: bool) -> dict:
   from ray.train.v2.jax import JaxTrainer  # pylint: disable=g-import-not-at-top
   from ray.train.v2.jax.config import JaxConfig  # pylint: disable=g-import-not-at-top
   # The raylets pass these to the workers they start.
-  os.environ.update({'RAY_TRAIN_V2_ENABLED': '1', 'JAX_PLATFORMS': 'cpu',
-                     'XLA_FLAGS': '--xla_force_host_platform_device_count=2'})
+  os.environ.update({
+      'RAY_TRAIN_V2_ENABLED': '1',
+      'JAX_PLATFORMS': 'cpu',
+      'XLA_FLAGS': '--xla_force_host_platform_device_count=2'
+  })
   work = tempfile.mkdtemp(prefix='benchmark_jaxtrainer_')
   log = os.path.join(work, 'steps.log')
   open(log, 'w').close()
   with ray_cluster.RayCluster(nodes=4) as cluster:
     trainer = JaxTrainer(
-        _jaxtrainer_loop, train_loop_config={'steps': steps, 'log': log},
+        _jaxtrainer_loop,
+        train_loop_config={
+            'steps': steps,
+            'log': log
+        },
         jax_config=JaxConfig(use_gpu=True),
         scaling_config=ScalingConfig(num_workers=(3, 4) if elastic else 4,
                                      resources_per_worker={'host': 1}),
@@ -206,8 +221,10 @@ def run_jaxtrainer(steps: int, kill_at: int, elastic: bool) -> dict:
     while fit.is_alive() and killed is None:
       with open(log) as f:
         if sum(1 for _ in f) >= kill_at:
-          workers = [n for n in cluster.cluster.list_all_nodes()
-                     if n is not cluster.cluster.head_node]
+          workers = [
+              n for n in cluster.cluster.list_all_nodes()
+              if n is not cluster.cluster.head_node
+          ]
           killed = time.time()
           cluster.cluster.remove_node(workers[-1], allow_graceful=False)
           if not elastic:
@@ -219,10 +236,14 @@ def run_jaxtrainer(steps: int, kill_at: int, elastic: bool) -> dict:
     rows = [(float(t), int(s), int(w)) for t, s, w in map(str.split, f)]
   after = next(r for r, before in zip(rows[1:], rows)
                if r[0] > killed and r[1] <= before[1])
-  return {'to_first_step': rows[0][0] - began,
-          'kill_to_step': after[0] - killed, 'resumed_at': after[1] - 1,
-          'workers_after': after[2], 'recomputed': len(rows) - steps,
-          **_jaxtrainer_census(ended['r'].checkpoint, steps)}
+  return {
+      'to_first_step': rows[0][0] - began,
+      'kill_to_step': after[0] - killed,
+      'resumed_at': after[1] - 1,
+      'workers_after': after[2],
+      'recomputed': len(rows) - steps,
+      **_jaxtrainer_census(ended['r'].checkpoint, steps)
+  }
 
 
 def _jaxtrainer_census(checkpoint, steps: int) -> dict:
@@ -235,10 +256,11 @@ def _jaxtrainer_census(checkpoint, steps: int) -> dict:
   with checkpoint.as_directory() as directory:
     saved = np.load(os.path.join(directory, 'state.npz'))
     counts, step = saved['counts'], int(saved['step'])
-  return {'census_exact': bool(step == steps and
-                               np.array_equal(counts, expected)),
-          'examples_missed': int(np.clip(expected - counts, 0, None).sum()),
-          'examples_twice': int(np.clip(counts - expected, 0, None).sum())}
+  return {
+      'census_exact': bool(step == steps and np.array_equal(counts, expected)),
+      'examples_missed': int(np.clip(expected - counts, 0, None).sum()),
+      'examples_twice': int(np.clip(counts - expected, 0, None).sum())
+  }
 
 
 def main() -> None:
@@ -254,8 +276,8 @@ def main() -> None:
     report(run_once(args.steps, args.kill_at, args.add_at))
   if args.jaxtrainer:
     for elastic in (False, True):
-      case = ('num_workers=(3, 4)' if elastic else
-              '4 workers, a node back 11 s after the kill')
+      case = ('num_workers=(3, 4)'
+              if elastic else '4 workers, a node back 11 s after the kill')
       print(f'JaxTrainer, {case}: '
             f'{run_jaxtrainer(args.steps, args.kill_at, elastic)}')
 

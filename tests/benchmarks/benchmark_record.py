@@ -34,23 +34,30 @@ from scripts import side_by_side  # pylint: disable=g-import-not-at-top,wrong-im
 from tests import gcs as gcs_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
-def _run(workdir: str, record_dir: pathlib.Path, steps: int,
-         env: dict) -> dict:
+def _run(workdir: str, record_dir: pathlib.Path, steps: int, env: dict) -> dict:
   """One launch; its figures."""
   started = time.perf_counter()
-  subprocess.run(
-      [sys.executable, '-m', 'launcher', '--config=configs/mlp.py',
-       f'--config.steps={steps}', '--config.log_every=50',
-       '--config.checkpoint_every=500', '--local_processes=2',
-       '--local_devices=4', f'--workdir={workdir}'],
-      cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True,
-      check=True, timeout=1200)
+  subprocess.run([
+      sys.executable, '-m', 'launcher', '--config=configs/mlp.py',
+      f'--config.steps={steps}', '--config.log_every=50',
+      '--config.checkpoint_every=500', '--local_processes=2',
+      '--local_devices=4', f'--workdir={workdir}'
+  ],
+                 cwd=REPO,
+                 env={
+                     **os.environ,
+                     **env
+                 },
+                 capture_output=True,
+                 text=True,
+                 check=True,
+                 timeout=1200)
   elapsed = time.perf_counter() - started
   with open(record_dir / 'metrics.jsonl') as f:
-    rates = [r['steps_per_sec'] for r in map(json.loads, f)
-             if 'steps_per_sec' in r]
-  return {'steps_per_sec': statistics.median(rates[1:]),
-          'launcher_s': elapsed}
+    rates = [
+        r['steps_per_sec'] for r in map(json.loads, f) if 'steps_per_sec' in r
+    ]
+  return {'steps_per_sec': statistics.median(rates[1:]), 'launcher_s': elapsed}
 
 
 def main():
@@ -65,24 +72,36 @@ def main():
   with tempfile.TemporaryDirectory() as tmp:
     server = gcs_lib.FakeGcs(pathlib.Path(tmp)).start()
     cache = pathlib.Path(tmp) / 'record'
-    upload = {'PODRUN_RECORD_UPLOAD_EVERY_S': str(args.upload_every_s),
-              'PODRUN_RECORD_CACHE': str(cache)}
+    upload = {
+        'PODRUN_RECORD_UPLOAD_EVERY_S': str(args.upload_every_s),
+        'PODRUN_RECORD_CACHE': str(cache)
+    }
     try:
       server.bucket('bench')
       with gcs_lib.SlowProxy(server.url, args.latency_ms / 1000) as slow:
         for i in range(args.rounds):  # Alternated: the noise is shared.
           local = pathlib.Path(tmp) / f'local_{i}'
           rounds['local'].append(_run(str(local), local, args.steps, {}))
-          rounds['bucket'].append(_run(
-              f'gs://bench/fast_{i}', cache / 'bench' / f'fast_{i}',
-              args.steps, {**server.env(), **upload}))
-          rounds['slow_bucket'].append(_run(
-              f'gs://bench/slow_{i}', cache / 'bench' / f'slow_{i}',
-              args.steps, {**server.env(), **slow.env(), **upload}))
+          rounds['bucket'].append(
+              _run(f'gs://bench/fast_{i}', cache / 'bench' / f'fast_{i}',
+                   args.steps, {
+                       **server.env(),
+                       **upload
+                   }))
+          rounds['slow_bucket'].append(
+              _run(f'gs://bench/slow_{i}', cache / 'bench' / f'slow_{i}',
+                   args.steps, {
+                       **server.env(),
+                       **slow.env(),
+                       **upload
+                   }))
     finally:
       server.stop()
-  results = {'steps': args.steps, 'latency_ms': args.latency_ms,
-             'upload_every_s': args.upload_every_s}
+  results = {
+      'steps': args.steps,
+      'latency_ms': args.latency_ms,
+      'upload_every_s': args.upload_every_s
+  }
   side_by_side.report(results, rounds, args.out)
 
 

@@ -33,12 +33,13 @@ sys.path.insert(0, str(REPO))
 from tests import gcs as gcs_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-JOB = [f'--config={helpers.PROBE_CONFIG}', '--config.steps=20',
-       '--config.checkpoint_every=10', '--config.fail_rank=1',
-       '--config.fail_step=15', '--config.fail_mode=sigkill',
-       '--config.fail_once=True', '--max_restarts=1',
-       '--retry_exit_codes=137', '--restart_backoff=0.5',
-       '--local_processes=2', '--local_devices=4']
+JOB = [
+    f'--config={helpers.PROBE_CONFIG}', '--config.steps=20',
+    '--config.checkpoint_every=10', '--config.fail_rank=1',
+    '--config.fail_step=15', '--config.fail_mode=sigkill',
+    '--config.fail_once=True', '--max_restarts=1', '--retry_exit_codes=137',
+    '--restart_backoff=0.5', '--local_processes=2', '--local_devices=4'
+]
 
 
 def _attempts(record: pathlib.Path) -> list[dict]:
@@ -52,15 +53,17 @@ def _attempts(record: pathlib.Path) -> list[dict]:
     rows.append({
         'started': ledger['started'],
         'to_first_step_s': None if first is None else first - ledger['started'],
-        **{k: parts[k] for k in ('startup', 'distributed_init',
-                                 'checkpoint_restore', 'compile', 'other')},
-        'other_unnamed': parts['other'] - sum(named.values())})
+        **{
+            k: parts[k] for k in ('startup', 'distributed_init', 'checkpoint_restore', 'compile', 'other')
+        }, 'other_unnamed': parts['other'] - sum(named.values())
+    })
   return sorted(rows, key=lambda r: r['started'])
 
 
 def run(repo: str, workdir: str, env: dict, gcs) -> list[dict]:
   """One job from `repo`; its attempts' figures."""
-  proc = helpers.start_launcher([*JOB, f'--workdir={workdir}'], cwd=repo,
+  proc = helpers.start_launcher([*JOB, f'--workdir={workdir}'],
+                                cwd=repo,
                                 env=helpers.launcher_env(**env))
   try:
     result = helpers.finish(proc, 600, time.monotonic())
@@ -77,9 +80,11 @@ def run(repo: str, workdir: str, env: dict, gcs) -> list[dict]:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser()
-  parser.add_argument('--repos', default=str(REPO),
+  parser.add_argument('--repos',
+                      default=str(REPO),
                       help='checkouts to run, comma-separated')
-  parser.add_argument('--metadata', default='silent',
+  parser.add_argument('--metadata',
+                      default='silent',
                       choices=('refused', 'silent'))
   parser.add_argument('--out', default='')
   args = parser.parse_args(argv)
@@ -94,21 +99,31 @@ def main(argv=None) -> int:
     for i, repo in enumerate(args.repos.split(',')):
       repo = os.path.abspath(repo)
       for where in ('bucket', 'disk'):
-        workdir = (f'gs://runs/{i}-{where}' if where == 'bucket'
-                   else f'{tmp}/{i}-{where}')
-        here = {**env, 'PODRUN_RECORD_CACHE': f'{tmp}/cache-{i}',
-                'PYTHONPATH': repo, 'TMP_RECORD': f'{tmp}/record-{i}'}
+        workdir = (f'gs://runs/{i}-{where}'
+                   if where == 'bucket' else f'{tmp}/{i}-{where}')
+        here = {
+            **env, 'PODRUN_RECORD_CACHE': f'{tmp}/cache-{i}',
+            'PYTHONPATH': repo,
+            'TMP_RECORD': f'{tmp}/record-{i}'
+        }
         before = silent.connections
         rows = run(repo, workdir, here, gcs)
         asked = silent.connections - before
-        results.append({'repo': repo, 'where': where, 'attempts': rows,
-                        'metadata_connections': asked})
-        print(f'{repo} {where}: {asked} connection(s) to the metadata '
-              'address', flush=True)
+        results.append({
+            'repo': repo,
+            'where': where,
+            'attempts': rows,
+            'metadata_connections': asked
+        })
+        print(
+            f'{repo} {where}: {asked} connection(s) to the metadata '
+            'address',
+            flush=True)
         for n, row in enumerate(rows, 1):
-          print(f'{repo} {where} attempt {n}: ' + ' '.join(
-              f'{k}={v:.2f}' for k, v in row.items()
-              if k != 'started' and v is not None), flush=True)
+          print(f'{repo} {where} attempt {n}: ' +
+                ' '.join(f'{k}={v:.2f}' for k, v in row.items()
+                         if k != 'started' and v is not None),
+                flush=True)
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
   return 0

@@ -34,23 +34,30 @@ TOPOLOGIES = {'1x8': (1, 8), '2x4': (2, 4)}
 
 def _run(workdir: pathlib.Path, layout: str, processes: int, devices: int,
          width: int, steps: int) -> dict:
-  result = helpers.run_launcher(
-      ['--config=tests/workloads/charlm_config.py',
-       f'--config.model.width={width}', '--config.model.heads=4',
-       '--config.optimizer.name=adam', '--config.optimizer.learning_rate=1e-3',
-       f'--config.steps={steps}', '--config.log_every=5',
-       '--config.global_batch_size=48', '--config.parallelism=shard_map',
-       f'--config.state_layout={layout}', f'--local_processes={processes}',
-       f'--local_devices={devices}', f'--workdir={workdir}'], timeout=600)
+  result = helpers.run_launcher([
+      '--config=tests/workloads/charlm_config.py',
+      f'--config.model.width={width}', '--config.model.heads=4',
+      '--config.optimizer.name=adam', '--config.optimizer.learning_rate=1e-3',
+      f'--config.steps={steps}', '--config.log_every=5',
+      '--config.global_batch_size=48', '--config.parallelism=shard_map',
+      f'--config.state_layout={layout}', f'--local_processes={processes}',
+      f'--local_devices={devices}', f'--workdir={workdir}'
+  ],
+                                timeout=600)
   if result.returncode != 0:
     raise RuntimeError(result.output[-3000:])
-  rates = [r['steps_per_sec'] for r in helpers.read_jsonl(
-      workdir / 'metrics.jsonl') if 'steps_per_sec' in r][1:]
+  rates = [
+      r['steps_per_sec']
+      for r in helpers.read_jsonl(workdir / 'metrics.jsonl')
+      if 'steps_per_sec' in r
+  ][1:]
   out = {'step_s': 1.0 / statistics.median(rates)}
   said = _SAID.search(result.output)
   if said:
-    out.update(per_device=said.group(1), split=said.group(2),
-               shards=int(said.group(3)), whole=said.group(4),
+    out.update(per_device=said.group(1),
+               split=said.group(2),
+               shards=int(said.group(3)),
+               whole=said.group(4),
                replicated=said.group(5))
   return out
 
@@ -67,24 +74,32 @@ def main(argv=None) -> int:
       for name, (processes, devices) in TOPOLOGIES.items():
         for layout in ('replicated', 'sharded'):
           workdir = pathlib.Path(root) / f'{round_}-{name}-{layout}'
-          rows.setdefault((name, layout), []).append(_run(
-              workdir, layout, processes, devices, args.width, args.steps))
+          rows.setdefault((name, layout), []).append(
+              _run(workdir, layout, processes, devices, args.width, args.steps))
   print('| pod | state per device, sharded (split + whole) | replicated | '
         'step, sharded / replicated |')
   print('| --- | --- | --- | --- |')
   summary = {}
   for name in TOPOLOGIES:
     sharded, replicated = rows[(name, 'sharded')], rows[(name, 'replicated')]
-    ratio = statistics.median(s['step_s'] / r['step_s']
-                              for s, r in zip(sharded, replicated))
+    ratio = statistics.median(
+        s['step_s'] / r['step_s'] for s, r in zip(sharded, replicated))
     last = sharded[-1]
     print(f'| {name} | {last["per_device"]} ({last["split"]} split '
           f'{last["shards"]} ways + {last["whole"]} whole) | '
           f'{last["replicated"]} | {ratio:.2f} |')
-    summary[name] = {'sharded': sharded, 'replicated': replicated,
-                     'step_ratio': ratio}
-  print(json.dumps({'width': args.width, 'steps': args.steps,
-                    'rounds': args.rounds, 'topologies': summary}))
+    summary[name] = {
+        'sharded': sharded,
+        'replicated': replicated,
+        'step_ratio': ratio
+    }
+  print(
+      json.dumps({
+          'width': args.width,
+          'steps': args.steps,
+          'rounds': args.rounds,
+          'topologies': summary
+      }))
   return 0
 
 

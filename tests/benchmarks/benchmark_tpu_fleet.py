@@ -39,11 +39,11 @@ def _all_started(pod, workers: int) -> bool:
 def scale(workers: int, tmp: str) -> dict:
   """Start-up, --status and teardown times of one stand-in job."""
   os.makedirs(tmp)
-  pod = tpu_emulation.FakePod(pathlib.Path(tmp),
-                              workers=workers)
+  pod = tpu_emulation.FakePod(pathlib.Path(tmp), workers=workers)
   fail_file = os.path.join(tmp, 'fail_now')
   launched = time.monotonic()
-  proc = pod.start('--', '--standin.fail_process=1',
+  proc = pod.start('--',
+                   '--standin.fail_process=1',
                    f'--standin.fail_when={fail_file}',
                    python=str(tpu_emulation.FAKE_BIN / 'standin_job'))
   try:
@@ -61,27 +61,35 @@ def scale(workers: int, tmp: str) -> dict:
   finally:
     helpers.kill_group(proc)
     pod.kill_leftovers()
-  return {'workers': workers, 'exit_code': result.returncode,
-          'status_exit_code': status.returncode, 'all_started_s': started,
-          'status_s': status_s, 'failure_to_all_stopped_s': stopped}
+  return {
+      'workers': workers,
+      'exit_code': result.returncode,
+      'status_exit_code': status.returncode,
+      'all_started_s': started,
+      'status_s': status_s,
+      'failure_to_all_stopped_s': stopped
+  }
 
 
 def babysit(poll_s: float, tmp: str) -> dict:
   """Three preemptions of a --create launch; gaps and recovery times."""
   os.makedirs(tmp)
   root = pathlib.Path(tmp)
-  pod = tpu_emulation.FakePod(root, FAKE_QR_WAIT_S='0.5',
+  pod = tpu_emulation.FakePod(root,
+                              FAKE_QR_WAIT_S='0.5',
                               FAKE_QR_PROVISION_S='0.5',
                               FAKE_QR_PREEMPT_ON_LOG='step 12/,step 24/,'
                               'step 36/')
-  args = ['--create', '--accelerator_type=v4-16',
-          '--runtime_version=tpu-ubuntu2204-base', '--spot',
-          '--max_restarts=3', '--delete_after', f'--poll_interval={poll_s:g}',
-          '--', f'--config={helpers.PROBE_CONFIG}', '--local_devices=4',
-          '--config.steps=48', '--config.log_every=1',
-          '--config.checkpoint_every=5', '--config.fail_mode=slow',
-          '--config.fail_rank=0', '--config.fail_step=0',
-          '--config.fail_seconds=0.1', f'--workdir={root / "work"}']
+  args = [
+      '--create', '--accelerator_type=v4-16',
+      '--runtime_version=tpu-ubuntu2204-base', '--spot', '--max_restarts=3',
+      '--delete_after', f'--poll_interval={poll_s:g}', '--',
+      f'--config={helpers.PROBE_CONFIG}', '--local_devices=4',
+      '--config.steps=48', '--config.log_every=1',
+      '--config.checkpoint_every=5', '--config.fail_mode=slow',
+      '--config.fail_rank=0', '--config.fail_step=0',
+      '--config.fail_seconds=0.1', f'--workdir={root / "work"}'
+  ]
   started = time.monotonic()
   result = pod.run(*args, tpu='bench-run', timeout=400)
   wall = time.monotonic() - started
@@ -90,14 +98,21 @@ def babysit(poll_s: float, tmp: str) -> dict:
   preempted = [e['t'] for e in events if e['event'] == 'preempted']
   created = [e['t'] for e in events if e['event'] == 'created']
   attempts = helpers.read_jsonl(pod.logs / 'attempts.jsonl')
-  infra = [a['infrastructure']['seconds'] for a in attempts
-           if a.get('infrastructure')]
-  return {'poll_interval_s': poll_s, 'exit_code': result.returncode,
-          'job_wall_s': wall,
-          'preempted_to_recreate_request_s': [
-              c - p for p, c in zip(preempted, created[1:])],
-          'infrastructure_recovery_s': infra,
-          'queued_resources_left': len(pod.queued_resources())}
+  infra = [
+      a['infrastructure']['seconds']
+      for a in attempts
+      if a.get('infrastructure')
+  ]
+  return {
+      'poll_interval_s': poll_s,
+      'exit_code': result.returncode,
+      'job_wall_s': wall,
+      'preempted_to_recreate_request_s': [
+          c - p for p, c in zip(preempted, created[1:])
+      ],
+      'infrastructure_recovery_s': infra,
+      'queued_resources_left': len(pod.queued_resources())
+  }
 
 
 def main(argv=None) -> int:
@@ -109,15 +124,16 @@ def main(argv=None) -> int:
   out = {}
   with tempfile.TemporaryDirectory() as tmp:
     if 'scale' in sections:
-      out['scale'] = [scale(w, os.path.join(tmp, f'scale{w}'))
-                      for w in (2, 64)]
+      out['scale'] = [scale(w, os.path.join(tmp, f'scale{w}')) for w in (2, 64)]
       small, big = out['scale']
       out['scale_ratio_64_to_2'] = {
-          k: big[k] / small[k] for k in ('all_started_s', 'status_s',
-                                         'failure_to_all_stopped_s')}
+          k: big[k] / small[k]
+          for k in ('all_started_s', 'status_s', 'failure_to_all_stopped_s')
+      }
     if 'babysit' in sections:
-      out['babysit'] = [babysit(p, os.path.join(tmp, f'babysit{p:g}'))
-                        for p in (1.0, 3.0)]
+      out['babysit'] = [
+          babysit(p, os.path.join(tmp, f'babysit{p:g}')) for p in (1.0, 3.0)
+      ]
   text = json.dumps(out, indent=1)
   print(text)
   if args.out:

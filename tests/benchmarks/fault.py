@@ -32,8 +32,8 @@ import sys
 import time
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+REPO = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _POLL_S = 0.02
 # The ledger is rewritten every 2 s: wait that long after the first step.
 _LEDGER_WAIT_S = 3.0
@@ -42,15 +42,20 @@ _LEDGER_WAIT_S = 3.0
 def _high_water(workdir: str) -> dict[str, int]:
   """{attempt: the last step its process 0 completed}."""
   from runtime.common import goodput  # pylint: disable=g-import-not-at-top
-  return {os.path.basename(os.path.dirname(path)): goodput.HighWater.read(path)
-          for path in glob.glob(os.path.join(workdir, 'goodput', '*',
-                                             'rank_0.step'))}
+  return {
+      os.path.basename(os.path.dirname(path)): goodput.HighWater.read(path) for
+      path in glob.glob(os.path.join(workdir, 'goodput', '*', 'rank_0.step'))
+  }
 
 
 def _start(argv: list[str], env: dict, log: str) -> subprocess.Popen:
   with open(log, 'ab') as out:
-    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=out,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(argv,
+                            cwd=REPO,
+                            env=env,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def _kill(process: subprocess.Popen) -> None:
@@ -61,8 +66,8 @@ def _kill(process: subprocess.Popen) -> None:
   process.wait()
 
 
-def _wait_for(condition, process: subprocess.Popen, timeout_s: float,
-              what: str, log: str):
+def _wait_for(condition, process: subprocess.Popen, timeout_s: float, what: str,
+              log: str):
   deadline = time.monotonic() + timeout_s
   while time.monotonic() < deadline:
     found = condition()
@@ -112,8 +117,8 @@ def one_round(argv: list[str], env: dict, workdir: str, kill_at: int,
   def first_step():
     new = {a: s for a, s in _high_water(workdir).items() if a != before}
     return next((a for a, s in new.items() if s > 0), None)
-  attempt = _wait_for(first_step, restart, 600, 'a step after the restart',
-                      log)
+
+  attempt = _wait_for(first_step, restart, 600, 'a step after the restart', log)
   restart_s = time.monotonic() - restarted
   time.sleep(_LEDGER_WAIT_S)
   _kill(restart)
@@ -122,17 +127,28 @@ def one_round(argv: list[str], env: dict, workdir: str, kill_at: int,
   productive = earlier['parts']['productive']
   step_s = productive / max(killed_step, 1)
   recomputed = killed_step - restored
-  return {'kill_step': killed_step, 'restore_step': restored,
-          'restore_tier': later['notes'].get('restore_tier'),
-          'recomputed_steps': recomputed, 'step_s': step_s,
-          'recomputed_s': recomputed * step_s, 'restart_s': restart_s,
-          'lost_s': restart_s + recomputed * step_s,
-          'phases': _phases(later), 'first_attempt_s': run_s,
-          'local_interval': earlier['notes'].get('local_interval')}
+  return {
+      'kill_step': killed_step,
+      'restore_step': restored,
+      'restore_tier': later['notes'].get('restore_tier'),
+      'recomputed_steps': recomputed,
+      'step_s': step_s,
+      'recomputed_s': recomputed * step_s,
+      'restart_s': restart_s,
+      'lost_s': restart_s + recomputed * step_s,
+      'phases': _phases(later),
+      'first_attempt_s': run_s,
+      'local_interval': earlier['notes'].get('local_interval')
+  }
 
 
-def run(shape: str, scratch: str, kills: int = 3, seed: int = 0,
-        low: int = 200, high: int = 1000, steps: int = 1200,
+def run(shape: str,
+        scratch: str,
+        kills: int = 3,
+        seed: int = 0,
+        low: int = 200,
+        high: int = 1000,
+        steps: int = 1200,
         extra: tuple[str, ...] = ()) -> dict[str, Any]:
   """`kills` rounds; each round's figures and the medians."""
   env = _env()
@@ -142,28 +158,38 @@ def run(shape: str, scratch: str, kills: int = 3, seed: int = 0,
     workdir = os.path.join(scratch, f'fault_{i}')
     # One compilation cache for every round: a restart finds its job's
     # programs there, and only the first round's first attempt compiles.
-    argv = [sys.executable, '-m', 'launcher',
-            f'--config=configs/decoder.py:{shape}', f'--config.steps={steps}',
-            f'--workdir={workdir}',
-            f'--compilation_cache_dir={scratch}/compilation_cache', *extra]
-    rounds.append(one_round(argv, env, workdir, draw.randint(low, high),
-                            os.path.join(scratch, f'fault_{i}.log')))
+    argv = [
+        sys.executable, '-m', 'launcher',
+        f'--config=configs/decoder.py:{shape}', f'--config.steps={steps}',
+        f'--workdir={workdir}',
+        f'--compilation_cache_dir={scratch}/compilation_cache', *extra
+    ]
+    rounds.append(
+        one_round(argv, env, workdir, draw.randint(low, high),
+                  os.path.join(scratch, f'fault_{i}.log')))
   if not rounds:
     return {'rounds': [], 'seed': seed}
-  return {'rounds': rounds, 'seed': seed,
-          'median_lost_s': statistics.median(r['lost_s'] for r in rounds),
-          'median_restart_s': statistics.median(r['restart_s']
-                                                for r in rounds),
-          'median_recomputed_s': statistics.median(r['recomputed_s']
-                                                   for r in rounds)}
+  return {
+      'rounds':
+          rounds,
+      'seed':
+          seed,
+      'median_lost_s':
+          statistics.median(r['lost_s'] for r in rounds),
+      'median_restart_s':
+          statistics.median(r['restart_s'] for r in rounds),
+      'median_recomputed_s':
+          statistics.median(r['recomputed_s'] for r in rounds)
+  }
 
 
 def describe(result: dict[str, Any]) -> str:
   """The rounds as lines: kill, restore, lost, and the restart's phases."""
   lines = []
   for r in result['rounds']:
-    phases = ', '.join(f'{k} {v:.2f}' for k, v in sorted(
-        r['phases'].items(), key=lambda kv: -kv[1]))
+    phases = ', '.join(
+        f'{k} {v:.2f}'
+        for k, v in sorted(r['phases'].items(), key=lambda kv: -kv[1]))
     lines.append(
         f'killed at step {r["kill_step"]}, restored {r["restore_step"]} '
         f'({r["restore_tier"]}): restart {r["restart_s"]:.1f} s + '
@@ -175,10 +201,11 @@ def describe(result: dict[str, Any]) -> str:
                  f'{result["median_recomputed_s"]:.1f} s)')
   clean = result.get('clean')
   if clean:
-    lines.append(f'loop with checkpoints at their defaults / without: '
-                 f'{clean["loop_defaults_vs_none"]:.3f}; the run with the defaults '
-                 f'left {clean["defaults"]["unnamed_s"]:.2f} s of other '
-                 'unnamed')
+    lines.append(
+        f'loop with checkpoints at their defaults / without: '
+        f'{clean["loop_defaults_vs_none"]:.3f}; the run with the defaults '
+        f'left {clean["defaults"]["unnamed_s"]:.2f} s of other '
+        'unnamed')
   return '\n'.join(lines)
 
 
@@ -190,35 +217,51 @@ def clean_runs(shape: str, scratch: str, steps: int = 300) -> dict[str, Any]:
   went (its named pieces and what is left unnamed)."""
   env = _env()
   out = {}
-  for name, extra in (('defaults', ()),
-                      ('none', ('--config.checkpointing=False',))):
+  for name, extra in (('defaults', ()), ('none',
+                                         ('--config.checkpointing=False',))):
     workdir = os.path.join(scratch, f'clean_{name}')
-    argv = [sys.executable, '-m', 'launcher',
-            f'--config=configs/decoder.py:{shape}', f'--config.steps={steps}',
-            f'--workdir={workdir}',
-            f'--compilation_cache_dir={scratch}/compilation_cache', *extra]
+    argv = [
+        sys.executable, '-m', 'launcher',
+        f'--config=configs/decoder.py:{shape}', f'--config.steps={steps}',
+        f'--workdir={workdir}',
+        f'--compilation_cache_dir={scratch}/compilation_cache', *extra
+    ]
     with open(os.path.join(scratch, f'clean_{name}.log'), 'wb') as log:
       started = time.monotonic()
-      subprocess.run(argv, cwd=REPO, env=env, stdout=log,
-                     stderr=subprocess.STDOUT, check=True, timeout=900)
+      subprocess.run(argv,
+                     cwd=REPO,
+                     env=env,
+                     stdout=log,
+                     stderr=subprocess.STDOUT,
+                     check=True,
+                     timeout=900)
     with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-      rates = [row['steps_per_sec'] for row in map(json.loads, f)
-               if 'steps_per_sec' in row and 50 < row['step'] < steps]
+      rates = [
+          row['steps_per_sec']
+          for row in map(json.loads, f)
+          if 'steps_per_sec' in row and 50 < row['step'] < steps
+      ]
     (attempt,) = _high_water(workdir)
     ledger = _ledger(workdir, attempt)
     named = ledger['other_named']
-    out[name] = {'wall_s': time.monotonic() - started,
-                 'loop_steps_per_sec': statistics.median(rates),
-                 'parts': ledger['parts'], 'other_named': named,
-                 'unnamed_s': ledger['parts']['other'] - sum(named.values())}
+    out[name] = {
+        'wall_s': time.monotonic() - started,
+        'loop_steps_per_sec': statistics.median(rates),
+        'parts': ledger['parts'],
+        'other_named': named,
+        'unnamed_s': ledger['parts']['other'] - sum(named.values())
+    }
   out['loop_defaults_vs_none'] = (out['defaults']['loop_steps_per_sec'] /
                                   out['none']['loop_steps_per_sec'])
   return out
 
 
 def _env() -> dict:
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')}
+  env = {
+      k: v
+      for k, v in os.environ.items()
+      if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')
+  }
   env['PYTHONPATH'] = os.pathsep.join(
       [REPO] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
   return env

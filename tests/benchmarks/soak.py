@@ -77,17 +77,24 @@ CLASSES = ('sigkill_step', 'sigkill_save', 'sigkill_local_save',
 _TWICE = ('sigkill_start', 'sigkill_restore', 'sigkill_compile')
 MODES = ('fixed', 'elastic')
 STEPS, BATCH, EXAMPLES = 60, 48, 480
-JOB = [f'--config={helpers.PROBE_CONFIG}', f'--config.steps={STEPS}',
-       f'--config.global_batch_size={BATCH}',
-       f'--config.data.num_examples={EXAMPLES}', '--config.census=True',
-       '--config.log_every=1', '--config.step_seconds=0.05',
-       '--config.checkpoint_every=20', '--config.local_checkpoint_every=5',
-       '--config.ballast_floats=2097152']
-POD = {'fixed': ['--local_processes=2', '--local_devices=4'],
-       'elastic': ['--local_processes=4', '--local_devices=2',
-                   '--min_processes=3', '--regrow_after=3']}
-RESTARTS = ['--max_restarts=3', '--retry_exit_codes=137,10,124',
-            '--restart_backoff=0.5']
+JOB = [
+    f'--config={helpers.PROBE_CONFIG}', f'--config.steps={STEPS}',
+    f'--config.global_batch_size={BATCH}',
+    f'--config.data.num_examples={EXAMPLES}', '--config.census=True',
+    '--config.log_every=1', '--config.step_seconds=0.05',
+    '--config.checkpoint_every=20', '--config.local_checkpoint_every=5',
+    '--config.ballast_floats=2097152'
+]
+POD = {
+    'fixed': ['--local_processes=2', '--local_devices=4'],
+    'elastic': [
+        '--local_processes=4', '--local_devices=2', '--min_processes=3',
+        '--regrow_after=3'
+    ]
+}
+RESTARTS = [
+    '--max_restarts=3', '--retry_exit_codes=137,10,124', '--restart_backoff=0.5'
+]
 _STEP = re.compile(r'\[rank (\d+)/\d+\].*metrics\.py:\d+\] step (\d+)/')
 # The next attempt's start: a restart's, a shrink's or a growth's.
 _STARTED = re.compile(r'\[launcher\] started \d+ ranks')
@@ -99,7 +106,7 @@ class Trial:
   index: int
   fault: str
   mode: str
-  target: int   # the process the fault hits; -1: the launcher
+  target: int  # the process the fault hits; -1: the launcher
   at_step: int
   start_delay_s: float = 0.0
   config: tuple[str, ...] = ()  # More --config flags, after JOB's.
@@ -115,10 +122,10 @@ def draw(rng: random.Random, count: int, classes, modes) -> list[Trial]:
     for fault in block[:count - len(trials)]:
       mode = rng.choice(modes)
       processes = 2 if mode == 'fixed' else 4
-      trials.append(Trial(
-          len(trials), fault, mode,
-          -1 if fault == 'preempt_pod' else rng.randrange(processes),
-          rng.randint(5, STEPS - 15), round(rng.uniform(0.0, 3.0), 2)))
+      trials.append(
+          Trial(len(trials), fault, mode,
+                -1 if fault == 'preempt_pod' else rng.randrange(processes),
+                rng.randint(5, STEPS - 15), round(rng.uniform(0.0, 3.0), 2)))
   return trials
 
 
@@ -129,9 +136,10 @@ class Watch:
   def __init__(self, proc: subprocess.Popen):
     self.lines: list[tuple[float, str]] = []
     self._changed = threading.Condition()
-    self._threads = [threading.Thread(target=self._read, args=(pipe,),
-                                      daemon=True)
-                     for pipe in (proc.stdout, proc.stderr)]
+    self._threads = [
+        threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        for pipe in (proc.stdout, proc.stderr)
+    ]
     for thread in self._threads:
       thread.start()
 
@@ -141,7 +149,10 @@ class Watch:
         self.lines.append((time.time(), line.rstrip('\n')))
         self._changed.notify_all()
 
-  def wait_for(self, pattern: re.Pattern, after: float, timeout: float,
+  def wait_for(self,
+               pattern: re.Pattern,
+               after: float,
+               timeout: float,
                test=lambda m: True) -> Optional[float]:
     """When the first line after `after` matching `pattern` (and `test`
     of its match) arrived; None after `timeout`."""
@@ -180,8 +191,12 @@ def _start(args: list[str], workdir: pathlib.Path, local_root: pathlib.Path,
                              TMPDIR=str(tmp))
   return subprocess.Popen(
       [sys.executable, '-m', 'launcher', *args, f'--workdir={workdir}'],
-      cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      cwd=REPO,
+      env=env,
+      stdin=subprocess.DEVNULL,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
       start_new_session=True)
 
 
@@ -195,8 +210,8 @@ def _finish(proc: subprocess.Popen, watch: Watch, timeout: float) -> int:
   return proc.returncode
 
 
-def _kill_when(there, workdir: pathlib.Path, target: int, timeout: float
-               ) -> bool:
+def _kill_when(there, workdir: pathlib.Path, target: int,
+               timeout: float) -> bool:
   """SIGKILLs process `target` as soon as `there()` holds (polled every
   millisecond); at `timeout` without it, SIGKILLs it anyway. Returns
   whether `there()` still held just after the kill: the kill landed
@@ -226,8 +241,8 @@ def _damage_newest(local_root: pathlib.Path, target: int,
 
 
 def _inject(trial: Trial, proc, watch: Watch, workdir: pathlib.Path,
-            local_root: pathlib.Path, started: float
-            ) -> tuple[Optional[float], str]:
+            local_root: pathlib.Path,
+            started: float) -> tuple[Optional[float], str]:
   """Waits for the trial's step and does its fault; returns when, and
   where it landed."""
   at = watch.wait_for(_STEP, started, 240,
@@ -245,17 +260,16 @@ def _inject(trial: Trial, proc, watch: Watch, workdir: pathlib.Path,
   elif fault == 'sigstop':
     _signal_rank(workdir, trial.target, signal.SIGSTOP)
   elif fault == 'sigkill_save':
-    saving = lambda: any((workdir / 'checkpoints').glob(
-        '*.orbax-checkpoint-tmp*'))
+    saving = lambda: any(
+        (workdir / 'checkpoints').glob('*.orbax-checkpoint-tmp*'))
     inside = _kill_when(saving, workdir, trial.target, 30)
-    fault_at, landed = time.time(), ('persistent save' if inside
-                                     else 'step (no save seen)')
+    fault_at, landed = time.time(), ('persistent save'
+                                     if inside else 'step (no save seen)')
   elif fault == 'sigkill_local_save':
-    saving = lambda: any(local_root.glob(
-        f'*/rank_{trial.target}/.tmp_step_*'))
+    saving = lambda: any(local_root.glob(f'*/rank_{trial.target}/.tmp_step_*'))
     inside = _kill_when(saving, workdir, trial.target, 30)
-    fault_at, landed = time.time(), ('local save' if inside
-                                     else 'step (no save seen)')
+    fault_at, landed = time.time(), ('local save'
+                                     if inside else 'step (no save seen)')
   elif fault == 'damaged_local':
     _signal_rank(workdir, trial.target, signal.SIGKILL)
     landed = _damage_newest(local_root, trial.target,
@@ -270,12 +284,12 @@ def _inject(trial: Trial, proc, watch: Watch, workdir: pathlib.Path,
 def _log_sizes(workdir: pathlib.Path) -> dict[str, int]:
   """The size of each process's log now: what follows is a later
   attempt's (the logs are appended to, attempt after attempt)."""
-  return {p.name: p.stat().st_size for p in (workdir / 'logs').glob(
-      'rank_*.log')}
+  return {
+      p.name: p.stat().st_size for p in (workdir / 'logs').glob('rank_*.log')
+  }
 
 
-def _said_since(workdir: pathlib.Path, rank: int, sizes: dict[str, int]
-                ) -> str:
+def _said_since(workdir: pathlib.Path, rank: int, sizes: dict[str, int]) -> str:
   """What process `rank`'s log says past `sizes`."""
   path = workdir / 'logs' / f'rank_{rank}.log'
   try:
@@ -301,10 +315,11 @@ def _kill_next_attempt(trial: Trial, watch: Watch, workdir: pathlib.Path,
   if trial.fault == 'sigkill_start':
     time.sleep(trial.start_delay_s)
   else:
-    needle = ('] restoring step' if trial.fault == 'sigkill_restore'
-              else '] restored ')
+    needle = ('] restoring step'
+              if trial.fault == 'sigkill_restore' else '] restored ')
     if not helpers.wait_for(
-        lambda: needle in _said_since(workdir, target, sizes), 120,
+        lambda: needle in _said_since(workdir, target, sizes),
+        120,
         interval=0.002):
       return f'process {target} of the next attempt never said {needle!r}'
   _signal_rank(workdir, target, signal.SIGKILL)
@@ -351,8 +366,8 @@ def _first_step_after(workdir: pathlib.Path, when: float) -> Optional[float]:
 
 
 def _files_under(root: pathlib.Path) -> list[str]:
-  return sorted(str(p.relative_to(root)) for p in root.rglob('*')
-                if not p.is_dir())
+  return sorted(
+      str(p.relative_to(root)) for p in root.rglob('*') if not p.is_dir())
 
 
 def run_trial(trial: Trial, root: pathlib.Path) -> dict:
@@ -366,8 +381,7 @@ def run_trial(trial: Trial, root: pathlib.Path) -> dict:
   proc = _start(args, workdir, local_root, tmp)
   watch = Watch(proc)
   try:
-    fault_at, landed = _inject(trial, proc, watch, workdir, local_root,
-                               started)
+    fault_at, landed = _inject(trial, proc, watch, workdir, local_root, started)
     code = _finish(proc, watch, 600)
     watch_lines = list(watch.lines)
     output = watch.text()
@@ -399,22 +413,28 @@ def run_trial(trial: Trial, root: pathlib.Path) -> dict:
   # Detection: the launcher's first word after the fault (a failure named,
   # a process lost, a preemption's save).
   said = None if fault_at is None else next(
-      (at - fault_at for at, line in sorted(watch_lines)
+      (at - fault_at
+       for at, line in sorted(watch_lines)
        if at >= fault_at and line.startswith('[launcher]')), None)
-  success = (fault_at is not None and exact and not left and not unledgered
-             and not files_left)
-  return {**dataclasses.asdict(trial), 'success': success,
-          'injected': fault_at is not None, 'landed_in': landed,
-          'exit_code': code,
-          'census_exact': exact, 'census': census_says,
-          'attempts': len(attempts),
-          'attempts_without_ledger': unledgered,
-          'to_detection_s': None if said is None else round(said, 2),
-          'to_first_step_s': None if first is None else round(first, 2),
-          'recomputed_steps': recomputed, 'left_behind': left,
-          'files_left': files_left[:20],
-          'wall_s': round(time.time() - started, 1),
-          'last_lines': [] if success else output.splitlines()[-25:]}
+  success = (fault_at is not None and exact and not left and not unledgered and
+             not files_left)
+  return {
+      **dataclasses.asdict(trial), 'success': success,
+      'injected': fault_at is not None,
+      'landed_in': landed,
+      'exit_code': code,
+      'census_exact': exact,
+      'census': census_says,
+      'attempts': len(attempts),
+      'attempts_without_ledger': unledgered,
+      'to_detection_s': None if said is None else round(said, 2),
+      'to_first_step_s': None if first is None else round(first, 2),
+      'recomputed_steps': recomputed,
+      'left_behind': left,
+      'files_left': files_left[:20],
+      'wall_s': round(time.time() - started, 1),
+      'last_lines': [] if success else output.splitlines()[-25:]
+  }
 
 
 def table(rows: list[dict]) -> str:
@@ -424,14 +444,16 @@ def table(rows: list[dict]) -> str:
   groups = collections.defaultdict(list)
   for row in rows:
     groups[row['fault']].append(row)
-  out = ['| fault | trials (fixed, elastic) | recovered | landed in | '
-         'first step after the fault, median (worst) s | worst steps '
-         'recomputed |',
-         '| --- | --- | --- | --- | --- | --- |']
+  out = [
+      '| fault | trials (fixed, elastic) | recovered | landed in | '
+      'first step after the fault, median (worst) s | worst steps '
+      'recomputed |', '| --- | --- | --- | --- | --- | --- |'
+  ]
   for fault in sorted(groups, key=lambda f: (CLASSES + (f,)).index(f)):
     group = groups[fault]
-    times = [r['to_first_step_s'] for r in group
-             if r['to_first_step_s'] is not None]
+    times = [
+        r['to_first_step_s'] for r in group if r['to_first_step_s'] is not None
+    ]
     timing = (f'{statistics.median(times):.1f} ({max(times):.1f})'
               if times else '-')
     modes = collections.Counter(r['mode'] for r in group)
@@ -460,13 +482,19 @@ def plot(rows: list[dict], path: pathlib.Path) -> bool:
   faults = [f for f in CLASSES if any(r['fault'] == f for r in rows)]
   figure, axes = pyplot.subplots(figsize=(8, 0.45 * len(faults) + 1.2))
   for y, fault in enumerate(faults):
-    for mode, marker, color in (('fixed', 'o', 'tab:blue'),
-                                ('elastic', 's', 'tab:orange')):
-      times = [r['to_first_step_s'] for r in rows if r['fault'] == fault
-               and r['mode'] == mode and r['to_first_step_s'] is not None]
+    for mode, marker, color in (('fixed', 'o', 'tab:blue'), ('elastic', 's',
+                                                             'tab:orange')):
+      times = [
+          r['to_first_step_s'] for r in rows if r['fault'] == fault and
+          r['mode'] == mode and r['to_first_step_s'] is not None
+      ]
       offset = -0.12 if mode == 'fixed' else 0.12
-      axes.scatter(times, [y + offset] * len(times), marker=marker, s=14,
-                   alpha=0.6, color=color, label=mode if y == 0 else None)
+      axes.scatter(times, [y + offset] * len(times),
+                   marker=marker,
+                   s=14,
+                   alpha=0.6,
+                   color=color,
+                   label=mode if y == 0 else None)
   axes.set_yticks(range(len(faults)), faults)
   axes.invert_yaxis()
   axes.set_xlabel('seconds from the fault to the first step after it')
@@ -492,7 +520,9 @@ def main(argv=None) -> int:
   parser.add_argument('--out', default='')
   parser.add_argument('--classes', default=','.join(CLASSES))
   parser.add_argument('--modes', default=','.join(MODES))
-  parser.add_argument('--tables', nargs='*', default=None,
+  parser.add_argument('--tables',
+                      nargs='*',
+                      default=None,
                       help='runs\' --out directories: their trials in one '
                       'table and plot, nothing run')
   args = parser.parse_args(argv)
@@ -500,13 +530,17 @@ def main(argv=None) -> int:
   out = pathlib.Path(args.out or tempfile.mkdtemp(prefix='soak-'))
   out.mkdir(parents=True, exist_ok=True)
   if args.tables is not None:
-    rows = [json.loads(line) for run in args.tables
-            for line in (pathlib.Path(run) / 'trials.jsonl').open()]
-    print(_write_results(rows, out, f'{len(rows)} trials of '
-                         f'{", ".join(args.tables)}'))
+    rows = [
+        json.loads(line)
+        for run in args.tables
+        for line in (pathlib.Path(run) / 'trials.jsonl').open()
+    ]
+    print(
+        _write_results(rows, out, f'{len(rows)} trials of '
+                       f'{", ".join(args.tables)}'))
     return 0
-  trials = draw(random.Random(args.seed), args.trials,
-                args.classes.split(','), args.modes.split(','))
+  trials = draw(random.Random(args.seed), args.trials, args.classes.split(','),
+                args.modes.split(','))
   rows = []
   with tempfile.TemporaryDirectory(prefix='soak-jobs-') as jobs:
     for trial in trials:
@@ -514,10 +548,12 @@ def main(argv=None) -> int:
       rows.append(row)
       with open(out / 'trials.jsonl', 'a') as f:
         f.write(json.dumps(row) + '\n')
-      print(f'trial {trial.index}: {trial.fault} {trial.mode} process '
-            f'{trial.target} at step {trial.at_step}, {row["landed_in"]}: '
-            f'{"recovered" if row["success"] else "FAILED"} (exit '
-            f'{row["exit_code"]}, {row["wall_s"]} s)', flush=True)
+      print(
+          f'trial {trial.index}: {trial.fault} {trial.mode} process '
+          f'{trial.target} at step {trial.at_step}, {row["landed_in"]}: '
+          f'{"recovered" if row["success"] else "FAILED"} (exit '
+          f'{row["exit_code"]}, {row["wall_s"]} s)',
+          flush=True)
   print(_write_results(rows, out, f'seed {args.seed}, {args.trials} trials'))
   return 0 if all(r['success'] for r in rows) else 1
 

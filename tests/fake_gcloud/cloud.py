@@ -141,8 +141,7 @@ def _scripted(name: str, creation: int):
   return float(values[creation - 1]) if creation <= len(values) else None
 
 
-def new_queued_resource(name: str, node_ids: list[str], request: dict
-                        ) -> dict:
+def new_queued_resource(name: str, node_ids: list[str], request: dict) -> dict:
   """Records a new queued resource and its timeline (times are epochs)."""
   creation = _next_creation()
   now = time.time()
@@ -150,13 +149,19 @@ def new_queued_resource(name: str, node_ids: list[str], request: dict
   provisioning = waiting + _per_creation_s('FAKE_QR_WAIT_S', creation, 1)
   active = provisioning + _env_s('FAKE_QR_PROVISION_S', 1)
   preempt_after = _scripted('FAKE_QR_PREEMPT_AFTER_S', creation)
-  qr = {'name': name, 'node_ids': node_ids, 'request': request,
-        'creation': creation, 'created': now, 'waiting': waiting,
-        'provisioning': provisioning, 'active': active,
-        'failed': str(creation) == os.environ.get('FAKE_QR_FAIL'),
-        'preempted': (None if preempt_after is None
-                      else active + preempt_after),
-        'deleting': None}
+  qr = {
+      'name': name,
+      'node_ids': node_ids,
+      'request': request,
+      'creation': creation,
+      'created': now,
+      'waiting': waiting,
+      'provisioning': provisioning,
+      'active': active,
+      'failed': str(creation) == os.environ.get('FAKE_QR_FAIL'),
+      'preempted': (None if preempt_after is None else active + preempt_after),
+      'deleting': None
+  }
   save(qr)
   event('created', name=name, creation=creation, nodes=node_ids)
   return qr
@@ -166,8 +171,8 @@ def qr_state(qr: dict, now: float) -> str:
   """The queued resource's state at `now`, as the service reports it."""
   if qr['deleting'] is not None:
     return 'DELETING'
-  shown = (None if qr['preempted'] is None else
-           qr['preempted'] + _env_s('FAKE_QR_STATE_LAG_S', 0))
+  shown = (None if qr['preempted'] is None else qr['preempted'] +
+           _env_s('FAKE_QR_STATE_LAG_S', 0))
   if shown is not None and now >= shown:
     return 'SUSPENDED' if now >= shown + _SUSPEND_S else 'SUSPENDING'
   for phase, start in zip(reversed(QR_PHASES),
@@ -251,8 +256,7 @@ def shut_down(qr: dict, grace: float) -> None:
     for prefix in prefixes:
       _signal_all(_vm_processes(prefix), signal.SIGTERM)
   deadline = time.monotonic() + grace
-  while time.monotonic() < deadline and any(
-      _vm_processes(p) for p in prefixes):
+  while time.monotonic() < deadline and any(_vm_processes(p) for p in prefixes):
     if (load(qr['name']) or {}).get('deleting') is not None:
       break  # A delete ends the VMs at once, their shutdown or not.
     time.sleep(0.1)
@@ -262,8 +266,7 @@ def shut_down(qr: dict, grace: float) -> None:
   # process can still finish a write after the disks went, and so bring a
   # worker's directory back. The disks go once the VMs are gone.
   deadline = time.monotonic() + 10
-  while time.monotonic() < deadline and any(
-      _vm_processes(p) for p in prefixes):
+  while time.monotonic() < deadline and any(_vm_processes(p) for p in prefixes):
     time.sleep(0.05)
   for node in qr['node_ids']:
     shutil.rmtree(os.path.join(root(), node), ignore_errors=True)

@@ -47,6 +47,7 @@ def _with_ids(source):
   read = functools.partial(data_lib.read_batch, source)
 
   class WithIds:
+
     def __len__(self):
       return len(source)
 
@@ -60,31 +61,42 @@ def _with_ids(source):
 
 
 def _counting(loss_fn, global_batch_size: int):
+
   def loss(params, batch, *rest):
-    value, aux = loss_fn({k: v for k, v in params.items() if k != KEY},
-                         {k: v for k, v in batch.items() if k != 'census_id'},
-                         *rest)
+    value, aux = loss_fn({
+        k: v for k, v in params.items() if k != KEY
+    }, {
+        k: v for k, v in batch.items() if k != 'census_id'
+    }, *rest)
     counts = params[KEY]
     rows = batch['census_id'].shape[0]
     term = -(global_batch_size / rows) * jnp.sum(
         counts['examples'][batch['census_id']]) - counts['steps']
     return value + (term - jax.lax.stop_gradient(term)), aux
+
   return loss
 
 
 def add(task: Any, global_batch_size: int) -> Any:
   """`task` (a runtime.Task without model state) with a census of what it
   trains, zero at the start."""
-  params = {**task.params, KEY: {
-      'examples': np.zeros(len(task.data), np.float32),
-      'steps': np.float32(0.0)}}
+  params = {
+      **task.params, KEY: {
+          'examples': np.zeros(len(task.data), np.float32),
+          'steps': np.float32(0.0)
+      }
+  }
   labels = {k: (KEY if k == KEY else 'task') for k in params}
   optimizer = optax.multi_transform(
-      {'task': task.optimizer, KEY: optax.sgd(1.0)}, labels)
-  return dataclasses.replace(
-      task, params=params, optimizer=optimizer,
-      loss_fn=_counting(task.loss_fn, global_batch_size),
-      data=_with_ids(task.data))
+      {
+          'task': task.optimizer,
+          KEY: optax.sgd(1.0)
+      }, labels)
+  return dataclasses.replace(task,
+                             params=params,
+                             optimizer=optimizer,
+                             loss_fn=_counting(task.loss_fn, global_batch_size),
+                             data=_with_ids(task.data))
 
 
 def counts(params: Any) -> Counts:
@@ -99,18 +111,26 @@ def counts(params: Any) -> Counts:
   return Counts(whole.astype(np.int64), int(steps))
 
 
-def expected(global_batch_size: int, num_examples: int, seed: int,
-             steps: int, shuffle: bool = True) -> np.ndarray:
+def expected(global_batch_size: int,
+             num_examples: int,
+             seed: int,
+             steps: int,
+             shuffle: bool = True) -> np.ndarray:
   """How often each example appears in steps 0 .. steps - 1 of the data
   order (runtime/data.py): (num_examples,) int64."""
-  ids = [data_lib.global_batch_ids(s, global_batch_size, num_examples, seed,
-                                   shuffle) for s in range(steps)]
+  ids = [
+      data_lib.global_batch_ids(s, global_batch_size, num_examples, seed,
+                                shuffle) for s in range(steps)
+  ]
   return np.bincount(np.concatenate(ids), minlength=num_examples)
 
 
-def assert_exactly_once(params: Any, straight_params: Any,
-                        global_batch_size: int, num_examples: int,
-                        steps: int, seed: int = 0) -> None:
+def assert_exactly_once(params: Any,
+                        straight_params: Any,
+                        global_batch_size: int,
+                        num_examples: int,
+                        steps: int,
+                        seed: int = 0) -> None:
   """Nothing trained twice or lost, as an equality of counts: the census of
   `params` (a disturbed run's) equals the undisturbed run's and what the
   data order says of `steps` steps."""
@@ -119,5 +139,4 @@ def assert_exactly_once(params: Any, straight_params: Any,
   np.testing.assert_array_equal(trained.examples,
                                 counts(straight_params).examples)
   np.testing.assert_array_equal(
-      trained.examples,
-      expected(global_batch_size, num_examples, seed, steps))
+      trained.examples, expected(global_batch_size, num_examples, seed, steps))

@@ -30,8 +30,10 @@ class CharLM(nnx.Module):
     self.embed = nnx.Embed(vocab, width, rngs=rngs)
     self.position = nnx.Embed(length, width, rngs=rngs)
     self.norm1 = nnx.LayerNorm(width, rngs=rngs)
-    self.attention = nnx.MultiHeadAttention(
-        num_heads=heads, in_features=width, decode=False, rngs=rngs)
+    self.attention = nnx.MultiHeadAttention(num_heads=heads,
+                                            in_features=width,
+                                            decode=False,
+                                            rngs=rngs)
     self.norm2 = nnx.LayerNorm(width, rngs=rngs)
     self.up = nnx.Linear(width, 4 * width, rngs=rngs)
     self.down = nnx.Linear(4 * width, width, rngs=rngs)
@@ -42,8 +44,7 @@ class CharLM(nnx.Module):
     x = self.embed(tokens) + self.position(jnp.arange(tokens.shape[-1]))
     mask = nnx.make_causal_mask(tokens)
     x = x + self.dropout(self.attention(self.norm1(x), mask=mask), rngs=rngs)
-    x = x + self.dropout(self.down(nnx.gelu(self.up(self.norm2(x)))),
-                         rngs=rngs)
+    x = x + self.dropout(self.down(nnx.gelu(self.up(self.norm2(x)))), rngs=rngs)
     return self.out(x)
 
 
@@ -66,8 +67,8 @@ def forward(model: nnx.Module, inputs, rng, per_example: bool):
 
 def _loss(graphdef, per_example: bool, params, batch, rng):
   logits = forward(nnx.merge(graphdef, params), batch['x'], rng, per_example)
-  loss = optax.softmax_cross_entropy_with_integer_labels(
-      logits, batch['y']).mean()
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits,
+                                                         batch['y']).mean()
   return loss, {}
 
 
@@ -76,8 +77,8 @@ _OPTIMIZERS = {'sgd': optax.sgd, 'adam': optax.adam}
 
 def make_task(config: ConfigDict) -> runtime.Task:
   vocab = len(set(TEXT))
-  model = CharLM(vocab, config.model.width, config.model.heads,
-                 config.model.length, config.model.dropout,
+  model = CharLM(vocab, config.model.width,
+                 config.model.heads, config.model.length, config.model.dropout,
                  nnx.Rngs(config.seed))
   graphdef, params = nnx.split(model, nnx.Param)
   per_example = config.rng == 'example'
@@ -86,9 +87,13 @@ def make_task(config: ConfigDict) -> runtime.Task:
       loss_fn=functools.partial(_loss, graphdef, per_example),
       optimizer=_OPTIMIZERS[config.optimizer.get('name', 'sgd')](
           config.optimizer.learning_rate),
-      data=runtime.ArraySource(**sequences(config.data.num_examples,
-                                           config.model.length)),
-      **({'rng': 'example'} if per_example else {'loss_uses_rng': True}))
+      data=runtime.ArraySource(
+          **sequences(config.data.num_examples, config.model.length)),
+      **({
+          'rng': 'example'
+      } if per_example else {
+          'loss_uses_rng': True
+      }))
 
 
 def train_and_evaluate(config: ConfigDict, workdir: str):

@@ -15,8 +15,12 @@ def get_config():
   config = config_base.get_config()
   config.workload = 'tests.workloads.charlm:train_and_evaluate'
   config.rng = ''  # '' (loss_uses_rng=True, one key a call) or 'example'.
-  config.model = ConfigDict({'width': 32, 'heads': 2, 'length': 16,
-                             'dropout': 0.2})
+  config.model = ConfigDict({
+      'width': 32,
+      'heads': 2,
+      'length': 16,
+      'dropout': 0.2
+  })
   config.optimizer.learning_rate = 0.5
   config.optimizer.name = 'sgd'  # Or 'adam' (with a smaller rate).
   config.global_batch_size = 48  # 8 devices x 6, 6 devices x 8.

@@ -16,7 +16,8 @@ def train_and_evaluate(config: ConfigDict, workdir):
   del workdir
   par = parallelism.from_config(config)
   total = par.map(lambda x: lax.psum(x.sum(), parallelism.DATA_AXIS),
-                  in_axes=(0,), out_axes=None)
+                  in_axes=(0,),
+                  out_axes=None)
   rows = np.ones(2 * jax.local_device_count(), np.float32)
   for step in range(1, config.steps + 1):
     count = float(par.to_host(total(par.put_batch(rows))))

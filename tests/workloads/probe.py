@@ -66,7 +66,8 @@ def _misbehave(config: ConfigDict) -> None:
   if config.fail_mode == 'podrun_error':
     raise exit_codes.PodrunError(
         f'probe: rank {jax.process_index()} chooses exit code '
-        f'{config.fail_code}', exit_code=config.fail_code)
+        f'{config.fail_code}',
+        exit_code=config.fail_code)
   if config.fail_mode == 'sigkill':
     os.kill(os.getpid(), signal.SIGKILL)
   if config.fail_mode == 'hang':
@@ -107,8 +108,10 @@ class _Misbehave(hooks.Hook):
 
 def train_and_evaluate(config: ConfigDict, workdir):
   if config.echo_env:
-    print(f'probe: env {config.echo_env}='
-          f'{os.environ.get(config.echo_env, "<unset>")}', flush=True)
+    print(
+        f'probe: env {config.echo_env}='
+        f'{os.environ.get(config.echo_env, "<unset>")}',
+        flush=True)
   task, dataset = linear_regression.make_task(config)
   source = task.data
   if config.data.get('grain'):
@@ -127,8 +130,8 @@ def train_and_evaluate(config: ConfigDict, workdir):
       if len(seen) >= config.fail_step:
         time.sleep(config.fail_seconds)
     elif (jax.process_index() == config.fail_rank and
-        len(seen) == config.fail_step and
-        not (config.fail_once and os.path.exists(once_marker))):
+          len(seen) == config.fail_step and
+          not (config.fail_once and os.path.exists(once_marker))):
       if config.fail_once:
         open(once_marker, 'w').close()
       _misbehave(config)
@@ -146,8 +149,8 @@ def train_and_evaluate(config: ConfigDict, workdir):
     config.checkpoint_dir = os.path.join(
         workdir, f'checkpoints_rank_{jax.process_index()}')
   if config.per_rank_local_dir:
-    config.local_checkpoint_dir = os.path.join(
-        local_checkpoint.default_root(), f'host_{jax.process_index()}')
+    config.local_checkpoint_dir = os.path.join(local_checkpoint.default_root(),
+                                               f'host_{jax.process_index()}')
   extra_hooks = []
   if config.step_seconds:  # In the loop, so the ledger books it productive.
     extra_hooks.append(_Pace(config.step_seconds))
@@ -159,16 +162,20 @@ def train_and_evaluate(config: ConfigDict, workdir):
   if config.fail_at_step and config.fail_rank == jax.process_index():
     extra_hooks.append(_Misbehave(config))
   if config.flip_rank == jax.process_index():
-    extra_hooks.append(hooks.Periodic(config.flip_step, lambda run: flip_bit(
-        run, config.flip_step, config.flip_device)))
-  evaluate = (_slow_evaluation(config.eval_seconds) if config.eval_seconds
-              else None)
-  loss_fn = _nan_on_padding(task.loss_fn) if config.nan_on_padding else (
-      task.loss_fn)
-  task = dataclasses.replace(
-      task, params=params, loss_fn=loss_fn,
-      data=_Source(len(source), load_examples, source),
-      hooks=list(task.hooks) + extra_hooks, eval_fn=evaluate)
+    extra_hooks.append(
+        hooks.Periodic(
+            config.flip_step,
+            lambda run: flip_bit(run, config.flip_step, config.flip_device)))
+  evaluate = (_slow_evaluation(config.eval_seconds)
+              if config.eval_seconds else None)
+  loss_fn = _nan_on_padding(
+      task.loss_fn) if config.nan_on_padding else (task.loss_fn)
+  task = dataclasses.replace(task,
+                             params=params,
+                             loss_fn=loss_fn,
+                             data=_Source(len(source), load_examples, source),
+                             hooks=list(task.hooks) + extra_hooks,
+                             eval_fn=evaluate)
   if config.census:
     task = census.add(task, config.global_batch_size)
   result = training.train(config, workdir, task)
@@ -176,9 +183,11 @@ def train_and_evaluate(config: ConfigDict, workdir):
     os.makedirs(os.path.join(workdir, 'ids'), exist_ok=True)
     np.save(os.path.join(workdir, 'ids', f'rank_{jax.process_index()}.npy'),
             np.stack(seen))
-  result.extra = {'learned_weight': result.params['weight'],
-                  'learned_bias': result.params['bias'],
-                  'true_weight': dataset['true_weight']}
+  result.extra = {
+      'learned_weight': result.params['weight'],
+      'learned_bias': result.params['bias'],
+      'true_weight': dataset['true_weight']
+  }
   return result
 
 
@@ -191,18 +200,22 @@ def _id_log(workdir: str):
 
 
 def _nan_on_padding(loss_fn):
+
   def poisoned(params, batch):
     loss, metrics = loss_fn(params, batch)
     padded = jnp.any(jnp.all(batch['x'] == 0, axis=-1))
     return jnp.where(padded, jnp.nan, loss), metrics
+
   return poisoned
 
 
 def _slow_evaluation(seconds: float):
+
   def evaluate(params, model_state):  # A long evaluation, nothing else.
     del params, model_state
     time.sleep(seconds)
     return {'seconds': seconds}
+
   return evaluate
 
 
@@ -239,8 +252,8 @@ def flip_bit(run, step: int, device: int) -> None:
   shards[device] = jax.device_put(
       bad.view(leaf.dtype).reshape(shards[device].shape),
       leaf.addressable_shards[device].device)
-  flipped = jax.make_array_from_single_device_arrays(leaf.shape,
-                                                     leaf.sharding, shards)
+  flipped = jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding,
+                                                     shards)
   params = jax.tree_util.tree_unflatten(
       jax.tree_util.tree_structure(state.params),
       [flipped] + [x for _, x in path_leaves[1:]])
@@ -256,9 +269,10 @@ def _grain_pipeline(arrays, seed: int):
   def jitter(example, rng):
     noise = rng.normal(size=example['x'].shape).astype(np.float32)
     return {**example, 'x': example['x'] + 1e-3 * noise}
-  return (grain.MapDataset.source(arrays)
-          .map(lambda e: {k: np.asarray(v) for k, v in e.items()})
-          .random_map(jitter, seed=seed))
+
+  return (grain.MapDataset.source(arrays).map(lambda e: {
+      k: np.asarray(v) for k, v in e.items()
+  }).random_map(jitter, seed=seed))
 
 
 class _Source:

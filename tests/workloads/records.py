@@ -12,7 +12,10 @@ class Records:
   raises, reading record `dies` ends the worker with exit 9, and every
   record waits `record_s` first."""
 
-  def __init__(self, size: int, raises: int = -1, dies: int = -1,
+  def __init__(self,
+               size: int,
+               raises: int = -1,
+               dies: int = -1,
                record_s: float = 0.0):
     self.size, self.raises, self.dies = size, raises, dies
     self.record_s = record_s
