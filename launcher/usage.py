@@ -70,7 +70,7 @@ def _line(flag: flags.Flag, summary: str) -> str:
     default = 'on' if flag.default else 'off'
   else:
     name = f'--{flag.name}'
-    default = '' if flag.default in (None, []) else flag.default_as_str
+    default = ('' if flag.default in (None, []) else flag.default_as_str or '')
   shown = f' (default {default.strip(chr(39))})' if default else ''
   return f'  {name:<30} {summary}{shown}'
 

@@ -128,7 +128,8 @@ def __getattr__(name: str) -> Any:
   module = importlib.import_module(module_name)
   value = module if attribute is None else getattr(module, attribute)
   if name in _WERE_MODULES:
-    value = _FunctionThatWasAModule(value, name, module_name)
+    value = _FunctionThatWasAModule(  # type: ignore[arg-type]
+        value, name, module_name)
   globals()[name] = value
   return value
 

@@ -213,7 +213,7 @@ def check_program_on_first_call(step_fn: Callable,
   """
   if client is None or client.process_count == 1:
     return step_fn
-  agreed = []
+  agreed: list[float] = []
 
   def call(*args):
     if not agreed:

@@ -120,6 +120,9 @@ class Periodic(Hook):
       deprecations.warn('Periodic.run', hook=type(self).__name__)
       self.run(run)
       return
+    if self._callback is None:
+      raise NotImplementedError(
+          f'{type(self).__name__} gives neither work(run) nor a callback')
     self._callback(run)
 
   def run(self, run) -> None:

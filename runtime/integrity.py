@@ -277,12 +277,13 @@ class CheckReplicas(hooks_lib.Periodic):
     """Compares the sums started last, if any; raises DivergedError."""
     if self._pending is None:
       return
-    step, paths, split, read = self._pending
+    step, paths, pending_split, read = self._pending
     self._pending = None
-    if split is None:
-      rows, positions, split = read(), None, ()
+    split: Sequence[bool] = ()
+    if pending_split is None:
+      rows, positions = read(), None
     else:
-      rows, positions = read()
+      (rows, positions), split = read(), pending_split
     client = coordination.current()
     if client is None or client.process_count == 1:
       lines = outliers({

@@ -138,7 +138,8 @@ class Run:
     self.window = metrics_lib.Window()
     self.last_metrics: dict[str, float] = {}
     self.eval_metrics: dict[str, float] = {}
-    self._in_flight = collections.deque()
+    self._in_flight: collections.deque[tuple[int, int,
+                                             Any]] = (collections.deque())
     self._in_flight_limit = in_flight_limit
     # Called with the last step of every call whose metrics are in.
     self.on_retired: list[Callable[[int], None]] = []

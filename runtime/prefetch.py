@@ -9,7 +9,7 @@ then only takes a ready batch; the time it still has to wait is what
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional
 
 
 class Prefetcher:
@@ -33,7 +33,7 @@ class Prefetcher:
     if size < 1:
       raise ValueError(f'prefetch size {size}; it must be at least 1')
     self._make_batch = make_batch
-    self._ready = queue.Queue(maxsize=size)
+    self._ready: queue.Queue = queue.Queue(maxsize=size)
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._fill,
                                     args=(iter(steps),),
@@ -43,6 +43,7 @@ class Prefetcher:
 
   def _fill(self, steps) -> None:
     for step in steps:
+      item: tuple[Any, Any, Optional[BaseException]]
       try:
         item = (step, self._make_batch(step), None)
       except BaseException as e:  # Re-raised in the consumer's thread.

@@ -266,7 +266,7 @@ def _remember_layout_once(run: loop.Run, config: ConfigDict, workdir: str,
   """Keeps the group size for later attempts once the first call has run
   (runtime/checkpoints/batch_limit.py): a run refused before step 1 leaves
   nothing behind."""
-  done = []
+  done: list[bool] = []
 
   def first(_):
     if not done:

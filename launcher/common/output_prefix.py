@@ -117,7 +117,7 @@ def routine(line: str) -> bool:
   if _emulated_storage() and _EMULATOR_AUTH.match(line):
     return True
   found = _GLOO_ALL_CONNECTED.match(_GLOO_PREFIX.sub('', line))
-  return bool(found) and all(
+  return found is not None and all(
       connected == found.group(2)
       for connected in _GLOO_CONNECTED.findall(found.group(1)))
 

@@ -165,7 +165,7 @@ class Mirror:
       path = self._local(relative)
       local = _read(path)
       if local is not None and _md5(local) == info.get('md5Hash'):
-        self._uploaded[relative] = (_signature(path), info.get('md5Hash'))
+        self._uploaded[relative] = (_signature(path), info['md5Hash'])
         continue
       if local is not None and os.stat(path).st_mtime > _object_time(info):
         continue  # Written here since (an obituary's end): ours to upload.

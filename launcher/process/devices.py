@@ -30,7 +30,8 @@ def configure(local_devices: Optional[int], multi_process: bool) -> None:
     jax.config.update('jax_num_cpu_devices', local_devices)
   elif (not multi_process and
         'xla_force_host_platform_device_count' not in os.environ.get(
-            'XLA_FLAGS', '') and jax.config.jax_num_cpu_devices < 0):
+            'XLA_FLAGS', '') and
+        jax.config.jax_num_cpu_devices < 0):  # type: ignore[attr-defined]
     # Only the CPU backend reads this; a GPU or TPU stays the default.
     jax.config.update('jax_num_cpu_devices', DEFAULT_CPU_DEVICES)
   if multi_process:

@@ -47,7 +47,8 @@ _FATAL = ((b'Fatal Python error: Aborted', 134,
            'an illegal instruction (SIGILL)'))
 _KILLED = (137, 'killed without a trace: SIGKILL (the OOM killer, a '
            'scheduler or a person) or the machine')
-_traceback_file = []  # Kept open for as long as faulthandler writes to it.
+_traceback_file: list = [
+]  # Kept open for as long as faulthandler writes to it.
 
 
 def start(ledger_path: str, process_index: int) -> Optional[int]:

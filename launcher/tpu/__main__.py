@@ -18,6 +18,7 @@ preempted or terminated. `bundle` writes the code archive a launch copies
 import argparse
 import json
 import sys
+from typing import Sequence
 
 from launcher.tpu import bundle
 from launcher.tpu import driver
@@ -75,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-def _check(args, launcher_args: list[str]) -> int:
+def _check(args, launcher_args: Sequence[str]) -> int:
   """`preflight` and `recoverable`."""
   say = lambda m: print(f'tpu_pod: {m}', file=sys.stderr)
   if args.command == 'recoverable':

@@ -124,8 +124,9 @@ class Ledgers:
       by_path = {p: r for r, p in self._paths.items()}
       for path, data in found.items():
         if _is_final(data):
-          self._final.add(by_path.get(path) or by_path.get('gs://' + path))
-      self._final.discard(None)
+          name = by_path.get(path) or by_path.get('gs://' + path)
+          if name is not None:
+            self._final.add(name)
       self._stop.wait(POLL_S)
 
 

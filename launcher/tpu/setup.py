@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import weakref
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from launcher import tls
 from launcher.common import project as project_lib
@@ -117,7 +117,7 @@ class SliceSetup:
   def __init__(self,
                gcloud: commands.Gcloud,
                options: flags.PodFlags,
-               launcher_args: list[str],
+               launcher_args: Sequence[str],
                job_id: str,
                say: Callable[[str], None],
                gcloud_log: str,
@@ -252,8 +252,10 @@ class SliceSetup:
   def _tls_archive(self) -> str:
     """The authority as one file to copy, beside the code's archive."""
     path = os.path.join(os.path.dirname(self._bundle()[0]), 'tls.tar.gz')
+    directory = self._authority().directory
+    assert directory is not None, 'asked for only where the pod has TLS'
     if not os.path.exists(path):
-      tls.archive(self._authority().directory, path)
+      tls.archive(directory, path)
     return path
 
   def _bundle(self) -> tuple[str, str]:

@@ -59,7 +59,7 @@ import time
 try:  # In the package: the driver's machine, the tests.
   from launcher.tpu import worker_accelerator
 except ImportError:  # On a TPU VM: ~/podrun/, this script's own directory.
-  import tpu_worker_accelerator as worker_accelerator
+  import tpu_worker_accelerator as worker_accelerator  # type: ignore[no-redef]
 
 JOBS_DIR = os.path.join(os.path.expanduser('~'), 'podrun', 'jobs')
 # Exit codes of `run` itself (the launcher's own are passed through). Copies

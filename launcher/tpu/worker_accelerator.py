@@ -26,7 +26,7 @@ LOCKFILE_ENV = 'PODRUN_LIBTPU_LOCKFILE'
 
 
 def _device_paths(patterns: str) -> set:
-  paths = set()
+  paths: set[str] = set()
   for pattern in patterns.split(','):
     if pattern.strip():
       paths.update(os.path.realpath(p) for p in glob.glob(pattern.strip()))
@@ -56,7 +56,7 @@ def _cmdline(pid: int) -> str:
 
 def holders(paths: set) -> dict:
   """{pid: sorted paths it holds open} among `paths`, this process aside."""
-  found = {}
+  found: dict = {}
   for pid in os.listdir('/proc'):
     if not pid.isdigit() or int(pid) == os.getpid():
       continue

@@ -315,7 +315,8 @@ class LocalCheckpoints:
       self._make()
       shutil.rmtree(tmp, ignore_errors=True)
       os.makedirs(tmp)
-      np.savez(os.path.join(tmp, 'state.npz'), **arrays)
+      np.savez(os.path.join(tmp, 'state.npz'),
+               **arrays)  # type: ignore[arg-type]
       with open(os.path.join(tmp, 'meta.json'), 'w') as f:
         json.dump(meta, f)
       shutil.rmtree(self._dir(step), ignore_errors=True)

@@ -108,7 +108,7 @@ def sweep(root: str,
     One line per job directory removed or kept, for the log.
   """
   now = time.time() if now is None else now
-  lines = []
+  lines: list[str] = []
   try:
     names = sorted(os.listdir(root))
   except OSError:

@@ -213,7 +213,7 @@ def _pool(block: Optional[np.ndarray], sharding, shape, dtype) -> jax.Array:
                                       fill)
 
 
-_SELECTS = {}
+_SELECTS: dict = {}
 _UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 
 

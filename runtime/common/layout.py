@@ -145,7 +145,7 @@ def mirrored(relative: str) -> bool:
 
 def in_bucket(path: Optional[str]) -> bool:
   """True for a gs:// URL."""
-  return bool(path) and path.startswith('gs://')
+  return path is not None and path.startswith('gs://')
 
 
 def local_copy(url: str) -> str:

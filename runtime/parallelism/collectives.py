@@ -27,7 +27,7 @@ _NOT_MIXING = frozenset({'axis_index', 'pvary', 'pcast', 'pbroadcast'})
 
 def _axes(params: dict) -> tuple:
   """The axis names an equation's parameters give it, as a flat tuple."""
-  found = []
+  found: list = []
   for key in ('axes', 'axis_name'):
     value = params.get(key)
     if value is None:

@@ -64,7 +64,7 @@ def _read(x: Any) -> np.ndarray:
     return np.asarray(jax.device_get(x))
   if x.is_fully_replicated:
     return np.asarray(x.addressable_data(0))
-  parts = {}
+  parts: dict[tuple, Any] = {}
   for shard in x.addressable_shards:
     key = tuple((i.start, i.stop) for i in shard.index)
     parts.setdefault(key, shard)

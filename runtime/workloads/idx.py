@@ -10,12 +10,13 @@ every host of a job reads the same files from a bucket.
 
 import gzip
 import os
+from typing import Any
 
 import numpy as np
 
 import runtime
 
-_TYPES = {
+_TYPES: dict[int, Any] = {
     0x08: np.uint8,
     0x09: np.int8,
     0x0B: np.dtype('>i2'),

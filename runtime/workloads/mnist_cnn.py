@@ -76,7 +76,8 @@ def make_task(config: ConfigDict, dataset) -> runtime.Task:
   """The task: the model's params and batch_stats, drawn from config.seed."""
   model = CNN(tuple(config.model.features), config.model.dense,
               config.model.dropout, nnx.Rngs(config.seed))
-  graphdef, params, batch_stats = nnx.split(model, nnx.Param, nnx.BatchStat)
+  graphdef, params, batch_stats = nnx.split(  # type: ignore[misc]
+      model, nnx.Param, nnx.BatchStat)
   opt = config.optimizer
   schedule = optax.warmup_cosine_decay_schedule(0.0, opt.learning_rate,
                                                 opt.warmup_steps,
