@@ -261,12 +261,11 @@ def _workdir(flag: Optional[str]) -> str:
   return os.path.abspath(flag or os.path.join('workdirs', config_name()))
 
 
-def _launcher_mirror(workdir: str,
+def _launcher_mirror(record: layout.Record,
                      job_id: str) -> Optional[record_mirror.Mirror]:
-  """For a bucket's workdir, the launcher's part of the record (the
-  attempts, the goodput roll-up), after it fetched the earlier attempts'
-  into this machine's copy, made job `job_id`'s."""
-  record = layout.Record.of(workdir)
+  """For a bucket's record, the launcher's part of it (the attempts, the
+  goodput roll-up), after it fetched the earlier attempts' into this
+  machine's copy, made job `job_id`'s."""
   if not record.bucket:
     return None
   mirror = record_mirror.Mirror(record.bucket,
@@ -276,7 +275,7 @@ def _launcher_mirror(workdir: str,
   try:
     mirror.fetch()
   except Exception as e:  # pylint: disable=broad-except
-    _fail(f'--workdir={workdir}: cannot read the bucket: {e}')
+    _fail(f'--workdir={record.bucket}: cannot read the bucket: {e}')
   return mirror
 
 
@@ -299,10 +298,11 @@ def _run_local_pod(config: ConfigDict, workdir: str) -> int:
   capacity = _capacity(config)
   job_id = uuid.uuid4().hex
   authority = tls.PodAuthority(cli_flags.TLS.value, job_id, restart.console_say)
+  record = layout.Record.of(workdir)
   try:
     # Before the pod: a copy set aside takes its directory with it.
     mirror = None if cli_flags.DRY_RUN.value else _launcher_mirror(
-        workdir, job_id)
+        record, job_id)
     spec = _pod_spec(config, workdir, authority, capacity)
     if cli_flags.DRY_RUN.value:
       return _make_pod(spec, job_id=job_id, capacity=capacity).print_plan()
@@ -312,12 +312,11 @@ def _run_local_pod(config: ConfigDict, workdir: str) -> int:
       # where the ranks write): the goodput is rolled up in that copy, then
       # uploaded.
       authority.close()
-      launcher_record.finish(
-          layout.Record(workdir if mirror is None else mirror.local_dir),
-          layout.Record(workdir).attempts(),
-          None,
-          restart.console_say,
-          shown=workdir)
+      launcher_record.finish(record,
+                             record.attempts(),
+                             None,
+                             restart.console_say,
+                             shown=workdir)
       if mirror is not None:
         mirror.finish()
 
@@ -325,7 +324,7 @@ def _run_local_pod(config: ConfigDict, workdir: str) -> int:
         agent.Job(start=lambda start: _make_pod(
             spec, job_id=job_id, start=start, capacity=capacity),
                   restarts=spec.restarts,
-                  logs_dir=layout.Record.of(workdir).logs(),
+                  logs_dir=record.logs(),
                   capacity=capacity,
                   resize=(policy.Policy(capacity, restart.console_say).after
                           if capacity else None),

@@ -122,11 +122,10 @@ def other_said(attempt: dict) -> str:
   return f'other {other:.2f} s: ' + ', '.join(pieces)
 
 
-def interval_advice(workdir: str) -> str:
+def interval_advice(record: layout.Record) -> str:
   """The local tier's interval this job's own history recommends
   (runtime/common/copy_interval.py): the last copy's blocking, the mean of
   its restores, its hard failures over its time; '' before any copy."""
-  record = layout.Record(workdir)
   blocking, restores = None, []
   for attempt, ledgers in sorted(record.attempts_with_ledgers().items()):
     try:
@@ -197,7 +196,8 @@ def main(argv=None) -> int:
   if layout.in_bucket(workdir):
     workdir = record_mirror.fetch_record(
         workdir, tempfile.mkdtemp(prefix='podrun-record-'))
-  result = goodput_rollup.write_rollup(workdir, args.attempts or None)
+  record = layout.Record(workdir)
+  result = goodput_rollup.write_rollup(record, args.attempts or None)
   if not result['attempts']:
     print(f'no goodput ledgers under {args.workdir}/goodput', file=sys.stderr)
     return 2
@@ -218,7 +218,7 @@ def main(argv=None) -> int:
     for process_index, parts in result['ranks'][a['name']].items():
       rows.append((f'a{a["attempt"]} rank {process_index}', parts))
   print(table(rows, 'seconds'))
-  advice = interval_advice(workdir)
+  advice = interval_advice(record)
   if advice:
     print('\n' + advice)
   recoveries = recovery_table(result['attempts'])

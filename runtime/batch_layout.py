@@ -15,7 +15,7 @@ counts that can.
 
 Example:
   >>> mixing = loss_mixing(task, state, 'batch', 8)
-  >>> choose(config, topo, workdir, mixing=mixing).describe()
+  >>> choose(config, topo, record, mixing=mixing).describe()
   '1 microbatch(es) of 12 example(s) per device'
 """
 
@@ -28,6 +28,7 @@ from ml_collections import ConfigDict
 import numpy as np
 
 from runtime.checkpoints import batch_limit
+from runtime.common import layout
 from runtime import data as data_lib
 from runtime.parallelism import microbatches
 from runtime import step as step_lib
@@ -143,7 +144,7 @@ def _layout_for(global_batch_size: int, num_devices: int, limits: Limits,
 
 def choose(config: ConfigDict,
            topo,
-           workdir: Optional[str] = None,
+           record: Optional[layout.Record] = None,
            has_model_state: bool = False,
            elastic: Optional[tuple[int, int]] = None,
            mixing: Optional[Mixing] = None,
@@ -154,7 +155,7 @@ def choose(config: ConfigDict,
     config: the job's config (global_batch_size and the three limits).
     topo: this job's topology (process_count, local_device_count,
       process_index).
-    workdir: where the job's first group size is kept; None: not read.
+    record: where the job's first group size is kept; None: not read.
     has_model_state: the task has model state (a warning for elastic jobs).
     elastic: (fewest, most) processes; None for a job of a fixed size.
     mixing: the loss's collectives over the batch axis (`loss_mixing`);
@@ -168,8 +169,8 @@ def choose(config: ConfigDict,
   num_devices = topo.process_count * topo.local_device_count
   user_size = config.get('microbatch_size') or None
   size, note = user_size, ''
-  if workdir is not None and size is None:
-    size, note = batch_limit.first_group_size(config, workdir)
+  if record is not None and size is None:
+    size, note = batch_limit.first_group_size(config, record)
   limits = Limits(
       config.get('device_batch_limit') or None,
       config.get('microbatches') or None, size)

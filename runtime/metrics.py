@@ -62,12 +62,12 @@ class MetricsWriter:
   resumed at step s keeps the records up to s and appends after them.
 
   Example:
-    >>> writer = MetricsWriter(workdir, is_process_0=jax.process_index() == 0)
+    >>> writer = MetricsWriter(record, is_process_0=jax.process_index() == 0)
     >>> writer.write(100, {'loss': 0.1, 'steps_per_sec': 50.0})
   """
 
   def __init__(self,
-               workdir: str,
+               record: layout.Record,
                is_process_0: bool,
                resume_step: Optional[int] = None,
                tensorboard_events=True,
@@ -78,10 +78,10 @@ class MetricsWriter:
     self._file = None
     self._events = None
     if is_process_0 and tensorboard_events:
-      self._events = tensorboard.EventWriter(workdir, resume_step)
+      self._events = tensorboard.EventWriter(record, resume_step)
     if is_process_0:
-      os.makedirs(workdir, exist_ok=True)
-      path = layout.Record(workdir).metrics()
+      os.makedirs(record.workdir, exist_ok=True)
+      path = record.metrics()
       if resume_step is None:
         self._file = open(path, 'w')
       else:

@@ -15,6 +15,7 @@ from ml_collections import ConfigDict
 
 from runtime.checkpoints import options as checkpoint_options
 from runtime.common import handoff
+from runtime.common import layout
 from runtime import dispatch
 from runtime import readers
 
@@ -98,7 +99,7 @@ class TrainOptions:
   @classmethod
   def of(cls,
          config: ConfigDict,
-         workdir: str,
+         record: layout.Record,
          told: Optional[handoff.Handoff] = None) -> 'TrainOptions':
     """Reads a config made from runtime/config_base.py, and what the
     launcher told this process (default: handoff.current())."""
@@ -122,7 +123,7 @@ class TrainOptions:
                eval_every=config.eval_every,
                integrity_every=config.integrity_every,
                max_steps_in_flight=config.max_steps_in_flight,
-               checkpointing=Checkpointing.of(config, workdir),
+               checkpointing=Checkpointing.of(config, record),
                steps_per_dispatch=dispatch.parse(
                    config.get('steps_per_dispatch', dispatch.AUTO)),
                elastic=told.elastic,

@@ -8,7 +8,7 @@ the config once, through `TrainOptions.of`, and every decision after it
 reads the plan.
 
 Example:
-  >>> plan = make(config, workdir, task)
+  >>> plan = make(config, layout.Record.of(workdir), task)
   >>> plan.batch_layout.describe(), calls(plan, task, hooks).per_dispatch
   ('1 pass of 8 a device', None)
 """
@@ -29,6 +29,7 @@ from runtime import dispatch
 from runtime import flops as flops_lib
 from runtime import hooks as hooks_lib
 from runtime.checkpoints import local_cadence
+from runtime.common import layout
 from runtime import options as options_lib
 from runtime import parallelism as parallelism_lib
 from runtime.parallelism import microbatches
@@ -90,20 +91,21 @@ class Plan:
             f'on {topo.describe()}{resumed}')
 
 
-def make(config: ConfigDict, workdir: str, task: task_lib.Task) -> Plan:
+def make(config: ConfigDict, record: layout.Record,
+         task: task_lib.Task) -> Plan:
   """The plan of a run of `task` under `config` on this job's devices.
 
   Raises:
     BatchSizeError, PaddingError: for a global batch no layout takes.
   """
-  options = options_lib.TrainOptions.of(config, workdir)
+  options = options_lib.TrainOptions.of(config, record)
   topo = topology_lib.current()
   options, data_why = _data_on_device(options, task, topo.platform)
   par = parallelism_lib.from_config(config)
   state = step_lib.init_state(task.params, task.step_optimizer(),
                               options.data.seed, task.model_state)
   where = _state_layout(config, state, task.shard_dims, options.elastic)
-  batch_layout = _choose_layout(config, topo, workdir, task, state, options,
+  batch_layout = _choose_layout(config, topo, record, task, state, options,
                                 where.batch_axis(par))
   rows, _ = microbatches.process_positions(batch_layout, topo.process_index,
                                            topo.local_device_count)
@@ -244,8 +246,8 @@ def _data_on_device(options: options_lib.TrainOptions, task: task_lib.Task,
                                                       on_device=chosen)), why
 
 
-def _choose_layout(config: ConfigDict, topo, workdir: str, task: task_lib.Task,
-                   state: step_lib.TrainState,
+def _choose_layout(config: ConfigDict, topo, record: layout.Record,
+                   task: task_lib.Task, state: step_lib.TrainState,
                    options: options_lib.TrainOptions,
                    axis: Any) -> microbatches.Layout:
   """runtime/batch_layout.py's choice for this job, with the task's loss
@@ -254,5 +256,5 @@ def _choose_layout(config: ConfigDict, topo, workdir: str, task: task_lib.Task,
       task.loss_fn, randomness.contract(task.rng, task.loss_uses_rng),
       task.model_state is not None, state, task.data, axis,
       topo.process_count * topo.local_device_count)
-  return batch_layout_lib.choose(config, topo, workdir, task.model_state
+  return batch_layout_lib.choose(config, topo, record, task.model_state
                                  is not None, options.elastic, mixing, axis)

@@ -26,19 +26,19 @@ class EventWriter:
   """Scalars to event files in WORKDIR/tensorboard.
 
   Example:
-    >>> writer = EventWriter('/tmp/w')
+    >>> writer = EventWriter(layout.Record('/tmp/w'))
     >>> writer.scalars(100, {'loss': 0.25, 'learning_rate': 1e-3})
     >>> writer.flush()   # on disk for the OS: a SIGKILL cannot lose them
     >>> writer.close()
   """
 
-  def __init__(self, workdir: str, resume_step: Optional[int] = None):
+  def __init__(self, record: layout.Record, resume_step: Optional[int] = None):
     # Imported here: only process 0 writes, and the import costs ~0.3 s.
     from tensorboardX import event_file_writer  # pylint: disable=g-import-not-at-top
     from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
     from tensorboardX.proto import summary_pb2  # pylint: disable=g-import-not-at-top
     self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
-    self.logdir = layout.Record(workdir).tensorboard()
+    self.logdir = record.tensorboard()
     os.makedirs(self.logdir, exist_ok=True)
     # File names start with the second the file was opened; two writers in
     # one second would share a name and the second would overwrite the

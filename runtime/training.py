@@ -67,8 +67,8 @@ def _open_checkpoints(options: options_lib.Checkpointing, attempt: str):
   return ckpt, local_checkpoint.open_for(options.local, ckpt.path, attempt)
 
 
-def _hooks(options: options_lib.TrainOptions, workdir: str, task: Task, topo,
-           ckpt, local) -> list[hooks_lib.Hook]:
+def _hooks(options: options_lib.TrainOptions, record: layout.Record, task: Task,
+           topo, ckpt, local) -> list[hooks_lib.Hook]:
   """The built-in hooks, in the order they run, then the task's."""
   log = hooks_lib.LogMetrics(options.logging.every, task.schedule)
   describe = lambda run, numpy_state, reason: checkpoint_meta.describe_run(
@@ -93,9 +93,8 @@ def _hooks(options: options_lib.TrainOptions, workdir: str, task: Task, topo,
         hooks_lib.PeriodicEvaluation(options.eval_every, task.eval_fn))
   if options.logging.profile_steps:
     built_in.append(
-        hooks_lib.Profile(
-            layout.Record(workdir).tensorboard(), options.logging.profile_start,
-            options.logging.profile_steps))
+        hooks_lib.Profile(record.tensorboard(), options.logging.profile_start,
+                          options.logging.profile_steps))
   return built_in + list(task.hooks)
 
 
@@ -117,13 +116,16 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   """
   ledger = goodput.current()
   ledger.name_since('workload', 'workload_setup')
+  # The one Record of the run: the launcher's `Workdir` carries it, a path
+  # given by hand is read for the bucket it may be a copy of.
+  record = layout.Record.of(workdir)
   with ledger.naming('train_setup'):
-    plan = plan_lib.make(config, workdir, task)
+    plan = plan_lib.make(config, record, task)
   ledger.note(topology=plan.fields())
   restored = _restore(plan, task, ledger)
   if restored.step >= plan.options.steps:
-    return _nothing_to_train(plan, workdir, restored)
-  run, hooks, calls = _start_run(plan, config, workdir, task, restored, ledger)
+    return _nothing_to_train(plan, record, restored)
+  run, hooks, calls = _start_run(plan, config, record, task, restored, ledger)
   readers = (None if plan.options.data.on_device else readers_lib.start(
       task.data, plan.options.data.workers, plan.rows_per_process,
       coordination.current()))
@@ -137,7 +139,7 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
       run.writer.close()
   config_reads.finish(config)
   with ledger.naming('results'):
-    return _result(plan, run, workdir)
+    return _result(plan, run, record)
 
 
 @dataclasses.dataclass
@@ -170,18 +172,18 @@ def _restore(plan: plan_lib.Plan, task: Task,
 
 
 def _start_run(
-    plan: plan_lib.Plan, config: ConfigDict, workdir: str, task: Task,
+    plan: plan_lib.Plan, config: ConfigDict, record: layout.Record, task: Task,
     restored: _Restored, ledger: goodput.Ledger
 ) -> tuple[loop.Run, list[hooks_lib.Hook], plan_lib.Calls]:
   """(the loop's state placed on the devices with its metrics writer open,
   its hooks, the steps per call their cadences allow), the run's first
   lines said, and the end of set-up's checks passed."""
-  hooks = _hooks(plan.options, workdir, task, plan.topology, restored.ckpt,
+  hooks = _hooks(plan.options, record, task, plan.topology, restored.ckpt,
                  restored.local)
   calls = plan_lib.calls(plan, task, hooks)
   with ledger.naming('metrics_writer'):
     writer = metrics_lib.MetricsWriter(
-        workdir,
+        record,
         plan.topology.process_index == 0,
         resume_step=restored.step or None,
         tensorboard_events=plan.options.logging.tensorboard,
@@ -190,7 +192,7 @@ def _start_run(
     replicated = plan.state_layout.place(restored.state, plan.parallelism)
   clock = goodput.StepClock(ledger, goodput.steps_done_before(ledger))
   run = loop.Run(plan.options,
-                 workdir,
+                 record.workdir,
                  task,
                  replicated,
                  restored.step,
@@ -203,7 +205,7 @@ def _start_run(
                  state_layout=plan.state_layout,
                  figures=plan.figures)
   if plan.topology.process_index == 0:
-    _remember_layout_once(run, config, workdir, plan.batch_layout)
+    _remember_layout_once(run, config, record, plan.batch_layout)
   writer.log(plan.describe(restored.step, calls))
   if plan.state_layout.where:
     writer.log(plan.state_layout.where)
@@ -261,7 +263,8 @@ def _note_restore(ledger: goodput.Ledger, local, tier: str,
   local.cadence.on_chosen = chosen
 
 
-def _remember_layout_once(run: loop.Run, config: ConfigDict, workdir: str,
+def _remember_layout_once(run: loop.Run, config: ConfigDict,
+                          record: layout.Record,
                           chosen: microbatches.Layout) -> None:
   """Keeps the group size for later attempts once the first call has run
   (runtime/checkpoints/batch_limit.py): a run refused before step 1 leaves
@@ -271,7 +274,7 @@ def _remember_layout_once(run: loop.Run, config: ConfigDict, workdir: str,
   def first(_):
     if not done:
       done.append(True)
-      batch_limit.remember(config, workdir, chosen)
+      batch_limit.remember(config, record, chosen)
 
   run.on_retired.append(first)
 
@@ -294,7 +297,7 @@ def _say_where_it_resumes(ckpt, start: int, topo) -> None:
         'device(s), with the same global batch', start, *then, *now)
 
 
-def _nothing_to_train(plan: plan_lib.Plan, workdir: str,
+def _nothing_to_train(plan: plan_lib.Plan, record: layout.Record,
                       restored: _Restored) -> TrainResult:
   """The TrainResult of a run whose checkpoint is already at its last
   step: it says so, trains and evaluates nothing, and marks the result
@@ -306,7 +309,7 @@ def _nothing_to_train(plan: plan_lib.Plan, workdir: str,
         'config.steps=%d. This run trains nothing and leaves summary.json as '
         'the run that trained wrote it. To train again from step 0, give '
         'another --workdir; to train further, raise --config.steps.',
-        options.checkpointing.directory or workdir, start, options.steps)
+        options.checkpointing.directory or record.workdir, start, options.steps)
   if any(
       isinstance(leaf, jax.Array) and not leaf.is_fully_addressable
       for leaf in jax.tree_util.tree_leaves(state)):
@@ -335,7 +338,8 @@ def _log_final_metrics(run: loop.Run,
                f'{run.options.logging.every} steps)')
 
 
-def _result(plan: plan_lib.Plan, run: loop.Run, workdir: str) -> TrainResult:
+def _result(plan: plan_lib.Plan, run: loop.Run,
+            record: layout.Record) -> TrainResult:
   """The TrainResult, with the chip's figures; also says what the final
   metrics are and writes ranks/rank_<i>.json for comparison."""
   _log_final_metrics(run, run.writer)
@@ -343,7 +347,7 @@ def _result(plan: plan_lib.Plan, run: loop.Run, workdir: str) -> TrainResult:
   host = run.numpy_state()
   fingerprint = fingerprint_lib.fingerprint(host.params)
   metrics_lib.write_json(
-      layout.Record(workdir).result(topo.process_index), {
+      record.result(topo.process_index), {
           'process_index': topo.process_index,
           'process_count': topo.process_count,
           'local_devices': [str(d) for d in jax.local_devices()],

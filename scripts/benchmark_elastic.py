@@ -68,7 +68,7 @@ def run_once(mode: str, args, workdir: str) -> dict:
   if result.returncode:
     raise SystemExit(
         f'{mode}: exit {result.returncode}\n{result.stderr[-3000:]}')
-  roll = goodput_rollup.rollup(workdir)
+  roll = goodput_rollup.rollup(layout.Record(workdir))
   launches = records.read_attempts(
       os.path.join(workdir, 'logs', layout.ATTEMPTS))
   return {

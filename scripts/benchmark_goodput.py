@@ -92,7 +92,7 @@ def run_job(workdir: str, data_dir: str, steps: int, every: int,
   finally:
     stop.set()
     watcher.join()
-  result = goodput_rollup.rollup(workdir)
+  result = goodput_rollup.rollup(layout.Record(workdir))
   launched = {
       a.name: a for a in records.read_attempts(
           os.path.join(workdir, 'logs', layout.ATTEMPTS))

@@ -51,6 +51,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from launcher.common import goodput_rollup  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.common import layout  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.common import records  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.workloads import mnist  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -120,7 +121,7 @@ def _fingerprint(workdir: str) -> str:
 
 def _outcome(workdir: str, kills: list) -> dict:
   """Goodput, recomputed steps and recovery per restart of a finished job."""
-  result = goodput_rollup.rollup(workdir)
+  result = goodput_rollup.rollup(layout.Record(workdir))
   restarts = []
   for attempt, kill in zip(result['attempts'][1:], kills):
     recovery = attempt.get('recovery') or {}
@@ -285,7 +286,7 @@ def bench_repeated(tmp: str, data_dir: str, args) -> dict:
 def _loop_speed(workdir: str, steps: int, saves: int) -> dict:
   """Steps/s of the loop (steps, their input wait and blocking saves), and
   the blocking per save as a fraction of a step, from process 0's ledger."""
-  ledger = goodput_rollup.rollup(workdir)['ranks']
+  ledger = goodput_rollup.rollup(layout.Record(workdir))['ranks']
   parts = list(ledger.values())[0][0]
   step_s = parts['productive'] / steps
   loop_s = (parts['productive'] + parts['input_wait'] +

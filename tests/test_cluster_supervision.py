@@ -16,6 +16,7 @@ import pytest
 
 from runtime.common import exit_codes
 from launcher.common import goodput_rollup
+from runtime.common import layout
 from tests import cluster
 from tests import helpers
 
@@ -304,7 +305,7 @@ def test_a_sigkill_and_a_restart_loop_resume_from_the_local_tier(tmp_path):
   assert _restore_notes(tmp_path / 'loop') == [('local', 20)] * 2
   assert (helpers.fingerprints(tmp_path / 'loop') == helpers.fingerprints(
       tmp_path / 'straight'))
-  rollup = goodput_rollup.rollup(str(tmp_path / 'loop'))
+  rollup = goodput_rollup.rollup(layout.Record(str(tmp_path / 'loop')))
   recovery = rollup['attempts'][1]['recovery']
   # From the local tier; 'peer' when the kill landed between the two
   # processes' local copies of one step (the newer copy then crosses over).
@@ -351,7 +352,7 @@ def test_every_end_reaches_its_ledger_when_process_0_is_killed(tmp_path):
     assert notes[1]['fault']['rank'] == 0, notes[1]
   with cluster.Cluster(tmp_path, 2, args, rank_env=same_job) as job:
     assert [e.code for e in job.wait(timeout=120).values()] == [0, 0]
-  rollup = goodput_rollup.rollup(str(tmp_path))
+  rollup = goodput_rollup.rollup(layout.Record(str(tmp_path)))
   recovery = rollup['attempts'][1]['recovery']
   # From the local tier; 'peer' when the kill landed between the two
   # processes' local copies of one step (the newer copy then crosses over).

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from launcher.process import compilation
+from runtime.common import layout
 
 pytestmark = pytest.mark.devices
 
@@ -84,11 +85,13 @@ def cache_settings():
 def test_the_cache_is_the_workdirs_unless_cpu_processes_are_several(
     tmp_path, cache_settings):
   before = jax.config.jax_compilation_cache_dir
-  assert compilation.use_cache(None, str(tmp_path), 'cpu', 2) is None
-  assert compilation.use_cache('', str(tmp_path), 'tpu', 4) is None
+  assert compilation.use_cache(None, layout.Record(str(tmp_path)), 'cpu',
+                               2) is None
+  assert compilation.use_cache('', layout.Record(str(tmp_path)), 'tpu',
+                               4) is None
   assert jax.config.jax_compilation_cache_dir == before
-  path = compilation.use_cache(None, str(tmp_path), 'tpu', 4)
+  path = compilation.use_cache(None, layout.Record(str(tmp_path)), 'tpu', 4)
   assert path == str(tmp_path / 'compilation_cache')
   assert jax.config.jax_compilation_cache_dir == path
-  assert compilation.use_cache(str(tmp_path / 'c'), 'x', 'cpu',
+  assert compilation.use_cache(str(tmp_path / 'c'), layout.Record('x'), 'cpu',
                                1) == str(tmp_path / 'c')

@@ -18,6 +18,7 @@ from runtime import plan
 from runtime import training
 from runtime.workloads import linear_regression
 from runtime.workloads import mlp
+from runtime.common import layout
 
 pytestmark = pytest.mark.devices
 
@@ -331,7 +332,7 @@ def test_auto_is_one_step_per_call_on_a_cpu(tmp_path, monkeypatch):
   config.steps = 4
   assert config.steps_per_dispatch == 0  # Auto.
   task, _ = linear_regression.make_task(config)
-  made = plan.make(config, str(tmp_path), task)
+  made = plan.make(config, layout.Record(str(tmp_path)), task)
   # The hooks whose cadences a call must end on: log 20, integrity 100.
   kept = [
       hooks.LogMetrics(config.log_every),

@@ -18,6 +18,7 @@ from runtime import batch_layout
 from runtime.checkpoints import batch_limit
 from runtime.parallelism import microbatches
 from runtime.common import records
+from runtime.common import layout
 
 pytestmark = pytest.mark.unit
 
@@ -286,22 +287,26 @@ def _config(**fields) -> ConfigDict:
 
 
 def _remember(config, workdir, devices):
-  batch_limit.remember(config, workdir,
+  batch_limit.remember(config, layout.Record(workdir),
                        microbatches.plan(config.global_batch_size, devices))
 
 
 def test_the_first_attempts_group_size_is_kept_by_later_ones(tmp_path):
   # Nothing is kept until a step has run (`remember`, after the first call).
-  assert batch_limit.first_group_size(_config(), str(tmp_path)) == (None, '')
+  assert batch_limit.first_group_size(_config(),
+                                      layout.Record(str(tmp_path))) == (None,
+                                                                        '')
   _remember(_config(), str(tmp_path), 8)
   # A smaller attempt: 32 a pass, not 64; the layout line says why.
-  size, note = batch_limit.first_group_size(_config(), str(tmp_path))
+  size, note = batch_limit.first_group_size(_config(),
+                                            layout.Record(str(tmp_path)))
   assert size == 32 and note == (
       "groups of 32 as the job's first attempt on 8 device(s) "
       '(device_batch_limit.json)')
   # A later attempt does not overwrite the first's.
   _remember(_config(), str(tmp_path), 4)
-  assert batch_limit.first_group_size(_config(), str(tmp_path))[0] == 32
+  assert batch_limit.first_group_size(_config(),
+                                      layout.Record(str(tmp_path)))[0] == 32
   for fixed in ({
       'device_batch_limit': 16
   }, {
@@ -310,20 +315,21 @@ def test_the_first_attempts_group_size_is_kept_by_later_ones(tmp_path):
       'microbatch_size': 8
   }):
     assert batch_limit.first_group_size(_config(**fixed),
-                                        str(tmp_path)) == (None, ''), fixed
+                                        layout.Record(
+                                            str(tmp_path))) == (None, ''), fixed
 
 
 def test_a_kept_group_size_of_another_global_batch_is_ignored(tmp_path):
   _remember(_config(global_batch_size=256), str(tmp_path), 8)
   size, note = batch_limit.first_group_size(_config(global_batch_size=128),
-                                            str(tmp_path))
+                                            layout.Record(str(tmp_path)))
   assert size is None and note == (
       'device_batch_limit.json (groups of 32) was made for global batch '
       '256, not 128: ignored')
   # The run that then trains keeps its own.
   _remember(_config(global_batch_size=128), str(tmp_path), 8)
   assert batch_limit.first_group_size(_config(global_batch_size=128),
-                                      str(tmp_path))[0] == 16
+                                      layout.Record(str(tmp_path)))[0] == 16
 
 
 def test_an_elastic_job_keeps_its_groups_on_any_number_of_devices(tmp_path):
@@ -332,7 +338,7 @@ def test_an_elastic_job_keeps_its_groups_on_any_number_of_devices(tmp_path):
   # 5 costs the same 2 passes.
   _remember(_config(global_batch_size=40), str(tmp_path), 8)
   assert batch_limit.first_group_size(_config(global_batch_size=40),
-                                      str(tmp_path))[0] == 5
+                                      layout.Record(str(tmp_path)))[0] == 5
   assert microbatches.plan(40, 6, device_batch_limit=5).microbatch_size == 4
   kept = microbatches.plan(40, 6, microbatch_size=5)
   assert (kept.microbatch_size, kept.microbatches, kept.padded_groups) == (5, 2,

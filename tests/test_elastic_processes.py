@@ -16,6 +16,7 @@ import json
 import pytest
 
 from launcher.common import goodput_rollup
+from runtime.common import layout
 from runtime.common import goodput
 from tests import helpers
 from tests.workloads import census
@@ -168,7 +169,7 @@ def test_a_lost_process_shrinks_the_pod_and_it_grows_back(
   # spend them recomputing, and then the two goodputs are equal), so the
   # strict inequality is only asserted when it did; test_goodput holds it
   # with fixed figures.
-  roll = goodput_rollup.rollup(str(workdir))
+  roll = goodput_rollup.rollup(layout.Record(str(workdir)))
   devices = [a['notes']['topology']['num_devices'] for a in roll['attempts']]
   assert devices == [8, 6, 8], devices
   assert roll['full_devices'] == 8

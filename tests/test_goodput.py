@@ -8,6 +8,7 @@ import time
 import pytest
 
 from launcher.common import goodput_rollup
+from runtime.common import layout
 from runtime.common import goodput
 from runtime.common import records
 from launcher.common import time_to_recover
@@ -71,7 +72,7 @@ def test_rollup_accounts_for_every_second(tmp_path):
           'exit_code': 0,
           'launcher_started': 99.5
       }) + '\n')
-  result = goodput_rollup.rollup(str(tmp_path))
+  result = goodput_rollup.rollup(layout.Record(str(tmp_path)))
   assert result['wall_s'] == pytest.approx(130 - 99.5)
   assert sum(result['parts'].values()) == pytest.approx(result['wall_s'])
   a1, a2 = result['attempts']
@@ -93,7 +94,7 @@ def test_capacity_goodput_weighs_each_attempt_by_its_devices(tmp_path):
             True,
             devices=devices,
             productive=productive)
-  result = goodput_rollup.rollup(str(tmp_path))
+  result = goodput_rollup.rollup(layout.Record(str(tmp_path)))
   assert result['goodput'] == pytest.approx(25 / 30)
   assert result['full_devices'] == 8
   assert result['reduced_size_s'] == pytest.approx(10)
@@ -248,7 +249,7 @@ def test_a_restart_at_once_never_counts_a_second_twice(tmp_path):
           'exit_code': 0,
           'launcher_started': 100
       }) + '\n')
-  result = goodput_rollup.rollup(str(tmp_path))
+  result = goodput_rollup.rollup(layout.Record(str(tmp_path)))
   assert sum(result['parts'].values()) == pytest.approx(result['wall_s'],
                                                         abs=1e-9)
   assert result['parts']['restart_backoff'] == 0
@@ -303,7 +304,7 @@ def test_the_parts_never_exceed_the_wall_time(tmp_path, how):
           productive=8)
   (tmp_path / 'logs').mkdir()
   (tmp_path / 'logs' / 'attempts.jsonl').write_text(attempts)
-  result = goodput_rollup.rollup(str(tmp_path))
+  result = goodput_rollup.rollup(layout.Record(str(tmp_path)))
   assert sum(result['parts'].values()) == pytest.approx(result['wall_s'])
   assert result['goodput'] <= 1.0
   assert result['parts']['productive'] == 16

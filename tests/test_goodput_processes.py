@@ -9,6 +9,7 @@ import time
 import pytest
 
 from launcher.common import goodput_rollup
+from runtime.common import layout
 from runtime.common import goodput
 from tests import helpers
 
@@ -44,7 +45,7 @@ def test_a_restart_is_accounted_for_and_recomputed_steps_counted(tmp_path):
   # to a clock tick, 10 ms) to the end of its last attempt as it saw it,
   # nothing cut out in between. Checked by order, not by a share of the
   # test's wall time, which the machine's load stretches at both ends.
-  spans = goodput_rollup.rollup(str(tmp_path))['attempts']
+  spans = goodput_rollup.rollup(layout.Record(str(tmp_path)))['attempts']
   launches = [
       json.loads(l)
       for l in (tmp_path / 'logs' / 'attempts.jsonl').read_text().splitlines()
@@ -154,7 +155,7 @@ def test_a_resume_by_another_command_books_no_backoff(tmp_path):
   ],
                                 timeout=150)
   assert second.returncode == 0, second.output
-  rollup = goodput_rollup.rollup(str(tmp_path))
+  rollup = goodput_rollup.rollup(layout.Record(str(tmp_path)))
   assert len(rollup['attempts']) == 2
   assert rollup['goodput'] <= 1.0, rollup
   assert abs(sum(rollup['parts'].values()) - rollup['wall_s']) < 1e-6

@@ -8,6 +8,7 @@ import pytest
 
 from runtime.common import handoff
 from tests import helpers
+from runtime.common import layout
 
 pytestmark = pytest.mark.unit
 
@@ -69,7 +70,8 @@ def test_the_process_reads_it_once_and_the_runtime_takes_it_from_there(
   try:
     monkeypatch.setenv(handoff.ATTEMPT, 'changed-later')
     assert handoff.current() is told
-    options = options_lib.TrainOptions.of(linear_regression.get_config(), '/w')
+    options = options_lib.TrainOptions.of(linear_regression.get_config(),
+                                          layout.Record('/w'))
     assert (options.attempt, options.elastic) == ('j-a3', (1, 2))
   finally:
     handoff.use(None)

@@ -61,10 +61,11 @@ def test_the_compilation_cache_is_written_and_read_back(tmp_path):
   script = textwrap.dedent(f'''
       import jax, jax.numpy as jnp, numpy as np
       from launcher.process import compilation
-      from runtime.common import goodput
+      from runtime.common import goodput, layout
       ledger = goodput.Ledger()
       goodput.use(ledger)
-      compilation.use_cache({str(tmp_path)!r}, '/nonexistent', 'cpu', 1)
+      compilation.use_cache({str(tmp_path)!r}, layout.Record('/nonexistent'),
+                            'cpu', 1)
       compilation.count_into(ledger)
       jax.jit(lambda x: jnp.cos(x) * 1.5)(np.arange(5.0)).block_until_ready()
       print('hits', ledger.notes.compile_cache_hits or 0)

@@ -170,8 +170,8 @@ def test_a_copy_of_a_buckets_record_is_that_record(tmp_path, monkeypatch):
   assert again.checkpoints() == 'gs://runs/mnist/checkpoints'
   from configs import linear_regression  # pylint: disable=g-import-not-at-top
   config = linear_regression.get_config()
-  assert checkpoint_options.directory(config,
-                                      copy) == ('gs://runs/mnist/checkpoints')
+  assert checkpoint_options.directory(
+      config, layout.Record.of(copy)) == ('gs://runs/mnist/checkpoints')
 
 
 def test_nothing_writes_the_checkpoint_directory_into_a_config():
@@ -191,3 +191,14 @@ def test_nothing_writes_the_checkpoint_directory_into_a_config():
               writers.append(f'{path.relative_to(helpers.REPO)}:'
                              f'{node.lineno}')
   assert not writers, writers
+
+
+def test_the_workdir_a_workload_is_handed_carries_its_record(tmp_path):
+  # The launcher knows the bucket; the runtime is told, not left to find
+  # a copy_of.json (there is none here).
+  record = layout.Record(str(tmp_path / 'copy'), bucket='gs://runs/mnist')
+  workdir = layout.Workdir(record)
+  assert workdir == str(tmp_path / 'copy')
+  assert os.path.join(workdir, 'x') == str(tmp_path / 'copy' / 'x')
+  assert layout.Record.of(workdir) is record
+  assert layout.Record.of(str(workdir)).bucket is None

@@ -84,12 +84,13 @@ def test_summary_json_is_run_json_with_the_goodput_over_every_attempt(tmp_path):
       },
       'attempts': 1
   }
-  assert records.with_goodput(workdir, goodput_of(0.5)) is None
+  record = layout.Record(workdir)
+  assert records.with_goodput(record, goodput_of(0.5)) is None
   assert not (tmp_path / 'summary.json').exists()  # No run finished.
-  path = records.write_run(workdir, {'workload': 'w', 'steps': 4})
+  path = records.write_run(record, {'workload': 'w', 'steps': 4})
   assert path == str(tmp_path / 'run.json')
-  records.with_goodput(workdir, goodput_of(0.5))
-  records.with_goodput(workdir, goodput_of(0.75))  # After a later attempt.
+  records.with_goodput(record, goodput_of(0.5))
+  records.with_goodput(record, goodput_of(0.75))  # After a later attempt.
   written = json.loads((tmp_path / 'summary.json').read_text())
   assert written == {'workload': 'w', 'steps': 4, 'goodput': goodput_of(0.75)}
   assert json.loads((tmp_path / 'run.json').read_text()) == {

@@ -4,6 +4,7 @@ import pytest
 
 from launcher.process import stall
 from runtime.common import progress
+from runtime.common import layout
 
 pytestmark = pytest.mark.unit
 
@@ -83,9 +84,9 @@ def test_what_was_learned_is_kept_and_used_from_the_next_first_step(tmp_path):
     progress.report(step, process_index=0)
   with progress.working('checkpoint'):
     pass
-  stall.save(str(tmp_path), 0, progress.snapshot().learned)
+  stall.save(layout.Record(str(tmp_path)), 0, progress.snapshot().learned)
   progress.reset_for_tests()  # The next attempt: a new process.
-  progress.seed(stall.load(str(tmp_path), 0))
+  progress.seed(stall.load(layout.Record(str(tmp_path)), 0))
   progress.report(1, process_index=0)  # The next attempt's first step.
   snapshot = progress.snapshot()
   assert len(snapshot.learned.step_seconds) == 29
@@ -95,7 +96,7 @@ def test_what_was_learned_is_kept_and_used_from_the_next_first_step(tmp_path):
 
 
 def test_a_missing_or_torn_file_teaches_nothing(tmp_path):
-  assert stall.load(str(tmp_path), 3) is None
+  assert stall.load(layout.Record(str(tmp_path)), 3) is None
   (tmp_path / 'stall').mkdir()
   (tmp_path / 'stall' / 'rank_3.json').write_text('{"step_sec')
-  assert stall.load(str(tmp_path), 3) is None
+  assert stall.load(layout.Record(str(tmp_path)), 3) is None

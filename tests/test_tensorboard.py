@@ -47,7 +47,9 @@ def test_every_metric_of_metrics_jsonl_is_in_tensorboard(tmp_path):
 def test_a_resumed_run_shows_each_step_once(tmp_path):
   _train(tmp_path, 8)
   # As if killed after logging step 12 with its last checkpoint at 8.
-  writer = metrics.MetricsWriter(str(tmp_path), True, resume_step=8)
+  writer = metrics.MetricsWriter(layout.Record(str(tmp_path)),
+                                 True,
+                                 resume_step=8)
   writer.write(12, {'loss': 99.0})
   writer.close()
   _train(tmp_path, 16)
@@ -58,7 +60,7 @@ def test_a_resumed_run_shows_each_step_once(tmp_path):
 
 
 def test_non_numbers_are_left_out(tmp_path):
-  writer = tensorboard.EventWriter(str(tmp_path))
+  writer = tensorboard.EventWriter(layout.Record(str(tmp_path)))
   writer.scalars(1, {
       'loss': 0.5,
       'name': 'x',

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.processes
 def test_flushed_scalars_survive_sigkill(tmp_path):
   helpers.run_then_sigkill(
       'import os\nfrom runtime import tensorboard\n'
-      f'writer = tensorboard.EventWriter({str(tmp_path)!r})\n'
+      'from runtime.common import layout\n'
+      f'writer = tensorboard.EventWriter(layout.Record({str(tmp_path)!r}))\n'
       'for step in range(5, 65, 5):\n'
       '  writer.scalars(step, {"loss": 1.0 / step})\n'
       '  if step % 20 == 0:\n'

@@ -8,7 +8,7 @@ here. Each attempt after a failure gets its time to recover
 (time_to_recover.py).
 
 Example:
-  >>> goodput_rollup.rollup('/runs/mnist')['goodput']
+  >>> goodput_rollup.rollup(layout.Record('/runs/mnist'))['goodput']
   0.93
 """
 
@@ -22,10 +22,11 @@ from runtime.common import records
 from runtime.common import goodput
 
 
-def _read_ledgers(workdir: str) -> dict[str, dict[int, records.LedgerRecord]]:
+def _read_ledgers(
+    record: layout.Record) -> dict[str, dict[int, records.LedgerRecord]]:
   """{attempt: {process index: ledger record}}."""
   out: dict[str, dict[int, records.LedgerRecord]] = {}
-  for attempt, ranks in layout.Record(workdir).attempts_with_ledgers().items():
+  for attempt, ranks in record.attempts_with_ledgers().items():
     for process_index, path in ranks.items():
       try:
         with open(path) as f:
@@ -35,13 +36,14 @@ def _read_ledgers(workdir: str) -> dict[str, dict[int, records.LedgerRecord]]:
   return out
 
 
-def _launcher_attempts(workdir: str,
-                       path: Optional[str] = None
-                      ) -> list[records.LauncherAttempt]:
-  return records.read_attempts(path or layout.Record(workdir).attempts())
+def _launcher_attempts(
+    record: layout.Record,
+    path: Optional[str] = None) -> list[records.LauncherAttempt]:
+  return records.read_attempts(path or record.attempts())
 
 
-def rollup(workdir: str, attempts_path: Optional[str] = None) -> records.RollUp:
+def rollup(record: layout.Record,
+           attempts_path: Optional[str] = None) -> records.RollUp:
   """Accounts for the job's wall time, attempt by attempt.
 
   The job runs from its first attempt's start (the launcher's, else the
@@ -58,9 +60,9 @@ def rollup(workdir: str, attempts_path: Optional[str] = None) -> records.RollUp:
   Returns:
     records.RollUp; empty parts when nothing was recorded.
   """
-  ledgers = _read_ledgers(workdir)
+  ledgers = _read_ledgers(record)
   by_name = {
-      a.name: a for a in _launcher_attempts(workdir, attempts_path) if a.name
+      a.name: a for a in _launcher_attempts(record, attempts_path) if a.name
   }
   order = sorted(ledgers, key=lambda a: _ledger_of_0(ledgers[a])['started'])
   attempts: list[records.AttemptRow] = []
@@ -233,22 +235,22 @@ def _take_out(parts: dict[str, float], seconds: float,
     seconds -= taken
 
 
-def roll_up_into_summary(workdir: str) -> records.RollUp:
+def roll_up_into_summary(record: layout.Record) -> records.RollUp:
   """Writes WORKDIR/goodput.jsonl, and WORKDIR/summary.json from run.json
   (when a run finished), from every ledger and launcher attempt the workdir
   holds; returns the roll-up (`rollup`)."""
-  result = write_rollup(workdir)
-  records.with_goodput(workdir, summary(result))
+  result = write_rollup(record)
+  records.with_goodput(record, summary(result))
   return result
 
 
-def write_rollup(workdir: str,
+def write_rollup(record: layout.Record,
                  attempts_path: Optional[str] = None) -> records.RollUp:
   """Writes WORKDIR/goodput.jsonl (one line per attempt) and returns the
   roll-up (see `rollup`; `attempts_path`: the launcher's attempts.jsonl
   where it is not WORKDIR/logs, as for the TPU pod driver's LOG_DIR)."""
-  result = rollup(workdir, attempts_path)
-  path = layout.Record(workdir).rollup()
+  result = rollup(record, attempts_path)
+  path = record.rollup()
   files.write_atomic(
       path, ''.join(
           json.dumps({

@@ -34,8 +34,9 @@ def _write(url: str, attempts_path: str, job: records.Job) -> records.RollUp:
   with tempfile.TemporaryDirectory(prefix='podrun_record_') as local:
     mirror = record_mirror.Mirror(url, local, owns=record_mirror.launcher_owns)
     mirror.fetch()
-    result = goodput_rollup.roll_up_into_summary(local)
-    job.write(layout.Record(local).job())
+    record = layout.Record(local)
+    result = goodput_rollup.roll_up_into_summary(record)
+    job.write(record.job())
     mirror.push()
     if mirror.unwritten:
       raise RuntimeError(f'{", ".join(sorted(mirror.unwritten))} not written')
@@ -105,7 +106,7 @@ def finish(record: layout.Record,
   if record.bucket and job is not None:
     result = complete(record.bucket, attempts_path, job, say)
   else:
-    result = goodput_rollup.roll_up_into_summary(record.workdir)
+    result = goodput_rollup.roll_up_into_summary(record)
   if result and result['goodput'] is not None:
     say(goodput_line(result, shown or record.bucket or record.workdir))
   return result

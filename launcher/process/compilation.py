@@ -42,7 +42,7 @@ def count_into(ledger: goodput.Ledger) -> None:
   compile_events.on_cache_hit(on_cache_hit)
 
 
-def use_cache(directory: Optional[str], workdir: str, platform: str,
+def use_cache(directory: Optional[str], record: layout.Record, platform: str,
               process_count: int) -> Optional[str]:
   """JAX's persistent compilation cache, so that a restart skips compiling.
 
@@ -50,7 +50,7 @@ def use_cache(directory: Optional[str], workdir: str, platform: str,
     directory: --compilation_cache_dir: None for WORKDIR/compilation_cache,
       '' for none, else the place every attempt of the job reaches (a gs://
       path works where JAX supports it).
-    workdir: the job's workdir.
+    record: the job's record.
     platform, process_count: the job's (topology.Topology's).
   Returns:
     The cache's path, or None where the job runs without one.
@@ -65,7 +65,7 @@ def use_cache(directory: Optional[str], workdir: str, platform: str,
         'no persistent compilation cache: %d processes on the CPU '
         'compile afresh on every attempt', process_count)
     return None
-  path = directory or layout.Record(workdir).compilation_cache()
+  path = directory or record.compilation_cache()
   jax.config.update('jax_compilation_cache_dir', path)
   # Cache every program: on a restart even short compilations add up.
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)

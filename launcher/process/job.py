@@ -91,7 +91,7 @@ def _terminate(signum, frame) -> NoReturn:
   raise SystemExit(exit_codes.SIGNAL_BASE + signum)
 
 
-def _join(config: ConfigDict, workdir: str, options: ProcessFlags,
+def _join(config: ConfigDict, record: layout.Record, options: ProcessFlags,
           supervised: bool) -> tuple[str, list[topology.Expectation]]:
   """Devices and jax.distributed; returns the mode and what the pod must be."""
   chosen = distributed.plan(options.distributed)
@@ -128,9 +128,8 @@ def _join(config: ConfigDict, workdir: str, options: ProcessFlags,
   distributed.prepare_environment(options.distributed.coordinator_address)
   roll = None
   if mode != distributed.SINGLE and place.process_index is not None:
-    roll = roll_call.RollCall(workdir,
-                              options.distributed.coordinator_address or '',
-                              place.process_index, place.num_processes)
+    roll = roll_call.RollCall(record, options.distributed.coordinator_address or
+                              '', place.process_index, place.num_processes)
   ledger = goodput.current()
   ledger.add('startup', time.time() - ledger.started)
   with ledger.timing('distributed_init'):
@@ -143,12 +142,13 @@ def _join(config: ConfigDict, workdir: str, options: ProcessFlags,
 
 
 def _take_lease(
-    config: ConfigDict, workdir: str, options: ProcessFlags,
+    config: ConfigDict, workdir: str, record: layout.Record,
+    options: ProcessFlags,
     supervisor: supervisor_lib.Supervisor) -> Optional[lease_lib.Lease]:
   """The workdir (and checkpoint directory) leased for this job."""
   directories = [workdir]
   if config.get('checkpointing', True):
-    directories.append(checkpoint_options.directory(config, workdir))
+    directories.append(checkpoint_options.directory(config, record))
   return lease_lib.take(directories, supervisor.client, options.lease_timeout,
                         lambda m: supervisor.abort(exit_codes.WORKDIR_BUSY, m),
                         options.supervision.barrier_timeout)
@@ -198,12 +198,13 @@ def _run(config: ConfigDict, workdir: str, options: ProcessFlags,
          told: handoff.Handoff, running: _Running) -> None:
   # A bucket's workdir is written here and mirrored (record_mirror.py); its
   # lease and checkpoints are in the bucket itself.
-  record_dir = layout.Record.of(workdir).workdir
+  record = layout.Record.of(workdir)
+  record_dir = record.workdir
   launcher_record = told.launcher_record
   if _uses_bucket(config, workdir):
     # Found while jax.distributed starts, once for every client.
     gcs_auth.start()
-  mode, expected = _join(config, record_dir, options, told.supervised)
+  mode, expected = _join(config, record, options, told.supervised)
   ledger = running.ledger
   coordination.set_default_timeout(options.supervision.barrier_timeout)
   running.supervisor = supervisor_lib.Supervisor(coordination.current(),
@@ -217,14 +218,14 @@ def _run(config: ConfigDict, workdir: str, options: ProcessFlags,
     with ledger.naming('record_fetch'):
       _mirror_record(workdir, record_dir, actual.process_index, launcher_record)
   with ledger.naming('stall_history'):
-    running.supervisor.learn_in(record_dir)
-  summary.open_ledger(running.ledger, record_dir, running.supervisor.client,
+    running.supervisor.learn_in(record)
+  summary.open_ledger(running.ledger, record, running.supervisor.client,
                       actual.process_index)
   # From here a fatal signal's traceback goes through the obituary, which
   # also writes the end this process cannot write itself.
   obituary.start(running.ledger.path, actual.process_index)
   with ledger.naming('compilation_cache'):
-    cache = compilation.use_cache(options.compilation_cache_dir, record_dir,
+    cache = compilation.use_cache(options.compilation_cache_dir, record,
                                   actual.platform, actual.process_count)
   if cache and actual.process_index == 0:
     # JAX writes the cache from process 0 alone: a process that cannot read
@@ -246,7 +247,8 @@ def _run(config: ConfigDict, workdir: str, options: ProcessFlags,
     signal.signal(signal.SIGTERM, _terminate)
   if options.supervision.enabled:
     with ledger.naming('lease'):
-      running.lease = _take_lease(config, workdir, options, running.supervisor)
+      running.lease = _take_lease(config, workdir, record, options,
+                                  running.supervisor)
   with ledger.naming('workload_import'):
     run_workload = workload.resolve(config.workload)
   # After the workload's import, which may extend sys.path; before its
@@ -263,11 +265,12 @@ def _run(config: ConfigDict, workdir: str, options: ProcessFlags,
   # runtime.train says, before step 1, what of the config nothing read.
   config_reads.start()
   try:
-    results = run_workload(config, record_dir) or {}
+    # The workload gets the path as a str that carries its record.
+    results = run_workload(config, layout.Workdir(record)) or {}
   finally:
     config_reads.stop()
   with ledger.naming('summary'):
-    summary.finish(config, record_dir, actual, results, running.supervisor,
+    summary.finish(config, record, actual, results, running.supervisor,
                    running.ledger, launcher_record)
 
 

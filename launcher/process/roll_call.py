@@ -35,9 +35,9 @@ class RollCall:
     [2, 3]
   """
 
-  def __init__(self, workdir: str, coordinator_address: str, process_index: int,
-               num_processes: int):
-    self.directory = layout.Record(workdir).join()
+  def __init__(self, record: layout.Record, coordinator_address: str,
+               process_index: int, num_processes: int):
+    self.directory = record.join()
     self.coordinator_address = coordinator_address
     self.process_index = process_index
     self.num_processes = num_processes

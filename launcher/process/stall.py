@@ -105,25 +105,26 @@ def deadline(snapshot: progress.Snapshot,
                        f'{fixed}')
 
 
-def path(workdir: str, process_index: int) -> str:
-  return layout.Record(workdir).stall(process_index)
+def path(record: layout.Record, process_index: int) -> str:
+  return record.stall(process_index)
 
 
-def load(workdir: str, process_index: int) -> Optional[progress.Learned]:
+def load(record: layout.Record,
+         process_index: int) -> Optional[progress.Learned]:
   """What an earlier attempt of this process learned, if anything."""
   try:
-    with open(path(workdir, process_index)) as f:
+    with open(path(record, process_index)) as f:
       return progress.Learned.from_json(json.load(f))
   except (OSError, ValueError, TypeError, AttributeError):
     return None
 
 
-def save(workdir: str, process_index: int,
+def save(record: layout.Record, process_index: int,
          learned: Optional[progress.Learned]) -> None:
   if learned is None or not (learned.step_seconds or learned.work_seconds):
     return
   try:
-    files.write_atomic(path(workdir, process_index),
+    files.write_atomic(path(record, process_index),
                        json.dumps(learned.to_json()))
   except OSError:
     pass  # What it learned only saves time; never stop a job for it.
@@ -136,7 +137,7 @@ class StallWatch:
   Example:
     >>> watch = StallWatch(process_index=0, host='h', stall_timeout=600,
     ...                    first_step_timeout=1800, floor_s=10)
-    >>> watch.learn_in(workdir)
+    >>> watch.learn_in(record)
     >>> cause = watch.check(progress.snapshot(), time.monotonic())
   """
 
@@ -154,14 +155,14 @@ class StallWatch:
     self.started_at = time.monotonic()
     self.first_step_s: Optional[float] = None
     # Where the learned pace is kept (WORKDIR/stall), once it is known.
-    self.workdir: Optional[str] = None
+    self.record: Optional[layout.Record] = None
     self._saved_at = time.monotonic()
 
-  def learn_in(self, workdir: str) -> None:
+  def learn_in(self, record: layout.Record) -> None:
     """Starts from what an earlier attempt learned of this process's pace,
     and keeps what this one learns, in WORKDIR/stall."""
-    self.workdir = workdir
-    learned = load(workdir, self.process_index)
+    self.record = record
+    learned = load(record, self.process_index)
     if learned is not None:
       progress.seed(learned)
 
@@ -206,8 +207,8 @@ class StallWatch:
            now: float,
            force: bool = False) -> None:
     """Writes what this process learned of its pace, every 30 s."""
-    if self.workdir is None:
+    if self.record is None:
       return
     if force or now - self._saved_at > _SAVE_EVERY_S:
       self._saved_at = now
-      save(self.workdir, self.process_index, snapshot.learned)
+      save(self.record, self.process_index, snapshot.learned)

@@ -3,9 +3,9 @@ name, and, once every process is done, WORKDIR/run.json (and summary.json,
 where no launcher writes it).
 
 Example:
-  >>> open_ledger(ledger, workdir, coordination.current(), process_index)
+  >>> open_ledger(ledger, record, coordination.current(), process_index)
   >>> ...                                   # the workload
-  >>> finish(config, workdir, topology.current(), results, supervisor, ledger)
+  >>> finish(config, record, topology.current(), results, supervisor, ledger)
 """
 
 import time
@@ -44,11 +44,11 @@ def attempt_name(client: Optional[coordination.Client]) -> str:
     return made  # Process 0 is late: the ledgers still get a folder.
 
 
-def open_ledger(ledger: goodput.Ledger, workdir: str,
+def open_ledger(ledger: goodput.Ledger, record: layout.Record,
                 client: Optional[coordination.Client],
                 process_index: int) -> None:
   """Starts writing this process's goodput ledger and counting compilation."""
-  goodput.open_ledger(ledger, workdir, attempt_name(client), process_index)
+  goodput.open_ledger(ledger, record, attempt_name(client), process_index)
   compilation.count_into(ledger)
 
 
@@ -76,7 +76,7 @@ def run_record(config: ConfigDict, topo: topology.Topology, results: Any,
 
 
 def finish(config: ConfigDict,
-           workdir: str,
+           record: layout.Record,
            actual: topology.Topology,
            results: Any,
            supervisor: supervisor_lib.Supervisor,
@@ -95,12 +95,12 @@ def finish(config: ConfigDict,
   elif actual.process_index == 0:
     ranks = (peers_lib.rank_stats(supervisor.client)
              if supervisor.options.enabled else [])
-    record = run_record(config, actual, results, ranks)
-    path = records.write_run(workdir, record)
+    run = run_record(config, actual, results, ranks)
+    path = records.write_run(record, run)
     # The launcher, which sees every attempt end, writes them after this.
     if layout.writer(layout.SUMMARY, launcher_record) != layout.LAUNCHER:
-      goodput_rollup.roll_up_into_summary(workdir)
-      path = layout.Record(workdir).summary()
-    logging.info('results: %s', files.to_json(record['results']))
+      goodput_rollup.roll_up_into_summary(record)
+      path = record.summary()
+    logging.info('results: %s', files.to_json(run['results']))
     logging.info('wrote %s', path)
   supervisor.stop()

@@ -43,6 +43,7 @@ from launcher.process import peers as peers_lib
 from launcher.process import stall
 from runtime.common import exit_codes
 from runtime.common import goodput
+from runtime.common import layout
 from runtime.common import progress
 from launcher.common import record_mirror
 from runtime.common import records
@@ -159,9 +160,9 @@ class Supervisor:
                                     name='podrun-supervisor')
     self._thread.start()
 
-  def learn_in(self, workdir: str) -> None:
-    """The watchdog starts from, and keeps, the pace learned in WORKDIR."""
-    self._stall.learn_in(workdir)
+  def learn_in(self, record: layout.Record) -> None:
+    """The watchdog starts from, and keeps, the pace learned in the record."""
+    self._stall.learn_in(record)
 
   def finishing(self) -> None:
     """The workload returned: stop the watchdog and the loss check."""

@@ -19,9 +19,9 @@ A file made for another global batch is ignored, and the layout line says
 so (`first_group_size`'s note).
 
 Example:
-  >>> size, note = batch_limit.first_group_size(config, workdir, 6)
+  >>> size, note = batch_limit.first_group_size(config, record)
   >>> microbatches.plan(config.global_batch_size, 6, microbatch_size=size)
-  >>> batch_limit.remember(config, workdir, layout)   # once a step has run
+  >>> batch_limit.remember(config, record, layout)   # once a step has run
 """
 
 import json
@@ -38,9 +38,9 @@ from runtime.parallelism import microbatches
 _KEY = 'podrun/device_batch_limit'
 
 
-def _read(workdir: str) -> Optional[dict]:
+def _read(record: layout.Record) -> Optional[dict]:
   try:
-    with open(layout.Record(workdir).batch_limit()) as f:
+    with open(record.batch_limit()) as f:
       found = json.load(f)
     int(found['device_batch_limit'])
     return found
@@ -55,9 +55,10 @@ def _steered(config: ConfigDict) -> bool:
       for f in ('device_batch_limit', 'microbatches', 'microbatch_size'))
 
 
-def _kept(workdir: str, global_batch_size: int) -> tuple[Optional[int], str]:
+def _kept(record: layout.Record,
+          global_batch_size: int) -> tuple[Optional[int], str]:
   """(the first attempt's group size or None, why: '' or the note)."""
-  found = _read(workdir)
+  found = _read(record)
   if found is None:
     return None, ''
   made_for = found.get('global_batch_size')
@@ -71,14 +72,14 @@ def _kept(workdir: str, global_batch_size: int) -> tuple[Optional[int], str]:
 
 
 def first_group_size(config: ConfigDict,
-                     workdir: str) -> tuple[Optional[int], str]:
+                     record: layout.Record) -> tuple[Optional[int], str]:
   """The group size the job's first attempt trained with, and a note for
   the layout line.
 
   Args:
     config: the job's config; when it sets device_batch_limit, microbatches
       or microbatch_size, the user steers and nothing is remembered.
-    workdir: where the first attempt's group size is kept.
+    record: where the first attempt's group size is kept.
 
   Returns:
     (the group size or None, the note: why it is used or ignored, '' when
@@ -89,7 +90,7 @@ def first_group_size(config: ConfigDict,
     return None, ''
 
   def read() -> str:
-    return json.dumps(_kept(workdir, config.global_batch_size))
+    return json.dumps(_kept(record, config.global_batch_size))
 
   client = coordination.current()
   if client is None or client.process_count == 1:
@@ -99,16 +100,16 @@ def first_group_size(config: ConfigDict,
   return size, note
 
 
-def remember(config: ConfigDict, workdir: str,
+def remember(config: ConfigDict, record: layout.Record,
              chosen: microbatches.Layout) -> None:
   """Writes `chosen`'s group size as the job's first, on process 0, once a
   step has run with it; nothing when the config steers the groups or an
   earlier attempt's size for this global batch is already kept."""
-  if _steered(config) or _kept(workdir, chosen.global_batch_size)[0]:
+  if _steered(config) or _kept(record, chosen.global_batch_size)[0]:
     return
-  os.makedirs(workdir, exist_ok=True)
+  os.makedirs(record.workdir, exist_ok=True)
   files.write_json(
-      layout.Record(workdir).batch_limit(), {
+      record.batch_limit(), {
           'device_batch_limit': chosen.microbatch_size,
           'num_devices': chosen.num_devices,
           'global_batch_size': chosen.global_batch_size

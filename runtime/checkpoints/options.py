@@ -2,7 +2,7 @@
 the checkpoint room's modules take, instead of the whole ConfigDict.
 
 Example:
-  >>> options = Checkpointing.of(config, '/runs/mnist')
+  >>> options = Checkpointing.of(config, layout.Record('/runs/mnist'))
   >>> options.directory, options.every, options.local.every_steps
   ('/runs/mnist/checkpoints', 500, 100)
 """
@@ -78,11 +78,11 @@ class Checkpointing:
   seed: int
 
   @classmethod
-  def of(cls, config: ConfigDict, workdir: str) -> 'Checkpointing':
+  def of(cls, config: ConfigDict, record: layout.Record) -> 'Checkpointing':
     """Reads a config made from runtime/config_base.py."""
     local_every = config.get('local_checkpoint_every')
     return cls(enabled=bool(config.get('checkpointing', True)),
-               directory=directory(config, workdir),
+               directory=directory(config, record),
                every=config.checkpoint_every,
                keep=config.keep_checkpoints,
                async_save=bool(config.async_checkpointing),
@@ -101,13 +101,12 @@ class Checkpointing:
                seed=config.seed)
 
 
-def directory(config: ConfigDict, workdir: str) -> str:
-  """Where the run's checkpoints go: config.checkpoint_dir or
-  WORKDIR/checkpoints (for a bucket's workdir, or this machine's copy of
-  one, the bucket's).
+def directory(config: ConfigDict, record: layout.Record) -> str:
+  """Where the run's checkpoints go: config.checkpoint_dir or the record's
+  checkpoints/ (for a bucket's record, the bucket's).
 
   Example:
-    >>> directory(config, '/tmp/w')  # config.checkpoint_dir == ''
+    >>> directory(config, layout.Record('/tmp/w'))  # checkpoint_dir == ''
     '/tmp/w/checkpoints'
   """
-  return config.checkpoint_dir or layout.Record.of(workdir).checkpoints()
+  return config.checkpoint_dir or record.checkpoints()

@@ -239,10 +239,10 @@ def use(ledger: Ledger) -> None:
   _this.ledger = ledger
 
 
-def open_ledger(ledger: Ledger, workdir: str, attempt: str,
+def open_ledger(ledger: Ledger, record: layout.Record, attempt: str,
                 process_index: int) -> None:
   """Makes `ledger` this process's, writing to WORKDIR/goodput/ATTEMPT."""
-  ledger.path = layout.Record(workdir).ledger(attempt, process_index)
+  ledger.path = record.ledger(attempt, process_index)
   ledger.note(attempt=attempt, process_index=process_index)
   _this.ledger = ledger
   ledger.flush(force=True)

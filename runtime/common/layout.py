@@ -189,8 +189,11 @@ class Record:
   def of(cls, workdir: str) -> 'Record':
     """The record of a job's --workdir: a bucket's is written on this
     machine's copy, `local_copy(workdir)`; and that copy's path (what a
-    workload is handed) is the same record again, its bucket read from the
+    workload is handed) is the same record again: the `Workdir` the
+    launcher hands carries it, and a plain path's bucket is read from the
     copy's COPY_OF."""
+    if isinstance(workdir, Workdir):
+      return workdir.record
     if in_bucket(workdir):
       return cls(local_copy(workdir), bucket=workdir.rstrip('/'))
     return cls(workdir, bucket=_copy_of(workdir))
@@ -269,3 +272,22 @@ class Record:
 def high_water(ledger_path: str) -> str:
   """The high-water step's file beside a ledger: rank_<i>.step."""
   return ledger_path[:-len('.json')] + '.step'
+
+
+class Workdir(str):
+  """The workdir a workload is handed (`train_and_evaluate(config,
+  workdir)`): the path of the record's local directory, as a str, that
+  carries its Record, so that `Record.of` need not look for the bucket it
+  is a copy of.
+
+  Example:
+    >>> workdir = Workdir(Record.of('gs://runs/mnist'))
+    >>> workdir, Record.of(workdir).bucket
+    ('/home/me/.cache/podrun/record/runs/mnist', 'gs://runs/mnist')
+  """
+  record: Record
+
+  def __new__(cls, record: Record) -> 'Workdir':
+    made = super().__new__(cls, record.workdir)
+    made.record = record
+    return made

@@ -440,22 +440,23 @@ class Summary(Run, total=False):
   goodput: SummaryGoodput
 
 
-def write_run(workdir: str, run: Run) -> str:
+def write_run(record: layout.Record, run: Run) -> str:
   """Writes WORKDIR/run.json whole (process 0, at the end of a run that
   trained); returns its path."""
-  path = layout.Record(workdir).run()
+  path = record.run()
   files.write_json(path, run)
   return path
 
 
-def with_goodput(workdir: str, goodput: SummaryGoodput) -> Optional[Summary]:
+def with_goodput(record: layout.Record,
+                 goodput: SummaryGoodput) -> Optional[Summary]:
   """Writes WORKDIR/summary.json: run.json with `goodput`; None (and nothing
   written) where no run finished to write run.json."""
   try:
-    with open(layout.Record(workdir).run()) as f:
+    with open(record.run()) as f:
       run: Run = json.load(f)
   except FileNotFoundError:
     return None
   summary: Summary = {**run, 'goodput': goodput}
-  files.write_json(layout.Record(workdir).summary(), summary)
+  files.write_json(record.summary(), summary)
   return summary

@@ -59,6 +59,7 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 sys.path.insert(0, REPO)
 
 from launcher.common import goodput_rollup  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runtime.common import layout  # pylint: disable=g-import-not-at-top,wrong-import-position
 from runtime.common import mappings  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests import gcs as gcs_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -266,7 +267,7 @@ def _timeline(lines, events) -> dict:
 
 def _rollup(workdir: pathlib.Path, attempts: pathlib.Path) -> dict:
   """Goodput with the driver's attempts, so its waits count."""
-  roll = goodput_rollup.rollup(str(workdir), str(attempts))
+  roll = goodput_rollup.rollup(layout.Record(str(workdir)), str(attempts))
   return {
       'goodput':
           roll['goodput'],
