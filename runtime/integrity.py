@@ -243,18 +243,16 @@ class CheckReplicas(hooks_lib.Periodic):
                                   Callable]] = None
 
   def after_step(self, run) -> None:
-    self._finish()
-    if self.due(run) and self._done_at != run.step:
-      self._done_at = run.step
-      self._start(run)
+    self._finish()  # The sums of an earlier call: on the host by now.
+    super().ensure_done(run)  # Starts this step's where due (`work`).
 
   def ensure_done(self, run) -> None:
+    """This step's verdict now, for a save."""
+    self.after_step(run)
     self._finish()
-    super().ensure_done(run)
 
   def work(self, run) -> None:
     self._start(run)
-    self._finish()
 
   def end(self, run, error) -> None:
     if error is None:
