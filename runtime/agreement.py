@@ -19,7 +19,8 @@ paths; the checkpoint directory is checked to be shared separately), and
 every variable outside `PROGRAM_ENV`.
 
 Example:
-  >>> agree(coordination.current(), describe_process(config), 'join')
+  >>> agree(coordination.current(), describe_process(config.to_dict()),
+  ...       'join')
 """
 
 import hashlib
@@ -29,10 +30,9 @@ import json
 import os
 import platform
 import time
-from typing import Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from absl import logging
-from ml_collections import ConfigDict
 
 from runtime.common import exit_codes
 from runtime.common import mappings
@@ -61,11 +61,10 @@ class DisagreementError(exit_codes.PodrunError):
   exit_code = exit_codes.PROCESSES_DIFFER
 
 
-def config_fields(config: ConfigDict) -> dict[str, str]:
-  """{'config.a.b': value as JSON} for every field, less PER_PROCESS_CONFIG."""
-  values = {
-      k: v for k, v in config.to_dict().items() if k not in PER_PROCESS_CONFIG
-  }
+def config_fields(values: Mapping[str, Any]) -> dict[str, str]:
+  """{'config.a.b': value as JSON} for every field of `values` (a config's
+  `to_dict()`), less PER_PROCESS_CONFIG."""
+  values = {k: v for k, v in values.items() if k not in PER_PROCESS_CONFIG}
   return {
       field: json.dumps(value, sort_keys=True, default=repr)
       for field, value in mappings.flatten(values, 'config').items()
@@ -106,16 +105,20 @@ def _version(package: str) -> str:
     return 'absent'
 
 
-def describe_process(config: ConfigDict) -> dict[str, str]:
+def describe_process(values: Mapping[str, Any]) -> dict[str, str]:
   """What decides this process's computation, field by field.
+
+  Args:
+    values: the job's config as plain values (`config.to_dict()`): every
+      field is compared, so none is read for a decision here.
 
   Returns:
     {field: value}: `config.*`, `code.podrun`, `code.workload`,
     `version.python` and `version.<package>`, `env.<variable>`.
   """
-  fields = config_fields(config)
+  fields = config_fields(values)
   fields['code.podrun'] = code_hash()
-  fields['code.workload'] = _workload_hash(config.get('workload'))
+  fields['code.workload'] = _workload_hash(values.get('workload'))
   fields['version.python'] = platform.python_version()
   fields.update({f'version.{p}': _version(p) for p in PACKAGES})
   fields.update({f'env.{v}': os.environ.get(v, '') for v in PROGRAM_ENV})

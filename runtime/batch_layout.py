@@ -15,7 +15,8 @@ counts that can.
 
 Example:
   >>> mixing = loss_mixing(task, state, 'batch', 8)
-  >>> choose(config, topo, record, mixing=mixing).describe()
+  >>> choose(options.data.global_batch_size, options.groups, topo, record,
+  ...        mixing=mixing).describe()
   '1 microbatch(es) of 12 example(s) per device'
 """
 
@@ -24,12 +25,12 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from absl import logging
 import jax
-from ml_collections import ConfigDict
 import numpy as np
 
 from runtime.checkpoints import batch_limit
 from runtime.common import layout
 from runtime import data as data_lib
+from runtime import options as options_lib
 from runtime.parallelism import microbatches
 from runtime import step as step_lib
 
@@ -142,7 +143,8 @@ def _layout_for(global_batch_size: int, num_devices: int, limits: Limits,
           f'{chosen.num_devices * chosen.microbatches}'))
 
 
-def choose(config: ConfigDict,
+def choose(global_batch_size: int,
+           groups: options_lib.Groups,
            topo,
            record: Optional[layout.Record] = None,
            has_model_state: bool = False,
@@ -152,7 +154,8 @@ def choose(config: ConfigDict,
   """How each step's global batch sits on this job's devices.
 
   Args:
-    config: the job's config (global_batch_size and the three limits).
+    global_batch_size: G, every device of the job together.
+    groups: the config's limits on a device's passes.
     topo: this job's topology (process_count, local_device_count,
       process_index).
     record: where the job's first group size is kept; None: not read.
@@ -167,23 +170,21 @@ def choose(config: ConfigDict,
       only ones pad and the loss mixes devices).
   """
   num_devices = topo.process_count * topo.local_device_count
-  user_size = config.get('microbatch_size') or None
+  user_size = groups.microbatch_size
   size, note = user_size, ''
   if record is not None and size is None:
-    size, note = batch_limit.first_group_size(config, record)
-  limits = Limits(
-      config.get('device_batch_limit') or None,
-      config.get('microbatches') or None, size)
-  sizes = check_elastic_layouts(config.global_batch_size,
-                                topo.local_device_count, limits, elastic,
-                                mixing, axis, user_size)
+    size, note = batch_limit.first_group_size(global_batch_size,
+                                              groups.steered(), record)
+  limits = Limits(groups.device_batch_limit, groups.microbatches, size)
+  sizes = check_elastic_layouts(global_batch_size, topo.local_device_count,
+                                limits, elastic, mixing, axis, user_size)
   if has_model_state and len(sizes) > 1 and topo.process_index == 0:
     logging.warning(
         'the model state (BatchNorm\'s statistics) is computed over groups '
         'of %s examples depending on how many processes this elastic job '
         'runs on: set config.microbatch_size to one of them to keep the '
         'groups, and the step, the same', sorted(sizes))
-  chosen = _layout_for(config.global_batch_size, num_devices, limits, user_size,
+  chosen = _layout_for(global_batch_size, num_devices, limits, user_size,
                        mixing, axis)
   if note and not chosen.note:
     chosen = dataclasses.replace(chosen, note=note)

@@ -17,10 +17,13 @@ from runtime.checkpoints import options as checkpoint_options
 from runtime.common import handoff
 from runtime.common import layout
 from runtime import dispatch
+from runtime.parallelism import options as parallelism_options
 from runtime import readers
 
 # How a run checkpoints, `TrainOptions.checkpointing`'s type.
 Checkpointing = checkpoint_options.Checkpointing
+# The parallelism and the state's layout, `TrainOptions.placement`'s type.
+Placement = parallelism_options.Placement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +69,34 @@ class Logging:
 
 
 @dataclasses.dataclass(frozen=True)
+class Groups:
+  """How a device's share of a step is cut into passes, as the config asks
+  (runtime/batch_layout.py chooses within it); None: not asked.
+
+  Attributes:
+    device_batch_limit: the most examples one pass takes.
+    microbatches: passes per device in one step.
+    microbatch_size: examples per pass, kept on any topology.
+  """
+  device_batch_limit: Optional[int] = None
+  microbatches: Optional[int] = None
+  microbatch_size: Optional[int] = None
+
+  @classmethod
+  def of(cls, config: ConfigDict) -> 'Groups':
+    return cls(
+        config.get('device_batch_limit') or None,
+        config.get('microbatches') or None,
+        config.get('microbatch_size') or None)
+
+  def steered(self) -> bool:
+    """Whether the config fixes the groups itself, so that nothing of a
+    former attempt's is kept (runtime/checkpoints/batch_limit.py)."""
+    return any(
+        (self.device_batch_limit, self.microbatches, self.microbatch_size))
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainOptions:
   """Everything of a config that `train` and its parts use.
 
@@ -81,6 +112,8 @@ class TrainOptions:
     steps_per_dispatch: steps one call runs; None: 'auto'
       (runtime/dispatch.py).
     checkpointing: both checkpoint tiers.
+    placement: the parallelism and where the state lives.
+    groups: how a device's share is cut into passes.
     elastic: (fewest, most) processes the job may run on, as its launcher
       says (runtime/common/handoff.py); None for a fixed size.
     attempt: the attempt's name, as its launcher says; '' for none.
@@ -93,6 +126,8 @@ class TrainOptions:
   max_steps_in_flight: Optional[int]
   checkpointing: Checkpointing
   steps_per_dispatch: Optional[int] = 1
+  placement: Placement = Placement()
+  groups: Groups = Groups()
   elastic: Optional[tuple[int, int]] = None
   attempt: str = ''
 
@@ -126,5 +161,7 @@ class TrainOptions:
                checkpointing=Checkpointing.of(config, record),
                steps_per_dispatch=dispatch.parse(
                    config.get('steps_per_dispatch', dispatch.AUTO)),
+               placement=Placement.of(config),
+               groups=Groups.of(config),
                elastic=told.elastic,
                attempt=told.attempt or '')

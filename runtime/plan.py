@@ -101,11 +101,12 @@ def make(config: ConfigDict, record: layout.Record,
   options = options_lib.TrainOptions.of(config, record)
   topo = topology_lib.current()
   options, data_why = _data_on_device(options, task, topo.platform)
-  par = parallelism_lib.from_config(config)
+  par = parallelism_lib.from_placement(options.placement)
   state = step_lib.init_state(task.params, task.step_optimizer(),
                               options.data.seed, task.model_state)
-  where = _state_layout(config, state, task.shard_dims, options.elastic)
-  batch_layout = _choose_layout(config, topo, record, task, state, options,
+  where = _state_layout(options.placement, state, task.shard_dims,
+                        options.elastic)
+  batch_layout = _choose_layout(topo, record, task, state, options,
                                 where.batch_axis(par))
   rows, _ = microbatches.process_positions(batch_layout, topo.process_index,
                                            topo.local_device_count)
@@ -203,18 +204,18 @@ _REPLICA_WORDS = {
 
 
 def _state_layout(
-    config: ConfigDict, state: step_lib.TrainState,
+    placement: options_lib.Placement, state: step_lib.TrainState,
     task_dims: Optional[Mapping[str, Optional[int]]],
     elastic: Optional[tuple[int, int]]) -> state_layout.StateLayout:
   """Where the state lives, with the console's line on it, in a job of a
   fixed size or of `elastic`'s (fewest, most) processes."""
-  replica = state_layout.replica_of(config, elastic)
+  replica = state_layout.replica_of(placement, elastic)
   if replica is None:
     return state_layout.REPLICATED
   grid = state_layout.mesh(replica)
   shards = grid.shape[state_layout.SHARD_AXIS]
   # The config's patterns first: the first that names a leaf wins.
-  from_config = state_layout.parse_dims(config.get('shard_dims', ''))
+  from_config = state_layout.parse_dims(placement.shard_dims)
   overrides = {
       **from_config,
       **{
@@ -223,7 +224,7 @@ def _state_layout(
   }
   specs = state_layout.specs(state, shards, overrides)
   used = state_layout.footprint(state, specs, shards)
-  chosen = ('' if config.get('parallelism') else
+  chosen = ('' if not placement.chosen else
             '; parallelism shard_map, chosen for it (pmap holds every '
             'argument whole)')
   return state_layout.StateLayout(
@@ -246,8 +247,8 @@ def _data_on_device(options: options_lib.TrainOptions, task: task_lib.Task,
                                                       on_device=chosen)), why
 
 
-def _choose_layout(config: ConfigDict, topo, record: layout.Record,
-                   task: task_lib.Task, state: step_lib.TrainState,
+def _choose_layout(topo, record: layout.Record, task: task_lib.Task,
+                   state: step_lib.TrainState,
                    options: options_lib.TrainOptions,
                    axis: Any) -> microbatches.Layout:
   """runtime/batch_layout.py's choice for this job, with the task's loss
@@ -256,5 +257,6 @@ def _choose_layout(config: ConfigDict, topo, record: layout.Record,
       task.loss_fn, randomness.contract(task.rng, task.loss_uses_rng),
       task.model_state is not None, state, task.data, axis,
       topo.process_count * topo.local_device_count)
-  return batch_layout_lib.choose(config, topo, record, task.model_state
-                                 is not None, options.elastic, mixing, axis)
+  return batch_layout_lib.choose(options.data.global_batch_size, options.groups,
+                                 topo, record, task.model_state is not None,
+                                 options.elastic, mixing, axis)

@@ -10,7 +10,7 @@ that disagrees in one error, so a user fixes all of them in one go.
 
 import dataclasses
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import jax
 
@@ -201,9 +201,15 @@ def platform_of(name: Optional[str]) -> Optional[str]:
   return 'gpu' if name in ('cuda', 'rocm') else name
 
 
-def implied_by_accelerator(config: Any) -> list[Expectation]:
-  """What config.topology.accelerator_type says of the pod, if it is set."""
-  name = (config.get('topology') or {}).get('accelerator_type')
+def implied_by_accelerator(
+    section: Optional[Mapping[str, Any]]) -> list[Expectation]:
+  """What config.topology.accelerator_type says of the pod, if it is set.
+
+  Args:
+    section: config.topology (as `expectations` takes it), or None.
+  """
+  section = section or {}
+  name = section.get('accelerator_type')
   if not name:
     return []
   try:
@@ -211,7 +217,7 @@ def implied_by_accelerator(config: Any) -> list[Expectation]:
   except accelerators.AcceleratorTypeError as e:
     raise exit_codes.ConfigError(f'config.topology.accelerator_type: {e}')
   source = f'config.topology.accelerator_type={name}'
-  slices = config.topology.get('num_slices')
+  slices = section.get('num_slices')
   if slices:
     source += f' x config.topology.num_slices={slices}'
   else:

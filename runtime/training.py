@@ -205,7 +205,8 @@ def _start_run(
                  state_layout=plan.state_layout,
                  figures=plan.figures)
   if plan.topology.process_index == 0:
-    _remember_layout_once(run, config, record, plan.batch_layout)
+    _remember_layout_once(run, plan.options.groups.steered(), record,
+                          plan.batch_layout)
   writer.log(plan.describe(restored.step, calls))
   if plan.state_layout.where:
     writer.log(plan.state_layout.where)
@@ -263,8 +264,7 @@ def _note_restore(ledger: goodput.Ledger, local, tier: str,
   local.cadence.on_chosen = chosen
 
 
-def _remember_layout_once(run: loop.Run, config: ConfigDict,
-                          record: layout.Record,
+def _remember_layout_once(run: loop.Run, steered: bool, record: layout.Record,
                           chosen: microbatches.Layout) -> None:
   """Keeps the group size for later attempts once the first call has run
   (runtime/checkpoints/batch_limit.py): a run refused before step 1 leaves
@@ -274,7 +274,7 @@ def _remember_layout_once(run: loop.Run, config: ConfigDict,
   def first(_):
     if not done:
       done.append(True)
-      batch_limit.remember(config, record, chosen)
+      batch_limit.remember(steered, record, chosen)
 
   run.on_retired.append(first)
 

@@ -42,7 +42,7 @@ def test_the_config_digest_leaves_out_local_paths():
       },
       'restore_may_change': ('x',)
   })
-  assert agreement.config_fields(config) == {
+  assert agreement.config_fields(config.to_dict()) == {
       'config.optimizer.learning_rate': '0.1',
       'config.restore_may_change': json.dumps(['x']),
       'config.seed': '3'
@@ -53,7 +53,7 @@ def test_describe_process_covers_code_versions_and_environment(monkeypatch):
   monkeypatch.setenv('XLA_FLAGS', '--xla_backend_optimization_level=2')
   config = config_dict.ConfigDict(
       {'workload': 'runtime.workloads.linear_regression:train_and_evaluate'})
-  fields = agreement.describe_process(config)
+  fields = agreement.describe_process(config.to_dict())
   assert fields['env.XLA_FLAGS'] == '--xla_backend_optimization_level=2'
   for package in ('python', 'jax', 'jaxlib', 'libtpu', 'flax', 'optax',
                   'orbax-checkpoint', 'numpy'):

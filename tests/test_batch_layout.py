@@ -15,6 +15,7 @@ import pytest
 from configs import linear_regression as linear_regression_config
 from runtime import batch_layout
 from runtime import config_reads
+from runtime import options as options_lib
 from runtime import training
 from runtime.parallelism import microbatches
 from runtime.workloads import linear_regression
@@ -114,7 +115,8 @@ def test_the_unpadded_layout_is_chosen_where_one_exists(tmp_path):
   config = _config(40, steps=4)
   config.device_batch_limit = 4
   task = _bn_task(config)
-  chosen = batch_layout.choose(config,
+  chosen = batch_layout.choose(config.global_batch_size,
+                               options_lib.Groups.of(config),
                                _Topology(),
                                mixing=batch_layout.loss_mixing(
                                    task.loss_fn, None, True,

@@ -12,7 +12,7 @@ import pytest
 from configs import linear_regression as linear_regression_config
 from configs import mlp as mlp_config
 from runtime.checkpoints import checkpoint
-from runtime.checkpoints import checkpoint_meta
+from runtime.checkpoints import options as checkpoint_options
 from runtime import data
 from runtime import metrics
 from runtime import training
@@ -176,7 +176,7 @@ def test_keep_records_up_to_drops_later_and_torn_lines(tmp_path):
 
 def test_trajectory_config_leaves_out_run_control_fields():
   config = _config(10, restore_may_change=('model.hidden',))
-  flat = checkpoint_meta.trajectory_config(config)
+  flat = checkpoint_options.trajectory_config(config)
   assert 'optimizer.learning_rate' in flat and 'seed' in flat
   assert 'data.num_examples' in flat
   for key in ('steps', 'log_every', 'checkpoint_every', 'topology.platform',

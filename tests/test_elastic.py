@@ -17,6 +17,7 @@ from launcher.local import elastic
 from runtime import batch_layout
 from runtime.checkpoints import batch_limit
 from runtime.parallelism import microbatches
+from runtime import options as options_lib
 from runtime.common import records
 from runtime.common import layout
 
@@ -287,26 +288,29 @@ def _config(**fields) -> ConfigDict:
 
 
 def _remember(config, workdir, devices):
-  batch_limit.remember(config, layout.Record(workdir),
-                       microbatches.plan(config.global_batch_size, devices))
+  batch_limit.remember(
+      options_lib.Groups.of(config).steered(), layout.Record(workdir),
+      microbatches.plan(config.global_batch_size, devices))
+
+
+def _first(config, record):
+  return batch_limit.first_group_size(config.global_batch_size,
+                                      options_lib.Groups.of(config).steered(),
+                                      record)
 
 
 def test_the_first_attempts_group_size_is_kept_by_later_ones(tmp_path):
   # Nothing is kept until a step has run (`remember`, after the first call).
-  assert batch_limit.first_group_size(_config(),
-                                      layout.Record(str(tmp_path))) == (None,
-                                                                        '')
+  assert _first(_config(), layout.Record(str(tmp_path))) == (None, '')
   _remember(_config(), str(tmp_path), 8)
   # A smaller attempt: 32 a pass, not 64; the layout line says why.
-  size, note = batch_limit.first_group_size(_config(),
-                                            layout.Record(str(tmp_path)))
+  size, note = _first(_config(), layout.Record(str(tmp_path)))
   assert size == 32 and note == (
       "groups of 32 as the job's first attempt on 8 device(s) "
       '(device_batch_limit.json)')
   # A later attempt does not overwrite the first's.
   _remember(_config(), str(tmp_path), 4)
-  assert batch_limit.first_group_size(_config(),
-                                      layout.Record(str(tmp_path)))[0] == 32
+  assert _first(_config(), layout.Record(str(tmp_path)))[0] == 32
   for fixed in ({
       'device_batch_limit': 16
   }, {
@@ -314,22 +318,21 @@ def test_the_first_attempts_group_size_is_kept_by_later_ones(tmp_path):
   }, {
       'microbatch_size': 8
   }):
-    assert batch_limit.first_group_size(_config(**fixed),
-                                        layout.Record(
-                                            str(tmp_path))) == (None, ''), fixed
+    assert _first(_config(**fixed),
+                  layout.Record(str(tmp_path))) == (None, ''), fixed
 
 
 def test_a_kept_group_size_of_another_global_batch_is_ignored(tmp_path):
   _remember(_config(global_batch_size=256), str(tmp_path), 8)
-  size, note = batch_limit.first_group_size(_config(global_batch_size=128),
-                                            layout.Record(str(tmp_path)))
+  size, note = _first(_config(global_batch_size=128),
+                      layout.Record(str(tmp_path)))
   assert size is None and note == (
       'device_batch_limit.json (groups of 32) was made for global batch '
       '256, not 128: ignored')
   # The run that then trains keeps its own.
   _remember(_config(global_batch_size=128), str(tmp_path), 8)
-  assert batch_limit.first_group_size(_config(global_batch_size=128),
-                                      layout.Record(str(tmp_path)))[0] == 16
+  assert _first(_config(global_batch_size=128),
+                layout.Record(str(tmp_path)))[0] == 16
 
 
 def test_an_elastic_job_keeps_its_groups_on_any_number_of_devices(tmp_path):
@@ -337,8 +340,8 @@ def test_an_elastic_job_keeps_its_groups_on_any_number_of_devices(tmp_path):
   # passes, then least padding) would change BatchNorm's statistics; kept,
   # 5 costs the same 2 passes.
   _remember(_config(global_batch_size=40), str(tmp_path), 8)
-  assert batch_limit.first_group_size(_config(global_batch_size=40),
-                                      layout.Record(str(tmp_path)))[0] == 5
+  assert _first(_config(global_batch_size=40),
+                layout.Record(str(tmp_path)))[0] == 5
   assert microbatches.plan(40, 6, device_batch_limit=5).microbatch_size == 4
   kept = microbatches.plan(40, 6, microbatch_size=5)
   assert (kept.microbatch_size, kept.microbatches, kept.padded_groups) == (5, 2,

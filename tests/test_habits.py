@@ -1,6 +1,7 @@
 """The habits .ci/run holds: the formatter's and the type checker's
 settings, and the list of modules the type checker still passes over."""
 
+import ast
 import importlib.util
 import tomllib
 
@@ -34,3 +35,32 @@ def test_the_formatter_and_the_checker_are_pinned_in_the_test_extra():
   test_extra = _pyproject()['project']['optional-dependencies']['test']
   assert 'yapf==0.43.0' in test_extra and 'mypy==2.4.1' in test_extra
   assert _pyproject()['tool']['yapf']['indent_width'] == 2
+
+
+# Where runtime/ may read a config's fields: the typed views (the options),
+# the config's own module, the read-check, and the built-in workloads, which
+# are users' code (Flax's examples' `train_and_evaluate(config, workdir)`).
+CONFIG_READERS = ('runtime/options.py', 'runtime/checkpoints/options.py',
+                  'runtime/parallelism/options.py', 'runtime/config_base.py',
+                  'runtime/config_reads.py', 'runtime/workloads/')
+
+
+def _config_reads(path) -> list[str]:
+  """'line: config.NAME' for every attribute of a name `config` in `path`."""
+  tree = ast.parse(path.read_text())
+  return [
+      f'{node.lineno}: config.{node.attr}' for node in ast.walk(tree)
+      if isinstance(node, ast.Attribute) and
+      isinstance(node.value, ast.Name) and node.value.id == 'config'
+  ]
+
+
+def test_the_runtime_reads_the_config_only_through_its_options():
+  found = {}
+  for path in sorted((helpers.REPO / 'runtime').rglob('*.py')):
+    rel = path.relative_to(helpers.REPO).as_posix()
+    if not rel.startswith(CONFIG_READERS):
+      found.update({f'{rel}:{read}': None for read in _config_reads(path)})
+  assert not found, (
+      'runtime/ reads config fields outside the options (add the field to '
+      f'TrainOptions or a part\'s options and pass the value): {list(found)}')

@@ -10,6 +10,7 @@ import pytest
 from configs import linear_regression as linear_regression_config
 from runtime.checkpoints import checkpoint
 from runtime.checkpoints import checkpoint_meta
+from runtime.checkpoints import options as checkpoint_options
 from runtime.checkpoints import local_checkpoint
 from runtime.checkpoints import recovery
 from runtime import step as step_lib
@@ -35,7 +36,7 @@ def _meta(config, state, step=40):
       'data': {
           'num_examples': 100
       },
-      'config': checkpoint_meta.trajectory_config(config),
+      'config': checkpoint_options.trajectory_config(config),
       'state': checkpoint_meta.describe_state(state)
   }
 
@@ -146,7 +147,7 @@ def test_the_job_id_lives_beside_the_persistent_checkpoints(tmp_path):
 
 
 def _trajectory(config):
-  return checkpoint_meta.trajectory_config(config)
+  return checkpoint_options.trajectory_config(config)
 
 
 def test_a_copy_from_another_config_is_refused_naming_the_field(tmp_path):

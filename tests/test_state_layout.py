@@ -12,6 +12,7 @@ import pytest
 from runtime.common import exit_codes
 from runtime.parallelism import mapping
 from runtime import parallelism
+from runtime.parallelism import options as parallelism_options
 from runtime.parallelism import state_layout
 
 pytestmark = pytest.mark.unit
@@ -148,14 +149,19 @@ def _config(**fields):
   return config
 
 
+def _placement(**fields):
+  return parallelism_options.Placement.of(_config(**fields))
+
+
 def test_the_layout_is_chosen_by_the_config_and_refused_where_it_cannot_run():
-  assert state_layout.replica_of(_config()) is None
+  assert state_layout.replica_of(_placement()) is None
   assert state_layout.replica_of(
-      _config(state_layout='sharded', parallelism='shard_map',
-              replica='all')) == 'all'
+      _placement(state_layout='sharded', parallelism='shard_map',
+                 replica='all')) == 'all'
   # Left '' (the default), the parallelism is chosen for the layout;
   # pmap named is refused.
-  assert state_layout.replica_of(_config(state_layout='sharded')) == 'process'
+  assert state_layout.replica_of(
+      _placement(state_layout='sharded')) == 'process'
   assert parallelism.from_config(
       _config(state_layout='sharded')).name == ('shard_map')
   assert parallelism.from_config(_config()).name == 'pmap'
@@ -171,14 +177,14 @@ def test_the_layout_is_chosen_by_the_config_and_refused_where_it_cannot_run():
                                                     'replica': 'host'
                                                 }, "config.replica='host'")):
     with pytest.raises(exit_codes.ConfigError, match=words):
-      state_layout.replica_of(_config(**fields))
+      state_layout.replica_of(_placement(**fields))
   # Elastic: each process a replica goes on without a lost one; a replica
   # of several processes would lose shards with any of them.
-  assert state_layout.replica_of(_config(state_layout='sharded'),
+  assert state_layout.replica_of(_placement(state_layout='sharded'),
                                  elastic=(3, 4)) == 'process'
   with pytest.raises(exit_codes.ConfigError,
                      match="replica='all' in an elastic job .processes 3-4"):
-    state_layout.replica_of(_config(state_layout='sharded', replica='all'),
+    state_layout.replica_of(_placement(state_layout='sharded', replica='all'),
                             elastic=(3, 4))
 
 
@@ -217,7 +223,7 @@ def test_config_shard_dims_win_over_the_task_s():
                    parallelism='shard_map',
                    shard_dims='dense/kernel=whole')
   where = plan._state_layout(  # pylint: disable=protected-access
-      config, _adam_state(), {
+      parallelism_options.Placement.of(config), _adam_state(), {
           'dense/kernel': 1,
           'out/kernel': None
       }, None)

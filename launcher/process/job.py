@@ -104,7 +104,7 @@ def _join(config: ConfigDict, record: layout.Record, options: ProcessFlags,
       '--process_id', '--local_processes' if supervised else '--num_processes'))
   expected = topology.expectations(
       config.get('topology'),
-      implied=(topology.implied_by_accelerator(config) +
+      implied=(topology.implied_by_accelerator(config.get('topology')) +
                topology.implied_by_pod_launch()),
       num_processes=(place.num_processes, place.count_source),
       process_index=(place.process_index, place.id_source),
@@ -239,8 +239,8 @@ def _run(config: ConfigDict, workdir: str, options: ProcessFlags,
   if actual.process_index == 0:
     logging.info('topology: %s', actual.describe())
   with ledger.naming('agreement'):
-    agreement.agree(coordination.current(), agreement.describe_process(config),
-                    'join')
+    agreement.agree(coordination.current(),
+                    agreement.describe_process(config.to_dict()), 'join')
   if mode == distributed.SINGLE:
     # With jax.distributed, SIGTERM is JAX's preemption notice, which the
     # training loop turns into a checkpoint and exit_codes.PREEMPTED.

@@ -19,16 +19,15 @@ A file made for another global batch is ignored, and the layout line says
 so (`first_group_size`'s note).
 
 Example:
-  >>> size, note = batch_limit.first_group_size(config, record)
+  >>> size, note = batch_limit.first_group_size(
+  ...     options.data.global_batch_size, options.groups.steered(), record)
   >>> microbatches.plan(config.global_batch_size, 6, microbatch_size=size)
-  >>> batch_limit.remember(config, record, layout)   # once a step has run
+  >>> batch_limit.remember(options.groups.steered(), record, layout)  # run
 """
 
 import json
 import os
 from typing import Optional
-
-from ml_collections import ConfigDict
 
 from runtime import coordination
 from runtime.common import files
@@ -48,13 +47,6 @@ def _read(record: layout.Record) -> Optional[dict]:
     return None
 
 
-def _steered(config: ConfigDict) -> bool:
-  """Whether the config fixes the groups itself (nothing is remembered)."""
-  return any(
-      config.get(f)
-      for f in ('device_batch_limit', 'microbatches', 'microbatch_size'))
-
-
 def _kept(record: layout.Record,
           global_batch_size: int) -> tuple[Optional[int], str]:
   """(the first attempt's group size or None, why: '' or the note)."""
@@ -71,14 +63,17 @@ def _kept(record: layout.Record,
       f'on {found.get("num_devices")} device(s) ({layout.BATCH_LIMIT})')
 
 
-def first_group_size(config: ConfigDict,
+def first_group_size(global_batch_size: int, steered: bool,
                      record: layout.Record) -> tuple[Optional[int], str]:
   """The group size the job's first attempt trained with, and a note for
   the layout line.
 
   Args:
-    config: the job's config; when it sets device_batch_limit, microbatches
-      or microbatch_size, the user steers and nothing is remembered.
+    global_batch_size: this run's; a group size kept for another is
+      ignored.
+    steered: whether the config sets device_batch_limit, microbatches or
+      microbatch_size (options.Groups.steered): then the user steers and
+      nothing is remembered.
     record: where the first attempt's group size is kept.
 
   Returns:
@@ -86,11 +81,11 @@ def first_group_size(config: ConfigDict,
     there is nothing to say), the same on every process (process 0 reads
     it).
   """
-  if _steered(config):
+  if steered:
     return None, ''
 
   def read() -> str:
-    return json.dumps(_kept(record, config.global_batch_size))
+    return json.dumps(_kept(record, global_batch_size))
 
   client = coordination.current()
   if client is None or client.process_count == 1:
@@ -100,12 +95,12 @@ def first_group_size(config: ConfigDict,
   return size, note
 
 
-def remember(config: ConfigDict, record: layout.Record,
+def remember(steered: bool, record: layout.Record,
              chosen: microbatches.Layout) -> None:
   """Writes `chosen`'s group size as the job's first, on process 0, once a
   step has run with it; nothing when the config steers the groups or an
   earlier attempt's size for this global batch is already kept."""
-  if _steered(config) or _kept(record, chosen.global_batch_size)[0]:
+  if steered or _kept(record, chosen.global_batch_size)[0]:
     return
   os.makedirs(record.workdir, exist_ok=True)
   files.write_json(

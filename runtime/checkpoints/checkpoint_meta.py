@@ -15,7 +15,6 @@ Example:
 from typing import Any
 
 import jax
-from ml_collections import ConfigDict
 import numpy as np
 
 from runtime.common import exit_codes
@@ -38,29 +37,6 @@ class CheckpointError(exit_codes.PodrunError):
   """A checkpoint that cannot be used here, or a directory that cannot hold
   the job's checkpoints."""
   exit_code = exit_codes.CHECKPOINT_ERROR
-
-
-def trajectory_config(config: ConfigDict) -> dict[str, Any]:
-  """The config fields a checkpoint must agree on, flattened to 'a.b' keys.
-
-  Every field of TRAJECTORY_SECTIONS, and another trainer's top-level names
-  that decide a run (config_reads.FOREIGN_TRAJECTORY: Flax's num_epochs,
-  learning_rate, momentum, ...), but those config.restore_may_change names
-  (a field, or a whole section) and podrun's defaults that nothing read
-  before the run (config_reads.unread_defaults).
-  """
-  allowed = set(config.restore_may_change) | set(
-      config_reads.unread_defaults(config)) | set(HOW_NOT_WHAT)
-  sections = {
-      k: v
-      for k, v in config.to_dict().items()
-      if k in TRAJECTORY_SECTIONS or k in config_reads.FOREIGN_TRAJECTORY
-  }
-  flat = mappings.flatten(sections)
-  return {
-      k: v for k, v in flat.items() if not any(k == a or k.startswith(a + '.')
-                                               for a in allowed)
-  }
 
 
 def describe_state(state: Any) -> list[list[Any]]:
@@ -91,7 +67,7 @@ def check(meta: dict[str, Any], trajectory: dict[str, Any], state: Any,
 
   Args:
     meta: the copy's 'meta' item.
-    trajectory: this run's `trajectory_config`.
+    trajectory: this run's `options.trajectory_config`.
     state: this run's freshly initialised state.
     num_examples: the size of this run's training data.
     step: the copy's step, for the message.
@@ -110,7 +86,7 @@ def check_restorable(meta: dict[str, Any], trajectory: dict[str, Any],
 
   Args:
     meta: the checkpoint's 'meta' item.
-    trajectory: this run's `trajectory_config`.
+    trajectory: this run's `options.trajectory_config`.
     state: this run's freshly initialised state (arrays or shape structs).
     path: the checkpoint, for the message.
 

@@ -15,6 +15,8 @@ from ml_collections import ConfigDict
 from runtime.checkpoints import checkpoint_meta
 from runtime.checkpoints import local_cadence
 from runtime.common import layout
+from runtime.common import mappings
+from runtime import config_reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +64,7 @@ class Checkpointing:
       checkpoints rather than resume from it).
     local: the local tier.
     trajectory: the config fields a copy must agree on, 'a.b' keys
-      (checkpoint_meta.trajectory_config).
+      (`trajectory_config`).
     global_batch_size: G, for where the example stream stands at a step.
     seed: the data order's.
   """
@@ -96,9 +98,33 @@ class Checkpointing:
                    root=config.get('local_checkpoint_dir', '') or '',
                    leftover_hours=config.get('local_checkpoint_leftover_hours',
                                              24.0)),
-               trajectory=checkpoint_meta.trajectory_config(config),
+               trajectory=trajectory_config(config),
                global_batch_size=config.global_batch_size,
                seed=config.seed)
+
+
+def trajectory_config(config: ConfigDict) -> dict[str, Any]:
+  """The config fields a checkpoint must agree on, flattened to 'a.b' keys.
+
+  Every field of TRAJECTORY_SECTIONS, and another trainer's top-level names
+  that decide a run (config_reads.FOREIGN_TRAJECTORY: Flax's num_epochs,
+  learning_rate, momentum, ...), but those config.restore_may_change names
+  (a field, or a whole section) and podrun's defaults that nothing read
+  before the run (config_reads.unread_defaults).
+  """
+  allowed = set(config.restore_may_change) | set(
+      config_reads.unread_defaults(config)) | set(checkpoint_meta.HOW_NOT_WHAT)
+  sections = {
+      k: v
+      for k, v in config.to_dict().items()
+      if k in checkpoint_meta.TRAJECTORY_SECTIONS or
+      k in config_reads.FOREIGN_TRAJECTORY
+  }
+  flat = mappings.flatten(sections)
+  return {
+      k: v for k, v in flat.items() if not any(k == a or k.startswith(a + '.')
+                                               for a in allowed)
+  }
 
 
 def directory(config: ConfigDict, record: layout.Record) -> str:

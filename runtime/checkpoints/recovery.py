@@ -199,7 +199,7 @@ def check_local(local: local_checkpoint.LocalCheckpoints,
                 parts: Optional['_Parts'] = None) -> list[int]:
   """The steps this process can restore from its own disk (whatever index
   wrote them), after checking the newest against this run's `trajectory`
-  (checkpoint_meta.trajectory_config) and data. A copy that cannot be read
+  (checkpoints/options.py `trajectory_config`) and data. A copy that cannot be read
   (a file truncated or removed) is removed and not offered; with `parts`
   (a sharded state), neither is a copy of another position or layout, or a
   whole one, which stays.

@@ -112,10 +112,10 @@ def wait() -> float:
     _found['installed'] = True
     # A user's own fsspec config (a token, a project) wins.
     for protocol in _PROTOCOLS:
-      config = fsspec.config.conf.setdefault(protocol, {})
-      if 'token' not in config:
+      settings = fsspec.config.conf.setdefault(protocol, {})
+      if 'token' not in settings:
         for name, value in _found['arguments'].items():
-          config.setdefault(name, value)
+          settings.setdefault(name, value)
   seconds = _found['seconds']
   if seconds > SLOW_S:
     logging.warning(

@@ -35,6 +35,7 @@ from runtime.parallelism.device_axis import DeviceAxisError
 from runtime.parallelism.mapping import CHOICES
 from runtime.parallelism.mapping import DATA_AXIS
 from runtime.parallelism.mapping import from_config
+from runtime.parallelism.mapping import from_placement
 from runtime.parallelism.mapping import global_mesh
 from runtime.parallelism.mapping import named
 from runtime.parallelism.mapping import of
@@ -53,6 +54,7 @@ __all__ = [
     'check_device_axis',
     'device_map',
     'from_config',
+    'from_placement',
     'global_mesh',
     'merge_devices',
     'named',

@@ -1,7 +1,8 @@
 """pmap or jit(shard_map): one object, chosen once, that runs a per-device
 function over the axis `devices`.
 
-`from_config(config)` turns `config.parallelism` into a `Parallelism`;
+`from_placement(placement)` turns the parallelism a config names
+(runtime/parallelism/options.py) into a `Parallelism`;
 everything else in the runtime calls its four methods, so a step written once
 runs both ways:
 
@@ -30,9 +31,10 @@ import numpy as np
 
 from runtime.common import deprecations
 from runtime.parallelism import batches
+from runtime.parallelism import options
 
 # The mesh / pmap axis that spans every device of every process.
-DATA_AXIS = 'devices'
+DATA_AXIS = options.DATA_AXIS
 
 
 @functools.lru_cache(maxsize=None)
@@ -236,29 +238,19 @@ def named(name: str) -> Parallelism:
                    f'{", ".join(repr(c.name) for c in CHOICES)}')
 
 
-def name_of(config: ConfigDict) -> str:
-  """config.parallelism, or where it is left '' (the default): 'shard_map'
-  for a sharded state (pmap holds every argument whole on every device),
-  else 'pmap'."""
-  name = config.get('parallelism') or ''
-  if name:
-    return name
-  sharded = config.get('state_layout', 'replicated') == 'sharded'
-  return SHARD_MAP.name if sharded else PMAP.name
+def from_placement(placement: options.Placement) -> Parallelism:
+  """The Parallelism `placement` names, over its batch axis."""
+  return named(placement.parallelism).with_axis(placement.axis_name)
 
 
 def from_config(config: ConfigDict) -> Parallelism:
   """The Parallelism that config.parallelism names ('pmap' or 'shard_map';
-  '' chooses: `name_of`).
+  '' chooses: options.Placement), over config.axis_name.
 
   Example:
     >>> par = parallelism.from_config(config)
   """
-  axis = config.get('axis_name') or DATA_AXIS
-  if not isinstance(axis, str) or not axis.isidentifier():
-    raise ValueError(f'config.axis_name={axis!r}; give a name such as '
-                     f'\'batch\' (Flax\'s examples) or {DATA_AXIS!r}')
-  return named(name_of(config)).with_axis(axis)
+  return from_placement(options.Placement.of(config))
 
 
 def of(config: ConfigDict) -> Parallelism:

@@ -40,6 +40,7 @@ import numpy as np
 
 from runtime.common import exit_codes
 from runtime.parallelism import mapping
+from runtime.parallelism import options
 
 REPLICA_AXIS = 'replicas'
 SHARD_AXIS = 'shards'
@@ -48,12 +49,13 @@ REPLICAS = ('process', 'slice', 'all')
 LAYOUTS = ('replicated', 'sharded')
 
 
-def replica_of(config: Any,
+def replica_of(placement: options.Placement,
                elastic: Optional[tuple[int, int]] = None) -> Optional[str]:
-  """config.replica when config.state_layout is 'sharded', else None.
+  """The replica ('process', 'slice' or 'all') when `placement` shards the
+  state, else None.
 
   Args:
-    config: a config made from runtime/config_base.py.
+    placement: what the config says of the parallelism and the state.
     elastic: the elastic job's (fewest, most) processes, or None for a
       fixed size.
 
@@ -61,20 +63,20 @@ def replica_of(config: Any,
     ConfigError: an unknown layout or replica, 'sharded' under pmap or in
       an elastic job, naming what to change.
   """
-  chosen = config.get('state_layout', 'replicated')
+  chosen = placement.state_layout
   if chosen not in LAYOUTS:
     raise exit_codes.ConfigError(
         f'config.state_layout={chosen!r}; choose one of '
         f'{", ".join(repr(l) for l in LAYOUTS)}')
   if chosen == 'replicated':
     return None
-  if mapping.name_of(config) != 'shard_map':
+  if placement.parallelism != 'shard_map':
     raise exit_codes.ConfigError(
         f"config.state_layout='sharded' with config.parallelism="
-        f"{config.parallelism!r}: pmap holds every argument whole on every "
-        "device; set config.parallelism='shard_map', or leave it '' to "
-        'have it chosen')
-  replica = config.get('replica', 'process')
+        f"{placement.parallelism!r}: pmap holds every argument whole on "
+        "every device; set config.parallelism='shard_map', or leave it '' "
+        'to have it chosen')
+  replica = placement.replica
   if replica not in REPLICAS:
     raise exit_codes.ConfigError(f'config.replica={replica!r}; choose one of '
                                  f'{", ".join(repr(r) for r in REPLICAS)}')
