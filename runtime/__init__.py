@@ -126,10 +126,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f'module runtime has no attribute {name!r}')
   module_name, attribute = _EXPORTS[name]
   module = importlib.import_module(module_name)
-  value = module if attribute is None else getattr(module, attribute)
+  value: Any = module if attribute is None else getattr(module, attribute)
   if name in _WERE_MODULES:
-    value = _FunctionThatWasAModule(  # type: ignore[arg-type]
-        value, name, module_name)
+    value = _FunctionThatWasAModule(value, name, module_name)
   globals()[name] = value
   return value
 

@@ -23,15 +23,18 @@ CACHE_RETRIEVAL_EVENT = '/jax/compilation_cache/cache_retrieval_time_sec'
 CACHE_HIT_EVENT = '/jax/compilation_cache/cache_hits'
 
 _lock = threading.Lock()
-_listening = []
+_listening: list[bool] = []
 _seconds_callbacks: list[Callable[[float], None]] = []
 _cache_hit_callbacks: list[Callable[[], None]] = []
-_compiles = collections.Counter()  # thread id -> compile events seen
-_seconds = collections.Counter()  # thread id -> their seconds
+# thread id -> compile events seen, and their seconds.
+_compiles: collections.Counter[int] = collections.Counter()
+_seconds: dict[int, float] = collections.defaultdict(float)
 
 
-def _on_duration(event: str, duration: float, **kwargs) -> None:
+def _on_duration(event: str, duration_secs: float, **kwargs) -> None:
+  # JAX passes the duration by keyword in some versions: its name is JAX's.
   del kwargs
+  duration = duration_secs
   if event.startswith(COMPILE_EVENT_PREFIX):
     _compiles[threading.get_ident()] += 1
   if event.startswith(COMPILE_EVENT_PREFIX) or event == CACHE_RETRIEVAL_EVENT:
@@ -78,4 +81,4 @@ def seconds_in_this_thread() -> float:
   """The seconds of this thread's compile (and cache read) events since
   `listen`: a difference of two readings is what a span compiled."""
   listen()
-  return _seconds[threading.get_ident()]
+  return _seconds.get(threading.get_ident(), 0.0)

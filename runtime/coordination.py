@@ -103,6 +103,18 @@ class Rounds:
   process_index: int
   process_count: int
 
+  def set(self, key: str, value: str, overwrite: bool = False) -> bool:
+    raise NotImplementedError
+
+  def wait(self, key: str, timeout_s: float) -> Optional[str]:
+    raise NotImplementedError
+
+  def directory(self, prefix: str) -> dict[str, str]:
+    raise NotImplementedError
+
+  def barrier(self, name: str, timeout_s: Optional[float] = None) -> None:
+    raise NotImplementedError
+
   def publish(self, prefix: str, value: str) -> None:
     """Stores this process's `value` under `prefix/<process index>`."""
     self.set(f'{prefix}/{self.process_index}', value, overwrite=True)

@@ -14,7 +14,7 @@ Example:
   >>> batch = gather(order)                     # (n,) ids, the host's order
 """
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -114,7 +114,7 @@ class Gather:
     self._par = par
     self.padding_id = len(source)
     self._arrays = par.replicate(source.arrays)
-    self._gather = None
+    self._gather: Optional[Callable[..., Any]] = None
 
   def __call__(self, order: np.ndarray) -> dict[str, jax.Array]:
     """The batch of the ids `order`.

@@ -186,7 +186,10 @@ def grow(k: int,
     return k
   if k_step_s > (1 - MIN_GAIN) * one_step_s:
     return k
-  host_s, device_s = host_share(k, one_step_s, k_step_s)
+  shares = host_share(k, one_step_s, k_step_s)
+  if shares is None:
+    return k
+  host_s, device_s = shares
   if host_s / k <= HOST_SHARE * k_step_s:
     return k
   wanted = (math.ceil(host_s * (1 - HOST_SHARE) / (HOST_SHARE * device_s))
@@ -237,7 +240,7 @@ def cut(start: int, stop: int, k: int,
 def _of_known(n: int, known: set[int]) -> Optional[list[int]]:
   """n steps as calls of `known` sizes, largest first; None where they do
   not add up to n, or take more than MOST_SPLIT_CALLS calls."""
-  parts = []
+  parts: list[int] = []
   for size in sorted(known, reverse=True):
     while n - sum(parts) >= size and len(parts) < MOST_SPLIT_CALLS:
       parts.append(size)
@@ -309,8 +312,10 @@ class Dispatches:
     self._known: set[int] = set()  # The sizes of call cut so far.
     self._prefetcher = self._open(start, self._switch, self.k)
 
-  def _open(self, start: int, stop: int, k: int) -> prefetch.Prefetcher:
-    self._planned = collections.deque(cut(start, stop, k, self._known))
+  def _open(self, start: int, stop: int,
+            k: int) -> prefetch.Prefetcher[tuple[int, int]]:
+    self._planned: collections.deque[tuple[int, int]] = collections.deque(
+        cut(start, stop, k, self._known))
     return prefetch.Prefetcher(lambda first: self._load(*first),
                                list(self._planned),
                                size=self._size)
@@ -324,6 +329,7 @@ class Dispatches:
   def next(self, step: int) -> tuple[int, Any, float]:
     """(steps, batch, seconds waited) of the dispatch after `step`."""
     if step == self._switch and self._switch < self._steps:
+      assert self._auto is not None  # Only 'auto' switches before the end.
       self._prefetcher.close()
       k = (self._auto.first() if not self._looks else self._auto.again(
           self.k, step))
@@ -402,7 +408,11 @@ class Auto:
 
     grown = self._agreed(f'{_DECISION_KEY}/{step}', decide)
     if grown != k and jax.process_index() == 0:
-      host_s, _ = host_share(k, self.one_step_s, k_step_s)
+      # grow changes k only from two timings where the longer call gained.
+      assert self.one_step_s and k_step_s
+      shares = host_share(k, self.one_step_s, k_step_s)
+      assert shares is not None
+      host_s = shares[0]
       logging.info(
           'steps_per_dispatch=auto: %d step(s) per call from step '
           '%d, where %d took %s a step against %s at one a call: '

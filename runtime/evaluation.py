@@ -245,6 +245,8 @@ def evaluate(params: Any,
     # float64 on host: float32 would lose counts beyond 2**24 examples.
     sums = {k: np.float64(v) for k, v in parallelism.to_host(sums).items()}
     totals = sums if totals is None else {k: totals[k] + sums[k] for k in totals}
+  if totals is None:
+    raise AssertionError(f'no evaluation batch for {num_examples} examples')
   count = int(round(totals.pop('num_examples')))
   if count != num_examples:
     raise AssertionError(f'evaluated {count} examples, expected '

@@ -60,7 +60,7 @@ def _leaf_checksum(x: jax.Array) -> jax.Array:
   return jnp.sum(bits.astype(jnp.uint32), dtype=jnp.uint32)
 
 
-def _checksums(tree: Any, device_row: jax.Array) -> jax.Array:
+def _checksums(tree: Any, device_row: Optional[jax.Array]) -> jax.Array:
   """(1, leaves): one device's checksums of its own copy of `tree`."""
   del device_row  # Only there to map over: pmap needs a mapped argument.
   return jnp.stack([_leaf_checksum(x) for x in jax.tree_util.tree_leaves(tree)
@@ -201,7 +201,8 @@ def outliers(
     groups = collections.defaultdict(list)
     for key in keys:
       by_shard = positions is not None and split[leaf]
-      groups[positions[key] if by_shard else -1].append(key)
+      groups[positions[key]
+             if positions is not None and by_shard else -1].append(key)
     for members in groups.values():
       counts = collections.Counter(rows[k][leaf] for k in members)
       value, count = counts.most_common(1)[0]

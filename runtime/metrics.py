@@ -10,7 +10,7 @@ import collections
 import json
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Optional, TextIO
 
 from absl import logging
 import numpy as np
@@ -75,8 +75,8 @@ class MetricsWriter:
     self.is_process_0 = is_process_0
     # On every row, in TensorBoard too: a resume on another topology shows.
     self.fields = dict(fields or {})
-    self._file = None
-    self._events = None
+    self._file: Optional[TextIO] = None
+    self._events: Optional[tensorboard.EventWriter] = None
     if is_process_0 and tensorboard_events:
       self._events = tensorboard.EventWriter(record, resume_step)
     if is_process_0:
@@ -95,6 +95,8 @@ class MetricsWriter:
   def write(self, step: int, metrics: dict[str, Any]) -> None:
     if not self.is_process_0:
       return
+    if self._file is None:
+      raise ValueError(f'metrics of step {step} written after close')
     values = {**to_json(metrics), **self.fields}
     self._file.write(json.dumps({'step': step, **values}) + '\n')
     self._file.flush()
@@ -132,7 +134,8 @@ class Window:
     self.reset(time.perf_counter())
 
   def reset(self, now: float) -> None:
-    self.start, self.steps, self.sums = now, 0, collections.defaultdict(float)
+    self.start, self.steps = now, 0
+    self.sums: dict[str, float] = collections.defaultdict(float)
     self.timed_steps, self.input_wait_s = 0, 0.0
 
   def waited(self, seconds: float) -> None:

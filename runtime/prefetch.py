@@ -9,15 +9,19 @@ then only takes a ready batch; the time it still has to wait is what
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Generic, Iterable, Optional, TypeVar
+
+# What names a batch: a step, or a call's (first step, steps).
+Key = TypeVar('Key')
 
 
-class Prefetcher:
+class Prefetcher(Generic[Key]):
   """Runs `make_batch(step)` for `steps`, in order, ahead of the consumer.
 
   Args:
-    make_batch: step -> batch on the devices.
-    steps: the steps to prepare, in the order they will be taken.
+    make_batch: step (or any key that names a batch) -> batch on the
+      devices.
+    steps: the keys to prepare, in the order they will be taken.
     size: how many prepared batches may wait (each holds device memory).
 
   Example:
@@ -27,8 +31,8 @@ class Prefetcher:
   """
 
   def __init__(self,
-               make_batch: Callable[[int], Any],
-               steps: Iterable[int],
+               make_batch: Callable[[Key], Any],
+               steps: Iterable[Key],
                size: int = 2):
     if size < 1:
       raise ValueError(f'prefetch size {size}; it must be at least 1')
@@ -57,7 +61,7 @@ class Prefetcher:
       if self._stop.is_set() or item[2] is not None:
         return
 
-  def next(self, step: int) -> tuple[Any, float]:
+  def next(self, step: Key) -> tuple[Any, float]:
     """The batch of `step` and the seconds spent waiting for it.
 
     Raises:

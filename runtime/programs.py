@@ -55,8 +55,10 @@ class Programs:
   def memory(self) -> dict[str, int]:
     """The one-step program's bytes per device (runtime/memory.py), once
     it has run; {} where unknown."""
-    known = self._measured is not None and self._measured.memory is not None
-    return self._measured.memory.as_dict() if known else {}
+    measured = self._measured
+    if measured is None or measured.memory is None:
+      return {}
+    return measured.memory.as_dict()
 
   def __call__(self, steps: int) -> Callable:
     if steps not in self._built:
@@ -66,7 +68,7 @@ class Programs:
   def _build(self, steps: int) -> Callable:
     task, has_model_state = self._task, self._task.model_state is not None
     scaled = task.loss_scale is not None
-    if not self._where.sharded:
+    if self._where.shardings is None:  # Replicated.
       step = step_lib.make_train_step(task.loss_fn,
                                       task.step_optimizer(),
                                       self._par,

@@ -277,7 +277,9 @@ def _device_values(loss_fn: LossFn,
                                 not layout.padded_groups)
 
   def values(state: TrainState, batch: Any, step_rng, scale=None):
-    if one_pass:  # The step of before accumulation, bit for bit.
+    # The step of before accumulation, bit for bit (a None layout is one
+    # pass; the test says so to the type checker).
+    if one_pass or layout is None:
       rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
       device = lax.axis_index(axis)
       extra = randomness.keys_for(contract, step_rng, device, device * rows,
@@ -408,7 +410,7 @@ def _global_loss(loss_fn: LossFn, contract: Optional[str],
   checked = loss_contract.checked_output(loss_fn, has_model_state, _AXIS)
   k = 1 if layout is None else layout.microbatches
   one_pass = layout is None or (k == 1 and not layout.padded_groups)
-  groups = devices if one_pass else layout.real_groups
+  groups = devices if one_pass or layout is None else layout.real_groups
 
   def group_values(params, model_state, group, extra):
     if has_model_state:

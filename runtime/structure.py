@@ -56,10 +56,11 @@ def differences(old: Any, new: Any, dtypes: bool = True) -> list[str]:
       f'{path or "(the root)"}: {was} -> {now}' for path, was, now in
       mappings.changes(_leaves(old, dtypes), _leaves(new, dtypes), _MISSING)
   ]
-  if not lines and (jax.tree_util.tree_structure(old)
-                    != jax.tree_util.tree_structure(new)):
-    lines.append(f'the container types: {jax.tree_util.tree_structure(old)} '
-                 f'-> {jax.tree_util.tree_structure(new)}')
+  was, now = jax.tree_util.tree_structure(old), jax.tree_util.tree_structure(
+      new)
+  # jaxlib's stub leaves PyTreeDef's == undeclared; it compares structure.
+  if not lines and was != now:  # type: ignore[operator]
+    lines.append(f'the container types: {was} -> {now}')
   return lines
 
 
@@ -162,6 +163,7 @@ class RecompileWatch:
     return out
 
   def _message(self, args: tuple) -> str:
+    assert self._previous is not None  # Only a call after the first differs.
     changed = [
         f'{path}: {was} -> {now}' for path, was, now in mappings.changes(
             _described(self._previous), _arguments(args), _MISSING)

@@ -183,10 +183,11 @@ class Cadence:
         # The interval a fault's cost chooses, and at least the unit after
         # the step this copy was for (`next_step`: a call may have passed
         # it). Any step will do: a call copies at its first step past it.
-        self._choose(
-            interval(self.blocking_s, self.restore_s, self.mtbf_s,
-                     self.mtbf_source))
-        between = steps_between(self.chosen.seconds, self._step_s(), 0.0)
+        chosen = interval(self.blocking_s, self.restore_s, self.mtbf_s,
+                          self.mtbf_source)
+        self._choose(chosen)
+        between = steps_between(chosen.seconds, self._step_s(), 0.0)
+        assert self.next_step is not None  # A budgeted `due` set it.
         return str(max(self.next_step + self.every_steps, step + between))
       return str(step +
                  steps_between(self.every_s, self._step_s(), self.blocking_s))

@@ -111,7 +111,7 @@ def plan(local_steps: dict[int, list[int]],
     return Plan(step, 'persistent')
   if len(holders) == len(local_steps):
     return Plan(step, 'local', holders=holders)
-  sources = None
+  sources: Optional[dict[int, int]] = None
   if positions is not None:
     sources = {}
     for process in holders:
@@ -296,12 +296,14 @@ def _restore_newest(trajectory: dict[str,
                    parts.positions if parts else None)
     if decided.tier == 'fresh':
       return 0, state, 'fresh'
+    assert decided.step is not None  # Every tier but 'fresh' names a step.
+    step = decided.step
     senders = (f'process {decided.source}'
                if not decided.sources else 'process(es) ' +
                ', '.join(str(p) for p in sorted(set(decided.sources.values()))))
     # Said before the read, which may take minutes from a bucket.
     logging.info(
-        'restoring step %d from %s', decided.step, {
+        'restoring step %d from %s', step, {
             'persistent': 'the persistent tier',
             'local': 'each process\'s local copy',
             'peer': f'{senders}\'s local copy'
@@ -309,23 +311,25 @@ def _restore_newest(trajectory: dict[str,
     if decided.tier == 'persistent':
       # The step process 0 saw, not each process's own latest_step(): on a
       # bucket a process may list a newer or older step than the others.
-      where = os.path.join(persistent.path, str(decided.step))
-      checkpoint_meta.check(persistent.meta(decided.step), trajectory, state,
-                            num_examples, decided.step, where)
-      restored = persistent.load(decided.step, state, shardings)
-      logging.info('restored %s (step %d)', where, decided.step)
-      return decided.step, restored, 'persistent'
+      assert persistent is not None  # Its tier is planned from its step.
+      where = os.path.join(persistent.path, str(step))
+      checkpoint_meta.check(persistent.meta(step), trajectory, state,
+                            num_examples, step, where)
+      restored = persistent.load(step, state, shardings)
+      logging.info('restored %s (step %d)', where, step)
+      return step, restored, 'persistent'
     # A peer restore reads only the senders' copies.
     readers = (decided.holders if decided.tier == 'local' else
                tuple(decided.sources.values()) if decided.sources else
                (decided.source,))
     mine, failed = None, False
     if me in readers:
+      assert local is not None  # A holder of a local copy has the tier.
       try:
-        mine = local.load(decided.step, parts.like if parts else state)
+        mine = local.load(step, parts.like if parts else state)
       except local_checkpoint.UNREADABLE as e:
         # Garbled inside (check_local reads only the zip's directory).
-        local.set_aside(decided.step, f'{type(e).__name__}: {e}')
+        local.set_aside(step, f'{type(e).__name__}: {e}')
         failed = True
     unread = _who_failed(failed, attempt)
     if not unread:
@@ -333,18 +337,19 @@ def _restore_newest(trajectory: dict[str,
     # Plan again without the copies that failed: another holder, an older
     # step or the persistent tier.
     for process in unread:
-      everyone[process] = [s for s in everyone[process] if s != decided.step]
+      everyone[process] = [s for s in everyone[process] if s != step]
   if parts is not None:
-    mine = (shard_parts.place(mine, shardings, state) if decided.tier == 'local'
-            else shard_parts.assemble(mine, shardings, state, decided.sources))
+    mine = (shard_parts.place(mine, shardings, state)
+            if decided.tier == 'local' else shard_parts.assemble(
+                mine, shardings, state, decided.sources or {}))
   elif decided.tier == 'peer':
     mine = broadcast(state if mine is None else mine,
                      is_source=me == decided.source)
   tier = 'local' if me in decided.holders else 'peer'
   logging.info(
-      'restored step %d from %s', decided.step, 'this process\'s local copy'
+      'restored step %d from %s', step, 'this process\'s local copy'
       if tier == 'local' else f'{senders}\'s local copy')
-  return decided.step, mine, tier
+  return step, mine, tier
 
 
 class _Parts:

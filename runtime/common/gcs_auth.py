@@ -65,7 +65,7 @@ def find_token() -> tuple[dict[str, Any], str]:
     if os.path.exists(_gcsfs_token_cache()):
       return {}, f'{_gcsfs_token_cache()}, by gcsfs'
     return {'token': 'anon'}, f'none found, anonymous: {str(e).split(".")[0]}'
-  found = {'token': credentials}
+  found: dict[str, Any] = {'token': credentials}
   if project:
     found['project'] = project
   return found, f'google.auth.default, project {project}'
@@ -105,6 +105,7 @@ def wait() -> float:
   0.0 after."""
   import fsspec.config  # pylint: disable=g-import-not-at-top
   start()
+  assert _search is not None  # start() made it.
   _search.join()
   with _lock:
     if _found.get('installed'):

@@ -109,7 +109,8 @@ class Ledger:
     self.parts = {p: 0.0 for p in PROCESS_PARTS if p != 'other'}
     # What of 'other' has a name: {one of OTHER_NAMES: seconds}.
     self.other_named: dict[str, float] = {}
-    self._marks: dict[str, float] = {}
+    # name -> (perf_counter, the parts' total) when it was marked.
+    self._marks: dict[str, tuple[float, float]] = {}
     self.notes = records.Notes()
     self.path: Optional[str] = None
     # The step clock running over this ledger, if any (StepClock sets it):

@@ -23,7 +23,7 @@ Example:
 
 import dataclasses
 import os
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 # A scheduler's or a user's way to hand each process its place in the job,
 # for --coordinator_address, --num_processes, --process_id and
@@ -154,7 +154,7 @@ class Handoff:
     Raises:
       HandoffError: naming a variable whose value is not what it should be.
     """
-    told = {}
+    told: dict[str, Any] = {}
     for field in dataclasses.fields(cls):
       name = _VARIABLES[field.name]
       value = environ.get(name)
