@@ -148,7 +148,7 @@ class Agent:
     stop came from whoever runs the launcher. A signal during a back-off
     ends the job with 128 + its number.
     """
-    code = exit_codes.FAILED
+    code: int = exit_codes.FAILED
     try:
       code = self._attempts()
     finally:
@@ -177,6 +177,7 @@ class Agent:
           _record(number, end, kind, launcher_started, started, resized))
       if bounded:
         break
+      wait: Optional[float]
       if resized:
         tally.count_resize(resized.kind)
         wait = resized.wait_s

@@ -13,7 +13,7 @@ import importlib.util
 import os
 import sys
 import uuid
-from typing import NoReturn, Optional
+from typing import Any, NoReturn, Optional
 
 from absl import app
 from absl import flags
@@ -68,7 +68,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   if cli_flags.CONFIG.value is None:
     _fail('--config is required, for example '
           '--config=configs/linear_regression.py')
-  filename = flags.FLAGS['config'].config_filename
+  filename = _config_filename()
   path = filename.split(':')[0]
   if not os.path.isfile(path):
     _fail(f'--config={filename}: no such file {path!r} (from '
@@ -164,7 +164,7 @@ def _pod_spec(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
   # Each process keeps its devices when others are lost: a host's.
   local_devices = (cli_flags.LOCAL_DEVICES.value or
                    topology.get('local_devices') or
-                   max(1, 8 // max(cli_flags.LOCAL_PROCESSES.value, 1)))
+                   max(1, 8 // max(_local_processes(), 1)))
   return local_pod.PodSpec(
       local_devices=local_devices,
       workdir=workdir,
@@ -192,8 +192,7 @@ def _make_pod(spec: local_pod.PodSpec,
   try:
     return local_pod.Gang(
         spec,
-        num_processes=(capacity.running()
-                       if capacity else cli_flags.LOCAL_PROCESSES.value),
+        num_processes=(capacity.running() if capacity else _local_processes()),
         job_id=job_id,
         attempt=start.number if start else 1,
         should_grow=start.should_grow if start else lambda now: False)
@@ -224,7 +223,7 @@ def _capacity(config: ConfigDict) -> Optional[elastic.Capacity]:
           "lost with any of them; set config.replica='process' (each "
           'process a replica)')
   try:
-    return elastic.Capacity(full=cli_flags.LOCAL_PROCESSES.value,
+    return elastic.Capacity(full=_local_processes(),
                             minimum=minimum,
                             regrow_after_s=cli_flags.REGROW_AFTER.value,
                             flag=flag)
@@ -232,14 +231,29 @@ def _capacity(config: ConfigDict) -> Optional[elastic.Capacity]:
     _fail(str(e))
 
 
+def _local_processes() -> int:
+  """--local_processes, on the paths that run the local pod (it is set)."""
+  count = cli_flags.LOCAL_PROCESSES.value
+  assert count is not None  # main takes the local pod's path on it alone.
+  return count
+
+
+def _config_filename() -> str:
+  """--config's file (with any ':arguments'): config_flags' flag keeps it,
+  on a Flag subclass absl's annotations do not know."""
+  flag: Any = flags.FLAGS['config']
+  return flag.config_filename
+
+
 def _restarts(config: ConfigDict) -> restart.RestartPolicy:
   """--max_restarts, --restart_backoff, and the exit codes retried
   (--retry_exit_codes with config.retry_exit_codes)."""
   from_config = list(config.get('retry_exit_codes', ()) or ())
   try:
-    return restart_flags.policy_of(
-        *(cli_flags.RESTART[name].value for name, *_ in restart_flags.FLAGS),
-        more_codes=from_config)
+    given: dict[str, Any] = {
+        name: cli_flags.RESTART[name].value for name, *_ in restart_flags.FLAGS
+    }
+    return restart_flags.policy_of(**given, more_codes=from_config)
   except ValueError as e:
     _fail(f'{e}' + (f' (with config.retry_exit_codes={from_config})'
                     if from_config else ''))
@@ -356,7 +370,7 @@ def _run_process(config: ConfigDict, workdir: str) -> int:
       config, workdir,
       job.ProcessFlags(
           distributed=distributed_options(),
-          config_file=flags.FLAGS['config'].config_filename.split(':')[0],
+          config_file=_config_filename().split(':')[0],
           local_devices=cli_flags.LOCAL_DEVICES.value,
           log_all_ranks=cli_flags.LOG_ALL_RANKS.value,
           supervision=supervisor.WatchFlags(

@@ -23,12 +23,14 @@ import json
 import os
 import sys
 import tempfile
+from typing import Sequence
 
 from launcher.common import goodput_rollup
 from runtime.common import copy_interval
 from runtime.common import goodput
 from launcher.common import record_mirror
 from runtime.common import layout
+from runtime.common import records
 from launcher.common import time_to_recover
 
 PARTS = goodput.PROCESS_PARTS + goodput.JOB_PARTS
@@ -62,12 +64,12 @@ def table(rows: list[tuple[str, dict[str, float]]], first: str) -> str:
   return '\n'.join(lines)
 
 
-def capacity_line(result: dict) -> str:
+def capacity_line(result: records.RollUp) -> str:
   """The job at reduced size: how long, and the goodput by device-seconds."""
   if result.get('capacity_goodput') is None:
     return 'capacity-weighted goodput: no attempt noted its devices'
 
-  def devices(attempt: dict):
+  def devices(attempt: records.AttemptRow):
     notes = attempt['notes'] or {}
     return (notes.get('topology') or {}).get('num_devices', '?')
 
@@ -79,10 +81,10 @@ def capacity_line(result: dict) -> str:
           f'devices per attempt: {sizes}')
 
 
-def recovery_table(attempts: list[dict]) -> str:
+def recovery_table(attempts: Sequence[records.AttemptRow]) -> str:
   """One row per attempt after a failure: its time to recover in phases,
   the tier it restored from and the steps it trained again ('' if none)."""
-  rows = [a for a in attempts if a.get('recovery')]
+  rows = [(a, r) for a in attempts if (r := a.get('recovery'))]
   if not rows:
     return ''
   phases = time_to_recover.PHASES
@@ -91,14 +93,13 @@ def recovery_table(attempts: list[dict]) -> str:
       f'{"attempt":<10}' + ''.join(f'{n:>11}' for n in names) +
       f'{"total":>9}  restored from'
   ]
-  for a in rows:
-    r = a['recovery']
+  for a, r in rows:
     lines.append(f'{a["attempt"]:<10}' +
                  ''.join(f'{r["phases"][p]:>11.2f}' for p in phases) +
                  f'{r["total_s"]:>9.2f}  {r["restore_tier"]} step '
                  f'{r["restore_step"]}, {r["recomputed_steps"]} step(s) again')
-  for a in rows:
-    named = a['recovery'].get('other_named') or {}
+  for a, r in rows:
+    named = r.get('other_named') or {}
     if named:
       lines.append(f'{a["attempt"]:<10}of other, named by its first new '
                    'step: ' + ', '.join(
@@ -108,7 +109,7 @@ def recovery_table(attempts: list[dict]) -> str:
   return '\n'.join(lines)
 
 
-def other_said(attempt: dict) -> str:
+def other_said(attempt: records.AttemptRow) -> str:
   """Process 0's 'other' of an attempt, with what of it has a name, the
   biggest first, e.g. 'other 1.20 s: record_fetch 0.61, agreement 0.20,
   unnamed 0.39'."""
@@ -150,7 +151,7 @@ def interval_advice(record: layout.Record) -> str:
           f'recommended from this job\'s history, {chosen.why}')
 
 
-def plot(result: dict, out: str) -> None:
+def plot(result: records.RollUp, out: str) -> None:
   """A stacked bar of seconds per attempt, one colour per category."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
@@ -162,7 +163,8 @@ def plot(result: dict, out: str) -> None:
   ]
   fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(attempts) + 3), 5))
   bottom = [0.0] * len(attempts)
-  colours = plt.get_cmap('tab20').colors
+  tab20 = plt.get_cmap('tab20')
+  colours = [tab20(i) for i in range(20)]
   for i, part in enumerate(PARTS):
     values = [a['parts'].get(part, 0.0) for a in attempts]
     if not any(values):

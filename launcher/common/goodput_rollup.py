@@ -13,7 +13,7 @@ Example:
 """
 
 import json
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict
 
 from launcher.common import time_to_recover
 from runtime.common import files
@@ -71,7 +71,7 @@ def rollup(record: layout.Record,
     attempts.append(
         _attempt_record(number, name, _ledger_of_0(ledgers[name]),
                         by_name.get(name), attempts[-1] if attempts else None,
-                        by_name.get(before)))
+                        by_name.get(before) if before is not None else None))
     if before is not None:
       attempts[-1]['recovery'] = time_to_recover.phases(
           ledgers[before],
@@ -111,7 +111,14 @@ def rollup(record: layout.Record,
   }
 
 
-def capacity(attempts: list[records.AttemptRow]) -> dict[str, Any]:
+class Capacity(TypedDict):
+  """`capacity`'s figures (records.RollUp's keys of the same names)."""
+  full_devices: Optional[int]
+  reduced_size_s: Optional[float]
+  capacity_goodput: Optional[float]
+
+
+def capacity(attempts: list[records.AttemptRow]) -> Capacity:
   """Goodput weighed by the devices each attempt ran on.
 
   A job that goes on at reduced size (an elastic job's fewer processes)
@@ -175,21 +182,23 @@ def _attempt_record(
   started, ended = ledger_0['started'], ledger_0['updated']
   if launch is not None:
     # The launcher saw the attempt from before the process started to after
-    # it ended: that is launch overhead, or the process's unrecorded end.
-    ended = max(ended, launch.ended)
+    # it ended: that is launch overhead, or the process's unrecorded end. A
+    # record the launcher did not finish counts from what the ledger saw.
+    launch_started = launch.started if launch.started is not None else started
+    ended = max(ended, launch.ended if launch.ended is not None else ended)
     late = ended - ledger_0['updated']
     parts['launch_overhead' if ledger_0['final'] else 'unrecorded'] += late
-    parts['launch_overhead'] += max(0.0, started - launch.started)
+    parts['launch_overhead'] += max(0.0, started - launch_started)
     moved = min(launch.recreate_s, parts['launch_overhead'])
     parts['launch_overhead'] -= moved
     parts['infrastructure_recovery'] += moved
-    started = min(started, launch.started)
+    started = min(started, launch_started)
   between_commands = 0.0
   if previous is not None and _same_command(launch, launch_before):
     _book_backoff(parts, started - previous['ended'])
     started = previous['ended']
   else:
-    command_started = (launch.launcher_started or launch.started
+    command_started = ((launch.launcher_started or launch.started or started)
                        if launch is not None else started)
     if previous is not None:
       # A command started before the one before it ended (two terminals)

@@ -206,7 +206,7 @@ def issue(authority_dir: str, job: str, attempt: str, process_index: int,
   _private_write(names[0], _pem(certificate=certificate))
   _private_write(names[1], _pem(key=key))
   _private_write(names[2], _pem(certificate=ca_certificate))
-  return Credentials(*names, peer_prefix=prefix, uri=uri)
+  return Credentials(names[0], names[1], names[2], peer_prefix=prefix, uri=uri)
 
 
 def uris(certificate_der: bytes) -> list[str]:

@@ -12,7 +12,8 @@ Example:
   {'detection': 0.0, 'teardown': 0.52, 'backoff': 1.0, 'startup': 0.86, ...}
 """
 
-from typing import Any, Optional, Union
+import math
+from typing import Any, Mapping, Optional, Union
 
 from runtime.common import records
 
@@ -23,7 +24,7 @@ PHASES = ('detection', 'teardown', 'backoff', 'startup', 'distributed_init',
 Launch = Union[records.LauncherAttempt, dict[str, Any], None]
 
 
-def _fault(ranks: dict[int, dict[str, Any]],
+def _fault(ranks: Mapping[int, records.LedgerRecord],
            launch: Launch) -> Optional[records.Fault]:
   launch = records.as_attempt(launch)
   if launch is not None and launch.fault is not None:
@@ -33,12 +34,14 @@ def _fault(ranks: dict[int, dict[str, Any]],
                         for r in ranks.values()) if n.fault
   ]
   if noticed:
-    return min(noticed, key=lambda f: f.detected)
+    # The first the job learned of; one only being told comes last.
+    return min(noticed,
+               key=lambda f: math.inf if f.detected is None else f.detected)
   return _unwritten_ends(ranks) if launch is None else None
 
 
 def _unwritten_ends(
-    ranks: dict[int, dict[str, Any]]) -> Optional[records.Fault]:
+    ranks: Mapping[int, records.LedgerRecord]) -> Optional[records.Fault]:
   """The fault of an attempt whose processes all died without writing
   their end (a SIGKILL, and survivors that JAX's coordination service then
   aborted with SIGABRT, before any supervisor could note it): the first to
@@ -53,7 +56,7 @@ def _unwritten_ends(
                        kind='unrecorded')
 
 
-def fault_of(ranks: dict[int, dict[str, Any]],
+def fault_of(ranks: Mapping[int, records.LedgerRecord],
              launch: Launch) -> Optional[dict[str, Any]]:
   """How an attempt failed: {'at', 'detected', ...} wall times, or None.
 
@@ -70,10 +73,10 @@ def fault_of(ranks: dict[int, dict[str, Any]],
   return None if fault is None else fault.to_json()
 
 
-def phases(before: dict[int, dict[str, Any]],
+def phases(before: Mapping[int, records.LedgerRecord],
            launch_before: Launch,
            before_end: float,
-           ledger_0: dict[str, Any],
+           ledger_0: records.LedgerRecord,
            launch: Launch,
            between_commands_s: float = 0.0) -> Optional[dict[str, Any]]:
   """Time to recover: from the fault that ended the attempt before to this
@@ -98,11 +101,12 @@ def phases(before: dict[int, dict[str, Any]],
   fault = _fault(before, launch_before)
   notes = records.Notes.from_json(ledger_0.get('notes'))
   first = notes.first_productive
-  if fault is None or not first:
+  if fault is None or fault.detected is None or not first:
     return None
   parts = first.parts
   launch = records.as_attempt(launch)
-  started = launch.started if launch else ledger_0['started']
+  started = (launch.started
+             if launch and launch.started is not None else ledger_0['started'])
   phases = {
       'detection': fault.detected - fault.at,
       'teardown': before_end - fault.detected,

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import IO, Callable, Optional
 
 from launcher.common import cluster
 from runtime.common import exit_codes
@@ -48,8 +48,16 @@ class Member:
   exited_wall: Optional[float] = None  # time.time() of exited_at.
   signalled_at: Optional[float] = None
   step: int = 0
-  log_file: Optional[object] = None
+  log_file: Optional[IO[bytes]] = None
   log_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+  @property
+  def process(self) -> subprocess.Popen:
+    """The rank's process, once started (the pod starts every rank before
+    it waits on, signals or reads any)."""
+    if self.popen is None:
+      raise AssertionError(f'rank {self.index} was asked for before its start')
+    return self.popen
 
 
 def plan(num_processes: int, local_devices: int, workdir: str, logs_dir: str,
@@ -114,7 +122,7 @@ def start(members: list[Member], attempt: int, progress_fd: int) -> None:
 
 def await_exit(member: Member, changed: threading.Event) -> None:
   """Waits for the rank to exit, records its code and time, sets `changed`."""
-  returncode = member.popen.wait()
+  returncode = member.process.wait()
   member.exited_at, member.exited_wall = time.monotonic(), time.time()
   member.exit_code = exit_codes.from_returncode(returncode)
   changed.set()
@@ -123,7 +131,7 @@ def await_exit(member: Member, changed: threading.Event) -> None:
 def signal_group(member: Member, signum: int) -> None:
   """Sends `signum` to the rank's whole process group, if it still exists."""
   try:
-    os.killpg(member.popen.pid, signum)
+    os.killpg(member.process.pid, signum)
   except (ProcessLookupError, PermissionError):
     pass
 
@@ -142,7 +150,7 @@ def dump_stacks(members: list[Member]) -> None:
   for member in members:
     if member.exit_code is None:
       try:
-        os.kill(member.popen.pid, signal.SIGUSR1)
+        os.kill(member.process.pid, signal.SIGUSR1)
       except ProcessLookupError:
         pass
   time.sleep(_STACK_DUMP_WAIT_S)
@@ -168,7 +176,7 @@ def stop(members: list[Member], first_signal: int, grace_s: float,
   for member in members:
     signal_group(member, signal.SIGKILL)
   for member in members:
-    member.popen.wait()
+    member.process.wait()
   while any(r.exit_code is None for r in members):
     time.sleep(0.01)  # The waiter threads record the codes.
 

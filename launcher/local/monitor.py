@@ -138,7 +138,7 @@ class Monitor:
         return End(GangState.DRAINING)
       stall = self._stall_message(now - started)
       return End(GangState.STALLED, message=stall) if stall else End(state)
-    if now > self._grace_deadline:
+    if self._grace_deadline is not None and now > self._grace_deadline:
       late = ', '.join(
           f'rank {r.index}/{len(self._members)}' for r in self._members
           if r.exit_code is None)
@@ -174,6 +174,10 @@ def root_cause(failed: list[members_lib.Member], now: float,
                all_exited: bool) -> Optional[members_lib.Member]:
   """The rank whose failure ended the job, once it is known
   (exit_codes.root_cause: the rule the TPU driver follows too)."""
-  found = exit_codes.root_cause([(r.exited_at, r.exit_code) for r in failed],
-                                now, all_exited)
+  exits = []
+  for r in failed:
+    # await_exit notes the time before the code: a code means both.
+    assert r.exited_at is not None and r.exit_code is not None, r.index
+    exits.append((r.exited_at, r.exit_code))
+  found = exit_codes.root_cause(exits, now, all_exited)
   return None if found is None else failed[found]

@@ -41,10 +41,13 @@ class Console:
     Returns at the pipe's end of file, when the rank has exited.
     """
     line_prefix = output_prefix.prefix(member.index, self.num_processes)
+    log = member.log_file
+    if log is None:
+      raise AssertionError(f'rank {member.index} pumped before its log opened')
     for raw in iter(pipe.readline, b''):
       with member.log_lock:
-        member.log_file.write(raw)
-        member.log_file.flush()
+        log.write(raw)
+        log.flush()
       line = raw.decode('utf-8', 'replace')
       if output_prefix.shown_on_console(member.index, stream_name, line,
                                         self.log_all_ranks):

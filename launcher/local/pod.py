@@ -256,18 +256,21 @@ class Gang:
   def _fault(end: monitor_lib.End) -> Optional[records.Fault]:
     """When the failed rank exited and when the pod was declared failed
     (wall times), after a failure; else None."""
+    member = end.member
     if end.state is not monitor_lib.GangState.FAILED:
       return None
-    return records.Fault(at=end.member.exited_wall,
+    assert member is not None and member.exited_wall is not None, end
+    return records.Fault(at=member.exited_wall,
                          detected=time.time(),
-                         process_index=end.member.index,
-                         exit_code=end.member.exit_code)
+                         process_index=member.index,
+                         exit_code=member.exit_code)
 
   def _lost(self, fault: Optional[records.Fault]) -> tuple[int, ...]:
     """(the failed process's index,) when it is taken for a lost host
     (elastic.is_lost_process), else ()."""
-    if fault is None or not elastic.is_lost_process(
-        fault.exit_code, self.spec.restarts.retryable):
+    if (fault is None or
+        fault.process_index is None or not elastic.is_lost_process(
+            fault.exit_code, self.spec.restarts.retryable)):
       return ()
     return (fault.process_index,)
 
@@ -290,9 +293,9 @@ class Gang:
     threads = [_thread(progress_reader.read)]
     for member in self._members:
       threads += [
-          _thread(self._console.pump, member, member.popen.stdout, 'stdout',
+          _thread(self._console.pump, member, member.process.stdout, 'stdout',
                   sys.stdout),
-          _thread(self._console.pump, member, member.popen.stderr, 'stderr',
+          _thread(self._console.pump, member, member.process.stderr, 'stderr',
                   sys.stderr),
           _thread(members_lib.await_exit, member, self._changed)
       ]
@@ -309,7 +312,7 @@ class Gang:
                 coordinator_address=self.coordinator_address,
                 ranks=tuple({
                     'rank': r.index,
-                    'pid': r.popen.pid,
+                    'pid': r.process.pid,
                     'command': r.command
                 } for r in self._members),
                 launcher={
@@ -331,8 +334,8 @@ class Gang:
     The signal is SIGINT, not SIGTERM: SIGTERM asks a rank to save a
     checkpoint, which cannot succeed once one of its peers is gone.
     """
-    first = signal.SIGINT
-    if end.state is monitor_lib.GangState.INTERRUPTED:
+    first: int = signal.SIGINT
+    if end.state is monitor_lib.GangState.INTERRUPTED and end.signum:
       first = end.signum
     elif end.state is monitor_lib.GangState.PREEMPTION_LATE:
       first = signal.SIGKILL

@@ -25,7 +25,9 @@ def exit_code(end: monitor.End, launcher_signals: list[int]) -> int:
   if end.state is GangState.SUCCEEDED:
     return exit_codes.OK
   if end.state is GangState.FAILED:
-    return end.member.exit_code
+    failed = _failed(end)
+    assert failed.exit_code is not None
+    return failed.exit_code
   if end.state is GangState.PREEMPTED:
     return exit_codes.PREEMPTED
   if end.state is GangState.PREEMPTION_LATE:
@@ -33,7 +35,15 @@ def exit_code(end: monitor.End, launcher_signals: list[int]) -> int:
             signal.SIGTERM if launcher_signals else exit_codes.PREEMPTED)
   if end.state is GangState.STALLED:
     return exit_codes.STALLED
+  assert end.signum is not None, end  # The launcher's own signal is left.
   return exit_codes.SIGNAL_BASE + end.signum
+
+
+def _failed(end: monitor.End) -> members_lib.Member:
+  """The rank that failed first, exited (the monitor ends FAILED on it)."""
+  if end.member is None or end.member.exited_at is None:
+    raise AssertionError(f'a failed pod without an exited rank: {end}')
+  return end.member
 
 
 def report(end: monitor.End,
@@ -65,7 +75,9 @@ def report(end: monitor.End,
         f'{logs_dir}')
     return code
   if end.state is GangState.FAILED:
-    _say_root_cause(end.member, members, say, end.member.exited_at - started)
+    root = _failed(end)
+    assert root.exited_at is not None
+    _say_root_cause(root, members, say, root.exited_at - started)
   elif end.state is GangState.PREEMPTED and regrew:
     say(f'stopped at a step boundary to grow, {elapsed_s:.1f} s after start: '
         f'every rank saved a checkpoint and exited with code {code}')
@@ -92,6 +104,7 @@ def _what_stopped_it(end: monitor.End, logs_dir: str) -> str:
   if end.state is GangState.STALLED:
     return (f'the job stalled: {end.message}. Every rank\'s Python stacks '
             f'are in its log under {logs_dir}.')
+  assert end.signum is not None, end
   return (f'got {signal.Signals(end.signum).name}: forwarded it to every '
           'rank and stopped the job.')
 
@@ -131,7 +144,7 @@ def _describe_others(root: Optional[members_lib.Member],
       continue
     code = member.exit_code
     suffix = exit_codes.signal_suffix(code)
-    if (member.signalled_at is not None and
+    if (member.signalled_at is not None and member.exited_at is not None and
         member.exited_at >= member.signalled_at):
       how = f'stopped by the launcher, exit code {code}{suffix}'
     else:

@@ -13,7 +13,7 @@ import ipaddress
 import os
 import socket
 import time
-from typing import Callable, Mapping, MutableMapping, Optional
+from typing import Any, Callable, Mapping, MutableMapping, Optional
 
 from absl import logging
 
@@ -137,14 +137,17 @@ def plan(
         f'{present} given without {" and ".join(missing)}: pass all three, or '
         'none of them on a cluster JAX detects (Cloud TPU, SLURM, Open MPI, '
         'Kubernetes) or on a single machine.')
-  split_address(options.coordinator_address)
-  if options.num_processes < 1:
+  address, count, index = (options.coordinator_address, options.num_processes,
+                           options.process_id)
+  assert address is not None and count is not None and index is not None
+  split_address(address)
+  if count < 1:
     raise DistributedInitError(
-        f'--num_processes={options.num_processes}; it must be at least 1')
-  if not 0 <= options.process_id < options.num_processes:
+        f'--num_processes={count}; it must be at least 1')
+  if not 0 <= index < count:
     raise DistributedInitError(
-        f'--process_id={options.process_id} is outside [0, '
-        f'{options.num_processes}) for --num_processes={options.num_processes}')
+        f'--process_id={index} is outside [0, {count}) for '
+        f'--num_processes={count}')
   return Plan(EXPLICIT, '--coordinator_address, --num_processes and '
               '--process_id')
 
@@ -324,7 +327,9 @@ def _before_joining(options: CoordinatorFlags,
   """Process 0: chooses where its coordinator listens and checks the port
   is free. The others: wait for the coordinator and check it is this
   attempt's. Returns the options with the bind address chosen."""
-  host, port = split_address(options.coordinator_address)
+  address = options.coordinator_address
+  assert address is not None  # Only the flags' mode comes here.
+  host, port = split_address(address)
   if options.process_id != 0:
     _wait_for_coordinator(host, port, options.initialization_timeout)
     if found is not None:
@@ -339,7 +344,7 @@ def _before_joining(options: CoordinatorFlags,
     return options
   bind = options.coordinator_bind_address
   if not bind:
-    bind, why = bind_address(options.coordinator_address)
+    bind, why = bind_address(address)
     logging.info(
         'the coordinator listens on %s (%s; '
         '--coordinator_bind_address chooses)', bind or 'every interface', why)
@@ -374,7 +379,7 @@ def initialize(mode: str,
                                 options.process_id, jax.__version__)
   if mode == EXPLICIT:
     options = _before_joining(options, found)
-  kwargs = {}
+  kwargs: dict[str, Any] = {}
   if mode == EXPLICIT:
     kwargs = dict(coordinator_address=options.coordinator_address,
                   num_processes=options.num_processes,

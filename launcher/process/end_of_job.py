@@ -38,7 +38,10 @@ def encode(cause: records.Fault) -> str:
 
 def decode(text: str) -> records.Fault:
   """END_KEY's value as the fault it publishes."""
-  return records.Fault.from_json(json.loads(text))
+  fault = records.Fault.from_json(json.loads(text))
+  if fault is None:
+    raise ValueError(f'{END_KEY} holds {text!r}, not a fault')
+  return fault
 
 
 class EndOfJob:
@@ -55,7 +58,8 @@ class EndOfJob:
     try:
       if self.client.set(END_KEY, encode(cause)):
         return cause
-      return decode(self.client.get(END_KEY))
+      won = self.client.get(END_KEY)
+      return decode(won) if won else cause
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('could not publish the end of the job (%s): %s',
                       cause.describe(), peers_lib.first_line(e))
@@ -68,6 +72,8 @@ class EndOfJob:
       Exception: whatever the coordination service raised: process 0 may
         be gone, which the caller judges by how long it has been silent.
     """
+    if self.client is None:
+      return None
     text = self.client.wait(END_KEY, timeout_s)
     return decode(text) if text else None
 
@@ -80,6 +86,8 @@ class EndOfJob:
 
   def ack(self) -> None:
     """Says that this process has seen the end."""
+    if self.client is None:
+      return
     try:
       self.client.publish(ACK_DIR, '1')
     except Exception:  # pylint: disable=broad-except

@@ -127,7 +127,8 @@ def _join(config: ConfigDict, record: layout.Record, options: ProcessFlags,
         if mode == (distributed.EXPLICIT) else 'from the cluster', chosen.why)
   distributed.prepare_environment(options.distributed.coordinator_address)
   roll = None
-  if mode != distributed.SINGLE and place.process_index is not None:
+  if (mode != distributed.SINGLE and place.process_index is not None and
+      place.num_processes is not None):
     roll = roll_call.RollCall(record, options.distributed.coordinator_address or
                               '', place.process_index, place.num_processes)
   ledger = goodput.current()
@@ -223,6 +224,7 @@ def _run(config: ConfigDict, workdir: str, options: ProcessFlags,
                       actual.process_index)
   # From here a fatal signal's traceback goes through the obituary, which
   # also writes the end this process cannot write itself.
+  assert running.ledger.path is not None  # summary.open_ledger named it.
   obituary.start(running.ledger.path, actual.process_index)
   with ledger.naming('compilation_cache'):
     cache = compilation.use_cache(options.compilation_cache_dir, record,
@@ -313,7 +315,7 @@ def run(config: ConfigDict, workdir: str, options: ProcessFlags) -> int:
     interrupt.install(_CTRL_C_GRACE_S, _exit_on_ctrl_c)
   running = _Running()
   goodput.use(running.ledger)
-  code = exit_codes.OK
+  code: int = exit_codes.OK
   try:
     _run(config, workdir, options, told, running)
   except BaseException as e:  # pylint: disable=broad-except

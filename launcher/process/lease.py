@@ -181,7 +181,7 @@ class Lease:
     # A bucket's lease: the generation this job wrote last.
     self._generations: dict[str, int] = {}
     self._stop = threading.Event()
-    self._thread = None
+    self._thread: Optional[threading.Thread] = None
 
   def acquire(self) -> None:
     """Takes every lease, or none.

@@ -102,7 +102,7 @@ class Peers:
     self.client, self.host = client, host
     self.heartbeat_timeout = heartbeat_timeout
     self.last_change: dict[int, tuple[int, float]] = {}
-    self.last_check = None
+    self.last_check: Optional[float] = None
     self.warned_at: dict[int, float] = {}
 
   def publish_own(self, snapshot: progress.Snapshot, beat: int,
@@ -267,6 +267,7 @@ def straggler_warnings(
 
 def rank_stats(client: Optional[coordination.Client]) -> list[dict[str, Any]]:
   """Each process's step-time median and p99, for summary.json."""
+  records: dict[int, dict[str, Any]]
   if client is None:
     snapshot = progress.snapshot()
     records = {

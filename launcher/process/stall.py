@@ -77,6 +77,8 @@ def deadline(snapshot: progress.Snapshot,
   fixed = f'--stall_timeout={ceiling:g}'
   learned = snapshot.learned or progress.Learned()
   if snapshot.working is not None:
+    # A snapshot names work with its start.
+    assert snapshot.working_since is not None
     idle = now - snapshot.working_since
     seen = learned.work_seconds.get(snapshot.working)
     if not learn or seen is None:
@@ -84,6 +86,8 @@ def deadline(snapshot: progress.Snapshot,
     limit = min(ceiling, max(floor_s, MARGIN * seen))
     return limit, idle, (f'{snapshot.working}, learned: {MARGIN:g} x the '
                          f'longest seen, {seen:.3g} s; ceiling {fixed}')
+  # A step is done (tested above): idle since it, or since work after it.
+  assert snapshot.idle_since is not None
   idle = now - snapshot.idle_since
   steps = learned.step_seconds
   if not learn:
@@ -182,6 +186,7 @@ class StallWatch:
                 '(--first_step_timeout); a workload that runs a loop of its '
                 'own must report each step with runtime.progress.report(step)'))
       return None
+    assert snapshot.done_at is not None  # A done step has its time.
     if self.first_step_s is None:  # At most a second late: a bound above.
       self.first_step_s = max(0.0, snapshot.done_at - self.started_at)
     self.keep(snapshot, now)

@@ -136,11 +136,12 @@ class Supervisor:
     self._in_handshake = False  # `fail` took part in the end of the job.
     self._stop = threading.Event()
     self._watching_steps = True
-    self._thread = None
+    self._thread: Optional[threading.Thread] = None
     self.cpu_s = 0.0  # What watching has cost this process.
-    self._peers = peers_lib.Peers(client, self.host, options.heartbeat_timeout)
-    # Without peers there is no coordinator to hear from.
-    self._contact = (None if client is None else contact_lib.Contact(
+    # Without a coordination service there are no peers to hear from.
+    self._peers = (None if client is None else peers_lib.Peers(
+        client, self.host, options.heartbeat_timeout))
+    self._contact = (None if self._peers is None else contact_lib.Contact(
         self._peers, options.heartbeat_timeout))
     self._end = end_of_job.EndOfJob(client)
     self._stall = stall.StallWatch(self.process_index, self.host,
@@ -224,7 +225,7 @@ class Supervisor:
       self._contact.beat_in_background(snapshot, self.cpu_s)
     if not self._watching_steps:
       return None
-    if self.process_index == 0 and self.client is not None:
+    if self.process_index == 0 and self._peers is not None:
       lost = self._peers.find_lost(now, peers_lib.gone())
       if lost is not None:
         return lost
@@ -290,8 +291,7 @@ class Supervisor:
       time.sleep(1.0)
     if not self._ending.acquire(blocking=False):
       return
-    code = _say_why(cause, self._peers if self.client is not None else None,
-                    self._dump_stacks)
+    code = _say_why(cause, self._peers, self._dump_stacks)
     _note_fault(cause)
     # What this attempt learned of its pace is for the next one.
     self._stall.keep(progress.snapshot(), time.monotonic(), force=True)

@@ -11,7 +11,7 @@ Example:
 import os
 import signal
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from launcher import agent
 from launcher import attempts
@@ -24,6 +24,9 @@ from runtime.common import goodput
 from runtime.common import handoff
 from runtime.common import layout
 from runtime.common import records
+
+if TYPE_CHECKING:  # Ray is imported where the attempt runs, not here.
+  from launcher.ray import group as group_lib
 
 _READ_EVERY_S = 0.2
 _DRAIN_CHECK_EVERY_S = 1.0
@@ -62,10 +65,17 @@ class Attempt:
     self.num_processes = capacity.current
     self._regrew = False  # Stopped at a step boundary to grow.
     self._fault: Optional[records.Fault] = None
-    self._group = None
+    self._group: Optional['group_lib.Group'] = None
     self._signalled: list[int] = []
     self._silence = Silence()
     self._next_drain_check = 0.0
+
+  @property
+  def group(self) -> 'group_lib.Group':
+    """The processes' placement group, once `run` reserved it."""
+    if self._group is None:
+      raise AssertionError(f'{self.attempt_name} has no group before it runs')
+    return self._group
 
   def run(self) -> attempts.AttemptEnd:
     from launcher.ray import group as group_lib  # pylint: disable=g-import-not-at-top
@@ -82,8 +92,8 @@ class Attempt:
         self._start()
         code = self._monitor()
     finally:
-      self._group.remove()
-    return self._end(code, lost=tuple(sorted(self._group.lost)))
+      self.group.remove()
+    return self._end(code, lost=tuple(sorted(self.group.lost)))
 
   def _end(self, code: int, lost: tuple[int, ...] = ()) -> attempts.AttemptEnd:
     """How the attempt ended; its steps are counted from the ledgers'
@@ -105,7 +115,7 @@ class Attempt:
     self._signalled.append(signum)
 
   def _start(self) -> None:
-    group = self._group
+    group = self.group
     capacity = self.capacity
     # Every count of processes from --min_processes up: refused before
     # step 1 when the config cannot run on one of them.
@@ -141,7 +151,7 @@ class Attempt:
     code: its root cause's (exit_codes.root_cause, every launcher's rule),
     else 0. Once the cause is known, or the driver was signalled, the
     others have --stop_grace to end before they are stopped."""
-    group, grace = self._group, self.options.stop_grace_s
+    group, grace = self.group, self.options.stop_grace_s
     # (when, exit code, process index, wall time) of each failure.
     failed: list[tuple[float, int, int, float]] = []
     cause, stop_at, forwarded = None, None, False
@@ -191,7 +201,7 @@ class Attempt:
                now: float) -> tuple[float, int, int, float]:
     """(when, exit code, process index, wall time) of a process that failed;
     a lost one's when is its node's last answer."""
-    group = self._group
+    group = self.group
     when = (group.last_heard(process_index)
             if process_index in group.lost else now)
     return (when, group.ended[process_index], process_index,
@@ -215,7 +225,7 @@ class Attempt:
       # Before its first step a process may not yet take SIGTERM for a
       # notice to save: growing waits until this attempt trains.
       return 0
-    return self._group.spare_nodes(self.options.resources_per_process)
+    return self.group.spare_nodes(self.options.resources_per_process)
 
   def _notice(self, now: float) -> Optional[str]:
     """Why every process should save and stop now: the driver was
@@ -226,14 +236,14 @@ class Attempt:
     if now < self._next_drain_check:
       return None
     self._next_drain_check = now + _DRAIN_CHECK_EVERY_S
-    draining = self._group.draining()
+    draining = self.group.draining()
     if not draining:
       return None
     process_index = min(draining)
     deadline = draining[process_index]
     left = (f'deadline in {deadline / 1000 - time.time():.0f} s'
             if deadline else 'no deadline')
-    node = self._group.nodes[process_index][:12]
+    node = self.group.nodes[process_index][:12]
     return f'rank {process_index}\'s node {node} is draining ({left})'
 
   def _fail(self,
@@ -242,7 +252,7 @@ class Attempt:
     """Records the root cause as the attempt's fault; says so, and that
     the others stop, unless `say` is False."""
     _, code, process_index, wall = failure
-    lost = process_index in self._group.lost
+    lost = process_index in self.group.lost
     self._fault = records.Fault(at=wall,
                                 detected=time.time(),
                                 process_index=process_index,

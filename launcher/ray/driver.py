@@ -19,6 +19,7 @@ Example:
 """
 
 import dataclasses
+import logging
 import uuid
 
 from launcher import agent
@@ -62,7 +63,7 @@ def run(options: options_lib.RayFlags) -> int:
   try:
     ray.init(address=options.address,
              log_to_driver=False,
-             logging_level='warning',
+             logging_level=logging.WARNING,
              runtime_env=runtime_env(found))
   except ConnectionError as e:
     output.say(f'error: no Ray cluster at --address={options.address}: {e} '
@@ -70,7 +71,9 @@ def run(options: options_lib.RayFlags) -> int:
                'address)')
     return exit_codes.POD_UNAVAILABLE
   job_id = uuid.uuid4().hex[:12]
-  logs = output.Logs(options.launcher_args.workdir, options.num_processes)
+  workdir = options.launcher_args.workdir
+  assert workdir is not None  # podrun-ray refuses a job without one.
+  logs = output.Logs(workdir, options.num_processes)
   if logs.record.bucket:
     _claim_the_copy(logs.record, job_id)
   capacity = elastic.Capacity(options.num_processes, options.min_processes or
@@ -100,10 +103,13 @@ def _claim_the_copy(record: layout.Record, job_id: str) -> None:
   driver files its logs there: else a process of the job on this machine
   would find files the bucket lacks and set the copy, logs and all,
   aside. A bucket that does not answer is the processes' to report."""
+  bucket = record.bucket
+  if bucket is None:
+    return
   try:
-    record_mirror.fetch_record(record.bucket, record.workdir, job_id=job_id)
+    record_mirror.fetch_record(bucket, record.workdir, job_id=job_id)
   except Exception as e:  # pylint: disable=broad-except
-    output.say(f'warning: cannot read {record.bucket}: {e}')
+    output.say(f'warning: cannot read {bucket}: {e}')
 
 
 def _report_goodput(logs: output.Logs, job_id: str, code: int) -> None:

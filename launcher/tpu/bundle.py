@@ -86,7 +86,7 @@ def installed_pyproject(distribution: str = _DISTRIBUTION) -> str:
       'build-backend = "setuptools.build_meta"', '', '[project]',
       f'name = {quote(meta["Name"])}', f'version = {quote(meta["Version"])}'
   ]
-  if meta.get('Requires-Python'):
+  if 'Requires-Python' in meta:
     lines.append(f'requires-python = {quote(meta["Requires-Python"])}')
   lines += [
       f'dependencies = {quote(dependencies)}', '',
@@ -113,7 +113,7 @@ def bundle(out: str,
   """Writes podrun's code and `project` to a reproducible .tar.gz at `out`;
   returns its sha256 (hex)."""
   entries = {f'{PODRUN}/{n}': v for n, v in podrun_files(root).items()}
-  if run_directory(project) == PROJECT:
+  if project is not None and run_directory(project) == PROJECT:
     entries.update({
         f'{PROJECT}/{n}': os.path.join(project.directory, n)
         for n in project.files

@@ -67,7 +67,8 @@ def _run(launch: launch_lib.Launch) -> int:
                 resize=slices_lib.resize(launch, launch.slices),
                 say=launch.say,
                 on_signal=lambda signum: launch.on_signal(signum, None),
-                pending_signal=lambda: (launch.signals or [None])[0]))
+                pending_signal=lambda: launch.signals[0]
+                if launch.signals else None))
 
 
 def _clean_up(launch: launch_lib.Launch, code: int) -> None:
@@ -122,7 +123,7 @@ def launch_job(launch: launch_lib.Launch) -> int:
   """Runs the job with its restarts, deletes what should not be kept, and
   completes a bucket's record; returns the launch's exit code."""
   launch.say(f'job {launch.job_id}, logs in {launch.log_dir}')
-  code = exit_codes.FAILED
+  code: int = exit_codes.FAILED
   with signals.handled((signal.SIGINT, signal.SIGTERM), launch.on_signal):
     try:
       code = _run(launch)

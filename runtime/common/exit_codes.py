@@ -150,9 +150,10 @@ def from_returncode(returncode: int) -> int:
   return SIGNAL_BASE - returncode if returncode < 0 else returncode
 
 
-def signal_suffix(code: int) -> str:
-  """' (SIGKILL)' for exit code 137; '' for a code that is no signal's."""
-  if code > SIGNAL_BASE:
+def signal_suffix(code: Optional[int]) -> str:
+  """' (SIGKILL)' for exit code 137; '' for a code that is no signal's
+  (or None, a process that has not exited)."""
+  if code is not None and code > SIGNAL_BASE:
     try:
       return f' ({signal.Signals(code - SIGNAL_BASE).name})'
     except ValueError:

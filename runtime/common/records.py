@@ -370,7 +370,7 @@ class AttemptRow(TypedDict, total=False):
   notes: dict[str, Any]
   parts: dict[str, float]
   other_named: dict[str, float]
-  recovery: dict[str, Any]
+  recovery: Optional[dict[str, Any]]
   ranks: dict[int, dict[str, float]]
 
 
