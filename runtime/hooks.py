@@ -162,8 +162,7 @@ class LogMetrics(Periodic):
   def _write(self, run, step: int) -> None:
     if not run.window.steps:
       return
-    now = time.perf_counter()
-    rates = run.window.rates(now, run.options.data.global_batch_size)
+    rates = run.window.rates(run.options.data.global_batch_size)
     if rates and run.figures is not None:
       run.figures.count(run.window.timed_steps,
                         run.window.timed_steps / rates['steps_per_sec'])
@@ -182,7 +181,7 @@ class LogMetrics(Periodic):
         (run.steps - step) / max(speed, 1e-9))
     shown = ' '.join(f'{k}={v:.6g}' for k, v in record.items())
     run.writer.log(f'step {step}/{run.steps} {shown}{eta}')
-    run.window.reset(now)
+    run.window.reset()
 
 
 class PeriodicEvaluation(Periodic):

@@ -275,8 +275,7 @@ class Run:
     if not steps:
       return
     self.last_metrics = {k: float(v[-1]) for k, v in stacked.items()}
-    self.clock.step_done(last_step, steps)
-    self.window.add(stacked, steps, time.perf_counter())
+    self.window.add(stacked, steps, self.clock.step_done(last_step, steps))
 
 
 def run_steps(run: Run, step_fn: Callable[[int], Callable],

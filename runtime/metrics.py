@@ -125,26 +125,32 @@ class MetricsWriter:
 class Window:
   """Means of the metrics since the last log line, the speed, the input wait.
 
-  The speed and the input wait leave out the first step of a run (start-up
-  and compilation): they count from the end of that step.
+  The speed is the loop's pace on its steps: the steps over the loop's own
+  time for them, which is the time between their calls' ends less what the
+  goodput clock takes out as not a step's (a compilation, a checkpoint's
+  blocking, an evaluation: goodput.StepClock), and with the input wait, so
+  that a line whose window held a compile or a save gives the pace of the
+  others (issue 85). The run's first call is left out (start-up).
   """
 
   def __init__(self):
     self.timing = False
-    self.reset(time.perf_counter())
+    self.reset()
 
-  def reset(self, now: float) -> None:
-    self.start, self.steps = now, 0
+  def reset(self) -> None:
+    self.steps = 0
     self.sums: dict[str, float] = collections.defaultdict(float)
-    self.timed_steps, self.input_wait_s = 0, 0.0
+    self.timed_steps, self.step_s, self.input_wait_s = 0, 0.0, 0.0
 
   def waited(self, seconds: float) -> None:
     if self.timing:
       self.input_wait_s += seconds
 
-  def add(self, stacked: dict[str, np.ndarray], steps: int, now: float) -> None:
-    """`steps` steps retired at `now`, with their metrics stacked
-    ({name: (steps,)})."""
+  def add(self, stacked: dict[str, np.ndarray], steps: int,
+          step_s: float) -> None:
+    """`steps` steps retired with their metrics stacked ({name: (steps,)}),
+    which took the loop `step_s` seconds of its own (the clock's share:
+    no input wait, compile or save in it)."""
     self.steps += steps
     for k, v in stacked.items():
       total = self.sums[k]
@@ -152,21 +158,20 @@ class Window:
         total += x
       self.sums[k] = total
     if self.timing:
-      # Steps retired with the first (one call of several steps) are not
-      # timed: their time is the first step's.
-      self.timed_steps += steps if now > self.start else 0
-    else:  # The run's first call: time from its end.
-      self.timing, self.start = True, now
+      self.timed_steps += steps
+      self.step_s += step_s
+    else:  # The run's first call: start-up and compilation; time from its end.
+      self.timing = True
 
   def means(self) -> dict[str, float]:
     return {k: v / self.steps for k, v in self.sums.items()}
 
-  def rates(self, now: float, global_batch_size: int) -> dict[str, float]:
+  def rates(self, global_batch_size: int) -> dict[str, float]:
     """steps_per_sec, examples_per_sec, input_wait_fraction; {} before a
     timed step."""
     if not self.timed_steps:
       return {}
-    elapsed = max(now - self.start, 1e-9)
+    elapsed = max(self.step_s + self.input_wait_s, 1e-9)
     return {
         'steps_per_sec': self.timed_steps / elapsed,
         'examples_per_sec': self.timed_steps / elapsed * global_batch_size,

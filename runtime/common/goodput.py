@@ -402,10 +402,11 @@ class StepClock:
     """A context manager that takes its duration out as `category`."""
     return _timed(lambda seconds: self.take(category, seconds))
 
-  def step_done(self, step: int, steps: int = 1) -> None:
+  def step_done(self, step: int, steps: int = 1) -> float:
     """Steps `step - steps + 1` .. `step` completed (one call's): the loop's
     time since the last call splits between 'recomputed' and 'productive'
-    by how many of them an earlier attempt had trained."""
+    by how many of them an earlier attempt had trained. Returns that time,
+    the steps' share (what was taken out meanwhile left out)."""
     now = time.perf_counter()
     with self._lock:
       share = now - self._mark - self._taken
@@ -429,6 +430,7 @@ class StepClock:
         self.ledger.note(first_productive=self._snapshot(first + recomputed))
     self.ledger.note(last_step=step)
     self.ledger.flush()
+    return share
 
   def _snapshot(self, step: int) -> records.FirstProductive:
     """The ledger as of `step`, just completed."""
