@@ -126,14 +126,9 @@ def train(config: ConfigDict, workdir: str, task: Task) -> TrainResult:
   if restored.step >= plan.options.steps:
     return _nothing_to_train(plan, record, restored)
   run, hooks, calls = _start_run(plan, config, record, task, restored, ledger)
-  readers = (None if plan.options.data.on_device else readers_lib.start(
-      task.data, plan.options.data.workers, plan.rows_per_process,
-      coordination.current()))
   try:
-    _run_steps(plan, calls, run, task, restored.step, readers, hooks)
+    _run_steps(plan, calls, run, task, restored.step, hooks)
   finally:
-    if readers is not None:
-      readers.close()
     run.clock.close()
     with ledger.naming('results'):
       run.writer.close()
@@ -221,19 +216,26 @@ def _start_run(
 
 
 def _run_steps(plan: plan_lib.Plan, calls: plan_lib.Calls, run: loop.Run,
-               task: Task, start: int, readers: Optional[Any],
-               hooks: list[hooks_lib.Hook]) -> None:
-  """The steps after `start`, to the last, with the hooks."""
+               task: Task, start: int, hooks: list[hooks_lib.Hook]) -> None:
+  """The steps after `start`, to the last, with the hooks; the batches
+  read by the record readers' processes where the data is on the host."""
   options = plan.options
-  load = loader.make(options.data, task, plan.topology, plan.parallelism,
-                     plan.batch_layout, readers)
-  with dispatch.Dispatches(load,
-                           start,
-                           options.steps,
-                           calls.per_dispatch,
-                           calls.auto,
-                           size=options.data.prefetch) as dispatches:
-    loop.run_steps(run, plan.programs, dispatches.next, hooks)
+  readers = (None if options.data.on_device else readers_lib.start(
+      task.data, options.data.workers, plan.rows_per_process,
+      coordination.current()))
+  try:
+    load = loader.make(options.data, task, plan.topology, plan.parallelism,
+                       plan.batch_layout, readers)
+    with dispatch.Dispatches(load,
+                             start,
+                             options.steps,
+                             calls.per_dispatch,
+                             calls.auto,
+                             size=options.data.prefetch) as dispatches:
+      loop.run_steps(run, plan.programs, dispatches.next, hooks)
+  finally:
+    if readers is not None:
+      readers.close()
 
 
 def _note_restore(ledger: goodput.Ledger, local, tier: str,
