@@ -353,9 +353,22 @@ class SaveLocalCheckpoints(Hook):
     if (not cadence.due(run.step, run.count) or run.final or
         (self.persistent is not None and self.persistent.due(run.step))):
       return
+    cadence.saved(run.step, self._copy(run, 'local'))
+
+  def copy_and_wait(self, run) -> None:
+    """A copy of step `run.step` off the cadence, complete on return: the
+    step a preemption (or a stop to grow) saves. The next attempt restores
+    it from this tier, and a process that joins takes it from a peer that
+    holds it (runtime/checkpoints/recovery.py), not from the persistent
+    tier."""
+    self._copy(run, 'preemption')
+    self.local.wait()
+
+  def _copy(self, run, reason: str) -> float:
+    """Starts this process's copy of step `run.step`; returns the seconds
+    it blocked the loop."""
     for check in self.checks:
       check.ensure_done(run)
-    started = time.perf_counter()
     compiled = compile_events.seconds_in_this_thread()
     with (run.clock.timing('checkpoint_blocking'),
           progress.working('local_checkpoint')):
@@ -364,7 +377,7 @@ class SaveLocalCheckpoints(Hook):
       run.writer.flush()
       kept = run.local_state_later()
       # The whole state's shapes, also when this copy is a part of it.
-      meta = self.describe(run, run.state, 'local')
+      meta = self.describe(run, run.state, reason)
       if run.part is not None:
         meta['part'] = run.part
       self.local.save(run.step, kept, meta)
@@ -372,7 +385,7 @@ class SaveLocalCheckpoints(Hook):
     # work, waited for anyway) nor the copy program's one compilation.
     blocking = (time.perf_counter() - drained -
                 (compile_events.seconds_in_this_thread() - compiled))
-    cadence.saved(run.step, max(blocking, 0.0))
+    return max(blocking, 0.0)
 
   def end(self, run, error) -> None:
     if error is None and self._final_save_complete():
@@ -397,8 +410,11 @@ class PreemptionAgreement(Hook):
   notice: logs the metrics so far, saves that step, waits until every
   process has, and raises `Preempted`."""
 
-  def __init__(self, log: LogMetrics, checkpoints: Optional[SaveCheckpoints]):
-    self.log, self.checkpoints = log, checkpoints
+  def __init__(self,
+               log: LogMetrics,
+               checkpoints: Optional[SaveCheckpoints],
+               local: Optional['SaveLocalCheckpoints'] = None):
+    self.log, self.checkpoints, self.local = log, checkpoints, local
     self.notice = preemption.Notice()
 
   def begin(self, run) -> None:
@@ -417,10 +433,24 @@ class PreemptionAgreement(Hook):
           progress.working('preemption_save')):
       if self.checkpoints is not None:
         self.checkpoints.save_and_wait(run, 'preemption')
+      if self.local is not None:
+        self._copy_locally(run)
       client = coordination.current()
       if client is not None and client.process_count > 1:
         client.barrier('podrun/preempted')
     raise preemption.Preempted(run.step)
+
+  def _copy_locally(self, run) -> None:
+    # After the persistent save, which alone must complete: a copy that
+    # fails costs the next attempt only a slower restore.
+    assert self.local is not None
+    try:
+      self.local.copy_and_wait(run)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning(
+          'the local copy of step %d failed (%s: %s); the next '
+          'attempt restores the persistent save', run.step,
+          type(e).__name__, e)
 
   def end(self, run, error) -> None:
     self.notice.__exit__(None, None, None)

@@ -116,6 +116,7 @@ class TrainOptions:
     groups: how a device's share is cut into passes.
     elastic: (fewest, most) processes the job may run on, as its launcher
       says (runtime/common/handoff.py); None for a fixed size.
+    elastic_slices: the elastic job loses and regains whole slices.
     attempt: the attempt's name, as its launcher says; '' for none.
   """
   steps: int
@@ -129,6 +130,7 @@ class TrainOptions:
   placement: Placement = Placement()
   groups: Groups = Groups()
   elastic: Optional[tuple[int, int]] = None
+  elastic_slices: bool = False
   attempt: str = ''
 
   @classmethod
@@ -164,4 +166,5 @@ class TrainOptions:
                placement=Placement.of(config),
                groups=Groups.of(config),
                elastic=told.elastic,
+               elastic_slices=told.elastic_slices,
                attempt=told.attempt or '')

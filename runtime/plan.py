@@ -104,8 +104,7 @@ def make(config: ConfigDict, record: layout.Record,
   par = parallelism_lib.from_placement(options.placement)
   state = step_lib.init_state(task.params, task.step_optimizer(),
                               options.data.seed, task.model_state)
-  where = _state_layout(options.placement, state, task.shard_dims,
-                        options.elastic)
+  where = _state_layout(options, topo.num_slices, state, task.shard_dims)
   batch_layout = _choose_layout(topo, record, task, state, options,
                                 where.batch_axis(par))
   rows, _ = microbatches.process_positions(batch_layout, topo.process_index,
@@ -204,15 +203,19 @@ _REPLICA_WORDS = {
 
 
 def _state_layout(
-    placement: options_lib.Placement, state: step_lib.TrainState,
-    task_dims: Optional[Mapping[str, Optional[int]]],
-    elastic: Optional[tuple[int, int]]) -> state_layout.StateLayout:
+    options: options_lib.TrainOptions, num_slices: int,
+    state: step_lib.TrainState,
+    task_dims: Optional[Mapping[str,
+                                Optional[int]]]) -> state_layout.StateLayout:
   """Where the state lives, with the console's line on it, in a job of a
-  fixed size or of `elastic`'s (fewest, most) processes."""
-  replica = state_layout.replica_of(placement, elastic)
+  fixed size or an elastic one (`options.elastic`), on `num_slices`
+  slices."""
+  placement = options.placement
+  replica = state_layout.replica_of(placement, options.elastic,
+                                    options.elastic_slices)
   if replica is None:
     return state_layout.REPLICATED
-  grid = state_layout.mesh(replica)
+  grid = state_layout.mesh(replica, num_slices)
   shards = grid.shape[state_layout.SHARD_AXIS]
   # The config's patterns first: the first that names a leaf wins.
   from_config = state_layout.parse_dims(placement.shard_dims)

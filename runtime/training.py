@@ -81,11 +81,15 @@ def _hooks(options: options_lib.TrainOptions, record: layout.Record, task: Task,
   save = None
   if ckpt is not None:
     save = hooks_lib.SaveCheckpoints(ckpt, describe, checks=[replicas])
-  built_in = [log, hooks_lib.PreemptionAgreement(log, save), replicas]
+  copies = None
   if local is not None:
-    built_in.append(
-        hooks_lib.SaveLocalCheckpoints(local, ckpt, describe,
-                                       checks=[replicas]))
+    copies = hooks_lib.SaveLocalCheckpoints(local,
+                                            ckpt,
+                                            describe,
+                                            checks=[replicas])
+  built_in = [log, hooks_lib.PreemptionAgreement(log, save, copies), replicas]
+  if copies is not None:
+    built_in.append(copies)
   if save is not None:
     built_in.append(save)
   if task.eval_fn is not None:

@@ -17,7 +17,7 @@
 #        [--queued_resource=NAME] [--capacity_timeout=86400]
 #        [--provisioning_timeout=1800] [--poll_interval=10]
 #        [--lost_slice_wait=30] [--relaunch_grace=15]
-#        [--min_slices=K] [--slice_back_backoff=60]
+#        [--min_slices=K | --min_replicas=K] [--slice_back_backoff=60]
 #        [--slice_back_timeout=86400]]
 #       -- <launcher flags>
 #   scripts/launch_tpu_pod.sh --tpu=NAME --zone=ZONE --status

@@ -85,13 +85,29 @@ def straights(tmp_path_factory):
 
 # The probe's arrays as they are, as a grain MapDataset with a random_map
 # (tests/workloads/probe.py), and with sharded state, each process a
-# replica (its minimum said as --min_replicas): each exact through a
-# SIGKILL, a shrink and a growth.
+# replica (its minimum said as --min_replicas) and a local tier of its own,
+# as a host has (so that a process that joins finds no copy beside it):
+# each exact through a SIGKILL, a shrink and a growth.
 DATA = {
     'arrays': (),
     'grain': ('--config.data.grain=True',),
-    'sharded': ('--config.state_layout=sharded', '--config.ballast_floats=4096')
+    'sharded': ('--config.state_layout=sharded', '--config.ballast_floats=4096',
+                '--config.per_rank_local_dir=True')
 }
+
+
+def _assert_the_returning_replica_took_a_peers_copy(workdir, attempts):
+  """The grown attempt's new process (rank 3) restores the step the stop to
+  grow saved from a survivor's local copy, and its ledger has the bytes and
+  the seconds; the survivors restore their own copies."""
+  name = attempts[2]['name']
+  notes = [
+      helpers.read_json(workdir / 'goodput' / name / f'rank_{r}.json')['notes']
+      for r in range(4)
+  ]
+  assert [n['restore_tier'] for n in notes] == ['local'] * 3 + ['peer'], notes
+  assert len({n['restore_step'] for n in notes}) == 1, notes
+  assert notes[3]['restore_bytes'] > 0 and notes[3]['restore_s'] > 0, notes
 
 
 @pytest.mark.parametrize('data', sorted(DATA))
@@ -156,6 +172,8 @@ def test_a_lost_process_shrinks_the_pod_and_it_grows_back(
       for a in attempts
   ]
   assert recomputed[2] == 0 and sum(recomputed) <= 2 * EVERY, recomputed
+  if data == 'sharded':  # Processes of local tiers of their own.
+    _assert_the_returning_replica_took_a_peers_copy(workdir, attempts)
   helpers.assert_trees_close(helpers.final_state(workdir)['params'],
                              helpers.final_state(straight)['params'],
                              rtol=1e-5,
@@ -206,6 +224,7 @@ def test_a_sharded_job_goes_on_without_process_0(tmp_path, straights):
   ]
   assert [(a['processes'], a['exit_code'], a.get('resize')) for a in attempts
          ] == [(4, 137, 'shrink'), (3, 75, 'grow'), (4, 0, None)]
+  _assert_the_returning_replica_took_a_peers_copy(workdir, attempts)
   census.assert_exactly_once(
       helpers.final_state(workdir)['params'],
       helpers.final_state(straight)['params'], BATCH, EXAMPLES, STEPS)

@@ -34,6 +34,7 @@ def test_every_field_goes_through_the_environment_and_back():
                          attempt='j-a2',
                          expected_processes=4,
                          elastic=(2, 4),
+                         elastic_slices=True,
                          supervised=True,
                          launcher_record=True,
                          progress_fd=7,

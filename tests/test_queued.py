@@ -161,6 +161,10 @@ def test_a_lost_slice_is_not_up(monkeypatch):
         '--num_slices=2', '--min_slices=1', '--',
         '--config.topology.num_slices=2'
     ], '--config.topology.num_slices=2 fixes what --min_slices lets change'),
+    ([
+        '--create', '--accelerator_type=v4-8', '--runtime_version=i',
+        '--num_slices=2', '--min_slices=1', '--min_replicas=1'
+    ], '--min_slices and --min_replicas count the same slices here'),
 ])
 def test_flags_that_do_not_go_together(argv, message, capsys):
   argv, _, extra = ' '.join(argv).partition(' -- ')
@@ -182,6 +186,15 @@ def test_an_elastic_launch_has_a_queued_resource_per_slice():
       'run-1', '--accelerator-type=v4-16', '--runtime-version=image',
       '--node-id=tpu-1', '--spot'
   ]
+
+
+def test_min_replicas_counts_slices_and_tells_the_processes():
+  """--min_replicas=K is --min_slices=K: a replica a slice."""
+  options, _ = flags.parse([
+      '--tpu=t', '--zone=z', '--create', '--accelerator_type=v4-8',
+      '--runtime_version=i', '--num_slices=3', '--min_replicas=2'
+  ], ['--config=c'])
+  assert (options.min_slices, options.min_replicas) == (2, 2)
 
 
 def test_the_tier_and_the_queued_resource_name():

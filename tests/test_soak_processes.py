@@ -27,6 +27,11 @@ pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
         # Process 1 killed at step 28, its copy of step 25 then truncated or
         # removed: the next attempt ended with exit 1 (BadZipFile).
         soak.Trial(3, 'damaged_local', 'fixed', target=1, at_step=28),
+        # Sharded state, each process a replica: one lost and back, its
+        # shards from a peer's local copy.
+        soak.Trial(4, 'sigkill_step', 'sharded', target=2, at_step=20),
+        # A SIGKILL inside a call of 5 steps.
+        soak.Trial(5, 'sigkill_step', 'calls', target=1, at_step=23),
     ],
     ids=lambda t: f'{t.fault}-{t.mode}')
 def test_a_trial_recovers_exactly(trial, tmp_path):

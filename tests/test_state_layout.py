@@ -10,6 +10,9 @@ import optax
 import pytest
 
 from runtime.common import exit_codes
+from runtime.common import handoff
+from runtime.common import layout
+from runtime import options as options_lib
 from runtime.parallelism import mapping
 from runtime import parallelism
 from runtime.parallelism import options as parallelism_options
@@ -215,18 +218,20 @@ def test_config_shard_dims_parse_to_overrides_or_are_refused():
     assert f'entry {bad!r}' in str(error.value)
 
 
-def test_config_shard_dims_win_over_the_task_s():
+def test_config_shard_dims_win_over_the_task_s(tmp_path):
   """train's choice: config.shard_dims first, then Task.shard_dims, then
   the rule; the console's line counts what stays whole."""
   from runtime import plan  # pylint: disable=g-import-not-at-top
   config = _config(state_layout='sharded',
                    parallelism='shard_map',
                    shard_dims='dense/kernel=whole')
+  options = options_lib.TrainOptions.of(config, layout.Record(str(tmp_path)),
+                                        handoff.Handoff())
   where = plan._state_layout(  # pylint: disable=protected-access
-      parallelism_options.Placement.of(config), _adam_state(), {
+      options, 1, _adam_state(), {
           'dense/kernel': 1,
           'out/kernel': None
-      }, None)
+      })
   line = where.where
   params = jax.tree_util.tree_map(lambda s: s.spec, where.shardings['params'])
   assert params['dense']['kernel'] == PartitionSpec()

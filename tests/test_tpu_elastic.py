@@ -12,6 +12,10 @@ local copies their own disks hold); slice 1 without (the driver tells the
 survivors that processes 2 and 3 went with their slice, and process 0
 ends the attempt after a few seconds of their silence). The census of what
 was trained (tests/workloads/census.py) equals the undisturbed run's.
+With sharded state each slice is a replica (config.replica='slice',
+--min_replicas=1): the survivor goes on with every shard, and the slice
+that comes back takes its shards from the survivor's local copies of the
+step the stop to grow saved.
 """
 
 import pytest
@@ -33,23 +37,44 @@ JOB = [
 # On one slice, a second a step: the job outlasts the recreate however
 # slow this machine is (a step boundary comes every second to grow at).
 SHRUNK = ['--config.slow_below_processes=4', '--config.slow_below_seconds=1']
+# Sharded state, each slice a replica (2 workers x 2 devices: the state
+# split 4 ways), with a leaf big enough to split.
+SHARDED = ('--config.state_layout=sharded', '--config.replica=slice',
+           '--config.ballast_floats=4096')
 
 
 @pytest.fixture(scope='module')
-def straight(tmp_path_factory):
-  """1 x 8 devices, never interrupted."""
-  workdir = tmp_path_factory.mktemp('straight')
-  result = helpers.run_launcher(
-      [*JOB, '--local_devices=8', f'--workdir={workdir}'], timeout=200)
-  assert result.returncode == 0, result.output
-  return workdir
+def straights(tmp_path_factory):
+  """`(sharded) -> workdir`: 1 x 8 devices, never interrupted (the
+  sharded one replicated: one process has no slices to be replicas)."""
+  made = {}
+
+  def straight(sharded: bool):
+    if sharded not in made:
+      workdir = tmp_path_factory.mktemp('straight')
+      extra = ['--config.ballast_floats=4096'] if sharded else []
+      result = helpers.run_launcher(
+          [*JOB, *extra, '--local_devices=8', f'--workdir={workdir}'],
+          timeout=200)
+      assert result.returncode == 0, result.output
+      made[sharded] = workdir
+    return made[sharded]
+
+  return straight
 
 
-@pytest.mark.parametrize('lost, notice', [(0, True), (1, False), (0, False)])
+@pytest.mark.parametrize('lost, notice, sharded', [(0, True, False),
+                                                   (1, False, False),
+                                                   (0, False, False),
+                                                   (0, True, True),
+                                                   (1, False, True)])
 def test_a_lost_slice_leaves_the_job_on_the_other_until_it_is_back(
-    tmp_path, cleanup, straight, lost, notice):
+    tmp_path, cleanup, straights, lost, notice, sharded):
   """About 40 s each: two slices' VMs start JAX three times, with a 3 s
-  wait for capacity between."""
+  wait for capacity between. With sharded state each slice is a replica
+  (--min_replicas): the survivor goes on with every shard, and the slice
+  that comes back takes its shards from the survivor's local copies."""
+  straight = straights(sharded)
   preempt = ['', '']
   preempt[lost] = 'step 15/'
   # Slice 1's first recreate ends FAILED (the service's third creation):
@@ -66,12 +91,13 @@ def test_a_lost_slice_leaves_the_job_on_the_other_until_it_is_back(
   result = fleet.run(*CREATE,
                      '--spot',
                      '--num_slices=2',
-                     '--min_slices=1',
+                     '--min_replicas=1' if sharded else '--min_slices=1',
                      '--delete_after',
                      '--slice_back_backoff=1',
                      '--',
                      *JOB,
                      *SHRUNK,
+                     *(SHARDED if sharded else ()),
                      f'--workdir={workdir}',
                      timeout=330)
   assert result.returncode == 0, result.output
@@ -134,6 +160,19 @@ def test_a_lost_slice_leaves_the_job_on_the_other_until_it_is_back(
   census.assert_exactly_once(
       helpers.final_state(workdir)['params'],
       helpers.final_state(straight)['params'], 40, 4096, STEPS)
+  if sharded:
+    # The slice that came back (its processes, 2 x `lost` and the next)
+    # restored the step the stop to grow saved from the survivors' local
+    # copies; the survivors their own.
+    grown = [
+        helpers.read_json(p)['notes']
+        for p in sorted((workdir / 'goodput' /
+                         ledgers[2]['notes']['attempt']).glob('rank_*.json'))
+    ]
+    tiers = ['local'] * 4
+    tiers[2 * lost:2 * lost + 2] = ['peer'] * 2
+    assert [n['restore_tier'] for n in grown] == tiers, grown
+    assert all(n['restore_bytes'] > 0 for n in grown), grown
   assert fleet.queued_resources() == []
   events = [(e['event'], e.get('name')) for e in fleet.events()]
   assert ('preempted', f'{NAME}-{lost}') in events

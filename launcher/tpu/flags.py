@@ -225,6 +225,14 @@ class PodFlags:
       default=0,
       help='elastic: go on with this '
       'many slices or more while lost ones are recreated, then grow back')
+  min_replicas: int = _flag(
+      _FLEET,
+      type=int,
+      default=0,
+      help='elastic, with sharded state: '
+      'the same count as --min_slices, in replicas of the state, a slice '
+      "each (config.replica='slice'; with 'process' each host is one, and a "
+      'slice lost takes its hosts\' replicas whole); give one of the two')
   slice_back_backoff: float = _flag(
       _FLEET,
       type=float,
@@ -322,7 +330,13 @@ def _check(parser: argparse.ArgumentParser, options, launcher_args) -> None:
 def _check_elastic(parser: argparse.ArgumentParser, options,
                    launcher_args) -> None:
   """--min_slices=K needs --create and 1 <= K < --num_slices, and a job
-  whose config does not fix the number of slices."""
+  whose config does not fix the number of slices. --min_replicas=K says
+  the same K (a replica a slice)."""
+  if options.min_replicas:
+    if options.min_slices:
+      parser.error('--min_slices and --min_replicas count the same slices '
+                   'here: give one of them')
+    options.min_slices = options.min_replicas
   if not options.min_slices:
     return
   if not options.create:

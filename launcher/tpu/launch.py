@@ -138,6 +138,7 @@ class Launch:
                 self.workers) if self.options.min_slices and
                isinstance(self.workers, int) else None)
     return handoff.Handoff(elastic=elastic,
+                           elastic_slices=elastic is not None,
                            tls_dir=(commands.tls_dir(self.job_id)
                                     if self.authority.directory else None))
 

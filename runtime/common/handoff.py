@@ -45,6 +45,9 @@ EXPECTED_PROCESSES = 'PODRUN_EXPECTED_PROCESSES'
 # (--min_processes, --min_slices), so that a config that cannot run on
 # one of them is refused before step 1.
 ELASTIC_PROCESSES = 'PODRUN_ELASTIC_PROCESSES'
+# Set where an elastic job loses and regains whole slices (the TPU driver's
+# --min_slices): a replica of sharded state may then be a slice.
+ELASTIC_SLICES = 'PODRUN_ELASTIC_SLICES'
 # Set by a local-pod launcher: it prefixes, files and filters the process's
 # output itself.
 SUPERVISED = 'PODRUN_SUPERVISED'
@@ -80,6 +83,7 @@ _VARIABLES = {
     'attempt': ATTEMPT,
     'expected_processes': EXPECTED_PROCESSES,
     'elastic': ELASTIC_PROCESSES,
+    'elastic_slices': ELASTIC_SLICES,
     'supervised': SUPERVISED,
     'launcher_record': LAUNCHER_RECORD,
     'progress_fd': PROGRESS_FD,
@@ -114,6 +118,7 @@ class Handoff:
     attempt: this attempt's name, the same on every process.
     expected_processes: the process count a TPU pod's type implies.
     elastic: (fewest, most) processes an elastic job may run on.
+    elastic_slices: that job loses and regains whole slices.
     supervised: a local pod's launcher handles the process's output.
     launcher_record: the launcher writes its own files of the record.
     progress_fd: the pipe the launcher reads steps from.
@@ -128,6 +133,7 @@ class Handoff:
   attempt: Optional[str] = None
   expected_processes: Optional[int] = None
   elastic: Optional[tuple[int, int]] = None
+  elastic_slices: bool = False
   supervised: bool = False
   launcher_record: bool = False
   progress_fd: Optional[int] = None
@@ -160,7 +166,7 @@ class Handoff:
       value = environ.get(name)
       if value is None or value == '':
         continue
-      if field.name in ('supervised', 'launcher_record'):
+      if field.name in ('supervised', 'launcher_record', 'elastic_slices'):
         told[field.name] = value == '1'
       elif field.name == 'elastic':
         told[field.name] = _range(name, value)

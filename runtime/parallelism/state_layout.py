@@ -32,7 +32,7 @@ Example:
 
 import dataclasses
 import fnmatch
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 from jax.sharding import Mesh, PartitionSpec
@@ -50,7 +50,8 @@ LAYOUTS = ('replicated', 'sharded')
 
 
 def replica_of(placement: options.Placement,
-               elastic: Optional[tuple[int, int]] = None) -> Optional[str]:
+               elastic: Optional[tuple[int, int]] = None,
+               elastic_slices: bool = False) -> Optional[str]:
   """The replica ('process', 'slice' or 'all') when `placement` shards the
   state, else None.
 
@@ -58,6 +59,8 @@ def replica_of(placement: options.Placement,
     placement: what the config says of the parallelism and the state.
     elastic: the elastic job's (fewest, most) processes, or None for a
       fixed size.
+    elastic_slices: the elastic job loses and regains whole slices (the TPU
+      driver's --min_slices), so a replica of a slice is lost whole too.
 
   Raises:
     ConfigError: an unknown layout or replica, 'sharded' under pmap or in
@@ -80,16 +83,17 @@ def replica_of(placement: options.Placement,
   if replica not in REPLICAS:
     raise exit_codes.ConfigError(f'config.replica={replica!r}; choose one of '
                                  f'{", ".join(repr(r) for r in REPLICAS)}')
-  if elastic and replica != 'process':
-    # A process lost takes its replica's shards with it; with a replica a
-    # process, every other process still holds the whole state.
+  whole = ('process', 'slice') if elastic_slices else ('process',)
+  if elastic and replica not in whole:
+    # What the job loses must be whole replicas: every other replica then
+    # still holds the whole state.
+    unit = 'slice' if elastic_slices else 'process'
     raise exit_codes.ConfigError(
         f"config.state_layout='sharded' with config.replica={replica!r} in "
         f'an elastic job (processes {elastic[0]}-{elastic[1]}): a lost '
-        'process would take shards its replica\'s other processes cannot '
-        "replace; set config.replica='process' (each process a replica, "
-        'lost and back whole), run at a fixed size, or keep '
-        "'replicated'")
+        f'{unit} would take shards its replica\'s others cannot replace; set '
+        f"config.replica to {' or '.join(repr(w) for w in whole)} (a replica "
+        "lost and back whole), run at a fixed size, or keep 'replicated'")
   return replica
 
 
@@ -144,17 +148,43 @@ def place(tree: Any, shardings: Any) -> Any:
   return jax.tree_util.tree_map(one, tree, shardings)
 
 
-def mesh(replica: str) -> Mesh:
+def mesh(replica: str, num_slices: int = 1) -> Mesh:
   """The (replicas, shards) mesh of every device of the job.
+
+  Args:
+    replica: as `replica_groups`.
+    num_slices: the job's slices (topology.Topology.num_slices), for
+      devices that carry no slice_index.
 
   Raises:
     ConfigError: as `replica_groups`.
   """
-  return Mesh(np.array(replica_groups(replica, jax.devices()), dtype=object),
-              (REPLICA_AXIS, SHARD_AXIS))
+  return Mesh(
+      np.array(replica_groups(replica, jax.devices(), num_slices),
+               dtype=object), (REPLICA_AXIS, SHARD_AXIS))
 
 
-def replica_groups(replica: str, devices: list) -> list[list]:
+def _slice_of(devices: list, num_slices: int) -> Optional[Callable[[Any], int]]:
+  """A device's slice: its slice_index (a TPU multislice job's devices), or
+  where the devices do not tell the `num_slices` slices the launcher said
+  there are (MEGASCALE_NUM_SLICES; CPU devices standing in for slices in
+  scripts/launch_tpu_pod.sh's emulation carry none, or all 0 once
+  jax.distributed joins them), its process's, the processes numbered slice
+  by slice as the TPU driver numbers them. None: no slices.
+  """
+  indices = {getattr(d, 'slice_index', None) for d in devices}
+  if None not in indices and (len(indices) > 1 or num_slices <= 1):
+    return lambda d: d.slice_index
+  processes = len({d.process_index for d in devices})
+  if num_slices > 1 and processes % num_slices == 0:
+    per_slice = processes // num_slices
+    return lambda d: d.process_index // per_slice
+  return None
+
+
+def replica_groups(replica: str,
+                   devices: list,
+                   num_slices: int = 1) -> list[list]:
   """`devices` as replicas: [[devices of replica 0], ...], each in the
   batch's order (process index, then id).
 
@@ -162,6 +192,8 @@ def replica_groups(replica: str, devices: list) -> list[list]:
     replica: 'process', 'slice' or 'all' (see the module docstring).
     devices: jax devices; their process_index (and slice_index, for
       'slice') say where each replica ends.
+    num_slices: the job's slices, for 'slice' on devices without a
+      slice_index (`_slice_of`).
 
   Raises:
     ConfigError: an unknown `replica`, 'slice' without slices, or replicas
@@ -171,13 +203,12 @@ def replica_groups(replica: str, devices: list) -> list[list]:
   if replica == 'all':
     groups = [devices]
   elif replica in ('process', 'slice'):
-    if replica == 'slice' and any(
-        getattr(d, 'slice_index', None) is None for d in devices):
+    slice_of = _slice_of(devices, num_slices) if replica == 'slice' else None
+    if replica == 'slice' and slice_of is None:
       raise exit_codes.ConfigError(
           "config.replica='slice': these devices carry no slice_index (not "
           "a TPU multislice job); use 'process' or 'all'")
-    key = ((lambda d: d.process_index) if replica == 'process' else
-           (lambda d: d.slice_index))
+    key = slice_of or (lambda d: d.process_index)
     owners = sorted({key(d) for d in devices})
     groups = [[d for d in devices if key(d) == o] for o in owners]
     # Each replica's devices must be contiguous in the batch's order.

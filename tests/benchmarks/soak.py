@@ -31,8 +31,14 @@ enough to be hit. Each block of as many trials as there are classes holds
 every class once, in a random order, so that a run of N trials holds each
 class N / classes times.
 
-Each fault under a fixed-size job (2 processes x 4 devices, --max_restarts=3)
-or an elastic one (4 x 2, --min_processes=3, --regrow_after=3).
+Each fault under a mode of the job:
+- fixed: 2 processes x 4 devices, --max_restarts=3;
+- elastic: 4 x 2, --min_processes=3, --regrow_after=3;
+- sharded: the elastic pod with sharded state, each process a replica
+  (--min_replicas=3): a lost process is a lost replica, which comes back
+  restoring from its peers' local copies;
+- calls: the fixed pod at 5 steps a call (config.steps_per_dispatch=5), so
+  that a fault lands inside a call of several steps.
 
 A trial succeeds when the job (after its rerun, for preempt_pod) ends 0,
 its census equals what the data order says of every step once, every
@@ -75,7 +81,7 @@ CLASSES = ('sigkill_step', 'sigkill_save', 'sigkill_local_save',
            'damaged_local', 'sigstop', 'preempt_one', 'preempt_pod')
 # The classes whose second SIGKILL hits the next attempt.
 _TWICE = ('sigkill_start', 'sigkill_restore', 'sigkill_compile')
-MODES = ('fixed', 'elastic')
+MODES = ('fixed', 'elastic', 'sharded', 'calls')
 STEPS, BATCH, EXAMPLES = 60, 48, 480
 JOB = [
     f'--config={helpers.PROBE_CONFIG}', f'--config.steps={STEPS}',
@@ -90,11 +96,22 @@ POD = {
     'elastic': [
         '--local_processes=4', '--local_devices=2', '--min_processes=3',
         '--regrow_after=3'
+    ],
+    'sharded': [
+        '--local_processes=4', '--local_devices=2', '--min_replicas=3',
+        '--regrow_after=3', '--config.state_layout=sharded'
+    ],
+    'calls': [
+        '--local_processes=2', '--local_devices=4',
+        '--config.steps_per_dispatch=5', '--config.log_every=5'
     ]
 }
 RESTARTS = [
     '--max_restarts=3', '--retry_exit_codes=137,10,124', '--restart_backoff=0.5'
 ]
+# Each mode's marker and colour in the plot.
+_MARKS = (('fixed', 'o', 'tab:blue'), ('elastic', 's', 'tab:orange'),
+          ('sharded', '^', 'tab:green'), ('calls', 'D', 'tab:purple'))
 _STEP = re.compile(r'\[rank (\d+)/\d+\].*metrics\.py:\d+\] step (\d+)/')
 # The next attempt's start: a restart's, a shrink's or a growth's.
 _STARTED = re.compile(r'\[launcher\] started \d+ ranks')
@@ -121,7 +138,7 @@ def draw(rng: random.Random, count: int, classes, modes) -> list[Trial]:
     rng.shuffle(block)
     for fault in block[:count - len(trials)]:
       mode = rng.choice(modes)
-      processes = 2 if mode == 'fixed' else 4
+      processes = 2 if mode in ('fixed', 'calls') else 4
       trials.append(
           Trial(len(trials), fault, mode,
                 -1 if fault == 'preempt_pod' else rng.randrange(processes),
@@ -482,13 +499,12 @@ def plot(rows: list[dict], path: pathlib.Path) -> bool:
   faults = [f for f in CLASSES if any(r['fault'] == f for r in rows)]
   figure, axes = pyplot.subplots(figsize=(8, 0.45 * len(faults) + 1.2))
   for y, fault in enumerate(faults):
-    for mode, marker, color in (('fixed', 'o', 'tab:blue'), ('elastic', 's',
-                                                             'tab:orange')):
+    for i, (mode, marker, color) in enumerate(_MARKS):
       times = [
           r['to_first_step_s'] for r in rows if r['fault'] == fault and
           r['mode'] == mode and r['to_first_step_s'] is not None
       ]
-      offset = -0.12 if mode == 'fixed' else 0.12
+      offset = 0.12 * (i - (len(_MARKS) - 1) / 2)
       axes.scatter(times, [y + offset] * len(times),
                    marker=marker,
                    s=14,
