@@ -347,12 +347,24 @@ def _run_local_pod(config: ConfigDict, workdir: str) -> int:
     authority.close()
 
 
+def _fewest() -> Optional[int]:
+  """--min_processes or --min_replicas for processes started by hand: the
+  fewest the job may run on again (its scheduler starts them); None."""
+  given = [(f'--{holder.name}', holder.value)
+           for holder in (cli_flags.MIN_PROCESSES, cli_flags.MIN_REPLICAS)
+           if holder.value is not None]
+  if len(given) > 1:
+    _fail('--min_processes and --min_replicas count the same processes '
+          'here: give one of them')
+  if cli_flags.REGROW_AFTER.present:
+    _fail('--regrow_after needs --local_processes: processes started by '
+          'hand are started again by their scheduler, on the count it has')
+  return given[0][1] if given else None
+
+
 def _run_process(config: ConfigDict, workdir: str) -> int:
   """Without --local_processes: this process is one of the job's."""
-  for holder in (cli_flags.MIN_PROCESSES, cli_flags.MIN_REPLICAS):
-    if holder.value is not None:
-      _fail(f'--{holder.name} needs --local_processes; a cluster\'s job '
-            'started on fewer processes resumes by itself (docs/elastic.md)')
+  fewest = _fewest()
   if cli_flags.RESTART['max_restarts'].value:
     _fail('--max_restarts needs --local_processes: on a cluster every host '
           'must restart together, which is the scheduler\'s job (for example '
@@ -382,7 +394,8 @@ def _run_process(config: ConfigDict, workdir: str) -> int:
               learned_stall_deadline=cli_flags.LEARNED_STALL_DEADLINE.value,
               stall_floor=cli_flags.STALL_FLOOR.value),
           lease_timeout=cli_flags.LEASE_TIMEOUT.value,
-          compilation_cache_dir=cli_flags.COMPILATION_CACHE_DIR.value))
+          compilation_cache_dir=cli_flags.COMPILATION_CACHE_DIR.value,
+          min_processes=fewest))
 
 
 def run() -> NoReturn:

@@ -174,16 +174,19 @@ MIN_PROCESSES = flags.DEFINE_integer(
     'code) is taken for a lost host, and the job starts again at once on '
     'the others, the same global batch on fewer devices, while at least '
     'this many are left; it grows back after --regrow_after seconds. '
-    'Shrinks and growths do not use --max_restarts.')
+    'Shrinks and growths do not use --max_restarts. On processes started '
+    'by hand: the fewest their scheduler may start again, every count '
+    'from it up checked before step 1.')
 usage.declare(MIN_PROCESSES, usage.RESTARTS,
               'elastic: go on with K or more after a lost one')
 MIN_REPLICAS = flags.DEFINE_integer(
     'min_replicas', None,
-    'Local pod, elastic: --min_processes counted in replicas. Each process '
+    'Elastic: --min_processes counted in replicas. Each process '
     'is a replica: with replicated state, and with config.state_layout='
     '\'sharded\' under config.replica=\'process\', where a lost process '
     'takes its replica whole and the others go on with every shard. Give '
-    'one of the two.')
+    'one of the two. On processes started by hand (their scheduler starts '
+    'them again): every count from it up is checked before step 1.')
 usage.declare(MIN_REPLICAS, usage.RESTARTS,
               'elastic: go on with K replicas or more (a process each)')
 REGROW_AFTER = flags.DEFINE_float(

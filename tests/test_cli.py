@@ -323,9 +323,11 @@ def test_min_replicas_counts_processes_and_refuses_what_cannot_go_on(tmp_path):
       [*base, '--local_processes=4', '--min_replicas=5'])
   assert too_many.returncode == 2
   assert '--min_replicas=5 with --local_processes=4' in too_many.stderr
-  alone = helpers.run_launcher([*base, '--min_replicas=2'])
+  # Processes started by hand take --min_replicas (tests/test_multihost.py),
+  # but their scheduler, not podrun, starts them again.
+  alone = helpers.run_launcher([*base, '--min_replicas=2', '--regrow_after=5'])
   assert alone.returncode == 2
-  assert '--min_replicas needs --local_processes' in alone.stderr
+  assert '--regrow_after needs --local_processes' in alone.stderr
   planned = helpers.run_launcher(
       [*base, '--local_processes=4', '--min_replicas=3'])
   assert planned.returncode == 0, planned.output

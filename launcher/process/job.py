@@ -67,6 +67,10 @@ class ProcessFlags:
     compilation_cache_dir: JAX's persistent compilation cache; None means
       WORKDIR/compilation_cache, '' none.
     config_file: the --config file, for messages ('' where unknown).
+    min_processes: processes started by hand (or by a scheduler) that may
+      run again on fewer: the fewest (--min_processes, --min_replicas).
+      Every count from it to this attempt's is checked before step 1, as a
+      launcher's elastic range is (handoff.Handoff.elastic).
   """
   distributed: distributed.CoordinatorFlags
   local_devices: Optional[int] = None
@@ -75,6 +79,7 @@ class ProcessFlags:
   lease_timeout: float = 60
   compilation_cache_dir: Optional[str] = None
   config_file: str = ''
+  min_processes: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -240,6 +245,8 @@ def _run(config: ConfigDict, workdir: str, options: ProcessFlags,
   topology.check(expected, actual)
   if actual.process_index == 0:
     logging.info('topology: %s', actual.describe())
+  if options.min_processes and not told.elastic:
+    _tell_the_range(told, options.min_processes, actual.process_count)
   with ledger.naming('agreement'):
     agreement.agree(coordination.current(),
                     agreement.describe_process(config.to_dict()), 'join')
@@ -283,6 +290,16 @@ def _exit_on_ctrl_c(code: int) -> None:
                   _CTRL_C_GRACE_S, _RESUME_HINT)
   goodput.current().flush(final=True)
   supervisor_lib.flush_and_exit(code)
+
+
+def _tell_the_range(told: handoff.Handoff, fewest: int, count: int) -> None:
+  """The runtime's elastic range for processes started without a launcher
+  of ours: from `fewest` to this attempt's `count`."""
+  if not 1 <= fewest <= count:
+    raise exit_codes.ConfigError(
+        f'--min_processes (or --min_replicas)={fewest} with {count} '
+        f'process(es): it must be from 1 to {count}')
+  handoff.use(dataclasses.replace(told, elastic=(fewest, count)))
 
 
 def run(config: ConfigDict, workdir: str, options: ProcessFlags) -> int:
