@@ -14,7 +14,8 @@ from tests import helpers
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
 
-def test_two_hosts_with_explicit_coordinator_flags(tmp_path):
+def _two_by_hand(tmp_path, *flags: str) -> list[helpers.Result]:
+  """Two processes started as a scheduler starts them, with `flags`."""
   with socket.socket() as s:
     s.bind(('127.0.0.1', 0))
     port = s.getsockname()[1]
@@ -23,17 +24,20 @@ def test_two_hosts_with_explicit_coordinator_flags(tmp_path):
   procs = [
       helpers.start_launcher([
           '--config=configs/linear_regression.py', f'--workdir={tmp_path}',
-          '--config.steps=30', '--local_devices=4',
-          f'--coordinator_address={address}',
+          '--local_devices=4', f'--coordinator_address={address}',
           f'--coordinator_bind_address={address}', '--num_processes=2',
-          f'--process_id={i}', '--initialization_timeout=60'
+          f'--process_id={i}', '--initialization_timeout=60', *flags
       ]) for i in range(2)
   ]
   try:
-    results = [helpers.finish(p, 120, started) for p in procs]
+    return [helpers.finish(p, 120, started) for p in procs]
   finally:
     for p in procs:
       helpers.kill_group(p)
+
+
+def test_two_hosts_with_explicit_coordinator_flags(tmp_path):
+  results = _two_by_hand(tmp_path, '--config.steps=30')
   for r in results:
     assert r.returncode == 0, r.output
   rank0, rank1 = results
@@ -56,43 +60,20 @@ def test_two_hosts_with_explicit_coordinator_flags(tmp_path):
   assert (summary['process_count'], summary['device_count']) == (2, 8)
 
 
-def _two_by_hand(tmp_path, *flags: str) -> list[helpers.Result]:
-  """Two processes started as a scheduler starts them, with `flags`."""
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    port = s.getsockname()[1]
-  address = f'127.0.0.1:{port}'
-  started = time.monotonic()
-  procs = [
-      helpers.start_launcher([
-          '--config=configs/linear_regression.py', f'--workdir={tmp_path}',
-          '--config.steps=20', '--local_devices=4',
-          f'--coordinator_address={address}',
-          f'--coordinator_bind_address={address}', '--num_processes=2',
-          f'--process_id={i}', '--initialization_timeout=60', *flags
-      ]) for i in range(2)
-  ]
-  try:
-    return [helpers.finish(p, 120, started) for p in procs]
-  finally:
-    for p in procs:
-      helpers.kill_group(p)
-
-
 def test_processes_by_hand_say_the_fewest_they_may_run_on_again(tmp_path):
   """--min_replicas on processes a scheduler starts: every count from it to
   this attempt's is checked before step 1, as a launcher's elastic range
   is. A replica of several processes is refused; each process a replica
   trains."""
-  spanning = _two_by_hand(tmp_path / 'all', '--min_replicas=1',
-                          '--config.state_layout=sharded',
+  spanning = _two_by_hand(tmp_path / 'all', '--config.steps=20',
+                          '--min_replicas=1', '--config.state_layout=sharded',
                           '--config.replica=all')
   for r in spanning:
     assert r.returncode == 2, r.output
   assert ("config.replica='all' in an elastic job (processes 1-2)"
           in spanning[0].stderr), spanning[0].stderr
-  each = _two_by_hand(tmp_path / 'process', '--min_replicas=1',
-                      '--config.state_layout=sharded')
+  each = _two_by_hand(tmp_path / 'process', '--config.steps=20',
+                      '--min_replicas=1', '--config.state_layout=sharded')
   for r in each:
     assert r.returncode == 0, r.output
   assert 'step 20/20' in each[0].stderr
