@@ -135,7 +135,7 @@ class Run:
     self.state, self.start_step, self.step = state, start_step, start_step
     self.steps, self.count, self.dispatches = options.steps, 0, 0
     self.writer, self.clock = writer, clock
-    self.window = metrics_lib.Window()
+    self.window = metrics_lib.Window(clock.paused_here)
     self.last_metrics: dict[str, float] = {}
     self.eval_metrics: dict[str, float] = {}
     self._in_flight: collections.deque[tuple[int, int,
@@ -275,7 +275,8 @@ class Run:
     if not steps:
       return
     self.last_metrics = {k: float(v[-1]) for k, v in stacked.items()}
-    self.window.add(stacked, steps, self.clock.step_done(last_step, steps))
+    self.clock.step_done(last_step, steps)
+    self.window.add(stacked, steps, time.perf_counter())
 
 
 def run_steps(run: Run, step_fn: Callable[[int], Callable],

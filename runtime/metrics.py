@@ -10,7 +10,7 @@ import collections
 import json
 import os
 import time
-from typing import Any, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO
 
 from absl import logging
 import numpy as np
@@ -125,32 +125,34 @@ class MetricsWriter:
 class Window:
   """Means of the metrics since the last log line, the speed, the input wait.
 
-  The speed is the loop's pace on its steps: the steps over the loop's own
-  time for them, which is the time between their calls' ends less what the
-  goodput clock takes out as not a step's (a compilation, a checkpoint's
-  blocking, an evaluation: goodput.StepClock), and with the input wait, so
-  that a line whose window held a compile or a save gives the pace of the
-  others (issue 85). The run's first call is left out (start-up).
+  The speed is the pace of the steps: the steps over the wall time of the
+  window less the loop thread's own pauses meanwhile (`paused`: a
+  compilation in that thread, a checkpoint's or a local copy's blocking, an
+  evaluation: goodput.StepClock.paused_here). The wait for input stays in
+  (with the data set on the device it is the device's queue), and
+  input_wait_fraction gives its share. A line whose window held a compile
+  or a save then gives the pace of the others (issue 85). The run's first
+  call is left out (start-up).
   """
 
-  def __init__(self):
+  def __init__(self, paused: Callable[[], float] = lambda: 0.0):
+    self._paused = paused
     self.timing = False
     self.reset()
 
   def reset(self) -> None:
+    self.start, self._paused_at_start = time.perf_counter(), self._paused()
     self.steps = 0
     self.sums: dict[str, float] = collections.defaultdict(float)
-    self.timed_steps, self.step_s, self.input_wait_s = 0, 0.0, 0.0
+    self.timed_steps, self.input_wait_s = 0, 0.0
 
   def waited(self, seconds: float) -> None:
     if self.timing:
       self.input_wait_s += seconds
 
-  def add(self, stacked: dict[str, np.ndarray], steps: int,
-          step_s: float) -> None:
-    """`steps` steps retired with their metrics stacked ({name: (steps,)}),
-    which took the loop `step_s` seconds of its own (the clock's share:
-    no input wait, compile or save in it)."""
+  def add(self, stacked: dict[str, np.ndarray], steps: int, now: float) -> None:
+    """`steps` steps retired at `now`, with their metrics stacked
+    ({name: (steps,)})."""
     self.steps += steps
     for k, v in stacked.items():
       total = self.sums[k]
@@ -159,9 +161,9 @@ class Window:
       self.sums[k] = total
     if self.timing:
       self.timed_steps += steps
-      self.step_s += step_s
     else:  # The run's first call: start-up and compilation; time from its end.
       self.timing = True
+      self.start, self._paused_at_start = now, self._paused()
 
   def means(self) -> dict[str, float]:
     return {k: v / self.steps for k, v in self.sums.items()}
@@ -171,9 +173,11 @@ class Window:
     timed step."""
     if not self.timed_steps:
       return {}
-    elapsed = max(self.step_s + self.input_wait_s, 1e-9)
+    elapsed = max(
+        time.perf_counter() - self.start -
+        (self._paused() - self._paused_at_start), 1e-9)
     return {
         'steps_per_sec': self.timed_steps / elapsed,
         'examples_per_sec': self.timed_steps / elapsed * global_batch_size,
-        'input_wait_fraction': self.input_wait_s / elapsed
+        'input_wait_fraction': min(self.input_wait_s / elapsed, 1.0)
     }

@@ -31,6 +31,7 @@ from runtime.checkpoints import checkpoint
 from runtime.checkpoints import checkpoint_meta
 from runtime.common import goodput
 from runtime.common import layout
+from runtime import compile_events
 from runtime import config_reads
 from runtime import coordination
 from runtime import dispatch
@@ -189,7 +190,8 @@ def _start_run(
         fields=plan.fields())
   with ledger.naming('replicate'):
     replicated = plan.state_layout.place(restored.state, plan.parallelism)
-  clock = goodput.StepClock(ledger, goodput.steps_done_before(ledger))
+  clock = goodput.StepClock(ledger, goodput.steps_done_before(ledger),
+                            compile_events.seconds_in_this_thread)
   run = loop.Run(plan.options,
                  record.workdir,
                  task,

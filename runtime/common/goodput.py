@@ -88,15 +88,6 @@ def process_start_time() -> float:
     return time.time()
 
 
-@contextlib.contextmanager
-def _timed(record) -> Iterator[None]:
-  started = time.perf_counter()
-  try:
-    yield
-  finally:
-    record(time.perf_counter() - started)
-
-
 class Ledger:
   """Seconds per category for one process of one attempt.
 
@@ -382,9 +373,16 @@ class StepClock:
     >>> clock.step_done(step)
   """
 
-  def __init__(self, ledger: Ledger, steps_done_before: int):
+  def __init__(self,
+               ledger: Ledger,
+               steps_done_before: int,
+               compiled_here: Callable[[], float] = lambda: 0.0):
     self.ledger = ledger
     self.steps_done_before = steps_done_before
+    # The loop's own pauses (`timing`), less the compiles inside them,
+    # which compiled_here (this thread's compile seconds) counts.
+    self.paused_s = 0.0
+    self._compiled_here = compiled_here
     self.recomputed_steps = 0
     self._high_water = (HighWater(layout.high_water(ledger.path))
                         if ledger.path else None)
@@ -398,9 +396,23 @@ class StepClock:
     with self._lock:
       self._taken += seconds
 
-  def timing(self, category: str):
-    """A context manager that takes its duration out as `category`."""
-    return _timed(lambda seconds: self.take(category, seconds))
+  @contextlib.contextmanager
+  def timing(self, category: str) -> Iterator[None]:
+    """A context manager that takes its duration out as `category`; the
+    loop's thread pauses meanwhile (`paused_s`)."""
+    started, compiled = time.perf_counter(), self._compiled_here()
+    try:
+      yield
+    finally:
+      seconds = time.perf_counter() - started
+      self.take(category, seconds)
+      self.paused_s += max(0.0, seconds - (self._compiled_here() - compiled))
+
+  def paused_here(self) -> float:
+    """Seconds the loop's thread spent outside its steps so far: its
+    pauses and its compiles (a difference of two readings is what a span
+    held)."""
+    return self.paused_s + self._compiled_here()
 
   def step_done(self, step: int, steps: int = 1) -> float:
     """Steps `step - steps + 1` .. `step` completed (one call's): the loop's
