@@ -455,14 +455,14 @@ def run_trial(trial: Trial, root: pathlib.Path) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-  """Per class: trials (fixed, elastic), successes, where the faults
+  """Per class: trials (in each mode of MODES), successes, where the faults
   landed, time to the first step after the fault (median, worst) and the
   worst steps recomputed."""
   groups = collections.defaultdict(list)
   for row in rows:
     groups[row['fault']].append(row)
   out = [
-      '| fault | trials (fixed, elastic) | recovered | landed in | '
+      f'| fault | trials ({", ".join(MODES)}) | recovered | landed in | '
       'first step after the fault, median (worst) s | worst steps '
       'recomputed |', '| --- | --- | --- | --- | --- | --- |'
   ]
@@ -477,7 +477,7 @@ def table(rows: list[dict]) -> str:
     landed = collections.Counter(
         re.sub(r' .*/.*', '', r.get('landed_in', 'step')) for r in group)
     out.append(
-        f'| {fault} | {len(group)} ({modes["fixed"]}, {modes["elastic"]}) | '
+        f'| {fault} | {len(group)} ({", ".join(str(modes[m]) for m in MODES)}) | '
         f'{sum(r["success"] for r in group)} | '
         f'{", ".join(f"{k} {v}" for k, v in landed.most_common())} | '
         f'{timing} | {max(r["recomputed_steps"] for r in group)} |')
