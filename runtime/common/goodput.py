@@ -414,11 +414,10 @@ class StepClock:
     held)."""
     return self.paused_s + self._compiled_here()
 
-  def step_done(self, step: int, steps: int = 1) -> float:
+  def step_done(self, step: int, steps: int = 1) -> None:
     """Steps `step - steps + 1` .. `step` completed (one call's): the loop's
     time since the last call splits between 'recomputed' and 'productive'
-    by how many of them an earlier attempt had trained. Returns that time,
-    the steps' share (what was taken out meanwhile left out)."""
+    by how many of them an earlier attempt had trained."""
     now = time.perf_counter()
     with self._lock:
       share = now - self._mark - self._taken
@@ -442,7 +441,6 @@ class StepClock:
         self.ledger.note(first_productive=self._snapshot(first + recomputed))
     self.ledger.note(last_step=step)
     self.ledger.flush()
-    return share
 
   def _snapshot(self, step: int) -> records.FirstProductive:
     """The ledger as of `step`, just completed."""
