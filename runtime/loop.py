@@ -303,9 +303,9 @@ def run_steps(run: Run, step_fn: Callable[[int], Callable],
     programs = set()
     while step < run.steps:
       steps, batch, waited_s = next_batch(step)
-      run.window.waited(waited_s)
-      run.clock.take('input_wait', waited_s)
       first = steps not in programs
+      run.window.waited(waited_s, new_program=first)
+      run.clock.take('input_wait', waited_s)
       programs.add(steps)
       if first:
         # Its dispatch compiles and agrees on the step program, waiting for

@@ -9,7 +9,6 @@ compared afterwards.
 import collections
 import json
 import os
-import time
 from typing import Any, Callable, Optional, TextIO
 
 from absl import logging
@@ -122,33 +121,65 @@ class MetricsWriter:
       self._events = None
 
 
+# The shortest span, in seconds of steps, a line's rates are measured over.
+# A window of one short call is timed by when the host got to its result:
+# on a TPU v5e, 100 steps of a linear regression in a 2-ms call gave lines
+# from 7 k to 73 k steps/s (issue 85). Over a second, that jitter is a few
+# parts in a thousand.
+RATE_SPAN_S = 1.0
+
+
 class Window:
   """Means of the metrics since the last log line, the speed, the input wait.
 
-  The speed is the pace of the steps: the steps over the wall time of the
-  window less the loop thread's own pauses meanwhile (`paused`: a
-  compilation in that thread, a checkpoint's or a local copy's blocking, an
-  evaluation: goodput.StepClock.paused_here). The wait for input stays in
-  (with the data set on the device it is the device's queue), and
-  input_wait_fraction gives its share. A line whose window held a compile
-  or a save then gives the pace of the others (issue 85). The run's first
-  call is left out (start-up).
+  The speed is the pace of the steps: the steps over the wall time less the
+  loop thread's own pauses meanwhile (`paused`: a compilation in that
+  thread, a checkpoint's or a local copy's blocking, an evaluation:
+  goodput.StepClock.paused_here). It is measured from the last line, or,
+  where the steps since then took less than `span_s`, from the latest
+  earlier call that makes the span that long (or the first timed one): a
+  window of a few short calls would otherwise give the host's jitter
+  rather than the device's pace. The wait for input stays in (with the
+  data set on the device it is the device's queue), but for a new
+  program's first batch (`waited`), and
+  input_wait_fraction gives its share of the same span. A line whose
+  window held a compile or a save then gives the pace of the others
+  (issue 85). The run's first call is left out (start-up).
   """
 
-  def __init__(self, paused: Callable[[], float] = lambda: 0.0):
+  def __init__(self,
+               paused: Callable[[], float] = lambda: 0.0,
+               span_s: float = RATE_SPAN_S):
     self._paused = paused
+    self._span_s = span_s
     self.timing = False
+    # Per call retired since the span's start: (time, timed steps so far,
+    # pauses so far, input wait so far). The first is the span's start.
+    self._marks: collections.deque[tuple[float, int, float,
+                                         float]] = collections.deque()
+    self._timed_total, self._wait_total, self._skipped = 0, 0.0, 0.0
     self.reset()
 
   def reset(self) -> None:
-    self.start, self._paused_at_start = time.perf_counter(), self._paused()
+    """Starts the next line's window: its means and its own steps. The
+    marks stay, since the next line's span may reach back before it."""
     self.steps = 0
     self.sums: dict[str, float] = collections.defaultdict(float)
-    self.timed_steps, self.input_wait_s = 0, 0.0
+    self.timed_steps = 0
+    self._line_start = self._marks[-1] if self._marks else None
 
-  def waited(self, seconds: float) -> None:
-    if self.timing:
-      self.input_wait_s += seconds
+  def waited(self, seconds: float, new_program: bool = False) -> None:
+    """The loop waited `seconds` for a call's batch. For the first call of
+    a program (a new steps-per-call size) that wait is a pause: the
+    prefetch thread compiled the new size's batch gather meanwhile, half a
+    second on a TPU v5e, which read as a line of a few hundred steps/s
+    among lines of ten thousand (issue 85)."""
+    if not self.timing:
+      return
+    if new_program:
+      self._skipped += seconds
+    else:
+      self._wait_total += seconds
 
   def add(self, stacked: dict[str, np.ndarray], steps: int, now: float) -> None:
     """`steps` steps retired at `now`, with their metrics stacked
@@ -161,23 +192,43 @@ class Window:
       self.sums[k] = total
     if self.timing:
       self.timed_steps += steps
+      self._timed_total += steps
     else:  # The run's first call: start-up and compilation; time from its end.
       self.timing = True
-      self.start, self._paused_at_start = now, self._paused()
+    self._marks.append((now, self._timed_total, self._paused() + self._skipped,
+                        self._wait_total))
+    if self._line_start is None:
+      self._line_start = self._marks[-1]
+    # Marks no span can start from any more: the one after already spans
+    # enough, and spans only grow as time goes on.
+    while len(self._marks) > 2 and _seconds_of_steps(
+        self._marks[1], self._marks[-1]) >= self._span_s:
+      self._marks.popleft()
 
   def means(self) -> dict[str, float]:
     return {k: v / self.steps for k, v in self.sums.items()}
 
   def rates(self, global_batch_size: int) -> dict[str, float]:
-    """steps_per_sec, examples_per_sec, input_wait_fraction; {} before a
-    timed step."""
+    """steps_per_sec, examples_per_sec, input_wait_fraction up to the last
+    call retired; {} before a timed step."""
     if not self.timed_steps:
       return {}
-    elapsed = max(
-        time.perf_counter() - self.start -
-        (self._paused() - self._paused_at_start), 1e-9)
+    end = self._marks[-1]
+    start = self._line_start
+    if start is None or _seconds_of_steps(start, end) < self._span_s:
+      # The latest mark that spans enough, or the first timed one: the
+      # marks before it were dropped in `add`.
+      start = self._marks[0]
+    elapsed = max(_seconds_of_steps(start, end), 1e-9)
+    steps = end[1] - start[1]
     return {
-        'steps_per_sec': self.timed_steps / elapsed,
-        'examples_per_sec': self.timed_steps / elapsed * global_batch_size,
-        'input_wait_fraction': min(self.input_wait_s / elapsed, 1.0)
+        'steps_per_sec': steps / elapsed,
+        'examples_per_sec': steps / elapsed * global_batch_size,
+        'input_wait_fraction': min((end[3] - start[3]) / elapsed, 1.0)
     }
+
+
+def _seconds_of_steps(start: tuple[float, int, float, float],
+                      end: tuple[float, int, float, float]) -> float:
+  """The wall time from one mark to a later one less the pauses between."""
+  return (end[0] - start[0]) - (end[2] - start[2])
