@@ -106,3 +106,40 @@ def test_the_newest_changelog_heading_is_pyprojects_version_and_a_date():
   headings = re.findall(r'^## (\S+) \((\d{4}-\d{2}-\d{2})\)$',
                         (helpers.REPO / 'CHANGELOG.md').read_text(), re.M)
   assert headings and headings[0][0] == version, (headings[:1], version)
+
+
+def _fields(config, prefix='') -> set[str]:
+  names = set()
+  for key, value in config.items():
+    names.add(prefix + key)
+    if hasattr(value, 'items'):
+      names |= _fields(value, prefix + key + '.')
+  return names
+
+
+def test_every_config_override_a_page_names_is_a_field():
+  """A `--config.NAME=...` in the README or a page names a field of a
+  config the project ships (configs/*.py, or the tests' probe workload's
+  that docs/tests.md describes): a renamed field leaves no recipe that
+  fails with an unknown key."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  from runtime import config_base  # pylint: disable=g-import-not-at-top
+  fields = set(_fields(config_base.get_config()))
+  for path in [
+      *sorted((helpers.REPO / 'configs').glob('*.py')),
+      helpers.REPO / 'tests' / 'workloads' / 'probe_config.py'
+  ]:
+    if path.name == 'base.py':  # Deprecated for runtime/config_base.py.
+      continue
+    spec = importlib.util.spec_from_file_location(f'_page_{path.stem}', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fields |= _fields(module.get_config())
+  unknown = []
+  for page in [README, *sorted(DOCS.rglob('*.md'))]:
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+      for name in re.findall(r'--config\.([a-z_][a-z_0-9.]*[a-z0-9_])', line):
+        if name not in fields:
+          unknown.append(f'{page.relative_to(helpers.REPO)}:{number} '
+                         f'--config.{name}')
+  assert not unknown, unknown
