@@ -13,6 +13,10 @@ the step they agree on and the job grows back to 4. The census of what was
 trained (tests/workloads/census.py) equals, exactly, what the data order
 says an uninterrupted run trains (test_census holds that such a run's
 census is that), with no help from the workload.
+
+With sharded state each process is a replica (--min_replicas=3) with a
+local tier of its own, as a host has: the process on the added node finds
+no copy beside it and restores its shards from a survivor's (`peer`).
 """
 
 import time
@@ -38,17 +42,27 @@ PROBE = [
     '--config.census=True'
 ]
 
+# The state as each process's whole copy, and sharded with each process a
+# replica: (config flags, podrun-ray's minimum).
+STATE = {
+    'replicated': ((), '--min_processes=3'),
+    'sharded': (
+        ('--config.state_layout=sharded', '--config.ballast_floats=4096',
+         '--config.per_rank_local_dir=True'), '--min_replicas=3'),
+}
 
-def test_a_dead_node_shrinks_the_job_and_a_new_one_grows_it(tmp_path):
+
+@pytest.mark.parametrize('state', sorted(STATE))
+def test_a_dead_node_shrinks_the_job_and_a_new_one_grows_it(tmp_path, state):
   """About 60 s alone, 100 s beside test_ray_processes' cluster: a 4-node
   cluster of its own (the test adds a node and kills one, which the other
   Ray tests' cluster must not see), and three attempts on it."""
   workdir = tmp_path / 'ray'
+  flags, minimum = STATE[state]
   with ray_cluster.RayCluster(nodes=4) as cluster:
     proc = ray_cluster.start_podrun_ray(
         cluster.address, 4,
-        [*PROBE, '--local_devices=2', f'--workdir={workdir}'],
-        '--min_processes=3')
+        [*PROBE, *flags, '--local_devices=2', f'--workdir={workdir}'], minimum)
     started = time.monotonic()
     seen = []  # What the test reads itself, which `finish` then misses.
     try:
@@ -83,6 +97,18 @@ def test_a_dead_node_shrinks_the_job_and_a_new_one_grows_it(tmp_path):
       for a in attempts
   ]
   assert recomputed[2] == 0 and sum(recomputed) <= 2 * EVERY, recomputed
+  if state == 'sharded':
+    # The stop to grow saved a local copy: the survivors restore their own,
+    # the process on the added node a peer's, with its bytes and seconds.
+    notes = [
+        helpers.read_json(workdir / 'goodput' / attempts[2]['name'] /
+                          f'rank_{r}.json')['notes'] for r in range(4)
+    ]
+    assert sorted(
+        n['restore_tier'] for n in notes) == ['local'] * 3 + ['peer'], notes
+    assert len({n['restore_step'] for n in notes}) == 1, notes
+    peer = next(n for n in notes if n['restore_tier'] == 'peer')
+    assert peer['restore_bytes'] > 0 and peer['restore_s'] > 0, notes
   rows = helpers.read_jsonl(workdir / 'metrics.jsonl')
   assert {(r['num_processes'], r['num_devices']) for r in rows} == {(4, 8),
                                                                     (3, 6)}
