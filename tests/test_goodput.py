@@ -505,3 +505,30 @@ def test_the_failure_history_counts_the_hard_failures_of_earlier_attempts(
   ledger.path = str(tmp_path / 'goodput' / 'a5' / 'rank_0.json')
   assert goodput.failure_history(ledger) == (2, 400.0)
   assert goodput.failure_history(goodput.Ledger()) == (0, 0.0)
+
+
+def test_a_compile_inside_a_timed_block_is_counted_once():
+  """A save whose copy program compiles 0.3 s in the loop's thread: the
+  compile goes to 'compile' (on_compile) and the rest of the block to its
+  category, so the parts add up to the loop's wall time and the step keeps
+  its share."""
+  ledger = goodput.Ledger()
+  compiled = [0.0]
+  clock = goodput.StepClock(ledger,
+                            steps_done_before=0,
+                            compiled_here=lambda: compiled[0])
+  started = time.perf_counter()
+  with clock.timing('checkpoint_blocking'):
+    time.sleep(0.4)
+    compiled[0] += 0.3  # This thread compiled for 0.3 s of the 0.4.
+    clock.take('compile', 0.3)  # As goodput.on_compile does.
+  time.sleep(0.1)  # The step itself.
+  clock.step_done(1)
+  wall = time.perf_counter() - started
+  parts = ledger.parts
+  assert parts['compile'] == pytest.approx(0.3)
+  assert 0.09 < parts['checkpoint_blocking'] < 0.3, parts
+  assert 0.09 < parts['productive'] < 0.3, parts
+  assert sum(parts.values()) == pytest.approx(wall, abs=0.02), parts
+  assert clock.paused_here() == pytest.approx(parts['checkpoint_blocking'] +
+                                              0.3)

@@ -398,15 +398,19 @@ class StepClock:
 
   @contextlib.contextmanager
   def timing(self, category: str) -> Iterator[None]:
-    """A context manager that takes its duration out as `category`; the
-    loop's thread pauses meanwhile (`paused_s`)."""
+    """A context manager that takes its duration out as `category`, less
+    this thread's compiles inside it: on_compile took those as 'compile'
+    already, and taking them twice shrank the step's share ('productive')
+    by as much. The loop's thread pauses meanwhile (`paused_s`)."""
     started, compiled = time.perf_counter(), self._compiled_here()
     try:
       yield
     finally:
-      seconds = time.perf_counter() - started
-      self.take(category, seconds)
-      self.paused_s += max(0.0, seconds - (self._compiled_here() - compiled))
+      outside = max(
+          0.0,
+          time.perf_counter() - started - (self._compiled_here() - compiled))
+      self.take(category, outside)
+      self.paused_s += outside
 
   def paused_here(self) -> float:
     """Seconds the loop's thread spent outside its steps so far: its
