@@ -141,10 +141,10 @@ class Window:
   window of a few short calls would otherwise give the host's jitter
   rather than the device's pace. The wait for input stays in (with the
   data set on the device it is the device's queue), but for a new
-  program's first batch (`waited`), and
-  input_wait_fraction gives its share of the same span. A line whose
-  window held a compile or a save then gives the pace of the others
-  (issue 85). The run's first call is left out (start-up).
+  program's first batch (`waited`); input_wait_fraction gives its share of
+  the same span. A line whose window held a compile or a save then gives
+  the pace of the others (issue 85). The run's first call is left out
+  (start-up).
   """
 
   def __init__(self,
