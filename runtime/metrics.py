@@ -9,7 +9,7 @@ compared afterwards.
 import collections
 import json
 import os
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, NamedTuple, Optional, TextIO
 
 from absl import logging
 import numpy as np
@@ -129,6 +129,19 @@ class MetricsWriter:
 RATE_SPAN_S = 1.0
 
 
+class _Mark(NamedTuple):
+  """Where the run stood when a call retired: its time, and the timed
+  steps, the pauses and the input wait so far."""
+  time: float
+  steps: int
+  paused: float
+  waited: float
+
+  def seconds_to(self, later: '_Mark') -> float:
+    """The wall time to a later mark less the pauses between."""
+    return (later.time - self.time) - (later.paused - self.paused)
+
+
 class Window:
   """Means of the metrics since the last log line, the speed, the input wait.
 
@@ -153,10 +166,8 @@ class Window:
     self._paused = paused
     self._span_s = span_s
     self.timing = False
-    # Per call retired since the span's start: (time, timed steps so far,
-    # pauses so far, input wait so far). The first is the span's start.
-    self._marks: collections.deque[tuple[float, int, float,
-                                         float]] = collections.deque()
+    # A mark per call retired since the earliest span's start.
+    self._marks: collections.deque[_Mark] = collections.deque()
     self._timed_total, self._wait_total, self._skipped = 0, 0.0, 0.0
     self.reset()
 
@@ -195,14 +206,15 @@ class Window:
       self._timed_total += steps
     else:  # The run's first call: start-up and compilation; time from its end.
       self.timing = True
-    self._marks.append((now, self._timed_total, self._paused() + self._skipped,
-                        self._wait_total))
+    self._marks.append(
+        _Mark(now, self._timed_total,
+              self._paused() + self._skipped, self._wait_total))
     if self._line_start is None:
       self._line_start = self._marks[-1]
     # Marks no span can start from any more: the one after already spans
     # enough, and spans only grow as time goes on.
-    while len(self._marks) > 2 and _seconds_of_steps(
-        self._marks[1], self._marks[-1]) >= self._span_s:
+    while (len(self._marks) > 2 and
+           self._marks[1].seconds_to(self._marks[-1]) >= self._span_s):
       self._marks.popleft()
 
   def means(self) -> dict[str, float]:
@@ -215,20 +227,14 @@ class Window:
       return {}
     end = self._marks[-1]
     start = self._line_start
-    if start is None or _seconds_of_steps(start, end) < self._span_s:
+    if start is None or start.seconds_to(end) < self._span_s:
       # The latest mark that spans enough, or the first timed one: the
       # marks before it were dropped in `add`.
       start = self._marks[0]
-    elapsed = max(_seconds_of_steps(start, end), 1e-9)
-    steps = end[1] - start[1]
+    elapsed = max(start.seconds_to(end), 1e-9)
+    steps = end.steps - start.steps
     return {
         'steps_per_sec': steps / elapsed,
         'examples_per_sec': steps / elapsed * global_batch_size,
-        'input_wait_fraction': min((end[3] - start[3]) / elapsed, 1.0)
+        'input_wait_fraction': min((end.waited - start.waited) / elapsed, 1.0)
     }
-
-
-def _seconds_of_steps(start: tuple[float, int, float, float],
-                      end: tuple[float, int, float, float]) -> float:
-  """The wall time from one mark to a later one less the pauses between."""
-  return (end[0] - start[0]) - (end[2] - start[2])
