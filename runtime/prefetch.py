@@ -67,6 +67,23 @@ class Prefetcher(Generic[Key]):
     Raises:
       whatever make_batch raised for this step.
     """
+    got, batch, waited = self._take(f'step {step}')
+    if got != step:
+      raise AssertionError(f'prefetched the batch of step {got}, but step '
+                           f'{step} asked for one')
+    return batch, waited
+
+  def take(self) -> tuple[Key, Any, float]:
+    """(the next key, its batch, the seconds spent waiting for it), for a
+    consumer that learns the keys from the batches.
+
+    Raises:
+      whatever make_batch raised for that key; AssertionError once the
+      keys have run out.
+    """
+    return self._take('the next batch')
+
+  def _take(self, asked: str) -> tuple[Key, Any, float]:
     started = time.perf_counter()
     while True:
       try:
@@ -74,15 +91,12 @@ class Prefetcher(Generic[Key]):
         break
       except queue.Empty:
         if not self._thread.is_alive() and self._ready.empty():
-          raise AssertionError(f'step {step} asked for a batch after the '
+          raise AssertionError(f'{asked} asked for a batch after the '
                                'last prepared one') from None
     waited = time.perf_counter() - started
     if error is not None:
       raise error
-    if got != step:
-      raise AssertionError(f'prefetched the batch of step {got}, but step '
-                           f'{step} asked for one')
-    return batch, waited
+    return got, batch, waited
 
   def close(self) -> None:
     """Stops preparing batches and drops the ones not taken."""

@@ -145,16 +145,17 @@ def test_a_short_call_is_made_of_the_sizes_already_run():
   # MNIST's 2,344 steps at auto's 1, 25 and then 100 a call: the tail of
   # 44 runs as 25 and 19 ones, not as a new program of 44.
   known = {1, 25}
-  assert [n for _, n in dispatch.cut(2200, 2344, 100, known)
+  assert [n for _, n in list(dispatch.cut(2200, 2344, 100, known))
          ] == ([100, 25] + [1] * 19)
   assert known == {1, 25, 100}
   # Where the known sizes do not add up, or take too many calls: the new
   # size, once, and from then on it is known.
   known = {100}
-  assert [n for _, n in dispatch.cut(0, 244, 100, known)] == [100, 100, 44]
-  assert [n for _, n in dispatch.cut(0, 140, 100, {1})] == [100, 40]
+  assert [n for _, n in list(dispatch.cut(0, 244, 100, known))
+         ] == [100, 100, 44]
+  assert [n for _, n in list(dispatch.cut(0, 140, 100, {1}))] == [100, 40]
   known = {4}
-  assert dispatch.cut(1, 9, 4, known) == [(1, 3), (4, 4), (8, 1)]
+  assert list(dispatch.cut(1, 9, 4, known)) == [(1, 3), (4, 4), (8, 1)]
   assert known == {1, 3, 4}
 
 

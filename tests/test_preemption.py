@@ -270,3 +270,36 @@ def test_a_checkpoint_directory_that_is_not_shared_is_refused(tmp_path):
   assert 'is not shared: process(es) [1] of 2 cannot see the file' in (
       result.stderr)
   helpers.assert_no_survivors(tmp_path)
+
+
+def _peak_rss_mb(pid: int) -> float:
+  with open(f'/proc/{pid}/status') as f:
+    line = next(l for l in f if l.startswith('VmHWM:'))
+  return int(line.split()[1]) / 1024
+
+
+def test_a_run_of_10_to_the_12_steps_starts_as_one_of_1000_and_answers_a_notice(
+    tmp_path):
+  # Nothing is listed up front for the run's length (runtime/dispatch.py
+  # cuts each call as it is reached): the first steps come as soon, and
+  # with the same memory, as for 1000 steps, and SIGTERM is answered.
+  first_s, peak_mb = {}, {}
+  for steps in (1000, 10**12):
+    workdir = tmp_path / str(steps)
+    proc = helpers.start_launcher([
+        *PROBE, f'--workdir={workdir}', f'--config.steps={steps}', *PAUSE,
+        '--config.fail_seconds=30'
+    ])
+    started = time.monotonic()
+    try:
+      _wait_for_step(workdir, proc, 5)
+      first_s[steps] = time.monotonic() - started
+      peak_mb[steps] = _peak_rss_mb(proc.pid)  # One process: it trains.
+      proc.send_signal(signal.SIGTERM)
+      result = helpers.finish(proc, 60, started)
+    finally:
+      helpers.kill_group(proc)
+    assert result.returncode == exit_codes.PREEMPTED, result.output
+    assert 'preempted: saved the checkpoint of step' in result.stderr
+  assert first_s[10**12] < first_s[1000] + 10, first_s
+  assert peak_mb[10**12] < 1.1 * peak_mb[1000] + 20, peak_mb
