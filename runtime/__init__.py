@@ -21,6 +21,10 @@ A workload is a function `(config, workdir)` that builds a `Task` and calls
                              layers with a key per example, under
                              Task(rng='example')
   fingerprint                fingerprint(tree), to compare processes
+  Weighted                   a loss or metric as (total, weight), summed
+                             over the whole step before dividing: an LM's
+                             token-weighted loss on any layout
+                             (runtime/weighted.py)
   DynamicScale               a dynamic loss scale for float16,
                              Task(loss_scale=DynamicScale()): Flax's, step
                              for step (runtime/loss_scale.py)
@@ -53,6 +57,7 @@ __all__ = [
     'Preempted',
     'Task',
     'TrainResult',
+    'Weighted',
     'dropout',
     'evaluate',
     'fingerprint',
@@ -77,6 +82,7 @@ _EXPORTS = {
         ('runtime.checkpoints.checkpoint_meta', 'CheckpointError'),
     'ConfigError': ('runtime.common.exit_codes', 'ConfigError'),
     'DynamicScale': ('runtime.loss_scale', 'DynamicScale'),
+    'Weighted': ('runtime.weighted', 'Weighted'),
     'PodrunError': ('runtime.common.exit_codes', 'PodrunError'),
     'Preempted': ('runtime.preemption', 'Preempted'),
     'Task': ('runtime.task', 'Task'),

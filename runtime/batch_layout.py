@@ -113,18 +113,46 @@ def _refusal(padded: microbatches.Layout, names: tuple[str, ...], axis: Any,
           '; or '.join(fixes) + '.')
 
 
-def _layout_for(global_batch_size: int, num_devices: int, limits: Limits,
-                user_size: Optional[int], mixing: Optional[Mixing],
-                axis: Any) -> microbatches.Layout:
+def _several_passes(chosen: microbatches.Layout, names: tuple[str, ...],
+                    axis: Any) -> str:
+  return (f'global batch size {chosen.global_batch_size} on '
+          f'{chosen.num_devices} devices is laid out as {chosen.microbatches} '
+          f'pass(es) a device ({chosen.describe()}), but loss_fn takes a '
+          f'collective over the axis {axis!r} ({", ".join(names)}), which sees '
+          'one pass\'s rows at a time: a loss divided by a lax.psum of its '
+          'token counts, say, would then be another figure. Return the loss as '
+          'runtime.Weighted(summed loss, count) instead, with no collective '
+          '(podrun sums both over every pass and device of the step before '
+          'dividing: exact on any layout); or run one pass a device '
+          '(config.microbatches=1, a looser config.device_batch_limit, and in '
+          'an elastic job a config.microbatch_size that fills the fewest '
+          'devices).')
+
+
+def _layout_for(global_batch_size: int,
+                num_devices: int,
+                limits: Limits,
+                user_size: Optional[int],
+                mixing: Optional[Mixing],
+                axis: Any,
+                has_model_state: bool = False) -> microbatches.Layout:
   """`microbatches.plan`'s layout, or where it pads and the loss mixes
   devices, the unpadded one with the fewest passes.
 
   Raises:
     PaddingError: where there is no unpadded layout (or the user fixed the
-      group size that pads), naming what would train without padding.
+      group size that pads), naming what would train without padding; and
+      where a loss without model state mixes devices and a device runs more
+      than one pass (`_several_passes`).
   """
   chosen = microbatches.plan(global_batch_size, num_devices, *limits)
-  if not chosen.padded_groups or mixing is None:
+  if mixing is None:
+    return chosen
+  if chosen.microbatches > 1 and not has_model_state:
+    names = mixing(chosen.microbatch_size)
+    if names:
+      raise PaddingError(_several_passes(chosen, names, axis))
+  if not chosen.padded_groups:
     return chosen
   names = mixing(chosen.microbatch_size)
   if not names:
@@ -159,7 +187,9 @@ def choose(global_batch_size: int,
     topo: this job's topology (process_count, local_device_count,
       process_index).
     record: where the job's first group size is kept; None: not read.
-    has_model_state: the task has model state (a warning for elastic jobs).
+    has_model_state: the task has model state (a warning for elastic
+      jobs): its collectives are BatchNorm's, whose statistics are a
+      group's by design, so several passes are not refused.
     elastic: (fewest, most) processes; None for a job of a fixed size.
     mixing: the loss's collectives over the batch axis (`loss_mixing`);
       None: padding is taken as harmless.
@@ -177,7 +207,8 @@ def choose(global_batch_size: int,
                                               groups.steered(), record)
   limits = Limits(groups.device_batch_limit, groups.microbatches, size)
   sizes = check_elastic_layouts(global_batch_size, topo.local_device_count,
-                                limits, elastic, mixing, axis, user_size)
+                                limits, elastic, mixing, axis, user_size,
+                                has_model_state)
   if has_model_state and len(sizes) > 1 and topo.process_index == 0:
     logging.warning(
         'the model state (BatchNorm\'s statistics) is computed over groups '
@@ -185,7 +216,7 @@ def choose(global_batch_size: int,
         'runs on: set config.microbatch_size to one of them to keep the '
         'groups, and the step, the same', sorted(sizes))
   chosen = _layout_for(global_batch_size, num_devices, limits, user_size,
-                       mixing, axis)
+                       mixing, axis, has_model_state)
   if note and not chosen.note:
     chosen = dataclasses.replace(chosen, note=note)
   return chosen
@@ -197,7 +228,8 @@ def check_elastic_layouts(global_batch_size: int,
                           elastic: Optional[tuple[int, int]],
                           mixing: Optional[Mixing] = None,
                           axis: Any = 'devices',
-                          user_size: Optional[int] = None) -> set[int]:
+                          user_size: Optional[int] = None,
+                          has_model_state: bool = False) -> set[int]:
   """Refuses, before step 1, a config that one of the process counts an
   elastic job may run on cannot lay out (without padding, where `mixing`
   finds the loss mixing devices).
@@ -208,7 +240,7 @@ def check_elastic_layouts(global_batch_size: int,
     limits: (device_batch_limit, microbatches, microbatch_size) as
       `microbatches.plan` takes them.
     elastic: (fewest, most) processes; None for a job of a fixed size.
-    mixing, axis, user_size: as `choose`.
+    mixing, axis, user_size, has_model_state: as `choose`.
 
   Returns:
     The group sizes those layouts have (empty when the job is not elastic).
@@ -224,7 +256,8 @@ def check_elastic_layouts(global_batch_size: int,
     try:
       sizes.add(
           _layout_for(global_batch_size, processes * local_device_count,
-                      Limits(*limits), user_size, mixing, axis).microbatch_size)
+                      Limits(*limits), user_size, mixing, axis,
+                      has_model_state).microbatch_size)
     except microbatches.LayoutError as e:
       raise type(e)(
           f'this elastic job may run on {fewest} to {most} processes, and '

@@ -10,7 +10,10 @@ of every step's rows (so every process runs the same number of eval steps,
 which the collectives need) and splits it over its devices. Each step psums,
 over all devices, the masked sums of the per-example metrics and the number
 of real examples, so the result is weighted by examples, not by batches,
-devices or padding.
+devices or padding. A metric given as `runtime.Weighted(totals, weights)`,
+each (n,) (an LM's summed token loss of each row and its count of real
+tokens), is the sum of its totals over the sum of its weights instead: the
+token-weighted figure.
 
 Before step 1, `runtime.train` calls the task's eval_fn once inside
 `check_eval_fn`: there `evaluate` traces metric_fn on its first batch and
@@ -32,8 +35,13 @@ import numpy as np
 from runtime.common import exit_codes
 from runtime import data as data_lib
 from runtime import parallelism as parallelism_lib
+from runtime import weighted as weighted_lib
 
-# metric_fn(params, batch) -> {name: (n,) per-example values}, on one device.
+# The key of a Weighted metric's summed weights among an eval step's sums.
+_WEIGHT = '{}/weight'
+
+# metric_fn(params, batch) -> {name: (n,) per-example values, or
+# Weighted((n,) totals, (n,) weights)}, on one device.
 MetricFn = Callable[[Any, Any], dict[str, jax.Array]]
 
 
@@ -121,7 +129,13 @@ def make_eval_step(metric_fn: MetricFn,
   def step(params, batch, mask):
     values = metric_fn(params, batch)
     _check_per_example(values, mask.shape[0])
-    sums = {k: _sum(v * mask) for k, v in values.items()}
+    sums = {}
+    for name, value in values.items():
+      if isinstance(value, weighted_lib.Weighted):
+        sums[name] = _sum(value.total * mask)
+        sums[_WEIGHT.format(name)] = _sum(value.weight * mask)
+      else:
+        sums[name] = _sum(value * mask)
     sums['num_examples'] = _sum(mask)
     return lax.psum(sums, parallelism.axis)
 
@@ -140,13 +154,19 @@ def _check_per_example(values: Any, n: int) -> None:
         f'metric_fn returned a {type(values).__name__}; it must return '
         f'{{name: per-example values of shape ({n},)}}')
   for name, value in sorted(values.items()):
-    shape = tuple(getattr(value, 'shape', ()))
-    if shape != (n,):
-      raise MetricShapeError(
-          f'metric_fn\'s {name!r} has shape {shape}; it must hold one value '
-          f'per example of the device\'s batch, shape ({n},), not a mean: '
-          'the last batch is padded, and only per-example values can leave '
-          'the padding out.')
+    parts = ((' (its Weighted total)', value.total),
+             (' (its Weighted weight)', value.weight)) if isinstance(
+                 value, weighted_lib.Weighted) else (('', value),)
+    for part, x in parts:
+      shape = tuple(getattr(x, 'shape', ()))
+      if shape != (n,):
+        raise MetricShapeError(
+            f'metric_fn\'s {name!r}{part} has shape {shape}; it must hold '
+            f'one value per example of the device\'s batch, shape ({n},), '
+            'not a mean: the last batch is padded, and only per-example '
+            'values can leave the padding out. For a figure weighted by '
+            'tokens, return runtime.Weighted(each row\'s summed loss, each '
+            'row\'s count of real tokens).')
 
 
 def _sum(x):
@@ -201,9 +221,14 @@ def _traced_only(step: Callable, params: Any, source: Any, layout: 'EvalLayout',
     raise
   return {
       **{
-          k: float('nan') for k in shapes if k != 'num_examples'
+          k: float('nan') for k in _metric_names(shapes)
       }, 'num_examples': len(source)
   }
+
+
+def _metric_names(sums: dict) -> list[str]:
+  weights = {_WEIGHT.format(k) for k in sums}
+  return [k for k in sums if k != 'num_examples' and k not in weights]
 
 
 def evaluate(params: Any,
@@ -212,7 +237,8 @@ def evaluate(params: Any,
              global_batch_size: int,
              parallelism: parallelism_lib.Parallelism,
              device_batch_limit: Optional[int] = None) -> dict[str, float]:
-  """Scores every example once; returns example-weighted means.
+  """Scores every example once; returns example-weighted means (a Weighted
+  metric's: its totals over its weights).
 
   Args:
     params: replicated parameters, or any replicated pytree that metric_fn
@@ -225,7 +251,8 @@ def evaluate(params: Any,
     device_batch_limit: the most rows a device takes in one pass (`plan`).
 
   Returns:
-    {name: sum over examples / num_examples, ..., 'num_examples': int}.
+    {name: sum over examples / num_examples (a Weighted metric: sum of
+    totals / sum of weights), ..., 'num_examples': int}.
 
   Example:
     >>> evaluate(state.params, metric_fn, test_source, 512, parallelism.PMAP)
@@ -251,4 +278,8 @@ def evaluate(params: Any,
   if count != num_examples:
     raise AssertionError(f'evaluated {count} examples, expected '
                          f'{num_examples}')
-  return {**{k: v / count for k, v in totals.items()}, 'num_examples': count}
+  return {
+      **{
+          k: totals[k] / totals.get(_WEIGHT.format(k), count) for k in _metric_names(totals)
+      }, 'num_examples': count
+  }

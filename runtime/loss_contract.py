@@ -10,16 +10,19 @@ Example:
 
 import inspect
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 
 from runtime.common import exit_codes
+from runtime import weighted
 
 # Without model state: loss_fn(params, batch[, rng]) -> (loss, metrics).
 # With it: loss_fn(params, model_state, batch[, rng])
 #   -> (loss, (metrics, new_model_state)).
-# Both on one device's share of the batch; loss and metrics are scalars.
+# Both on one device's share of the batch; loss and metrics are scalars,
+# or each a runtime.Weighted(total, weight) of scalars, reduced over the
+# whole step before dividing (runtime/weighted.py).
 LossFn = Callable[..., tuple[jax.Array, Any]]
 MODEL_STATE_HINT = (
     'loss_fn must return the new model state with the structure of the one '
@@ -106,10 +109,14 @@ def checked_output(loss_fn: LossFn, has_model_state: bool, axis: Any) -> LossFn:
           f'{unbound[1]!r})), which the step does not bind: podrun maps the '
           f'step over the devices on the axis {axis!r}. Either {fix}, or '
           f'use {axis!r} in the model.') from None
+    if isinstance(out, weighted.Weighted):
+      refuse('a bare Weighted; a weighted loss goes first: '
+             '(Weighted(total, weight), metrics)')
     if not isinstance(out, tuple) or len(out) != 2:
       refuse(_describe_output(out))
-    if tuple(getattr(out[0], 'shape', ())) != ():
-      refuse(f'a loss of shape {tuple(out[0].shape)}')
+    part, shape = _not_scalar(out[0])
+    if shape is not None:
+      refuse(f'a loss{part} of shape {shape}')
     aux = out[1]
     if has_model_state and (not isinstance(aux, tuple) or len(aux) != 2):
       refuse(f'(loss, {_describe_output(aux)})')
@@ -132,14 +139,28 @@ def _check_metrics(metrics: Any, want: str) -> None:
         f'loss_fn returned (loss, {got}) where {want} needs a dict of '
         f'scalar metrics ({{}} for none).{hint}')
   for name, value in metrics.items():
-    shape = tuple(getattr(value, 'shape', ()))
-    if shape != ():
+    part, shape = _not_scalar(value)
+    if shape is not None:
       raise exit_codes.ConfigError(
-          f'loss_fn\'s metric {name!r} has shape {shape}; metrics must be '
-          'scalars, each a mean over the device\'s examples (podrun '
-          'averages them over the devices). Return its mean, or score '
-          'per-example values in evaluation: runtime.evaluate\'s metric_fn '
-          'returns them per example.')
+          f'loss_fn\'s metric {name!r}{part} has shape {shape}; metrics must be scalars, each '
+          'a mean over the device\'s examples (podrun averages them over '
+          'the devices), or runtime.Weighted(total, weight) of scalars '
+          '(podrun sums both over the step, then divides). Return its mean '
+          'or its sum and weight, or score per-example values in '
+          'evaluation: runtime.evaluate\'s metric_fn returns them per '
+          'example.')
+
+
+def _not_scalar(value: Any) -> tuple[str, Optional[tuple]]:
+  """('', None) for a scalar or a Weighted of scalars; else which part is
+  not (' (its Weighted total)', or '' for a plain value) and its shape."""
+  pairs = (('total', value.total), ('weight', value.weight)) if isinstance(
+      value, weighted.Weighted) else (('', value),)
+  for part, x in pairs:
+    shape = tuple(getattr(x, 'shape', ()))
+    if shape != ():
+      return (f' (its Weighted {part})' if part else ''), shape
+  return '', None
 
 
 def _check_loss_metric(metrics: Mapping, loss: Any) -> None:

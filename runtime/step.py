@@ -25,6 +25,7 @@ from runtime.parallelism import microbatches as microbatches_lib
 from runtime.parallelism import state_layout
 from runtime import randomness
 from runtime import structure
+from runtime import weighted as weighted_lib
 
 # The mesh / pmap axis that spans every device of every process.
 _AXIS = parallelism_lib.DATA_AXIS
@@ -55,21 +56,41 @@ def _loss_and_grads(loss_fn: LossFn,
                     has_model_state: bool,
                     axis: Any = _AXIS,
                     scale: Any = None):
-  """(loss, metrics, new model_state, grads) of one device's batch; with a
-  loss `scale` (runtime/loss_scale.py), the gradients of the scaled loss,
-  unscaled in float32, as Flax's DynamicScale takes them."""
-  loss_fn = loss_contract.checked_output(loss_fn, has_model_state, axis)
-  if scale is not None:
-    loss_fn = loss_scale_lib.scaled(loss_fn, scale)
+  """(loss, metrics, new model_state, grads) of one device's batch, the loss
+  a `Weighted` (a plain loss with weight 1) and the grads those of its
+  total; with a loss `scale` (runtime/loss_scale.py), the gradients of the
+  scaled total, unscaled in float32, as Flax's DynamicScale takes them."""
+  checked = loss_contract.checked_output(loss_fn, has_model_state, axis)
+
+  def summed(*args):
+    loss, aux = checked(*args)
+    loss = weighted_lib.parts(loss)
+    return loss.total, (loss.weight, aux)
+
+  differentiated = (summed if scale is None else loss_scale_lib.scaled(
+      summed, scale))
   args = ((state.params, state.model_state, batch,
            *extra) if has_model_state else (state.params, batch, *extra))
-  (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(*args)
+  (total, (weight, aux)), grads = jax.value_and_grad(differentiated,
+                                                     has_aux=True)(*args)
   if scale is not None:
-    loss, grads = loss_scale_lib.unscaled(loss, grads, scale)
+    total, grads = loss_scale_lib.unscaled(total, grads, scale)
+  loss = weighted_lib.Weighted(total, weight)
   if not has_model_state:
     return loss, aux, state.model_state, grads
   metrics, model_state = aux
   return loss, metrics, model_state, grads
+
+
+def _as_sums(loss: weighted_lib.Weighted,
+             metrics: Any) -> dict[str, weighted_lib.Weighted]:
+  """{name: Weighted} of one group's metrics and its loss: each to be summed
+  over the step's groups and divided once (runtime/weighted.py)."""
+  return {
+      **{
+          name: weighted_lib.parts(v) for name, v in metrics.items()
+      }, 'loss': loss
+  }
 
 
 def _group_values(loss_fn: LossFn,
@@ -79,13 +100,29 @@ def _group_values(loss_fn: LossFn,
                   has_model_state: bool,
                   axis: Any = _AXIS,
                   scale: Any = None):
-  """({**metrics, 'loss'}, new model_state, grads) of one group."""
+  """({name: Weighted} of the metrics and 'loss', new model_state, grads
+  of the loss's total) of one group."""
   loss, metrics, model_state, grads = _loss_and_grads(loss_fn, state, group,
                                                       extra, has_model_state,
                                                       axis, scale)
   structure.check_same('model_state', state.model_state, model_state,
                        loss_contract.MODEL_STATE_HINT)
-  return {**metrics, 'loss': loss}, model_state, grads
+  return _as_sums(loss, metrics), model_state, grads
+
+
+def _reduced(sums: tuple, axis: Any, groups: Any):
+  """(metrics, model_state, grads) of the step from one device's sums over
+  its real groups: each summed over `axis`; a metric is its total over its
+  weight, the grads are over the loss's weight, and the model state is the
+  mean over the step's `groups` real groups."""
+  pairs, model_state, grads = lax.psum(sums, axis)
+  metrics = {name: weighted_lib.value(v, groups) for name, v in pairs.items()}
+  weight = pairs['loss'].weight
+  grads = jax.tree_util.tree_map(
+      lambda g: weighted_lib.divided(g, groups
+                                     if weight is None else weight), grads)
+  model_state = jax.tree_util.tree_map(lambda x: x / groups, model_state)
+  return metrics, model_state, grads
 
 
 def _accumulated(loss_fn: LossFn,
@@ -97,17 +134,18 @@ def _accumulated(loss_fn: LossFn,
                  has_model_state: bool,
                  axis: Any = _AXIS,
                  scale: Any = None):
-  """Metrics, model state and grads averaged over the step's real groups.
+  """Metrics, model state and grads over the step's real groups.
 
   One device's batch, (k x m, ...) per leaf, runs as k groups of m, one
   after another (`lax.scan` when k > 1, so that only one group's
   activations live at a time). A padding group's zero rows are computed
-  like any others, and its values are then replaced by zeros (`where`,
-  which also drops a NaN they gave); the sums over the devices are divided
-  by the real groups alone. Computing the padding costs no wall time: the
-  padding is the batch's tail, so device 0 runs k real groups whenever a
-  step has any padding. (Skipping it with `lax.cond` instead made the CNN
-  of configs/mnist_cnn.py 9x slower on XLA:CPU; BUILD_NOTES.md.)
+  like any others, and its values (weights included) are then replaced by
+  zeros (`where`, which also drops a NaN they gave); the sums over the
+  devices are divided by the real groups' weights alone (`_reduced`).
+  Computing the padding costs no wall time: the padding is the batch's
+  tail, so device 0 runs k real groups whenever a step has any padding.
+  (Skipping it with `lax.cond` instead made the CNN of configs/mnist_cnn.py
+  9x slower on XLA:CPU; BUILD_NOTES.md.)
   """
   k, m = layout.microbatches, layout.microbatch_size
   groups = jax.tree_util.tree_map(lambda x: x.reshape((k, m) + x.shape[1:]),
@@ -135,8 +173,7 @@ def _accumulated(loss_fn: LossFn,
         jax.eval_shape(counted, jax.tree_util.tree_map(lambda x: x[0], groups),
                        0))
     sums, _ = lax.scan(one, zeros, (jnp.arange(k), groups))
-  return jax.tree_util.tree_map(
-      lambda x: lax.psum(x, axis) / layout.real_groups, sums)
+  return _reduced(sums, axis, layout.real_groups)
 
 
 def loss_collectives(loss_fn: LossFn, state: TrainState, group: Any,
@@ -284,9 +321,9 @@ def _device_values(loss_fn: LossFn,
       device = lax.axis_index(axis)
       extra = randomness.keys_for(contract, step_rng, device, device * rows,
                                   rows)
-      return lax.pmean(
+      return _reduced(
           _group_values(loss_fn, state, batch, extra, has_model_state, axis,
-                        scale), axis)
+                        scale), axis, lax.psum(1, axis))
     return _accumulated(loss_fn, state, batch, step_rng, layout, contract,
                         has_model_state, axis, scale)
 
@@ -401,8 +438,9 @@ def _global_loss(loss_fn: LossFn, contract: Optional[str],
                  layout: Optional[microbatches_lib.Layout],
                  has_model_state: bool, devices: int, every: tuple) -> Callable:
   """`(params, model_state, rows, step_rng) -> (loss, (metrics,
-  model_state))`: the step's loss, metrics and new model state, each the
-  mean over every device's real groups, with rows (devices, n, ...).
+  model_state))`: the step's loss and metrics, each its total over its
+  weight summed over every device's real groups (a plain value weighs 1),
+  and the new model state, the mean over them; rows (devices, n, ...).
 
   The same values as `_device_values` averages, as one function of the
   parameters, so that its gradient is taken through the map over devices.
@@ -419,7 +457,7 @@ def _global_loss(loss_fn: LossFn, contract: Optional[str],
                            loss_contract.MODEL_STATE_HINT)
     else:
       (loss, metrics), new_state = checked(params, group, *extra), model_state
-    return loss, (metrics, new_state)
+    return _as_sums(weighted_lib.parts(loss), metrics), new_state
 
   def device_sums(params, model_state, batch, step_rng):
     device = lax.axis_index(_AXIS)
@@ -459,8 +497,11 @@ def _global_loss(loss_fn: LossFn, contract: Optional[str],
                     spmd_axis_name=every)
 
   def total(params, model_state, rows, step_rng):
-    sums = mapped(params, model_state, rows, step_rng)
-    return jax.tree_util.tree_map(lambda x: x.sum(0) / groups, sums)
+    pairs, new_state = jax.tree_util.tree_map(
+        lambda x: x.sum(0), mapped(params, model_state, rows, step_rng))
+    metrics = {name: weighted_lib.value(v, groups) for name, v in pairs.items()}
+    new_state = jax.tree_util.tree_map(lambda x: x / groups, new_state)
+    return metrics.pop('loss'), (metrics, new_state)
 
   return total
 

@@ -118,6 +118,7 @@ def test_the_unpadded_layout_is_chosen_where_one_exists(tmp_path):
   chosen = batch_layout.choose(config.global_batch_size,
                                options_lib.Groups.of(config),
                                _Topology(),
+                               has_model_state=True,
                                mixing=batch_layout.loss_mixing(
                                    task.loss_fn, None, True,
                                    training.step_lib.init_state(
