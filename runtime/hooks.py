@@ -20,10 +20,12 @@ from typing import Callable, Optional, Sequence
 
 from absl import logging
 import jax
+import jax.numpy as jnp
 
 from runtime.checkpoints import checkpoint
 from runtime import compile_events
 from runtime.common import deprecations
+from runtime.common import exit_codes
 from runtime.common import progress
 from runtime import coordination
 from runtime import metrics as metrics_lib
@@ -130,6 +132,25 @@ class Periodic(Hook):
     self.work(run)
 
 
+def learning_rate(schedule: Callable, step: int) -> float:
+  """The rate the last step used, called as optax calls a schedule: with
+  the count of updates before it (from 0), an int32 array.
+
+  Raises:
+    ConfigError: naming the schedule and the count where it fails.
+  """
+  count = jnp.asarray(step - 1, jnp.int32)
+  try:
+    return float(schedule(count))
+  except Exception as e:  # pylint: disable=broad-except
+    name = getattr(schedule, '__qualname__', None) or repr(schedule)
+    raise exit_codes.ConfigError(
+        f'Task.schedule {name} failed at count {step - 1} (an int32 array, '
+        f'as optax passes it), logging step {step}\'s learning rate: '
+        f'{type(e).__name__}: {e}. Fix the schedule, or leave '
+        'Task.schedule unset to log no rate.') from e
+
+
 class LogMetrics(Periodic):
   """Every `every` steps and at the end: the means of the metrics since the
   last record, the speed and the input wait, what the chip does
@@ -173,8 +194,7 @@ class LogMetrics(Periodic):
     prefix = run.options.logging.metrics_prefix
     record = {**{prefix + k: v for k, v in run.window.means().items()}, **rates}
     if self.schedule is not None:
-      # The rate the last step used: optax counts updates from 0.
-      record[prefix + 'learning_rate'] = float(self.schedule(step - 1))
+      record[prefix + 'learning_rate'] = learning_rate(self.schedule, step)
     run.writer.write(step, record)
     speed = record.get('steps_per_sec')
     eta = '' if speed is None else ' eta=' + metrics_lib.format_duration(

@@ -85,7 +85,8 @@ class Programs:
                                               has_model_state=has_model_state,
                                               layout=self._batch_layout,
                                               steps=steps,
-                                              loss_scale=scaled)
+                                              loss_scale=scaled,
+                                              axis=self._par.axis)
     if steps == 1:
       step = self._measured = flops_lib.Measured(step)
     stage = 'program' if steps == 1 else f'program_{steps}_steps'

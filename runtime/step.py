@@ -360,7 +360,8 @@ def make_sharded_train_step(loss_fn: LossFn,
                             has_model_state: bool = False,
                             layout: Optional[microbatches_lib.Layout] = None,
                             steps: int = 1,
-                            loss_scale: bool = False) -> Callable:
+                            loss_scale: bool = False,
+                            axis: str = _AXIS) -> Callable:
   """The step of `make_train_step` under `parallelism.SHARD_MAP`, with the
   state split over each replica's devices: the same per-device values, the
   same update, each leaf living where `placed` says, and no device holding
@@ -386,6 +387,8 @@ def make_sharded_train_step(loss_fn: LossFn,
   Args:
     loss_fn, optimizer, rng, has_model_state, layout, steps, loss_scale: as
       `make_train_step`.
+    axis: the name the model's own collectives use for the batch axis
+      (config.axis_name), bound by the map over devices.
     placed: a TrainState of NamedShardings (`state_shardings`).
 
   Returns:
@@ -398,7 +401,7 @@ def make_sharded_train_step(loss_fn: LossFn,
   grid = placements[0].mesh
   every = (state_layout.REPLICA_AXIS, state_layout.SHARD_AXIS)
   total = _global_loss(randomness.explained(loss_fn, rng), rng, layout,
-                       has_model_state, grid.size, every)
+                       has_model_state, grid.size, every, axis)
   by_device = NamedSharding(grid, PartitionSpec(every))
 
   def step(state: TrainState, batch: Any):
@@ -436,7 +439,8 @@ def make_sharded_train_step(loss_fn: LossFn,
 
 def _global_loss(loss_fn: LossFn, contract: Optional[str],
                  layout: Optional[microbatches_lib.Layout],
-                 has_model_state: bool, devices: int, every: tuple) -> Callable:
+                 has_model_state: bool, devices: int, every: tuple,
+                 axis: str) -> Callable:
   """`(params, model_state, rows, step_rng) -> (loss, (metrics,
   model_state))`: the step's loss and metrics, each its total over its
   weight summed over every device's real groups (a plain value weighs 1),
@@ -445,7 +449,7 @@ def _global_loss(loss_fn: LossFn, contract: Optional[str],
   The same values as `_device_values` averages, as one function of the
   parameters, so that its gradient is taken through the map over devices.
   """
-  checked = loss_contract.checked_output(loss_fn, has_model_state, _AXIS)
+  checked = loss_contract.checked_output(loss_fn, has_model_state, axis)
   k = 1 if layout is None else layout.microbatches
   one_pass = layout is None or (k == 1 and not layout.padded_groups)
   groups = devices if one_pass or layout is None else layout.real_groups
@@ -460,7 +464,7 @@ def _global_loss(loss_fn: LossFn, contract: Optional[str],
     return _as_sums(weighted_lib.parts(loss), metrics), new_state
 
   def device_sums(params, model_state, batch, step_rng):
-    device = lax.axis_index(_AXIS)
+    device = lax.axis_index(axis)
     if one_pass:
       rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
       extra = randomness.keys_for(contract, step_rng, device, device * rows,
@@ -493,7 +497,7 @@ def _global_loss(loss_fn: LossFn, contract: Optional[str],
 
   mapped = jax.vmap(device_sums,
                     in_axes=(None, None, 0, None),
-                    axis_name=_AXIS,
+                    axis_name=axis,
                     spmd_axis_name=every)
 
   def total(params, model_state, rows, step_rng):

@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from configs import linear_regression as linear_regression_config
+from runtime.common import exit_codes
 from runtime import data
 from runtime import hooks
 from runtime import parallelism
@@ -284,3 +285,29 @@ def test_a_hook_reads_the_options_train_read_once(tmp_path):
   _train(config, tmp_path, reader)
   assert reader.seen == [(6, 5, config.global_batch_size,
                           config.global_batch_size, 4)]
+
+
+def _lm1b_schedule(learning_rate: float, warmup_steps: int):
+  """Flax's LM1B schedule: linear warmup, then rsqrt, joined by optax."""
+
+  def rsqrt(count):
+    return learning_rate * (count + warmup_steps)**-0.5 * warmup_steps**0.5
+
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, learning_rate, warmup_steps), rsqrt],
+      boundaries=[warmup_steps])
+
+
+def test_the_logged_rate_calls_the_schedule_as_optax_does():
+  # With a Python int the rsqrt branch raised ZeroDivisionError at step 1.
+  schedule = _lm1b_schedule(0.0016, 1000)
+  assert hooks.learning_rate(schedule, 1) == 0.0
+  assert hooks.learning_rate(schedule, 1001) == pytest.approx(0.0016)
+
+  def broken(count):
+    raise ValueError('no rate')
+
+  with pytest.raises(exit_codes.ConfigError,
+                     match=r'Task.schedule .*broken failed at count 4 .*'
+                     r'logging step 5.*ValueError: no rate'):
+    hooks.learning_rate(broken, 5)

@@ -81,3 +81,11 @@ def test_a_loss_dividing_by_a_psum_is_refused_with_more_than_one_pass(tmp_path):
   result = training.train(config, str(tmp_path / 'one'),
                           token_lm.make_task(config))
   _assert_close(result.params, token_lm.one_device(config, STEPS)[0])
+
+
+def test_sharded_state_binds_the_configured_axis_name(tmp_path):
+  # A model's own collective over config.axis_name ('batch', Flax's name)
+  # under sharded state: bound by the step, not refused.
+  config = _config(loss='psum', axis_name='batch', state_layout='sharded')
+  result = training.train(config, str(tmp_path), token_lm.make_task(config))
+  _assert_close(result.params, token_lm.one_device(config, STEPS)[0])
