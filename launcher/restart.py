@@ -133,6 +133,8 @@ def wait_before_restart(end: attempts.AttemptEnd,
                         newly_productive: bool = True) -> Optional[float]:
   """The back-off before the next attempt, counted in `tally`; None when
   the job ends here."""
+  if kind == 'final' and not end.launcher_signalled:
+    _say_why_not_retried(end.code, restarts, tally, say)
   if kind == 'ok' or kind == 'final' or end.launcher_signalled:
     return None
   if kind == 'preempted':
@@ -158,3 +160,22 @@ def wait_before_restart(end: attempts.AttemptEnd,
       f's; so far {tally.preemptions} preemption(s) and {tally.failures} '
       'retryable failure(s)')
   return wait
+
+
+def _say_why_not_retried(code: int, restarts: RestartPolicy, tally: Tally,
+                         say: Callable[[str], None]) -> None:
+  """Where restarts were left, one line on why this exit code ends the job:
+  --max_restarts alone retries preemptions only."""
+  if tally.restarts >= restarts.max_restarts:
+    return
+  if code in exit_codes.NEVER_RETRIED:
+    meaning = exit_codes.ExitCode(code).meaning
+    say(f'not restarting: exit code {code} ({meaning}) is never retried, '
+        'since the run would end the same way again')
+    return
+  listed = ','.join(map(str, restarts.retryable)) or 'none'
+  say(f'not restarting: exit code {code}{exit_codes.signal_suffix(code)} is '
+      f'not retried; --max_restarts={restarts.max_restarts} restarts after a '
+      f'preemption ({int(exit_codes.PREEMPTED)}) and the codes of '
+      f'--retry_exit_codes ({listed}): add --retry_exit_codes={code} to '
+      'restart after it')

@@ -168,3 +168,19 @@ def test_a_signal_the_caller_already_got_is_not_slept_through(tmp_path):
               logs_dir=str(tmp_path),
               pending_signal=lambda: signal.SIGINT)
   assert code == 128 + signal.SIGINT
+
+
+def test_an_exit_code_not_retried_says_which_are(tmp_path, capsys):
+  # --max_restarts alone after a SIGKILL: the job ends, and says why.
+  code = _run(lambda attempt: _FakePod(137),
+              restart.RestartPolicy(2, 0, ()),
+              logs_dir=str(tmp_path))
+  assert code == 137
+  assert ('not restarting: exit code 137 (SIGKILL) is not retried; '
+          '--max_restarts=2 restarts after a preemption (75) and the codes '
+          'of --retry_exit_codes (none): add --retry_exit_codes=137 to '
+          'restart after it') in capsys.readouterr().err
+  _run(lambda attempt: _FakePod(exit_codes.CONFIG_ERROR),
+       restart.RestartPolicy(2, 0, (137,)),
+       logs_dir=str(tmp_path / 'config'))
+  assert 'exit code 2 (' in capsys.readouterr().err
