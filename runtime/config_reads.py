@@ -53,15 +53,65 @@ FOREIGN = {
              'holds them in memory); read it in your workload',
     'shuffle_buffer_size': 'set config.data.shuffle (podrun shuffles the '
                            'whole data set every epoch)',
+    # Flax's LM1B example's loop names.
+    'eval_every_steps': 'set config.eval_every',
+    'eval_per_device_batch_size': 'set config.eval_batch_size (the whole '
+                                  'eval step\'s)',
+    'num_eval_steps': 'let your eval_fn choose what it scores '
+                      '(runtime.evaluate scores the whole split)',
+    'save_checkpoints': 'drop it: podrun saves every config.checkpoint_every '
+                        'steps (0: at the end only), and on a preemption',
+    'restore_checkpoints': 'drop it: podrun resumes from the newest '
+                           'checkpoint in the workdir; point --workdir at a '
+                           'new directory to start afresh',
 }
+
+# Another trainer's name -> (podrun's field it must agree with, whether the
+# name counts per device). A name whose value disagrees is refused read or
+# not: a workload that reads Flax's per_device_batch_size for its dummy
+# batch still trains podrun's global_batch_size.
+AGREES_WITH = {
+    'batch_size': ('global_batch_size', False),
+    'train_batch_size': ('global_batch_size', False),
+    'per_device_batch_size': ('global_batch_size', True),
+    'eval_per_device_batch_size': ('eval_batch_size', True),
+    'num_train_steps': ('steps', False),
+    'max_steps': ('steps', False),
+    'eval_every_steps': ('eval_every', False),
+    'checkpoint_every_steps': ('checkpoint_every', False),
+    'log_every_steps': ('log_every', False),
+}
+# Flax's switches podrun has no off for: False disagrees, read or not.
+ALWAYS_ON = ('save_checkpoints', 'restore_checkpoints')
 
 # Other trainers' names that decide what a run computes where a workload
 # reads them: a resumed run must agree with its checkpoint on them, as on
 # the trajectory sections (runtime/checkpoints/checkpoint_meta.py).
-FOREIGN_TRAJECTORY = ('batch_size', 'train_batch_size', 'per_device_batch_size',
-                      'num_epochs', 'learning_rate', 'warmup_epochs',
-                      'warmup_steps', 'momentum', 'half_precision',
-                      'weight_decay')
+FOREIGN_TRAJECTORY = (
+    'batch_size',
+    'train_batch_size',
+    'per_device_batch_size',
+    'num_epochs',
+    'learning_rate',
+    'warmup_epochs',
+    'warmup_steps',
+    'momentum',
+    'half_precision',
+    'weight_decay',
+    # Flax's LM1B example keeps its model's fields at the top level.
+    'vocab_size',
+    'max_corpus_chars',
+    'label_smoothing',
+    'max_target_length',
+    'logits_via_embedding',
+    'num_layers',
+    'qkv_dim',
+    'emb_dim',
+    'mlp_dim',
+    'num_heads',
+    'dropout_rate',
+    'attention_dropout_rate',
+    'use_bfloat16')
 
 # podrun's defaults of the trajectory sections that only a workload reads:
 # where nothing read one before the run (a workload that reads its own
@@ -150,24 +200,55 @@ def _say_prefetch(prefetch) -> None:
         'device batches.', prefetch)
 
 
-def check(config: ConfigDict) -> None:
-  """Refuses another trainer's names that nothing read, and says where one
-  of podrun's own names means something else there (config.prefetch);
-  recording goes on.
+def disagreements(config: ConfigDict, num_devices: int) -> dict[str, str]:
+  """{another trainer's name: how podrun's own field disagrees with it},
+  for the names of AGREES_WITH and ALWAYS_ON the config sets."""
+  fields = config._fields  # pylint: disable=protected-access
+  found = {}
+  for name, (ours, per_device) in AGREES_WITH.items():
+    if name not in fields or ours not in fields:
+      continue
+    value, theirs = fields[name], fields[ours]
+    whole = value * num_devices if per_device else value
+    if whole != theirs:
+      counted = f' x {num_devices} devices = {whole}' if per_device else ''
+      found[name] = (f'{name}={value!r}{counted}, but podrun runs '
+                     f'config.{ours}={theirs!r}')
+  for name in ALWAYS_ON:
+    if fields.get(name) is False:
+      found[name] = f'{name}=False, which podrun has no off for'
+  return found
+
+
+def check(config: ConfigDict, num_devices: int = 1) -> None:
+  """Refuses another trainer's names that nothing read, and those whose
+  value disagrees with podrun's own field, read or not (`disagreements`,
+  on `num_devices` devices); says where one of podrun's own names means
+  something else there (config.prefetch); recording goes on.
 
   Raises:
     UnreadConfigError: naming each such field and podrun's name for it.
   """
   _say_prefetch(config.get('prefetch'))
-  foreign = [f for f in unread(config) if f in FOREIGN]
-  if foreign:
+  unread_foreign = [f for f in unread(config) if f in FOREIGN]
+  # Like the unread names, told only under the launcher's recording: a
+  # workload that calls runtime.train itself is its own loop's judge.
+  disagree = {} if _reads is None else disagreements(config, num_devices)
+  told = [
+      f'{f}={config[f]!r}, which podrun does not read: {FOREIGN[f]}'
+      for f in unread_foreign
+  ] + [
+      f'{disagree[f]}: {FOREIGN[f]}' for f in sorted(disagree)
+      if f not in unread_foreign
+  ]
+  if told:
     stop()
     raise UnreadConfigError(
-        'the config sets ' +
-        '; '.join(f'{f}={config[f]!r}, which podrun does not read: {FOREIGN[f]}'
-                  for f in foreign) +
-        '. Nothing in the job read them before step 1. Drop them, or read '
-        'them in the workload.')
+        'the config sets ' + '; '.join(told) +
+        '. Another trainer\'s names are refused before step 1 where '
+        'nothing in the job read them, or where podrun\'s own field '
+        'disagrees. Drop them, set podrun\'s field to agree, or read them '
+        'in the workload.')
 
 
 def finish(config: ConfigDict) -> None:

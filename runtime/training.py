@@ -213,7 +213,7 @@ def _start_run(
     writer.log(plan.state_layout.where)
   # The end of set-up: another trainer's names that nothing read are refused,
   # and the evaluation's contract is checked by tracing it.
-  config_reads.check(config)
+  config_reads.check(config, plan.topology.global_device_count)
   if task.eval_fn is not None:
     with ledger.naming('eval_check'):
       evaluation.check_eval_fn(task.eval_fn, replicated.params,

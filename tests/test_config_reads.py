@@ -172,3 +172,56 @@ def test_a_foreign_name_the_workload_reads_joins_the_resume_check(tmp_path):
   config.num_epochs = 10
   config.optimizer.learning_rate = 0.5
   assert _flax_run(config, str(tmp_path)).start_step == 3
+
+
+def _lm1b_config() -> ConfigDict:
+  # Flax's LM1B example's loop names on top of podrun's base config.
+  config = linear_regression_config.get_config()
+  config.steps, config.global_batch_size = 3, 64
+  config.per_device_batch_size = 4
+  config.eval_every_steps = 1000
+  config.save_checkpoints = False
+  config.restore_checkpoints = True
+  config.dropout_rate = 0.0
+  return config
+
+
+def test_flax_s_lm1b_names_are_told_and_a_read_cannot_disarm_them(tmp_path):
+  config = _lm1b_config()
+  task, _ = linear_regression.make_task(config)
+  config_reads.start()
+  # The example's init reads these for a dummy batch and its loop.
+  _ = (config.per_device_batch_size, config.save_checkpoints,
+       config.restore_checkpoints, config.dropout_rate)
+  with pytest.raises(config_reads.UnreadConfigError) as e:
+    training.train(config, str(tmp_path), task)
+  said = str(e.value)
+  assert ('per_device_batch_size=4 x 8 devices = 32, but podrun runs '
+          'config.global_batch_size=64: set config.global_batch_size') in said
+  assert ('eval_every_steps=1000, which podrun does not read: set '
+          'config.eval_every') in said
+  assert ('save_checkpoints=False, which podrun has no off for: drop it'
+          in said)
+  assert 'restore_checkpoints' not in said and 'dropout_rate' not in said
+  # Agreeing, and read: trained.
+  config = _lm1b_config()
+  config.global_batch_size = 32
+  del config['eval_every_steps'], config['save_checkpoints']
+  config_reads.start()
+  _ = (config.per_device_batch_size, config.restore_checkpoints,
+       config.dropout_rate)
+  training.train(config, str(tmp_path / 'agreed'), task)
+  config_reads.stop()
+
+
+def test_a_model_field_at_the_top_level_joins_the_resume_check(tmp_path):
+  # LM1B's dropout_rate: a resume with another one is another run.
+  config = linear_regression_config.get_config()
+  config.steps, config.dropout_rate = 2, 0.0
+  task, _ = linear_regression.make_task(config)
+  training.train(config, str(tmp_path), task)
+  config.steps, config.dropout_rate = 4, 0.3
+  with pytest.raises(checkpoint_meta.CheckpointError,
+                     match=r'config.dropout_rate: checkpoint 0.0, this run '
+                     r'0.3'):
+    training.train(config, str(tmp_path), task)
