@@ -30,7 +30,10 @@ class Task:
       process (draw them from the config's seed).
     loss_fn: `(params, batch[, rng]) -> (loss, metrics)` on one device's
       examples; with model_state, `(params, model_state, batch[, rng]) ->
-      (loss, (metrics, new_model_state))`. loss and metrics are scalars.
+      (loss, (metrics, new_model_state))`. loss and metrics are scalars
+      (means over the device's examples), or `runtime.Weighted(total,
+      weight)` of scalars, summed over the whole step before dividing (an
+      LM's summed token loss and its token count: runtime/weighted.py).
     optimizer: an optax transformation.
     data: the training examples, random access: `len(data)` and
       `data[i] -> example` (a pytree of arrays), or `data.read_batch(ids)`

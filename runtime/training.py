@@ -211,6 +211,8 @@ def _start_run(
   writer.log(plan.describe(restored.step, calls))
   if plan.state_layout.where:
     writer.log(plan.state_layout.where)
+    if task.eval_fn is not None:
+      writer.log(_evaluation_memory(restored.state.params))
   # The end of set-up: another trainer's names that nothing read are refused,
   # and the evaluation's contract is checked by tracing it.
   config_reads.check(config, plan.topology.global_device_count)
@@ -242,6 +244,20 @@ def _run_steps(plan: plan_lib.Plan, calls: plan_lib.Calls, run: loop.Run,
   finally:
     if readers is not None:
       readers.close()
+
+
+def _evaluation_memory(params: Any) -> str:
+  """The line on what evaluation under sharded state costs: eval_fn takes
+  the parameters, and a map over the devices (runtime.evaluate's) gathers
+  them whole on every device while it runs."""
+  whole = sum(
+      getattr(x, 'nbytes', 0) for x in jax.tree_util.tree_leaves(params))
+  return (f'evaluation: eval_fn gets the parameters whole on every device '
+          f'while it runs, {whole / 2**20:.1f} MiB a device on top of the '
+          'sharded state (runtime.evaluate maps over the devices with them '
+          'replicated); score within the step\'s memory by evaluating less '
+          'often (config.eval_every), or in a jit of your own over the '
+          'sharded arrays')
 
 
 def _note_restore(ledger: goodput.Ledger, local, tier: str,

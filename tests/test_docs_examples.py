@@ -87,7 +87,7 @@ def _train(name: str, workdir, steps: int = 30):
 def test_every_example_is_a_file_or_runs_here(project):
   assert {
       'my_regression', 'my_regression_config', 'my_evaluation', 'my_hooks',
-      'my_dropout', 'my_linen', 'my_loop', 'my_imagenet'
+      'my_dropout', 'my_linen', 'my_loop', 'my_imagenet', 'my_lm1b'
   } <= set(project)
 
 
@@ -145,3 +145,17 @@ def test_the_exit_code_example_raises_its_code():
   with pytest.raises(runtime.PodrunError) as e:
     exec(_RAISES, {'runtime': runtime})  # pylint: disable=exec-used
   assert e.value.exit_code == 42
+
+
+def test_lm1b_s_weighted_loss_schedule_and_evaluation(project, tmp_path):
+  result = _train('my_lm1b', tmp_path, steps=30)
+  rows = [
+      json.loads(l)
+      for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()
+      if '"loss"' in l
+  ]
+  assert rows[-1]['loss'] < rows[0]['loss']
+  assert 'learning_rate' in rows[0]  # rsqrt logged from count 0 on.
+  assert 0 <= rows[-1]['accuracy'] <= 1
+  assert result.eval_metrics['eval_num_examples'] == 200
+  assert np.isfinite(result.eval_metrics['eval_loss'])

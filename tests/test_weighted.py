@@ -89,3 +89,12 @@ def test_sharded_state_binds_the_configured_axis_name(tmp_path):
   config = _config(loss='psum', axis_name='batch', state_layout='sharded')
   result = training.train(config, str(tmp_path), token_lm.make_task(config))
   _assert_close(result.params, token_lm.one_device(config, STEPS)[0])
+
+
+def test_evaluation_under_sharded_state_says_what_it_costs(tmp_path, caplog):
+  config = _config(state_layout='sharded', steps=1)
+  with caplog.at_level('INFO'):
+    training.train(config, str(tmp_path), token_lm.make_task(config))
+  whole = (32 * 16 + 16 * 32) * 4 / 2**20  # embed and out, float32.
+  assert (f'evaluation: eval_fn gets the parameters whole on every device '
+          f'while it runs, {whole:.1f} MiB a device') in caplog.text
