@@ -78,6 +78,10 @@ def _add_run_control(config: config_dict.ConfigDict) -> None:
   config.eval_batch_size = 1024
   # Calls of the step allowed to be unfinished; None: 1 on CPU, 2 elsewhere.
   config.max_steps_in_flight = config_dict.placeholder(int)
+  # The TFLOP/s per device that MFU is taken against: a ceiling measured on
+  # the machine (a large bf16 matmul); None: the device kind's datasheet
+  # figure (runtime/flops.py), said on the first step line.
+  config.peak_tflops = config_dict.placeholder(float)
   # Steps one call of the step runs (runtime/dispatch.py), over as many
   # batches placed at once: the same updates and data order as one per call.
   # Every cadence in steps must then be a multiple of it. 0 is auto: 1 on

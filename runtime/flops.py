@@ -14,6 +14,7 @@ Example:
 """
 
 import dataclasses
+import re
 from typing import Any, Callable, Optional
 
 from absl import logging
@@ -21,7 +22,7 @@ import jax
 
 from runtime import memory as memory_lib
 
-# Dense bf16 FLOP/s of one JAX device, by a piece of its device_kind
+# Dense bf16 FLOP/s of one TPU JAX device, by a piece of its device_kind
 # (lower case), the more specific first. A v2 or v3 chip shows as two JAX
 # devices (one per TensorCore); a v4 or v5p chip as one (megacore).
 PEAK_FLOPS = (
@@ -35,16 +36,77 @@ PEAK_FLOPS = (
     ('tpu v6 lite', 918e12),
     ('tpu v6e', 918e12),
     ('tpu7x', 2307e12),
-    ('h100 pcie', 756e12),
-    ('h100', 989e12),
-    ('h200', 989e12),
-    ('gh200', 989e12),
-    ('b200', 2250e12),
-    ('a100', 312e12),
-    ('l4', 121e12),
-    ('a10', 125e12),
-    ('v100', 125e12),
 )
+
+# NVIDIA GPUs: (name, pattern the whole kind must match once 'NVIDIA ' or
+# 'Tesla ' is taken off and it is lower-cased, dense bf16 FLOP/s, dense
+# fp8 FLOP/s or None), by the datasheets. The kind is the CUDA device name
+# (`nvidia-smi -L`); a substring would take an L40S for an L4 or an H100
+# NVL for an SXM part, so each pattern is the whole name.
+GPU_PEAKS = (
+    ('H100 SXM', r'h100( sxm\S*)?( \d+gb)?( hbm3)?', 989e12, 1979e12),
+    ('H100 PCIe', r'h100 pcie( \d+gb)?', 756e12, 1513e12),
+    ('H100 NVL', r'h100 nvl', 835e12, 1671e12),
+    ('H200 SXM', r'h200( sxm\S*)?( \d+gb)?', 989e12, 1979e12),
+    ('H200 NVL', r'h200 nvl', 835e12, 1671e12),
+    ('GH200', r'gh200( \d+gb)?', 989e12, 1979e12),
+    ('A100 40GB', r'a100[- ](sxm4[- ]|pcie[- ])?40gb( pcie)?', 312e12, None),
+    ('A100 80GB', r'a100[- ](sxm4[- ]|pcie[- ])?80gb( pcie)?', 312e12, None),
+    ('A100', r'a100', 312e12, None),
+    ('L4', r'l4', 121e12, 242e12),
+    ('L40', r'l40', 181e12, 362e12),
+    ('L40S', r'l40s', 362e12, 733e12),
+    ('B200', r'b200', 2250e12, 4500e12),
+    ('A10', r'a10', 125e12, None),
+    ('V100', r'v100[- ]\S+', 125e12, None),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Peak:
+  """The FLOP/s an MFU is taken against, and what it is.
+
+  Attributes:
+    flops: FLOP/s of one JAX device.
+    what: for the line that says it, e.g. 'NVIDIA H200, dense bf16' or
+      'config.peak_tflops'.
+  """
+  flops: float
+  what: str
+
+
+def _gpu_kind(device_kind: str) -> Optional[tuple[str, float, Optional[float]]]:
+  kind = re.sub(r'^(nvidia|tesla) ', '', device_kind.strip().lower())
+  for name, pattern, bf16, fp8 in GPU_PEAKS:
+    if re.fullmatch(pattern, kind):
+      return name, bf16, fp8
+  return None
+
+
+def peak_of(device_kind: str,
+            measured_tflops: Optional[float] = None,
+            fp8: bool = False) -> Optional[Peak]:
+  """The peak an MFU is against: `measured_tflops` (config.peak_tflops, a
+  ceiling measured on the machine) where given; else the kind's dense bf16
+  figure (fp8: its fp8 figure); None for an unknown kind.
+
+  Example:
+    >>> peak_of('NVIDIA L40S')
+    Peak(flops=362000000000000.0, what='NVIDIA L40S, dense bf16')
+  """
+  if measured_tflops:
+    return Peak(measured_tflops * 1e12, 'config.peak_tflops')
+  gpu = _gpu_kind(device_kind)
+  if gpu is not None:
+    name, bf16, fp8_flops = gpu
+    if fp8 and fp8_flops:
+      return Peak(fp8_flops, f'NVIDIA {name}, dense fp8')
+    return Peak(bf16, f'NVIDIA {name}, dense bf16')
+  kind = device_kind.lower()
+  for piece, peak in PEAK_FLOPS:
+    if piece in kind:
+      return Peak(peak, f'{device_kind}, dense bf16')
+  return None
 
 
 def peak_flops(device_kind: str) -> Optional[float]:
@@ -54,11 +116,8 @@ def peak_flops(device_kind: str) -> Optional[float]:
     >>> peak_flops('TPU v5 lite')
     197000000000000.0
   """
-  kind = device_kind.lower()
-  for piece, peak in PEAK_FLOPS:
-    if piece in kind:
-      return peak
-  return None
+  peak = peak_of(device_kind)
+  return peak.flops if peak else None
 
 
 def compiled_flops(fn: Any, *args) -> Optional[float]:
@@ -133,6 +192,8 @@ class Figures:
     global_batch_size: examples per step.
     workload_flops_per_example: the workload's own FLOPs per example
       (forward and backward), which wins over the cost analysis.
+    peak_tflops: a measured ceiling (config.peak_tflops) that MFU is taken
+      against instead of the kind's datasheet figure; None for that.
   """
   device_kind: str
   num_devices: int
@@ -140,6 +201,7 @@ class Figures:
   global_batch_size: int = 0
   tokens_per_example: Optional[int] = None
   workload_flops_per_example: Optional[float] = None
+  peak_tflops: Optional[float] = None
   timed_steps: int = 0
   timed_s: float = 0.0
 
@@ -154,7 +216,8 @@ class Figures:
 
   @property
   def peak(self) -> Optional[float]:
-    return peak_flops(self.device_kind)
+    found = peak_of(self.device_kind, self.peak_tflops)
+    return found.flops if found else None
 
   def step_flops(self) -> Optional[float]:
     """FLOPs of one step on one device, or None."""
@@ -187,15 +250,16 @@ class Figures:
   def describe(self) -> str:
     """One line: the FLOPs per step, where from, and the peak."""
     flops = self.step_flops()
-    peak = self.peak
     said = (f'{flops / 1e9:.4g} GFLOP per step per device ({self.source})'
             if flops else 'FLOPs per step unknown (no cost analysis on this '
             'backend; Task.flops_per_example gives them)')
-    if peak:
-      return (f'{said}; peak {peak / 1e12:g} TFLOP/s per device '
-              f'({self.device_kind}, dense bf16)')
+    found = peak_of(self.device_kind, self.peak_tflops)
+    if found:
+      return (f'{said}; MFU against a peak of {found.flops / 1e12:g} TFLOP/s '
+              f'per device ({found.what})')
     return (f'{said}; the peak of {self.device_kind!r} is unknown, so no '
-            'MFU (runtime/flops.py PEAK_FLOPS lists the known kinds)')
+            'MFU (runtime/flops.py lists the known kinds; '
+            'config.peak_tflops gives a measured one)')
 
   def summary(self, steps_per_sec: Optional[float]) -> dict[str, Any]:
     """For summary.json: the kind, the peak, FLOPs per step and the run's

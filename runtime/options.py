@@ -109,6 +109,8 @@ class TrainOptions:
     integrity_every: the replica check's period in steps (0: at saves only).
     max_steps_in_flight: calls of the step that may be unfinished at once
       (None: chosen by platform, training.max_steps_in_flight).
+    peak_tflops: config.peak_tflops, a measured ceiling for MFU (None: the
+      device kind's datasheet figure).
     steps_per_dispatch: steps one call runs; None: 'auto'
       (runtime/dispatch.py).
     checkpointing: both checkpoint tiers.
@@ -126,6 +128,7 @@ class TrainOptions:
   integrity_every: int
   max_steps_in_flight: Optional[int]
   checkpointing: Checkpointing
+  peak_tflops: Optional[float] = None
   steps_per_dispatch: Optional[int] = 1
   placement: Placement = Placement()
   groups: Groups = Groups()
@@ -161,6 +164,7 @@ class TrainOptions:
                integrity_every=config.integrity_every,
                max_steps_in_flight=config.max_steps_in_flight,
                checkpointing=Checkpointing.of(config, record),
+               peak_tflops=config.get('peak_tflops'),
                steps_per_dispatch=dispatch.parse(
                    config.get('steps_per_dispatch', dispatch.AUTO)),
                placement=Placement.of(config),

@@ -113,7 +113,8 @@ def make(config: ConfigDict, record: layout.Record,
   figures = flops_lib.Figures(topo.device_kind, batch_layout.num_devices,
                               programs.flops_per_device,
                               options.data.global_batch_size,
-                              task.tokens_per_example, task.flops_per_example)
+                              task.tokens_per_example, task.flops_per_example,
+                              options.peak_tflops)
   return Plan(options, topo, par, state, where, batch_layout,
               rows.stop - rows.start,
               max_steps_in_flight(options.max_steps_in_flight,

@@ -26,12 +26,39 @@ pytestmark = pytest.mark.devices
     ('TPU v3', 61.5e12),
     ('NVIDIA H100 80GB HBM3', 989e12),
     ('NVIDIA H100 PCIe', 756e12),
+    ('NVIDIA H100 NVL', 835e12),
+    ('NVIDIA H200', 989e12),
+    ('NVIDIA H200 NVL', 835e12),
+    ('NVIDIA GH200 480GB', 989e12),
     ('NVIDIA A100-SXM4-40GB', 312e12),
+    ('NVIDIA A100-SXM4-80GB', 312e12),
+    ('NVIDIA A100 80GB PCIe', 312e12),
+    ('NVIDIA A100-PCIE-40GB', 312e12),
+    ('NVIDIA L4', 121e12),
+    ('NVIDIA L40', 181e12),
+    ('NVIDIA L40S', 362e12),
+    ('NVIDIA B200', 2250e12),
+    ('Tesla V100-SXM2-16GB', 125e12),
+    ('NVIDIA A10', 125e12),
+    ('NVIDIA A10G', None),
+    ('NVIDIA RTX 4090', None),
     ('cpu', None),
     ('TPU v99', None),
 ])
 def test_the_peak_of_each_device_kind(kind, peak):
   assert flops.peak_flops(kind) == peak
+
+
+def test_a_measured_ceiling_and_fp8_are_said():
+  assert flops.peak_of('NVIDIA H200') == flops.Peak(
+      989e12, 'NVIDIA H200 SXM, dense bf16')
+  assert flops.peak_of('NVIDIA H100 80GB HBM3', fp8=True).flops == 1979e12
+  assert flops.peak_of('NVIDIA H200', measured_tflops=790.0) == flops.Peak(
+      790e12, 'config.peak_tflops')
+  figures = flops.Figures('NVIDIA L40S', 1, lambda: 1e12, peak_tflops=300.0)
+  assert figures.rates(steps_per_sec=3.0)['mfu'] == pytest.approx(0.01)
+  assert ('MFU against a peak of 300 TFLOP/s per device (config.peak_tflops)'
+          in figures.describe())
 
 
 def test_the_compiled_step_counts_each_device_s_matmuls():
@@ -58,7 +85,7 @@ def test_rates_give_tflops_mfu_and_tokens():
   assert rates['tflops_per_device'] == pytest.approx(20.0)
   assert rates['mfu'] == pytest.approx(20e12 / 197e12)
   assert rates['tokens_per_sec'] == pytest.approx(512 * 16 * 10)
-  assert 'peak 197 TFLOP/s per device (TPU v5 lite' in figures.describe()
+  assert 'a peak of 197 TFLOP/s per device (TPU v5 lite' in figures.describe()
   # The workload's own figure wins: per example, over the whole job.
   own = flops.Figures('TPU v5 lite',
                       4,
