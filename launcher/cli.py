@@ -32,6 +32,7 @@ from launcher import restart_flags
 from launcher import tls
 from launcher import usage
 from launcher.common import cluster
+from launcher.common import gpus
 from launcher.common import launcher_record
 from launcher.common import output_prefix
 from launcher.common import record_mirror
@@ -162,9 +163,12 @@ def _pod_spec(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
   restarts = _restarts(config)
   topology = config.get('topology') or {}
   # Each process keeps its devices when others are lost: a host's.
-  local_devices = (cli_flags.LOCAL_DEVICES.value or
-                   topology.get('local_devices') or
-                   max(1, 8 // max(_local_processes(), 1)))
+  told_devices = (cli_flags.LOCAL_DEVICES.value or
+                  topology.get('local_devices'))
+  local_devices = told_devices or max(1, 8 // max(_local_processes(), 1))
+  # A GPU host's pod: each process drives its own GPUs, unless emulated
+  # CPU devices are asked for.
+  host_gpus = () if told_devices else tuple(gpus.find())
   return local_pod.PodSpec(
       local_devices=local_devices,
       workdir=workdir,
@@ -179,7 +183,8 @@ def _pod_spec(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
       elastic_processes=((capacity.minimum,
                           capacity.full) if capacity else None),
       attempts_may_follow=bool(capacity) or restarts.max_restarts > 0,
-      restarts=restarts)
+      restarts=restarts,
+      gpus=host_gpus)
 
 
 def _make_pod(spec: local_pod.PodSpec,
@@ -385,6 +390,8 @@ def _run_process(config: ConfigDict, workdir: str) -> int:
           config_file=_config_filename().split(':')[0],
           local_devices=cli_flags.LOCAL_DEVICES.value,
           log_all_ranks=cli_flags.LOG_ALL_RANKS.value,
+          gpu=gpus.GpuPolicy(cli_flags.GPU_MEMORY_FRACTION.value,
+                             cli_flags.GPU_PRESET.value),
           supervision=supervisor.WatchFlags(
               heartbeat_timeout=cli_flags.HEARTBEAT_TIMEOUT.value,
               stall_timeout=cli_flags.STALL_TIMEOUT.value,

@@ -206,6 +206,21 @@ LOG_ALL_RANKS = flags.DEFINE_bool(
 usage.declare(LOG_ALL_RANKS, usage.WHAT,
               "show every rank's INFO lines, not only rank 0's")
 
+GPU_MEMORY_FRACTION = flags.DEFINE_float(
+    'gpu_memory_fraction', None,
+    'On a GPU host: the share of each GPU a process preallocates, set as '
+    'XLA_CLIENT_MEM_FRACTION. Default: JAX\'s own (0.75), or what the '
+    'environment says.')
+usage.declare(GPU_MEMORY_FRACTION, usage.WHAT,
+              'GPU: the share of each GPU a process preallocates')
+GPU_PRESET = flags.DEFINE_bool(
+    'gpu_preset', True,
+    'On a GPU host: set the field\'s preset, XLA\'s latency-hiding '
+    'scheduler and on Hopper CUDA_DEVICE_MAX_CONNECTIONS=1; a flag or '
+    'variable already set wins.')
+usage.declare(GPU_PRESET, usage.WHAT,
+              "GPU: the field's XLA preset (on by default)")
+
 # Flags that a local pod sets for its ranks itself.
 POD_FLAGS = ('local_processes', 'coordinator_address', 'num_processes',
              'process_id', 'coordinator_bind_address', 'workdir',

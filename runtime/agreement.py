@@ -41,14 +41,17 @@ from runtime import coordination
 # Config fields that may differ between processes: local paths.
 PER_PROCESS_CONFIG = ('data_dir', 'checkpoint_dir', 'local_checkpoint_dir')
 # The packages whose versions change what a step computes.
-PACKAGES = ('jax', 'jaxlib', 'libtpu', 'flax', 'optax', 'orbax-checkpoint',
-            'numpy')
+PACKAGES = ('jax', 'jaxlib', 'libtpu', 'jax-cuda12-plugin', 'jax-cuda12-pjrt',
+            'jax-cuda13-plugin', 'jax-cuda13-pjrt', 'flax', 'optax',
+            'orbax-checkpoint', 'numpy')
 # Environment variables that change the programs JAX builds.
 PROGRAM_ENV = ('XLA_FLAGS', 'LIBTPU_INIT_ARGS', 'JAX_ENABLE_X64',
                'JAX_DEFAULT_MATMUL_PRECISION', 'JAX_DEFAULT_DTYPE_BITS',
                'JAX_NUMPY_DTYPE_PROMOTION', 'JAX_NUMPY_RANK_PROMOTION',
                'JAX_THREEFRY_PARTITIONABLE', 'JAX_DEFAULT_PRNG_IMPL',
-               'JAX_ENABLE_CHECKS', 'JAX_DEBUG_NANS', 'JAX_PLATFORMS')
+               'JAX_ENABLE_CHECKS', 'JAX_DEBUG_NANS', 'JAX_PLATFORMS',
+               'JAX_OPTIMIZATION_LEVEL', 'CUDA_DEVICE_MAX_CONNECTIONS',
+               'XLA_CLIENT_MEM_FRACTION')
 # The project's own code, hashed file by file.
 CODE_PACKAGES = ('launcher', 'runtime', 'configs')
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -38,6 +38,15 @@ def _open_mpi(env: Mapping[str, str]) -> bool:
   return 'OMPI_MCA_orte_hnp_uri' in env
 
 
+def _open_mpi_5(env: Mapping[str, str]) -> bool:
+  # Open MPI 5 runs on PRRTE and PMIx, without ORTE's URI that JAX's
+  # OmpiCluster looks for (JAX 14576): its ranks know their rank and size,
+  # and no coordinator.
+  return ('OMPI_COMM_WORLD_RANK' in env and
+          'OMPI_MCA_orte_hnp_uri' not in env and
+          any(k.startswith(('PMIX_', 'PRTE_')) for k in env))
+
+
 def _gke_tpu(env: Mapping[str, str]) -> bool:
   return 'TPU_WORKER_HOSTNAMES' in env or 'TPU_PROCESS_ADDRESSES' in env
 
@@ -55,6 +64,7 @@ def _kubernetes(env: Mapping[str, str]) -> bool:
 _DETECTORS = (
     ('slurm', _slurm),
     ('open_mpi', _open_mpi),
+    ('open_mpi_5', _open_mpi_5),
     ('gke_tpu', _gke_tpu),
     ('kubernetes', _kubernetes),
     ('cloud_tpu_vm', _cloud_tpu_vm),
@@ -81,7 +91,8 @@ def detect(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     env: the environment to read; os.environ by default.
 
   Returns:
-    'slurm', 'open_mpi', 'gke_tpu', 'kubernetes', 'cloud_tpu_vm' or None.
+    'slurm', 'open_mpi', 'open_mpi_5' (no ORTE: podrun, not JAX, reads
+    its rank and size), 'gke_tpu', 'kubernetes', 'cloud_tpu_vm' or None.
 
   Example:
     >>> detect({'OMPI_MCA_orte_hnp_uri': '1.0;tcp://10.0.0.1:1234'})
@@ -196,7 +207,8 @@ def place(env: Optional[Mapping[str, str]] = None) -> Place:
 
 def explicit_options(
     env: Optional[Mapping[str, str]] = None) -> dict[str, tuple[object, str]]:
-  """What PODRUN_* (and JOB_COMPLETION_INDEX) say of the launcher's flags.
+  """What PODRUN_* (and JOB_COMPLETION_INDEX, and under Open MPI 5 the
+  rank and size) say of the launcher's flags.
 
   Returns:
     {flag name: (value, variable)} for coordinator_address, num_processes,
@@ -220,6 +232,11 @@ def explicit_options(
   if 'process_id' not in found and index is not None and (
       told.coordinator_address is not None):
     found['process_id'] = (index, _K8S_INDEX)
+  if _open_mpi_5(env):
+    for flag, var in (('process_id', 'OMPI_COMM_WORLD_RANK'),
+                      ('num_processes', 'OMPI_COMM_WORLD_SIZE')):
+      if flag not in found and _int(env, var) is not None:
+        found[flag] = (_int(env, var), var)
   return found
 
 

@@ -26,6 +26,7 @@ import time
 from typing import IO, Callable, Optional
 
 from launcher.common import cluster
+from launcher.common import gpus
 from runtime.common import exit_codes
 from runtime.common import handoff
 from runtime.common import layout
@@ -60,11 +61,18 @@ class Member:
     return self.popen
 
 
-def plan(num_processes: int, local_devices: int, workdir: str, logs_dir: str,
-         process_args: list[str], coordinator_address: str,
-         told: handoff.Handoff) -> list[Member]:
+def plan(num_processes: int,
+         local_devices: int,
+         workdir: str,
+         logs_dir: str,
+         process_args: list[str],
+         coordinator_address: str,
+         told: handoff.Handoff,
+         gpu_shares: Optional[list[gpus.Share]] = None) -> list[Member]:
   """Every rank's command line, what the launcher tells it (`told`, the
-  progress pipe added at its start) and the variables it gets beyond ours."""
+  progress pipe added at its start) and the variables it gets beyond ours.
+  With `gpu_shares` (one per rank), each rank drives its own GPUs
+  (CUDA_VISIBLE_DEVICES) instead of `local_devices` emulated CPU ones."""
   extra = {'PYTHONUNBUFFERED': '1'}
   if cluster.proxy_warnings('127.0.0.1', os.environ):
     exempt = {
@@ -72,18 +80,25 @@ def plan(num_processes: int, local_devices: int, workdir: str, logs_dir: str,
     }
     cluster.exempt_from_proxy(list(LOOPBACK_HOSTS), exempt)
     extra.update(exempt)
-  return [
-      Member(index, [
-          sys.executable, '-u', '-m', 'launcher', *process_args,
-          f'--workdir={workdir}', f'--local_devices={local_devices}',
-          f'--coordinator_address={coordinator_address}',
-          f'--coordinator_bind_address={coordinator_address}',
-          f'--num_processes={num_processes}', f'--process_id={index}'
-      ],
-             dict(extra),
-             layout.rank_file(logs_dir, index, '.log'),
-             told=told) for index in range(num_processes)
-  ]
+  members = []
+  for index in range(num_processes):
+    env = dict(extra)
+    devices = [f'--local_devices={local_devices}']
+    if gpu_shares:
+      env['CUDA_VISIBLE_DEVICES'] = gpu_shares[index].visible
+      devices = []
+    members.append(
+        Member(index, [
+            sys.executable, '-u', '-m', 'launcher', *process_args,
+            f'--workdir={workdir}', *devices,
+            f'--coordinator_address={coordinator_address}',
+            f'--coordinator_bind_address={coordinator_address}',
+            f'--num_processes={num_processes}', f'--process_id={index}'
+        ],
+               env,
+               layout.rank_file(logs_dir, index, '.log'),
+               told=told))
+  return members
 
 
 def _die_with_parent() -> None:

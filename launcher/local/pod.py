@@ -35,6 +35,7 @@ import uuid
 from typing import Callable, Optional
 
 from launcher import attempts
+from launcher.common import gpus as gpus_lib
 from launcher.local import elastic
 from launcher.local import members as members_lib
 from launcher.local import monitor as monitor_lib
@@ -72,6 +73,9 @@ class PodSpec:
       not the job's.
     restarts: how the job is restarted; a process that ends with an
       exit code it retries, or of SIGKILL, is reported lost with its host.
+    gpus: on a GPU host, its GPUs (launcher/common/gpus.py), which each
+      attempt splits among its processes, each its own; () for emulated
+      CPU devices (local_devices).
   """
   local_devices: int
   workdir: str
@@ -83,6 +87,7 @@ class PodSpec:
   elastic_processes: Optional[tuple[int, int]] = None
   attempts_may_follow: bool = False
   restarts: restart.RestartPolicy = restart.RestartPolicy()
+  gpus: tuple[gpus_lib.Gpu, ...] = ()
 
 
 def free_loopback_port() -> int:
@@ -157,6 +162,9 @@ class Gang:
     # Whether to stop at a step boundary to grow (elastic.py), given now.
     self._should_grow = should_grow
     elastic_processes = spec.elastic_processes
+    # Raises GpuLayoutError for processes that do not divide the GPUs.
+    self.gpu_shares = (gpus_lib.split(spec.gpus, num_processes)
+                       if spec.gpus else None)
     self._members = members_lib.plan(
         num_processes, spec.local_devices, spec.workdir, self.logs_dir,
         list(spec.process_args), self.coordinator_address,
@@ -164,16 +172,18 @@ class Gang:
                         attempt=self.attempt_name,
                         elastic=elastic_processes or None,
                         supervised=True,
-                        launcher_record=True))
+                        launcher_record=True), self.gpu_shares)
     self._console = output.Console(num_processes, spec.log_all_ranks)
     self._changed = threading.Event()
     self._signals: list[int] = []
 
   def print_plan(self) -> int:
     """--dry_run: every rank's exact command line and environment."""
-    print(f'local pod: {self.num_processes} processes x {self.local_devices} '
-          f'emulated CPU devices, coordinator {self.coordinator_address} '
-          '(loopback only), workdir ' + self.workdir)
+    print(f'local pod: {self.num_processes} processes x {self._devices()}, '
+          f'coordinator {self.coordinator_address} (loopback only), '
+          'workdir ' + self.workdir)
+    for i, share in enumerate(self.gpu_shares or ()):
+      print(f'rank {i}: {share.describe()}')
     print('each rank inherits the launcher\'s environment, plus:')
     for member in self._members:
       env = {
@@ -300,9 +310,17 @@ class Gang:
           _thread(members_lib.await_exit, member, self._changed)
       ]
     self._console.say(
-        f'started {self.num_processes} ranks x {self.local_devices} devices, '
+        f'started {self.num_processes} ranks x {self._devices()}, '
         f'coordinator {self.coordinator_address}, logs in {self.logs_dir}')
+    for i, share in enumerate(self.gpu_shares or ()):
+      self._console.say(f'rank {i} drives {share.describe()}')
     return threads
+
+  def _devices(self) -> str:
+    """Each process's devices, in words."""
+    if self.gpu_shares:
+      return f'{len(self.gpu_shares[0].gpus)} GPU(s) each'
+    return f'{self.local_devices} emulated CPU devices'
 
   def _write_job_file(self) -> None:
     records.Job(job_id=self.job_id,

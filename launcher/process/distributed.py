@@ -132,6 +132,14 @@ def plan(
     raise DistributedInitError(
         f'--cluster=none runs one process alone, but {present} ask for a job '
         'of several: drop one or the other.')
+  if missing == ['--coordinator_address'
+                ] and cluster.detect(env) == 'open_mpi_5':
+    raise DistributedInitError(
+        f'Open MPI 5 gives {present} (OMPI_COMM_WORLD_RANK and _SIZE) but no '
+        'coordinator: it runs on PRRTE, without the ORTE variables JAX '
+        'detects Open MPI by. Pass --coordinator_address=HOST:PORT, HOST '
+        'being the node of rank 0 (or set PODRUN_COORDINATOR_ADDRESS in '
+        'mpirun -x).')
   if missing:
     raise DistributedInitError(
         f'{present} given without {" and ".join(missing)}: pass all three, or '
@@ -358,13 +366,16 @@ def _before_joining(options: CoordinatorFlags,
 
 def initialize(mode: str,
                options: CoordinatorFlags,
-               roll: Optional[roll_call.RollCall] = None) -> None:
+               roll: Optional[roll_call.RollCall] = None,
+               local_device_ids: Optional[list[int]] = None) -> None:
   """Starts jax.distributed as `mode` says; must run before any JAX work.
 
   Args:
     mode: from `plan`.
     options: the launcher's flags.
     roll: the job's roll call, to name the processes that never join.
+    local_device_ids: on a GPU host, the CUDA ordinals this process drives
+      (launcher/common/gpus.py); None: JAX's choice.
 
   Raises:
     DistributedInitError: when JAX was used before this call, the coordinator
@@ -384,6 +395,9 @@ def initialize(mode: str,
     kwargs = dict(coordinator_address=options.coordinator_address,
                   num_processes=options.num_processes,
                   process_id=options.process_id)
+  if local_device_ids is not None:
+    # Never JAX's guess of SLURM_LOCALID as an ordinal (JAX 16788, 23452).
+    kwargs['local_device_ids'] = local_device_ids
   if options.coordinator_bind_address:
     # On a detected cluster too: JAX otherwise listens on every interface.
     kwargs['coordinator_bind_address'] = options.coordinator_bind_address

@@ -21,6 +21,7 @@ from ml_collections import ConfigDict
 from launcher.process import compilation
 from launcher.process import devices
 from launcher.process import distributed
+from launcher.process import gpu_host
 from launcher.process import failure
 from launcher.process import interrupt
 from launcher.process import lease as lease_lib
@@ -71,6 +72,8 @@ class ProcessFlags:
       run again on fewer: the fewest (--min_processes, --min_replicas).
       Every count from it to this attempt's is checked before step 1, as a
       launcher's elastic range is (handoff.Handoff.elastic).
+    gpu: on a GPU host, the memory fraction and the preset
+      (launcher/process/gpu_host.py).
   """
   distributed: distributed.CoordinatorFlags
   local_devices: Optional[int] = None
@@ -80,6 +83,7 @@ class ProcessFlags:
   compilation_cache_dir: Optional[str] = None
   config_file: str = ''
   min_processes: Optional[int] = None
+  gpu: gpu_host.GpuPolicy = gpu_host.GpuPolicy()
 
 
 @dataclasses.dataclass
@@ -118,10 +122,16 @@ def _join(config: ConfigDict, record: layout.Record, options: ProcessFlags,
   distributed.check_jax_untouched(options.config_file)
   devices.configure(options.local_devices,
                     multi_process=mode != distributed.SINGLE)
+  # Before JAX starts its backend: the GPUs, their memory and the preset.
+  gpu = (None if options.local_devices is not None else gpu_host.prepare(
+      options.gpu))
+  gpu_host.remember(gpu)
   if place.process_index is not None and place.num_processes is not None:
     # The rank is known: prefix from here on.
     output_prefix.setup(place.process_index, place.num_processes, supervised,
                         options.log_all_ranks)
+  if gpu is not None:
+    logging.info('%s', gpu.line)
   if mode == distributed.SINGLE:
     logging.info(
         'one process on all of this host\'s devices, no '
@@ -139,7 +149,8 @@ def _join(config: ConfigDict, record: layout.Record, options: ProcessFlags,
   ledger = goodput.current()
   ledger.add('startup', time.time() - ledger.started)
   with ledger.timing('distributed_init'):
-    distributed.initialize(mode, options.distributed, roll)
+    distributed.initialize(mode, options.distributed, roll,
+                           gpu.local_device_ids if gpu else None)
   if mode == distributed.DETECT and place.num_processes is None:
     import jax  # pylint: disable=g-import-not-at-top
     output_prefix.setup(jax.process_index(), jax.process_count(), supervised,

@@ -16,6 +16,7 @@ from absl import logging
 from ml_collections import ConfigDict
 
 from launcher.process import compilation
+from launcher.process import gpu_host
 from launcher.process import peers as peers_lib
 from launcher.process import supervisor as supervisor_lib
 from runtime.common import handoff
@@ -60,7 +61,7 @@ def run_record(config: ConfigDict, topo: topology.Topology, results: Any,
   else:
     results = dict(results or {})
     final_metrics = results.pop('final_metrics', None)
-  return {
+  run: records.Run = {
       'workload': config.workload,
       'steps': config.get('steps'),
       'global_batch_size': config.get('global_batch_size'),
@@ -73,6 +74,10 @@ def run_record(config: ConfigDict, topo: topology.Topology, results: Any,
       'ranks': ranks,
       'results': results,
   }
+  gpu = gpu_host.current()
+  if gpu is not None:
+    run['gpu'] = gpu.as_dict()
+  return run
 
 
 def finish(config: ConfigDict,

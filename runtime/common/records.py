@@ -419,6 +419,8 @@ class Run(TypedDict, total=False):
     final_metrics: the last step's metrics.
     ranks: each process's supervision figures (peers.rank_stats).
     results: the workload's TrainResult.summary(), or its own dict.
+    gpu: on a GPU host, process 0's GPUs, local_device_ids, memory
+      fraction and the preset's variables (launcher/process/gpu_host.py).
   """
   workload: str
   steps: Optional[int]
@@ -431,6 +433,7 @@ class Run(TypedDict, total=False):
   final_metrics: Optional[dict[str, float]]
   ranks: list[dict[str, Any]]
   results: Any
+  gpu: dict[str, Any]
 
 
 class Summary(Run, total=False):
