@@ -59,13 +59,17 @@ TrainResult = task_lib.TrainResult
 DataSourceError = task_lib.DataSourceError
 
 
-def _open_checkpoints(options: options_lib.Checkpointing, attempt: str):
+def _open_checkpoints(options: options_lib.Checkpointing, attempt: str,
+                      state: Any):
   """(persistent tier, local tier); None for each that is off. The local
-  copies name the attempt that wrote them."""
+  copies name the attempt that wrote them, and their default place has
+  room for copies of `state` (host arrays)."""
   if not options.enabled:
     return None, None
   ckpt = checkpoint.open_for(options)
-  return ckpt, local_checkpoint.open_for(options.local, ckpt.path, attempt)
+  size = sum(getattr(x, 'nbytes', 0) for x in jax.tree_util.tree_leaves(state))
+  return ckpt, local_checkpoint.open_for(options.local, ckpt.path, attempt,
+                                         size)
 
 
 def _hooks(options: options_lib.TrainOptions, record: layout.Record, task: Task,
@@ -161,7 +165,8 @@ def _restore(plan: plan_lib.Plan, task: Task,
   options = plan.options
   started = time.perf_counter()
   with ledger.timing('checkpoint_restore'):
-    ckpt, local = _open_checkpoints(options.checkpointing, options.attempt)
+    ckpt, local = _open_checkpoints(options.checkpointing, options.attempt,
+                                    plan.state)
     start, state, tier = recovery.restore(options.checkpointing, ckpt, local,
                                           plan.state, len(task.data),
                                           plan.state_layout.shardings)

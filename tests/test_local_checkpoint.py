@@ -283,3 +283,20 @@ def test_a_copy_is_read_from_its_mapped_file_with_its_crcs(tmp_path):
   np.savez_compressed(path, **arrays)
   with pytest.raises(local_checkpoint.UNREADABLE, match='compressed'):
     local_checkpoint.read_npz(path)
+
+
+def test_a_too_small_dev_shm_sends_the_copies_to_the_temporary_directory(
+    tmp_path, caplog, monkeypatch):
+  monkeypatch.delenv('PODRUN_LOCAL_CHECKPOINT_DIR', raising=False)
+  shm = tmp_path / 'shm'
+  shm.mkdir()
+  # Room enough: shared memory.
+  assert local_checkpoint.default_root(1, shm=str(shm)).startswith(str(shm))
+  # A container's 64 MB against copies it cannot hold: the temporary
+  # directory, said with the two fixes.
+  with caplog.at_level('WARNING'):
+    root = local_checkpoint.default_root(10**18, shm=str(shm))
+  assert not root.startswith(str(shm))
+  assert 'podrun-local-' in root
+  assert 'docker run --shm-size=' in caplog.text
+  assert 'medium: Memory' in caplog.text

@@ -80,21 +80,46 @@ UNREADABLE = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
 _ZIP_LOCAL_HEADER = 30
 _NPY_HEADER_MAX = 4096
 
+SHM = '/dev/shm'
 
-def default_root() -> str:
+
+def default_root(needed_bytes: int = 0, shm: str = SHM) -> str:
   """Where local copies go by default: $PODRUN_LOCAL_CHECKPOINT_DIR when set,
-  else shared memory when the host has it.
+  else shared memory when the host has it and it has room for
+  `needed_bytes` (the copies this process will keep, and the one being
+  written).
 
   /dev/shm is RAM: a save costs a memory copy, and it survives the process
-  (not the host). Without it, the system's temporary directory.
+  (not the host). Without it, or where it is too small (Docker and
+  Kubernetes give a container 64 MB), the system's temporary directory,
+  said once with how to give the container more.
   """
   configured = handoff.Settings.read().local_checkpoint_dir
   if configured:
     return configured
-  shm = '/dev/shm'
-  if os.path.isdir(shm) and os.access(shm, os.W_OK):
-    return os.path.join(shm, f'podrun-{os.getuid()}')
-  return os.path.join(tempfile.gettempdir(), f'podrun-local-{os.getuid()}')
+  temporary = os.path.join(tempfile.gettempdir(), f'podrun-local-{os.getuid()}')
+  if not (os.path.isdir(shm) and os.access(shm, os.W_OK)):
+    return temporary
+  free = _free_bytes(shm)
+  if needed_bytes and free is not None and free < needed_bytes:
+    logging.warning(
+        '%s has %.1f MB free, but the local tier keeps copies of %.1f MB '
+        '(config.keep_local_checkpoints and the one being written): they go '
+        'to %s instead, on disk. Give the container more shared memory: '
+        'docker run --shm-size=%dg, or in Kubernetes an emptyDir volume with '
+        'medium: Memory mounted at /dev/shm (docs/deployments/kubernetes.md)',
+        shm, free / 1e6, needed_bytes / 1e6, temporary,
+        max(1, -(-needed_bytes * 2 // 2**30)))
+    return temporary
+  return os.path.join(shm, f'podrun-{os.getuid()}')
+
+
+def _free_bytes(path: str) -> Optional[int]:
+  try:
+    stats = os.statvfs(path)
+  except OSError:
+    return None
+  return stats.f_bavail * stats.f_frsize
 
 
 def job_id(persistent_dir: str) -> str:
@@ -116,7 +141,8 @@ def job_id(persistent_dir: str) -> str:
 
 def open_for(tier: checkpoint_options.LocalTier,
              persistent_dir: str,
-             attempt: str = '') -> Optional['LocalCheckpoints']:
+             attempt: str = '',
+             state_bytes: int = 0) -> Optional['LocalCheckpoints']:
   """This process's local tier, or None when it is off (`tier.enabled`).
 
   Args:
@@ -124,6 +150,8 @@ def open_for(tier: checkpoint_options.LocalTier,
     persistent_dir: the persistent tier's directory, where the job's id
       lives.
     attempt: the attempt's name, which its copies record ('' for none).
+    state_bytes: one copy's bytes, at most: the default root is checked for
+      room for the copies kept and the one being written.
   """
   if not tier.enabled:
     return None
@@ -134,7 +162,7 @@ def open_for(tier: checkpoint_options.LocalTier,
                                   budgeted=tier.budgeted)
   jid = (job_id(persistent_dir) if client is None else client.from_0(
       _JOB_ID_KEY, lambda: job_id(persistent_dir)))
-  root = tier.root or default_root()
+  root = tier.root or default_root(state_bytes * (tier.keep + 1))
   index = client.process_index if client is not None else 0
   _sweep_leftovers(tier.leftover_hours, root, jid, index)
   return LocalCheckpoints(os.path.join(root, jid, f'{RANK_PREFIX}{index}'),
