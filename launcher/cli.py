@@ -17,6 +17,7 @@ from typing import Any, NoReturn, Optional
 
 from absl import app
 from absl import flags
+from absl import logging
 from ml_collections import ConfigDict
 from ml_collections import config_flags
 
@@ -38,6 +39,7 @@ from launcher.common import output_prefix
 from launcher.common import record_mirror
 from launcher.common import workload
 from runtime.common import exit_codes
+from runtime.common import version
 from runtime.common import handoff
 from runtime.common import layout
 
@@ -52,6 +54,9 @@ def parse_flags(argv: list[str]) -> list[str]:
 
   --help prints the launcher's flags by group (launcher/usage.py) and exits 0.
   """
+  if '--version' in argv[1:]:
+    print(version.line('podrun'), flush=True)
+    sys.exit(0)
   if any(arg in usage.HELP_ARGS for arg in argv[1:]):
     try:
       print(usage.text(flags.FLAGS), flush=True)
@@ -302,6 +307,7 @@ def main(argv: list[str]) -> int:
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value')
   output_prefix.quiet_routine_logs()
+  logging.info('%s', version.line('podrun'))
   config = cli_flags.CONFIG.value
   workdir = _workdir(cli_flags.WORKDIR.value)
   workload.parse(config.get('workload'))
@@ -416,5 +422,5 @@ def run() -> NoReturn:
   try:
     app.run(main, flags_parser=parse_flags)
   except exit_codes.ConfigError as e:
-    print(f'launcher: error: {e}', file=sys.stderr)
+    print(f'podrun: error: {e}', file=sys.stderr)
     sys.exit(e.exit_code)

@@ -65,7 +65,7 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path, override, expected):
       [f'--config={LINEAR}', f'--workdir={tmp_path}', override], timeout=60)
   assert result.returncode == 2
   line = _one_error_line(result)
-  assert line.startswith('launcher: error:') and expected in line
+  assert line.startswith('podrun: error:') and expected in line
 
 
 def test_a_misspelt_config_field_reads_without_python_escapes(tmp_path):
@@ -331,3 +331,19 @@ def test_min_replicas_counts_processes_and_refuses_what_cannot_go_on(tmp_path):
   planned = helpers.run_launcher(
       [*base, '--local_processes=4', '--min_replicas=3'])
   assert planned.returncode == 0, planned.output
+
+
+@pytest.mark.parametrize('module, command', [('launcher', 'podrun'),
+                                             ('launcher.tpu', 'podrun-tpu'),
+                                             ('launcher.ray', 'podrun-ray')])
+def test_each_command_says_its_version(module, command):
+  done = subprocess.run([sys.executable, '-m', module, '--version'],
+                        cwd=helpers.REPO,
+                        env=helpers.launcher_env(),
+                        capture_output=True,
+                        text=True,
+                        timeout=60,
+                        check=False)
+  assert done.returncode == 0, done.stderr
+  assert re.fullmatch(rf'{command} 0\.2\.\d+ \(JAX \S+, Python \S+\)\n',
+                      done.stdout), done.stdout

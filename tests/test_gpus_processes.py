@@ -47,7 +47,12 @@ def test_a_pod_of_2_drives_4_gpus_each_and_says_so(tmp_path):
   log = (tmp_path / 'logs' / 'rank_1.log').read_text()
   assert 'GPU host: this process drives GPU 4' in log
   assert 'local_device_ids [0, 1, 2, 3]; preallocates 90% of each' in log
-  gpu = helpers.read_json(tmp_path / 'run.json')['gpu']
+  run = helpers.read_json(tmp_path / 'run.json')
+  # The podrun that ran it, in run.json and summary.json alike.
+  assert run['podrun_version'].startswith('0.2.')
+  assert helpers.read_json(
+      tmp_path / 'summary.json')['podrun_version'] == run['podrun_version']
+  gpu = run['gpu']
   assert [g['index'] for g in gpu['gpus']] == [0, 1, 2, 3]
   assert gpu['memory_fraction'] == 0.9
   assert gpu['variables'] == {

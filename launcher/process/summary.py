@@ -17,6 +17,7 @@ from ml_collections import ConfigDict
 
 from launcher.process import compilation
 from launcher.process import gpu_host
+from runtime.common import version
 from launcher.process import peers as peers_lib
 from launcher.process import supervisor as supervisor_lib
 from runtime.common import handoff
@@ -62,6 +63,7 @@ def run_record(config: ConfigDict, topo: topology.Topology, results: Any,
     results = dict(results or {})
     final_metrics = results.pop('final_metrics', None)
   run: records.Run = {
+      'podrun_version': version.podrun(),
       'workload': config.workload,
       'steps': config.get('steps'),
       'global_batch_size': config.get('global_batch_size'),

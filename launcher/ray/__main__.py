@@ -33,6 +33,7 @@ from launcher.common import project
 from launcher.ray import driver
 from launcher.ray import options as options_lib
 from runtime.common import exit_codes
+from runtime.common import version
 from runtime.common import layout
 
 
@@ -163,6 +164,9 @@ def parse(argv: list[str]) -> options_lib.RayFlags:
 
 
 def run() -> NoReturn:
+  if sys.argv[1:2] == ['--version']:
+    print(version.line('podrun-ray'))
+    sys.exit(exit_codes.OK)
   options = parse(sys.argv[1:])
   if importlib.util.find_spec('ray') is None:
     print('podrun-ray: error: Ray is not installed: pip install -e ".[ray]"',

@@ -24,6 +24,7 @@ from launcher.tpu import bundle
 from launcher.tpu import driver
 from launcher.tpu import preflight
 from runtime.common import exit_codes
+from runtime.common import version
 from launcher.common import flag_values
 from launcher.common import output_prefix
 from launcher.common import project
@@ -108,6 +109,9 @@ def _check(args, launcher_args: Sequence[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
+  if argv[:1] == ['--version']:
+    print(version.line('podrun-tpu'))
+    return exit_codes.OK
   argv, launcher_args = flag_values.LaunchArgs.split(argv)
   output_prefix.quiet_routine_logs()
   if argv[:1] == ['launch']:

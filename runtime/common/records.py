@@ -413,6 +413,7 @@ class Run(TypedDict, total=False):
   computed.
 
   Keys:
+    podrun_version: the podrun that ran it (runtime/common/version.py).
     workload, steps, global_batch_size: from the config.
     process_count, device_count, local_device_count, platform,
       device_kind: the topology of the attempt that finished.
@@ -422,6 +423,7 @@ class Run(TypedDict, total=False):
     gpu: on a GPU host, process 0's GPUs, local_device_ids, memory
       fraction and the preset's variables (launcher/process/gpu_host.py).
   """
+  podrun_version: str
   workload: str
   steps: Optional[int]
   global_batch_size: Optional[int]
