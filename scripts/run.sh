@@ -11,4 +11,7 @@ case " ${args[*]-} " in
   *" --config="*) ;;
   *) args=(--config=configs/linear_regression.py "${args[@]}") ;;
 esac
+# The run's ledger starts here, not at the install above (exec keeps the
+# script's process, and with it the kernel's start time).
+export PODRUN_EXEC="$$:$(date +%s.%N)"
 exec "$venv/bin/python" -m launcher "${args[@]}"

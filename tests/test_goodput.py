@@ -532,3 +532,32 @@ def test_a_compile_inside_a_timed_block_is_counted_once():
   assert sum(parts.values()) == pytest.approx(wall, abs=0.02), parts
   assert clock.paused_here() == pytest.approx(parts['checkpoint_blocking'] +
                                               0.3)
+
+
+def test_a_script_that_execs_python_starts_the_ledger_at_its_exec(tmp_path):
+  # scripts/run.sh installs for a minute, then execs Python in its own
+  # process: the ledger starts at the exec, not at the script's start.
+  import os  # pylint: disable=g-import-not-at-top
+  pid = os.getpid()
+  assert goodput.process_start_time({'PODRUN_EXEC': f'{pid}:1234.5'}) == 1234.5
+  # Another process's (a child inherits the variable): the kernel's time.
+  assert goodput.process_start_time({'PODRUN_EXEC': f'{pid + 1}:1234.5'
+                                    }) > 1234.5
+  assert goodput.process_start_time({'PODRUN_EXEC': 'nonsense'}) > 1234.5
+  # Through the script, as a user runs it: a pause before the exec (the
+  # install's stand-in) is not booked as the run's.
+  script = tmp_path / 'run.sh'
+  script.write_text('sleep 2\nexport PODRUN_EXEC="$$:$(date +%s.%N)"\n'
+                    f'exec {sys.executable} -c "'
+                    'from runtime.common import goodput; '
+                    'print(goodput.process_start_time() - '
+                    'goodput.process_start_time({}))"\n')
+  done = subprocess.run(['bash', str(script)],
+                        cwd=helpers.REPO,
+                        env=helpers.launcher_env(),
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                        timeout=60)
+  # The exec came at least the pause after the script's start.
+  assert float(done.stdout) >= 1.9, done.stdout

@@ -52,7 +52,7 @@ import os
 import struct
 import threading
 import time
-from typing import Any, Callable, ContextManager, Iterator, Optional
+from typing import Any, Callable, ContextManager, Iterator, Mapping, Optional
 
 from runtime.common import exit_codes
 from runtime.common import files
@@ -74,9 +74,29 @@ OTHER_NAMES = ('backend_start', 'record_fetch', 'stall_history',
                'replicate', 'eval_check', 'loop_end', 'results', 'summary')
 _FLUSH_EVERY_S = 2.0
 
+# Set by scripts/run.sh as `PID:WALL TIME` just before it execs Python in
+# its own process: the kernel's start time is then the script's, which may
+# have spent a minute installing first.
+EXEC_VARIABLE = 'PODRUN_EXEC'
 
-def process_start_time() -> float:
-  """Wall time at which this process started (Linux), else now."""
+
+def _exec_time(env: Mapping[str, str], pid: int) -> Optional[float]:
+  """When a script exec'd this very process into Python, from EXEC_VARIABLE;
+  None where it is unset, malformed or another process's."""
+  told = env.get(EXEC_VARIABLE, '')
+  told_pid, _, at = told.partition(':')
+  try:
+    return float(at) if int(told_pid) == pid else None
+  except ValueError:
+    return None
+
+
+def process_start_time(env: Optional[Mapping[str, str]] = None) -> float:
+  """Wall time at which this process started (Linux), else now; where a
+  script exec'd it into Python (EXEC_VARIABLE), when it did."""
+  execed = _exec_time(os.environ if env is None else env, os.getpid())
+  if execed is not None:
+    return execed
   try:
     with open('/proc/self/stat') as f:
       ticks = int(f.read().rsplit(')', 1)[1].split()[19])
