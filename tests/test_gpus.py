@@ -36,7 +36,7 @@ def _run_fake(count=8, used_mib=0):
   return run
 
 
-def test_the_host_s_gpus_and_each_process_s_share():
+def test_the_host_s_gpus_and_each_process_s_share(tmp_path):
   found = gpus.find({}, _run_fake())
   assert [g.index for g in found] == list(range(8))
   assert found[3].uuid.startswith('GPU-00000003') and found[3].name == (
@@ -52,11 +52,11 @@ def test_the_host_s_gpus_and_each_process_s_share():
   assert [(g.index, g.token) for g in by_uuid] == [(5, 'GPU-00000005')]
   assert gpus.find({'CUDA_VISIBLE_DEVICES': ''}, _run_fake()) == []
   # Without nvidia-smi: the driver's directory.
-  assert gpus.find({}, lambda c: None, proc_root='/nonexistent') == []
+  assert gpus.find({}, lambda c: None, proc_root=str(tmp_path / 'no')) == []
 
 
 def test_the_driver_s_directory_when_nvidia_smi_is_missing(tmp_path):
-  for bus in ('0000:3b:00.0', '0000:18:00.0'):
+  for bus in ('0000:3b:00.0', '0000:18:00.0', 'not-a-gpu'):
     (tmp_path / bus).mkdir()
   found = gpus.find({}, lambda c: None, proc_root=str(tmp_path))
   assert [(g.index, g.bus_id) for g in found] == [(0, '0000:18:00.0'),
@@ -135,7 +135,7 @@ def test_open_mpi_5_is_detected_and_needs_a_coordinator():
   assert chosen.mode == distributed.EXPLICIT
 
 
-def test_the_memory_fraction_and_the_preset_are_set_and_said():
+def test_the_memory_fraction_and_the_preset_are_set_and_said(tmp_path):
   env = {'CUDA_VISIBLE_DEVICES': '4,5', 'XLA_PYTHON_CLIENT_MEM_FRACTION': '.5'}
   setup = gpu_host.prepare(gpu_host.GpuPolicy(memory_fraction=0.9), env,
                            _run_fake())

@@ -17,12 +17,15 @@ Example:
 
 import dataclasses
 import os
+import re
 import subprocess
 from typing import Callable, Mapping, Optional, Sequence
 
 from runtime.common import exit_codes
 
 _PROC_GPUS = '/proc/driver/nvidia/gpus'
+# A PCI bus id as the driver names each GPU's directory: 0000:3b:00.0.
+_BUS_ID = re.compile(r'[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d')
 _QUERY = ('nvidia-smi', '--query-gpu=index,uuid,pci.bus_id,name',
           '--format=csv,noheader')
 
@@ -89,7 +92,7 @@ def _query(run: Callable[[Sequence[str]], Optional[str]]) -> list[Gpu]:
 
 def _from_proc(root: str) -> list[Gpu]:
   try:
-    bus_ids = sorted(os.listdir(root))
+    bus_ids = sorted(n for n in os.listdir(root) if _BUS_ID.fullmatch(n))
   except OSError:
     return []
   return [Gpu(i, '', bus, '', str(i)) for i, bus in enumerate(bus_ids)]

@@ -22,6 +22,7 @@ from launcher.process import roll_call
 from launcher.process import tpu_metadata
 from launcher.common import cluster
 from runtime.common import exit_codes
+from runtime.common import handoff
 from launcher.common import job_tls
 
 EXPLICIT = 'explicit'  # All of coordinator, count and id given.
@@ -138,8 +139,8 @@ def plan(
         f'Open MPI 5 gives {present} (OMPI_COMM_WORLD_RANK and _SIZE) but no '
         'coordinator: it runs on PRRTE, without the ORTE variables JAX '
         'detects Open MPI by. Pass --coordinator_address=HOST:PORT, HOST '
-        'being the node of rank 0 (or set PODRUN_COORDINATOR_ADDRESS in '
-        'mpirun -x).')
+        f'being the node of rank 0 (or set '
+        f'{handoff.variable("coordinator_address")} in mpirun -x).')
   if missing:
     raise DistributedInitError(
         f'{present} given without {" and ".join(missing)}: pass all three, or '
