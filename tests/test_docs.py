@@ -143,3 +143,33 @@ def test_every_config_override_a_page_names_is_a_field():
           unknown.append(f'{page.relative_to(helpers.REPO)}:{number} '
                          f'--config.{name}')
   assert not unknown, unknown
+
+
+def _tables_broken_by_a_blank_line(text: str) -> list[int]:
+  """Line numbers (from 1) of table rows that follow a blank line which
+  follows a table row: Markdown ends the table at the blank line, and the
+  rows after it render as a paragraph of `|`s (mkdocs --strict passes)."""
+  lines = text.splitlines()
+  found, in_code = [], False
+  for i, line in enumerate(lines):
+    if line.lstrip().startswith('```'):
+      in_code = not in_code
+    if in_code or i < 2:
+      continue
+    if (line.startswith('|') and not lines[i - 1].strip() and
+        lines[i - 2].startswith('|')):
+      found.append(i + 1)
+  return found
+
+
+def test_no_table_is_broken_by_a_blank_line():
+  assert _tables_broken_by_a_blank_line('| a |\n| --- |\n| 1 |\n\n| 2 |\n') == [
+      5
+  ]
+  assert _tables_broken_by_a_blank_line('| a |\n| --- |\n\ntext\n| b |') == []
+  broken = {
+      str(page.relative_to(helpers.REPO)):
+          _tables_broken_by_a_blank_line(page.read_text()) for page in
+      [helpers.REPO / 'README.md', *(helpers.REPO / 'docs').rglob('*.md')]
+  }
+  assert {p: lines for p, lines in broken.items() if lines} == {}

@@ -140,6 +140,66 @@ def test_every_shell_block_is_run_or_says_why():
   assert not stale, f'blocks that say they are not run, and are: {stale}'
 
 
+# What a command says of itself where it means to train nothing more.
+_RESUMES = ('resume', 'already')
+
+
+def workdir_of(words: list[str]) -> str:
+  """The workdir a podrun or scripts/run.sh command writes, as the launcher
+  names it: --workdir, else workdirs/<config name>[_<config arg>]
+  (launcher/cli.py `config_name`; run.sh's default config is the linear
+  regression)."""
+  for word in words:
+    if word.startswith('--workdir='):
+      return word.split('=', 1)[1]
+  config = next(
+      (w.split('=', 1)[1] for w in words if w.startswith('--config=')),
+      'linear_regression.py')
+  path, _, arg = config.partition(':')
+  name = path.rsplit('/', 1)[-1].rsplit('.', 1)[0]
+  return f'workdirs/{name}_{arg}' if arg else f'workdirs/{name}'
+
+
+def pasted_collisions(commands: list[str]) -> list[str]:
+  """The commands of one page that, pasted in order into one directory,
+  write a workdir a line above already trained, and do not say they
+  resume: each would train nothing (or a mix)."""
+  seen, found = {}, []
+  for command in commands:
+    try:
+      words = shlex.split(command, comments=True)
+    except ValueError:
+      continue
+    if not is_local(words) or words[0] == 'python' or '--dry_run' in words:
+      continue
+    where = workdir_of(words)
+    if where in seen and not any(w in command.lower() for w in _RESUMES):
+      found.append(f'{command!r} writes {where}, as {seen[where]!r} above')
+    seen.setdefault(where, command)
+  return found
+
+
+def test_no_page_s_commands_train_nothing_as_pasted_in_order():
+  # The README's second command once reused the first's workdir and
+  # trained nothing, exit 0; so did five other pairs.
+  assert pasted_collisions([
+      'scripts/run.sh',
+      'podrun --config=configs/linear_regression.py --local_processes=2'
+  ]) == [
+      "'podrun --config=configs/linear_regression.py --local_processes=2' "
+      "writes workdirs/linear_regression, as 'scripts/run.sh' above"
+  ]
+  assert pasted_collisions([
+      'podrun --config=configs/mlp.py --config.steps=300',
+      'podrun --config=configs/mlp.py --config.steps=600   # ...resumes'
+  ]) == []
+  pages: dict[str, list[str]] = {}
+  for page, _, commands in shell_blocks():
+    pages.setdefault(page, []).extend(commands)
+  found = {page: pasted_collisions(c) for page, c in pages.items()}
+  assert {p: f for p, f in found.items() if f} == {}
+
+
 def test_every_local_recipe_runs(tmp_path):
   """About 60 s: every podrun command of the docs for one machine (a
   dozen, local pods among them) as written, 2 steps each, then the scripts
