@@ -173,3 +173,18 @@ def test_no_table_is_broken_by_a_blank_line():
       [helpers.REPO / 'README.md', *(helpers.REPO / 'docs').rglob('*.md')]
   }
   assert {p: lines for p, lines in broken.items() if lines} == {}
+
+
+def test_every_hand_off_variable_is_in_the_environment_table():
+  from runtime.common import goodput  # pylint: disable=g-import-not-at-top
+  from runtime.common import handoff  # pylint: disable=g-import-not-at-top
+  page = (helpers.REPO / 'docs' / 'reference' / 'environment.md').read_text()
+  named = set(re.findall(r'^\| `(\w+)` \|', page, re.M))
+  told = {*handoff.NAMES, goodput.EXEC_VARIABLE}
+  told |= {
+      getattr(handoff, n)
+      for n in dir(handoff)
+      if n.isupper() and isinstance(getattr(handoff, n), str) and
+      getattr(handoff, n).startswith('PODRUN_')
+  }
+  assert told - named == set()
