@@ -176,5 +176,12 @@ def test_a_restart_waits_bounded_for_the_gpu_s_memory():
                                     sleep=slept.append,
                                     clock=lambda: float(clock()))
   assert waited >= 5 and slept
-  assert gpu_host.wait_for_memory(
-      gpus.find({}, _run_fake())[:1], 0.75, 5, _run_fake()) < 1
+  # Free at once: no wait.
+  slept = []
+  assert gpu_host.wait_for_memory(gpus.find({}, _run_fake())[:1],
+                                  0.75,
+                                  5,
+                                  _run_fake(),
+                                  sleep=slept.append,
+                                  clock=lambda: 0.0) == 0.0
+  assert not slept
