@@ -56,6 +56,9 @@ FRESH: dict[tuple[str, str], Callable[[Any], Any]] = {
     # The config fields read since the launcher handed the config on.
     ('runtime.config_reads', '_reads'):
         lambda m: m.stop(),
+    # This process's GPU setup, for run.json.
+    ('launcher.process.gpu_host', '_current'):
+        lambda m: m.remember(None),
 }
 
 # Module-level state kept across tests on purpose, with the reason.
