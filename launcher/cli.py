@@ -307,7 +307,6 @@ def main(argv: list[str]) -> int:
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value')
   output_prefix.quiet_routine_logs()
-  logging.info('%s', version.line('podrun'))
   config = cli_flags.CONFIG.value
   workdir = _workdir(cli_flags.WORKDIR.value)
   workload.parse(config.get('workload'))
