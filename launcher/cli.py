@@ -17,7 +17,6 @@ from typing import Any, NoReturn, Optional
 
 from absl import app
 from absl import flags
-from absl import logging
 from ml_collections import ConfigDict
 from ml_collections import config_flags
 
