@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from runtime.common import version
 from tests import helpers
 from tests.test_distributed import _metadata_server
 from tests.test_distributed import _refusing_address
@@ -93,3 +94,5 @@ def test_cluster_none_runs_alone_inside_a_cluster_s_variables(tmp_path):
                                 env=helpers.launcher_env(**slurm))
   assert result.returncode == 0, result.stderr[-3000:]
   assert f'{_ALONE}--cluster=none' in result.stderr
+  # The process's first line names podrun's version.
+  assert f'podrun {version.podrun()}, {_ALONE}' in result.stderr

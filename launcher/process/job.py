@@ -37,6 +37,7 @@ from runtime.common import exit_codes
 from runtime.common import gcs_auth
 from runtime.common import goodput
 from runtime.common import layout
+from runtime.common import version
 from launcher.common import output_prefix
 from launcher.common import record_mirror
 from launcher.common import workload
@@ -134,11 +135,11 @@ def _join(config: ConfigDict, record: layout.Record, options: ProcessFlags,
     logging.info('%s', gpu.line)
   if mode == distributed.SINGLE:
     logging.info(
-        'one process on all of this host\'s devices, no '
-        'coordinator: %s', chosen.why)
+        'podrun %s, one process on all of this host\'s devices, no '
+        'coordinator: %s', version.podrun(), chosen.why)
   else:  # After the prefix: every line of a rank carries it.
     logging.info(
-        'jax.distributed %s: %s', 'from the flags'
+        'podrun %s, jax.distributed %s: %s', version.podrun(), 'from the flags'
         if mode == (distributed.EXPLICIT) else 'from the cluster', chosen.why)
   distributed.prepare_environment(options.distributed.coordinator_address)
   roll = None
