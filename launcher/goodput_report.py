@@ -19,6 +19,7 @@ directory (launcher/common/record_mirror.py), where the picture goes too.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -196,6 +197,12 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   workdir = args.workdir
   if layout.in_bucket(workdir):
+    if importlib.util.find_spec('gcsfs') is None:
+      print(
+          f'podrun-goodput: error: {workdir}: a bucket needs gcsfs, which is '
+          "not installed: pip install -e '.[gcs]'",
+          file=sys.stderr)
+      return 2
     workdir = record_mirror.fetch_record(
         workdir, tempfile.mkdtemp(prefix='podrun-record-'))
   record = layout.Record(workdir)

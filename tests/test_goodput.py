@@ -561,3 +561,15 @@ def test_a_script_that_execs_python_starts_the_ledger_at_its_exec(tmp_path):
                         timeout=60)
   # The exec came at least the pause after the script's start.
   assert float(done.stdout) >= 1.9, done.stdout
+
+
+def test_a_bucket_without_gcsfs_is_one_line(monkeypatch, capsys):
+  """podrun-goodput gs://...: the extra to install and exit 2, as
+  podrun-fetch-mnist says it, not gcs_auth's traceback."""
+  from launcher import goodput_report  # pylint: disable=g-import-not-at-top
+  monkeypatch.setitem(sys.modules, 'gcsfs', None)  # As if not installed.
+  assert goodput_report.main(['gs://bucket/job']) == 2
+  said = capsys.readouterr().err
+  assert said.startswith("podrun-goodput: error: gs://bucket/job: a bucket "
+                         "needs gcsfs, which is not installed: pip install "
+                         "-e '.[gcs]'"), said

@@ -123,3 +123,27 @@ def test_a_fetch_into_a_bucket_without_gcsfs_is_one_line(monkeypatch, capsys):
   assert said.startswith('podrun-fetch-mnist: error: gs://bucket/mnist-data: '
                          "a bucket needs gcsfs, which is not installed: pip "
                          "install -e '.[gcs]'"), said
+
+
+def test_an_offline_fetch_is_one_line_with_the_ways_round(
+    monkeypatch, tmp_path):
+  """A mirror that cannot be reached (a closed port on 127.0.0.1): one line
+  naming the URL and the three ways round it, not urllib's traceback."""
+  import socket  # pylint: disable=g-import-not-at-top
+  from runtime.workloads import fetch_mnist  # pylint: disable=g-import-not-at-top
+  with socket.socket() as probe:
+    probe.bind(('127.0.0.1', 0))
+    port = probe.getsockname()[1]  # Closed when the block ends.
+  monkeypatch.setattr(sys, 'argv', [
+      'podrun-fetch-mnist', f'--data_dir={tmp_path}',
+      f'--mirror=http://127.0.0.1:{port}/'
+  ])
+  with pytest.raises(SystemExit) as ended:
+    fetch_mnist.run()
+  said = str(ended.value.code)
+  assert said.startswith(f'podrun-fetch-mnist: cannot fetch '
+                         f'http://127.0.0.1:{port}/train-images'), said
+  for way in ('copy the four MNIST files', '--mirror=URL',
+              'scripts/digits_as_mnist.py'):
+    assert way in said, said
+  assert not list(tmp_path.glob('*.part')), 'a partial file was left'

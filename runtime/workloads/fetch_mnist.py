@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 
 import runtime
@@ -54,12 +55,25 @@ def fetch(data_dir: str, mirror: str) -> None:
     if not os.path.exists(path):
       url = mirror.rstrip('/') + '/' + name + '.gz'
       print(f'fetching {url}')
-      urllib.request.urlretrieve(url, path + '.part')
+      try:
+        urllib.request.urlretrieve(url, path + '.part')
+      except (urllib.error.URLError, OSError) as e:
+        sys.exit(f'podrun-fetch-mnist: cannot fetch {url}: {e}. Offline: '
+                 f'copy the four MNIST files ({", ".join(_names())}) into '
+                 f'{data_dir} from a machine that has them, give '
+                 '--mirror=URL of a mirror this machine reaches, or write '
+                 "scikit-learn's digits as MNIST files (pip install -e "
+                 "'.[digits]' && python scripts/digits_as_mnist.py "
+                 '--data_dir=data/digits, then --config.data_dir=data/digits)')
       os.replace(path + '.part', path)
     shape = idx.read(path).shape
     if shape != SHAPES[key]:
       sys.exit(f'{path}: shape {shape}, MNIST has {SHAPES[key]}')
     print(f'{path}: {shape} ok')
+
+
+def _names() -> list[str]:
+  return [name + '.gz' for name in mnist.FILES.values()]
 
 
 def upload(local: str, url: str) -> None:
