@@ -2,8 +2,8 @@
 decoder.py): GPT-2 small's shape by default, for an accelerator; `:tiny`
 for a CPU.
 
-  python -m launcher --config=configs/decoder.py           # 124 M parameters
-  python -m launcher --config=configs/decoder.py:tiny      # a few seconds on a CPU
+  podrun --config=configs/decoder.py           # 124 M parameters
+  podrun --config=configs/decoder.py:tiny      # a few seconds on a CPU
 """
 
 from runtime import config_base

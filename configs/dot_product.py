@@ -1,7 +1,7 @@
 """The second seed: ten million dot products of 3-d vectors, pmap against vmap.
 
-  python -m launcher --config=configs/dot_product.py
-  python -m launcher --config=configs/dot_product.py --config.reshape=False  # the runtime's error
+  podrun --config=configs/dot_product.py
+  podrun --config=configs/dot_product.py --config.reshape=False  # the runtime's error
 """
 
 from runtime import config_base

@@ -1,7 +1,7 @@
 """The first seed: 3-d linear regression, SGD at learning rate 0.1.
 
-  python -m launcher --config=configs/linear_regression.py
-  python -m launcher --config=configs/linear_regression.py --local_processes=2
+  podrun --config=configs/linear_regression.py
+  podrun --config=configs/linear_regression.py --local_processes=2
 """
 
 from runtime import config_base

@@ -1,7 +1,7 @@
 """A small MLP classifier on synthetic, learnable data, with Adam.
 
-  python -m launcher --config=configs/mlp.py
-  python -m launcher --config=configs/mlp.py --local_processes=2 --local_devices=4
+  podrun --config=configs/mlp.py
+  podrun --config=configs/mlp.py --local_processes=2 --local_devices=4
 """
 
 from runtime import config_base

@@ -1,9 +1,9 @@
 """MNIST, an MLP (784-512-512-10) trained data-parallel with Adam.
 
-  python scripts/fetch_mnist.py --data_dir=data/mnist
-  python -m launcher --config=configs/mnist.py
-  python -m launcher --config=configs/mnist.py --local_processes=2 --local_devices=4
-  python -m launcher --config=configs/mnist.py --config.parallelism=shard_map
+  podrun-fetch-mnist --data_dir=data/mnist
+  podrun --config=configs/mnist.py
+  podrun --config=configs/mnist.py --local_processes=2 --local_devices=4
+  podrun --config=configs/mnist.py --config.parallelism=shard_map
 """
 
 from runtime import config_base

@@ -1,8 +1,8 @@
 """MNIST with a Flax NNX CNN (BatchNorm, dropout), warm-up cosine AdamW.
 
-  python scripts/fetch_mnist.py --data_dir=data/mnist
-  python -m launcher --config=configs/mnist_cnn.py
-  python -m launcher --config=configs/mnist_cnn.py --local_processes=2 --local_devices=4
+  podrun-fetch-mnist --data_dir=data/mnist
+  podrun --config=configs/mnist_cnn.py
+  podrun --config=configs/mnist_cnn.py --local_processes=2 --local_devices=4
 """
 
 from configs import mnist

@@ -30,8 +30,8 @@
 #   scripts/launch_tpu_pod.sh --tpu=my-v4-32 --zone=us-central2-b --create \
 #       --accelerator_type=v4-32 --runtime_version=tpu-ubuntu2204-base \
 #       --provision_python --spot --max_restarts=10 --delete_after -- \
-#       --config=configs/mnist.py --config.data_dir=gs://BUCKET/mnist \
-#       --workdir=gs://BUCKET/mnist-run
+#       --config=configs/mnist.py --config.data_dir=gs://BUCKET/mnist-data \
+#       --workdir=gs://BUCKET/mnist
 # (the workdir in a bucket: the slice's disks go with a preemption)
 #
 # Your own project: run the script from its directory (or name it with

@@ -81,6 +81,8 @@ EMULATED = (('gcloud compute tpus tpu-vm create my-pod', ''),
 # Scripts a recipe runs on what a local job wrote; the rest (the benchmark,
 # MNIST's download) are not run here.
 LOCAL_SCRIPTS = ('scripts/goodput.py', 'scripts/plot_metrics.py')
+# The console scripts that read what a job wrote, and their modules.
+READERS = {('podrun-goodput',): 'launcher.goodput_report'}
 _MARKERS = ('*Not run here', '*Partly run here')
 
 
@@ -107,6 +109,8 @@ def is_local(words: list[str]) -> bool:
     return False  # A bucket: the emulated TPU recipes' own.
   if words[:1] == ['python'] and len(words) > 1:
     return words[1] in LOCAL_SCRIPTS
+  if tuple(words[:1]) in READERS:
+    return True
   if words[:1] not in (['podrun'], ['scripts/run.sh']):
     return False
   cluster = ('--num_processes', '--process_id', '--coordinator_address=10.')
@@ -221,10 +225,13 @@ def test_every_local_recipe_runs(tmp_path):
       if is_local(words) and words not in [w for _, _, w in seen]:
         seen.append((page, command, words))
   # The jobs first, then the scripts that read what they wrote.
-  for page, command, words in sorted(seen, key=lambda s: s[2][0] == 'python'):
+  for page, command, words in sorted(
+      seen, key=lambda s: s[2][0] == 'python' or tuple(s[2][:1]) in READERS):
     words = _emulated(words, {'/tmp/': f'{tmp_path}/'})
     if words[0] == 'python':
       argv = [sys.executable, str(helpers.REPO / words[1]), *words[2:]]
+    elif tuple(words[:1]) in READERS:
+      argv = [sys.executable, '-m', READERS[tuple(words[:1])], *words[1:]]
     else:  # podrun, and scripts/run.sh: podrun after its install
       default = ([] if words[0] == 'podrun' or any(
           w.startswith('--config=') for w in words) else

@@ -58,3 +58,28 @@ def test_the_runtime_reads_the_config_only_through_its_options():
   assert not found, (
       'runtime/ reads config fields outside the options (add the field to '
       f'TrainOptions or a part\'s options and pass the value): {list(found)}')
+
+
+def test_the_oldest_pins_are_the_floors_pyproject_allows():
+  """scripts/oldest.txt is what CI's oldest pair installs: each pin must be
+  the lower bound pyproject.toml states, or the floor is untested."""
+  import re  # pylint: disable=g-import-not-at-top
+  floors = {}
+  for requirement in _pyproject()['project']['dependencies']:
+    found = re.match(r'([A-Za-z0-9_.-]+)(?:\[[^]]*\])?>=([0-9.]+)', requirement)
+    if found:
+      floors[found.group(1).lower()] = found.group(2)
+  pins = {}
+  for line in (helpers.REPO / 'scripts' /
+               'oldest.txt').read_text().splitlines():
+    if '==' in line and not line.startswith('#'):
+      name, version = line.split('==')
+      pins[name.strip().lower()] = version.strip()
+  assert {'jax', 'optax', 'orbax-checkpoint', 'flax'} <= set(pins) & set(floors)
+  differ = {
+      name: (floors[name], pin)
+      for name, pin in pins.items()
+      if name in floors and floors[name] != pin
+  }
+  assert not differ, (f'pyproject.toml floor against scripts/oldest.txt pin: '
+                      f'{differ}; make them one')
