@@ -89,7 +89,7 @@ class Run:
   Attributes:
     options: what `train` read of its config (runtime/options.py).
     workdir, task: what `train` was given.
-    parallelism: how the state is placed (runtime/parallelism.py).
+    parallelism: how the step maps over the devices (runtime/parallelism/).
     process_index: this process.
     state: the `TrainState` after step `step`, replicated, or split as
       `state_layout` says.

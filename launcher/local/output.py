@@ -2,7 +2,7 @@
 
 Each rank's stdout and stderr go whole to WORKDIR/logs/rank_<i>.log and, with
 a `[rank i/N]` prefix, to the console: rank 0 in full, other ranks' warnings
-and errors (launcher/output_prefix.py decides). Each rank reports its
+and errors (launcher/common/output_prefix.py decides). Each rank reports its
 completed steps as `RANK STEP` lines on one shared pipe.
 
 Example:

@@ -52,7 +52,6 @@ from runtime import topology
 _INTERRUPT_GRACE_S = 0.5
 _CTRL_C_GRACE_S = 5.0
 _RESUME_HINT = 'the same command resumes from the newest checkpoint'
-# Set by the TPU pod driver on every worker: how many processes must join.
 
 
 @dataclasses.dataclass(frozen=True)

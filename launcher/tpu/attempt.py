@@ -269,7 +269,7 @@ class Attempt:
       # job's own code, and relaunching on VMs that are going.
       lost = (babysit.lost_within(
           self.launch, self.launch.options.relaunch_grace) if shutdown and
-              self.launch.options.spot else _lost_or_none(self.launch.slices))
+              self.launch.options.spot else _lost_or_none(self.launch))
       if lost is not None:
         self._on_lost(lost)
     if self.slice_lost is not None:
@@ -354,8 +354,12 @@ def _process_nodes(launch) -> dict[str, str]:
   }
 
 
-def _lost_or_none(slices):
+def _lost_or_none(launch):
+  """A slice seen lost once the job ended, or None; a read that gcloud
+  fails is said and taken as none lost, so that the job's own end decides
+  the attempt's (a bug raises)."""
   try:
-    return slices.lost()
-  except Exception:  # pylint: disable=broad-except
+    return launch.slices.lost()
+  except exit_codes.PodrunError as e:
+    launch.say(f'could not read the slices after the job ended: {e}')
     return None

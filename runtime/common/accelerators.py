@@ -31,14 +31,6 @@ class Generation:
   single_host_max_chips: int  # Slices up to this many chips are one host.
 
 
-def _powers_of_two(low: int, high: int) -> tuple[int, ...]:
-  out, n = [], low
-  while n <= high:
-    out.append(n)
-    n *= 2
-  return tuple(out)
-
-
 GENERATIONS = {
     'v2':
         Generation('v2', (8, 32, 128, 256, 512), 'cores', 2, 4, 4),

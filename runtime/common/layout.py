@@ -3,6 +3,7 @@ writes it. Every module reads and writes the workdir through here.
 
   WORKDIR/
     summary.json                the job's results and goodput
+    run.json                    process 0's results of the run that ended
     goodput.jsonl               the roll-up, one line an attempt
     metrics.jsonl               process 0's metrics, one line a logged step
     tensorboard/                process 0's event files
@@ -15,6 +16,8 @@ writes it. Every module reads and writes the workdir through here.
     logs/attempts.jsonl         the launcher's attempts
     logs/job.json               the launcher's processes
     checkpoints/                orbax's (config.checkpoint_dir elsewhere)
+    checkpoints/.podrun_local_tier_id
+                                the local tier the local copies belong to
     compilation_cache/          JAX's
     .podrun/join/rank_<i>.json  the roll call of live processes
     .podrun_lease.json          the lease of the job that writes here
