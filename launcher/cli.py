@@ -33,10 +33,12 @@ from launcher import tls
 from launcher import usage
 from launcher.common import cluster
 from launcher.common import gpus
+from launcher.common import process_flags
 from launcher.common import launcher_record
 from launcher.common import output_prefix
 from launcher.common import record_mirror
 from launcher.common import workload
+from runtime.common import elastic_replicas
 from runtime.common import exit_codes
 from runtime.common import version
 from runtime.common import handoff
@@ -138,19 +140,18 @@ def distributed_options():
                'coordinator_bind_address'):
     values[flag] = (flags.FLAGS[flag].value if flags.FLAGS[flag].present else
                     from_env.get(flag, (flags.FLAGS[flag].value,))[0])
-  return distributed.CoordinatorFlags(
+  return cli_flags.values_of(
+      distributed.CoordinatorFlags,
+      cli_flags.COORDINATOR,
       **values,
-      initialization_timeout=cli_flags.INITIALIZATION_TIMEOUT.value,
-      heartbeat_timeout=cli_flags.HEARTBEAT_TIMEOUT.value,
-      shutdown_timeout=cli_flags.BARRIER_TIMEOUT.value,
-      tls=cli_flags.TLS.value,
-      tls_dir=_tls_dir(),
-      cluster=cli_flags.CLUSTER.value)
+      heartbeat_timeout=cli_flags.WATCH['heartbeat_timeout'].value,
+      barrier_timeout=cli_flags.WATCH['barrier_timeout'].value,
+      tls_dir=_tls_dir())
 
 
 def _tls_dir() -> Optional[str]:
   """--tls_dir, else $PODRUN_TLS_DIR (a TPU driver sets it, as ~/...)."""
-  found = cli_flags.TLS_DIR.value or handoff.current().tls_dir
+  found = cli_flags.COORDINATOR['tls_dir'].value or handoff.current().tls_dir
   return os.path.expanduser(found) if found else None
 
 
@@ -178,11 +179,12 @@ def _pod_spec(config: ConfigDict, workdir: str, authority: tls.PodAuthority,
       workdir=workdir,
       process_args=tuple(
           pod_passthrough_args(sys.argv[1:]) + authority.process_args()),
-      coordinator_address=cli_flags.COORDINATOR_ADDRESS.value,
-      timeouts=monitor.Timeouts(cli_flags.STALL_TIMEOUT.value,
-                                cli_flags.FIRST_STEP_TIMEOUT.value,
-                                cli_flags.PREEMPTION_GRACE.value),
-      kill_grace=cli_flags.KILL_GRACE.value,
+      coordinator_address=cli_flags.COORDINATOR['coordinator_address'].value,
+      timeouts=cli_flags.values_of(
+          monitor.Timeouts,
+          cli_flags.POD_TIMEOUTS,
+          stall=cli_flags.WATCH['stall_timeout'].value,
+          first_step=cli_flags.WATCH['first_step_timeout'].value),
       log_all_ranks=cli_flags.LOG_ALL_RANKS.value,
       elastic_processes=((capacity.minimum,
                           capacity.full) if capacity else None),
@@ -225,12 +227,12 @@ def _capacity(config: ConfigDict) -> Optional[elastic.Capacity]:
   if fixed is not None:
     _fail(f'config.topology.num_processes={fixed} fixes the process count, '
           f'and {flag}={minimum} lets it change: unset one of them')
-  replica = config.get('replica') or 'process'
-  if config.get('state_layout') == 'sharded' and replica != 'process':
-    _fail(f"{flag}={minimum} with config.state_layout='sharded' and "
-          f'config.replica={replica!r}: a replica of several processes is '
-          "lost with any of them; set config.replica='process' (each "
-          'process a replica)')
+  refused = elastic_replicas.refusal(config.get('state_layout') or '',
+                                     config.get('replica') or 'process',
+                                     (minimum, _local_processes()),
+                                     why=f'{flag}={minimum}')
+  if refused:
+    _fail(refused)
   try:
     return elastic.Capacity(full=_local_processes(),
                             minimum=minimum,
@@ -310,7 +312,7 @@ def main(argv: list[str]) -> int:
   workdir = _workdir(cli_flags.WORKDIR.value)
   workload.parse(config.get('workload'))
 
-  tls.check_required(cli_flags.TLS.value)
+  tls.check_required(cli_flags.COORDINATOR['tls'].value)
   if cli_flags.LOCAL_PROCESSES.value is not None:
     return _run_local_pod(config, workdir)
   return _run_process(config, workdir)
@@ -320,7 +322,8 @@ def _run_local_pod(config: ConfigDict, workdir: str) -> int:
   """--local_processes: the pod, restarted and resized as its flags say."""
   capacity = _capacity(config)
   job_id = uuid.uuid4().hex
-  authority = tls.PodAuthority(cli_flags.TLS.value, job_id, restart.console_say)
+  authority = tls.PodAuthority(cli_flags.COORDINATOR['tls'].value, job_id,
+                               restart.console_say)
   record = layout.Record.of(workdir)
   try:
     # Before the pod: a copy set aside takes its directory with it.
@@ -386,7 +389,6 @@ def _run_process(config: ConfigDict, workdir: str) -> int:
     return dry_run.print_plan(sys.argv, distributed_options(),
                               cli_flags.LOCAL_DEVICES.value)
   from launcher.process import job  # pylint: disable=g-import-not-at-top
-  from launcher.process import supervisor  # pylint: disable=g-import-not-at-top
   return job.run(
       config, workdir,
       job.ProcessFlags(
@@ -394,17 +396,9 @@ def _run_process(config: ConfigDict, workdir: str) -> int:
           config_file=_config_filename().split(':')[0],
           local_devices=cli_flags.LOCAL_DEVICES.value,
           log_all_ranks=cli_flags.LOG_ALL_RANKS.value,
-          gpu=gpus.GpuPolicy(cli_flags.GPU_MEMORY_FRACTION.value,
-                             cli_flags.GPU_PRESET.value),
-          supervision=supervisor.WatchFlags(
-              heartbeat_timeout=cli_flags.HEARTBEAT_TIMEOUT.value,
-              stall_timeout=cli_flags.STALL_TIMEOUT.value,
-              first_step_timeout=cli_flags.FIRST_STEP_TIMEOUT.value,
-              barrier_timeout=cli_flags.BARRIER_TIMEOUT.value,
-              enabled=cli_flags.SUPERVISION.value,
-              learned_stall_deadline=cli_flags.LEARNED_STALL_DEADLINE.value,
-              stall_floor=cli_flags.STALL_FLOOR.value),
-          lease_timeout=cli_flags.LEASE_TIMEOUT.value,
+          gpu=cli_flags.values_of(gpus.GpuPolicy, cli_flags.GPU),
+          supervision=cli_flags.values_of(process_flags.WatchFlags,
+                                          cli_flags.WATCH),
           compilation_cache_dir=cli_flags.COMPILATION_CACHE_DIR.value,
           min_processes=fewest))
 

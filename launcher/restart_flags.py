@@ -16,10 +16,10 @@ from launcher import restart
 
 # (name, type, default, help), in the order --help lists them.
 FLAGS = (
-    ('max_restarts', int, 0,
+    ('max_restarts', int, restart.RestartPolicy.max_restarts,
      'start the whole job again, resuming from its checkpoint, up to this '
      'many times after a preemption (exit 75) or a --retry_exit_codes code'),
-    ('restart_backoff', float, 1.0,
+    ('restart_backoff', float, restart.RestartPolicy.first_backoff_s,
      'a job that trained before it failed restarts at once; attempts that '
      'fail in a row without completing a step wait this many seconds before '
      'the second restart, doubled for each further one, at most 60'),

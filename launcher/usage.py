@@ -10,16 +10,16 @@ Example:
 
 from absl import flags
 
+from launcher.common import flag_spec
+
 # --help's groups, in its order. Each flag of launcher/cli.py joins one
 # where it is defined (`declare`), with one line of its own; the flag's
 # help has the rest.
-WHAT = 'What runs, and where it writes'
-LOCAL_POD = 'A local pod of processes on this machine'
-CLUSTER = 'A process of a cluster (SLURM, mpirun, Kubernetes, or by hand)'
-TRUST = 'Who may join (docs/trust.md)'
-SUPERVISION = 'Supervision in every process'
-RESTARTS = 'Restarts (a local pod)'
-TITLES = (WHAT, LOCAL_POD, CLUSTER, TRUST, SUPERVISION, RESTARTS)
+# (launcher/common/flag_spec.py holds them, for the flags declared on the
+# fields that carry them.)
+WHAT, LOCAL_POD, CLUSTER = flag_spec.WHAT, flag_spec.LOCAL_POD, flag_spec.CLUSTER
+TRUST, SUPERVISION = flag_spec.TRUST, flag_spec.SUPERVISION
+RESTARTS, TITLES = flag_spec.RESTARTS, flag_spec.TITLES
 
 # {flag name: (group, one line)}, in the order the flags are declared.
 _DECLARED: dict[str, tuple[str, str]] = {}

@@ -40,8 +40,7 @@ _STANDALONE = ('launcher.tpu.worker', 'launcher.tpu.worker_accelerator')
 # (importer, imported): allowed only inside a function.
 _DOORS = {('launcher.cli', 'launcher.process.distributed'),
           ('launcher.cli', 'launcher.process.dry_run'),
-          ('launcher.cli', 'launcher.process.job'),
-          ('launcher.cli', 'launcher.process.supervisor')}
+          ('launcher.cli', 'launcher.process.job')}
 
 
 def _module_name(path) -> str:

@@ -316,9 +316,9 @@ def test_min_replicas_counts_processes_and_refuses_what_cannot_go_on(tmp_path):
       '--config.state_layout=sharded', '--config.replica=all'
   ])
   assert spanning.returncode == 2
-  assert ("--min_replicas=2 with config.state_layout='sharded' and "
-          "config.replica='all': a replica of several processes is lost "
-          'with any of them') in spanning.stderr, spanning.stderr
+  assert ("config.state_layout='sharded' with config.replica='all' in an "
+          'elastic job (processes 2-4, --min_replicas=2): a lost process '
+          'would take shards') in spanning.stderr, spanning.stderr
   too_many = helpers.run_launcher(
       [*base, '--local_processes=4', '--min_replicas=5'])
   assert too_many.returncode == 2

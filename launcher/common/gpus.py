@@ -21,6 +21,7 @@ import re
 import subprocess
 from typing import Callable, Mapping, Optional, Sequence
 
+from launcher.common import flag_spec
 from runtime.common import exit_codes
 
 _PROC_GPUS = '/proc/driver/nvidia/gpus'
@@ -46,8 +47,22 @@ class GpuPolicy:
     preset: set the field's preset (--gpu_preset).
     memory_wait_s: the most seconds to wait for that share to be free.
   """
-  memory_fraction: Optional[float] = None
-  preset: bool = True
+  memory_fraction: Optional[float] = flag_spec.flag(
+      None,
+      flag_spec.WHAT,
+      'GPU: the share of each GPU a process preallocates',
+      'On a GPU host: the share of each GPU a process preallocates, set as '
+      'XLA_CLIENT_MEM_FRACTION. Default: JAX\'s own (0.75), or what the '
+      'environment says.',
+      name='gpu_memory_fraction')
+  preset: bool = flag_spec.flag(
+      True,
+      flag_spec.WHAT,
+      "GPU: the field's XLA preset (on by default)",
+      'On a GPU host: set the field\'s preset, XLA\'s latency-hiding '
+      'scheduler and on Hopper CUDA_DEVICE_MAX_CONNECTIONS=1; a flag or '
+      'variable already set wins.',
+      name='gpu_preset')
   memory_wait_s: float = 30.0
 
   def __post_init__(self):

@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+from launcher.common import flag_spec
+from launcher.common import process_flags
 from launcher.local import members as members_lib
 from launcher.local import output
 from runtime.common import exit_codes
@@ -51,10 +53,30 @@ class End:
 
 @dataclasses.dataclass(frozen=True)
 class Timeouts:
-  """The pod's side of the hang watchdog and the preemption grace (s)."""
-  stall: float = 600
-  first_step: float = 1800
-  preemption_grace: float = 120
+  """The pod's side of the hang watchdog, and its graces (s); each field
+  the flag its declaration names.
+
+  Attributes:
+    stall, first_step: --stall_timeout and --first_step_timeout, the ranks'
+      own, which the pod enforces as a backstop.
+    preemption_grace: seconds the ranks get to save after a notice.
+    kill_grace: seconds from the SIGINT that stops the ranks to SIGKILL.
+  """
+  stall: float = flag_spec.same_as(process_flags.WatchFlags, 'stall_timeout')
+  first_step: float = flag_spec.same_as(process_flags.WatchFlags,
+                                        'first_step_timeout')
+  kill_grace: float = flag_spec.flag(
+      5, flag_spec.LOCAL_POD,
+      'seconds from the SIGINT that stops the ranks to SIGKILL',
+      'Local pod: seconds between the SIGINT that stops the other ranks after '
+      'a failure (or the signal forwarded from a Ctrl-C) and SIGKILL.')
+  preemption_grace: float = flag_spec.flag(
+      120,
+      flag_spec.LOCAL_POD,
+      'seconds to save after a preemption notice',
+      'Local pod: seconds the ranks get, after a preemption notice, to save a '
+      'checkpoint and exit before they are killed.',
+      pod_sets=True)
 
 
 class Monitor:

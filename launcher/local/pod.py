@@ -64,8 +64,8 @@ class PodSpec:
     process_args: the launcher flags every process gets.
     coordinator_address: 127.0.0.1:PORT, or None for a free port each
       attempt.
-    timeouts: when the gang counts as stalled, and a preemption's grace.
-    kill_grace: seconds between SIGINT and SIGKILL when the gang stops.
+    timeouts: when the gang counts as stalled, a preemption's grace, and
+      the wait from SIGINT to SIGKILL when it stops.
     log_all_ranks: whether every process's routine lines reach the console.
     elastic_processes: (K, P), the fewest and most processes of an elastic
       job (--min_processes, --local_processes), or None.
@@ -82,7 +82,6 @@ class PodSpec:
   process_args: tuple[str, ...]
   coordinator_address: Optional[str] = None
   timeouts: monitor_lib.Timeouts = monitor_lib.Timeouts()
-  kill_grace: float = 5
   log_all_ranks: bool = False
   elastic_processes: Optional[tuple[int, int]] = None
   attempts_may_follow: bool = False
@@ -357,7 +356,7 @@ class Gang:
       first = end.signum
     elif end.state is monitor_lib.GangState.PREEMPTION_LATE:
       first = signal.SIGKILL
-    members_lib.stop(self._members, first, self.spec.kill_grace,
+    members_lib.stop(self._members, first, self.spec.timeouts.kill_grace,
                      self._wait_for_change, lambda: len(self._signals) >= 2)
 
 

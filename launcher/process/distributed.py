@@ -24,6 +24,7 @@ from launcher.common import cluster
 from runtime.common import exit_codes
 from runtime.common import handoff
 from launcher.common import job_tls
+from launcher.common import process_flags
 
 EXPLICIT = 'explicit'  # All of coordinator, count and id given.
 DETECT = 'detect'  # None given, on a cluster JAX configures itself.
@@ -40,39 +41,8 @@ class DistributedInitError(exit_codes.PodrunError, RuntimeError):
   exit_code = exit_codes.DISTRIBUTED_INIT_FAILED
 
 
-@dataclasses.dataclass(frozen=True)
-class CoordinatorFlags:
-  """The launcher's distributed flags.
-
-  Attributes:
-    coordinator_address: 'HOST:PORT' of process 0's coordinator service.
-    num_processes: processes in the job.
-    process_id: this process, in [0, num_processes).
-    coordinator_bind_address: 'HOST:PORT' the coordinator listens on, also
-      on a cluster JAX detects (where JAX_COORDINATOR_PORT fixes the port);
-      None: the address --coordinator_address names, where it is one of
-      this machine's (`bind_address`), else every interface.
-    initialization_timeout: seconds to wait for every process to join.
-    heartbeat_timeout: seconds of silence after which the project's own
-      supervision (supervisor.py) declares a process lost; JAX's heartbeat,
-      which aborts every process without saying much, is set
-      JAX_HEARTBEAT_MARGIN_S later as a backstop.
-    shutdown_timeout: seconds JAX's shutdown barrier waits at exit for the
-      other processes.
-    tls: --tls, 'auto', 'require' or 'off' (credentials.py).
-    tls_dir: --tls_dir, the job's certificate authority.
-    cluster: --cluster, cluster.AUTO or cluster.NONE.
-  """
-  coordinator_address: Optional[str] = None
-  num_processes: Optional[int] = None
-  process_id: Optional[int] = None
-  coordinator_bind_address: Optional[str] = None
-  initialization_timeout: int = 300
-  heartbeat_timeout: float = 15
-  shutdown_timeout: float = 300
-  tls: str = job_tls.AUTO
-  tls_dir: Optional[str] = None
-  cluster: str = cluster.AUTO
+# The distributed flags, declared with the flags they are.
+CoordinatorFlags = process_flags.CoordinatorFlags
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,7 +387,7 @@ def initialize(mode: str,
                                      JAX_HEARTBEAT_MARGIN_S),
           heartbeat_timeout_seconds=int(options.heartbeat_timeout +
                                         JAX_HEARTBEAT_MARGIN_S),
-          shutdown_timeout_seconds=int(options.shutdown_timeout),
+          shutdown_timeout_seconds=int(options.barrier_timeout),
           **kwargs)
   except Exception as e:  # JAX raises several types; name them all the same.
     raise DistributedInitError(f'jax.distributed.initialize failed ({mode}): '

@@ -62,9 +62,8 @@ class ProcessFlags:
     distributed: the coordinator flags.
     local_devices: --local_devices, emulated CPU devices for this process.
     log_all_ranks: show INFO logs of every rank, not only of rank 0.
-    supervision: heartbeat, stall and barrier timeouts (supervisor.py).
-    lease_timeout: seconds after which another job's unrenewed lease on the
-      workdir is taken over (lease.py).
+    supervision: heartbeat, stall and barrier timeouts (supervisor.py),
+      and the lease's (lease.py).
     compilation_cache_dir: JAX's persistent compilation cache; None means
       WORKDIR/compilation_cache, '' none.
     config_file: the --config file, for messages ('' where unknown).
@@ -79,7 +78,6 @@ class ProcessFlags:
   local_devices: Optional[int] = None
   log_all_ranks: bool = False
   supervision: supervisor_lib.WatchFlags = supervisor_lib.WatchFlags()
-  lease_timeout: float = 60
   compilation_cache_dir: Optional[str] = None
   config_file: str = ''
   min_processes: Optional[int] = None
@@ -166,7 +164,8 @@ def _take_lease(
   directories = [workdir]
   if config.get('checkpointing', True):
     directories.append(checkpoint_options.directory(config, record))
-  return lease_lib.take(directories, supervisor.client, options.lease_timeout,
+  return lease_lib.take(directories, supervisor.client,
+                        options.supervision.lease_timeout,
                         lambda m: supervisor.abort(exit_codes.WORKDIR_BUSY, m),
                         options.supervision.barrier_timeout)
 

@@ -44,6 +44,7 @@ from typing import Optional
 
 import numpy as np
 
+from launcher.common import process_flags
 from runtime.common import files
 from runtime.common import layout
 from runtime.common import progress
@@ -51,7 +52,7 @@ from runtime.common import records
 
 K = 10.0
 MARGIN = 3.0
-FLOOR_S = 10.0
+FLOOR_S = process_flags.WatchFlags.stall_floor  # --stall_floor's default
 _SAVE_EVERY_S = 30.0
 
 

@@ -45,33 +45,13 @@ from runtime.common import exit_codes
 from runtime.common import goodput
 from runtime.common import layout
 from runtime.common import progress
+from launcher.common import process_flags
 from launcher.common import record_mirror
 from runtime.common import records
 from runtime import coordination
 
-
-@dataclasses.dataclass(frozen=True)
-class WatchFlags:
-  """The supervision flags.
-
-  Attributes:
-    heartbeat_timeout: seconds of silence after which a process is lost.
-    stall_timeout: seconds without a completed step, after the first; 0
-      disables. The ceiling of the learned deadline (stall.py).
-    first_step_timeout: seconds to complete the first step; 0 disables.
-    barrier_timeout: seconds any cross-process wait may take.
-    enabled: False leaves the job unwatched (--nosupervision).
-    learned_stall_deadline: learn the deadline from the run's pace;
-      False: stall_timeout is the deadline.
-    stall_floor: the shortest learned deadline.
-  """
-  heartbeat_timeout: float = 15
-  stall_timeout: float = 600
-  first_step_timeout: float = 1800
-  barrier_timeout: float = 300
-  enabled: bool = True
-  learned_stall_deadline: bool = True
-  stall_floor: float = stall.FLOOR_S
+# The supervision flags, declared with the flags they are.
+WatchFlags = process_flags.WatchFlags
 
 
 def _flush(code: int) -> None:

@@ -38,6 +38,7 @@ import jax
 from jax.sharding import Mesh, PartitionSpec
 import numpy as np
 
+from runtime.common import elastic_replicas
 from runtime.common import exit_codes
 from runtime.parallelism import mapping
 from runtime.parallelism import options
@@ -83,17 +84,9 @@ def replica_of(placement: options.Placement,
   if replica not in REPLICAS:
     raise exit_codes.ConfigError(f'config.replica={replica!r}; choose one of '
                                  f'{", ".join(repr(r) for r in REPLICAS)}')
-  whole = ('process', 'slice') if elastic_slices else ('process',)
-  if elastic and replica not in whole:
-    # What the job loses must be whole replicas: every other replica then
-    # still holds the whole state.
-    unit = 'slice' if elastic_slices else 'process'
-    raise exit_codes.ConfigError(
-        f"config.state_layout='sharded' with config.replica={replica!r} in "
-        f'an elastic job (processes {elastic[0]}-{elastic[1]}): a lost '
-        f'{unit} would take shards its replica\'s others cannot replace; set '
-        f"config.replica to {' or '.join(repr(w) for w in whole)} (a replica "
-        "lost and back whole), run at a fixed size, or keep 'replicated'")
+  refused = elastic_replicas.refusal(chosen, replica, elastic, elastic_slices)
+  if refused:
+    raise exit_codes.ConfigError(refused)
   return replica
 
 
