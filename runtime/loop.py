@@ -9,7 +9,7 @@ the metrics window) and calls every hook (runtime/hooks.py).
 
 import collections
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from absl import logging
 import jax
@@ -22,12 +22,11 @@ from runtime.common import deprecations
 from runtime.common import exit_codes
 from runtime.common import goodput
 from runtime.common import progress
-from runtime import flops as flops_lib
 from runtime import metrics as metrics_lib
-from runtime import options as options_lib
-from runtime import parallelism as parallelism_lib
-from runtime.parallelism import state_layout as state_layout_lib
 from runtime import step as step_lib
+
+if TYPE_CHECKING:  # plan imports the hooks, which import this module.
+  from runtime import plan as plan_lib  # pylint: disable=g-bad-import-order
 
 
 class NonFiniteLossError(exit_codes.PodrunError, FloatingPointError):
@@ -110,28 +109,23 @@ class Run:
       (runtime/flops.py); None: the step lines give no TFLOP/s.
   """
 
-  def __init__(self,
-               options: options_lib.TrainOptions,
-               workdir: str,
-               task,
-               state: step_lib.TrainState,
-               start_step: int,
-               parallelism: parallelism_lib.Parallelism,
-               process_index: int,
-               writer: metrics_lib.MetricsWriter,
-               clock: goodput.StepClock,
-               in_flight_limit: int,
-               config: Optional[ConfigDict] = None,
-               state_layout: Optional[state_layout_lib.StateLayout] = None,
-               figures: Optional[flops_lib.Figures] = None):
-    self.options, self.workdir, self.task = options, workdir, task
-    self.state_layout = state_layout or state_layout_lib.REPLICATED
-    self.figures = figures
+  def __init__(self, plan: 'plan_lib.Plan', task, state: step_lib.TrainState,
+               start_step: int, writer: metrics_lib.MetricsWriter,
+               clock: goodput.StepClock):
+    """`plan`: the run's (runtime/plan.py `Plan`), whose options, record,
+    parallelism, topology, state layout, calls in flight and figures the
+    loop uses; `state`: the restored state, placed on the devices as the
+    plan's layout says, at `start_step`."""
+    options = plan.options
+    self.options, self.workdir, self.task = options, plan.record.workdir, task
+    self.state_layout = plan.state_layout
+    self.figures = plan.figures
     shardings = self.state_layout.shardings
     self._copy = (jax.jit(lambda state: state, out_shardings=shardings)
                   if self.state_layout.sharded else None)
-    self._config = config  # Only for `config`, which goes.
-    self.parallelism, self.process_index = parallelism, process_index
+    self._config = plan.config  # Only for `config`, which goes.
+    self.parallelism = plan.parallelism
+    self.process_index = plan.topology.process_index
     self.state, self.start_step, self.step = state, start_step, start_step
     self.steps, self.count, self.dispatches = options.steps, 0, 0
     self.writer, self.clock = writer, clock
@@ -140,7 +134,7 @@ class Run:
     self.eval_metrics: dict[str, float] = {}
     self._in_flight: collections.deque[tuple[int, int,
                                              Any]] = (collections.deque())
-    self._in_flight_limit = in_flight_limit
+    self._in_flight_limit = plan.in_flight
     # Called with the last step of every call whose metrics are in.
     self.on_retired: list[Callable[[int], None]] = []
     # (the last step's state, its host copy), once read.

@@ -58,6 +58,9 @@ class Plan:
     programs: the compiled step for each steps per call.
     figures: the step lines' FLOPs, MFU and tokens.
     data_why: why the data set lives where it does, where the run chose.
+    record: the run's record (its workdir's files).
+    config: the config itself, for the deprecated `Run.config` alone (it
+      goes in 0.3.0; everything else reads `options`).
   """
   options: options_lib.TrainOptions
   topology: topology_lib.Topology
@@ -69,7 +72,9 @@ class Plan:
   in_flight: int
   programs: programs_lib.Programs
   figures: flops_lib.Figures
+  record: layout.Record
   data_why: str = ''
+  config: Optional[ConfigDict] = None
 
   def fields(self) -> dict[str, int]:
     """What every metrics row says of the topology that computed it."""
@@ -117,8 +122,8 @@ def make(config: ConfigDict, record: layout.Record,
                               options.peak_tflops)
   return Plan(options, topo, par, state, where, batch_layout,
               rows.stop - rows.start,
-              max_steps_in_flight(options.max_steps_in_flight,
-                                  topo.platform), programs, figures, data_why)
+              max_steps_in_flight(options.max_steps_in_flight, topo.platform),
+              programs, figures, record, data_why, config)
 
 
 def layout_fields(topo, batch_layout: microbatches.Layout) -> dict[str, int]:

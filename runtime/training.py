@@ -197,19 +197,7 @@ def _start_run(
     replicated = plan.state_layout.place(restored.state, plan.parallelism)
   clock = goodput.StepClock(ledger, goodput.steps_done_before(ledger),
                             compile_events.seconds_in_this_thread)
-  run = loop.Run(plan.options,
-                 record.workdir,
-                 task,
-                 replicated,
-                 restored.step,
-                 plan.parallelism,
-                 plan.topology.process_index,
-                 writer,
-                 clock,
-                 plan.in_flight,
-                 config=config,
-                 state_layout=plan.state_layout,
-                 figures=plan.figures)
+  run = loop.Run(plan, task, replicated, restored.step, writer, clock)
   if plan.topology.process_index == 0:
     _remember_layout_once(run, plan.options.groups.steered(), record,
                           plan.batch_layout)

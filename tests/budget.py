@@ -1,10 +1,14 @@
-"""The suite's time budget: a test over SLOW_S seconds says why it costs that.
+"""The suite's time budget: a test over SLOW_S seconds says why it costs
+that, and none may take over MOST_S.
 
-scripts/test.sh prints the ten slowest tests; tests/conftest.py adds, at the
-end of a run, the tests whose call took over SLOW_S seconds and whose
+scripts/test.sh prints the fifteen slowest tests; tests/conftest.py adds, at
+the end of a run, the tests whose call took over SLOW_S seconds and whose
 function has no docstring (where its reason belongs: what it must wait for,
-and what was already made cheaper). A line, not a failure: how long a test
-takes is this machine's load as much as the test's.
+and what was already made cheaper). That is a line, not a failure: how long
+a test takes is this machine's load as much as the test's. A call over
+MOST_S fails (`over_most`): on a 2-core machine with the suite's two
+workers beside it the slowest test took 285 s before it was cut, so MOST_S
+leaves a test about twice its usual time before load alone could fail it.
 
 Example:
   >>> budget.unexplained({'tests/test_x.py::test_y[1]': 41.0}, root)
@@ -14,8 +18,21 @@ Example:
 import ast
 import functools
 import pathlib
+from typing import Optional
 
 SLOW_S = 30.0
+MOST_S = 240.0
+
+
+def over_most(seconds: float, most_s: Optional[float] = None) -> str:
+  """The failure's text for a call of `seconds`, or '' within the budget
+  (`most_s`, MOST_S by default)."""
+  most_s = MOST_S if most_s is None else most_s
+  if seconds <= most_s:
+    return ''
+  return (f'the call took {seconds:.0f} s, over the suite\'s budget of '
+          f'{most_s:g} s a test (tests/budget.py MOST_S): make it cheaper or '
+          'split it (docs/tests.md)')
 
 
 @functools.lru_cache(maxsize=None)

@@ -225,6 +225,21 @@ def pytest_configure(config):
         'initialised JAX before tests/conftest.py set XLA_FLAGS.')
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  """A call over tests/budget.MOST_S fails, whatever it asserted."""
+  del item
+  outcome = yield
+  report = outcome.get_result()
+  if call.when != 'call' or not report.passed:
+    return
+  from tests import budget  # pylint: disable=g-import-not-at-top
+  over = budget.over_most(call.duration)
+  if over:
+    report.outcome = 'failed'
+    report.longrepr = over
+
+
 def pytest_terminal_summary(terminalreporter):
   """Names the tests over tests/budget.SLOW_S that do not say why."""
   from tests import budget  # pylint: disable=g-import-not-at-top
