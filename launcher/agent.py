@@ -28,7 +28,7 @@ import dataclasses
 import enum
 import signal
 import time
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, cast
 
 from launcher import attempts
 from launcher import elastic
@@ -94,9 +94,9 @@ class Job:
     capacity: the units an elastic job, or one whose units are brought back
       (a TPU slice recreated), runs on; None for a fixed set that nothing
       brings back.
-    resize: an attempt's end -> the `elastic.Resize` the next attempt
-      starts with, or None for the usual rules (`elastic.Policy.after`
-      for an elastic job; None for one of a fixed size).
+    elastic: the job shrinks onto the units left after a loss and grows
+      back (`capacity` is an `elastic.Capacity`): the agent decides each
+      resize with the one `elastic.Policy`; False: the usual restart rules.
     say: how to tell the user.
     on_signal: told of a SIGINT or SIGTERM that comes during a back-off,
       so that the launcher ends as that signal does elsewhere (the TPU
@@ -110,8 +110,7 @@ class Job:
   restarts: restart.RestartPolicy
   logs_dir: str
   capacity: Optional[Units] = None
-  resize: Optional[Callable[[attempts.AttemptEnd],
-                            Optional[elastic.Resize]]] = None
+  elastic: bool = False
   say: Callable[[str], None] = restart.console_say
   on_signal: Optional[Callable[[int], None]] = None
   pending_signal: Callable[[], Optional[int]] = lambda: None
@@ -126,6 +125,10 @@ class Agent:
     self.state = State.STARTING
     self.tally = restart.Tally()
     self._high_water = HighWater()
+    # The one place a job's elastic policy is made, for every launcher.
+    self._policy = (elastic.Policy(cast(elastic.Capacity, job.capacity),
+                                   job.say)
+                    if job.elastic and job.capacity is not None else None)
 
   def grow_due(self, now: float) -> bool:
     """Whether the running attempt should stop at a step boundary for lost
@@ -201,10 +204,9 @@ class Agent:
       newly_productive: bool) -> tuple[Optional[elastic.Resize], bool]:
     """(the resize the next attempt starts with, or None for the usual
     rules; whether the job ends here, a resize having no restart left)."""
-    resize = self.job.resize
-    if kind == 'ok' or end.launcher_signalled or not resize:
+    if kind == 'ok' or end.launcher_signalled or self._policy is None:
       return None, False
-    resized = resize(end)
+    resized = self._policy.after(end)
     # A stop to grow is the launcher's own doing; a loss after an attempt
     # that trained nothing new may be the same failure again.
     if (resized and resized.kind != elastic.GROW and not newly_productive and

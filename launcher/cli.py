@@ -26,7 +26,6 @@ from launcher.local import pod as local_pod
 from launcher import agent
 from launcher import cli_flags
 from launcher import config_errors
-from launcher import elastic as policy
 from launcher import restart
 from launcher import restart_flags
 from launcher import tls
@@ -352,8 +351,7 @@ def _run_local_pod(config: ConfigDict, workdir: str) -> int:
                   restarts=spec.restarts,
                   logs_dir=record.logs(),
                   capacity=capacity,
-                  resize=(policy.Policy(capacity, restart.console_say).after
-                          if capacity else None),
+                  elastic=capacity is not None,
                   finish=finish))
   finally:
     authority.close()

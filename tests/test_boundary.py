@@ -342,3 +342,15 @@ def test_only_the_job_agent_runs_a_jobs_life():
   assert any(c.startswith('ready()') for c in calls), calls
   assert any(c.startswith('grow_due()') for c in calls), calls
   assert any(c.startswith('an attempt run') for c in calls), calls
+
+
+def test_the_elastic_policy_is_made_in_the_agent_alone():
+  """A launcher says its job is elastic (agent.Job.elastic); the one
+  `elastic.Policy` that decides each resize is the agent's to make."""
+  makers = []
+  for name, tree in project_modules().items():
+    for node in ast.walk(tree):
+      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr == 'Policy'):
+        makers.append(name)
+  assert makers == ['launcher.agent'], makers

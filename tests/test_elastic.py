@@ -190,7 +190,8 @@ def test_shrinks_and_growths_use_no_restart(tmp_path, capsys):
               restart.RestartPolicy(0, 0, ()),
               logs_dir=str(tmp_path),
               say=said.append,
-              resize=policy.Policy(capacity, said.append).after)
+              capacity=capacity,
+              elastic=True)
   assert code == 0
   assert any(
       'rank 3 lost (exit code 137): starting again at once on 3 of 4' in line
@@ -221,7 +222,8 @@ def test_a_loss_at_the_same_step_each_time_ends_after_the_bound(
               restart.RestartPolicy(max_restarts, 0, ()),
               logs_dir=str(tmp_path),
               say=said.append,
-              resize=policy.Policy(capacity, said.append).after)
+              capacity=capacity,
+              elastic=True)
   assert code == 137
   assert attempts == list(range(1, max_restarts + 3))
   assert any(f'--max_restarts={max_restarts} is used up' in line
@@ -244,7 +246,8 @@ def test_losses_that_each_train_new_steps_shrink_freely(tmp_path):
               restart.RestartPolicy(0, 0, ()),
               logs_dir=str(tmp_path),
               say=lambda line: None,
-              resize=policy.Policy(capacity, lambda line: None).after)
+              capacity=capacity,
+              elastic=True)
   assert code == 0 and capacity.current == 2
 
 
@@ -264,7 +267,8 @@ def test_a_growth_uses_no_restart_even_without_a_new_step(tmp_path):
               restart.RestartPolicy(0, 0, ()),
               logs_dir=str(tmp_path),
               say=lambda line: None,
-              resize=policy.Policy(capacity, lambda line: None).after)
+              capacity=capacity,
+              elastic=True)
   assert code == 0
 
 
@@ -274,7 +278,8 @@ def test_a_loss_before_any_step_follows_the_usual_rules(tmp_path):
               restart.RestartPolicy(0, 0, ()),
               logs_dir=str(tmp_path),
               say=lambda line: None,
-              resize=policy.Policy(capacity, lambda line: None).after)
+              capacity=capacity,
+              elastic=True)
   assert code == 137 and capacity.current == 4
 
 

@@ -23,7 +23,6 @@ import logging
 import uuid
 
 from launcher import agent
-from launcher import elastic as policy
 from launcher.common import launcher_record
 from launcher.common import project as project_lib
 from launcher.common import record_mirror
@@ -90,8 +89,7 @@ def run(options: options_lib.RayFlags) -> int:
                 restarts=options.restarts,
                 logs_dir=logs.record.logs(),
                 capacity=capacity,
-                resize=(policy.Policy(capacity, output.say).after
-                        if capacity.elastic else None),
+                elastic=capacity.elastic,
                 say=output.say,
                 finish=finish))
   output.say(f'exit code {code}{exit_codes.signal_suffix(code)}')

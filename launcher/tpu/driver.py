@@ -45,6 +45,7 @@ from launcher.tpu import attempt as attempt_lib
 from launcher.tpu import control
 from launcher.tpu import flags
 from launcher.tpu import launch as launch_lib
+from launcher.tpu import elastic as tpu_elastic
 from launcher.tpu import queued
 from launcher.tpu import slices as slices_lib
 from runtime.common import exit_codes
@@ -64,7 +65,7 @@ def _run(launch: launch_lib.Launch) -> int:
                 restarts=launch.options.restarts,
                 logs_dir=launch.log_dir,
                 capacity=launch.slices,
-                resize=slices_lib.resize(launch, launch.slices),
+                elastic=isinstance(launch.slices, tpu_elastic.SliceGroup),
                 say=launch.say,
                 on_signal=lambda signum: launch.on_signal(signum, None),
                 pending_signal=lambda: launch.signals[0]

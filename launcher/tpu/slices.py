@@ -189,14 +189,6 @@ class Babysat(_EverySlice):
       return policy.Ready(False)
 
 
-def resize(launch: babysit.Owner, slices: Slices):
-  """The job agent's `resize` for `slices`: the one elastic policy over
-  elastic slices, else None (the usual restart rules)."""
-  if not isinstance(slices, elastic.SliceGroup):
-    return None
-  return policy.Policy(slices, launch.say).after
-
-
 def of(launch: babysit.Owner) -> Slices:
   """The kind of slices `launch.options` asks for (--create, --min_slices)."""
   options = launch.options
