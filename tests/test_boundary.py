@@ -350,7 +350,7 @@ def test_the_elastic_policy_is_made_in_the_agent_alone():
   makers = []
   for name, tree in project_modules().items():
     for node in ast.walk(tree):
-      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-          and node.func.attr == 'Policy'):
+      if (isinstance(node, ast.Call) and
+          isinstance(node.func, ast.Attribute) and node.func.attr == 'Policy'):
         makers.append(name)
   assert makers == ['launcher.agent'], makers
