@@ -6,9 +6,11 @@ the end of a run, the tests whose call took over SLOW_S seconds and whose
 function has no docstring (where its reason belongs: what it must wait for,
 and what was already made cheaper). That is a line, not a failure: how long
 a test takes is this machine's load as much as the test's. A call over
-MOST_S fails (`over_most`): on a 2-core machine with the suite's two
-workers beside it the slowest test took 285 s before it was cut, so MOST_S
-leaves a test about twice its usual time before load alone could fail it.
+MOST_S fails (`over_most`), as pytest-timeout's 300 s a module would:
+with the suite's two workers and more load beside them on 2 cores the
+slowest test left (test_the_sharded_state_trains_as_the_replicated_one)
+took 233 s on 2026-12-08, 160 s without the extra load; the local recipes,
+300 s there, are now three tests of about a minute alone.
 
 Example:
   >>> budget.unexplained({'tests/test_x.py::test_y[1]': 41.0}, root)
@@ -21,7 +23,7 @@ import pathlib
 from typing import Optional
 
 SLOW_S = 30.0
-MOST_S = 240.0
+MOST_S = 300.0
 
 
 def over_most(seconds: float, most_s: Optional[float] = None) -> str:
